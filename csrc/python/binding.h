@@ -1,0 +1,39 @@
+/* Shared declarations of the pyddp._C binding layer (csrc/python/).
+ *
+ * One file per exposed type or function group; each adds its types to the
+ * module through a pd_*_add_types() hook called from module.c.  Exceptions are
+ * raised only through pd_py_set_error().
+ */
+#ifndef PD_PYTHON_BINDING_H
+#define PD_PYTHON_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../util/status.h"
+
+typedef struct pd_module_state {
+    PyObject *DistError;         /* RuntimeError subclass */
+    PyObject *DistBackendError;  /* DistError subclass */
+    PyObject *DistNetworkError;  /* DistError subclass */
+    PyObject *DistStoreError;    /* DistError subclass */
+    PyTypeObject *TCPStoreType;
+    PyTypeObject *FileStoreType;
+    PyTypeObject *HashStoreType;
+    PyTypeObject *ProcessGroupType;
+    PyTypeObject *WorkType;
+} pd_module_state;
+
+pd_module_state *pd_get_state(PyObject *module);
+/* State of the module that defined a heap type (PyType_FromModuleAndSpec). */
+pd_module_state *pd_state_from_type(PyTypeObject *tp);
+
+/* The one place a (status, message) pair becomes a Python exception.
+ * Always returns NULL so callers can `return pd_py_set_error(...)`. */
+PyObject *pd_py_set_error(pd_module_state *st, pd_status s, const char *msg);
+
+/* Type registration hooks (each file owns its types). Return 0 / -1. */
+int pd_store_add_types(PyObject *m, pd_module_state *st);
+int pd_group_add_types(PyObject *m, pd_module_state *st);
+
+#endif

@@ -1,0 +1,160 @@
+/* pyddp._C: module definition, module state, exception types and the single
+ * status -> exception mapping.  Multi-phase init with heap types, no global
+ * mutable state (CPython's Modules/_bz2module.c pattern). */
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include "binding.h"
+
+static struct PyModuleDef pd_module;
+
+pd_module_state *
+pd_get_state(PyObject *module)
+{
+    return (pd_module_state *)PyModule_GetState(module);
+}
+
+pd_module_state *
+pd_state_from_type(PyTypeObject *tp)
+{
+    PyObject *m = PyType_GetModule(tp);
+    if (m == NULL) {
+        return NULL;
+    }
+    return pd_get_state(m);
+}
+
+PyObject *
+pd_py_set_error(pd_module_state *st, pd_status s, const char *msg)
+{
+    PyObject *exc;
+    if (msg == NULL || msg[0] == '\0') {
+        msg = pd_status_name(s);
+    }
+    switch (s) {
+    case PD_EINVAL:
+        exc = PyExc_ValueError;
+        break;
+    case PD_ETYPE:
+        exc = PyExc_TypeError;
+        break;
+    case PD_ENOMEM:
+        PyErr_NoMemory();
+        return NULL;
+    case PD_ETIMEOUT:
+    case PD_EBACKEND:
+        exc = st->DistBackendError;
+        break;
+    case PD_ENETWORK:
+    case PD_EAUTH:
+        exc = st->DistNetworkError;
+        break;
+    case PD_ESTORE:
+        exc = st->DistStoreError;
+        break;
+    case PD_ESYS:
+    case PD_EMISMATCH:
+    case PD_ECLOSED:
+    default:
+        exc = st->DistError;
+        break;
+    }
+    PyErr_SetString(exc, msg);
+    return NULL;
+}
+
+static int
+add_exception(PyObject *m, const char *name, PyObject *base, PyObject **slot,
+              const char *doc)
+{
+    char qual[128];
+    PyOS_snprintf(qual, sizeof(qual), "pyddp.distributed.%s", name);
+    *slot = PyErr_NewExceptionWithDoc(qual, doc, base, NULL);
+    if (*slot == NULL) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(m, name, *slot);
+}
+
+static int
+pd_exec(PyObject *m)
+{
+    pd_module_state *st = pd_get_state(m);
+    if (add_exception(m, "DistError", PyExc_RuntimeError, &st->DistError,
+                      "Base of pyddp's distributed errors (a RuntimeError).") < 0 ||
+        add_exception(m, "DistBackendError", st->DistError,
+                      &st->DistBackendError,
+                      "A backend (collective) failure or timeout.") < 0 ||
+        add_exception(m, "DistNetworkError", st->DistError,
+                      &st->DistNetworkError,
+                      "A network failure: dead peer, lost connection, port in use.") < 0 ||
+        add_exception(m, "DistStoreError", st->DistError, &st->DistStoreError,
+                      "A store failure, e.g. a key that did not appear in time.") < 0) {
+        return -1;
+    }
+    if (pd_store_add_types(m, st) < 0) {
+        return -1;
+    }
+    if (pd_group_add_types(m, st) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static int
+pd_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    pd_module_state *st = pd_get_state(m);
+    Py_VISIT(st->DistError);
+    Py_VISIT(st->DistBackendError);
+    Py_VISIT(st->DistNetworkError);
+    Py_VISIT(st->DistStoreError);
+    Py_VISIT(st->TCPStoreType);
+    Py_VISIT(st->FileStoreType);
+    Py_VISIT(st->HashStoreType);
+    Py_VISIT(st->ProcessGroupType);
+    Py_VISIT(st->WorkType);
+    return 0;
+}
+
+static int
+pd_clear(PyObject *m)
+{
+    pd_module_state *st = pd_get_state(m);
+    Py_CLEAR(st->DistError);
+    Py_CLEAR(st->DistBackendError);
+    Py_CLEAR(st->DistNetworkError);
+    Py_CLEAR(st->DistStoreError);
+    Py_CLEAR(st->TCPStoreType);
+    Py_CLEAR(st->FileStoreType);
+    Py_CLEAR(st->HashStoreType);
+    Py_CLEAR(st->ProcessGroupType);
+    Py_CLEAR(st->WorkType);
+    return 0;
+}
+
+static void
+pd_free(void *m)
+{
+    pd_clear((PyObject *)m);
+}
+
+static PyModuleDef_Slot pd_slots[] = {
+    {Py_mod_exec, pd_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef pd_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pyddp._C",
+    .m_doc = "pyddp C core: stores, process groups and collectives.",
+    .m_size = sizeof(pd_module_state),
+    .m_slots = pd_slots,
+    .m_traverse = pd_traverse,
+    .m_clear = pd_clear,
+    .m_free = pd_free,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    return PyModuleDef_Init(&pd_module);
+}
