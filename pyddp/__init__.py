@@ -1,0 +1,4 @@
+"""pyddp: torch.distributed-style data-parallel training for NumPy and CUDA arrays."""
+__version__ = "0.1.0"
+
+from . import _C  # noqa: F401  (fail early if the extension is missing)
