@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "status.h"
 
 #include <errno.h>
