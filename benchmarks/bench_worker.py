@@ -1,0 +1,272 @@
+"""One rank of benchmarks/collectives.py: times collectives with one implementation.
+
+Started by collectives.py, never by hand:
+  pyddp, gloo: one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment;
+  mpi:         mpirun -np N python bench_worker.py --impl mpi ...
+
+Every rank times every iteration itself (a barrier before each, the collective alone inside the clock);
+the per-iteration times are reduced with MAX over ranks through the implementation's own all_reduce, and
+rank 0 writes them as JSON to --out. The parent takes the median over iterations.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+
+
+def counts_for(op, nbytes, world):
+    """Element counts (input, output) of a float32 collective whose whole array is about nbytes.
+
+    As nccl-tests: the size is the whole array (allgather's output, reduce_scatter's input), rounded
+    down to a multiple of the world size for the two that split it, never below one element per rank.
+    """
+    count = max(1, nbytes // 4)
+    if op in ("allgather", "reduce_scatter"):
+        count = max(1, count // world) * world
+        part = count // world
+        return (part, count) if op == "allgather" else (count, part)
+    return count, count
+
+
+def iterations(nbytes, max_iters, budget_bytes):
+    """Timed iterations for one size: max_iters for small arrays, fewer for large ones (same on all ranks)."""
+    return int(max(5, min(max_iters, budget_bytes // max(nbytes, 1))))
+
+
+def warmups(nbytes):
+    return 5 if nbytes <= (1 << 20) else 2
+
+
+class Impl:
+    """The four collectives, a barrier and a MAX all-reduce of float64 timings for one library."""
+
+    name = "?"
+
+    def make(self, count):
+        return np.zeros(count, dtype=np.float32)
+
+
+class PyddpImpl(Impl):
+    name = "pyddp"
+
+    def __init__(self):
+        # Prefer an in-place build of this checkout over an installed copy, so a developer measures the
+        # code in front of them; otherwise the installed package.
+        if glob.glob(os.path.join(ROOT, "pyddp", "_C*.so")):
+            sys.path.insert(0, ROOT)
+        import pyddp.distributed as dist
+
+        self.dist = dist
+        dist.init_process_group("cpu")
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def wrap(self, arr):
+        return arr
+
+    def allreduce(self, a, out):
+        self.dist.all_reduce(a, op=self.dist.ReduceOp.SUM)
+
+    def broadcast(self, a, out):
+        self.dist.broadcast(a, src=0)
+
+    def allgather(self, a, out):
+        self.dist.all_gather_into_tensor(out, a)
+
+    def reduce_scatter(self, a, out):
+        self.dist.reduce_scatter_tensor(out, a, op=self.dist.ReduceOp.SUM)
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def max_over_ranks(self, times):
+        self.dist.all_reduce(times, op=self.dist.ReduceOp.MAX)
+        return times
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class GlooImpl(Impl):
+    name = "gloo"
+
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.dist = dist
+        dist.init_process_group("gloo")
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def wrap(self, arr):
+        # Shares memory with the numpy array: the same bytes are moved as for the other libraries.
+        return self.torch.from_numpy(arr)
+
+    def allreduce(self, a, out):
+        self.dist.all_reduce(a, op=self.dist.ReduceOp.SUM)
+
+    def broadcast(self, a, out):
+        self.dist.broadcast(a, src=0)
+
+    def allgather(self, a, out):
+        self.dist.all_gather_into_tensor(out, a)
+
+    def reduce_scatter(self, a, out):
+        self.dist.reduce_scatter_tensor(out, a, op=self.dist.ReduceOp.SUM)
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def max_over_ranks(self, times):
+        t = self.torch.from_numpy(times)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return times
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class MpiImpl(Impl):
+    name = "mpi"
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.world = self.comm.Get_size()
+
+    def wrap(self, arr):
+        return arr
+
+    def allreduce(self, a, out):
+        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+
+    def broadcast(self, a, out):
+        self.comm.Bcast(a, root=0)
+
+    def allgather(self, a, out):
+        self.comm.Allgather(a, out)
+
+    def reduce_scatter(self, a, out):
+        self.comm.Reduce_scatter_block(a, out, op=self.MPI.SUM)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max_over_ranks(self, times):
+        self.comm.Allreduce(self.MPI.IN_PLACE, times, op=self.MPI.MAX)
+        return times
+
+    def close(self):
+        pass
+
+
+IMPLS = {"pyddp": PyddpImpl, "gloo": GlooImpl, "mpi": MpiImpl}
+
+
+def check(impl, op, n_in, n_out):
+    """One run with rank-dependent data, compared with NumPy: a wrong result is reported, not timed."""
+    rank, world = impl.rank, impl.world
+    a = np.arange(n_in, dtype=np.float32) % 7 + rank + 1
+    out = np.zeros(n_out, dtype=np.float32)
+    getattr(impl, op)(impl.wrap(a), impl.wrap(out))
+    base = np.arange(n_in, dtype=np.float32) % 7
+    if op == "allreduce":
+        got, want = a, base * world + world * (world + 1) / 2
+    elif op == "broadcast":
+        got, want = a, base + 1
+    elif op == "allgather":
+        got = out
+        want = np.concatenate([base + r + 1 for r in range(world)])
+    else:
+        got = out
+        full = base * world + world * (world + 1) / 2
+        want = full[rank * n_out:(rank + 1) * n_out]
+    return bool(np.allclose(got, want))
+
+
+def run_op(impl, op, sizes, args):
+    rows = []
+    for nbytes in sizes:
+        n_in, n_out = counts_for(op, nbytes, impl.world)
+        ok = check(impl, op, n_in, n_out)
+        a = impl.make(n_in)
+        out = impl.make(n_out)
+        ta, tout = impl.wrap(a), impl.wrap(out)
+        fn = getattr(impl, op)
+        iters = iterations(nbytes, args.iters, args.budget_bytes)
+        for _ in range(warmups(nbytes)):
+            impl.barrier()
+            fn(ta, tout)
+        times = np.zeros(iters, dtype=np.float64)
+        clock = time.perf_counter
+        for i in range(iters):
+            impl.barrier()
+            t0 = clock()
+            fn(ta, tout)
+            times[i] = clock() - t0
+        times = impl.max_over_ranks(times)
+        whole = (n_out if op == "allgather" else n_in) * 4
+        rows.append({
+            "bytes": whole,
+            "count": n_in if op != "allgather" else n_out,
+            "iters": iters,
+            "median_us": float(np.median(times) * 1e6),
+            "min_us": float(times.min() * 1e6),
+            "correct": ok,
+        })
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=sorted(IMPLS), required=True)
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--sizes", required=True, help="comma-separated byte sizes")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--budget-bytes", type=int, default=1 << 30)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    impl = IMPLS[args.impl]()
+    result = {"impl": impl.name, "world_size": impl.world, "ops": {}, "errors": {}}
+    for op in args.ops.split(","):
+        try:
+            result["ops"][op] = run_op(impl, op, sizes, args)
+        except Exception:  # one failing collective should not hide the others
+            result["errors"][op] = traceback.format_exc(limit=3)
+            if impl.rank == 0:
+                print(f"[{impl.name}] {op} failed:\n{result['errors'][op]}", file=sys.stderr, flush=True)
+            # The ranks may now be out of step: stop here rather than risk a hang.
+            break
+        if impl.rank == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, args.out)
+    if impl.rank == 0:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, args.out)
+    impl.close()
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
