@@ -190,7 +190,7 @@ def memcpy_bandwidth(sizes=(1 << 20, 16 << 20, 64 << 20)):
     return rows
 
 
-def print_tables(args, results, notes, world):
+def print_tables(args, results, notes, world, copy=()):
     peers = [p for p in args.peers if results.get(p)]
     for op in args.ops:
         factor = busbw_factor(op, world)
@@ -239,6 +239,19 @@ def print_tables(args, results, notes, world):
             err = results[p].get("errors", {}).get(op)
             if err:
                 print(f"# {LABEL[p]}: {op} failed: {err.strip().splitlines()[-1]}")
+    if "allreduce" in args.ops and copy:
+        # performance.md: report allreduce algbw as a fraction of what one core can copy.
+        parts = []
+        for n, bw in copy:
+            fr = []
+            for p in peers:
+                r = next((r for r in results[p]["ops"].get("allreduce", []) if r["bytes"] == n), None)
+                if r and r["median_us"] > 0:
+                    fr.append(f"{p} {100.0 * n / (r['median_us'] * 1e-6) / 1e9 / bw:.0f}%")
+            if fr:
+                parts.append(f"{fmt_size(n)}: " + ", ".join(fr))
+        if parts:
+            print("\n# allreduce algbw as a share of numpy copy bandwidth: " + "; ".join(parts))
     for p in args.peers:
         if notes.get(p):
             print(f"# note: {LABEL[p]}: {notes[p]}")
@@ -309,7 +322,7 @@ def main(argv=None):
             print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s" + (" (see note)" if note else ""),
                   flush=True)
 
-    print_tables(args, results, notes, args.nproc)
+    print_tables(args, results, notes, args.nproc, copy)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nproc": args.nproc, "sizes": sizes, "memcpy_gbps": dict((str(n), bw) for n, bw in copy),
