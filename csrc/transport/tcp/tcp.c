@@ -93,6 +93,7 @@ typedef struct tcp_transport {
     tcp_peer *peers;
     pd_req *any_head, *any_tail;
     uint64_t coll_seq;
+    uint64_t completed; /* sends completed: progress() must not then sleep */
     pd_status err;
     char errmsg[PD_ERRMSG_MAX];
     struct pollfd *pfds;
@@ -941,6 +942,7 @@ do_write(tcp_transport *t, int p)
             }
             r->next = NULL;
             r->state = PD_REQ_DONE;
+            t->completed++;
         }
     }
     return PD_OK;
@@ -976,12 +978,17 @@ tcp_progress(pd_transport *base, int timeout_ms)
         }
         return sticky(t);
     }
-    /* Opportunistic writes first: most sends complete without polling. */
+    /* Opportunistic writes first: most sends complete without polling.
+     * If one did, the caller may be waiting for exactly that: do not sleep. */
+    uint64_t before = t->completed;
     for (int p = 0; p < base->size; p++) {
         tcp_peer *pe = &t->peers[p];
         if (p != base->rank && pe->sq_head != NULL && !pe->gone) {
             PD_CHECK(do_write(t, p));
         }
+    }
+    if (t->completed != before) {
+        timeout_ms = 0;
     }
     t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
     t->pfd_peer[n] = -1;
