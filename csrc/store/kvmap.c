@@ -135,7 +135,7 @@ pd_kv_dup(const void *p, size_t n, uint8_t **out)
 pd_status
 pd_kvmap_store(pd_kvmap *m, pd_kv_entry *e, const void *val, size_t n)
 {
-    uint8_t *v;
+    uint8_t *v = NULL;
     PD_CHECK(pd_kv_dup(val, n, &v));
     free(e->val);
     e->val = v;

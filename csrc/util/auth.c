@@ -127,6 +127,9 @@ static void
 sha256_update(sha256_ctx *c, const void *data, size_t n)
 {
     const uint8_t *p = data;
+    if (n == 0) {
+        return; /* data may be NULL then */
+    }
     c->len += n;
     if (c->fill > 0) {
         size_t take = 64 - c->fill < n ? 64 - c->fill : n;

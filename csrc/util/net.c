@@ -185,10 +185,8 @@ wait_fd(int fd, short events, double deadline, const char *what)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events, .revents = 0};
+        /* At the deadline still poll once with 0 ms: a ready fd wins. */
         int ms = poll_ms(deadline);
-        if (ms == 0 && deadline > 0) {
-            return PD_ETIMEOUT;
-        }
         int r = poll(&p, 1, ms);
         if (r > 0) {
             return PD_OK;
@@ -489,7 +487,11 @@ pd_net_connect(const char *host, int port, double deadline, int *fd_out)
                 }
                 if (connect_error_retryable(err)) {
                     retryable = 1;
-                    last_err = err;
+                    /* An attempt cut short by the deadline says less than
+                     * the refusal before it. */
+                    if (err != ETIMEDOUT || last_err == 0) {
+                        last_err = err;
+                    }
                 } else if (hard_err == 0) {
                     hard_err = err;
                 }
