@@ -2,7 +2,6 @@
  * timeout message. */
 #include "store.h"
 
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -165,8 +164,8 @@ pd_store_timeout_error(const char *key_prefix, double timeout,
 {
     char msg[PD_ERRMSG_MAX];
     size_t off = 0;
-    int n = snprintf(msg, sizeof(msg), "wait timeout after %.0fms, keys: ",
-                     floor(timeout * 1000.0 + 0.5));
+    int n = snprintf(msg, sizeof(msg), "wait timeout after %lldms, keys: ",
+                     (long long)(timeout * 1000.0 + 0.5));
     off = n > 0 ? (size_t)n : 0;
     for (size_t i = 0; i < nkeys && off < sizeof(msg); i++) {
         n = snprintf(msg + off, sizeof(msg) - off, "%s%s%s", i ? ", " : "",

@@ -536,9 +536,10 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
             if (st == PD_ENETWORK && strstr(pd_errmsg(), "EADDRINUSE") != NULL) {
                 char cause[PD_ERRMSG_MAX];
                 snprintf(cause, sizeof(cause), "%s", pd_errmsg());
-                st = pd_error(st, "%s; another process (an earlier job?) "
-                              "listens on port %d: choose another port",
-                              cause, o->port);
+                st = pd_error(st, "%s; is another TCPStore or program "
+                              "already listening on port %d? Choose another "
+                              "port, or port 0 for a free one", cause,
+                              o->port);
             }
             goto fail;
         }

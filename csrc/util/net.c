@@ -10,7 +10,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -152,11 +151,12 @@ poll_ms(double deadline)
     if (left <= 0) {
         return 0;
     }
-    double ms = ceil(left * 1000.0);
-    if (ms > 2147483647.0) {
+    double ms = left * 1000.0;
+    if (ms > 2147483646.0) {
         return 2147483647;
     }
-    return (int)ms;
+    int ims = (int)ms;
+    return (double)ims < ms ? ims + 1 : ims; /* round up */
 }
 
 static int
