@@ -94,11 +94,15 @@ def available(peer):
     return False, f"unknown peer {peer!r}"
 
 
+# One secret for every rank of this run (as a launcher sets it): the ranks prove they belong to the job.
+JOB_SECRET = os.environ.get("PYDDP_SECRET") or secrets.token_hex(16)
+
+
 def worker_env(extra=None):
     env = dict(os.environ)
     # One thread per rank: the ranks already use every core of a small machine.
     env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("PYDDP_SECRET", secrets.token_hex(16))
+    env["PYDDP_SECRET"] = JOB_SECRET
     env.update(extra or {})
     return env
 
@@ -133,13 +137,15 @@ def run_peer(peer, args, sizes, tmpdir):
                                               start_new_session=True))
         deadline = time.monotonic() + args.timeout
         timed_out = False
-        for p in procs:
-            left = deadline - time.monotonic()
-            try:
-                p.wait(timeout=max(left, 0.1))
-            except subprocess.TimeoutExpired:
+        failed = []
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed:
+                break  # the other ranks would wait on the dead one: stop them (below)
+            if time.monotonic() > deadline:
                 timed_out = True
                 break
+            time.sleep(0.05)
         failed = [p for p in procs if p.poll() not in (None, 0)]
     finally:
         for p in procs:
@@ -193,6 +199,9 @@ def memcpy_bandwidth(sizes=(1 << 20, 16 << 20, 64 << 20)):
 def print_tables(args, results, notes, world, copy=()):
     peers = [p for p in args.peers if results.get(p)]
     for op in args.ops:
+        if not any(results[p]["ops"].get(op) for p in peers):
+            print(f"\n# {op}: no results")
+            continue
         factor = busbw_factor(op, world)
         print()
         print(f"# {op}  (float32, {world} ranks, median of timed iterations, busbw = algbw * {factor:.3g})")

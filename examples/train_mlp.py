@@ -27,7 +27,11 @@ import time
 
 import numpy as np
 
-import pyddp.distributed as dist
+try:
+    import pyddp.distributed as dist
+except ImportError:  # run from a source checkout built in place (python setup.py build_ext --inplace)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import pyddp.distributed as dist
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits.npz")
 
