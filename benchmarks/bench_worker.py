@@ -238,7 +238,7 @@ def main():
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", required=True, help="comma-separated byte sizes")
     p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--budget-bytes", type=int, default=1 << 30)
+    p.add_argument("--budget-bytes", type=int, default=2 << 30)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -276,8 +276,8 @@ def main(argv=None):
     ap.add_argument("--step", type=int, default=4, help="size multiplier between rows (2 or 4), default 4")
     ap.add_argument("--iters", type=int, default=200,
                     help="timed iterations for small sizes (large sizes get fewer), default 200")
-    ap.add_argument("--budget-bytes", default="1G",
-                    help="cap on iterations*size per row, which keeps large sizes short; default 1G")
+    ap.add_argument("--budget-bytes", default="2G",
+                    help="cap on iterations*size per row, which keeps large sizes short; default 2G")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of pyddp,gloo,mpi")
     ap.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")
