@@ -823,6 +823,14 @@ srv_main(void *arg)
         run_timers(srv);
         free_dead(srv);
     }
+    /* Close the listening socket before the clients: a client that sees
+     * EOF and reconnects at once must get "connection refused" (and retry
+     * until the next server is up), not land in this dying server's
+     * backlog. */
+    if (srv->lfd >= 0) {
+        (void)close(srv->lfd);
+        srv->lfd = -1;
+    }
     while (srv->conns != NULL) {
         conn_kill(srv, srv->conns);
     }
