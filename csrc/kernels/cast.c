@@ -76,11 +76,12 @@ f16_to_f32_f16c(float *restrict dst, const uint16_t *restrict src,
         /* The instruction quiets signalling NaNs; numpy and the portable
          * code keep them as they are.  They are rare, so redo any block of
          * eight that holds one in scalar code. */
-        __m128i is_nan_quiet_clear =
+        /* exponent all ones and quiet bit clear: inf or signalling NaN */
+        __m128i inf_or_snan =
             _mm_cmpeq_epi16(_mm_and_si128(h, exp_quiet), snan_exp);
         __m128i man_zero =
             _mm_cmpeq_epi16(_mm_and_si128(h, man), _mm_setzero_si128());
-        __m128i snan = _mm_andnot_si128(man_zero, is_nan_quiet_clear);
+        __m128i snan = _mm_andnot_si128(man_zero, inf_or_snan);
         if (_mm_movemask_epi8(snan) != 0) {
             for (size_t k = i; k < i + 8; k++) {
                 dst[k] = pd_f16_to_f32(src[k]);
