@@ -67,7 +67,7 @@ f16_to_f32_f16c(float *restrict dst, const uint16_t *restrict src,
                 size_t count)
 {
     const __m128i exp_quiet = _mm_set1_epi16(0x7e00);
-    const __m128i snan_exp = _mm_set1_epi16(0x7c00);
+    const __m128i exp_all_ones = _mm_set1_epi16(0x7c00);
     const __m128i man = _mm_set1_epi16(0x3ff);
     size_t i = 0;
     for (; i + 8 <= count; i += 8) {
@@ -78,7 +78,7 @@ f16_to_f32_f16c(float *restrict dst, const uint16_t *restrict src,
          * eight that holds one in scalar code. */
         /* exponent all ones and quiet bit clear: inf or signalling NaN */
         __m128i inf_or_snan =
-            _mm_cmpeq_epi16(_mm_and_si128(h, exp_quiet), snan_exp);
+            _mm_cmpeq_epi16(_mm_and_si128(h, exp_quiet), exp_all_ones);
         __m128i man_zero =
             _mm_cmpeq_epi16(_mm_and_si128(h, man), _mm_setzero_si128());
         __m128i snan = _mm_andnot_si128(man_zero, inf_or_snan);
