@@ -6,7 +6,7 @@
  * GET and WAIT for missing keys do not block the loop: the request is parked
  * as a "waiter" linked to the table entries of the keys it misses, and
  * answered when the last of them gets a value.  Timeouts are the client's
- * business; a client that gives up sends CANCEL, which drops its waiters.
+ * business; a client that gives up sends CANCEL, which drops that waiter.
  * Shutdown goes through an eventfd, so pd_tcp_server_stop never races the
  * loop.
  */
@@ -586,13 +586,20 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
         }
         reply_ok(srv, c, seq);
         return 0;
-    case PD_TS_CANCEL:
-        if (rd.bad) {
+    case PD_TS_CANCEL: {
+        uint32_t target = pd_rbuf_u32(&rd);
+        if (rd.bad || rd.off != rd.n) {
             return -1;
         }
-        conn_drop_waiters(srv, c);
+        for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
+            if (w->seq == target) {
+                waiter_free(srv, w);
+                break;
+            }
+        }
         reply_ok(srv, c, seq);
         return 0;
+    }
     default:
         return -1;
     }
