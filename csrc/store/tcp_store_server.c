@@ -85,6 +85,7 @@ struct pd_tcp_server {
     int epfd;
     int port;
     int started;
+    pid_t owner;     /* the process whose thread serves */
     int accepting;
     double accept_resume;
     pthread_t thread;
@@ -851,7 +852,10 @@ pd_tcp_server_stop(pd_tcp_server *srv)
     if (srv == NULL) {
         return;
     }
-    if (srv->started) {
+    /* In a child made by fork() the thread does not exist, and the eventfd
+     * is the parent's: signalling it would stop the parent's server.  Only
+     * close this process's copies of the descriptors. */
+    if (srv->started && srv->owner == getpid()) {
         uint64_t one = 1;
         ssize_t r;
         do {
@@ -940,6 +944,7 @@ pd_tcp_server_start(int port, int listen_fd, const char *secret,
         goto fail;
     }
     srv->started = 1;
+    srv->owner = getpid();
     *out = srv;
     return PD_OK;
 fail:

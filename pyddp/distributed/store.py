@@ -95,6 +95,12 @@ def _check_int(value, argname: str = "value") -> int:
     return operator.index(value)
 
 
+def job_secret() -> Optional[str]:
+    """The job secret that authenticates connections: ``PYDDP_SECRET`` from
+    the environment (read here, in one place), or None when unset or empty."""
+    return os.environ.get("PYDDP_SECRET") or None
+
+
 class Store:
     """Base class of all stores (subclass it to write your own, as in torch).
 
@@ -254,7 +260,7 @@ class TCPStore(_CStore):
             listen_fd = _check_int(master_listen_fd, "master_listen_fd")
             if not is_master:
                 raise ValueError("master_listen_fd is only valid with is_master=True")
-        secret = os.environ.get("PYDDP_SECRET") or None
+        secret = job_secret()
 
         self._use_libuv = bool(use_libuv)
         self._holder = None

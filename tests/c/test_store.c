@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -627,7 +628,7 @@ static void
 test_tcp_create_destroy_cycles(void)
 {
     int fds0 = count_fds(), th0 = count_threads();
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 1000; i++) {
         pd_store *m = NULL;
         pd_status st = tcp_new(0, 1, 1, 5.0, 1, NULL, &m);
         if (st != PD_OK) {
@@ -723,6 +724,34 @@ test_tcp_shared_client_does_not_serialise(void)
     pd_store_destroy(m);
 }
 
+/* A child made by fork() that tears down its copy of the master's store
+ * must not stop the parent's server thread. */
+static void
+test_tcp_fork_child_destroy(void)
+{
+    pd_store *m = NULL;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    T_OK(pd_store_set(m, "before", "1", 1));
+    pid_t pid = fork();
+    if (pid == 0) {
+        pd_store_destroy(m);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    T_OK(pd_store_set(m, "after", "2", 1));
+    T_CHECK(get_is(m, "before", "1"));
+    pd_store *c = NULL;
+    T_OK(tcp_new(pd_tcp_store_port(m), -1, 0, 5.0, 0, NULL, &c));
+    T_CHECK(c != NULL && get_is(c, "after", "2"));
+    pd_store_destroy(c);
+    pd_store_destroy(m);
+}
+
 static void
 test_prefix_store(void)
 {
@@ -756,6 +785,7 @@ main(void)
     T_RUN(test_tcp_server_gone);
     T_RUN(test_tcp_port_in_use);
     T_RUN(test_tcp_auth);
+    T_RUN(test_tcp_fork_child_destroy);
     T_RUN(test_tcp_create_destroy_cycles);
     return pd_test_result();
 }
