@@ -447,6 +447,13 @@ def test_client_cycles_leak_nothing(master):
 # ---------------------------------------------------------------- extras
 
 
+def test_multi_tenant_port_zero_registers_chosen_port():
+    a = TCPStore("127.0.0.1", 0, 1, True, timeout=sec(5), multi_tenant=True)
+    b = TCPStore("127.0.0.1", a.port, 1, True, timeout=sec(5), multi_tenant=True)
+    b.set("k", "v")
+    assert a.get("k") == b"v"
+
+
 def test_multi_tenant_shares_server():
     a = TCPStore("127.0.0.1", free_port(), 1, True, timeout=sec(5), multi_tenant=True)
     b = TCPStore("127.0.0.1", a.port, 1, True, timeout=sec(5), multi_tenant=True)

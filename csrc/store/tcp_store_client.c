@@ -304,6 +304,11 @@ ts_call(tcp_store *t, pd_wbuf *req, uint32_t seq, const char *what,
         return pd_error(PD_ENOMEM, "TCPStore.%s: out of memory building the "
                         "request", what);
     }
+    if (req->len - 4 > PD_TS_MAX_FRAME) {
+        return pd_error(PD_EINVAL, "TCPStore.%s: a request of %zu bytes "
+                        "exceeds the limit of %zu bytes", what, req->len,
+                        PD_TS_MAX_FRAME);
+    }
     pthread_mutex_lock(&t->mu);
     if (t->broken) {
         st = ts_broken_error(t);
@@ -527,12 +532,6 @@ ts_keys_cmd(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n,
         pd_wbuf_str(&b, USER_PREFIX, keys[i]);
     }
     pd_wbuf_end(&b, at);
-    if (b.len > PD_TS_MAX_FRAME) {
-        size_t total = b.len;
-        pd_wbuf_free(&b);
-        return pd_error(PD_EINVAL, "TCPStore.%s: %zu keys make a request of "
-                        "%zu bytes, above the limit", what, n, total);
-    }
     pd_status st = ts_call(t, &b, seq, what, cmd == PD_TS_WAIT, timeout,
                            &body, &len);
     pd_wbuf_free(&b);

@@ -264,9 +264,9 @@ class TCPStore(_CStore):
 
         self._use_libuv = bool(use_libuv)
         self._holder = None
-        if is_master and multi_tenant and port != 0:
+        if is_master and multi_tenant:
             with _tenants_lock:
-                ref = _tenants.get(port)
+                ref = _tenants.get(port) if port != 0 else None
                 holder = ref() if ref is not None else None
                 if holder is not None:
                     # Share the running server: this instance is a client.
