@@ -23,7 +23,7 @@ import numpy as np
 from .. import _C
 from . import _arrays
 from ._arrays import as_array
-from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
 DistError = _C.DistError
 DistBackendError = _C.DistBackendError
@@ -374,7 +374,7 @@ def _connect_group(store, rank, size, timeout, name):
     # each round its own keys, so no rank reads a stale address.
     gen = (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
-    secret = os.environ.get("PYDDP_SECRET") or None
+    secret = job_secret()
     cpg = _C.ProcessGroup(rank, size, timeout, secret)
     try:
         if size > 1:
