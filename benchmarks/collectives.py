@@ -312,6 +312,10 @@ def main(argv=None):
 
     print(f"# pyddp collective benchmark: {args.nproc} ranks on one host, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, numpy {np.__version__}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5:
+        print(f"# WARNING: load average {load:.2f} before the run: other processes compete for the CPUs, "
+              "so times are noisy (busy-polling peers such as Open MPI suffer most)")
     copy = memcpy_bandwidth([n for n in (1 << 20, 16 << 20, 64 << 20) if n <= max(hi, 1 << 20)])
     print("# numpy copy (memcpy) bandwidth: " + ", ".join(f"{fmt_size(n)} {bw:.1f} GB/s" for n, bw in copy))
     sys.stdout.flush()
