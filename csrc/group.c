@@ -517,7 +517,6 @@ run_work(pd_group *g, pd_work *w)
     }
 
     uint64_t seq = ++g->seq;
-    g->t->ops->set_coll_seq(g->t, seq);
     pd_coll c;
     memset(&c, 0, sizeof(c));
     c.g = g;
@@ -534,6 +533,7 @@ run_work(pd_group *g, pd_work *w)
     c.base.root = op->root;
     c.base.seq = seq;
     c.base.count = op->kind == PD_K_ALLTOALL ? 0 : op->count;
+    g->t->ops->set_coll(g->t, &c.base);
     c.rdt = pd_dtype_accum(op->dtype);
     c.esz = pd_dtype_size(c.rdt);
     pd_status st = run_coll(&c, op);

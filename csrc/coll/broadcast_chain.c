@@ -20,7 +20,7 @@ pd_broadcast_chain(pd_coll *c, char *buf, size_t len)
         st = pd_error(PD_ENOMEM, "broadcast: out of memory");
         goto exit;
     }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, sreq), st, exit);
+    PD_CHECK_GOTO(pd_coll_ring_check(c, sreq, 0), st, exit);
     if (v != 0) {
         for (size_t j = 0; j < k; j++) {
             size_t off = j * PD_CHUNK_BYTES;

@@ -13,7 +13,7 @@ pd_broadcast_flat(pd_coll *c, char *buf, size_t len)
     if (reqs == NULL) {
         return pd_error(PD_ENOMEM, "broadcast: out of memory");
     }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs), st, exit);
+    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 0), st, exit);
     if (r == root) {
         for (int k = 1; k < n; k++) {
             PD_CHECK_GOTO(pd_coll_send(c, &reqs[nr++], (r + k) % n, 0, buf,

@@ -59,18 +59,29 @@ pd_coll_wait_one(pd_coll *c, pd_req *r)
     return pd_coll_wait(c, r, 1);
 }
 
+static int
+receives_data(const pd_coll *c, int rank, int root_receives)
+{
+    return root_receives ? rank == c->base.root : rank != c->base.root;
+}
+
 pd_status
-pd_coll_ring_check(pd_coll *c, pd_req reqs[2])
+pd_coll_ring_check(pd_coll *c, pd_req reqs[2], int root_receives)
 {
     int right = (c->rank + 1) % c->size;
     int left = (c->rank + c->size - 1) % c->size;
+    reqs[0].state = PD_REQ_DONE;
+    reqs[1].state = PD_REQ_DONE;
     if (c->size == 1) {
-        reqs[0].state = PD_REQ_DONE;
-        reqs[1].state = PD_REQ_DONE;
         return PD_OK;
     }
-    PD_CHECK(pd_coll_send(c, &reqs[0], right, PD_TAG_CHECK, NULL, 0));
-    return pd_coll_recv(c, &reqs[1], left, PD_TAG_CHECK, NULL, 0);
+    if (!receives_data(c, right, root_receives)) {
+        PD_CHECK(pd_coll_send(c, &reqs[0], right, PD_TAG_CHECK, NULL, 0));
+    }
+    if (!receives_data(c, c->rank, root_receives)) {
+        PD_CHECK(pd_coll_recv(c, &reqs[1], left, PD_TAG_CHECK, NULL, 0));
+    }
+    return PD_OK;
 }
 
 void

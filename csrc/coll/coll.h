@@ -38,10 +38,13 @@ pd_status pd_coll_recv(pd_coll *c, pd_req *r, int peer, int tag, void *buf,
 pd_status pd_coll_wait(pd_coll *c, pd_req *reqs, size_t n);
 pd_status pd_coll_wait_one(pd_coll *c, pd_req *r);
 
-/* Header-only ring exchange (send to rank+1, receive from rank-1): makes a
- * rank that otherwise only sends (a broadcast root) see a mismatching
- * neighbour instead of completing. */
-pd_status pd_coll_ring_check(pd_coll *c, pd_req reqs[2]);
+/* Every rank must receive at least one frame in every collective, so that
+ * a rank that otherwise only sends (a broadcast root, a gather leaf) still
+ * sees a mismatching neighbour instead of completing.  Ranks that receive
+ * nothing else get an empty frame from their left neighbour.  root_receives:
+ * only the root receives data (gather, reduce); else everyone but the root
+ * does (broadcast, scatter).  Unused requests are marked done. */
+pd_status pd_coll_ring_check(pd_coll *c, pd_req reqs[2], int root_receives);
 
 #define PD_TAG(step, chunk) ((int)(((step) << 16) | (chunk)))
 #define PD_TAG_CHECK 0x7fff0000

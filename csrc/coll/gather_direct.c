@@ -14,7 +14,7 @@ pd_gather_direct(pd_coll *c, const char *in, size_t len, char **out)
     if (reqs == NULL) {
         return pd_error(PD_ENOMEM, "gather: out of memory");
     }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs), st, exit);
+    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 1), st, exit);
     if (r == root) {
         for (int p = 0; p < n; p++) {
             if (p == r) {

@@ -19,7 +19,7 @@ pd_reduce_direct(pd_coll *c, const char *in, char *out, size_t count)
         return pd_error(PD_ENOMEM, "reduce: out of memory");
     }
     if (r != root) {
-        PD_CHECK_GOTO(pd_coll_ring_check(c, reqs), st, exit);
+        PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 1), st, exit);
         PD_CHECK_GOTO(pd_coll_send(c, &reqs[2], root, 0, in, bytes), st, exit);
         st = pd_coll_wait(c, reqs, 3);
         goto exit;
@@ -30,7 +30,7 @@ pd_reduce_direct(pd_coll *c, const char *in, char *out, size_t count)
         st = pd_error(PD_ENOMEM, "reduce: out of memory");
         goto exit;
     }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs), st, exit);
+    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 1), st, exit);
     nr = 2;
     for (int p = 0; p < n; p++) {
         blocks[p] = tmp + bytes * (size_t)p;

@@ -14,7 +14,7 @@ pd_scatter_direct(pd_coll *c, char **in, char *out, size_t len)
     if (reqs == NULL) {
         return pd_error(PD_ENOMEM, "scatter: out of memory");
     }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs), st, exit);
+    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 0), st, exit);
     if (r == root) {
         for (int p = 0; p < n; p++) {
             if (p == r) {

@@ -78,8 +78,10 @@ typedef struct pd_transport_ops {
     /* Ask every peer which collective sequence number it has reached; fills
      * seqs[peer] (UINT64_MAX when it did not answer within timeout_s). */
     pd_status (*query_seqs)(pd_transport *t, uint64_t *seqs, double timeout_s);
-    /* The collective sequence number the group is running now (for matching). */
-    void (*set_coll_seq)(pd_transport *t, uint64_t seq);
+    /* The collective the group is running now (type, kind, dtype, op, root,
+     * seq, count): any frame of that sequence number with another identity
+     * is a mismatch, whatever receives are posted. */
+    void (*set_coll)(pd_transport *t, const pd_hdr *id);
     /* Make status/msg the transport's sticky error: nothing moves after it,
      * so buffers of requests still queued may be released. */
     void (*fail)(pd_transport *t, int status, const char *msg);

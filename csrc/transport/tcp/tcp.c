@@ -93,6 +93,7 @@ typedef struct tcp_transport {
     tcp_peer *peers;
     pd_req *any_head, *any_tail;
     uint64_t coll_seq;
+    pd_hdr coll_id;
     uint64_t completed; /* sends completed: progress() must not then sleep */
     pd_status err;
     char errmsg[PD_ERRMSG_MAX];
@@ -773,6 +774,13 @@ route_frame(tcp_transport *t, int p)
                     "number %llu); the ranks called different collectives",
                     p, a, t->base.rank, (unsigned long long)t->coll_seq);
     }
+    if (h->type == PD_FRAME_COLL && h->seq == t->coll_seq) {
+        const pd_hdr *e = &t->coll_id;
+        if (h->kind != e->kind || h->dtype != e->dtype || h->op != e->op ||
+            h->root != e->root || h->count != e->count) {
+            return mismatch(t, p, h, e, h->nbytes);
+        }
+    }
     for (pd_req *r = pe->rq_head; r != NULL; r = r->next) {
         int m = match(r, h);
         if (m < 0) {
@@ -1162,9 +1170,11 @@ tcp_fail(pd_transport *base, int status, const char *msg)
 }
 
 static void
-tcp_set_coll_seq(pd_transport *base, uint64_t seq)
+tcp_set_coll(pd_transport *base, const pd_hdr *id)
 {
-    ((tcp_transport *)base)->coll_seq = seq;
+    tcp_transport *t = (tcp_transport *)base;
+    t->coll_seq = id->seq;
+    t->coll_id = *id;
 }
 
 static const pd_transport_ops tcp_ops = {
@@ -1175,7 +1185,7 @@ static const pd_transport_ops tcp_ops = {
     .wake = tcp_wake,
     .abort_peers = tcp_abort_peers,
     .query_seqs = tcp_query_seqs,
-    .set_coll_seq = tcp_set_coll_seq,
+    .set_coll = tcp_set_coll,
     .fail = tcp_fail,
     .close = tcp_close,
 };
