@@ -38,6 +38,10 @@ typedef struct pd_hdr {
     uint64_t nbytes; /* payload bytes that follow */
 } pd_hdr;
 
+/* Headers go on the wire as raw bytes between ranks of one architecture:
+ * fixed layout, no padding. */
+_Static_assert(sizeof(pd_hdr) == 48, "pd_hdr must be 48 bytes");
+
 enum { PD_REQ_POSTED = 0, PD_REQ_DONE = 1 };
 
 /* One posted send or receive.  Owned by the caller until it is done (or the

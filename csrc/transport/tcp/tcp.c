@@ -55,6 +55,9 @@ typedef struct ctrl_msg {
     uint64_t seq;
 } ctrl_msg;
 
+_Static_assert(sizeof(hello) == 24, "hello must have no padding");
+_Static_assert(sizeof(ctrl_msg) == 24, "ctrl_msg must have no padding");
+
 typedef struct unexp {
     pd_hdr hdr;
     char *data;
