@@ -1,10 +1,658 @@
-/* ProcessGroup and Work types: filled in by the group/transport work. */
+/* pyddp._C.ProcessGroup and pyddp._C.Work.
+ *
+ * The binding turns Python buffers into the per-rank block pointers of a
+ * pd_op, checks every length against what the collective will read or write
+ * (so a wrong size can never be read or written out of bounds), and submits
+ * it.  A Work owns the Py_buffer views until the operation has completed.
+ * Every blocking call releases the GIL.
+ */
+#include <string.h>
+
+#include "../group.h"
 #include "binding.h"
+
+typedef struct {
+    PyObject_HEAD
+    pd_group *g;
+    int port;
+    int rank;
+    int size;
+} PGObject;
+
+typedef struct {
+    PyObject_HEAD
+    pd_work *w;
+    Py_buffer *views;
+    int nviews;
+    char **ptrs;   /* in blocks then out blocks */
+    size_t *lens;  /* same layout */
+    PyObject *keep; /* objects to keep alive (the arrays) */
+    int kind;
+} WorkObject;
+
+/* ------------------------------------------------------------------ Work */
+
+static void
+work_release_views(WorkObject *self)
+{
+    for (int i = 0; i < self->nviews; i++) {
+        PyBuffer_Release(&self->views[i]);
+    }
+    PyMem_Free(self->views);
+    self->views = NULL;
+    self->nviews = 0;
+    PyMem_Free(self->ptrs);
+    self->ptrs = NULL;
+    PyMem_Free(self->lens);
+    self->lens = NULL;
+}
+
+static void
+Work_dealloc(WorkObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->w != NULL) {
+        /* The progress thread may still touch the buffers: wait for it
+         * (bounded by the operation's own timeout). */
+        if (!pd_work_done(self->w)) {
+            Py_BEGIN_ALLOW_THREADS
+            pd_work_wait(self->w, -1.0);
+            Py_END_ALLOW_THREADS
+        }
+        pd_work_release(self->w);
+        self->w = NULL;
+    }
+    work_release_views(self);
+    Py_CLEAR(self->keep);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+Work_wait(WorkObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    PyObject *timeout = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:wait", kwlist,
+                                     &timeout)) {
+        return NULL;
+    }
+    double t = -1.0;
+    if (timeout != Py_None) {
+        t = PyFloat_AsDouble(timeout);
+        if (t == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (t < 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "timeout must be >= 0 seconds or None");
+            return NULL;
+        }
+    }
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+    Py_BEGIN_ALLOW_THREADS
+    st = pd_work_wait(self->w, t);
+    if (st != PD_OK) {
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+    }
+    Py_END_ALLOW_THREADS
+    if (st != PD_OK) {
+        return pd_py_set_error(pd_state_from_type(Py_TYPE(self)), st, msg);
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+Work_is_completed(WorkObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(pd_work_done(self->w));
+}
+
+static PyObject *
+Work_source_rank(WorkObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!pd_work_done(self->w)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "source_rank() is known only after the work completed");
+        return NULL;
+    }
+    return PyLong_FromLong(pd_work_source(self->w));
+}
+
+static PyMethodDef Work_methods[] = {
+    {"wait", (PyCFunction)(void (*)(void))Work_wait,
+     METH_VARARGS | METH_KEYWORDS,
+     "wait(timeout=None): block until done; raise the operation's error."},
+    {"is_completed", (PyCFunction)Work_is_completed, METH_NOARGS,
+     "True once the operation has finished (successfully or not)."},
+    {"source_rank", (PyCFunction)Work_source_rank, METH_NOARGS,
+     "recv: the rank the message came from."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Work_slots[] = {
+    {Py_tp_dealloc, Work_dealloc},
+    {Py_tp_methods, Work_methods},
+    {Py_tp_doc, "Handle of an operation submitted to a process group."},
+    {0, NULL},
+};
+
+static PyType_Spec Work_spec = {
+    .name = "pyddp._C.Work",
+    .basicsize = sizeof(WorkObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Work_slots,
+};
+
+/* ---------------------------------------------------------- ProcessGroup */
+
+static pd_module_state *
+pg_state(PyObject *self)
+{
+    return pd_state_from_type(Py_TYPE(self));
+}
+
+static PyObject *
+PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"rank", "size", "timeout", "secret", NULL};
+    int rank, size;
+    double timeout;
+    const char *secret = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iid|z:ProcessGroup", kwlist,
+                                     &rank, &size, &timeout, &secret)) {
+        return NULL;
+    }
+    PGObject *self = (PGObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+    pd_group *g = NULL;
+    int port = 0;
+    st = pd_group_create(rank, size, timeout, secret, &g, &port);
+    if (st != PD_OK) {
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        Py_DECREF(self);
+        return pd_py_set_error(pd_state_from_type(type), st, msg);
+    }
+    self->g = g;
+    self->port = port;
+    self->rank = rank;
+    self->size = size;
+    return (PyObject *)self;
+}
+
+static void
+pg_destroy(PGObject *self)
+{
+    if (self->g != NULL) {
+        pd_group *g = self->g;
+        self->g = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        pd_group_destroy(g);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void
+PG_dealloc(PGObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    pg_destroy(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+PG_destroy(PGObject *self, PyObject *Py_UNUSED(ignored))
+{
+    pg_destroy(self);
+    Py_RETURN_NONE;
+}
+
+static int
+pg_check(PGObject *self)
+{
+    if (self->g == NULL) {
+        pd_py_set_error(pg_state((PyObject *)self), PD_ECLOSED,
+                        "the process group has been destroyed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+PG_connect(PGObject *self, PyObject *args)
+{
+    PyObject *hosts, *ports;
+    unsigned long long token;
+    if (!PyArg_ParseTuple(args, "OOK:connect", &hosts, &ports, &token)) {
+        return NULL;
+    }
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t n = self->size;
+    if (!PyList_Check(hosts) || !PyList_Check(ports) ||
+        PyList_GET_SIZE(hosts) != n || PyList_GET_SIZE(ports) != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "connect: hosts and ports must be lists of %zd entries",
+                     n);
+        return NULL;
+    }
+    const char **h = PyMem_RawCalloc((size_t)n, sizeof(char *));
+    int *p = PyMem_RawCalloc((size_t)n, sizeof(int));
+    PyObject *ret = NULL;
+    if (h == NULL || p == NULL) {
+        PyErr_NoMemory();
+        goto exit;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(hosts, i));
+        p[i] = (int)PyLong_AsLong(PyList_GET_ITEM(ports, i));
+        if (h[i] == NULL || (p[i] == -1 && PyErr_Occurred())) {
+            goto exit;
+        }
+    }
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+    Py_BEGIN_ALLOW_THREADS
+    st = pd_group_connect(self->g, h, p, (uint64_t)token);
+    if (st != PD_OK) {
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+    }
+    Py_END_ALLOW_THREADS
+    if (st != PD_OK) {
+        pd_py_set_error(pg_state((PyObject *)self), st, msg);
+        goto exit;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+exit:
+    PyMem_RawFree(h);
+    PyMem_RawFree(p);
+    return ret;
+}
+
+/* How many blocks each side of a kind has on this rank. */
+static int
+expected_blocks(int kind, int out, int rank, int root, int size)
+{
+    switch (kind) {
+    case PD_K_BROADCAST:
+    case PD_K_ALLREDUCE:
+        return out ? 1 : 0;
+    case PD_K_REDUCE:
+        return 1;
+    case PD_K_ALLGATHER:
+        return out ? size : 1;
+    case PD_K_GATHER:
+        return out ? (rank == root ? size : 0) : 1;
+    case PD_K_SCATTER:
+        return out ? 1 : (rank == root ? size : 0);
+    case PD_K_REDUCE_SCATTER:
+        return out ? 1 : size;
+    case PD_K_ALLTOALL:
+        return size;
+    case PD_K_SEND:
+        return out ? 0 : 1;
+    case PD_K_RECV:
+        return out ? 1 : 0;
+    default:
+        return 0;
+    }
+}
+
+/* Fill ptrs/lens for one side from a tuple of buffers: either one buffer
+ * per block, or one buffer split into nblocks (evenly, or by splits). */
+static int
+fill_side(WorkObject *w, PyObject *bufs, PyObject *splits, int nblocks,
+          int writable, char **ptrs, size_t *lens, const char *what,
+          const char *opname)
+{
+    Py_ssize_t nb = PyTuple_GET_SIZE(bufs);
+    if (nblocks == 0) {
+        return 0;
+    }
+    if (nb != nblocks && nb != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: expected %d %s arrays (one per rank) or one array, "
+                     "got %zd", opname, nblocks, what, nb);
+        return -1;
+    }
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        Py_buffer *v = &w->views[w->nviews];
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, i), v, flags) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s array %zd must be C-contiguous%s", opname,
+                         what, i, writable ? " and writable" : "");
+            return -1;
+        }
+        w->nviews++;
+        if (nb == nblocks) {
+            ptrs[i] = v->buf;
+            lens[i] = (size_t)v->len;
+        }
+    }
+    if (nb == nblocks) {
+        return 0;
+    }
+    /* split one buffer */
+    Py_buffer *v = &w->views[w->nviews - 1];
+    size_t total = (size_t)v->len, off = 0;
+    for (int p = 0; p < nblocks; p++) {
+        size_t len;
+        if (splits != Py_None) {
+            len = PyLong_AsSize_t(PyTuple_GET_ITEM(splits, p));
+            if (len == (size_t)-1 && PyErr_Occurred()) {
+                return -1;
+            }
+        }
+        else {
+            if (total % (size_t)nblocks != 0) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s: %s array of %zu bytes cannot be split into "
+                             "%d equal blocks", opname, what, total, nblocks);
+                return -1;
+            }
+            len = total / (size_t)nblocks;
+        }
+        if (off + len > total) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: split sizes exceed the %s array (%zu bytes)",
+                         opname, what, total);
+            return -1;
+        }
+        ptrs[p] = (char *)v->buf + off;
+        lens[p] = len;
+        off += len;
+    }
+    if (splits != Py_None && off != total) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: split sizes add up to %zu bytes but the %s array "
+                     "has %zu bytes", opname, off, what, total);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+check_lens(const size_t *lens, int n, size_t want, const char *what,
+           const char *opname)
+{
+    for (int p = 0; p < n; p++) {
+        if (lens[p] != want) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s block %d has %zu bytes, expected %zu", opname,
+                         what, p, lens[p], want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"kind", "dtype", "op", "root", "tag", "count",
+                             "inputs", "outputs", "in_splits", "out_splits",
+                             "timeout", "wait_all", "name", NULL};
+    int kind, dtype, op, root, tag, wait_all;
+    Py_ssize_t count;
+    PyObject *ins, *outs, *in_splits, *out_splits;
+    double timeout;
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, "iiiiinO!O!OOdps:submit", kwlist, &kind, &dtype, &op,
+            &root, &tag, &count, &PyTuple_Type, &ins, &PyTuple_Type, &outs,
+            &in_splits, &out_splits, &timeout, &wait_all, &name)) {
+        return NULL;
+    }
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    pd_module_state *st = pg_state((PyObject *)self);
+    if (kind <= PD_K_NONE || kind >= PD_NKINDS || dtype < 0 ||
+        dtype >= PD_NDTYPES || op < 0 || op >= PD_NREDOPS || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "submit: invalid kind/dtype/op");
+        return NULL;
+    }
+    int size = self->size, rank = self->rank;
+    int needs_root = kind == PD_K_BROADCAST || kind == PD_K_REDUCE ||
+                     kind == PD_K_GATHER || kind == PD_K_SCATTER ||
+                     kind == PD_K_SEND || kind == PD_K_RECV;
+    if (needs_root && !(kind == PD_K_RECV && root == -1) &&
+        (root < 0 || root >= size)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: rank %d is out of range: expected 0 <= rank < %d",
+                     name, root, size);
+        return NULL;
+    }
+    if ((kind == PD_K_SEND || kind == PD_K_RECV) && root == rank) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d cannot %s itself", name,
+                     rank, kind == PD_K_SEND ? "send to" : "receive from");
+        return NULL;
+    }
+    if (in_splits != Py_None && !PyTuple_Check(in_splits)) {
+        PyErr_SetString(PyExc_TypeError, "in_splits must be a tuple or None");
+        return NULL;
+    }
+    if (out_splits != Py_None && !PyTuple_Check(out_splits)) {
+        PyErr_SetString(PyExc_TypeError, "out_splits must be a tuple or None");
+        return NULL;
+    }
+    if ((kind == PD_K_ALLREDUCE || kind == PD_K_REDUCE ||
+         kind == PD_K_REDUCE_SCATTER) &&
+        pd_redop_check((pd_dtype)dtype, (pd_redop)op) != PD_OK) {
+        return pd_py_set_error(st, PD_ETYPE, pd_errmsg());
+    }
+    int nin = expected_blocks(kind, 0, rank, root, size);
+    int nout = expected_blocks(kind, 1, rank, root, size);
+    if ((in_splits != Py_None && PyTuple_GET_SIZE(in_splits) != nin) ||
+        (out_splits != Py_None && PyTuple_GET_SIZE(out_splits) != nout)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: split sizes must have one entry per rank (%d)", name,
+                     size);
+        return NULL;
+    }
+    if ((nin == 0 && PyTuple_GET_SIZE(ins) != 0 && kind != PD_K_GATHER &&
+         kind != PD_K_SCATTER) ||
+        (nout == 0 && PyTuple_GET_SIZE(outs) != 0 && kind != PD_K_GATHER &&
+         kind != PD_K_SCATTER)) {
+        PyErr_Format(PyExc_ValueError, "%s: unexpected arrays", name);
+        return NULL;
+    }
+    WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+    if (w == NULL) {
+        return NULL;
+    }
+    w->w = NULL;
+    w->nviews = 0;
+    w->keep = NULL;
+    w->kind = kind;
+    int nslots = nin + nout + 2;
+    w->views = PyMem_Calloc((size_t)(PyTuple_GET_SIZE(ins) +
+                                     PyTuple_GET_SIZE(outs) + 1),
+                            sizeof(Py_buffer));
+    w->ptrs = PyMem_Calloc((size_t)nslots, sizeof(char *));
+    w->lens = PyMem_Calloc((size_t)nslots, sizeof(size_t));
+    if (w->views == NULL || w->ptrs == NULL || w->lens == NULL) {
+        Py_DECREF(w);
+        return PyErr_NoMemory();
+    }
+    char **ip = w->ptrs, **op_ = w->ptrs + nin + 1;
+    size_t *il = w->lens, *ol = w->lens + nin + 1;
+    if ((nin && PyTuple_GET_SIZE(ins) > 0 &&
+         fill_side(w, ins, in_splits, nin, 0, ip, il, "input", name) < 0) ||
+        (nout && PyTuple_GET_SIZE(outs) > 0 &&
+         fill_side(w, outs, out_splits, nout, 1, op_, ol, "output", name) <
+             0)) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    if ((nin && PyTuple_GET_SIZE(ins) == 0) ||
+        (nout && PyTuple_GET_SIZE(outs) == 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: missing %s array", name,
+                     nin && PyTuple_GET_SIZE(ins) == 0 ? "input" : "output");
+        Py_DECREF(w);
+        return NULL;
+    }
+    /* Every length the algorithm relies on is checked here. */
+    size_t esz = pd_dtype_size((pd_dtype)dtype);
+    size_t want = (size_t)count * esz;
+    int bad = 0;
+    switch (kind) {
+    case PD_K_BROADCAST:
+    case PD_K_ALLREDUCE:
+        bad = check_lens(ol, 1, want, "output", name);
+        ip[0] = op_[0];
+        il[0] = ol[0];
+        break;
+    case PD_K_REDUCE:
+        bad = check_lens(il, 1, want, "input", name) ||
+              check_lens(ol, 1, want, "output", name);
+        break;
+    case PD_K_ALLGATHER:
+    case PD_K_GATHER:
+    case PD_K_SCATTER:
+    case PD_K_REDUCE_SCATTER:
+        bad = check_lens(il, nin, want, "input", name) ||
+              check_lens(ol, nout, want, "output", name);
+        break;
+    default:
+        break;
+    }
+    if (bad) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    pd_op o;
+    memset(&o, 0, sizeof(o));
+    o.kind = (pd_kind)kind;
+    o.dtype = (pd_dtype)dtype;
+    o.op = (pd_redop)op;
+    o.root = root;
+    o.tag = tag;
+    o.count = (size_t)count;
+    o.in = ip;
+    o.out = op_;
+    o.in_len = il;
+    o.out_len = ol;
+    o.nblocks = size;
+    o.timeout = timeout;
+    o.wait_all = wait_all;
+    snprintf(o.name, sizeof(o.name), "%s", name);
+    pd_status s = pd_group_submit(self->g, &o, &w->w);
+    if (s != PD_OK) {
+        char msg[PD_ERRMSG_MAX];
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        Py_DECREF(w);
+        return pd_py_set_error(st, s, msg);
+    }
+    return (PyObject *)w;
+}
+
+static PyObject *
+PG_get_port(PGObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->port);
+}
+
+static PyObject *
+PG_get_rank(PGObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->rank);
+}
+
+static PyObject *
+PG_get_size(PGObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->size);
+}
+
+static PyGetSetDef PG_getset[] = {
+    {"port", (getter)PG_get_port, NULL, "listening port (before connect)",
+     NULL},
+    {"rank", (getter)PG_get_rank, NULL, "this rank", NULL},
+    {"size", (getter)PG_get_size, NULL, "number of ranks", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef PG_methods[] = {
+    {"connect", (PyCFunction)PG_connect, METH_VARARGS,
+     "connect(hosts, ports, token): build the mesh, start progress."},
+    {"submit", (PyCFunction)(void (*)(void))PG_submit,
+     METH_VARARGS | METH_KEYWORDS, "submit an operation; returns a Work."},
+    {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,
+     "stop the progress thread, say goodbye to peers, free everything."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot PG_slots[] = {
+    {Py_tp_new, PG_new},
+    {Py_tp_dealloc, PG_dealloc},
+    {Py_tp_methods, PG_methods},
+    {Py_tp_getset, PG_getset},
+    {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None): one member "
+                "of a pyddp process group (C core)."},
+    {0, NULL},
+};
+
+static PyType_Spec PG_spec = {
+    .name = "pyddp._C.ProcessGroup",
+    .basicsize = sizeof(PGObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = PG_slots,
+};
+
+static int
+add_int(PyObject *m, const char *name, long v)
+{
+    return PyModule_AddIntConstant(m, name, v);
+}
 
 int
 pd_group_add_types(PyObject *m, pd_module_state *st)
 {
-    (void)m;
-    (void)st;
+    st->WorkType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Work_spec,
+                                                            NULL);
+    if (st->WorkType == NULL ||
+        PyModule_AddObjectRef(m, "Work", (PyObject *)st->WorkType) < 0) {
+        return -1;
+    }
+    st->ProcessGroupType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &PG_spec, NULL);
+    if (st->ProcessGroupType == NULL ||
+        PyModule_AddObjectRef(m, "ProcessGroup",
+                              (PyObject *)st->ProcessGroupType) < 0) {
+        return -1;
+    }
+    static const struct {
+        const char *name;
+        long v;
+    } consts[] = {
+        {"K_BROADCAST", PD_K_BROADCAST},
+        {"K_ALLREDUCE", PD_K_ALLREDUCE},
+        {"K_REDUCE", PD_K_REDUCE},
+        {"K_ALLGATHER", PD_K_ALLGATHER},
+        {"K_GATHER", PD_K_GATHER},
+        {"K_SCATTER", PD_K_SCATTER},
+        {"K_REDUCE_SCATTER", PD_K_REDUCE_SCATTER},
+        {"K_ALLTOALL", PD_K_ALLTOALL},
+        {"K_BARRIER", PD_K_BARRIER},
+        {"K_MONITORED_BARRIER", PD_K_MONITORED_BARRIER},
+        {"K_SEND", PD_K_SEND},
+        {"K_RECV", PD_K_RECV},
+    };
+    for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++) {
+        if (add_int(m, consts[i].name, consts[i].v) < 0) {
+            return -1;
+        }
+    }
     return 0;
 }

@@ -1,0 +1,85 @@
+/* Shared machinery of the collective algorithms (one file per algorithm in
+ * csrc/coll/, written against the transport interface). */
+#ifndef PD_COLL_H
+#define PD_COLL_H
+
+#include <stddef.h>
+
+#include "../group.h"
+#include "../transport/transport.h"
+
+/* Frames of one chunk: big enough to amortise per-frame costs, small enough
+ * to overlap the reduction of one chunk with the transfer of the next. */
+#define PD_CHUNK_BYTES (512u << 10)
+
+/* Messages up to this many bytes use the latency-optimal direct algorithms. */
+#define PD_SMALL_BYTES (64u << 10)
+
+typedef struct pd_coll {
+    pd_group *g;
+    pd_transport *t;
+    int rank;
+    int size;
+    pd_hdr base;     /* identity of the call: kind, dtype, op, root, seq, count */
+    pd_dtype rdt;    /* dtype the reduction runs in (float32 for halves) */
+    size_t esz;      /* bytes per element of rdt */
+    double deadline;
+    const pd_op *op;
+} pd_coll;
+
+pd_status pd_coll_send(pd_coll *c, pd_req *r, int peer, int tag,
+                       const void *buf, size_t len);
+pd_status pd_coll_recv(pd_coll *c, pd_req *r, int peer, int tag, void *buf,
+                       size_t len);
+/* Wait until every request in reqs[0..n) is done. */
+pd_status pd_coll_wait(pd_coll *c, pd_req *reqs, size_t n);
+pd_status pd_coll_wait_one(pd_coll *c, pd_req *r);
+
+/* Header-only ring exchange (send to rank+1, receive from rank-1): makes a
+ * rank that otherwise only sends (a broadcast root) see a mismatching
+ * neighbour instead of completing. */
+pd_status pd_coll_ring_check(pd_coll *c, pd_req reqs[2]);
+
+#define PD_TAG(step, chunk) ((int)(((step) << 16) | (chunk)))
+#define PD_TAG_CHECK 0x7fff0000
+
+/* Algorithms: coll/<collective>_<algorithm>.c.  Buffers follow pd_op. */
+pd_status pd_allreduce_direct(pd_coll *c, char *buf, size_t count);
+pd_status pd_allreduce_ring(pd_coll *c, char *buf, size_t count);
+pd_status pd_reduce_direct(pd_coll *c, const char *in, char *out, size_t count);
+pd_status pd_reduce_ring(pd_coll *c, const char *in, char *out, size_t count);
+pd_status pd_broadcast_flat(pd_coll *c, char *buf, size_t len);
+pd_status pd_broadcast_chain(pd_coll *c, char *buf, size_t len);
+pd_status pd_allgather_direct(pd_coll *c, char **blocks, const size_t *len);
+pd_status pd_allgather_ring(pd_coll *c, char **blocks, const size_t *len);
+pd_status pd_reduce_scatter_direct(pd_coll *c, char **in, char *out,
+                                   size_t count);
+pd_status pd_reduce_scatter_ring(pd_coll *c, char **in, char *out,
+                                 size_t count);
+pd_status pd_gather_direct(pd_coll *c, const char *in, size_t len,
+                           char **out);
+pd_status pd_scatter_direct(pd_coll *c, char **in, char *out, size_t len);
+pd_status pd_alltoall_pairwise(pd_coll *c, char **in, const size_t *in_len,
+                               char **out, const size_t *out_len);
+pd_status pd_barrier_direct(pd_coll *c);
+pd_status pd_monitored_barrier_star(pd_coll *c, double timeout_s,
+                                    int wait_all);
+
+/* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
+ * Physical segment of logical index L is (L + rot) mod size.
+ * reduce_scatter: afterwards rank r holds the reduction of logical segment
+ * r+1 (avg: divided by size).  allgather: rank r starts with logical r+1. */
+pd_status pd_ring_reduce_scatter(pd_coll *c, char **seg, const size_t *seglen,
+                                 int rot, int step0);
+pd_status pd_ring_allgather(pd_coll *c, char **seg, const size_t *seglen,
+                            int rot, int step0);
+
+/* out = reduction of blocks[0..n) in rank order (identical on every rank). */
+void pd_coll_reduce_blocks(pd_coll *c, char *out, char **blocks, size_t count);
+/* AVG: divide once, at the end. */
+void pd_coll_finish(pd_coll *c, char *buf, size_t count);
+
+/* Split count elements into size near-equal segments: offsets in elements. */
+void pd_coll_split(size_t count, int size, size_t *off /* size+1 */);
+
+#endif

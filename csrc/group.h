@@ -1,0 +1,94 @@
+/* A process group: ranks, a transport, a FIFO of pending work run by one
+ * progress thread, and the group's sticky error state.
+ *
+ * Python (or any caller) builds a pd_op, submits it with pd_group_submit and
+ * gets a pd_work back; the progress thread runs collectives in submission
+ * order (point-to-point operations are posted and progress alongside).
+ * pd_work_wait blocks (the binding releases the GIL around it).
+ */
+#ifndef PD_GROUP_H
+#define PD_GROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "util/status.h"
+
+typedef enum pd_kind {
+    PD_K_NONE = 0,
+    PD_K_BROADCAST,
+    PD_K_ALLREDUCE,
+    PD_K_REDUCE,
+    PD_K_ALLGATHER,
+    PD_K_GATHER,
+    PD_K_SCATTER,
+    PD_K_REDUCE_SCATTER,
+    PD_K_ALLTOALL,
+    PD_K_BARRIER,
+    PD_K_MONITORED_BARRIER,
+    PD_K_SEND,
+    PD_K_RECV,
+    PD_NKINDS
+} pd_kind;
+
+const char *pd_coll_kind_name(int kind);
+
+/* One operation.  Buffers are described per rank as blocks so that the list
+ * forms (all_gather(list), scatter(list), ...) and the tensor forms share one
+ * algorithm: in[p] / out[p] point to block p, in_len[p] / out_len[p] are its
+ * byte sizes.  Single-buffer operations (broadcast, all_reduce, reduce,
+ * send, recv) use in[0] / out[0] only.  Arrays are owned by the caller and
+ * must stay valid until the work completes. */
+typedef struct pd_op {
+    pd_kind kind;
+    pd_dtype dtype;
+    pd_redop op;
+    int root;          /* root / src / dst / peer; recv: -1 = any source */
+    int tag;           /* send / recv */
+    size_t count;      /* elements that identify the call across ranks */
+    char **in;
+    char **out;
+    size_t *in_len;
+    size_t *out_len;
+    int nblocks;       /* entries in in/out arrays (1 or group size) */
+    double timeout;    /* seconds; <= 0: the group's timeout */
+    int wait_all;      /* monitored_barrier(wait_all_ranks=...) */
+    char name[40];     /* API name used in messages, e.g. "all_reduce" */
+} pd_op;
+
+typedef struct pd_group pd_group;
+typedef struct pd_work pd_work;
+
+/* Create a group member: the transport's listening socket is open after
+ * this; *port_out is the port to advertise through the store. */
+pd_status pd_group_create(int rank, int size, double timeout_s,
+                          const char *secret, pd_group **out, int *port_out);
+
+/* Connect to every other rank (addresses indexed by rank) and start the
+ * progress thread. */
+pd_status pd_group_connect(pd_group *g, const char *const *hosts,
+                           const int *ports, uint64_t token);
+
+/* Submit op; *out receives a work handle (one reference, release with
+ * pd_work_release).  Errors found while running surface from the work. */
+pd_status pd_group_submit(pd_group *g, const pd_op *op, pd_work **out);
+
+/* Stop the progress thread (pending work fails with "process group
+ * destroyed"), say goodbye to peers and free everything.  Accepts NULL and
+ * half-built groups. */
+void pd_group_destroy(pd_group *g);
+
+int pd_group_rank(const pd_group *g);
+int pd_group_size(const pd_group *g);
+
+/* Wait until the work completes or timeout_s passes (< 0: forever).
+ * Returns the work's status (message in this thread's error buffer), or
+ * PD_ETIMEOUT if it was still running. */
+pd_status pd_work_wait(pd_work *w, double timeout_s);
+int pd_work_done(pd_work *w);
+/* recv(src=None): the rank the message came from (valid once done). */
+int pd_work_source(pd_work *w);
+void pd_work_release(pd_work *w);
+
+#endif

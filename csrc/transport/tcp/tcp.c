@@ -1,0 +1,1134 @@
+/* TCP transport.
+ *
+ * Every pair of ranks shares two sockets: a data socket that carries frames
+ * (header + payload, written with writev straight from the caller's buffer,
+ * read straight into the posted buffer) and a control socket for small
+ * out-of-band messages (abort, sequence queries, goodbye) that must never
+ * queue behind megabytes of data.
+ *
+ * Frames from one peer arrive in the order that peer sent them.  A frame is
+ * read only when a receive from that peer (or from any peer) is posted; a
+ * frame that matches no posted receive is parked in the peer's unexpected
+ * queue.  Everything else stays in the kernel's socket buffer, which gives
+ * flow control for free.  Death of a peer shows up as EOF / POLLRDHUP on its
+ * sockets without a preceding goodbye.
+ */
+#include "tcp.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../../kernels/kernels.h"
+#include "../../util/auth.h"
+#include "../../util/net.h"
+
+#define HELLO_MAGIC 0x50444448u /* "PDDH" */
+#define CTRL_MAGIC 0x50444443u  /* "PDDC" */
+#define CTRL_MAX 1024
+
+enum { CH_DATA = 0, CH_CTRL = 1 };
+enum { CTRL_ABORT = 1, CTRL_QUERY = 2, CTRL_REPLY = 3, CTRL_BYE = 4 };
+
+typedef struct hello {
+    uint32_t magic;
+    uint32_t rank;
+    uint32_t channel;
+    uint32_t size;
+    uint64_t token;
+} hello;
+
+typedef struct ctrl_msg {
+    uint32_t magic;
+    uint32_t type;
+    uint32_t status;
+    uint32_t len; /* text bytes that follow */
+    uint64_t seq;
+} ctrl_msg;
+
+typedef struct unexp {
+    pd_hdr hdr;
+    char *data;
+    struct unexp *next;
+} unexp;
+
+typedef struct tcp_peer {
+    int fd;
+    int cfd;
+    pd_req *sq_head, *sq_tail; /* sends in order */
+    pd_req *rq_head, *rq_tail; /* receives posted for this peer, in order */
+    /* the frame being read */
+    pd_hdr ih;
+    size_t ih_off;
+    pd_req *ireq;
+    unexp *iux;
+    size_t ioff;
+    unexp *ux_head, *ux_tail;
+    /* control bytes being read */
+    char cbuf[CTRL_MAX + sizeof(ctrl_msg)];
+    size_t coff;
+    int data_eof;
+    int ctrl_eof;
+    int bye;
+    int gone; /* handled: either left (bye) or fatal */
+    uint64_t reply_seq;
+    int replied;
+} tcp_peer;
+
+typedef struct tcp_transport {
+    pd_transport base;
+    pd_transport_events ev;
+    int lfd;
+    int wfd;
+    char secret[256];
+    tcp_peer *peers;
+    pd_req *any_head, *any_tail;
+    uint64_t coll_seq;
+    pd_status err;
+    char errmsg[PD_ERRMSG_MAX];
+    struct pollfd *pfds;
+    int *pfd_peer;
+    int *pfd_chan;
+} tcp_transport;
+
+static const pd_transport_ops tcp_ops;
+
+/* ------------------------------------------------------------------ errors */
+
+static pd_status
+fail(tcp_transport *t, pd_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Record the transport's first fatal error; later calls keep the first. */
+static pd_status
+fail(tcp_transport *t, pd_status st, const char *fmt, ...)
+{
+    if (t->err == PD_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(t->errmsg, sizeof(t->errmsg), fmt, ap);
+        va_end(ap);
+        t->err = st;
+    }
+    return pd_error(t->err, "%s", t->errmsg);
+}
+
+static pd_status
+sticky(tcp_transport *t)
+{
+    if (t->err != PD_OK) {
+        return pd_error(t->err, "%s", t->errmsg);
+    }
+    return PD_OK;
+}
+
+/* ------------------------------------------------------------ create/close */
+
+pd_status
+pd_tcp_create(int rank, int size, const char *secret,
+              const pd_transport_events *ev, pd_transport **out, int *port_out)
+{
+    pd_status st = PD_OK;
+    tcp_transport *t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        return pd_error(PD_ENOMEM, "tcp transport: out of memory");
+    }
+    t->base.ops = &tcp_ops;
+    t->base.rank = rank;
+    t->base.size = size;
+    t->ev = *ev;
+    t->lfd = -1;
+    t->wfd = -1;
+    if (secret != NULL) {
+        snprintf(t->secret, sizeof(t->secret), "%s", secret);
+    }
+    t->peers = calloc((size_t)size, sizeof(tcp_peer));
+    t->pfds = calloc((size_t)size * 2 + 1, sizeof(struct pollfd));
+    t->pfd_peer = calloc((size_t)size * 2 + 1, sizeof(int));
+    t->pfd_chan = calloc((size_t)size * 2 + 1, sizeof(int));
+    if (t->peers == NULL || t->pfds == NULL || t->pfd_peer == NULL ||
+        t->pfd_chan == NULL) {
+        st = pd_error(PD_ENOMEM, "tcp transport: out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < size; i++) {
+        t->peers[i].fd = -1;
+        t->peers[i].cfd = -1;
+    }
+    t->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->wfd < 0) {
+        st = pd_syserror(PD_ESYS, "eventfd");
+        goto fail;
+    }
+    if (size > 1) {
+        PD_CHECK_GOTO(pd_net_listen(NULL, 0, 4 * size + 16, &t->lfd, port_out),
+                      st, fail);
+    }
+    else {
+        *port_out = 0;
+    }
+    *out = &t->base;
+    return PD_OK;
+fail:
+    tcp_ops.close(&t->base);
+    return st;
+}
+
+static void
+free_unexp(unexp *u)
+{
+    while (u != NULL) {
+        unexp *n = u->next;
+        free(u->data);
+        free(u);
+        u = n;
+    }
+}
+
+static void send_ctrl(tcp_transport *t, int peer, uint32_t type,
+                      uint32_t status, uint64_t seq, const char *text);
+
+static void
+tcp_close(pd_transport *base)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    if (t == NULL) {
+        return;
+    }
+    if (t->peers != NULL) {
+        /* Goodbye first, so peers tell a clean exit from a crash; then
+         * half-close data so queued bytes still arrive, drain what the peer
+         * sent us (closing with unread bytes would reset the connection). */
+        for (int p = 0; p < base->size; p++) {
+            tcp_peer *pe = &t->peers[p];
+            if (pe->cfd >= 0 && !pe->ctrl_eof) {
+                send_ctrl(t, p, CTRL_BYE, 0, 0, NULL);
+            }
+        }
+        for (int p = 0; p < base->size; p++) {
+            tcp_peer *pe = &t->peers[p];
+            if (pe->fd >= 0) {
+                shutdown(pe->fd, SHUT_WR);
+                char junk[4096];
+                while (recv(pe->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0) {
+                }
+                close(pe->fd);
+            }
+            if (pe->cfd >= 0) {
+                close(pe->cfd);
+            }
+            free_unexp(pe->ux_head);
+            if (pe->iux != NULL) {
+                free_unexp(pe->iux);
+            }
+        }
+    }
+    if (t->lfd >= 0) {
+        close(t->lfd);
+    }
+    if (t->wfd >= 0) {
+        close(t->wfd);
+    }
+    free(t->peers);
+    free(t->pfds);
+    free(t->pfd_peer);
+    free(t->pfd_chan);
+    free(t);
+}
+
+/* ------------------------------------------------------------- mesh setup */
+
+static pd_status
+setup_socket(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* Large buffers keep the pipe full for big messages. */
+    int bufsz = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsz, sizeof(bufsz));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsz, sizeof(bufsz));
+    /* Detect a vanished remote host without waiting for the op timeout. */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    int idle = 5, intvl = 1, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    return pd_net_set_nonblock(fd, 1);
+}
+
+pd_status
+pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
+               uint64_t token, double deadline)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    int rank = base->rank, size = base->size;
+    pd_status st = PD_OK;
+    int fd = -1;
+
+    /* Connect to every lower rank: two channels each. */
+    for (int p = 0; p < rank; p++) {
+        for (int ch = 0; ch < 2; ch++) {
+            PD_CHECK_GOTO(pd_net_connect(hosts[p], ports[p], deadline, &fd),
+                          st, fail_conn);
+            PD_CHECK_GOTO(pd_auth_client(fd, t->secret, deadline), st,
+                          fail_conn);
+            hello h = {HELLO_MAGIC, (uint32_t)rank, (uint32_t)ch,
+                       (uint32_t)size, token};
+            PD_CHECK_GOTO(pd_net_send_all(fd, &h, sizeof(h), deadline), st,
+                          fail_conn);
+            /* The acceptor confirms, so a rejected hello is an error here
+             * rather than a silent hang later. */
+            uint32_t ok = 0;
+            PD_CHECK_GOTO(pd_net_recv_all(fd, &ok, sizeof(ok), deadline), st,
+                          fail_conn);
+            if (ok != HELLO_MAGIC) {
+                st = pd_error(PD_ENETWORK, "rank %d rejected the connection",
+                              p);
+                goto fail_conn;
+            }
+            if (ch == CH_DATA) {
+                t->peers[p].fd = fd;
+            }
+            else {
+                t->peers[p].cfd = fd;
+            }
+            fd = -1;
+            continue;
+        fail_conn:
+            if (fd >= 0) {
+                close(fd);
+            }
+            pd_error_prefix("rank %d: connecting to rank %d at %s:%d", rank,
+                            p, hosts[p], ports[p]);
+            return st;
+        }
+    }
+    /* Accept every higher rank; drop strangers and stale connections. */
+    int need = 2 * (size - 1 - rank);
+    while (need > 0) {
+        PD_CHECK_GOTO(pd_net_accept(t->lfd, deadline, &fd), st, fail_acc);
+        /* A stranger gets a short deadline so it cannot stall the mesh. */
+        double d = pd_now() + 5.0;
+        if (deadline > 0 && deadline < d) {
+            d = deadline;
+        }
+        if (pd_auth_server(fd, t->secret, d) != PD_OK) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        hello h;
+        if (pd_net_recv_all(fd, &h, sizeof(h), d) != PD_OK ||
+            h.magic != HELLO_MAGIC || h.token != token ||
+            h.size != (uint32_t)size || h.rank <= (uint32_t)rank ||
+            h.rank >= (uint32_t)size || h.channel > 1) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        int *slot = h.channel == CH_DATA ? &t->peers[h.rank].fd
+                                         : &t->peers[h.rank].cfd;
+        if (*slot >= 0) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        uint32_t ok = HELLO_MAGIC;
+        if (pd_net_send_all(fd, &ok, sizeof(ok), d) != PD_OK) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        *slot = fd;
+        fd = -1;
+        need--;
+    }
+    for (int p = 0; p < size; p++) {
+        if (p == rank) {
+            continue;
+        }
+        PD_CHECK(setup_socket(t->peers[p].fd));
+        PD_CHECK(setup_socket(t->peers[p].cfd));
+    }
+    close(t->lfd);
+    t->lfd = -1;
+    return PD_OK;
+fail_acc:
+    {
+        char missing[256] = "";
+        size_t off = 0;
+        for (int p = rank + 1; p < size; p++) {
+            if (t->peers[p].fd < 0 || t->peers[p].cfd < 0) {
+                int n = snprintf(missing + off, sizeof(missing) - off, "%s%d",
+                                 off ? ", " : "", p);
+                if (n < 0 || (size_t)n >= sizeof(missing) - off) {
+                    break;
+                }
+                off += (size_t)n;
+            }
+        }
+        pd_error_prefix("rank %d: waiting for ranks [%s] to connect", rank,
+                        missing);
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- control */
+
+static void
+send_ctrl(tcp_transport *t, int peer, uint32_t type, uint32_t status,
+          uint64_t seq, const char *text)
+{
+    tcp_peer *pe = &t->peers[peer];
+    if (pe->cfd < 0 || pe->ctrl_eof) {
+        return;
+    }
+    char buf[sizeof(ctrl_msg) + CTRL_MAX];
+    size_t len = text ? strnlen(text, CTRL_MAX) : 0;
+    ctrl_msg m = {CTRL_MAGIC, type, status, (uint32_t)len, seq};
+    memcpy(buf, &m, sizeof(m));
+    if (len) {
+        memcpy(buf + sizeof(m), text, len);
+    }
+    /* Control messages are tiny and the control socket is otherwise idle,
+     * so this cannot block for long; bound it anyway. */
+    pd_status st = pd_net_send_all(pe->cfd, buf, sizeof(m) + len,
+                                   pd_now() + 1.0);
+    (void)st;
+}
+
+static void peer_gone(tcp_transport *t, int p);
+
+static void
+handle_ctrl(tcp_transport *t, int p, const ctrl_msg *m, const char *text)
+{
+    tcp_peer *pe = &t->peers[p];
+    switch (m->type) {
+    case CTRL_ABORT:
+        if (t->err == PD_OK) {
+            char msg[PD_ERRMSG_MAX];
+            snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
+            if (t->ev.on_abort != NULL) {
+                t->ev.on_abort(t->ev.ctx, p, (int)m->status, msg);
+            }
+            fail(t, (pd_status)m->status, "%s", msg);
+        }
+        break;
+    case CTRL_QUERY: {
+        uint64_t cur = t->ev.current_seq ? t->ev.current_seq(t->ev.ctx) : 0;
+        send_ctrl(t, p, CTRL_REPLY, 0, cur, NULL);
+        break;
+    }
+    case CTRL_REPLY:
+        pe->reply_seq = m->seq;
+        pe->replied = 1;
+        break;
+    case CTRL_BYE:
+        pe->bye = 1;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Read and handle whatever control messages are waiting. */
+static void
+read_ctrl(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    while (pe->cfd >= 0 && !pe->ctrl_eof) {
+        ssize_t n = recv(pe->cfd, pe->cbuf + pe->coff,
+                         sizeof(pe->cbuf) - pe->coff, MSG_DONTWAIT);
+        if (n == 0) {
+            pe->ctrl_eof = 1;
+            break;
+        }
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                pe->ctrl_eof = 1;
+            }
+            break;
+        }
+        pe->coff += (size_t)n;
+        for (;;) {
+            if (pe->coff < sizeof(ctrl_msg)) {
+                break;
+            }
+            ctrl_msg m;
+            memcpy(&m, pe->cbuf, sizeof(m));
+            if (m.magic != CTRL_MAGIC || m.len > CTRL_MAX) {
+                pe->ctrl_eof = 1; /* garbage: treat as lost */
+                pe->coff = 0;
+                break;
+            }
+            size_t total = sizeof(m) + m.len;
+            if (pe->coff < total) {
+                break;
+            }
+            handle_ctrl(t, p, &m, pe->cbuf + sizeof(m));
+            memmove(pe->cbuf, pe->cbuf + total, pe->coff - total);
+            pe->coff -= total;
+        }
+    }
+}
+
+/* A socket of peer p reported EOF / hang-up / error.  Decide between a
+ * clean goodbye (destroy_process_group) and a crash. */
+static void
+peer_gone(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    if (pe->gone) {
+        return;
+    }
+    read_ctrl(t, p);
+    if (!pe->bye && !pe->ctrl_eof) {
+        /* The goodbye travels on the other socket: give it a moment. */
+        struct pollfd pf = {pe->cfd, POLLIN | POLLRDHUP, 0};
+        double until = pd_now() + 0.2;
+        while (!pe->bye && !pe->ctrl_eof) {
+            int ms = (int)((until - pd_now()) * 1000.0);
+            if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
+                break;
+            }
+            read_ctrl(t, p);
+        }
+    }
+    pe->gone = 1;
+    if (!pe->bye) {
+        fail(t, PD_ENETWORK,
+             "rank %d lost its connection to rank %d: rank %d died, was "
+             "killed or closed its sockets without destroy_process_group()",
+             t->base.rank, p, p);
+    }
+}
+
+/* ------------------------------------------------------------ send / recv */
+
+static const char *
+kind_name_of(uint8_t kind);
+
+static void
+describe(const pd_hdr *h, char *buf, size_t len)
+{
+    if (h->type == PD_FRAME_P2P) {
+        snprintf(buf, len, "send(tag=%d, %llu bytes)", h->tag,
+                 (unsigned long long)h->nbytes);
+        return;
+    }
+    snprintf(buf, len,
+             "%s(dtype=%s, count=%llu, root=%d, op=%s) [sequence number "
+             "%llu, step %d, %llu bytes]",
+             kind_name_of(h->kind), pd_dtype_name((pd_dtype)h->dtype),
+             (unsigned long long)h->count, h->root,
+             pd_redop_name((pd_redop)h->op), (unsigned long long)h->seq,
+             h->tag, (unsigned long long)h->nbytes);
+}
+
+/* The collective kinds' names live in the group; the transport only needs
+ * them for messages. */
+extern const char *pd_coll_kind_name(int kind);
+
+static const char *
+kind_name_of(uint8_t kind)
+{
+    return pd_coll_kind_name(kind);
+}
+
+static pd_status
+mismatch(tcp_transport *t, int p, const pd_hdr *got, const pd_hdr *want)
+{
+    char a[256], b[256];
+    describe(want, a, sizeof(a));
+    describe(got, b, sizeof(b));
+    return fail(t, PD_EMISMATCH,
+                "collective mismatch between ranks: rank %d called %s but "
+                "rank %d called %s",
+                t->base.rank, a, p, b);
+}
+
+/* Does frame header h satisfy receive r?  1 yes, 0 no, -1 mismatch (the
+ * frame belongs to the collective r waits for but disagrees with it). */
+static int
+match(const pd_req *r, const pd_hdr *h)
+{
+    const pd_hdr *e = &r->expect;
+    if (h->type != e->type) {
+        return 0;
+    }
+    if (h->type == PD_FRAME_P2P) {
+        if (h->tag != e->tag) {
+            return 0;
+        }
+        return h->nbytes == r->len ? 1 : -1;
+    }
+    if (h->seq != e->seq || h->tag != e->tag) {
+        return 0;
+    }
+    if (h->kind != e->kind || h->dtype != e->dtype || h->op != e->op ||
+        h->root != e->root || h->count != e->count || h->nbytes != r->len) {
+        return -1;
+    }
+    return 1;
+}
+
+static void
+complete_recv(pd_req *r, const pd_hdr *h, int src)
+{
+    r->hdr = *h;
+    r->peer = src;
+    r->state = PD_REQ_DONE;
+}
+
+/* Remove r from a singly linked queue. */
+static void
+unlink_req(pd_req **head, pd_req **tail, pd_req *r)
+{
+    pd_req *prev = NULL;
+    for (pd_req *q = *head; q != NULL; prev = q, q = q->next) {
+        if (q == r) {
+            if (prev) {
+                prev->next = q->next;
+            }
+            else {
+                *head = q->next;
+            }
+            if (*tail == q) {
+                *tail = prev;
+            }
+            q->next = NULL;
+            return;
+        }
+    }
+}
+
+static pd_status
+tcp_post_send(pd_transport *base, pd_req *r)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    PD_CHECK(sticky(t));
+    int p = r->peer;
+    if (p < 0 || p >= base->size || p == base->rank) {
+        return pd_error(PD_EINVAL, "send to invalid rank %d", p);
+    }
+    tcp_peer *pe = &t->peers[p];
+    if (pe->gone || pe->data_eof) {
+        return fail(t, PD_ENETWORK,
+                    "rank %d cannot send to rank %d: rank %d has left the "
+                    "group (destroyed its process group or exited)",
+                    base->rank, p, p);
+    }
+    r->hdr.magic = PD_FRAME_MAGIC;
+    r->hdr.src = (uint32_t)base->rank;
+    r->hdr.nbytes = r->len;
+    r->off = 0;
+    r->state = PD_REQ_POSTED;
+    r->next = NULL;
+    if (pe->sq_tail) {
+        pe->sq_tail->next = r;
+    }
+    else {
+        pe->sq_head = r;
+    }
+    pe->sq_tail = r;
+    return PD_OK;
+}
+
+/* Try to satisfy r from peer p's unexpected queue. */
+static int
+take_unexpected(tcp_transport *t, int p, pd_req *r, pd_status *st)
+{
+    tcp_peer *pe = &t->peers[p];
+    unexp *prev = NULL;
+    for (unexp *u = pe->ux_head; u != NULL; prev = u, u = u->next) {
+        int m = match(r, &u->hdr);
+        if (m == 0) {
+            continue;
+        }
+        if (m < 0) {
+            *st = mismatch(t, p, &u->hdr, &r->expect);
+            return 1;
+        }
+        if (u->hdr.nbytes) {
+            memcpy(r->buf, u->data, u->hdr.nbytes);
+        }
+        complete_recv(r, &u->hdr, p);
+        if (prev) {
+            prev->next = u->next;
+        }
+        else {
+            pe->ux_head = u->next;
+        }
+        if (pe->ux_tail == u) {
+            pe->ux_tail = prev;
+        }
+        free(u->data);
+        free(u);
+        *st = PD_OK;
+        return 1;
+    }
+    return 0;
+}
+
+static pd_status
+tcp_post_recv(pd_transport *base, pd_req *r)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    PD_CHECK(sticky(t));
+    r->state = PD_REQ_POSTED;
+    r->off = 0;
+    r->next = NULL;
+    pd_status st = PD_OK;
+    if (r->peer < 0) {
+        for (int p = 0; p < base->size; p++) {
+            if (p != base->rank && take_unexpected(t, p, r, &st)) {
+                return st;
+            }
+        }
+        if (t->any_tail) {
+            t->any_tail->next = r;
+        }
+        else {
+            t->any_head = r;
+        }
+        t->any_tail = r;
+        return PD_OK;
+    }
+    int p = r->peer;
+    if (p >= base->size || p == base->rank) {
+        return pd_error(PD_EINVAL, "receive from invalid rank %d", p);
+    }
+    if (take_unexpected(t, p, r, &st)) {
+        return st;
+    }
+    tcp_peer *pe = &t->peers[p];
+    if (pe->gone && pe->data_eof) {
+        return fail(t, PD_ENETWORK,
+                    "rank %d cannot receive from rank %d: rank %d has left "
+                    "the group (destroyed its process group or exited)",
+                    base->rank, p, p);
+    }
+    if (pe->rq_tail) {
+        pe->rq_tail->next = r;
+    }
+    else {
+        pe->rq_head = r;
+    }
+    pe->rq_tail = r;
+    return PD_OK;
+}
+
+static int
+wants_read(tcp_transport *t, tcp_peer *pe)
+{
+    return pe->ih_off > 0 || pe->ireq != NULL || pe->iux != NULL ||
+           pe->rq_head != NULL || t->any_head != NULL;
+}
+
+/* A frame header from p is complete: find its destination. */
+static pd_status
+route_frame(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    pd_hdr *h = &pe->ih;
+    if (h->magic != PD_FRAME_MAGIC || h->src != (uint32_t)p) {
+        return fail(t, PD_ENETWORK,
+                    "corrupt frame from rank %d (bad magic or source)", p);
+    }
+    if (h->type == PD_FRAME_COLL && h->seq < t->coll_seq) {
+        char a[256];
+        describe(h, a, sizeof(a));
+        return fail(t, PD_EMISMATCH,
+                    "collective mismatch between ranks: rank %d sent data "
+                    "for %s, which rank %d did not expect (it is at sequence "
+                    "number %llu); the ranks called different collectives",
+                    p, a, t->base.rank, (unsigned long long)t->coll_seq);
+    }
+    for (pd_req *r = pe->rq_head; r != NULL; r = r->next) {
+        int m = match(r, h);
+        if (m < 0) {
+            return mismatch(t, p, h, &r->expect);
+        }
+        if (m > 0) {
+            unlink_req(&pe->rq_head, &pe->rq_tail, r);
+            pe->ireq = r;
+            pe->ioff = 0;
+            return PD_OK;
+        }
+    }
+    if (h->type == PD_FRAME_P2P) {
+        for (pd_req *r = t->any_head; r != NULL; r = r->next) {
+            int m = match(r, h);
+            if (m < 0) {
+                char a[128];
+                describe(h, a, sizeof(a));
+                return fail(t, PD_EMISMATCH,
+                            "send/recv size mismatch: rank %d sent %s but "
+                            "rank %d posted a recv of %zu bytes",
+                            p, a, t->base.rank, r->len);
+            }
+            if (m > 0) {
+                unlink_req(&t->any_head, &t->any_tail, r);
+                pe->ireq = r;
+                pe->ioff = 0;
+                return PD_OK;
+            }
+        }
+    }
+    unexp *u = calloc(1, sizeof(*u));
+    if (u == NULL || (h->nbytes && (u->data = malloc(h->nbytes)) == NULL)) {
+        free(u);
+        return fail(t, PD_ENOMEM, "out of memory buffering %llu bytes from "
+                    "rank %d", (unsigned long long)h->nbytes, p);
+    }
+    u->hdr = *h;
+    pe->iux = u;
+    pe->ioff = 0;
+    return PD_OK;
+}
+
+static void
+frame_done(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    if (pe->ireq) {
+        pd_req *r = pe->ireq;
+        complete_recv(r, &pe->ih, p);
+        pe->ireq = NULL;
+    }
+    else if (pe->iux) {
+        unexp *u = pe->iux;
+        if (pe->ux_tail) {
+            pe->ux_tail->next = u;
+        }
+        else {
+            pe->ux_head = u;
+        }
+        pe->ux_tail = u;
+        pe->iux = NULL;
+    }
+    pe->ih_off = 0;
+    pe->ioff = 0;
+}
+
+/* Read as much as is useful from peer p's data socket. */
+static pd_status
+do_read(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    while (wants_read(t, pe)) {
+        char *dst;
+        size_t want;
+        if (pe->ih_off < sizeof(pd_hdr)) {
+            dst = (char *)&pe->ih + pe->ih_off;
+            want = sizeof(pd_hdr) - pe->ih_off;
+        }
+        else {
+            size_t nb = pe->ih.nbytes;
+            dst = (pe->ireq ? pe->ireq->buf : pe->iux->data) + pe->ioff;
+            want = nb - pe->ioff;
+        }
+        ssize_t n = want ? recv(pe->fd, dst, want, 0) : 0;
+        if (want && n == 0) {
+            pe->data_eof = 1;
+            peer_gone(t, p);
+            if (wants_read(t, pe)) {
+                return fail(t, PD_ENETWORK,
+                            "rank %d: connection to rank %d closed while "
+                            "waiting for its data (rank %d exited or "
+                            "destroyed its process group)",
+                            t->base.rank, p, p);
+            }
+            return sticky(t);
+        }
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return PD_OK;
+            }
+            pe->data_eof = 1;
+            peer_gone(t, p);
+            return fail(t, PD_ENETWORK, "rank %d: receiving from rank %d: %s",
+                        t->base.rank, p, strerror(errno));
+        }
+        if (pe->ih_off < sizeof(pd_hdr)) {
+            pe->ih_off += (size_t)n;
+            if (pe->ih_off == sizeof(pd_hdr)) {
+                PD_CHECK(route_frame(t, p));
+                if (pe->ih.nbytes == 0) {
+                    frame_done(t, p);
+                }
+            }
+        }
+        else {
+            pe->ioff += (size_t)n;
+            if (pe->ioff == pe->ih.nbytes) {
+                frame_done(t, p);
+            }
+        }
+    }
+    return PD_OK;
+}
+
+static pd_status
+do_write(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    while (pe->sq_head != NULL) {
+        pd_req *r = pe->sq_head;
+        struct iovec iov[2];
+        int niov = 0;
+        size_t hl = sizeof(pd_hdr);
+        if (r->off < hl) {
+            iov[niov].iov_base = (char *)&r->hdr + r->off;
+            iov[niov].iov_len = hl - r->off;
+            niov++;
+            if (r->len) {
+                iov[niov].iov_base = r->buf;
+                iov[niov].iov_len = r->len;
+                niov++;
+            }
+        }
+        else {
+            iov[niov].iov_base = r->buf + (r->off - hl);
+            iov[niov].iov_len = r->len - (r->off - hl);
+            niov++;
+        }
+        struct msghdr mh = {0};
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)niov;
+        ssize_t n = sendmsg(pe->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return PD_OK;
+            }
+            int e = errno;
+            peer_gone(t, p);
+            return fail(t, PD_ENETWORK, "rank %d: sending to rank %d: %s",
+                        t->base.rank, p, strerror(e));
+        }
+        r->off += (size_t)n;
+        if (r->off == hl + r->len) {
+            pe->sq_head = r->next;
+            if (pe->sq_head == NULL) {
+                pe->sq_tail = NULL;
+            }
+            r->next = NULL;
+            r->state = PD_REQ_DONE;
+        }
+    }
+    return PD_OK;
+}
+
+static pd_status
+tcp_progress(pd_transport *base, int timeout_ms)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    int n = 0;
+    PD_CHECK(sticky(t));
+    /* Opportunistic writes first: most sends complete without polling. */
+    for (int p = 0; p < base->size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (p != base->rank && pe->sq_head != NULL && !pe->gone) {
+            PD_CHECK(do_write(t, p));
+        }
+    }
+    t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
+    t->pfd_peer[n] = -1;
+    t->pfd_chan[n] = -1;
+    n++;
+    for (int p = 0; p < base->size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (p == base->rank) {
+            continue;
+        }
+        if (!pe->data_eof && pe->fd >= 0) {
+            short ev = 0;
+            if (!pe->gone) {
+                ev |= POLLRDHUP;
+            }
+            if (pe->sq_head) {
+                ev |= POLLOUT;
+            }
+            if (wants_read(t, pe)) {
+                ev |= POLLIN;
+            }
+            if (ev) {
+                t->pfds[n] = (struct pollfd){pe->fd, ev, 0};
+                t->pfd_peer[n] = p;
+                t->pfd_chan[n] = CH_DATA;
+                n++;
+            }
+        }
+        if (!pe->ctrl_eof && pe->cfd >= 0) {
+            t->pfds[n] = (struct pollfd){pe->cfd, POLLIN | POLLRDHUP, 0};
+            t->pfd_peer[n] = p;
+            t->pfd_chan[n] = CH_CTRL;
+            n++;
+        }
+    }
+    int rc;
+    do {
+        rc = poll(t->pfds, (nfds_t)n, timeout_ms);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
+        return pd_syserror(PD_ESYS, "poll");
+    }
+    for (int i = 0; i < n && rc > 0; i++) {
+        short re = t->pfds[i].revents;
+        if (re == 0) {
+            continue;
+        }
+        int p = t->pfd_peer[i];
+        if (p < 0) {
+            uint64_t v;
+            ssize_t r = read(t->wfd, &v, sizeof(v));
+            (void)r;
+            continue;
+        }
+        tcp_peer *pe = &t->peers[p];
+        if (t->pfd_chan[i] == CH_CTRL) {
+            read_ctrl(t, p);
+            if (pe->ctrl_eof) {
+                peer_gone(t, p);
+            }
+            continue;
+        }
+        if (re & (POLLIN | POLLHUP | POLLERR)) {
+            if (wants_read(t, pe)) {
+                PD_CHECK(do_read(t, p));
+            }
+        }
+        if (re & POLLOUT) {
+            PD_CHECK(do_write(t, p));
+        }
+        if ((re & (POLLRDHUP | POLLHUP | POLLERR)) && !pe->gone) {
+            if (!wants_read(t, pe) || (re & (POLLHUP | POLLERR))) {
+                peer_gone(t, p);
+            }
+        }
+    }
+    /* A peer that left cleanly is fatal only if we still need it. */
+    for (int p = 0; p < base->size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (p != base->rank && pe->gone && pe->sq_head != NULL) {
+            return fail(t, PD_ENETWORK,
+                        "rank %d cannot send to rank %d: rank %d has left "
+                        "the group", base->rank, p, p);
+        }
+    }
+    return sticky(t);
+}
+
+static void
+tcp_wake(pd_transport *base)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    uint64_t one = 1;
+    ssize_t r = write(t->wfd, &one, sizeof(one));
+    (void)r;
+}
+
+static void
+tcp_abort_peers(pd_transport *base, int status, const char *msg)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    for (int p = 0; p < base->size; p++) {
+        if (p != base->rank) {
+            send_ctrl(t, p, CTRL_ABORT, (uint32_t)status, 0, msg);
+        }
+    }
+}
+
+static pd_status
+tcp_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    for (int p = 0; p < base->size; p++) {
+        seqs[p] = UINT64_MAX;
+        t->peers[p].replied = 0;
+        if (p != base->rank && !t->peers[p].gone) {
+            send_ctrl(t, p, CTRL_QUERY, 0, 0, NULL);
+        }
+    }
+    double until = pd_now() + timeout_s;
+    for (;;) {
+        int all = 1;
+        for (int p = 0; p < base->size; p++) {
+            if (p != base->rank && !t->peers[p].gone &&
+                !t->peers[p].replied) {
+                all = 0;
+            }
+        }
+        double left = until - pd_now();
+        if (all || left <= 0) {
+            break;
+        }
+        struct pollfd pf[256];
+        int map[256];
+        int n = 0;
+        for (int p = 0; p < base->size && n < 256; p++) {
+            tcp_peer *pe = &t->peers[p];
+            if (p != base->rank && !pe->replied && !pe->ctrl_eof) {
+                pf[n] = (struct pollfd){pe->cfd, POLLIN, 0};
+                map[n++] = p;
+            }
+        }
+        if (n == 0 || poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) {
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            if (pf[i].revents) {
+                read_ctrl(t, map[i]);
+            }
+        }
+    }
+    for (int p = 0; p < base->size; p++) {
+        if (t->peers[p].replied) {
+            seqs[p] = t->peers[p].reply_seq;
+        }
+    }
+    return PD_OK;
+}
+
+static void
+tcp_fail(pd_transport *base, int status, const char *msg)
+{
+    fail((tcp_transport *)base, (pd_status)status, "%s", msg);
+}
+
+static void
+tcp_set_coll_seq(pd_transport *base, uint64_t seq)
+{
+    ((tcp_transport *)base)->coll_seq = seq;
+}
+
+static const pd_transport_ops tcp_ops = {
+    .name = "tcp",
+    .post_send = tcp_post_send,
+    .post_recv = tcp_post_recv,
+    .progress = tcp_progress,
+    .wake = tcp_wake,
+    .abort_peers = tcp_abort_peers,
+    .query_seqs = tcp_query_seqs,
+    .set_coll_seq = tcp_set_coll_seq,
+    .fail = tcp_fail,
+    .close = tcp_close,
+};

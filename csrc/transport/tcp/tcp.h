@@ -1,0 +1,23 @@
+/* TCP transport: a full mesh of connections between the ranks of a group,
+ * two per pair of ranks (data and control), set up through addresses the
+ * group exchanged in the store.  Works within and across hosts. */
+#ifndef PD_TRANSPORT_TCP_H
+#define PD_TRANSPORT_TCP_H
+
+#include <stdint.h>
+
+#include "../transport.h"
+
+/* Create the transport and its listening socket (all interfaces, a free
+ * port); *port_out is the port to advertise. */
+pd_status pd_tcp_create(int rank, int size, const char *secret,
+                        const pd_transport_events *ev, pd_transport **out,
+                        int *port_out);
+
+/* Connect the mesh: rank r connects to every lower rank and accepts every
+ * higher one.  Connections must authenticate (PYDDP_SECRET) and present the
+ * group token; strangers are dropped.  hosts/ports are indexed by rank. */
+pd_status pd_tcp_connect(pd_transport *t, const char *const *hosts,
+                         const int *ports, uint64_t token, double deadline);
+
+#endif

@@ -1,0 +1,1073 @@
+"""torch.distributed's process-group API on pyddp's C core.
+
+Names, argument order, defaults and error types follow torch.distributed (2.x).  The Python
+layer checks arguments and turns arrays into views; the C core (pyddp._C) moves the bytes.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import enum
+import io
+import os
+import pickle
+import secrets
+import socket
+import threading
+import weakref
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+
+from .. import _C
+from . import _arrays
+from ._arrays import as_array
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+
+DistError = _C.DistError
+DistBackendError = _C.DistBackendError
+DistNetworkError = _C.DistNetworkError
+DistStoreError = _C.DistStoreError
+
+default_pg_timeout = timedelta(minutes=30)
+_BACKENDS = ("cpu", "gloo")
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators (values match the C core's pd_redop)."""
+
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+
+    # torch spells the type ReduceOp.RedOpType
+    @classmethod
+    def _missing_(cls, value):
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        return None
+
+
+ReduceOp.RedOpType = ReduceOp  # type: ignore[attr-defined]
+
+
+class Backend(str):
+    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias)."""
+
+    CPU = "cpu"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise TypeError(f"backend must be a string, got {type(name).__name__}")
+        return str.__new__(cls, name.lower())
+
+
+# ------------------------------------------------------------------------------------ groups
+
+class ProcessGroup:
+    """A group of ranks with its own connections and progress thread."""
+
+    def __init__(self, cpg, ranks, backend, name, timeout):
+        self._cpg = cpg
+        self._ranks = list(ranks)  # global ranks, index = group rank
+        self._rank_of = {g: i for i, g in enumerate(self._ranks)}
+        self._backend = backend
+        self._name = name
+        self._timeout = timeout
+        self._pending = collections.deque()
+        self._lock = threading.Lock()
+
+    def rank(self) -> int:
+        return self._cpg.rank
+
+    def size(self) -> int:
+        return self._cpg.size
+
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _submit(self, kind, dtype=0, op=0, root=0, tag=0, count=0, inputs=(), outputs=(),
+                in_splits=None, out_splits=None, timeout=0.0, wait_all=False, name="",
+                result=None, async_op=False, source=False):
+        if self._cpg is None:
+            raise DistError(f"{name}: the process group has been destroyed")
+        cw = self._cpg.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
+                              in_splits, out_splits, float(timeout), bool(wait_all), name)
+        work = Work(cw, result, self if source else None)
+        if async_op:
+            with self._lock:
+                pend = self._pending
+                while pend and pend[0].is_completed():
+                    pend.popleft()
+                pend.append(cw)
+            return work
+        work.wait()
+        return work
+
+    def _destroy(self):
+        cpg, self._cpg = self._cpg, None
+        if cpg is not None:
+            cpg.destroy()
+        self._pending.clear()
+
+    def __repr__(self):
+        return f"<pyddp ProcessGroup {self._name!r} rank {self.rank()} of {self.size()}>"
+
+
+class _NonMember:
+    def __repr__(self):
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+class GroupMember:
+    WORLD = None
+    NON_GROUP_MEMBER = _NonMember()
+
+
+class group:  # noqa: N801  (torch's spelling)
+    WORLD = None
+
+
+class _World:
+    def __init__(self):
+        self.default_pg = None
+        self.store = None
+        self.backend = None
+        self.groups = []  # every live ProcessGroup, default first
+        self.group_count = 0
+        self.lock = threading.Lock()
+
+
+_world = _World()
+
+
+def _set_world(pg):
+    _world.default_pg = pg
+    GroupMember.WORLD = pg
+    group.WORLD = pg
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return _world.default_pg is not None
+
+
+def is_gloo_available() -> bool:
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def _default_pg() -> ProcessGroup:
+    if _world.default_pg is None:
+        raise ValueError("Default process group has not been initialized, please make sure to "
+                         "call init_process_group.")
+    return _world.default_pg
+
+
+def _resolve(group) -> ProcessGroup | None:
+    """The ProcessGroup to use; None when this rank is not a member of `group`."""
+    if group is None or group is GroupMember.WORLD:
+        return _default_pg()
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup returned by new_group() or None, "
+                        f"got {type(group).__name__}")
+    if group._cpg is None:
+        raise ValueError(f"group {group._name!r} has been destroyed")
+    return group
+
+
+def get_rank(group=None) -> int:
+    pg = _resolve(group)
+    return -1 if pg is None else pg.rank()
+
+
+def get_world_size(group=None) -> int:
+    pg = _resolve(group)
+    return -1 if pg is None else pg.size()
+
+
+def get_backend(group=None) -> str:
+    pg = _resolve(group)
+    if pg is None:
+        raise ValueError("Invalid process group specified: this rank is not a member")
+    return pg._backend
+
+
+def get_process_group_ranks(group) -> list:
+    pg = _resolve(group)
+    if pg is None:
+        raise ValueError("this rank is not a member of the group")
+    return list(pg._ranks)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    pg = _resolve(group)
+    if pg is None:
+        raise ValueError("this rank is not a member of the group")
+    if not 0 <= group_rank < pg.size():
+        raise ValueError(f"group_rank {group_rank} is out of range [0, {pg.size() - 1}]")
+    return pg._ranks[group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    pg = _resolve(group)
+    if pg is None:
+        raise ValueError("this rank is not a member of the group")
+    if global_rank not in pg._rank_of:
+        raise ValueError(f"global rank {global_rank} is not part of group {pg._name!r}")
+    return pg._rank_of[global_rank]
+
+
+# -------------------------------------------------------------------------------- rendezvous
+
+def _timeout_seconds(timeout, name="timeout") -> float:
+    if timeout is None:
+        return default_pg_timeout.total_seconds()
+    if isinstance(timeout, timedelta):
+        s = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        s = float(timeout)
+    else:
+        raise TypeError(f"{name} must be a datetime.timedelta, got {type(timeout).__name__}")
+    if s <= 0:
+        raise ValueError(f"{name} must be positive, got {timeout}")
+    return s
+
+
+def _env_int(names, what):
+    for n in names:
+        v = os.environ.get(n)
+        if v is not None and v != "":
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {n} must be an integer, got {v!r}") from None
+    raise ValueError(f"Error initializing torch.distributed using env:// rendezvous: environment "
+                     f"variable {names[0]} expected, but not set")
+
+
+def _env_str(name):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        raise ValueError(f"Error initializing torch.distributed using env:// rendezvous: environment "
+                         f"variable {name} expected, but not set")
+    return v
+
+
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _rendezvous(init_method, rank, world_size, timeout):
+    """Return (store, rank, world_size) like torch's rendezvous handlers."""
+    url = urlparse(init_method)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if "rank" in query:
+        rank = int(query["rank"])
+    if "world_size" in query:
+        world_size = int(query["world_size"])
+    if url.scheme == "env":
+        if rank is None or rank < 0:
+            rank = _env_int(_RANK_VARS, "rank")
+        if world_size is None or world_size < 0:
+            world_size = _env_int(_SIZE_VARS, "world_size")
+        addr = _env_str("MASTER_ADDR")
+        port_s = _env_str("MASTER_PORT")
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise ValueError(f"environment variable MASTER_PORT must be an integer, got {port_s!r}") from None
+        _check_rank(rank, world_size)
+        store = TCPStore(addr, port, world_size, rank == 0, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+        return store, rank, world_size
+    if url.scheme == "tcp":
+        if rank is None or rank < 0:
+            raise ValueError("rank parameter missing: tcp:// init needs rank= (argument or query)")
+        if world_size is None or world_size < 0:
+            raise ValueError("world_size parameter missing: tcp:// init needs world_size=")
+        if not url.hostname or not url.port:
+            raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
+        _check_rank(rank, world_size)
+        store = TCPStore(url.hostname, url.port, world_size, rank == 0,
+                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        return store, rank, world_size
+    if url.scheme == "file":
+        if rank is None or rank < 0:
+            raise ValueError("rank parameter missing: file:// init needs rank=")
+        if world_size is None or world_size < 0:
+            raise ValueError("world_size parameter missing: file:// init needs world_size=")
+        _check_rank(rank, world_size)
+        path = url.path if not url.netloc else url.netloc + url.path
+        store = FileStore(path, world_size)
+        store.set_timeout(timedelta(seconds=timeout))
+        return store, rank, world_size
+    raise ValueError(f"init_method {init_method!r}: unsupported scheme {url.scheme!r} "
+                     "(expected env://, tcp://host:port or file:///path)")
+
+
+def _check_rank(rank, world_size):
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+
+
+def _advertised_host(store) -> str:
+    host = os.environ.get("PYDDP_HOST")
+    if host:
+        return host
+    base = store
+    while isinstance(base, PrefixStore):
+        base = base.underlying_store
+    if isinstance(base, TCPStore):
+        try:
+            local = base._local_addr()
+            if local:
+                return local
+        except (AttributeError, DistError, OSError):
+            pass
+    if isinstance(base, (HashStore,)):
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _connect_group(store, rank, size, timeout, name):
+    """Create this rank's member of a group and connect it to the others through `store`."""
+    # Several rounds may use the same store (init, destroy, init again): the counter gives
+    # each round its own keys, so no rank reads a stale address.
+    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
+    prefix = f"{name}/{gen}"
+    secret = os.environ.get("PYDDP_SECRET") or None
+    cpg = _C.ProcessGroup(rank, size, timeout, secret)
+    try:
+        if size > 1:
+            host = _advertised_host(store)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            if rank == 0:
+                store.set(f"{prefix}/token", str(secrets.randbits(63)))
+            token = int(store.get(f"{prefix}/token"))
+            hosts, ports = [], []
+            for r in range(size):
+                h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
+                hosts.append(h)
+                ports.append(int(p))
+        else:
+            token, hosts, ports = 0, ["127.0.0.1"], [0]
+        cpg.connect(hosts, ports, token)
+    except BaseException:
+        cpg.destroy()
+        raise
+    return cpg
+
+
+def _parse_backend(backend):
+    if backend is None:
+        return "cpu"
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string or None, got {type(backend).__name__}")
+    b = backend.lower()
+    if ":" in b:  # "cpu:gloo,cuda:nccl"
+        parts = dict(p.split(":", 1) for p in b.split(",") if ":" in p)
+        cpu = parts.get("cpu", "cpu")
+        if cpu not in _BACKENDS:
+            raise ValueError(f"backend {backend!r}: unsupported CPU backend {cpu!r}")
+        return cpu
+    if b in _BACKENDS:
+        return b
+    if b == "nccl":
+        raise RuntimeError("backend 'nccl' needs CUDA and libnccl, which this build does not provide "
+                           "yet; use backend='cpu' (or 'gloo') for CPU arrays")
+    if b == "mpi":
+        raise RuntimeError("backend 'mpi' is not available in pyddp; use 'cpu'")
+    raise ValueError(f"Invalid backend {backend!r}: expected 'cpu' or 'gloo'")
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                       store=None, group_name="", pg_options=None, device_id=None):
+    """Initialize the default process group (torch.distributed.init_process_group)."""
+    with _world.lock:
+        if _world.default_pg is not None:
+            raise ValueError("trying to initialize the default process group twice!")
+        bname = _parse_backend(backend)
+        tsec = _timeout_seconds(timeout)
+        if store is not None and init_method is not None:
+            raise ValueError("Cannot specify both init_method and store.")
+        if not isinstance(world_size, int) or not isinstance(rank, int):
+            raise TypeError("world_size and rank must be integers")
+        if store is not None:
+            if world_size <= 0:
+                raise ValueError("world_size must be positive if using store")
+            if rank < 0:
+                raise ValueError("rank must be non-negative if using store")
+            _check_rank(rank, world_size)
+        else:
+            store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
+        pstore = PrefixStore("default_pg", store)
+        cpg = _connect_group(pstore, rank, world_size, tsec, "pg")
+        pg = ProcessGroup(cpg, range(world_size), bname, group_name or "default_pg", tsec)
+        _world.store = store
+        _world.backend = bname
+        _world.groups = [pg]
+        _world.group_count = 0
+        _set_world(pg)
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization=False, group_desc=None, device_id=None):
+    """Create a subgroup.  Every rank of the default group must call it, in the same order."""
+    world = _default_pg()
+    n = world.size()
+    if ranks is None:
+        ranks = list(range(n))
+    ranks = sorted(int(r) for r in ranks)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks contains duplicates: {ranks}")
+    for r in ranks:
+        if not 0 <= r < n:
+            raise ValueError(f"rank {r} in ranks is out of range [0, {n - 1}]")
+    bname = _parse_backend(backend) if backend is not None else world._backend
+    tsec = _timeout_seconds(timeout) if timeout is not None else world._timeout
+    with _world.lock:
+        _world.group_count += 1
+        name = f"pg{_world.group_count}"
+    me = world.rank()
+    if me not in ranks:
+        return GroupMember.NON_GROUP_MEMBER
+    store = PrefixStore(name, PrefixStore("default_pg", _world.store))
+    cpg = _connect_group(store, ranks.index(me), len(ranks), tsec, "pg")
+    pg = ProcessGroup(cpg, ranks, bname, group_desc or name, tsec)
+    _world.groups.append(pg)
+    return pg
+
+
+def destroy_process_group(group=None):
+    """Destroy `group`, or every group and the default group when None."""
+    if group is None or group is GroupMember.WORLD:
+        groups, _world.groups = _world.groups, []
+        for pg in reversed(groups):
+            pg._destroy()
+        _world.store = None
+        _set_world(None)
+        return
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup, got {type(group).__name__}")
+    group._destroy()
+    if group in _world.groups:
+        _world.groups.remove(group)
+
+
+@atexit.register
+def _destroy_at_exit():
+    # Say goodbye to the peers so they see a clean exit, not a crash.
+    try:
+        destroy_process_group()
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------------- Work
+
+class Future:
+    """The result of an asynchronous operation (torch.futures.Future's common surface)."""
+
+    def __init__(self, work, value_fn):
+        self._work = work
+        self._value_fn = value_fn
+        self._callbacks = []
+
+    def wait(self):
+        self._work.wait()
+        return self.value()
+
+    def value(self):
+        if not self._work.is_completed():
+            raise RuntimeError("Future.value() called before the operation completed")
+        self._work.wait()
+        return self._value_fn()
+
+    def done(self) -> bool:
+        return self._work.is_completed()
+
+    def then(self, callback):
+        parent = self
+        return Future(self._work, lambda: callback(parent))
+
+    def add_done_callback(self, callback):
+        self._callbacks.append(callback)
+
+
+class Work:
+    """Handle of an asynchronous collective or point-to-point operation."""
+
+    def __init__(self, cwork, result, pg=None):
+        self._cw = cwork
+        self._result = result
+        self._pg = pg
+        self._exc = None
+
+    def wait(self, timeout=None) -> bool:
+        t = None
+        if timeout is not None:
+            t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        try:
+            self._cw.wait(t)
+        except DistError as e:
+            self._exc = e
+            raise
+        return True
+
+    def is_completed(self) -> bool:
+        return self._cw.is_completed()
+
+    def is_success(self) -> bool:
+        if not self._cw.is_completed():
+            return False
+        try:
+            self._cw.wait(0)
+        except DistError:
+            return False
+        return True
+
+    def exception(self):
+        if not self._cw.is_completed():
+            return None
+        try:
+            self._cw.wait(0)
+        except DistError as e:
+            return e
+        return None
+
+    def result(self):
+        self.wait()
+        r = self._result
+        return [] if r is None else list(r) if isinstance(r, (list, tuple)) else [r]
+
+    def get_future(self) -> Future:
+        return Future(self, lambda: self._result)
+
+    def source_rank(self) -> int:
+        src = self._cw.source_rank()
+        return self._pg._ranks[src] if self._pg is not None and src >= 0 else src
+
+    def _source(self):
+        return self.source_rank()
+
+
+# ------------------------------------------------------------------------------- helpers
+
+def _op_of(op) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    try:
+        return ReduceOp(op)
+    except (ValueError, TypeError):
+        raise ValueError(f"op must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), "
+                         f"got {op!r}") from None
+
+
+def _group_rank(pg, global_rank, what):
+    if not isinstance(global_rank, (int, np.integer)) or isinstance(global_rank, bool):
+        raise TypeError(f"{what} must be an int rank, got {type(global_rank).__name__}")
+    r = pg._rank_of.get(int(global_rank))
+    if r is None:
+        if pg is _world.default_pg:
+            raise ValueError(f"{what}={global_rank} is out of range: expected 0 <= {what} < {pg.size()}")
+        raise ValueError(f"{what}={global_rank} is not a member of group {pg._name!r} "
+                         f"(ranks {pg._ranks})")
+    return r
+
+
+def _check_same(a, code, ref, ref_code, what, ref_what):
+    if code != ref_code:
+        raise TypeError(f"{what} has dtype {_arrays.DTYPE_NAMES[code]} but {ref_what} has dtype "
+                        f"{_arrays.DTYPE_NAMES[ref_code]}")
+
+
+def _list_arg(lst, name):
+    if not isinstance(lst, (list, tuple)):
+        raise TypeError(f"{name} must be a list of arrays, got {type(lst).__name__}")
+    return lst
+
+
+# ------------------------------------------------------------------------------ collectives
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    a, code = as_array(tensor, "tensor", writable=True)
+    return _ret(pg._submit(_C.K_BROADCAST, code, 0, root, 0, a.size, (), (a,),
+                           name="broadcast", result=tensor, async_op=async_op), async_op)
+
+
+def _ret(work, async_op):
+    return work if async_op else None
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    op = _op_of(op)
+    a, code = as_array(tensor, "tensor", writable=True)
+    return _ret(pg._submit(_C.K_ALLREDUCE, code, op, 0, 0, a.size, (), (a,),
+                           name="all_reduce", result=tensor, async_op=async_op), async_op)
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    op = _op_of(op)
+    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    a, code = as_array(tensor, "tensor", writable=True)
+    return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
+                           name="reduce", result=tensor, async_op=async_op), async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    a, code = as_array(tensor, "tensor")
+    _list_arg(tensor_list, "tensor_list")
+    if len(tensor_list) != pg.size():
+        raise ValueError(f"tensor_list must have one array per rank ({pg.size()}), "
+                         f"got {len(tensor_list)}")
+    outs = []
+    for i, t in enumerate(tensor_list):
+        o, oc = as_array(t, f"tensor_list[{i}]", writable=True)
+        _check_same(o, oc, a, code, f"tensor_list[{i}]", "tensor")
+        if o.size != a.size:
+            raise ValueError(f"tensor_list[{i}] has {o.size} elements but tensor has {a.size}")
+        outs.append(o)
+    return _ret(pg._submit(_C.K_ALLGATHER, code, 0, 0, 0, a.size, (a,), tuple(outs),
+                           name="all_gather", result=tensor_list, async_op=async_op), async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    a, code = as_array(input_tensor, "input_tensor")
+    o, oc = as_array(output_tensor, "output_tensor", writable=True)
+    _check_same(o, oc, a, code, "output_tensor", "input_tensor")
+    if o.size != a.size * pg.size():
+        raise ValueError(f"output_tensor must have world_size * input_tensor.numel() = "
+                         f"{a.size * pg.size()} elements, got {o.size}")
+    return _ret(pg._submit(_C.K_ALLGATHER, code, 0, 0, 0, a.size, (a,), (o,),
+                           name="all_gather_into_tensor", result=output_tensor,
+                           async_op=async_op), async_op)
+
+
+def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    a, code = as_array(tensor, "tensor")
+    outs = ()
+    if pg.rank() == root:
+        if gather_list is None:
+            raise ValueError("gather_list must be given on the destination rank")
+        _list_arg(gather_list, "gather_list")
+        if len(gather_list) != pg.size():
+            raise ValueError(f"gather_list must have one array per rank ({pg.size()}), "
+                             f"got {len(gather_list)}")
+        lst = []
+        for i, t in enumerate(gather_list):
+            o, oc = as_array(t, f"gather_list[{i}]", writable=True)
+            _check_same(o, oc, a, code, f"gather_list[{i}]", "tensor")
+            if o.size != a.size:
+                raise ValueError(f"gather_list[{i}] has {o.size} elements but tensor has {a.size}")
+            lst.append(o)
+        outs = tuple(lst)
+    elif gather_list:
+        raise ValueError("gather_list must be None or empty on non-destination ranks")
+    return _ret(pg._submit(_C.K_GATHER, code, 0, root, 0, a.size, (a,), outs,
+                           name="gather", result=gather_list, async_op=async_op), async_op)
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    o, code = as_array(tensor, "tensor", writable=True)
+    ins = ()
+    if pg.rank() == root:
+        if scatter_list is None:
+            raise ValueError("scatter_list must be given on the source rank")
+        _list_arg(scatter_list, "scatter_list")
+        if len(scatter_list) != pg.size():
+            raise ValueError(f"scatter_list must have one array per rank ({pg.size()}), "
+                             f"got {len(scatter_list)}")
+        lst = []
+        for i, t in enumerate(scatter_list):
+            a, ac = as_array(t, f"scatter_list[{i}]")
+            _check_same(a, ac, o, code, f"scatter_list[{i}]", "tensor")
+            if a.size != o.size:
+                raise ValueError(f"scatter_list[{i}] has {a.size} elements but tensor has {o.size}")
+            lst.append(a)
+        ins = tuple(lst)
+    elif scatter_list:
+        raise ValueError("scatter_list must be None or empty on non-source ranks")
+    return _ret(pg._submit(_C.K_SCATTER, code, 0, root, 0, o.size, ins, (o,),
+                           name="scatter", result=tensor, async_op=async_op), async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    op = _op_of(op)
+    o, code = as_array(output, "output", writable=True)
+    _list_arg(input_list, "input_list")
+    if len(input_list) != pg.size():
+        raise ValueError(f"input_list must have one array per rank ({pg.size()}), "
+                         f"got {len(input_list)}")
+    ins = []
+    for i, t in enumerate(input_list):
+        a, ac = as_array(t, f"input_list[{i}]")
+        _check_same(a, ac, o, code, f"input_list[{i}]", "output")
+        if a.size != o.size:
+            raise ValueError(f"input_list[{i}] has {a.size} elements but output has {o.size}")
+        ins.append(a)
+    return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, tuple(ins), (o,),
+                           name="reduce_scatter", result=output, async_op=async_op), async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    op = _op_of(op)
+    o, code = as_array(output, "output", writable=True)
+    a, ac = as_array(input, "input")
+    _check_same(a, ac, o, code, "input", "output")
+    if a.size != o.size * pg.size():
+        raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
+                         f"elements, got {a.size}")
+    return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, (a,), (o,),
+                           name="reduce_scatter_tensor", result=output, async_op=async_op),
+                async_op)
+
+
+def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    n = pg.size()
+    _list_arg(output_tensor_list, "output_tensor_list")
+    _list_arg(input_tensor_list, "input_tensor_list")
+    if len(output_tensor_list) != n or len(input_tensor_list) != n:
+        raise ValueError(f"output_tensor_list and input_tensor_list must have one array per rank "
+                         f"({n}), got {len(output_tensor_list)} and {len(input_tensor_list)}")
+    ins, outs = [], []
+    code = None
+    for i, t in enumerate(input_tensor_list):
+        a, ac = as_array(t, f"input_tensor_list[{i}]")
+        if code is None:
+            code = ac
+        _check_same(a, ac, None, code, f"input_tensor_list[{i}]", "input_tensor_list[0]")
+        ins.append(a)
+    for i, t in enumerate(output_tensor_list):
+        o, oc = as_array(t, f"output_tensor_list[{i}]", writable=True)
+        _check_same(o, oc, None, code, f"output_tensor_list[{i}]", "input_tensor_list[0]")
+        outs.append(o)
+    if ins[pg.rank()].nbytes != outs[pg.rank()].nbytes:
+        raise ValueError(f"output_tensor_list[{pg.rank()}] must match input_tensor_list[{pg.rank()}] "
+                         "in size (the block a rank sends to itself)")
+    return _ret(pg._submit(_C.K_ALLTOALL, code, 0, 0, 0, 0, tuple(ins), tuple(outs),
+                           name="all_to_all", result=output_tensor_list, async_op=async_op),
+                async_op)
+
+
+def _splits(splits, arr, n, name, arrname):
+    row = _arrays.nbytes_per_row(arr)
+    rows = arr.shape[0] if arr.ndim else 1
+    if splits is None or len(splits) == 0:
+        if rows % n != 0:
+            raise ValueError(f"{arrname} has {rows} rows, not divisible by world size {n}; "
+                             f"give {name}")
+        return tuple([(rows // n) * row] * n)
+    splits = list(splits)
+    if len(splits) != n:
+        raise ValueError(f"{name} must have one entry per rank ({n}), got {len(splits)}")
+    if any((not isinstance(s, (int, np.integer))) or s < 0 for s in splits):
+        raise ValueError(f"{name} must be non-negative integers, got {splits}")
+    if sum(splits) != rows:
+        raise ValueError(f"{name} adds up to {sum(splits)} rows but {arrname} has {rows}")
+    return tuple(int(s) * row for s in splits)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    n = pg.size()
+    o, code = as_array(output, "output", writable=True)
+    a, ac = as_array(input, "input")
+    _check_same(a, ac, o, code, "input", "output")
+    ins = _splits(input_split_sizes, a, n, "input_split_sizes", "input")
+    outs = _splits(output_split_sizes, o, n, "output_split_sizes", "output")
+    if ins[pg.rank()] != outs[pg.rank()]:
+        raise ValueError(f"input_split_sizes[{pg.rank()}] and output_split_sizes[{pg.rank()}] must "
+                         "match (the block a rank sends to itself)")
+    return _ret(pg._submit(_C.K_ALLTOALL, code, 0, 0, 0, 0, (a,), (o,), in_splits=ins,
+                           out_splits=outs, name="all_to_all_single", result=output,
+                           async_op=async_op), async_op)
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    return _ret(pg._submit(_C.K_BARRIER, name="barrier", async_op=async_op), async_op)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    t = _timeout_seconds(timeout) if timeout is not None else pg._timeout
+    pg._submit(_C.K_MONITORED_BARRIER, timeout=t, wait_all=wait_all_ranks,
+               name="monitored_barrier")
+
+
+# -------------------------------------------------------------------------- point to point
+
+def _p2p(kind, tensor, peer, group, tag, name, writable):
+    pg = _resolve(group)
+    if pg is None:
+        return None, None
+    if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    if not 0 <= int(tag) < 2 ** 31:
+        raise ValueError(f"tag must be in [0, 2**31), got {tag}")
+    a, code = as_array(tensor, "tensor", writable=writable)
+    if peer is None:
+        root = -1
+    else:
+        root = _group_rank(pg, peer, "dst" if kind == _C.K_SEND else "src")
+        if root == pg.rank():
+            raise ValueError(f"{name}: rank {peer} cannot {'send to' if kind == _C.K_SEND else 'receive from'} itself")
+    ins, outs = ((a,), ()) if kind == _C.K_SEND else ((), (a,))
+    return pg, (kind, code, 0, root, int(tag), a.size, ins, outs)
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    if dst is None and group_dst is None:
+        raise ValueError("isend: dst must be given")
+    pg, args = _p2p(_C.K_SEND, tensor, dst if group_dst is None else _global(group, group_dst),
+                    group, tag, "isend", False)
+    if pg is None:
+        return None
+    return pg._submit(*args, name="send", result=tensor, async_op=True, source=True)
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    pg, args = _p2p(_C.K_RECV, tensor, src if group_src is None else _global(group, group_src),
+                    group, tag, "irecv", True)
+    if pg is None:
+        return None
+    return pg._submit(*args, name="recv", result=tensor, async_op=True, source=True)
+
+
+def _global(group, group_rank):
+    return get_global_rank(group if group is not None else _default_pg(), group_rank)
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    w = isend(tensor, dst, group, tag, group_dst)
+    if w is not None:
+        w.wait()
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    """Receive into `tensor`; src=None receives from any rank.  Returns the sender's rank."""
+    w = irecv(tensor, src, group, tag, group_src)
+    if w is None:
+        return -1
+    w.wait()
+    return w.source_rank()
+
+
+class P2POp:
+    """A point-to-point operation for batch_isend_irecv: P2POp(dist.isend, tensor, peer)."""
+
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp: op must be pyddp.distributed.isend or pyddp.distributed.irecv")
+        self.op = op
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Start every operation of the list; returns their Work handles."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise TypeError("batch_isend_irecv expects a list of P2POp")
+    works = []
+    for p in p2p_op_list:
+        if p.op is isend:
+            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+        else:
+            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+    return works
+
+
+# ------------------------------------------------------------------------- object collectives
+
+def _pickle(obj) -> np.ndarray:
+    buf = io.BytesIO()
+    pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return np.frombuffer(buf.getbuffer(), dtype=np.uint8).copy()
+
+
+def _unpickle(a: np.ndarray):
+    return pickle.loads(a.tobytes())
+
+
+def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
+    pg = _resolve(group)
+    if pg is None:
+        return
+    _list_arg(object_list, "object_list")
+    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    me = pg.rank()
+    sizes = np.zeros(len(object_list), dtype=np.int64)
+    if me == root:
+        blobs = [_pickle(o) for o in object_list]
+        sizes[:] = [b.size for b in blobs]
+    broadcast(sizes, group=group, group_src=root)
+    data = np.concatenate(blobs) if me == root and blobs else np.zeros(int(sizes.sum()), np.uint8)
+    broadcast(data, group=group, group_src=root)
+    if me != root:
+        off = 0
+        for i, s in enumerate(sizes):
+            object_list[i] = _unpickle(data[off:off + s])
+            off += int(s)
+
+
+def _gather_blobs(obj, pg, group):
+    blob = _pickle(obj)
+    n = pg.size()
+    sizes = np.zeros(n, dtype=np.int64)
+    all_gather_into_tensor(sizes, np.array([blob.size], dtype=np.int64), group=group)
+    m = int(sizes.max()) if n else 0
+    padded = np.zeros(m, dtype=np.uint8)
+    padded[:blob.size] = blob
+    return sizes, m, padded
+
+
+def all_gather_object(object_list, obj, group=None):
+    pg = _resolve(group)
+    if pg is None:
+        return
+    _list_arg(object_list, "object_list")
+    if len(object_list) != pg.size():
+        raise ValueError(f"object_list must have world_size ({pg.size()}) entries, got {len(object_list)}")
+    sizes, m, padded = _gather_blobs(obj, pg, group)
+    out = np.zeros(m * pg.size(), dtype=np.uint8)
+    all_gather_into_tensor(out, padded, group=group)
+    for i in range(pg.size()):
+        object_list[i] = _unpickle(out[i * m:i * m + int(sizes[i])])
+
+
+def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
+    pg = _resolve(group)
+    if pg is None:
+        return
+    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    me = pg.rank()
+    if me == root:
+        _list_arg(object_gather_list, "object_gather_list")
+        if len(object_gather_list) != pg.size():
+            raise ValueError(f"object_gather_list must have world_size ({pg.size()}) entries, "
+                             f"got {len(object_gather_list)}")
+    sizes, m, padded = _gather_blobs(obj, pg, group)
+    outs = [np.zeros(m, dtype=np.uint8) for _ in range(pg.size())] if me == root else None
+    gather(padded, outs, group=group, group_dst=root)
+    if me == root:
+        for i in range(pg.size()):
+            object_gather_list[i] = _unpickle(outs[i][:int(sizes[i])])
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
+                        group=None, group_src=None):
+    pg = _resolve(group)
+    if pg is None:
+        return
+    _list_arg(scatter_object_output_list, "scatter_object_output_list")
+    if len(scatter_object_output_list) < 1:
+        raise ValueError("scatter_object_output_list must have at least one element")
+    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    me, n = pg.rank(), pg.size()
+    sizes = np.zeros(n, dtype=np.int64)
+    blobs = None
+    if me == root:
+        _list_arg(scatter_object_input_list, "scatter_object_input_list")
+        if len(scatter_object_input_list) != n:
+            raise ValueError(f"scatter_object_input_list must have world_size ({n}) entries, "
+                             f"got {len(scatter_object_input_list)}")
+        blobs = [_pickle(o) for o in scatter_object_input_list]
+        sizes[:] = [b.size for b in blobs]
+    broadcast(sizes, group=group, group_src=root)
+    m = int(sizes.max())
+    ins = None
+    if me == root:
+        ins = []
+        for b in blobs:
+            p = np.zeros(m, dtype=np.uint8)
+            p[:b.size] = b
+            ins.append(p)
+    out = np.zeros(m, dtype=np.uint8)
+    scatter(out, ins, group=group, group_src=root)
+    scatter_object_output_list[0] = _unpickle(out[:int(sizes[me])])
