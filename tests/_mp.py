@@ -35,8 +35,6 @@ import sys
 import time
 import traceback
 
-import pytest
-
 DEFAULT_TIMEOUT = 90.0
 # A child that exited without reporting: how long to wait for its message to drain from the pipe.
 _DEATH_GRACE = 1.0
@@ -151,11 +149,10 @@ def _child(fn, rank, world_size, args, env, init, backend, init_kwargs, q, paren
             os.environ.pop(k, None)
         else:
             os.environ[k] = str(v)
-    dist = None
     try:
-        import pyddp.distributed as dist
-
         if init:
+            import pyddp.distributed as dist
+
             dist.init_process_group(backend, **(init_kwargs or {}))
         try:
             value = fn(rank, world_size, *args)
@@ -270,8 +267,3 @@ def run(fn, world_size, *args, **kwargs):
         raise AssertionError(f"{len(bad)} of {world_size} ranks failed:\n"
                              + "\n".join(o.describe() for o in bad))
     return [o.value for o in outs]
-
-
-def require_pyddp():
-    """Skip (not fail) collection when the extension is not built yet."""
-    return pytest.importorskip("pyddp.distributed")

@@ -221,7 +221,7 @@ def _bad_args_child(rank, ws):
          ["tensor", "dtype"]),
         ("all_reduce of datetime64", lambda: dist.all_reduce(np.zeros(3, "datetime64[s]")), (T,),
          ["tensor", "dtype"]),
-        ("all_reduce op is a string", lambda: dist.all_reduce(f(4), op="sum"), (T, V), ["op"]),
+        ("all_reduce op is not a ReduceOp", lambda: dist.all_reduce(f(4), op=42), (T, V), ["op"]),
         ("all_reduce non-contiguous", lambda: dist.all_reduce(noncontig), (V, T), ["contiguous"]),
         ("all_reduce read-only", lambda: dist.all_reduce(_ro(f(4))), (V, T), ["tensor"]),
         ("broadcast non-contiguous", lambda: dist.broadcast(noncontig, 0), (V, T), ["contiguous"]),
