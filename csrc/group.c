@@ -595,12 +595,8 @@ progress_main(void *arg)
             progress_once(g, pd_now() + 1.0);
         }
         else {
-            struct timespec ts = {0, 50 * 1000 * 1000};
-            /* failed group: nothing moves; wait for work or destroy */
-            if (g->active == NULL) {
-                g->t->ops->progress(g->t, 0);
-            }
-            nanosleep(&ts, NULL);
+            /* failed group: nothing moves; answer peers, wait for work */
+            g->t->ops->progress(g->t, 1000);
         }
     }
     pd_work *a = g->active;

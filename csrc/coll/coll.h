@@ -10,7 +10,10 @@
 
 /* Frames of one chunk: big enough to amortise per-frame costs, small enough
  * to overlap the reduction of one chunk with the transfer of the next. */
-#define PD_CHUNK_BYTES (512u << 10)
+#define PD_CHUNK_BYTES (256u << 10)
+
+/* Chunk buffers a ring step receives into at once (cache-resident). */
+#define PD_RING_WINDOW 4
 
 /* Messages up to this many bytes use the latency-optimal direct algorithms. */
 #define PD_SMALL_BYTES (64u << 10)

@@ -52,10 +52,12 @@ pd_ring_reduce_scatter(pd_coll *c, char **seg, const size_t *seglen, int rot,
     int right = (r + 1) % n, left = (r + n - 1) % n;
     size_t mk = max_nchunks(seglen, n);
     pd_status st = PD_OK;
-    /* sends of all steps stay posted until the end: n-1 steps of mk chunks */
+    /* Sends of all steps stay posted until the end: n-1 steps of mk chunks.
+     * Receives go through a small window of chunk buffers that stays in
+     * cache, so the reduction reads what the kernel just wrote. */
     pd_req *sreq = calloc((size_t)(n - 1) * mk, sizeof(pd_req));
-    pd_req *rreq = calloc(mk, sizeof(pd_req));
-    char *tmp = malloc(PD_CHUNK_BYTES * mk);
+    pd_req *rreq = calloc(PD_RING_WINDOW, sizeof(pd_req));
+    char *tmp = malloc(PD_CHUNK_BYTES * PD_RING_WINDOW);
     size_t nsent = 0;
     if (sreq == NULL || rreq == NULL || tmp == NULL) {
         st = pd_error(PD_ENOMEM, "ring reduce-scatter: out of memory");
@@ -76,20 +78,23 @@ pd_ring_reduce_scatter(pd_coll *c, char **seg, const size_t *seglen, int rot,
     for (int t = 0; t < n - 1; t++) {
         int s = phys(r - t - 1, rot, n);
         size_t k = nchunks_of(seglen[s]);
+        size_t posted = 0;
         for (size_t j = 0; j < k; j++) {
             size_t off, cl;
+            while (posted < k && posted < j + PD_RING_WINDOW) {
+                size_t w = posted % PD_RING_WINDOW;
+                chunk_range(seglen[s], posted, &off, &cl);
+                PD_CHECK_GOTO(pd_coll_recv(c, &rreq[w], left,
+                                           PD_TAG(step0 + t, (int)posted),
+                                           tmp + w * PD_CHUNK_BYTES, cl),
+                              st, exit);
+                posted++;
+            }
+            size_t w = j % PD_RING_WINDOW;
             chunk_range(seglen[s], j, &off, &cl);
-            PD_CHECK_GOTO(pd_coll_recv(c, &rreq[j], left,
-                                       PD_TAG(step0 + t, (int)j),
-                                       tmp + j * PD_CHUNK_BYTES, cl),
-                          st, exit);
-        }
-        for (size_t j = 0; j < k; j++) {
-            size_t off, cl;
-            chunk_range(seglen[s], j, &off, &cl);
-            PD_CHECK_GOTO(pd_coll_wait_one(c, &rreq[j]), st, exit);
+            PD_CHECK_GOTO(pd_coll_wait_one(c, &rreq[w]), st, exit);
             pd_reduce(c->rdt, (pd_redop)c->base.op, seg[s] + off,
-                      tmp + j * PD_CHUNK_BYTES, cl / c->esz);
+                      tmp + w * PD_CHUNK_BYTES, cl / c->esz);
             if (t < n - 2) {
                 PD_CHECK_GOTO(pd_coll_send(c, &sreq[nsent++], right,
                                            PD_TAG(step0 + t + 1, (int)j),

@@ -32,6 +32,12 @@ pd_module_state *pd_state_from_type(PyTypeObject *tp);
  * Always returns NULL so callers can `return pd_py_set_error(...)`. */
 PyObject *pd_py_set_error(pd_module_state *st, pd_status s, const char *msg);
 
+/* The C store behind a _C.TCPStore / FileStore / HashStore object, or NULL
+ * when obj is none of them.  Borrowed: hold a reference to obj while the
+ * store is in use. */
+struct pd_store;
+struct pd_store *pd_py_store_get(PyObject *obj, pd_module_state *st);
+
 /* Type registration hooks (each file owns its types). Return 0 / -1. */
 int pd_store_add_types(PyObject *m, pd_module_state *st);
 int pd_group_add_types(PyObject *m, pd_module_state *st);

@@ -7,6 +7,7 @@
  * Every blocking call releases the GIL.
  */
 #include <string.h>
+#include <unistd.h>
 
 #include "../group.h"
 #include "binding.h"
@@ -17,6 +18,7 @@ typedef struct {
     int port;
     int rank;
     int size;
+    long pid; /* creator: a forked child must not touch the parent's thread */
 } PGObject;
 
 typedef struct {
@@ -179,6 +181,7 @@ PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return pd_py_set_error(pd_state_from_type(type), st, msg);
     }
     self->g = g;
+    self->pid = (long)getpid();
     self->port = port;
     self->rank = rank;
     self->size = size;
@@ -191,6 +194,11 @@ pg_destroy(PGObject *self)
     if (self->g != NULL) {
         pd_group *g = self->g;
         self->g = NULL;
+        if ((long)getpid() != self->pid) {
+            /* Forked child: the progress thread and sockets belong to the
+             * parent; leave them alone (the memory goes with the child). */
+            return;
+        }
         Py_BEGIN_ALLOW_THREADS
         pd_group_destroy(g);
         Py_END_ALLOW_THREADS

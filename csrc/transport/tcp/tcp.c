@@ -93,6 +93,7 @@ typedef struct tcp_transport {
     tcp_peer *peers;
     pd_req *any_head, *any_tail;
     uint64_t coll_seq;
+    uint64_t completed; /* sends completed: progress() must not then sleep */
     pd_status err;
     char errmsg[PD_ERRMSG_MAX];
     struct pollfd *pfds;
@@ -521,20 +522,28 @@ static const char *
 kind_name_of(uint8_t kind);
 
 static void
-describe(const pd_hdr *h, char *buf, size_t len)
+describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
 {
     if (h->type == PD_FRAME_P2P) {
-        snprintf(buf, len, "send(tag=%d, %llu bytes)", h->tag,
-                 (unsigned long long)h->nbytes);
+        snprintf(buf, len, "send/recv(tag=%d, %zu bytes)", h->tag, nbytes);
         return;
     }
-    snprintf(buf, len,
-             "%s(dtype=%s, count=%llu, root=%d, op=%s) [sequence number "
-             "%llu, step %d, %llu bytes]",
+    int kind = h->kind;
+    int reduces = kind == 2 || kind == 3 || kind == 7; /* see pd_kind */
+    int rooted = kind == 1 || kind == 3 || kind == 5 || kind == 6;
+    char opbuf[32] = "", rootbuf[32] = "";
+    if (reduces) {
+        snprintf(opbuf, sizeof(opbuf), ", op=%s",
+                 pd_redop_name((pd_redop)h->op));
+    }
+    if (rooted) {
+        snprintf(rootbuf, sizeof(rootbuf), ", root=%d", h->root);
+    }
+    snprintf(buf, len, "%s(dtype=%s, count=%llu%s%s) [sequence number %llu%s]",
              kind_name_of(h->kind), pd_dtype_name((pd_dtype)h->dtype),
-             (unsigned long long)h->count, h->root,
-             pd_redop_name((pd_redop)h->op), (unsigned long long)h->seq,
-             h->tag, (unsigned long long)h->nbytes);
+             (unsigned long long)h->count, rootbuf, opbuf,
+             (unsigned long long)h->seq,
+             h->nbytes != nbytes ? ", message sizes differ" : "");
 }
 
 /* The collective kinds' names live in the group; the transport only needs
@@ -548,11 +557,12 @@ kind_name_of(uint8_t kind)
 }
 
 static pd_status
-mismatch(tcp_transport *t, int p, const pd_hdr *got, const pd_hdr *want)
+mismatch(tcp_transport *t, int p, const pd_hdr *got, const pd_hdr *want,
+         size_t want_len)
 {
     char a[256], b[256];
-    describe(want, a, sizeof(a));
-    describe(got, b, sizeof(b));
+    describe(want, want_len, a, sizeof(a));
+    describe(got, got->nbytes, b, sizeof(b));
     return fail(t, PD_EMISMATCH,
                 "collective mismatch between ranks: rank %d called %s but "
                 "rank %d called %s",
@@ -658,7 +668,7 @@ take_unexpected(tcp_transport *t, int p, pd_req *r, pd_status *st)
             continue;
         }
         if (m < 0) {
-            *st = mismatch(t, p, &u->hdr, &r->expect);
+            *st = mismatch(t, p, &u->hdr, &r->expect, r->len);
             return 1;
         }
         if (u->hdr.nbytes) {
@@ -749,7 +759,7 @@ route_frame(tcp_transport *t, int p)
     }
     if (h->type == PD_FRAME_COLL && h->seq < t->coll_seq) {
         char a[256];
-        describe(h, a, sizeof(a));
+        describe(h, h->nbytes, a, sizeof(a));
         return fail(t, PD_EMISMATCH,
                     "collective mismatch between ranks: rank %d sent data "
                     "for %s, which rank %d did not expect (it is at sequence "
@@ -759,7 +769,7 @@ route_frame(tcp_transport *t, int p)
     for (pd_req *r = pe->rq_head; r != NULL; r = r->next) {
         int m = match(r, h);
         if (m < 0) {
-            return mismatch(t, p, h, &r->expect);
+            return mismatch(t, p, h, &r->expect, r->len);
         }
         if (m > 0) {
             unlink_req(&pe->rq_head, &pe->rq_tail, r);
@@ -773,7 +783,7 @@ route_frame(tcp_transport *t, int p)
             int m = match(r, h);
             if (m < 0) {
                 char a[128];
-                describe(h, a, sizeof(a));
+                describe(h, h->nbytes, a, sizeof(a));
                 return fail(t, PD_EMISMATCH,
                             "send/recv size mismatch: rank %d sent %s but "
                             "rank %d posted a recv of %zu bytes",
@@ -932,6 +942,7 @@ do_write(tcp_transport *t, int p)
             }
             r->next = NULL;
             r->state = PD_REQ_DONE;
+            t->completed++;
         }
     }
     return PD_OK;
@@ -942,13 +953,42 @@ tcp_progress(pd_transport *base, int timeout_ms)
 {
     tcp_transport *t = (tcp_transport *)base;
     int n = 0;
-    PD_CHECK(sticky(t));
-    /* Opportunistic writes first: most sends complete without polling. */
+    if (t->err != PD_OK) {
+        /* Nothing moves any more, but peers may still ask where we are. */
+        for (int p = 0; p < base->size; p++) {
+            tcp_peer *pe = &t->peers[p];
+            if (p != base->rank && !pe->ctrl_eof && pe->cfd >= 0) {
+                t->pfds[n] = (struct pollfd){pe->cfd, POLLIN, 0};
+                t->pfd_peer[n++] = p;
+            }
+        }
+        t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
+        t->pfd_peer[n++] = -1;
+        if (poll(t->pfds, (nfds_t)n, timeout_ms) > 0) {
+            for (int i = 0; i < n; i++) {
+                if (t->pfds[i].revents && t->pfd_peer[i] >= 0) {
+                    read_ctrl(t, t->pfd_peer[i]);
+                }
+                else if (t->pfds[i].revents) {
+                    uint64_t v;
+                    ssize_t r = read(t->wfd, &v, sizeof(v));
+                    (void)r;
+                }
+            }
+        }
+        return sticky(t);
+    }
+    /* Opportunistic writes first: most sends complete without polling.
+     * If one did, the caller may be waiting for exactly that: do not sleep. */
+    uint64_t before = t->completed;
     for (int p = 0; p < base->size; p++) {
         tcp_peer *pe = &t->peers[p];
         if (p != base->rank && pe->sq_head != NULL && !pe->gone) {
             PD_CHECK(do_write(t, p));
         }
+    }
+    if (t->completed != before) {
+        timeout_ms = 0;
     }
     t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
     t->pfd_peer[n] = -1;

@@ -1,0 +1,941 @@
+/* The TCPStore server: one thread running an epoll loop over non-blocking
+ * sockets, serving any number of clients at once.
+ *
+ * Each connection first passes the handshake of util/auth.h (driven by its
+ * non-blocking state machine); until then not one request byte is read.
+ * GET and WAIT for missing keys do not block the loop: the request is parked
+ * as a "waiter" linked to the table entries of the keys it misses, and
+ * answered when the last of them gets a value.  Timeouts are the client's
+ * business; a client that gives up sends CANCEL, which drops its waiters.
+ * Shutdown goes through an eventfd, so pd_tcp_server_stop never races the
+ * loop.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../util/auth.h"
+#include "../util/net.h"
+#include "kvmap.h"
+#include "store.h"
+#include "tcp_proto.h"
+
+/* A connection that has not authenticated within this time is dropped, so
+ * idle strangers cannot pile up. */
+#define SRV_AUTH_TIMEOUT 30.0
+#define SRV_BACKLOG 2048
+#define SRV_MAX_EVENTS 128
+#define SRV_READ_CHUNK ((size_t)64 << 10)
+/* Buffers above this size are released once empty. */
+#define SRV_KEEP_BUFFER ((size_t)1 << 20)
+/* After EMFILE, stop accepting for a moment instead of spinning. */
+#define SRV_ACCEPT_PAUSE 0.1
+
+struct srv_waiter;
+struct srv_conn;
+
+/* One (waiter, missing key) link, threaded on the entry's e->aux list. */
+typedef struct srv_wref {
+    struct srv_wref *prev;
+    struct srv_wref *next;
+    struct srv_waiter *w;
+    pd_kv_entry *e;
+    int linked;
+} srv_wref;
+
+/* A parked GET or WAIT. */
+typedef struct srv_waiter {
+    struct srv_waiter *prev;
+    struct srv_waiter *next;
+    struct srv_conn *conn;
+    uint32_t seq;
+    uint8_t cmd;
+    size_t remaining;
+    size_t nrefs;
+    srv_wref refs[];
+} srv_waiter;
+
+typedef struct srv_conn {
+    struct srv_conn *prev;
+    struct srv_conn *next;
+    int fd;
+    int authed;
+    int dead;
+    uint32_t events;
+    double auth_deadline;
+    pd_auth_srv auth;
+    uint8_t *in;
+    size_t inlen;
+    size_t incap;
+    pd_wbuf out;
+    size_t outoff;
+    srv_waiter *waiters;
+} srv_conn;
+
+struct pd_tcp_server {
+    int lfd;
+    int wakefd;
+    int epfd;
+    int port;
+    int started;
+    int accepting;
+    double accept_resume;
+    pthread_t thread;
+    char *secret;
+    pd_kvmap map;
+    srv_conn *conns;
+    srv_conn *dead;
+};
+
+/* ------------------------------------------------------------- plumbing */
+
+static void
+conn_list_remove(srv_conn **head, srv_conn *c)
+{
+    if (c->prev != NULL) {
+        c->prev->next = c->next;
+    } else {
+        *head = c->next;
+    }
+    if (c->next != NULL) {
+        c->next->prev = c->prev;
+    }
+    c->prev = c->next = NULL;
+}
+
+static void
+conn_list_push(srv_conn **head, srv_conn *c)
+{
+    c->prev = NULL;
+    c->next = *head;
+    if (*head != NULL) {
+        (*head)->prev = c;
+    }
+    *head = c;
+}
+
+static void
+wref_unlink(srv_wref *r)
+{
+    if (!r->linked) {
+        return;
+    }
+    if (r->prev != NULL) {
+        r->prev->next = r->next;
+    } else {
+        r->e->aux = r->next;
+    }
+    if (r->next != NULL) {
+        r->next->prev = r->prev;
+    }
+    r->prev = r->next = NULL;
+    r->linked = 0;
+}
+
+static void
+wref_link(srv_wref *r, pd_kv_entry *e)
+{
+    r->e = e;
+    r->prev = NULL;
+    r->next = e->aux;
+    if (r->next != NULL) {
+        r->next->prev = r;
+    }
+    e->aux = r;
+    r->linked = 1;
+}
+
+static void
+waiter_unlink_from_conn(srv_waiter *w)
+{
+    srv_conn *c = w->conn;
+    if (w->prev != NULL) {
+        w->prev->next = w->next;
+    } else {
+        c->waiters = w->next;
+    }
+    if (w->next != NULL) {
+        w->next->prev = w->prev;
+    }
+}
+
+/* Free a waiter, unlinking its remaining refs; entries that only existed
+ * for it go away. */
+static void
+waiter_free(pd_tcp_server *srv, srv_waiter *w)
+{
+    waiter_unlink_from_conn(w);
+    for (size_t i = 0; i < w->nrefs; i++) {
+        srv_wref *r = &w->refs[i];
+        if (r->linked) {
+            pd_kv_entry *e = r->e;
+            wref_unlink(r);
+            if (!e->present && e->aux == NULL) {
+                pd_kvmap_remove(&srv->map, e);
+            }
+        }
+    }
+    free(w);
+}
+
+static void
+conn_drop_waiters(pd_tcp_server *srv, srv_conn *c)
+{
+    while (c->waiters != NULL) {
+        waiter_free(srv, c->waiters);
+    }
+}
+
+static void
+conn_set_events(pd_tcp_server *srv, srv_conn *c, uint32_t ev)
+{
+    if (c->dead || ev == c->events) {
+        return;
+    }
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) {
+        c->events = ev;
+    }
+}
+
+/* Close a connection now; its memory is freed after the current batch of
+ * events, which may still name it. */
+static void
+conn_kill(pd_tcp_server *srv, srv_conn *c)
+{
+    if (c->dead) {
+        return;
+    }
+    c->dead = 1;
+    conn_drop_waiters(srv, c);
+    (void)epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    (void)close(c->fd);
+    c->fd = -1;
+    conn_list_remove(&srv->conns, c);
+    conn_list_push(&srv->dead, c);
+}
+
+static void
+conn_free(srv_conn *c)
+{
+    free(c->in);
+    pd_wbuf_free(&c->out);
+    memset(&c->auth, 0, sizeof(c->auth));
+    free(c);
+}
+
+static void
+free_dead(pd_tcp_server *srv)
+{
+    while (srv->dead != NULL) {
+        srv_conn *c = srv->dead;
+        conn_list_remove(&srv->dead, c);
+        conn_free(c);
+    }
+}
+
+/* Send what is buffered; watch for writability while some is left. */
+static void
+conn_flush(pd_tcp_server *srv, srv_conn *c)
+{
+    if (c->dead) {
+        return;
+    }
+    while (c->outoff < c->out.len) {
+        ssize_t r = send(c->fd, c->out.p + c->outoff, c->out.len - c->outoff,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r > 0) {
+            c->outoff += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        }
+        conn_kill(srv, c);
+        return;
+    }
+    if (c->outoff == c->out.len) {
+        c->outoff = 0;
+        c->out.len = 0;
+        if (c->out.cap > SRV_KEEP_BUFFER) {
+            pd_wbuf_free(&c->out);
+        }
+        conn_set_events(srv, c, EPOLLIN);
+    } else {
+        conn_set_events(srv, c, EPOLLIN | EPOLLOUT);
+    }
+}
+
+/* Queue a finished frame; the connection dies if memory ran out, since
+ * its reply stream would be incomplete. */
+static void
+conn_commit(pd_tcp_server *srv, srv_conn *c, size_t at)
+{
+    if (c->out.oom) {
+        conn_kill(srv, c);
+        return;
+    }
+    pd_wbuf_end(&c->out, at);
+    conn_flush(srv, c);
+}
+
+static void
+reply_ok(pd_tcp_server *srv, srv_conn *c, uint32_t seq)
+{
+    if (c->dead) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, 0, seq);
+    conn_commit(srv, c, at);
+}
+
+static void
+reply_bytes(pd_tcp_server *srv, srv_conn *c, uint32_t seq, const void *p,
+            size_t n)
+{
+    if (c->dead) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, 0, seq);
+    pd_wbuf_bytes(&c->out, p, n);
+    conn_commit(srv, c, at);
+}
+
+static void
+reply_i64(pd_tcp_server *srv, srv_conn *c, uint32_t seq, int64_t v)
+{
+    if (c->dead) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, 0, seq);
+    pd_wbuf_i64(&c->out, v);
+    conn_commit(srv, c, at);
+}
+
+static void
+reply_u8(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t v)
+{
+    if (c->dead) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, 0, seq);
+    pd_wbuf_u8(&c->out, v);
+    conn_commit(srv, c, at);
+}
+
+/* Forward the current thread-local error to the client. */
+static void
+reply_error(pd_tcp_server *srv, srv_conn *c, uint32_t seq, pd_status st)
+{
+    if (c->dead) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, (uint8_t)st, seq);
+    pd_wbuf_str(&c->out, "", pd_errmsg());
+    conn_commit(srv, c, at);
+}
+
+/* Answer every waiter parked on e, which just got a value. */
+static void
+notify(pd_tcp_server *srv, pd_kv_entry *e)
+{
+    while (e->aux != NULL) {
+        srv_wref *r = e->aux;
+        srv_waiter *w = r->w;
+        wref_unlink(r);
+        if (--w->remaining > 0) {
+            continue;
+        }
+        srv_conn *c = w->conn;
+        uint32_t seq = w->seq;
+        uint8_t cmd = w->cmd;
+        waiter_free(srv, w);
+        if (cmd == PD_TS_GET) {
+            reply_bytes(srv, c, seq, e->val, e->vallen);
+        } else {
+            reply_ok(srv, c, seq);
+        }
+    }
+}
+
+/* Park a GET/WAIT on its missing keys (the caller checked that at least one
+ * is missing). */
+static void
+park(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
+     const char **keys, const size_t *lens, size_t n)
+{
+    size_t missing = 0;
+    for (size_t i = 0; i < n; i++) {
+        pd_kv_entry *e = pd_kvmap_find(&srv->map, keys[i], lens[i]);
+        if (e == NULL || !e->present) {
+            missing++;
+        }
+    }
+    srv_waiter *w = calloc(1, sizeof(*w) + missing * sizeof(srv_wref));
+    if (w == NULL) {
+        pd_error(PD_ENOMEM, "TCPStore server: out of memory parking a wait");
+        reply_error(srv, c, seq, PD_ENOMEM);
+        return;
+    }
+    w->conn = c;
+    w->seq = seq;
+    w->cmd = cmd;
+    w->next = c->waiters;
+    if (c->waiters != NULL) {
+        c->waiters->prev = w;
+    }
+    c->waiters = w;
+    for (size_t i = 0; i < n; i++) {
+        pd_kv_entry *e = pd_kvmap_find(&srv->map, keys[i], lens[i]);
+        if (e != NULL && e->present) {
+            continue;
+        }
+        pd_status st = pd_kvmap_get_or_add(&srv->map, keys[i], lens[i], &e);
+        if (st != PD_OK) {
+            waiter_free(srv, w);
+            reply_error(srv, c, seq, st);
+            return;
+        }
+        srv_wref *r = &w->refs[w->nrefs++];
+        r->w = w;
+        wref_link(r, e);
+        w->remaining++;
+    }
+}
+
+/* ------------------------------------------------------------- requests */
+
+static int
+read_keys(pd_rbuf *rd, const char ***keys_out, size_t **lens_out,
+          size_t *n_out)
+{
+    uint32_t n = pd_rbuf_u32(rd);
+    /* Each key takes at least 5 bytes on the wire: bound n by the frame. */
+    if (rd->bad || n > (rd->n - rd->off) / 5 + 1) {
+        return -1;
+    }
+    const char **keys = malloc((n ? n : 1) * sizeof(*keys));
+    size_t *lens = malloc((n ? n : 1) * sizeof(*lens));
+    if (keys == NULL || lens == NULL) {
+        free(keys);
+        free(lens);
+        return -2;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        keys[i] = pd_rbuf_str(rd, &lens[i]);
+    }
+    if (rd->bad) {
+        free(keys);
+        free(lens);
+        return -1;
+    }
+    *keys_out = keys;
+    *lens_out = lens;
+    *n_out = n;
+    return 0;
+}
+
+/* Returns -1 on a malformed request (the connection is dropped). */
+static int
+handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
+               size_t len)
+{
+    pd_rbuf rd = {.p = body, .n = len, .off = 0, .bad = 0};
+    uint8_t cmd = pd_rbuf_u8(&rd);
+    uint32_t seq = pd_rbuf_u32(&rd);
+    size_t klen = 0;
+    const char *key = NULL;
+    pd_kv_entry *e = NULL;
+    pd_status st;
+
+    switch (cmd) {
+    case PD_TS_SET: {
+        size_t vlen;
+        key = pd_rbuf_str(&rd, &klen);
+        const uint8_t *val = pd_rbuf_bytes(&rd, &vlen);
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        st = pd_kvmap_get_or_add(&srv->map, key, klen, &e);
+        if (st == PD_OK) {
+            st = pd_kvmap_store(&srv->map, e, val, vlen);
+            if (st != PD_OK && !e->present && e->aux == NULL) {
+                pd_kvmap_remove(&srv->map, e);
+            }
+        }
+        if (st != PD_OK) {
+            reply_error(srv, c, seq, st);
+            return 0;
+        }
+        notify(srv, e);
+        reply_ok(srv, c, seq);
+        return 0;
+    }
+    case PD_TS_GET:
+        key = pd_rbuf_str(&rd, &klen);
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        e = pd_kvmap_find(&srv->map, key, klen);
+        if (e != NULL && e->present) {
+            reply_bytes(srv, c, seq, e->val, e->vallen);
+        } else {
+            park(srv, c, seq, PD_TS_GET, &key, &klen, 1);
+        }
+        return 0;
+    case PD_TS_ADD: {
+        key = pd_rbuf_str(&rd, &klen);
+        int64_t delta = pd_rbuf_i64(&rd);
+        int64_t v = 0;
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        st = pd_kv_add(&srv->map, key, klen, delta, &v, &e);
+        if (st != PD_OK) {
+            reply_error(srv, c, seq, st);
+            return 0;
+        }
+        notify(srv, e);
+        reply_i64(srv, c, seq, v);
+        return 0;
+    }
+    case PD_TS_CAS: {
+        size_t elen, dlen, rlen;
+        const uint8_t *res;
+        key = pd_rbuf_str(&rd, &klen);
+        const uint8_t *exp = pd_rbuf_bytes(&rd, &elen);
+        const uint8_t *des = pd_rbuf_bytes(&rd, &dlen);
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        st = pd_kv_compare_set(&srv->map, key, klen, exp, elen, des, dlen,
+                               &res, &rlen, &e);
+        if (st != PD_OK) {
+            reply_error(srv, c, seq, st);
+            return 0;
+        }
+        if (e != NULL) {
+            notify(srv, e);
+        }
+        reply_bytes(srv, c, seq, res, rlen);
+        return 0;
+    }
+    case PD_TS_WAIT:
+    case PD_TS_CHECK: {
+        const char **keys;
+        size_t *lens;
+        size_t n;
+        int r = read_keys(&rd, &keys, &lens, &n);
+        if (r == -1 || (r == 0 && rd.off != rd.n)) {
+            if (r == 0) {
+                free(keys);
+                free(lens);
+            }
+            return -1;
+        }
+        if (r == -2) {
+            pd_error(PD_ENOMEM, "TCPStore server: out of memory");
+            reply_error(srv, c, seq, PD_ENOMEM);
+            return 0;
+        }
+        int all = 1;
+        for (size_t i = 0; i < n && all; i++) {
+            e = pd_kvmap_find(&srv->map, keys[i], lens[i]);
+            all = e != NULL && e->present;
+        }
+        if (cmd == PD_TS_CHECK) {
+            reply_u8(srv, c, seq, (uint8_t)all);
+        } else if (all) {
+            reply_ok(srv, c, seq);
+        } else {
+            park(srv, c, seq, PD_TS_WAIT, keys, lens, n);
+        }
+        free(keys);
+        free(lens);
+        return 0;
+    }
+    case PD_TS_DELETE: {
+        key = pd_rbuf_str(&rd, &klen);
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        e = pd_kvmap_find(&srv->map, key, klen);
+        int was = e != NULL ? pd_kvmap_unset(&srv->map, e) : 0;
+        reply_u8(srv, c, seq, (uint8_t)was);
+        return 0;
+    }
+    case PD_TS_NUM_KEYS:
+        if (rd.bad || rd.off != rd.n) {
+            return -1;
+        }
+        reply_i64(srv, c, seq, (int64_t)srv->map.npresent);
+        return 0;
+    case PD_TS_PING:
+        if (rd.bad) {
+            return -1;
+        }
+        reply_ok(srv, c, seq);
+        return 0;
+    case PD_TS_CANCEL:
+        if (rd.bad) {
+            return -1;
+        }
+        conn_drop_waiters(srv, c);
+        reply_ok(srv, c, seq);
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* Read what is there and run every complete request in it. */
+static void
+conn_read(pd_tcp_server *srv, srv_conn *c)
+{
+    size_t want = SRV_READ_CHUNK;
+    if (c->inlen >= 4) {
+        size_t flen = 4 + (size_t)pd_rd32(c->in);
+        if (flen > c->inlen && flen - c->inlen > want) {
+            want = flen - c->inlen;
+        }
+    }
+    if (c->incap - c->inlen < want) {
+        size_t cap = c->inlen + want;
+        uint8_t *p = realloc(c->in, cap);
+        if (p == NULL) {
+            conn_kill(srv, c);
+            return;
+        }
+        c->in = p;
+        c->incap = cap;
+    }
+    ssize_t r;
+    do {
+        r = recv(c->fd, c->in + c->inlen, c->incap - c->inlen, MSG_DONTWAIT);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+    }
+    if (r <= 0) {
+        conn_kill(srv, c);
+        return;
+    }
+    c->inlen += (size_t)r;
+
+    size_t pos = 0;
+    while (!c->dead && c->inlen - pos >= 4) {
+        size_t blen = pd_rd32(c->in + pos);
+        if (blen < PD_TS_HDR || blen > PD_TS_MAX_FRAME) {
+            conn_kill(srv, c);
+            return;
+        }
+        if (c->inlen - pos - 4 < blen) {
+            break;
+        }
+        if (handle_request(srv, c, c->in + pos + 4, blen) < 0) {
+            conn_kill(srv, c);
+            return;
+        }
+        pos += 4 + blen;
+    }
+    if (c->dead) {
+        return;
+    }
+    if (pos > 0) {
+        memmove(c->in, c->in + pos, c->inlen - pos);
+        c->inlen -= pos;
+    }
+    if (c->inlen == 0 && c->incap > SRV_KEEP_BUFFER) {
+        free(c->in);
+        c->in = NULL;
+        c->incap = 0;
+    }
+}
+
+static void
+conn_auth_step(pd_tcp_server *srv, srv_conn *c)
+{
+    pd_status st = pd_auth_srv_step(&c->auth, c->fd);
+    if (st != PD_OK) {
+        conn_kill(srv, c);
+        return;
+    }
+    if (c->auth.done) {
+        c->authed = 1;
+        memset(&c->auth, 0, sizeof(c->auth));
+        conn_set_events(srv, c, EPOLLIN);
+        return;
+    }
+    conn_set_events(srv, c, c->auth.want_write ? EPOLLOUT : EPOLLIN);
+}
+
+static void
+conn_event(pd_tcp_server *srv, srv_conn *c, uint32_t ev)
+{
+    if (c->dead) {
+        return;
+    }
+    if (!c->authed) {
+        conn_auth_step(srv, c);
+        return;
+    }
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        conn_read(srv, c);
+    }
+    if (!c->dead && (ev & EPOLLOUT)) {
+        conn_flush(srv, c);
+    }
+}
+
+static void
+accept_pause(pd_tcp_server *srv, int on)
+{
+    if (on && srv->accepting) {
+        (void)epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->lfd, NULL);
+        srv->accepting = 0;
+        srv->accept_resume = pd_now() + SRV_ACCEPT_PAUSE;
+    } else if (!on && !srv->accepting) {
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = &srv->lfd};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &e) == 0) {
+            srv->accepting = 1;
+        } else {
+            srv->accept_resume = pd_now() + SRV_ACCEPT_PAUSE;
+        }
+    }
+}
+
+static void
+srv_accept(pd_tcp_server *srv)
+{
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) {
+                continue;
+            }
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                errno == ENOMEM) {
+                accept_pause(srv, 1);
+            }
+            return;
+        }
+        srv_conn *c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            (void)close(fd);
+            continue;
+        }
+        c->fd = fd;
+        (void)pd_net_set_nodelay(fd);
+        if (pd_auth_srv_init(&c->auth, srv->secret) != PD_OK) {
+            (void)close(fd);
+            free(c);
+            continue;
+        }
+        c->auth_deadline = pd_now() + SRV_AUTH_TIMEOUT;
+        c->events = EPOLLOUT;
+        struct epoll_event e = {.events = EPOLLOUT, .data.ptr = c};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+            (void)close(fd);
+            free(c);
+            continue;
+        }
+        conn_list_push(&srv->conns, c);
+        conn_auth_step(srv, c);
+    }
+}
+
+/* Milliseconds until the next timer (auth deadline, accept resume). */
+static int
+next_timeout_ms(pd_tcp_server *srv)
+{
+    double next = 0;
+    for (srv_conn *c = srv->conns; c != NULL; c = c->next) {
+        if (!c->authed && (next == 0 || c->auth_deadline < next)) {
+            next = c->auth_deadline;
+        }
+    }
+    if (!srv->accepting && (next == 0 || srv->accept_resume < next)) {
+        next = srv->accept_resume;
+    }
+    if (next == 0) {
+        return -1;
+    }
+    double ms = (next - pd_now()) * 1000.0 + 1.0;
+    if (ms < 0) {
+        return 0;
+    }
+    return ms > 1e9 ? 1000000000 : (int)ms;
+}
+
+static void
+run_timers(pd_tcp_server *srv)
+{
+    double now = pd_now();
+    srv_conn *c = srv->conns;
+    while (c != NULL) {
+        srv_conn *next = c->next;
+        if (!c->authed && now >= c->auth_deadline) {
+            conn_kill(srv, c);
+        }
+        c = next;
+    }
+    if (!srv->accepting && now >= srv->accept_resume) {
+        accept_pause(srv, 0);
+    }
+}
+
+static void *
+srv_main(void *arg)
+{
+    pd_tcp_server *srv = arg;
+    struct epoll_event evs[SRV_MAX_EVENTS];
+    int stop = 0;
+
+    while (!stop) {
+        int n = epoll_wait(srv->epfd, evs, SRV_MAX_EVENTS,
+                           next_timeout_ms(srv));
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break; /* Cannot happen with valid fds; clients see EOF. */
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &srv->wakefd) {
+                stop = 1;
+            } else if (p == &srv->lfd) {
+                srv_accept(srv);
+            } else {
+                conn_event(srv, (srv_conn *)p, evs[i].events);
+            }
+        }
+        run_timers(srv);
+        free_dead(srv);
+    }
+    while (srv->conns != NULL) {
+        conn_kill(srv, srv->conns);
+    }
+    free_dead(srv);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- public */
+
+int
+pd_tcp_server_port(const pd_tcp_server *srv)
+{
+    return srv->port;
+}
+
+void
+pd_tcp_server_stop(pd_tcp_server *srv)
+{
+    if (srv == NULL) {
+        return;
+    }
+    if (srv->started) {
+        uint64_t one = 1;
+        ssize_t r;
+        do {
+            r = write(srv->wakefd, &one, sizeof(one));
+        } while (r < 0 && errno == EINTR);
+        pthread_join(srv->thread, NULL);
+    }
+    if (srv->epfd >= 0) {
+        (void)close(srv->epfd);
+    }
+    if (srv->wakefd >= 0) {
+        (void)close(srv->wakefd);
+    }
+    if (srv->lfd >= 0) {
+        (void)close(srv->lfd);
+    }
+    pd_kvmap_free(&srv->map);
+    if (srv->secret != NULL) {
+        memset(srv->secret, 0, strlen(srv->secret));
+        free(srv->secret);
+    }
+    free(srv);
+}
+
+pd_status
+pd_tcp_server_start(int port, int listen_fd, const char *secret,
+                    pd_tcp_server **out)
+{
+    pd_status st = PD_OK;
+    pd_tcp_server *srv = calloc(1, sizeof(*srv));
+    *out = NULL;
+    if (srv == NULL) {
+        return pd_error(PD_ENOMEM, "TCPStore server: out of memory");
+    }
+    srv->lfd = srv->wakefd = srv->epfd = -1;
+    srv->secret = strdup(secret != NULL ? secret : "");
+    if (srv->secret == NULL) {
+        st = pd_error(PD_ENOMEM, "TCPStore server: out of memory");
+        goto fail;
+    }
+    PD_CHECK_GOTO(pd_kvmap_init(&srv->map), st, fail);
+
+    if (listen_fd >= 0) {
+        char addr[64];
+        srv->lfd = listen_fd;
+        PD_CHECK_GOTO(pd_net_local_addr(listen_fd, addr, sizeof(addr),
+                                        &srv->port), st, fail);
+    } else {
+        PD_CHECK_GOTO(pd_net_listen(NULL, port, SRV_BACKLOG, &srv->lfd,
+                                    &srv->port), st, fail);
+    }
+    PD_CHECK_GOTO(pd_net_set_nonblock(srv->lfd, 1), st, fail);
+
+    srv->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (srv->wakefd < 0) {
+        st = pd_syserror(PD_ESYS, "TCPStore server: eventfd");
+        goto fail;
+    }
+    srv->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (srv->epfd < 0) {
+        st = pd_syserror(PD_ESYS, "TCPStore server: epoll_create1");
+        goto fail;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->wakefd};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->wakefd, &ev) < 0) {
+        st = pd_syserror(PD_ESYS, "TCPStore server: epoll_ctl");
+        goto fail;
+    }
+    ev.data.ptr = &srv->lfd;
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &ev) < 0) {
+        st = pd_syserror(PD_ESYS, "TCPStore server: epoll_ctl");
+        goto fail;
+    }
+    srv->accepting = 1;
+
+    /* The loop thread must never take the process's signals (Python wants
+     * SIGINT on its main thread): start it with all signals blocked. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int r = pthread_create(&srv->thread, NULL, srv_main, srv);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r != 0) {
+        errno = r;
+        st = pd_syserror(PD_ESYS, "TCPStore server: pthread_create");
+        goto fail;
+    }
+    srv->started = 1;
+    *out = srv;
+    return PD_OK;
+fail:
+    pd_tcp_server_stop(srv);
+    return st;
+}

@@ -1,0 +1,388 @@
+"""Key-value stores for rendezvous, with torch.distributed's names and behaviour.
+
+``TCPStore``, ``FileStore`` and ``HashStore`` are backed by the C core
+(``pyddp._C``); ``PrefixStore`` is plain Python over any ``Store``.  Users may
+subclass ``Store`` to write their own, as with torch.
+
+Semantics (checked against torch 2.13 in tests/test_store_*.py):
+
+* ``set(key, value)`` takes ``str`` or bytes-like values; ``get`` returns
+  ``bytes`` and waits for the key up to the store's timeout.
+* ``add(key, n)`` is an atomic int64 counter stored as decimal text
+  (``b"3"``); a missing key counts as 0.
+* ``compare_set(key, expected, desired)``: a missing key with ``expected``
+  empty gets ``desired``; a current value equal to ``expected`` is replaced
+  by ``desired``.  Returns the value after the call, except that a missing key
+  with a non-empty ``expected`` returns ``expected`` (as torch does).
+* ``wait(keys, timeout=None)``; a key that does not appear in time raises
+  ``DistStoreError("wait timeout after 1000ms, keys: /foo")``.
+* Timeouts are ``datetime.timedelta``; ``timedelta(0)`` means no timeout.
+
+``TCPStore`` connections authenticate with the job secret in the environment
+variable ``PYDDP_SECRET`` (both ends must agree); the secret never crosses
+the network.
+"""
+from __future__ import annotations
+
+import datetime
+import operator
+import os
+import threading
+import weakref
+from typing import List, Optional, Union
+
+from .. import _C
+from .._C import DistBackendError, DistError, DistNetworkError, DistStoreError
+
+__all__ = [
+    "Store",
+    "TCPStore",
+    "FileStore",
+    "HashStore",
+    "PrefixStore",
+    "DistError",
+    "DistBackendError",
+    "DistNetworkError",
+    "DistStoreError",
+]
+
+_DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
+
+Value = Union[str, bytes, bytearray, memoryview]
+
+
+def _seconds(timeout, argname: str = "timeout") -> float:
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(
+            f"{argname} must be a datetime.timedelta, not {type(timeout).__name__}"
+        )
+    seconds = timeout.total_seconds()
+    if seconds < 0:
+        raise ValueError(f"{argname} must not be negative, got {timeout!r}")
+    return seconds
+
+
+def _check_key(key, argname: str = "key") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{argname} must be str, not {type(key).__name__}")
+    return key
+
+
+def _check_value(value, argname: str = "value"):
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    raise TypeError(f"{argname} must be str or bytes, not {type(value).__name__}")
+
+
+def _check_keys(keys, argname: str = "keys") -> List[str]:
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"{argname} must be a list of str, not a single {type(keys).__name__}")
+    try:
+        keys = list(keys)
+    except TypeError:
+        raise TypeError(f"{argname} must be a list of str, not {type(keys).__name__}") from None
+    for k in keys:
+        if not isinstance(k, str):
+            raise TypeError(f"every key in {argname} must be str, not {type(k).__name__}")
+    return keys
+
+
+def _check_int(value, argname: str = "value") -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{argname} must be int, not {type(value).__name__}")
+    return operator.index(value)
+
+
+class Store:
+    """Base class of all stores (subclass it to write your own, as in torch).
+
+    Subclasses override ``set``, ``get``, ``add``, ``compare_set``, ``wait``,
+    ``check``, ``delete_key`` and ``num_keys``.
+    """
+
+    def __init__(self) -> None:
+        self._timeout = _DEFAULT_TIMEOUT
+
+    def set(self, key: str, value: Value) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.set")
+
+    def get(self, key: str) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__}.get")
+
+    def add(self, key: str, value: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__}.add")
+
+    def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__}.compare_set")
+
+    def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.wait")
+
+    def check(self, keys: List[str]) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.check")
+
+    def delete_key(self, key: str) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.delete_key")
+
+    def num_keys(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__}.num_keys")
+
+    def multi_get(self, keys: List[str]) -> List[bytes]:
+        """Values of several keys (each waited for, as by ``get``)."""
+        return [self.get(k) for k in _check_keys(keys)]
+
+    def multi_set(self, keys: List[str], values: List[Value]) -> None:
+        keys = _check_keys(keys)
+        values = list(values)
+        if len(keys) != len(values):
+            raise ValueError(
+                f"keys and values must have the same length, got {len(keys)} and {len(values)}"
+            )
+        for k, v in zip(keys, values):
+            self.set(k, v)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        _seconds(timeout)
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return getattr(self, "_timeout", _DEFAULT_TIMEOUT)
+
+
+class _CStore(Store):
+    """A Store whose operations run in a C store object (self._c)."""
+
+    _c = None
+
+    def set(self, key: str, value: Value) -> None:
+        self._c.set(_check_key(key), _check_value(value))
+
+    def get(self, key: str) -> bytes:
+        return self._c.get(_check_key(key))
+
+    def add(self, key: str, value: int) -> int:
+        return self._c.add(_check_key(key), _check_int(value))
+
+    def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
+        return self._c.compare_set(
+            _check_key(key),
+            _check_value(expected_value, "expected_value"),
+            _check_value(desired_value, "desired_value"),
+        )
+
+    def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
+        keys = _check_keys(keys)
+        self._c.wait(keys, None if timeout is None else _seconds(timeout))
+
+    def check(self, keys: List[str]) -> bool:
+        return self._c.check(_check_keys(keys))
+
+    def delete_key(self, key: str) -> bool:
+        return self._c.delete_key(_check_key(key))
+
+    def num_keys(self) -> int:
+        return self._c.num_keys()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._c.set_timeout(_seconds(timeout))
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self._c.timeout)
+
+
+class _ServerHolder:
+    """Keeps a master's C store (and so its server thread) alive for every
+    multi_tenant TCPStore sharing it."""
+
+    __slots__ = ("c", "__weakref__")
+
+    def __init__(self, c) -> None:
+        self.c = c
+
+
+# port -> weak reference to the _ServerHolder of a multi_tenant master in
+# this process (torch shares one server per port between such stores).
+_tenants: "dict[int, weakref.ref]" = {}
+_tenants_lock = threading.Lock()
+
+
+class TCPStore(_CStore):
+    """A TCP key-value store: the master runs the server (one thread in this
+    process, listening on all interfaces), every instance is a client.
+
+    ``port=0`` on the master picks a free port (see ``.port``).  With
+    ``wait_for_workers`` and a ``world_size``, the master's constructor waits
+    until ``world_size`` stores (itself included) have connected.
+    """
+
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: Optional[int] = None,
+        is_master: bool = False,
+        timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
+        wait_for_workers: bool = True,
+        multi_tenant: bool = False,
+        master_listen_fd: Optional[int] = None,
+        use_libuv: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(host_name, str):
+            raise TypeError(f"host_name must be str, not {type(host_name).__name__}")
+        if not host_name:
+            raise ValueError("host_name must not be empty")
+        port = _check_int(port, "port")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {port}")
+        if world_size is not None:
+            world_size = _check_int(world_size, "world_size")
+            if world_size == -1:
+                world_size = None
+            elif world_size < 1:
+                raise ValueError(f"world_size must be a positive int or None, got {world_size}")
+        is_master = bool(is_master)
+        if not is_master and port == 0:
+            raise ValueError("port must not be 0 for a client (is_master=False)")
+        seconds = _seconds(timeout)
+        listen_fd = -1
+        if master_listen_fd is not None:
+            listen_fd = _check_int(master_listen_fd, "master_listen_fd")
+            if not is_master:
+                raise ValueError("master_listen_fd is only valid with is_master=True")
+        secret = os.environ.get("PYDDP_SECRET") or None
+
+        self._use_libuv = bool(use_libuv)
+        self._holder = None
+        if is_master and multi_tenant and port != 0:
+            with _tenants_lock:
+                ref = _tenants.get(port)
+                holder = ref() if ref is not None else None
+                if holder is not None:
+                    # Share the running server: this instance is a client.
+                    self._holder = holder
+                    self._c = _C.TCPStore(host_name, port, world_size, False, seconds,
+                                          bool(wait_for_workers), secret, -1)
+                    return
+                self._c = _C.TCPStore(host_name, port, world_size, True, seconds,
+                                      bool(wait_for_workers), secret, listen_fd)
+                self._holder = _ServerHolder(self._c)
+                _tenants[self._c.port] = weakref.ref(self._holder)
+                return
+        self._c = _C.TCPStore(host_name, port, world_size, is_master, seconds,
+                              bool(wait_for_workers), secret, listen_fd)
+
+    @property
+    def host(self) -> str:
+        return self._c.host
+
+    @property
+    def port(self) -> int:
+        return self._c.port
+
+    @property
+    def libuvBackend(self) -> bool:  # noqa: N802 (torch's name)
+        return self._use_libuv
+
+    def local_addr(self) -> str:
+        """Numeric local IP of this client's connection to the server: the
+        address by which peers on the server's network can reach this host."""
+        return self._c.local_addr()
+
+    def __repr__(self) -> str:
+        return f"TCPStore(host={self.host!r}, port={self.port})"
+
+
+class FileStore(_CStore):
+    """A store shared by the processes that open the same file.
+
+    With ``world_size >= 0`` the file is deleted when the last of
+    ``world_size`` users closes it (torch's rule); with -1 it is kept.
+    """
+
+    def __init__(self, file_name: Union[str, "os.PathLike[str]"], world_size: int = -1) -> None:
+        super().__init__()
+        if not isinstance(file_name, (str, os.PathLike)):
+            raise TypeError(f"file_name must be str, not {type(file_name).__name__}")
+        file_name = os.fspath(file_name)
+        if not file_name:
+            raise ValueError("file_name must not be empty")
+        world_size = _check_int(world_size, "world_size")
+        if world_size < -1 or world_size == 0:
+            raise ValueError(f"world_size must be -1 or a positive int, got {world_size}")
+        self._c = _C.FileStore(file_name, world_size, _seconds(_DEFAULT_TIMEOUT))
+
+    @property
+    def path(self) -> str:
+        return self._c.path
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.path!r})"
+
+
+class HashStore(_CStore):
+    """An in-memory store for the threads of one process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._c = _C.HashStore(_seconds(_DEFAULT_TIMEOUT))
+
+    def __repr__(self) -> str:
+        return "HashStore()"
+
+
+class PrefixStore(Store):
+    """A view of ``store`` in which every key is ``f"{prefix}/{key}"``."""
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        super().__init__()
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be str, not {type(prefix).__name__}")
+        if not isinstance(store, Store):
+            raise TypeError(f"store must be a pyddp Store, not {type(store).__name__}")
+        self._prefix = prefix
+        self._store = store
+        self._timeout = store.timeout
+
+    @property
+    def underlying_store(self) -> Store:
+        return self._store
+
+    def _k(self, key: str) -> str:
+        return f"{self._prefix}/{_check_key(key)}"
+
+    def set(self, key: str, value: Value) -> None:
+        self._store.set(self._k(key), value)
+
+    def get(self, key: str) -> bytes:
+        return self._store.get(self._k(key))
+
+    def add(self, key: str, value: int) -> int:
+        return self._store.add(self._k(key), value)
+
+    def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
+        return self._store.compare_set(self._k(key), expected_value, desired_value)
+
+    def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
+        keys = [self._k(k) for k in _check_keys(keys)]
+        if timeout is None:
+            self._store.wait(keys)
+        else:
+            self._store.wait(keys, timeout)
+
+    def check(self, keys: List[str]) -> bool:
+        return self._store.check([self._k(k) for k in _check_keys(keys)])
+
+    def delete_key(self, key: str) -> bool:
+        return self._store.delete_key(self._k(key))
+
+    def num_keys(self) -> int:
+        # As torch: the count of the whole underlying store.
+        return self._store.num_keys()
+
+    def __repr__(self) -> str:
+        return f"PrefixStore({self._prefix!r}, {self._store!r})"

@@ -1,0 +1,698 @@
+/* The C stores: semantics shared by all (torch's rules), the TCP server with
+ * many concurrent clients in threads, timeouts, cancellation, connection
+ * loss, authentication, FileStore sharing and cleanup, create/destroy
+ * cycles. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pd_test.h"
+#include "store/store.h"
+#include "util/net.h"
+
+static void
+sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int
+count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) {
+        return -1;
+    }
+    while (readdir(d) != NULL) {
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int
+count_threads(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL) {
+        return -1;
+    }
+    while (readdir(d) != NULL) {
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* get and compare its value with want (a C string). */
+static int
+get_is(pd_store *s, const char *key, const char *want)
+{
+    uint8_t *v = NULL;
+    size_t n = 0;
+    pd_status st = pd_store_get_timeout(s, key, 2.0, &v, &n);
+    if (st != PD_OK) {
+        fprintf(stderr, "get %s: %s\n", key, pd_errmsg());
+        return 0;
+    }
+    int ok = n == strlen(want) && memcmp(v, want, n) == 0 && v[n] == 0;
+    if (!ok) {
+        fprintf(stderr, "get %s: got '%.*s' want '%s'\n", key, (int)n,
+                (const char *)v, want);
+    }
+    free(v);
+    return ok;
+}
+
+static int
+cas_is(pd_store *s, const char *key, const char *exp, const char *des,
+       const char *want)
+{
+    uint8_t *v = NULL;
+    size_t n = 0;
+    pd_status st = pd_store_compare_set(s, key, exp, strlen(exp), des,
+                                        strlen(des), &v, &n);
+    if (st != PD_OK) {
+        fprintf(stderr, "compare_set %s: %s\n", key, pd_errmsg());
+        return 0;
+    }
+    int ok = n == strlen(want) && memcmp(v, want, n) == 0;
+    if (!ok) {
+        fprintf(stderr, "compare_set %s: got '%.*s' want '%s'\n", key, (int)n,
+                (const char *)v, want);
+    }
+    free(v);
+    return ok;
+}
+
+/* torch's semantics, for any store.  base_keys: num_keys of a fresh store
+ * (internal keys), key_prefix: how the store names user keys in messages. */
+static void
+semantics(pd_store *s, int64_t base_keys, const char *key_prefix)
+{
+    int64_t v = 0, nk = -1;
+    int b = -1;
+    char want[128];
+
+    T_OK(pd_store_num_keys(s, &nk));
+    T_CHECK(nk == base_keys);
+
+    T_OK(pd_store_set(s, "a", "x", 1));
+    T_CHECK(get_is(s, "a", "x"));
+    T_OK(pd_store_set(s, "a", "yy", 2));
+    T_CHECK(get_is(s, "a", "yy"));
+    T_OK(pd_store_set(s, "empty", "", 0));
+    T_CHECK(get_is(s, "empty", ""));
+    /* Binary values survive. */
+    const uint8_t bin[4] = {0, 255, 0, 7};
+    T_OK(pd_store_set(s, "bin", bin, 4));
+    uint8_t *val = NULL;
+    size_t n = 0;
+    T_OK(pd_store_get(s, "bin", &val, &n));
+    T_CHECK(n == 4 && val != NULL && memcmp(val, bin, 4) == 0);
+    free(val);
+
+    T_OK(pd_store_add(s, "c", 5, &v));
+    T_CHECK(v == 5);
+    T_OK(pd_store_add(s, "c", -2, &v));
+    T_CHECK(v == 3);
+    T_OK(pd_store_add(s, "c", 0, &v));
+    T_CHECK(v == 3);
+    T_CHECK(get_is(s, "c", "3"));
+    T_OK(pd_store_set(s, "num", "41", 2));
+    T_OK(pd_store_add(s, "num", 1, &v));
+    T_CHECK(v == 42);
+    T_ST(pd_store_add(s, "a", 1, &v), PD_EINVAL);
+    T_MSG_HAS("not an integer");
+    T_OK(pd_store_set(s, "big", "9223372036854775807", 19));
+    T_ST(pd_store_add(s, "big", 1, &v), PD_EINVAL);
+    T_MSG_HAS("overflows");
+
+    /* compare_set: torch's four cases. */
+    T_CHECK(cas_is(s, "k", "", "v1", "v1"));     /* missing, expected "" */
+    T_CHECK(cas_is(s, "k2", "zz", "v1", "zz"));  /* missing, expected set */
+    int ok = -1;
+    const char *k2 = "k2";
+    T_OK(pd_store_check(s, &k2, 1, &ok));
+    T_CHECK(ok == 0);
+    T_CHECK(cas_is(s, "k", "v1", "v2", "v2"));   /* match */
+    T_CHECK(cas_is(s, "k", "nope", "v3", "v2")); /* mismatch */
+    T_CHECK(get_is(s, "k", "v2"));
+
+    const char *both[2] = {"a", "k"};
+    const char *some[2] = {"a", "zz"};
+    T_OK(pd_store_check(s, both, 2, &ok));
+    T_CHECK(ok == 1);
+    T_OK(pd_store_check(s, some, 2, &ok));
+    T_CHECK(ok == 0);
+    T_OK(pd_store_check(s, NULL, 0, &ok));
+    T_CHECK(ok == 1);
+
+    T_OK(pd_store_num_keys(s, &nk));
+    T_CHECK(nk == base_keys + 7); /* a empty bin c num big k */
+    T_OK(pd_store_delete_key(s, "a", &b));
+    T_CHECK(b == 1);
+    T_OK(pd_store_delete_key(s, "a", &b));
+    T_CHECK(b == 0);
+    T_OK(pd_store_num_keys(s, &nk));
+    T_CHECK(nk == base_keys + 6);
+    T_OK(pd_store_check(s, both, 2, &ok));
+    T_CHECK(ok == 0);
+
+    /* Timeouts name the keys, like torch. */
+    double t0 = pd_now();
+    T_ST(pd_store_get_timeout(s, "missing", 0.2, &val, &n), PD_ESTORE);
+    T_CHECK(pd_now() - t0 >= 0.19 && pd_now() - t0 < 2.0);
+    snprintf(want, sizeof(want), "wait timeout after 200ms, keys: %smissing",
+             key_prefix);
+    T_MSG_HAS(want);
+    const char *ws[2] = {"m1", "m2"};
+    T_ST(pd_store_wait(s, ws, 2, 0.1), PD_ESTORE);
+    snprintf(want, sizeof(want), "keys: %sm1, %sm2", key_prefix, key_prefix);
+    T_MSG_HAS(want);
+    /* The default timeout applies to get. */
+    double old = pd_store_timeout(s);
+    pd_store_set_timeout(s, 0.1);
+    T_ST(pd_store_get(s, "missing", &val, &n), PD_ESTORE);
+    T_MSG_HAS("after 100ms");
+    pd_store_set_timeout(s, old);
+    /* Still usable after timeouts. */
+    T_OK(pd_store_set(s, "missing", "late", 4));
+    T_CHECK(get_is(s, "missing", "late"));
+    T_OK(pd_store_wait(s, both + 1, 1, 1.0));
+}
+
+/* ------------------------------------------------------------ threads */
+
+typedef struct worker {
+    pd_store *s;
+    int id;
+    int iters;
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+    int64_t last;
+} worker;
+
+static void *
+adder(void *arg)
+{
+    worker *w = arg;
+    w->st = PD_OK;
+    for (int i = 0; i < w->iters && w->st == PD_OK; i++) {
+        w->st = pd_store_add(w->s, "counter", 1, &w->last);
+    }
+    snprintf(w->msg, sizeof(w->msg), "%s", pd_errmsg());
+    return NULL;
+}
+
+/* Several threads hammer add on one store object. */
+static void
+concurrent_adds(pd_store *s, int nthreads, int iters)
+{
+    pthread_t th[32];
+    worker w[32];
+    int64_t v = 0;
+    for (int i = 0; i < nthreads; i++) {
+        w[i] = (worker){.s = s, .id = i, .iters = iters};
+        pthread_create(&th[i], NULL, adder, &w[i]);
+    }
+    for (int i = 0; i < nthreads; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].st != PD_OK) {
+            fprintf(stderr, "adder %d: %s\n", i, w[i].msg);
+        }
+        T_ST(w[i].st, PD_OK);
+    }
+    T_OK(pd_store_add(s, "counter", 0, &v));
+    T_CHECK(v == (int64_t)nthreads * iters);
+}
+
+typedef struct setter {
+    pd_store *s;
+    const char *key;
+    int delay_ms;
+} setter;
+
+static void *
+set_later(void *arg)
+{
+    setter *x = arg;
+    sleep_ms(x->delay_ms);
+    pd_store_set(x->s, x->key, "now", 3);
+    return NULL;
+}
+
+/* get blocks until another thread sets the key. */
+static void
+blocking_get(pd_store *getter, pd_store *writer)
+{
+    static int calls; /* each call waits for a fresh key */
+    char key[32];
+    pthread_t th;
+    snprintf(key, sizeof(key), "later%d", calls++);
+    setter x = {writer, key, 100};
+    pthread_create(&th, NULL, set_later, &x);
+    double t0 = pd_now();
+    T_CHECK(get_is(getter, key, "now"));
+    T_CHECK(pd_now() - t0 >= 0.09);
+    pthread_join(th, NULL);
+}
+
+/* --------------------------------------------------------------- hash */
+
+static void
+test_hash_store(void)
+{
+    pd_store *s = NULL;
+    T_OK(pd_hash_store_new(5.0, &s));
+    semantics(s, 0, "");
+    concurrent_adds(s, 8, 2000);
+    blocking_get(s, s);
+    pd_store_destroy(s);
+}
+
+/* --------------------------------------------------------------- file */
+
+static void
+tmp_path(char *buf, size_t len, const char *tag)
+{
+    snprintf(buf, len, "/tmp/pyddp_test_store_%d_%s", (int)getpid(), tag);
+    unlink(buf);
+}
+
+static void
+test_file_store(void)
+{
+    char path[256];
+    pd_store *s = NULL, *s2 = NULL;
+    struct stat sb;
+
+    tmp_path(path, sizeof(path), "sem");
+    T_OK(pd_file_store_new(path, -1, 5.0, &s));
+    semantics(s, 1, "/"); /* "refcount" is counted, as in torch */
+
+    /* A second store on the same file shares the keys. */
+    T_OK(pd_file_store_new(path, -1, 5.0, &s2));
+    T_CHECK(get_is(s2, "k", "v2"));
+    T_OK(pd_store_set(s2, "from2", "hi", 2));
+    T_CHECK(get_is(s, "from2", "hi"));
+    blocking_get(s, s2);
+
+    /* add is atomic across store objects (separate flocks). */
+    pthread_t th[8];
+    worker w[8];
+    for (int i = 0; i < 8; i++) {
+        w[i] = (worker){.s = i % 2 ? s : s2, .id = i, .iters = 200};
+        pthread_create(&th[i], NULL, adder, &w[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        T_ST(w[i].st, PD_OK);
+    }
+    int64_t v = 0;
+    T_OK(pd_store_add(s, "counter", 0, &v));
+    T_CHECK(v == 1600);
+    pd_store_destroy(s2);
+    pd_store_destroy(s);
+    T_CHECK(stat(path, &sb) == 0); /* world_size -1: never deleted */
+    unlink(path);
+
+    T_ST(pd_file_store_new("/nonexistent-dir/x", -1, 1.0, &s), PD_ESYS);
+    T_MSG_HAS("/nonexistent-dir/x");
+    T_ST(pd_file_store_new("", -1, 1.0, &s), PD_EINVAL);
+}
+
+static void
+test_file_store_cleanup(void)
+{
+    char path[256];
+    pd_store *a = NULL, *b = NULL;
+    struct stat sb;
+    tmp_path(path, sizeof(path), "cleanup");
+    T_OK(pd_file_store_new(path, 2, 5.0, &a));
+    T_OK(pd_file_store_new(path, 2, 5.0, &b));
+    T_OK(pd_store_set(a, "x", "1", 1));
+    pd_store_destroy(a);
+    T_CHECK(stat(path, &sb) == 0); /* one user left */
+    T_CHECK(get_is(b, "x", "1"));
+    pd_store_destroy(b);
+    T_CHECK(stat(path, &sb) != 0); /* the last of world_size removed it */
+}
+
+/* ---------------------------------------------------------------- tcp */
+
+static pd_status
+tcp_new(int port, int world_size, int is_master, double timeout,
+        int wait_workers, const char *secret, pd_store **out)
+{
+    pd_tcp_store_opts o;
+    pd_tcp_store_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.world_size = world_size;
+    o.is_master = is_master;
+    o.timeout = timeout;
+    o.wait_for_workers = wait_workers;
+    o.secret = secret;
+    return pd_tcp_store_new(&o, out);
+}
+
+static void
+test_tcp_semantics(void)
+{
+    pd_store *m = NULL, *c = NULL;
+    T_OK(tcp_new(0, 1, 1, 5.0, 1, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    int port = pd_tcp_store_port(m);
+    T_CHECK(port > 0);
+    semantics(m, 1, "/"); /* "init/" is counted, as in torch */
+    T_OK(tcp_new(port, -1, 0, 5.0, 0, NULL, &c));
+    T_CHECK(get_is(c, "k", "v2"));
+    blocking_get(c, m);
+    blocking_get(m, c);
+    T_OK(pd_tcp_store_ping(c));
+    char addr[64];
+    T_OK(pd_tcp_store_local_addr(c, addr, sizeof(addr)));
+    T_CHECK(strcmp(addr, "127.0.0.1") == 0);
+
+    /* A large value. */
+    size_t big = 16u << 20;
+    char *src = malloc(big);
+    for (size_t i = 0; i < big; i++) {
+        src[i] = (char)(i * 13);
+    }
+    T_OK(pd_store_set(c, "big", src, big));
+    uint8_t *v = NULL;
+    size_t n = 0;
+    T_OK(pd_store_get(m, "big", &v, &n));
+    T_CHECK(n == big && v != NULL && memcmp(v, src, big) == 0);
+    free(v);
+    free(src);
+    pd_store_destroy(c);
+    pd_store_destroy(m);
+}
+
+typedef struct tcp_worker {
+    int port;
+    int id;
+    int nworkers;
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+} tcp_worker;
+
+/* A worker with its own connection: join, add, publish a key, wait for all
+ * others' keys, read them. */
+static void *
+tcp_worker_main(void *arg)
+{
+    tcp_worker *w = arg;
+    pd_store *s = NULL;
+    char key[32], val[32];
+    pd_status st = tcp_new(w->port, w->nworkers + 1, 0, 10.0, 1, NULL, &s);
+    for (int i = 0; st == PD_OK && i < 100; i++) {
+        int64_t v;
+        st = pd_store_add(s, "sum", 1, &v);
+    }
+    if (st == PD_OK) {
+        snprintf(key, sizeof(key), "rank%d", w->id);
+        snprintf(val, sizeof(val), "value%d", w->id);
+        st = pd_store_set(s, key, val, strlen(val));
+    }
+    for (int j = 0; st == PD_OK && j < w->nworkers; j++) {
+        uint8_t *v = NULL;
+        size_t n;
+        snprintf(key, sizeof(key), "rank%d", j);
+        snprintf(val, sizeof(val), "value%d", j);
+        st = pd_store_get_timeout(s, key, 10.0, &v, &n);
+        if (st == PD_OK && (n != strlen(val) || memcmp(v, val, n) != 0)) {
+            st = pd_error(PD_ESTORE, "wrong value for %s", key);
+        }
+        free(v);
+    }
+    w->st = st;
+    snprintf(w->msg, sizeof(w->msg), "%s", pd_errmsg());
+    pd_store_destroy(s);
+    return NULL;
+}
+
+static void
+test_tcp_many_clients(void)
+{
+    enum { N = 24 };
+    pd_store *m = NULL;
+    pthread_t th[N];
+    tcp_worker w[N];
+    int fd, port;
+    int64_t v;
+
+    /* The master waits for N workers in its constructor: start the workers
+     * first on a port we pick. */
+    T_OK(pd_net_listen(NULL, 0, 1, &fd, &port));
+    close(fd);
+    for (int i = 0; i < N; i++) {
+        w[i] = (tcp_worker){.port = port, .id = i, .nworkers = N};
+        pthread_create(&th[i], NULL, tcp_worker_main, &w[i]);
+    }
+    T_OK(tcp_new(port, N + 1, 1, 10.0, 1, NULL, &m));
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].st != PD_OK) {
+            fprintf(stderr, "worker %d: %s\n", i, w[i].msg);
+        }
+        T_ST(w[i].st, PD_OK);
+    }
+    if (m != NULL) {
+        T_OK(pd_store_add(m, "sum", 0, &v));
+        T_CHECK(v == N * 100);
+        concurrent_adds(m, 8, 300); /* threads sharing one client */
+    }
+    pd_store_destroy(m);
+}
+
+static void
+test_tcp_wait_for_workers_timeout(void)
+{
+    pd_store *m = NULL;
+    double t0 = pd_now();
+    T_ST(tcp_new(0, 3, 1, 0.3, 1, NULL, &m), PD_ESTORE);
+    T_MSG_HAS("waiting for clients");
+    T_MSG_HAS("1/3 clients joined");
+    T_CHECK(pd_now() - t0 < 3.0);
+    T_CHECK(m == NULL);
+}
+
+/* A timed-out get is cancelled on the server; the late value does not
+ * confuse later requests on the same connection. */
+static void
+test_tcp_timeout_then_reuse(void)
+{
+    pd_store *m = NULL, *c = NULL;
+    uint8_t *v = NULL;
+    size_t n;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    T_OK(tcp_new(pd_tcp_store_port(m), -1, 0, 5.0, 0, NULL, &c));
+    for (int i = 0; i < 20; i++) {
+        T_ST(pd_store_get_timeout(c, "slow", 0.01, &v, &n), PD_ESTORE);
+    }
+    T_MSG_HAS("wait timeout after 10ms, keys: /slow");
+    const char *ks[2] = {"slow", "slow2"};
+    T_ST(pd_store_wait(c, ks, 2, 0.05), PD_ESTORE);
+    T_OK(pd_store_set(m, "slow", "S", 1));
+    T_OK(pd_store_set(c, "other", "O", 1));
+    T_CHECK(get_is(c, "other", "O"));
+    T_CHECK(get_is(c, "slow", "S"));
+    int64_t nk = 0;
+    T_OK(pd_store_num_keys(c, &nk));
+    T_CHECK(nk == 2); /* the cancelled waits left no empty entries behind */
+    pd_store_destroy(c);
+    pd_store_destroy(m);
+}
+
+/* Waiters parked by a client that disappears are cleaned up; the server
+ * keeps serving. */
+static void *
+doomed_waiter(void *arg)
+{
+    pd_store *c = arg;
+    uint8_t *v = NULL;
+    size_t n;
+    (void)pd_store_get_timeout(c, "never", 0.5, &v, &n);
+    return NULL;
+}
+
+static void
+test_tcp_server_gone(void)
+{
+    pd_store *m = NULL, *c = NULL;
+    char port_text[32];
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    int port = pd_tcp_store_port(m);
+    T_OK(tcp_new(port, -1, 0, 5.0, 0, NULL, &c));
+    pd_store_destroy(m);
+    double t0 = pd_now();
+    T_ST(pd_store_set(c, "x", "1", 1), PD_ENETWORK);
+    snprintf(port_text, sizeof(port_text), "127.0.0.1:%d", port);
+    T_MSG_HAS(port_text);
+    T_ST(pd_store_set(c, "x", "1", 1), PD_ENETWORK); /* stays broken, fast */
+    T_MSG_HAS("lost earlier");
+    T_CHECK(pd_now() - t0 < 2.0);
+    pd_store_destroy(c);
+
+    /* A client whose server never existed. */
+    t0 = pd_now();
+    T_ST(tcp_new(port, -1, 0, 0.3, 0, NULL, &c), PD_ENETWORK);
+    T_MSG_HAS(port_text);
+    T_CHECK(pd_now() - t0 < 3.0);
+}
+
+static void
+test_tcp_port_in_use(void)
+{
+    pd_store *m = NULL, *m2 = NULL;
+    char want[64];
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    int port = pd_tcp_store_port(m);
+    T_ST(tcp_new(port, -1, 1, 1.0, 0, NULL, &m2), PD_ENETWORK);
+    snprintf(want, sizeof(want), "bind 0.0.0.0:%d: address already in use",
+             port);
+    T_MSG_HAS(want);
+    T_CHECK(m2 == NULL);
+    pd_store_destroy(m);
+}
+
+static void
+test_tcp_auth(void)
+{
+    pd_store *m = NULL, *good = NULL, *bad = NULL;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, "job-secret", &m));
+    if (m == NULL) {
+        return;
+    }
+    int port = pd_tcp_store_port(m);
+    T_OK(tcp_new(port, -1, 0, 5.0, 0, "job-secret", &good));
+    double t0 = pd_now();
+    T_ST(tcp_new(port, -1, 0, 5.0, 0, "wrong", &bad), PD_EAUTH);
+    T_MSG_HAS("authentication");
+    T_ST(tcp_new(port, -1, 0, 5.0, 0, NULL, &bad), PD_EAUTH);
+    T_MSG_HAS("requires a secret");
+    T_CHECK(pd_now() - t0 < 2.0);
+    T_CHECK(bad == NULL);
+
+    /* A stranger that connects and says nothing, and one that sends junk,
+     * do not disturb the others. */
+    int silent = -1, junk = -1;
+    T_OK(pd_net_connect("127.0.0.1", port, pd_now() + 2.0, &silent));
+    T_OK(pd_net_connect("127.0.0.1", port, pd_now() + 2.0, &junk));
+    T_OK(pd_net_send_all(junk, "GET / HTTP/1.0\r\n\r\n", 18, pd_now() + 1.0));
+    if (good != NULL) {
+        T_OK(pd_store_set(good, "k", "v", 1));
+        T_CHECK(get_is(m, "k", "v"));
+    }
+    char b;
+    /* The server hangs up on the junk sender. */
+    pd_status st = pd_net_recv_all(junk, &b, 1, pd_now() + 2.0);
+    uint8_t hello[48];
+    (void)hello;
+    T_CHECK(st == PD_ENETWORK || st == PD_OK); /* hello bytes, then EOF */
+    close(silent);
+    close(junk);
+    pd_store_destroy(good);
+    pd_store_destroy(m);
+}
+
+/* Every cycle starts and stops a server thread and two sockets per side:
+ * nothing may leak. */
+static void
+test_tcp_create_destroy_cycles(void)
+{
+    int fds0 = count_fds(), th0 = count_threads();
+    for (int i = 0; i < 300; i++) {
+        pd_store *m = NULL;
+        pd_status st = tcp_new(0, 1, 1, 5.0, 1, NULL, &m);
+        if (st != PD_OK) {
+            T_OK(st);
+            break;
+        }
+        pd_store_destroy(m);
+    }
+    T_CHECK(count_fds() == fds0);
+    T_CHECK(count_threads() == th0);
+}
+
+static void
+test_tcp_parked_waiter_client_dies(void)
+{
+    pd_store *m = NULL, *c = NULL;
+    pthread_t th;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    T_OK(tcp_new(pd_tcp_store_port(m), -1, 0, 5.0, 0, NULL, &c));
+    pthread_create(&th, NULL, doomed_waiter, c);
+    pthread_join(th, NULL);
+    pd_store_destroy(c);
+    sleep_ms(20);
+    int64_t nk = -1;
+    T_OK(pd_store_num_keys(m, &nk));
+    T_CHECK(nk == 0);
+    T_OK(pd_store_set(m, "never", "x", 1));
+    pd_store_destroy(m);
+}
+
+static void
+test_prefix_store(void)
+{
+    pd_store *h = NULL, *p = NULL;
+    T_OK(pd_hash_store_new(5.0, &h));
+    T_OK(pd_prefix_store_new("grp", h, 1, &p));
+    T_OK(pd_store_set(p, "x", "1", 1));
+    T_CHECK(get_is(h, "grp/x", "1"));
+    T_CHECK(get_is(p, "x", "1"));
+    uint8_t *v;
+    size_t n;
+    T_ST(pd_store_get_timeout(p, "y", 0.05, &v, &n), PD_ESTORE);
+    T_MSG_HAS("keys: grp/y");
+    pd_store_destroy(p); /* owns h */
+}
+
+int
+main(void)
+{
+    printf("test_store\n");
+    T_RUN(test_hash_store);
+    T_RUN(test_file_store);
+    T_RUN(test_file_store_cleanup);
+    T_RUN(test_prefix_store);
+    T_RUN(test_tcp_semantics);
+    T_RUN(test_tcp_many_clients);
+    T_RUN(test_tcp_wait_for_workers_timeout);
+    T_RUN(test_tcp_timeout_then_reuse);
+    T_RUN(test_tcp_parked_waiter_client_dies);
+    T_RUN(test_tcp_server_gone);
+    T_RUN(test_tcp_port_in_use);
+    T_RUN(test_tcp_auth);
+    T_RUN(test_tcp_create_destroy_cycles);
+    return pd_test_result();
+}
