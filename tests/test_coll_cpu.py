@@ -298,13 +298,11 @@ def _multidim_child(rank, ws):
     ck.call("all_reduce 3-d", lambda: dist.all_reduce(a))
     ck.expect("all_reduce 3-d", mismatch(a, reduce_ref(
         [rank_input(name, 24, r, "small", shape=(2, 3, 4)) for r in range(ws)], "SUM", name), name))
-    rows = [r + 1 for r in range(ws)]  # rank r contributes r+1 rows of 3
-    mine = rank_input(name, rows[rank] * 3, rank, "normal", shape=(rows[rank], 3))
-    outs = [garbage(name, rows[r] * 3, shape=(rows[r], 3)) for r in range(ws)]
-    if ck.call("all_gather 2-d uneven", lambda: dist.all_gather(outs, mine)):
+    mine = rank_input(name, 4 * 3, rank, "normal", shape=(4, 3))
+    outs = [garbage(name, 12, shape=(4, 3)) for _ in range(ws)]
+    if ck.call("all_gather 2-d", lambda: dist.all_gather(outs, mine)):
         for r in range(ws):
-            ck.expect(f"all_gather 2-d [{r}]", same_bytes(
-                outs[r], rank_input(name, rows[r] * 3, r, "normal", shape=(rows[r], 3))))
+            ck.expect(f"all_gather 2-d [{r}]", same_bytes(outs[r], rank_input(name, 12, r, "normal", shape=(4, 3))))
     sq = rank_input(name, 2 * 5, rank, "normal", shape=(2, 5))
     out = garbage(name, ws * 10, shape=(ws * 2, 5))
     if ck.call("all_gather_into_tensor 2-d", lambda: dist.all_gather_into_tensor(out, sq)):
