@@ -383,6 +383,7 @@ def _kill_child(rank, ws, victim, mode, killed_at):
             threading.Thread(target=killer, daemon=True).start()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            a[:] = 1
             dist.all_reduce(a)
         return "victim survived"
     ok = 0
@@ -493,7 +494,7 @@ def test_timeout_names_operation_sequence_number_and_missing_rank(ws, use_async)
         if not m or int(m.group(1)) not in (5, 6):
             problems.append(f"rank {rank}: message does not give the sequence number (5 or 6, 0/1-based "
                             f"after five collectives): {msg!r}")
-        if not re.search(rf"rank\w*\W{{1,4}}(?:\d+\W+)*{absent}\b", msg, re.I):
+        if not re.search(rf"rank.{{0,60}}?(?<![\d.]){absent}(?![\d.])", msg, re.I | re.S):
             problems.append(f"rank {rank}: message does not name the missing rank {absent}: {msg!r}")
     assert not problems, "\n".join(problems)
 
@@ -579,7 +580,9 @@ def test_master_port_in_use_raises_dist_network_error_with_address_and_port():
     assert r0["type"] is not None, "rank 0 started a store server on a port that is in use"
     assert r0["is_net"], f"rank 0 raised {r0['type']}, not DistNetworkError: {r0['msg']}"
     assert str(port) in r0["msg"], f"message lacks the port {port}: {r0['msg']!r}"
-    assert "127.0.0.1" in r0["msg"] or "localhost" in r0["msg"], f"message lacks the address: {r0['msg']!r}"
+    # the address the store tried to bind: MASTER_ADDR's, or the wildcard address
+    assert any(h in r0["msg"] for h in ("127.0.0.1", "localhost", "0.0.0.0", "::")), \
+        f"message lacks the address: {r0['msg']!r}"
     assert r0["elapsed"] < 10, f"rank 0 took {r0['elapsed']:.1f} s"
     assert res[1]["type"] is not None, "rank 1 joined a group whose store never started"
     assert res[1]["is_dist"], f"rank 1 raised {res[1]['type']}: {res[1]['msg']}"
@@ -644,12 +647,20 @@ def _cycles_child(rank, ws, mode, cycles, side_port):
     elapsed = time.monotonic() - t0
     fds1, thr1, rss1 = _settled_resources(thr0)
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    if side is not None:
+        # rank 0 serves the side store: it leaves last
+        side.add("finished", 1)
+        if rank == 0:
+            deadline = time.monotonic() + 30
+            while int(side.add("finished", 0)) < ws and time.monotonic() < deadline:
+                time.sleep(0.001)
     return {"fds": (fds0, fds1), "threads": (thr0, thr1), "rss": (rss0, rss1), "elapsed": elapsed,
-            "shm_new": sorted(shm_after - shm_before), "cycles": cycles}
+            # sem.mp-*: the test harness's own multiprocessing semaphores
+            "shm_new": sorted(f for f in shm_after - shm_before if not f.startswith("sem.mp-")), "cycles": cycles}
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ws,mode,cycles", [(1, "env", 1000), (2, "store", 1000), (2, "env", 200)])
+@pytest.mark.parametrize("ws,mode,cycles", [(1, "env", 1000), (2, "store", 1000), (2, "env", 1000)])
 def test_init_destroy_cycles_leak_no_fds_threads_memory_or_shm(ws, mode, cycles):
     side_port = free_port()
     res = run(_cycles_child, ws, mode, cycles, side_port, init=False, timeout=250)
