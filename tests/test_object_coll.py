@@ -126,6 +126,8 @@ def _object_group_child(rank, ws):
                    lambda: dist.broadcast_object_list(objs, src=ranks[-1], group=g)):
             ck.expect("broadcast_object_list in group", None if _eq(objs[0], make_obj(ranks[-1], 1))
                       else _desc(objs[0]))
+    # rank 0 serves the store the members' new_group uses: it must not leave first (torch alike)
+    ck.call("world barrier", lambda: dist.barrier())
     return ck.report()
 
 
