@@ -677,3 +677,15 @@ def test_init_destroy_cycles_leak_no_fds_threads_memory_or_shm(ws, mode, cycles)
             problems.append(f"rank {rank}: left files in /dev/shm: {r['shm_new'][:5]}")
     per_cycle = max(r["elapsed"] for r in res) / cycles
     assert not problems, "\n".join(problems) + f"\n({per_cycle * 1000:.1f} ms per cycle)"
+
+
+# ----------------------------------------------------------------------------------------------
+# exception classes
+
+
+def test_exception_hierarchy_mirrors_torch():
+    assert issubclass(dist.DistError, RuntimeError)
+    for cls in (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError):
+        assert issubclass(cls, dist.DistError), cls
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        assert hasattr(dist.ReduceOp, name), name
