@@ -13,26 +13,33 @@
 #include "group.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "coll/coll.h"
 #include "group_internal.h"
 #include "transport/tcp/tcp.h"
+
+/* How long a waiter polls before sleeping on its condition variable, when
+ * the host has a core for every rank on it (oversubscribed: never). */
+#define PD_WAIT_SPIN_S 50e-6
 
 struct pd_work {
     atomic_int refs;
     pd_op op;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done;
+    atomic_int done;
     pd_status status;
     char *msg;
     int src;
     double deadline;
+    double spin_s;
     pd_req req;
     struct pd_work *next;
 };
@@ -41,6 +48,7 @@ struct pd_group {
     int rank;
     int size;
     double timeout;
+    double spin_s;
     pd_transport *t;
     pthread_t thr;
     int thr_started;
@@ -117,6 +125,13 @@ pd_work_source(pd_work *w)
 pd_status
 pd_work_wait(pd_work *w, double timeout_s)
 {
+    /* Small operations finish within microseconds: look a few times, giving
+     * the core away in between (oversubscribed hosts), before sleeping. */
+    double spin_until = pd_now() + w->spin_s;
+    while (!atomic_load_explicit(&w->done, memory_order_acquire) &&
+           pd_now() < spin_until) {
+        sched_yield();
+    }
     pthread_mutex_lock(&w->mu);
     if (timeout_s < 0) {
         while (!w->done) {
@@ -652,6 +667,16 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
         PD_CHECK(pd_tcp_connect(g->t, hosts, ports, token,
                                 pd_now() + g->timeout));
     }
+    /* Ranks sharing this host (same advertised address): spinning waiters
+     * help only while every rank has a core of its own. */
+    int local = 0;
+    for (int p = 0; p < g->size; p++) {
+        if (strcmp(hosts[p], hosts[g->rank]) == 0) {
+            local++;
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    g->spin_s = (ncpu > 0 && local <= ncpu) ? PD_WAIT_SPIN_S : 0.0;
     int rc = pthread_create(&g->thr, NULL, progress_main, g);
     if (rc != 0) {
         return pd_error(PD_ESYS, "pthread_create: %s", strerror(rc));
@@ -676,6 +701,7 @@ pd_group_submit(pd_group *g, const pd_op *op, pd_work **out)
     atomic_init(&w->refs, 2); /* caller + queue */
     w->op = *op;
     w->src = -1;
+    w->spin_s = g->spin_s;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_mutex_lock(&g->mu);

@@ -9,6 +9,8 @@
  *   three: d[i] = a[i] op b[i]   pd_reduce3 with three distinct buffers
  * rev is needed although every op is commutative mathematically: float
  * MIN/MAX return the second operand on ties (-0.0 vs 0.0), like numpy.
+ * dst may be the very same buffer as a and/or b; partial overlap is not
+ * supported (no collective produces it).
  */
 #include "kernels.h"
 

@@ -204,7 +204,7 @@ Store_set(PyObject *self, PyObject *args, PyObject *kwds)
 static PyObject *
 Store_get(PyObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"key", "timeout", NULL};
+    static char *kwlist[] = {"key", "timeout_s", NULL};
     PyObject *kobj, *tobj = NULL;
     double timeout;
     uint8_t *v = NULL;
@@ -303,7 +303,7 @@ Store_compare_set(PyObject *self, PyObject *args, PyObject *kwds)
 static PyObject *
 Store_wait(PyObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"keys", "timeout", NULL};
+    static char *kwlist[] = {"keys", "timeout_s", NULL};
     PyObject *keys, *tobj = NULL;
     double timeout;
     key_list kl;
@@ -436,8 +436,8 @@ Store_dealloc(PyObject *self)
      "set(key, value): store value (str or bytes-like) under key."},         \
     {"get", (PyCFunction)(void (*)(void))Store_get,                         \
      METH_VARARGS | METH_KEYWORDS,                                           \
-     "get(key, timeout=None) -> bytes: wait for key (timeout in seconds, "   \
-     "None: the store's) and return its value."},                            \
+     "get(key, timeout_s=None) -> bytes: wait for key (seconds; None: "     \
+     "the store's timeout) and return its value."},                            \
     {"add", (PyCFunction)(void (*)(void))Store_add,                         \
      METH_VARARGS | METH_KEYWORDS,                                           \
      "add(key, value) -> int: atomically add value to an int64 counter."},   \
@@ -446,7 +446,7 @@ Store_dealloc(PyObject *self)
      "compare_set(key, expected_value, desired_value) -> bytes."},           \
     {"wait", (PyCFunction)(void (*)(void))Store_wait,                       \
      METH_VARARGS | METH_KEYWORDS,                                           \
-     "wait(keys, timeout=None): wait until every key exists."},              \
+     "wait(keys, timeout_s=None): wait until every key exists."},              \
     {"check", (PyCFunction)(void (*)(void))Store_check,                     \
      METH_VARARGS | METH_KEYWORDS,                                           \
      "check(keys) -> bool: whether every key exists, without waiting."},     \

@@ -41,6 +41,7 @@ typedef struct file_store {
     int mu_init;
     int fd;
     int registered; /* counted in "refcount" */
+    pid_t owner;    /* the process that counted itself */
     int world_size;
     char *path;
     uint64_t pos;   /* bytes of the log replayed into cache */
@@ -523,7 +524,8 @@ static void
 fs_destroy(pd_store *s)
 {
     file_store *f = fs_of(s);
-    if (f->registered && fs_lock(f, LOCK_EX) == PD_OK) {
+    /* A child made by fork() shares the parent's count: leave it alone. */
+    if (f->registered && f->owner == getpid() && fs_lock(f, LOCK_EX) == PD_OK) {
         /* torch's rule: the last of world_size users deletes the file.
          * Failures only leave the file behind. */
         int64_t finished = 0, refs = 1;
@@ -599,6 +601,7 @@ pd_file_store_new(const char *path, int world_size, double timeout,
     }
     PD_CHECK_GOTO(fs_add_raw(f, REFCOUNT_KEY, 1, &refs), st, fail);
     f->registered = 1;
+    f->owner = getpid();
     *out = &f->base;
     return PD_OK;
 fail:

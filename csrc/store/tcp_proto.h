@@ -14,10 +14,12 @@
  *   WAIT u32 n, n*k -> -  (parked until all exist)
  *   CHECK u32 n, n*k -> u8
  *   DELETE k -> u8        NUM_KEYS -> i64        PING -> -
- *   CANCEL -> -           (drop this connection's parked GET/WAIT)
+ *   CANCEL u32 seq -> -   (drop this connection's parked GET/WAIT that
+ *                          was sent with that seq)
  *
- * Responses to parked requests may arrive after later ones: the client
- * matches them by seq and drops stale ones.
+ * Several threads may share a connection, and parked requests are answered
+ * late, so replies come in any order: the client matches them to requests
+ * by seq and drops replies nobody waits for any more.
  */
 #ifndef PD_STORE_TCP_PROTO_H
 #define PD_STORE_TCP_PROTO_H

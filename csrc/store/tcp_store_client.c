@@ -1,24 +1,32 @@
-/* The TCPStore client: blocking requests over one authenticated socket,
- * serialised by a mutex so threads can share it.  On the master it also owns
- * the server thread.
+/* The TCPStore client: requests over one authenticated socket, shared by
+ * any number of threads.  On the master it also owns the server thread.
+ *
+ * Threads do not hold a lock while they wait for their reply: each request
+ * registers a slot under its sequence number and sends its frame (under the
+ * send lock); then one waiting thread at a time acts as the reader, reading
+ * frames and handing each to the slot of its sequence number, while the
+ * others sleep on a condition variable.  So a get() blocked in one thread
+ * never delays another thread's set(), not even the set it waits for.
  *
  * User keys travel with a "/" prefix (as in torch), so internal keys such as
- * the worker counter "init/" can never collide with them, and error messages
+ * the worker counter "init/" never collide with them, and error messages
  * read like torch's: "wait timeout after 1000ms, keys: /foo".
  *
- * A GET or WAIT that times out is cancelled on the server (CANCEL), and the
- * late answer, if any, is recognised by its sequence number and dropped, so
- * the connection stays usable.  A connection that breaks stays broken: every
- * later call fails at once naming the server, instead of stalling.
+ * A GET or WAIT that times out is cancelled on the server (CANCEL seq); a
+ * reply that still comes is dropped, since no slot waits for it.  A
+ * connection that breaks stays broken: every later call fails at once
+ * naming the server, instead of stalling.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,21 +38,41 @@
 
 #define USER_PREFIX "/"
 #define INIT_KEY "init/"
-/* Time allowed for the server to confirm a CANCEL after a timed-out wait. */
+/* Time allowed to send a CANCEL after a timed-out wait. */
 #define CANCEL_GRACE 5.0
+
+/* A request waiting for its reply. */
+typedef struct ts_slot {
+    struct ts_slot *next;
+    uint32_t seq;
+    int done;
+    uint8_t *body; /* the reply frame body, malloc'd */
+    size_t len;
+} ts_slot;
 
 typedef struct tcp_store {
     pd_store base;
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;      /* slots, reader, seq, broken, rx state */
+    pthread_cond_t cv;       /* a slot completed or the reader left */
+    pthread_mutex_t send_mu; /* one frame on the wire at a time */
     int mu_init;
+    int cv_init;
+    int send_mu_init;
     int fd;
-    char broken[PD_ERRMSG_MAX];    /* why the connection is unusable */
+    int broken;
+    char broken_msg[PD_ERRMSG_MAX];
     char *host;
     int port;
     uint32_t seq;
-    pd_wbuf req;
-    uint8_t *resp;
-    size_t resp_cap;
+    ts_slot *slots;
+    int reader;              /* a thread is reading replies */
+    /* The frame being read, kept across readers (a reader whose deadline
+     * passes mid-frame leaves the rest to the next one). */
+    uint8_t hdr[4];
+    size_t hdr_got;
+    uint8_t *rx;
+    size_t rx_len;
+    size_t rx_got;
     pd_tcp_server *server;
 } tcp_store;
 
@@ -56,132 +84,294 @@ ts_of(pd_store *s)
     return (tcp_store *)s;
 }
 
-static void
-ts_close_fd(tcp_store *t)
-{
-    if (t->fd >= 0) {
-        (void)close(t->fd);
-        t->fd = -1;
-    }
-}
-
-/* The connection is lost: remember why and fail with PD_ENETWORK. */
-static pd_status
-ts_broken(tcp_store *t, const char *what)
-{
-    char cause[PD_ERRMSG_MAX];
-    snprintf(cause, sizeof(cause), "%s", pd_errmsg());
-    ts_close_fd(t);
-    snprintf(t->broken, sizeof(t->broken), "%s", cause);
-    return pd_error(PD_ENETWORK,
-                    "TCPStore: connection to the server at %s:%d lost during %s: "
-                    "%s", t->host, t->port, what, cause);
-}
-
 static double
 deadline_of(double timeout)
 {
     return timeout > 0 ? pd_now() + timeout : 0;
 }
 
-/* Receive frames until the one answering seq; older answers (of cancelled
- * waits) are dropped.  On success the body is in t->resp[0..*len). */
-static pd_status
-ts_recv_reply(tcp_store *t, uint32_t seq, double deadline, size_t *len)
+/* Mark the connection unusable (caller holds mu) with the current message
+ * as the cause, and wake everyone.  shutdown() rather than close(): other
+ * threads may still be in send() or poll() on the fd. */
+static void
+ts_mark_broken(tcp_store *t, const char *what)
 {
-    for (;;) {
-        uint8_t hdr[4];
-        PD_CHECK(pd_net_recv_all(t->fd, hdr, 4, deadline));
-        size_t blen = pd_rd32(hdr);
-        if (blen < PD_TS_HDR || blen > PD_TS_MAX_FRAME) {
-            return pd_error(PD_ENETWORK, "malformed reply of %zu bytes", blen);
-        }
-        if (blen > t->resp_cap) {
-            uint8_t *p = realloc(t->resp, blen);
-            if (p == NULL) {
-                return pd_error(PD_ENETWORK, "out of memory for a reply of "
-                                "%zu bytes", blen);
-            }
-            t->resp = p;
-            t->resp_cap = blen;
-        }
-        PD_CHECK(pd_net_recv_all(t->fd, t->resp, blen, deadline));
-        if (pd_rd32(t->resp + 1) == seq) {
-            *len = blen;
-            return PD_OK;
+    if (!t->broken) {
+        t->broken = 1;
+        snprintf(t->broken_msg, sizeof(t->broken_msg),
+                 "TCPStore: connection to the server at %s:%d lost during %s: "
+                 "%s", t->host, t->port, what, pd_errmsg());
+        if (t->fd >= 0) {
+            (void)shutdown(t->fd, SHUT_RDWR);
         }
     }
+    pthread_cond_broadcast(&t->cv);
 }
 
-/* Ask the server to drop our parked waits and wait for its confirmation.
- * Failure leaves the connection broken. */
 static pd_status
-ts_cancel(tcp_store *t)
+ts_broken_error(tcp_store *t)
 {
-    size_t len;
-    uint32_t seq = ++t->seq;
-    double deadline = pd_now() + CANCEL_GRACE;
-    pd_wbuf *b = &t->req;
-    b->len = 0;
-    size_t at = pd_wbuf_begin(b, PD_TS_CANCEL, seq);
-    pd_wbuf_end(b, at);
-    if (b->oom) {
-        return pd_error(PD_ENOMEM, "TCPStore: out of memory");
-    }
-    pd_status st = pd_net_send_all(t->fd, b->p, b->len, deadline);
-    if (st == PD_OK) {
-        st = ts_recv_reply(t, seq, deadline, &len);
-    }
-    if (st != PD_OK) {
-        return ts_broken(t, "the cancellation of a timed-out wait");
+    return pd_error(PD_ENETWORK, "%s", t->broken_msg);
+}
+
+/* Read bytes into p[*got..n) until complete or deadline; progress is kept
+ * in *got.  Only the reader calls this, without mu. */
+static pd_status
+ts_read_some(tcp_store *t, uint8_t *p, size_t n, size_t *got, double deadline)
+{
+    while (*got < n) {
+        ssize_t r = recv(t->fd, p + *got, n - *got, MSG_DONTWAIT);
+        if (r > 0) {
+            *got += (size_t)r;
+            continue;
+        }
+        if (r == 0) {
+            return pd_error(PD_ENETWORK, "the server closed the connection");
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            return pd_syserror(PD_ENETWORK, "recv");
+        }
+        for (;;) {
+            int ms = -1;
+            if (deadline > 0) {
+                double left = deadline - pd_now();
+                ms = left <= 0 ? 0 : (left > 1e6 ? 1000000000
+                                                 : (int)(left * 1000.0) + 1);
+            }
+            struct pollfd pf = {.fd = t->fd, .events = POLLIN, .revents = 0};
+            int pr = poll(&pf, 1, ms);
+            if (pr > 0) {
+                break;
+            }
+            if (pr < 0 && errno != EINTR) {
+                return pd_syserror(PD_ENETWORK, "poll");
+            }
+            if (pr == 0 && deadline > 0 && pd_now() >= deadline) {
+                return PD_ETIMEOUT;
+            }
+        }
     }
     return PD_OK;
 }
 
-/* Send the request in t->req (built by the caller with sequence seq) and
- * read its reply.  wait_timeout > 0 marks a GET/WAIT: then the deadline is
- * that timeout, and running past it gives PD_ETIMEOUT (connection kept);
- * otherwise the store's timeout bounds the call and running past it breaks
- * the connection.  On success the reply's payload starts at
- * t->resp + PD_TS_HDR. */
+/* As the reader: read frames and deliver them until mine is done, the
+ * deadline passes (PD_ETIMEOUT) or the connection fails.  Called and
+ * returns with mu held. */
 static pd_status
-ts_roundtrip(tcp_store *t, uint32_t seq, const char *what, int is_wait,
-             double wait_timeout, size_t *len)
+ts_read_replies(tcp_store *t, ts_slot *mine, double deadline)
 {
-    if (t->req.oom) {
-        t->req.oom = 0;
+    while (!mine->done) {
+        pthread_mutex_unlock(&t->mu);
+        pd_status st = PD_OK;
+        if (t->hdr_got < 4) {
+            st = ts_read_some(t, t->hdr, 4, &t->hdr_got, deadline);
+            if (st == PD_OK) {
+                size_t blen = pd_rd32(t->hdr);
+                if (blen < PD_TS_HDR || blen > PD_TS_MAX_FRAME) {
+                    st = pd_error(PD_ENETWORK, "malformed reply of %zu bytes",
+                                  blen);
+                } else if ((t->rx = malloc(blen)) == NULL) {
+                    st = pd_error(PD_ENETWORK, "out of memory for a reply of "
+                                  "%zu bytes", blen);
+                } else {
+                    t->rx_len = blen;
+                    t->rx_got = 0;
+                }
+            }
+        }
+        if (st == PD_OK) {
+            st = ts_read_some(t, t->rx, t->rx_len, &t->rx_got, deadline);
+        }
+        pthread_mutex_lock(&t->mu);
+        if (st != PD_OK) {
+            return st;
+        }
+        /* A whole frame: hand it to its slot, or drop it (a cancelled
+         * wait's late answer). */
+        uint8_t *body = t->rx;
+        size_t len = t->rx_len;
+        uint32_t seq = pd_rd32(body + 1);
+        t->rx = NULL;
+        t->rx_len = t->rx_got = t->hdr_got = 0;
+        ts_slot *s = t->slots;
+        while (s != NULL && s->seq != seq) {
+            s = s->next;
+        }
+        if (s != NULL && !s->done) {
+            s->body = body;
+            s->len = len;
+            s->done = 1;
+            pthread_cond_broadcast(&t->cv);
+        } else {
+            free(body);
+        }
+    }
+    return PD_OK;
+}
+
+static void
+ts_unregister(tcp_store *t, ts_slot *slot)
+{
+    ts_slot **pp = &t->slots;
+    while (*pp != NULL && *pp != slot) {
+        pp = &(*pp)->next;
+    }
+    if (*pp == slot) {
+        *pp = slot->next;
+    }
+}
+
+/* Sleep on cv until woken or deadline (0: none); 1 when it passed. */
+static int
+ts_sleep(tcp_store *t, double deadline)
+{
+    if (deadline <= 0) {
+        pthread_cond_wait(&t->cv, &t->mu);
+        return 0;
+    }
+    double now = pd_now();
+    if (now >= deadline) {
+        return 1;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double left = deadline - now;
+    time_t sec = (time_t)left;
+    long nsec = ts.tv_nsec + (long)((left - (double)sec) * 1e9);
+    ts.tv_sec += sec + nsec / 1000000000L;
+    ts.tv_nsec = nsec % 1000000000L;
+    pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+    return pd_now() >= deadline;
+}
+
+static pd_status
+ts_send_frame(tcp_store *t, const pd_wbuf *req, double deadline,
+              const char *what)
+{
+    pthread_mutex_lock(&t->send_mu);
+    pd_status st = pd_net_send_all(t->fd, req->p, req->len, deadline);
+    pthread_mutex_unlock(&t->send_mu);
+    if (st != PD_OK) {
+        /* Part of a frame may be on the wire: the stream is unusable. */
+        pthread_mutex_lock(&t->mu);
+        ts_mark_broken(t, what);
+        st = ts_broken_error(t);
+        pthread_mutex_unlock(&t->mu);
+    }
+    return st;
+}
+
+/* Tell the server to drop the parked request seq; its reply is ignored. */
+static void
+ts_cancel(tcp_store *t, uint32_t target)
+{
+    pd_wbuf b = {0};
+    pthread_mutex_lock(&t->mu);
+    uint32_t seq = ++t->seq;
+    pthread_mutex_unlock(&t->mu);
+    size_t at = pd_wbuf_begin(&b, PD_TS_CANCEL, seq);
+    pd_wbuf_u32(&b, target);
+    pd_wbuf_end(&b, at);
+    if (!b.oom) {
+        (void)ts_send_frame(t, &b, pd_now() + CANCEL_GRACE,
+                            "the cancellation of a timed-out wait");
+    }
+    pd_wbuf_free(&b);
+}
+
+/* Send the request in req (built with sequence seq) and wait for its reply.
+ * is_wait marks a GET/WAIT: its deadline is wait_timeout and running past
+ * it gives PD_ETIMEOUT (the request is cancelled, the connection kept).
+ * Other requests are bounded by the store's timeout.  On success *body is
+ * the reply frame body (malloc'd; the caller frees it), whose payload
+ * starts at PD_TS_HDR. */
+static pd_status
+ts_call(tcp_store *t, pd_wbuf *req, uint32_t seq, const char *what,
+        int is_wait, double wait_timeout, uint8_t **body, size_t *len)
+{
+    ts_slot slot = {.next = NULL, .seq = seq, .done = 0, .body = NULL,
+                    .len = 0};
+    double timeout = is_wait ? wait_timeout : pd_store_timeout(&t->base);
+    double deadline = deadline_of(timeout);
+    pd_status st = PD_OK;
+    int timed_out = 0;
+
+    *body = NULL;
+    if (req->oom) {
         return pd_error(PD_ENOMEM, "TCPStore.%s: out of memory building the "
                         "request", what);
     }
-    if (t->fd < 0) {
-        return pd_error(PD_ENETWORK,
-                        "TCPStore: the connection to the server at %s:%d was "
-                        "lost earlier (%s)", t->host, t->port, t->broken);
+    if (req->len - 4 > PD_TS_MAX_FRAME) {
+        return pd_error(PD_EINVAL, "TCPStore.%s: a request of %zu bytes "
+                        "exceeds the limit of %zu bytes", what, req->len,
+                        PD_TS_MAX_FRAME);
     }
-    double timeout = is_wait ? wait_timeout : pd_store_timeout(&t->base);
-    double deadline = deadline_of(timeout);
-    pd_status st = pd_net_send_all(t->fd, t->req.p, t->req.len, deadline);
-    if (st == PD_OK) {
-        st = ts_recv_reply(t, seq, deadline, len);
+    pthread_mutex_lock(&t->mu);
+    if (t->broken) {
+        st = ts_broken_error(t);
+        pthread_mutex_unlock(&t->mu);
+        return st;
     }
-    if (st == PD_ETIMEOUT && is_wait) {
-        PD_CHECK(ts_cancel(t));
-        return PD_ETIMEOUT;
+    slot.next = t->slots;
+    t->slots = &slot;
+    pthread_mutex_unlock(&t->mu);
+
+    st = ts_send_frame(t, req, deadline, what);
+
+    pthread_mutex_lock(&t->mu);
+    while (st == PD_OK && !slot.done && !t->broken) {
+        if (!t->reader) {
+            t->reader = 1;
+            pd_status rst = ts_read_replies(t, &slot, deadline);
+            t->reader = 0;
+            pthread_cond_broadcast(&t->cv); /* someone else may read now */
+            if (rst == PD_ETIMEOUT) {
+                timed_out = 1;
+                break;
+            }
+            if (rst != PD_OK) {
+                ts_mark_broken(t, what);
+            }
+        } else if (ts_sleep(t, deadline) && !slot.done) {
+            timed_out = 1;
+            break;
+        }
     }
-    if (st == PD_ETIMEOUT) {
-        pd_error(PD_ETIMEOUT, "no reply within %.0fms", timeout * 1000.0);
+    ts_unregister(t, &slot);
+    if (st == PD_OK && !slot.done && !timed_out) {
+        st = ts_broken_error(t);
     }
+    pthread_mutex_unlock(&t->mu);
+
     if (st != PD_OK) {
-        return ts_broken(t, what);
+        free(slot.body);
+        return st;
     }
-    uint8_t code = t->resp[0];
+    if (timed_out) {
+        if (is_wait) {
+            ts_cancel(t, seq);
+            return PD_ETIMEOUT;
+        }
+        return pd_error(PD_ENETWORK, "TCPStore: no reply from the server at "
+                        "%s:%d to %s within %.0fms", t->host, t->port, what,
+                        timeout * 1000.0);
+    }
+    uint8_t code = slot.body[0];
     if (code != 0) {
-        pd_rbuf rd = {.p = t->resp, .n = *len, .off = PD_TS_HDR, .bad = 0};
+        pd_rbuf rd = {.p = slot.body, .n = slot.len, .off = PD_TS_HDR,
+                      .bad = 0};
         size_t mlen;
         const char *msg = pd_rbuf_str(&rd, &mlen);
         pd_status err = code < PD_NSTATUS ? (pd_status)code : PD_ESTORE;
-        return pd_error(err, "%s", msg != NULL ? msg : "TCPStore: server error");
+        st = pd_error(err, "%s", msg != NULL ? msg : "TCPStore: server error");
+        free(slot.body);
+        return st;
     }
+    *body = slot.body;
+    *len = slot.len;
     return PD_OK;
 }
 
@@ -189,33 +379,48 @@ static pd_status
 ts_bad_reply(tcp_store *t, const char *what)
 {
     pd_error(PD_ENETWORK, "malformed reply");
-    return ts_broken(t, what);
+    pthread_mutex_lock(&t->mu);
+    ts_mark_broken(t, what);
+    pd_status st = ts_broken_error(t);
+    pthread_mutex_unlock(&t->mu);
+    return st;
 }
 
+/* Start a request frame in b; returns its sequence number. */
 static uint32_t
-ts_begin(tcp_store *t, uint8_t cmd, size_t *at)
+ts_begin(tcp_store *t, pd_wbuf *b, uint8_t cmd, size_t *at)
 {
+    pthread_mutex_lock(&t->mu);
     uint32_t seq = ++t->seq;
-    t->req.len = 0;
-    t->req.oom = 0;
-    *at = pd_wbuf_begin(&t->req, cmd, seq);
+    pthread_mutex_unlock(&t->mu);
+    *at = pd_wbuf_begin(b, cmd, seq);
     return seq;
 }
 
 /* ------------------------------------------------------------- commands */
 
+/* The reply payload reader of a frame body. */
+static pd_rbuf
+payload(const uint8_t *body, size_t len)
+{
+    pd_rbuf rd = {.p = body, .n = len, .off = PD_TS_HDR, .bad = 0};
+    return rd;
+}
+
 static pd_status
 ts_set_raw(tcp_store *t, const char *prefix, const char *key, const void *val,
            size_t n)
 {
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_SET, &at);
-    pd_wbuf_str(&t->req, prefix, key);
-    pd_wbuf_bytes(&t->req, val, n);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "set", 0, 0, &len);
-    pthread_mutex_unlock(&t->mu);
+    uint32_t seq = ts_begin(t, &b, PD_TS_SET, &at);
+    pd_wbuf_str(&b, prefix, key);
+    pd_wbuf_bytes(&b, val, n);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, "set", 0, 0, &body, &len);
+    pd_wbuf_free(&b);
+    free(body);
     return st;
 }
 
@@ -225,56 +430,65 @@ ts_set(pd_store *s, const char *key, const void *val, size_t n)
     return ts_set_raw(ts_of(s), USER_PREFIX, key, val, n);
 }
 
+/* A reply carrying one bytes value: copy it out. */
+static pd_status
+ts_bytes_reply(tcp_store *t, const char *what, uint8_t *body, size_t len,
+               uint8_t **val, size_t *n)
+{
+    pd_rbuf rd = payload(body, len);
+    size_t vlen;
+    const uint8_t *v = pd_rbuf_bytes(&rd, &vlen);
+    pd_status st;
+    if (rd.bad) {
+        st = ts_bad_reply(t, what);
+    } else {
+        st = pd_kv_dup(v, vlen, val);
+        if (st == PD_OK) {
+            *n = vlen;
+        }
+    }
+    free(body);
+    return st;
+}
+
 static pd_status
 ts_get(pd_store *s, const char *key, double timeout, uint8_t **val,
        size_t *n)
 {
     tcp_store *t = ts_of(s);
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_GET, &at);
-    pd_wbuf_str(&t->req, USER_PREFIX, key);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "get", 1, timeout, &len);
+    uint32_t seq = ts_begin(t, &b, PD_TS_GET, &at);
+    pd_wbuf_str(&b, USER_PREFIX, key);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, "get", 1, timeout, &body, &len);
+    pd_wbuf_free(&b);
     if (st == PD_ETIMEOUT) {
-        st = pd_store_timeout_error(USER_PREFIX, timeout, &key, 1);
-    } else if (st == PD_OK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        size_t vlen;
-        const uint8_t *v = pd_rbuf_bytes(&rd, &vlen);
-        if (rd.bad) {
-            st = ts_bad_reply(t, "get");
-        } else {
-            st = pd_kv_dup(v, vlen, val);
-            if (st == PD_OK) {
-                *n = vlen;
-            }
-        }
+        return pd_store_timeout_error(USER_PREFIX, timeout, &key, 1);
     }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    PD_CHECK(st);
+    return ts_bytes_reply(t, "get", body, len, val, n);
 }
 
 static pd_status
 ts_add_raw(tcp_store *t, const char *prefix, const char *key, int64_t delta,
            int64_t *out)
 {
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_ADD, &at);
-    pd_wbuf_str(&t->req, prefix, key);
-    pd_wbuf_i64(&t->req, delta);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "add", 0, 0, &len);
-    if (st == PD_OK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        *out = pd_rbuf_i64(&rd);
-        if (rd.bad) {
-            st = ts_bad_reply(t, "add");
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    uint32_t seq = ts_begin(t, &b, PD_TS_ADD, &at);
+    pd_wbuf_str(&b, prefix, key);
+    pd_wbuf_i64(&b, delta);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, "add", 0, 0, &body, &len);
+    pd_wbuf_free(&b);
+    PD_CHECK(st);
+    pd_rbuf rd = payload(body, len);
+    *out = pd_rbuf_i64(&rd);
+    free(body);
+    return rd.bad ? ts_bad_reply(t, "add") : PD_OK;
 }
 
 static pd_status
@@ -289,29 +503,18 @@ ts_compare_set(pd_store *s, const char *key, const void *expected,
                uint8_t **out, size_t *outlen)
 {
     tcp_store *t = ts_of(s);
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_CAS, &at);
-    pd_wbuf_str(&t->req, USER_PREFIX, key);
-    pd_wbuf_bytes(&t->req, expected, explen);
-    pd_wbuf_bytes(&t->req, desired, deslen);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "compare_set", 0, 0, &len);
-    if (st == PD_OK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        size_t vlen;
-        const uint8_t *v = pd_rbuf_bytes(&rd, &vlen);
-        if (rd.bad) {
-            st = ts_bad_reply(t, "compare_set");
-        } else {
-            st = pd_kv_dup(v, vlen, out);
-            if (st == PD_OK) {
-                *outlen = vlen;
-            }
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    uint32_t seq = ts_begin(t, &b, PD_TS_CAS, &at);
+    pd_wbuf_str(&b, USER_PREFIX, key);
+    pd_wbuf_bytes(&b, expected, explen);
+    pd_wbuf_bytes(&b, desired, deslen);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, "compare_set", 0, 0, &body, &len);
+    pd_wbuf_free(&b);
+    PD_CHECK(st);
+    return ts_bytes_reply(t, "compare_set", body, len, out, outlen);
 }
 
 /* WAIT or CHECK over a list of user keys. */
@@ -319,33 +522,29 @@ static pd_status
 ts_keys_cmd(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n,
             double timeout, int *out)
 {
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
     const char *what = cmd == PD_TS_WAIT ? "wait" : "check";
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, cmd, &at);
-    pd_wbuf_u32(&t->req, (uint32_t)n);
+    uint32_t seq = ts_begin(t, &b, cmd, &at);
+    pd_wbuf_u32(&b, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
-        pd_wbuf_str(&t->req, USER_PREFIX, keys[i]);
+        pd_wbuf_str(&b, USER_PREFIX, keys[i]);
     }
-    pd_wbuf_end(&t->req, at);
-    if (t->req.len > PD_TS_MAX_FRAME) {
-        pthread_mutex_unlock(&t->mu);
-        return pd_error(PD_EINVAL, "TCPStore.%s: %zu keys make a request of "
-                        "%zu bytes, above the limit", what, n, t->req.len);
-    }
-    pd_status st = ts_roundtrip(t, seq, what, cmd == PD_TS_WAIT, timeout,
-                                &len);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, what, cmd == PD_TS_WAIT, timeout,
+                           &body, &len);
+    pd_wbuf_free(&b);
     if (st == PD_ETIMEOUT) {
-        st = pd_store_timeout_error(USER_PREFIX, timeout, keys, n);
-    } else if (st == PD_OK && cmd == PD_TS_CHECK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        *out = pd_rbuf_u8(&rd) != 0;
-        if (rd.bad) {
-            st = ts_bad_reply(t, what);
-        }
+        return pd_store_timeout_error(USER_PREFIX, timeout, keys, n);
     }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    PD_CHECK(st);
+    pd_rbuf rd = payload(body, len);
+    if (cmd == PD_TS_CHECK) {
+        *out = pd_rbuf_u8(&rd) != 0;
+    }
+    free(body);
+    return rd.bad ? ts_bad_reply(t, what) : PD_OK;
 }
 
 static pd_status
@@ -365,41 +564,45 @@ static pd_status
 ts_delete_key(pd_store *s, const char *key, int *deleted)
 {
     tcp_store *t = ts_of(s);
+    pd_wbuf b = {0};
+    uint8_t *body;
     size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_DELETE, &at);
-    pd_wbuf_str(&t->req, USER_PREFIX, key);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "delete_key", 0, 0, &len);
-    if (st == PD_OK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        *deleted = pd_rbuf_u8(&rd) != 0;
-        if (rd.bad) {
-            st = ts_bad_reply(t, "delete_key");
-        }
+    uint32_t seq = ts_begin(t, &b, PD_TS_DELETE, &at);
+    pd_wbuf_str(&b, USER_PREFIX, key);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, "delete_key", 0, 0, &body, &len);
+    pd_wbuf_free(&b);
+    PD_CHECK(st);
+    pd_rbuf rd = payload(body, len);
+    *deleted = pd_rbuf_u8(&rd) != 0;
+    free(body);
+    return rd.bad ? ts_bad_reply(t, "delete_key") : PD_OK;
+}
+
+/* A request without arguments whose reply is empty or one i64. */
+static pd_status
+ts_simple(tcp_store *t, uint8_t cmd, const char *what, int64_t *out)
+{
+    pd_wbuf b = {0};
+    uint8_t *body;
+    size_t at, len;
+    uint32_t seq = ts_begin(t, &b, cmd, &at);
+    pd_wbuf_end(&b, at);
+    pd_status st = ts_call(t, &b, seq, what, 0, 0, &body, &len);
+    pd_wbuf_free(&b);
+    PD_CHECK(st);
+    pd_rbuf rd = payload(body, len);
+    if (out != NULL) {
+        *out = pd_rbuf_i64(&rd);
     }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    free(body);
+    return rd.bad ? ts_bad_reply(t, what) : PD_OK;
 }
 
 static pd_status
 ts_num_keys(pd_store *s, int64_t *out)
 {
-    tcp_store *t = ts_of(s);
-    size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_NUM_KEYS, &at);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "num_keys", 0, 0, &len);
-    if (st == PD_OK) {
-        pd_rbuf rd = {.p = t->resp, .n = len, .off = PD_TS_HDR, .bad = 0};
-        *out = pd_rbuf_i64(&rd);
-        if (rd.bad) {
-            st = ts_bad_reply(t, "num_keys");
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    return ts_simple(ts_of(s), PD_TS_NUM_KEYS, "num_keys", out);
 }
 
 static void
@@ -407,11 +610,18 @@ ts_destroy(pd_store *s)
 {
     tcp_store *t = ts_of(s);
     /* The client goes first, so the server sees an orderly close. */
-    ts_close_fd(t);
+    if (t->fd >= 0) {
+        (void)close(t->fd);
+    }
     pd_tcp_server_stop(t->server);
-    pd_wbuf_free(&t->req);
-    free(t->resp);
+    free(t->rx);
     free(t->host);
+    if (t->cv_init) {
+        pthread_cond_destroy(&t->cv);
+    }
+    if (t->send_mu_init) {
+        pthread_mutex_destroy(&t->send_mu);
+    }
     if (t->mu_init) {
         pthread_mutex_destroy(&t->mu);
     }
@@ -518,6 +728,24 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
         goto fail;
     }
     t->mu_init = 1;
+    if (pthread_mutex_init(&t->send_mu, NULL) != 0) {
+        st = pd_error(PD_ESYS, "TCPStore: pthread_mutex_init failed");
+        goto fail;
+    }
+    t->send_mu_init = 1;
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        st = pd_error(PD_ESYS, "TCPStore: pthread_condattr_init failed");
+        goto fail;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int cr = pthread_cond_init(&t->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (cr != 0) {
+        st = pd_error(PD_ESYS, "TCPStore: pthread_cond_init failed");
+        goto fail;
+    }
+    t->cv_init = 1;
     t->port = o->port;
 
     if (o->is_master) {
@@ -590,16 +818,13 @@ pd_tcp_store_local_addr(pd_store *s, char *buf, size_t len)
     }
     tcp_store *t = ts_of(s);
     pthread_mutex_lock(&t->mu);
-    pd_status st;
-    if (t->fd < 0) {
-        st = pd_error(PD_ENETWORK, "TCPStore: the connection to the server at "
-                      "%s:%d was lost earlier (%s)", t->host, t->port,
-                      t->broken);
-    } else {
-        st = pd_net_local_addr(t->fd, buf, len, NULL);
-    }
+    int broken = t->broken;
     pthread_mutex_unlock(&t->mu);
-    return st;
+    if (broken) {
+        return ts_broken_error(t);
+    }
+    /* fd stays open until destroy, so no lock is needed to query it. */
+    return pd_net_local_addr(t->fd, buf, len, NULL);
 }
 
 pd_status
@@ -608,12 +833,5 @@ pd_tcp_store_ping(pd_store *s)
     if (s == NULL || s->ops != &tcp_ops) {
         return pd_error(PD_EINVAL, "ping: not a TCPStore");
     }
-    tcp_store *t = ts_of(s);
-    size_t at, len;
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ts_begin(t, PD_TS_PING, &at);
-    pd_wbuf_end(&t->req, at);
-    pd_status st = ts_roundtrip(t, seq, "ping", 0, 0, &len);
-    pthread_mutex_unlock(&t->mu);
-    return st;
+    return ts_simple(ts_of(s), PD_TS_PING, "ping", NULL);
 }

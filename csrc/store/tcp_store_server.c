@@ -6,7 +6,7 @@
  * GET and WAIT for missing keys do not block the loop: the request is parked
  * as a "waiter" linked to the table entries of the keys it misses, and
  * answered when the last of them gets a value.  Timeouts are the client's
- * business; a client that gives up sends CANCEL, which drops its waiters.
+ * business; a client that gives up sends CANCEL, which drops that waiter.
  * Shutdown goes through an eventfd, so pd_tcp_server_stop never races the
  * loop.
  */
@@ -85,6 +85,7 @@ struct pd_tcp_server {
     int epfd;
     int port;
     int started;
+    pid_t owner;     /* the process whose thread serves */
     int accepting;
     double accept_resume;
     pthread_t thread;
@@ -586,13 +587,20 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
         }
         reply_ok(srv, c, seq);
         return 0;
-    case PD_TS_CANCEL:
-        if (rd.bad) {
+    case PD_TS_CANCEL: {
+        uint32_t target = pd_rbuf_u32(&rd);
+        if (rd.bad || rd.off != rd.n) {
             return -1;
         }
-        conn_drop_waiters(srv, c);
+        for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
+            if (w->seq == target) {
+                waiter_free(srv, w);
+                break;
+            }
+        }
         reply_ok(srv, c, seq);
         return 0;
+    }
     default:
         return -1;
     }
@@ -823,6 +831,14 @@ srv_main(void *arg)
         run_timers(srv);
         free_dead(srv);
     }
+    /* Close the listening socket before the clients: a client that sees
+     * EOF and reconnects at once must get "connection refused" (and retry
+     * until the next server is up), not land in this dying server's
+     * backlog. */
+    if (srv->lfd >= 0) {
+        (void)close(srv->lfd);
+        srv->lfd = -1;
+    }
     while (srv->conns != NULL) {
         conn_kill(srv, srv->conns);
     }
@@ -844,7 +860,10 @@ pd_tcp_server_stop(pd_tcp_server *srv)
     if (srv == NULL) {
         return;
     }
-    if (srv->started) {
+    /* In a child made by fork() the thread does not exist, and the eventfd
+     * is the parent's: signalling it would stop the parent's server.  Only
+     * close this process's copies of the descriptors. */
+    if (srv->started && srv->owner == getpid()) {
         uint64_t one = 1;
         ssize_t r;
         do {
@@ -933,6 +952,7 @@ pd_tcp_server_start(int port, int listen_fd, const char *secret,
         goto fail;
     }
     srv->started = 1;
+    srv->owner = getpid();
     *out = srv;
     return PD_OK;
 fail:

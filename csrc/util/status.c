@@ -53,7 +53,21 @@ pd_error_prefix(const char *fmt, ...)
     int n = vsnprintf(errbuf, sizeof(errbuf), fmt, ap);
     va_end(ap);
     if (n >= 0 && (size_t)n < sizeof(errbuf)) {
-        snprintf(errbuf + n, sizeof(errbuf) - (size_t)n, ": %s", old);
+        /* Append ": <old>", cut to fit.  A plain copy rather than
+         * snprintf("%s"), which -Wformat-truncation flags at -O1. */
+        size_t at = (size_t)n;
+        size_t olen = strnlen(old, sizeof(old) - 1);
+        if (at + 2 < sizeof(errbuf)) {
+            errbuf[at++] = ':';
+            errbuf[at++] = ' ';
+            size_t take = sizeof(errbuf) - 1 - at;
+            if (olen < take) {
+                take = olen;
+            }
+            memcpy(errbuf + at, old, take);
+            at += take;
+        }
+        errbuf[at] = '\0';
     }
 }
 

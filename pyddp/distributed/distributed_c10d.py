@@ -23,7 +23,7 @@ import numpy as np
 from .. import _C
 from . import _arrays
 from ._arrays import as_array
-from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
 DistError = _C.DistError
 DistBackendError = _C.DistBackendError
@@ -80,6 +80,8 @@ class ProcessGroup:
 
     def __init__(self, cpg, ranks, backend, name, timeout):
         self._cpg = cpg
+        self._rank = cpg.rank
+        self._size = cpg.size
         self._ranks = list(ranks)  # global ranks, index = group rank
         self._rank_of = {g: i for i, g in enumerate(self._ranks)}
         self._backend = backend
@@ -89,10 +91,10 @@ class ProcessGroup:
         self._lock = threading.Lock()
 
     def rank(self) -> int:
-        return self._cpg.rank
+        return self._rank
 
     def size(self) -> int:
-        return self._cpg.size
+        return self._size
 
     def name(self) -> str:
         return self._name
@@ -150,6 +152,8 @@ class _World:
         self.backend = None
         self.groups = []  # every live ProcessGroup, default first
         self.group_count = 0
+        self.owns_store = False  # the store came from init_method rendezvous
+        self.round = 0
         self.lock = threading.Lock()
 
 
@@ -349,7 +353,7 @@ def _advertised_host(store) -> str:
         base = base.underlying_store
     if isinstance(base, TCPStore):
         try:
-            local = base._local_addr()
+            local = base.local_addr()
             if local:
                 return local
         except (AttributeError, DistError, OSError):
@@ -363,12 +367,14 @@ def _advertised_host(store) -> str:
 
 
 def _connect_group(store, rank, size, timeout, name):
-    """Create this rank's member of a group and connect it to the others through `store`."""
+    """Create this rank's member of a group and connect it to the others through `store`.
+
+    Returns (C process group, round number)."""
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.
     gen = (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
-    secret = os.environ.get("PYDDP_SECRET") or None
+    secret = job_secret()
     cpg = _C.ProcessGroup(rank, size, timeout, secret)
     try:
         if size > 1:
@@ -388,7 +394,7 @@ def _connect_group(store, rank, size, timeout, name):
     except BaseException:
         cpg.destroy()
         raise
-    return cpg
+    return cpg, gen
 
 
 def _parse_backend(backend):
@@ -431,12 +437,16 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             if rank < 0:
                 raise ValueError("rank must be non-negative if using store")
             _check_rank(rank, world_size)
+            owns = False
         else:
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
+            owns = True
         pstore = PrefixStore("default_pg", store)
-        cpg = _connect_group(pstore, rank, world_size, tsec, "pg")
+        cpg, gen = _connect_group(pstore, rank, world_size, tsec, "pg")
         pg = ProcessGroup(cpg, range(world_size), bname, group_name or "default_pg", tsec)
         _world.store = store
+        _world.owns_store = owns
+        _world.round = gen
         _world.backend = bname
         _world.groups = [pg]
         _world.group_count = 0
@@ -465,7 +475,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if me not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
-    cpg = _connect_group(store, ranks.index(me), len(ranks), tsec, "pg")
+    cpg, _ = _connect_group(store, ranks.index(me), len(ranks), tsec, "pg")
     pg = ProcessGroup(cpg, ranks, bname, group_desc or name, tsec)
     _world.groups.append(pg)
     return pg
@@ -475,9 +485,13 @@ def destroy_process_group(group=None):
     """Destroy `group`, or every group and the default group when None."""
     if group is None or group is GroupMember.WORLD:
         groups, _world.groups = _world.groups, []
+        world = _world.default_pg
         for pg in reversed(groups):
             pg._destroy()
-        _world.store = None
+        store, _world.store = _world.store, None
+        if world is not None and _world.owns_store:
+            _release_store(store, world.rank(), world.size(), _world.round)
+        del store
         _set_world(None)
         return
     if group is GroupMember.NON_GROUP_MEMBER:
@@ -487,6 +501,29 @@ def destroy_process_group(group=None):
     group._destroy()
     if group in _world.groups:
         _world.groups.remove(group)
+
+
+def _release_store(store, rank, size, rnd):
+    """Shut down a store this job created, without stranding the other ranks.
+
+    The master's store server must not outlive the round: a rank that destroys its group and
+    calls init_process_group again must reach the next round's server, not the old one.  So
+    every rank checks out; the master shuts its server down once all have (or after a few
+    seconds), and the others return only when the old server is gone."""
+    if size <= 1 or not isinstance(store, TCPStore):
+        return
+    pstore = PrefixStore(f"default_pg/pg/{rnd}", store)
+    limit = timedelta(seconds=float(os.environ.get("PYDDP_EXIT_TIMEOUT", "5")))
+    try:
+        if pstore.add("exit", 1) == size:
+            pstore.set("exit_done", b"1")
+        if rank == 0:
+            pstore.wait(["exit_done"], limit)
+        else:
+            # returns (with an error) as soon as the master closes the server
+            pstore.wait(["never"], limit)
+    except (DistError, OSError, ValueError):
+        pass
 
 
 @atexit.register

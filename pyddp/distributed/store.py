@@ -95,6 +95,12 @@ def _check_int(value, argname: str = "value") -> int:
     return operator.index(value)
 
 
+def job_secret() -> Optional[str]:
+    """The job secret that authenticates connections: ``PYDDP_SECRET`` from
+    the environment (read here, in one place), or None when unset or empty."""
+    return os.environ.get("PYDDP_SECRET") or None
+
+
 class Store:
     """Base class of all stores (subclass it to write your own, as in torch).
 
@@ -254,13 +260,13 @@ class TCPStore(_CStore):
             listen_fd = _check_int(master_listen_fd, "master_listen_fd")
             if not is_master:
                 raise ValueError("master_listen_fd is only valid with is_master=True")
-        secret = os.environ.get("PYDDP_SECRET") or None
+        secret = job_secret()
 
         self._use_libuv = bool(use_libuv)
         self._holder = None
-        if is_master and multi_tenant and port != 0:
+        if is_master and multi_tenant:
             with _tenants_lock:
-                ref = _tenants.get(port)
+                ref = _tenants.get(port) if port != 0 else None
                 holder = ref() if ref is not None else None
                 if holder is not None:
                     # Share the running server: this instance is a client.

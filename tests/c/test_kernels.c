@@ -3,6 +3,11 @@
  * integer arithmetic, explicit isnan tests, double-precision rounding for the
  * half casts), edge cases, and exhaustive half-precision casts.
  *
+ * The library may convert float16 with F16C and bfloat16 with an AVX2 build
+ * (cast.c); the portable functions of half.h are also checked directly, in
+ * loops this file's -O3 build vectorises the same way, so both paths are
+ * covered on any machine.
+ *
  * Exit status 0 when every check passes; each failure prints what differed.
  * PD_TEST_QUICK=1 skips the exhaustive 2^32 float32 -> float16 sweep.
  */
@@ -14,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/half.h"
 #include "kernels/kernels.h"
 
 static int failures;
@@ -548,8 +554,9 @@ check_one(pd_dtype dt, pd_redop op, size_t count, size_t misalign,
           enum alias mode)
 {
     size_t es = pd_dtype_size(dt);
-    size_t bytes = (count + 1) * es;
-    /* separate mallocs so ASan catches any out-of-bounds access */
+    /* separate, exactly sized mallocs so ASan catches any access past the
+     * end (misalign shifts the start off the allocator's alignment) */
+    size_t bytes = (count + misalign) * es + (count + misalign == 0);
     char *abuf = malloc(bytes), *bbuf = malloc(bytes), *dbuf = malloc(bytes);
     char *expect = malloc(bytes);
     if (!abuf || !bbuf || !dbuf || !expect) {
@@ -932,6 +939,37 @@ test_avg_finish(void)
 
 /* ---- half-precision casts ---- */
 
+/* The portable conversions as the library's loops use them. */
+static void
+portable_from_f32(pd_dtype dt, uint16_t *restrict dst,
+                  const float *restrict src, size_t n)
+{
+    if (dt == PD_FLOAT16) {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = pd_f32_to_f16(src[i]);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = pd_f32_to_bf16(src[i]);
+        }
+    }
+}
+
+static void
+portable_to_f32(pd_dtype dt, float *restrict dst,
+                const uint16_t *restrict src, size_t n)
+{
+    if (dt == PD_FLOAT16) {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = pd_f16_to_f32(src[i]);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = pd_bf16_to_f32(src[i]);
+        }
+    }
+}
+
 static int
 f16_is_nan(uint16_t h)
 {
@@ -946,8 +984,16 @@ test_f16_exhaustive_roundtrip(void)
     for (uint32_t i = 0; i < 65536; i++) {
         all[i] = (uint16_t)i;
     }
+    static float pwide[65536];
+    static uint16_t pback[65536];
     pd_cast_to_f32(PD_FLOAT16, wide, all, 65536);
     pd_cast_from_f32(PD_FLOAT16, back, wide, 65536);
+    portable_to_f32(PD_FLOAT16, pwide, all, 65536);
+    portable_from_f32(PD_FLOAT16, pback, pwide, 65536);
+    CHECK(memcmp(wide, pwide, sizeof(wide)) == 0,
+          "float16 -> float32: library and portable differ");
+    CHECK(memcmp(back, pback, sizeof(back)) == 0,
+          "float16 round trip: library and portable differ");
     size_t bad_wide = 0, bad_back = 0;
     for (uint32_t i = 0; i < 65536; i++) {
         float want = ref_f16_to_f32((uint16_t)i);
@@ -983,8 +1029,15 @@ test_bf16_exhaustive_roundtrip(void)
     for (uint32_t i = 0; i < 65536; i++) {
         all[i] = (uint16_t)i;
     }
+    static float pwide[65536];
+    static uint16_t pback[65536];
     pd_cast_to_f32(PD_BFLOAT16, wide, all, 65536);
     pd_cast_from_f32(PD_BFLOAT16, back, wide, 65536);
+    portable_to_f32(PD_BFLOAT16, pwide, all, 65536);
+    portable_from_f32(PD_BFLOAT16, pback, pwide, 65536);
+    CHECK(memcmp(wide, pwide, sizeof(wide)) == 0
+              && memcmp(back, pback, sizeof(back)) == 0,
+          "bfloat16: library and portable differ");
     size_t bad = 0;
     for (uint32_t i = 0; i < 65536; i++) {
         int nan = (i & 0x7fffu) > 0x7f80u;
@@ -1039,6 +1092,8 @@ test_cast_known_values(void)
         pd_cast_from_f32(PD_FLOAT16, &out, &in, 1);
         CHECK(out == f16[i].h, "f32 %08x -> f16 %04x, want %04x", f16[i].f,
               out, f16[i].h);
+        CHECK(pd_f32_to_f16(in) == f16[i].h, "portable f16 of %08x",
+              f16[i].f);
         CHECK(ref_f32_to_f16(in) == f16[i].h, "reference f16 of %08x",
               f16[i].f);
     }
@@ -1061,6 +1116,8 @@ test_cast_known_values(void)
         pd_cast_from_f32(PD_BFLOAT16, &out, &in, 1);
         CHECK(out == bf16[i].h, "f32 %08x -> bf16 %04x, want %04x",
               bf16[i].f, out, bf16[i].h);
+        CHECK(pd_f32_to_bf16(in) == bf16[i].h, "portable bf16 of %08x",
+              bf16[i].f);
     }
 }
 
@@ -1071,7 +1128,7 @@ sweep_f32(pd_dtype dt, uint64_t lo, uint64_t hi, uint64_t stride)
 {
     enum { BATCH = 4096 };
     static float in[BATCH];
-    static uint16_t out[BATCH];
+    static uint16_t out[BATCH], port[BATCH];
     size_t bad = 0;
     for (uint64_t base = lo; base < hi; base += (uint64_t)BATCH * stride) {
         size_t m = 0;
@@ -1079,12 +1136,15 @@ sweep_f32(pd_dtype dt, uint64_t lo, uint64_t hi, uint64_t stride)
             in[m++] = u2f((uint32_t)u);
         }
         pd_cast_from_f32(dt, out, in, m);
+        portable_from_f32(dt, port, in, m);
         for (size_t i = 0; i < m; i++) {
             uint16_t want = ref_from_f32(dt, in[i]);
-            if (out[i] != want) {
+            if (out[i] != want || port[i] != want) {
                 if (bad++ < 3) {
-                    fprintf(stderr, "  %s(%08x) = %04x, want %04x\n",
-                            pd_dtype_name(dt), f2u(in[i]), out[i], want);
+                    fprintf(stderr,
+                            "  %s(%08x) = %04x (portable %04x), want %04x\n",
+                            pd_dtype_name(dt), f2u(in[i]), out[i], port[i],
+                            want);
                 }
             }
         }
@@ -1146,28 +1206,33 @@ test_cast_sweeps(int quick)
 
 /* The F16C instruction is an independent oracle: it rounds to nearest even
  * (imm8 = 0, ignoring MXCSR) and quiets NaNs keeping the top payload, i.e.
- * the same convention as ours, so every one of the 2^32 inputs must match. */
+ * the same convention as ours, so for every one of the 2^32 inputs the
+ * instruction, the library and the portable code must agree. */
 __attribute__((target("f16c"))) static size_t
 f16c_sweep(void)
 {
     enum { BATCH = 4096 };
     static float in[BATCH];
-    static uint16_t out[BATCH];
+    static uint16_t out[BATCH], port[BATCH];
     size_t bad = 0;
     for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += BATCH) {
         for (size_t i = 0; i < BATCH; i++) {
             in[i] = u2f((uint32_t)(base + i));
         }
         pd_cast_from_f32(PD_FLOAT16, out, in, BATCH);
+        portable_from_f32(PD_FLOAT16, port, in, BATCH);
         for (size_t i = 0; i < BATCH; i += 4) {
             __m128 v = _mm_loadu_ps(in + i);
             __m128i h = _mm_cvtps_ph(v, 0);
             uint16_t hw[8];
             _mm_storeu_si128((__m128i *)hw, h);
             for (size_t k = 0; k < 4; k++) {
-                if (hw[k] != out[i + k] && bad++ < 3) {
-                    fprintf(stderr, "  F16C(%08x) = %04x, ours %04x\n",
-                            f2u(in[i + k]), hw[k], out[i + k]);
+                if ((hw[k] != out[i + k] || hw[k] != port[i + k])
+                    && bad++ < 3) {
+                    fprintf(stderr,
+                            "  F16C(%08x) = %04x, library %04x, "
+                            "portable %04x\n",
+                            f2u(in[i + k]), hw[k], out[i + k], port[i + k]);
                 }
             }
         }
@@ -1188,7 +1253,31 @@ test_f16c_oracle(int quick)
     CHECK(bad == 0, "float16 vs F16C over all 2^32 inputs: %zu differ", bad);
     printf("  F16C oracle: all 2^32 float32 inputs agree\n");
 }
+/* Casts must not depend on MXCSR: a library built with -ffast-math that
+ * sets flush-to-zero / denormals-are-zero for the whole process must not
+ * change float16 subnormals (the portable code uses a few float operations,
+ * F16C reads MXCSR for nothing but its exceptions). */
+static void
+test_casts_under_ftz_daz(int quick)
+{
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u); /* FTZ | DAZ */
+    test_f16_exhaustive_roundtrip();
+    test_bf16_exhaustive_roundtrip();
+    test_cast_known_values();
+    size_t bad = sweep_f32(PD_FLOAT16, 0x32800000u, 0x39000000u,
+                           quick ? 13 : 1);
+    bad += sweep_f32(PD_FLOAT16, 0xb2800000u, 0xb9000000u, quick ? 13 : 1);
+    _mm_setcsr(csr);
+    CHECK(bad == 0, "float16 subnormal sweep under FTZ/DAZ: %zu wrong", bad);
+}
 #else
+static void
+test_casts_under_ftz_daz(int quick)
+{
+    (void)quick;
+}
+
 static void
 test_f16c_oracle(int quick)
 {
@@ -1214,6 +1303,7 @@ main(void)
     test_bf16_exhaustive_roundtrip();
     test_cast_sweeps(quick);
     test_f16c_oracle(quick);
+    test_casts_under_ftz_daz(quick);
     if (failures) {
         printf("test_kernels: %d of %d checks FAILED\n", failures, checks);
         return 1;

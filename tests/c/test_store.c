@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -552,7 +553,7 @@ test_tcp_server_gone(void)
     snprintf(port_text, sizeof(port_text), "127.0.0.1:%d", port);
     T_MSG_HAS(port_text);
     T_ST(pd_store_set(c, "x", "1", 1), PD_ENETWORK); /* stays broken, fast */
-    T_MSG_HAS("lost earlier");
+    T_MSG_HAS("lost during");
     T_CHECK(pd_now() - t0 < 2.0);
     pd_store_destroy(c);
 
@@ -627,7 +628,7 @@ static void
 test_tcp_create_destroy_cycles(void)
 {
     int fds0 = count_fds(), th0 = count_threads();
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 1000; i++) {
         pd_store *m = NULL;
         pd_status st = tcp_new(0, 1, 1, 5.0, 1, NULL, &m);
         if (st != PD_OK) {
@@ -661,6 +662,96 @@ test_tcp_parked_waiter_client_dies(void)
     pd_store_destroy(m);
 }
 
+typedef struct shared_getter {
+    pd_store *s;
+    int id;
+    pd_status st;
+    char msg[PD_ERRMSG_MAX];
+} shared_getter;
+
+/* Odd threads wait for a key that never comes (and time out), even threads
+ * wait for keys that the main thread sets through the same client. */
+static void *
+shared_get_main(void *arg)
+{
+    shared_getter *g = arg;
+    char key[32];
+    uint8_t *v = NULL;
+    size_t n;
+    snprintf(key, sizeof(key), "%s%d", g->id % 2 ? "never" : "soon", g->id);
+    g->st = pd_store_get_timeout(g->s, key, g->id % 2 ? 0.3 : 10.0, &v, &n);
+    snprintf(g->msg, sizeof(g->msg), "%s", pd_errmsg());
+    free(v);
+    return NULL;
+}
+
+/* One client shared by threads: a blocked get does not hold up others. */
+static void
+test_tcp_shared_client_does_not_serialise(void)
+{
+    enum { N = 12 };
+    pd_store *m = NULL;
+    pthread_t th[N];
+    shared_getter g[N];
+    T_OK(tcp_new(0, -1, 1, 10.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    for (int i = 0; i < N; i++) {
+        g[i] = (shared_getter){.s = m, .id = i};
+        pthread_create(&th[i], NULL, shared_get_main, &g[i]);
+    }
+    sleep_ms(50);
+    double t0 = pd_now();
+    for (int i = 0; i < N; i += 2) {
+        char key[32];
+        snprintf(key, sizeof(key), "soon%d", i);
+        T_OK(pd_store_set(m, key, "x", 1)); /* same client as the waiters */
+    }
+    T_CHECK(pd_now() - t0 < 0.25);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (i % 2) {
+            T_ST(g[i].st, PD_ESTORE);
+            T_CHECK(strstr(g[i].msg, "keys: /never") != NULL);
+        } else {
+            T_ST(g[i].st, PD_OK);
+        }
+    }
+    int64_t nk = -1;
+    T_OK(pd_store_num_keys(m, &nk));
+    T_CHECK(nk == N / 2);
+    pd_store_destroy(m);
+}
+
+/* A child made by fork() that tears down its copy of the master's store
+ * must not stop the parent's server thread. */
+static void
+test_tcp_fork_child_destroy(void)
+{
+    pd_store *m = NULL;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    T_OK(pd_store_set(m, "before", "1", 1));
+    pid_t pid = fork();
+    if (pid == 0) {
+        pd_store_destroy(m);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    T_OK(pd_store_set(m, "after", "2", 1));
+    T_CHECK(get_is(m, "before", "1"));
+    pd_store *c = NULL;
+    T_OK(tcp_new(pd_tcp_store_port(m), -1, 0, 5.0, 0, NULL, &c));
+    T_CHECK(c != NULL && get_is(c, "after", "2"));
+    pd_store_destroy(c);
+    pd_store_destroy(m);
+}
+
 static void
 test_prefix_store(void)
 {
@@ -690,9 +781,11 @@ main(void)
     T_RUN(test_tcp_wait_for_workers_timeout);
     T_RUN(test_tcp_timeout_then_reuse);
     T_RUN(test_tcp_parked_waiter_client_dies);
+    T_RUN(test_tcp_shared_client_does_not_serialise);
     T_RUN(test_tcp_server_gone);
     T_RUN(test_tcp_port_in_use);
     T_RUN(test_tcp_auth);
+    T_RUN(test_tcp_fork_child_destroy);
     T_RUN(test_tcp_create_destroy_cycles);
     return pd_test_result();
 }

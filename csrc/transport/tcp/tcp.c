@@ -539,11 +539,18 @@ describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
     if (rooted) {
         snprintf(rootbuf, sizeof(rootbuf), ", root=%d", h->root);
     }
-    snprintf(buf, len, "%s(dtype=%s, count=%llu%s%s) [sequence number %llu%s]",
+    /* all_to_all's per-rank sizes may differ legitimately: show bytes */
+    char countbuf[48];
+    if (kind == 8) {
+        snprintf(countbuf, sizeof(countbuf), "%zu bytes to this pair", nbytes);
+    }
+    else {
+        snprintf(countbuf, sizeof(countbuf), "count=%llu",
+                 (unsigned long long)h->count);
+    }
+    snprintf(buf, len, "%s(dtype=%s, %s%s%s) [sequence number %llu]",
              kind_name_of(h->kind), pd_dtype_name((pd_dtype)h->dtype),
-             (unsigned long long)h->count, rootbuf, opbuf,
-             (unsigned long long)h->seq,
-             h->nbytes != nbytes ? ", message sizes differ" : "");
+             countbuf, rootbuf, opbuf, (unsigned long long)h->seq);
 }
 
 /* The collective kinds' names live in the group; the transport only needs
