@@ -49,7 +49,17 @@ pd_coll_wait(pd_coll *c, pd_req *reqs, size_t n)
         if (i == n) {
             return PD_OK;
         }
-        PD_CHECK(pd_group_progress_until(c->g, c->deadline));
+        pd_status st = pd_group_progress_until(c->g, c->deadline);
+        if (st == PD_ETIMEOUT) {
+            return pd_error(st,
+                            "rank %d: %s (sequence number %llu) timed out "
+                            "waiting for rank %d",
+                            c->rank, c->op->name,
+                            (unsigned long long)c->base.seq, reqs[i].peer);
+        }
+        if (st != PD_OK) {
+            return st;
+        }
     }
 }
 

@@ -17,6 +17,9 @@ pd_monitored_barrier_star(pd_coll *c, double timeout_s, int wait_all)
     }
     c->deadline = pd_now() + timeout_s;
     if (r != 0) {
+        /* Give rank 0 time to report which ranks are missing: its message
+         * names them, ours could only say that rank 0 did not answer. */
+        c->deadline += timeout_s < 2.0 ? timeout_s : 2.0;
         PD_CHECK_GOTO(pd_coll_send(c, &reqs[0], 0, 0, NULL, 0), st, exit);
         PD_CHECK_GOTO(pd_coll_recv(c, &reqs[1], 0, 1, NULL, 0), st, exit);
         st = pd_coll_wait(c, reqs, 2);

@@ -99,6 +99,11 @@ Work_wait(WorkObject *self, PyObject *args, PyObject *kwds)
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
     }
     Py_END_ALLOW_THREADS
+    if (pd_work_done(self->w)) {
+        /* The core is done with the arrays: let them go now, not when this
+         * handle dies (the group keeps handles of async work for a while). */
+        work_release_views(self);
+    }
     if (st != PD_OK) {
         return pd_py_set_error(pd_state_from_type(Py_TYPE(self)), st, msg);
     }
@@ -108,7 +113,11 @@ Work_wait(WorkObject *self, PyObject *args, PyObject *kwds)
 static PyObject *
 Work_is_completed(WorkObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(pd_work_done(self->w));
+    int done = pd_work_done(self->w);
+    if (done) {
+        work_release_views(self);
+    }
+    return PyBool_FromLong(done);
 }
 
 static PyObject *

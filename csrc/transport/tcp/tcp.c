@@ -97,6 +97,12 @@ typedef struct tcp_transport {
     pd_req *any_head, *any_tail;
     uint64_t coll_seq;
     pd_hdr coll_id;
+    /* An abort for a collective this rank has not reached yet: it may still
+     * finish the one it is in (all its data was sent), and fails on reaching
+     * that sequence number. */
+    uint64_t abort_seq;
+    pd_status abort_st;
+    char abort_msg[PD_ERRMSG_MAX];
     uint64_t completed; /* sends completed: progress() must not then sleep */
     pd_status err;
     char errmsg[PD_ERRMSG_MAX];
@@ -419,7 +425,15 @@ handle_ctrl(tcp_transport *t, int p, const ctrl_msg *m, const char *text)
     tcp_peer *pe = &t->peers[p];
     switch (m->type) {
     case CTRL_ABORT:
-        if (t->err == PD_OK) {
+        if (t->err == PD_OK && m->seq > t->coll_seq) {
+            if (t->abort_seq == 0 || m->seq < t->abort_seq) {
+                t->abort_seq = m->seq;
+                t->abort_st = (pd_status)m->status;
+                snprintf(t->abort_msg, sizeof(t->abort_msg), "%.*s",
+                         (int)m->len, text);
+            }
+        }
+        else if (t->err == PD_OK) {
             char msg[PD_ERRMSG_MAX];
             snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
             if (t->ev.on_abort != NULL) {
@@ -751,6 +765,14 @@ tcp_post_recv(pd_transport *base, pd_req *r)
     return PD_OK;
 }
 
+/* Does something posted need this very peer (not just any peer)? */
+static int
+needs_peer(const tcp_peer *pe)
+{
+    return pe->ih_off > 0 || pe->ireq != NULL || pe->iux != NULL ||
+           pe->rq_head != NULL;
+}
+
 static int
 wants_read(tcp_transport *t, tcp_peer *pe)
 {
@@ -872,7 +894,8 @@ do_read(tcp_transport *t, int p)
         if (want && n == 0) {
             pe->data_eof = 1;
             peer_gone(t, p);
-            if (wants_read(t, pe)) {
+            /* A receive from any rank may still be satisfied by another. */
+            if (needs_peer(pe)) {
                 return fail(t, PD_ENETWORK,
                             "rank %d: connection to rank %d closed while "
                             "waiting for its data (rank %d exited or "
@@ -1110,7 +1133,7 @@ tcp_abort_peers(pd_transport *base, int status, const char *msg)
     tcp_transport *t = (tcp_transport *)base;
     for (int p = 0; p < base->size; p++) {
         if (p != base->rank) {
-            send_ctrl(t, p, CTRL_ABORT, (uint32_t)status, 0, msg);
+            send_ctrl(t, p, CTRL_ABORT, (uint32_t)status, t->coll_seq, msg);
         }
     }
 }
@@ -1178,6 +1201,9 @@ tcp_set_coll(pd_transport *base, const pd_hdr *id)
     tcp_transport *t = (tcp_transport *)base;
     t->coll_seq = id->seq;
     t->coll_id = *id;
+    if (t->abort_seq != 0 && id->seq >= t->abort_seq) {
+        fail(t, t->abort_st, "%s", t->abort_msg);
+    }
 }
 
 static const pd_transport_ops tcp_ops = {
