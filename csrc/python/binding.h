@@ -12,6 +12,20 @@
 
 #include "../util/status.h"
 
+/* Python 3.9 lacks PyModule_AddObjectRef (3.10+). */
+#if PY_VERSION_HEX < 0x030A0000
+static inline int
+PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *value)
+{
+    Py_XINCREF(value);
+    int rc = PyModule_AddObject(m, name, value);
+    if (rc < 0) {
+        Py_XDECREF(value);
+    }
+    return rc;
+}
+#endif
+
 typedef struct pd_module_state {
     PyObject *DistError;         /* RuntimeError subclass */
     PyObject *DistBackendError;  /* DistError subclass */
