@@ -21,7 +21,7 @@ pd_allreduce_ring(pd_coll *c, char *buf, size_t count)
         seg[p] = buf + off[p] * c->esz;
         len[p] = (off[p + 1] - off[p]) * c->esz;
     }
-    PD_CHECK_GOTO(pd_ring_reduce_scatter(c, seg, len, 0, 0), st, exit);
+    PD_CHECK_GOTO(pd_ring_reduce_scatter(c, seg, len, 0, 0, NULL, NULL), st, exit);
     st = pd_ring_allgather(c, seg, len, 0, n);
 exit:
     free(off);

@@ -74,9 +74,12 @@ pd_status pd_monitored_barrier_star(pd_coll *c, double timeout_s,
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.
  * reduce_scatter: afterwards rank r holds the reduction of logical segment
- * r+1 (avg: divided by size).  allgather: rank r starts with logical r+1. */
+ * r+1 (avg: divided by size): in place in seg[] when in is NULL, else the
+ * read-only input segments in[] are reduced and the result lands in final
+ * (seg unused).  allgather: rank r starts with logical r+1. */
 pd_status pd_ring_reduce_scatter(pd_coll *c, char **seg, const size_t *seglen,
-                                 int rot, int step0);
+                                 int rot, int step0, char *const *in,
+                                 char *final);
 pd_status pd_ring_allgather(pd_coll *c, char **seg, const size_t *seglen,
                             int rot, int step0);
 
