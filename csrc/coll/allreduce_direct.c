@@ -1,45 +1,22 @@
 /* Allreduce for small messages: every rank sends its whole buffer to every
- * other rank (one round of latency), then reduces all contributions in rank
- * order, so every rank computes bit-identical results. */
+ * other rank (one round of latency) and reduces all contributions in rank
+ * order, so every rank computes bit-identical results.  That is exactly a
+ * direct reduce-scatter whose every input block is the whole buffer. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll.h"
 
 pd_status
 pd_allreduce_direct(pd_coll *c, char *buf, size_t count)
 {
-    int n = c->size, r = c->rank;
-    size_t bytes = count * c->esz;
-    pd_status st = PD_OK;
-    char *tmp = malloc(bytes * (size_t)n + 1);
-    char **blocks = malloc(sizeof(char *) * (size_t)n);
-    pd_req *reqs = calloc(2 * (size_t)n, sizeof(pd_req));
-    size_t nr = 0;
-    if (tmp == NULL || blocks == NULL || reqs == NULL) {
-        st = pd_error(PD_ENOMEM, "all_reduce: out of memory");
-        goto exit;
+    char **blocks = malloc(sizeof(char *) * (size_t)c->size);
+    if (blocks == NULL) {
+        return pd_error(PD_ENOMEM, "all_reduce: out of memory");
     }
-    for (int p = 0; p < n; p++) {
-        blocks[p] = tmp + bytes * (size_t)p;
+    for (int p = 0; p < c->size; p++) {
+        blocks[p] = buf;
     }
-    memcpy(tmp + bytes * (size_t)r, buf, bytes);
-    for (int k = 1; k < n; k++) {
-        int p = (r + k) % n;
-        PD_CHECK_GOTO(pd_coll_recv(c, &reqs[nr++], p, 0, blocks[p], bytes), st,
-                      exit);
-    }
-    for (int k = 1; k < n; k++) {
-        int p = (r + k) % n;
-        PD_CHECK_GOTO(pd_coll_send(c, &reqs[nr++], p, 0, blocks[r], bytes), st,
-                      exit);
-    }
-    PD_CHECK_GOTO(pd_coll_wait(c, reqs, nr), st, exit);
-    pd_coll_reduce_blocks(c, buf, blocks, count);
-    pd_coll_finish(c, buf, count);
-exit:
-    free(tmp);
+    pd_status st = pd_reduce_scatter_direct(c, blocks, buf, count);
     free(blocks);
-    free(reqs);
     return st;
 }

@@ -659,6 +659,21 @@ def _list_arg(lst, name):
     return lst
 
 
+def _rank_arrays(lst, name, n, ref, ref_code, ref_name, writable):
+    """Views of a list with one array per rank, each like `ref` (dtype, element count)."""
+    _list_arg(lst, name)
+    if len(lst) != n:
+        raise ValueError(f"{name} must have one array per rank ({n}), got {len(lst)}")
+    out = []
+    for i, t in enumerate(lst):
+        a, code = as_array(t, f"{name}[{i}]", writable=writable)
+        _check_same(a, code, ref, ref_code, f"{name}[{i}]", ref_name)
+        if a.size != ref.size:
+            raise ValueError(f"{name}[{i}] has {a.size} elements but {ref_name} has {ref.size}")
+        out.append(a)
+    return tuple(out)
+
+
 # ------------------------------------------------------------------------------ collectives
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -701,18 +716,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if pg is None:
         return None
     a, code = as_array(tensor, "tensor")
-    _list_arg(tensor_list, "tensor_list")
-    if len(tensor_list) != pg.size():
-        raise ValueError(f"tensor_list must have one array per rank ({pg.size()}), "
-                         f"got {len(tensor_list)}")
-    outs = []
-    for i, t in enumerate(tensor_list):
-        o, oc = as_array(t, f"tensor_list[{i}]", writable=True)
-        _check_same(o, oc, a, code, f"tensor_list[{i}]", "tensor")
-        if o.size != a.size:
-            raise ValueError(f"tensor_list[{i}] has {o.size} elements but tensor has {a.size}")
-        outs.append(o)
-    return _ret(pg._submit(_C.K_ALLGATHER, code, 0, 0, 0, a.size, (a,), tuple(outs),
+    outs = _rank_arrays(tensor_list, "tensor_list", pg.size(), a, code, "tensor", True)
+    return _ret(pg._submit(_C.K_ALLGATHER, code, 0, 0, 0, a.size, (a,), outs,
                            name="all_gather", result=tensor_list, async_op=async_op), async_op)
 
 
@@ -745,18 +750,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     if pg.rank() == root:
         if gather_list is None:
             raise ValueError("gather_list must be given on the destination rank")
-        _list_arg(gather_list, "gather_list")
-        if len(gather_list) != pg.size():
-            raise ValueError(f"gather_list must have one array per rank ({pg.size()}), "
-                             f"got {len(gather_list)}")
-        lst = []
-        for i, t in enumerate(gather_list):
-            o, oc = as_array(t, f"gather_list[{i}]", writable=True)
-            _check_same(o, oc, a, code, f"gather_list[{i}]", "tensor")
-            if o.size != a.size:
-                raise ValueError(f"gather_list[{i}] has {o.size} elements but tensor has {a.size}")
-            lst.append(o)
-        outs = tuple(lst)
+        outs = _rank_arrays(gather_list, "gather_list", pg.size(), a, code, "tensor", True)
     elif gather_list:
         raise ValueError("gather_list must be None or empty on non-destination ranks")
     return _ret(pg._submit(_C.K_GATHER, code, 0, root, 0, a.size, (a,), outs,
@@ -773,18 +767,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     if pg.rank() == root:
         if scatter_list is None:
             raise ValueError("scatter_list must be given on the source rank")
-        _list_arg(scatter_list, "scatter_list")
-        if len(scatter_list) != pg.size():
-            raise ValueError(f"scatter_list must have one array per rank ({pg.size()}), "
-                             f"got {len(scatter_list)}")
-        lst = []
-        for i, t in enumerate(scatter_list):
-            a, ac = as_array(t, f"scatter_list[{i}]")
-            _check_same(a, ac, o, code, f"scatter_list[{i}]", "tensor")
-            if a.size != o.size:
-                raise ValueError(f"scatter_list[{i}] has {a.size} elements but tensor has {o.size}")
-            lst.append(a)
-        ins = tuple(lst)
+        ins = _rank_arrays(scatter_list, "scatter_list", pg.size(), o, code, "tensor", False)
     elif scatter_list:
         raise ValueError("scatter_list must be None or empty on non-source ranks")
     return _ret(pg._submit(_C.K_SCATTER, code, 0, root, 0, o.size, ins, (o,),
@@ -797,18 +780,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         return None
     op = _op_of(op)
     o, code = as_array(output, "output", writable=True)
-    _list_arg(input_list, "input_list")
-    if len(input_list) != pg.size():
-        raise ValueError(f"input_list must have one array per rank ({pg.size()}), "
-                         f"got {len(input_list)}")
-    ins = []
-    for i, t in enumerate(input_list):
-        a, ac = as_array(t, f"input_list[{i}]")
-        _check_same(a, ac, o, code, f"input_list[{i}]", "output")
-        if a.size != o.size:
-            raise ValueError(f"input_list[{i}] has {a.size} elements but output has {o.size}")
-        ins.append(a)
-    return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, tuple(ins), (o,),
+    ins = _rank_arrays(input_list, "input_list", pg.size(), o, code, "output", False)
+    return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, ins, (o,),
                            name="reduce_scatter", result=output, async_op=async_op), async_op)
 
 
