@@ -35,6 +35,8 @@
 #define HELLO_MAGIC 0x50444448u /* "PDDH" */
 #define CTRL_MAGIC 0x50444443u  /* "PDDC" */
 #define CTRL_MAX 1024
+/* Largest receive low-water mark: well under the 4 MiB socket buffer. */
+#define PD_TCP_LOWAT_MAX (256 << 10)
 
 enum { CH_DATA = 0, CH_CTRL = 1 };
 enum { CTRL_ABORT = 1, CTRL_QUERY = 2, CTRL_REPLY = 3, CTRL_BYE = 4 };
@@ -85,6 +87,7 @@ typedef struct tcp_peer {
     int gone; /* handled: either left (bye) or fatal */
     uint64_t reply_seq;
     int replied;
+    int lowat; /* SO_RCVLOWAT in force (0: the default, 1) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -873,6 +876,22 @@ frame_done(tcp_transport *t, int p)
     pe->ioff = 0;
 }
 
+/* Wake up for a large payload only when a good part of it has arrived, not
+ * for every segment: each wakeup costs more than copying 64 KiB. */
+static void
+set_lowat(tcp_peer *pe, size_t want)
+{
+    int v = want > PD_TCP_LOWAT_MAX ? PD_TCP_LOWAT_MAX : (int)want;
+    if (v < 1) {
+        v = 1;
+    }
+    if (v != pe->lowat) {
+        if (setsockopt(pe->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0) {
+            pe->lowat = v;
+        }
+    }
+}
+
 /* Read as much as is useful from peer p's data socket. */
 static pd_status
 do_read(tcp_transport *t, int p)
@@ -909,6 +928,7 @@ do_read(tcp_transport *t, int p)
                 continue;
             }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                set_lowat(pe, pe->ih_off < sizeof(pd_hdr) ? 1 : want);
                 return PD_OK;
             }
             pe->data_eof = 1;
