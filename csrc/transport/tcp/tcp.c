@@ -928,7 +928,6 @@ do_read(tcp_transport *t, int p)
                 continue;
             }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                set_lowat(pe, pe->ih_off < sizeof(pd_hdr) ? 1 : want);
                 return PD_OK;
             }
             pe->data_eof = 1;
@@ -1070,6 +1069,11 @@ tcp_progress(pd_transport *base, int timeout_ms)
             }
             if (wants_read(t, pe)) {
                 ev |= POLLIN;
+                /* Mid-payload: wake when a good part of the rest is here;
+                 * otherwise for any byte (a header may be all that comes). */
+                int payload = pe->ih_off == sizeof(pd_hdr) &&
+                              (pe->ireq != NULL || pe->iux != NULL);
+                set_lowat(pe, payload ? pe->ih.nbytes - pe->ioff : 1);
             }
             if (ev) {
                 t->pfds[n] = (struct pollfd){pe->fd, ev, 0};
