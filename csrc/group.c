@@ -24,6 +24,7 @@
 #include "coll/coll.h"
 #include "group_internal.h"
 #include "transport/tcp/tcp.h"
+#include "util/log.h"
 
 /* How long a waiter polls before sleeping on its condition variable, when
  * the host has a core for every rank on it (oversubscribed: never). */
@@ -178,6 +179,8 @@ set_fatal(pd_group *g, pd_status st, const char *msg)
     if (g->err != PD_OK) {
         return;
     }
+    PD_LOG(PD_LOG_WARN, "group", "rank %d: group failed (%s): %s", g->rank,
+           pd_status_name(st), msg);
     g->err = st;
     snprintf(g->errmsg, sizeof(g->errmsg), "%s", msg);
     g->t->ops->fail(g->t, st, g->errmsg);
@@ -536,7 +539,14 @@ run_work(pd_group *g, pd_work *w)
     g->t->ops->set_coll(g->t, &c.base);
     c.rdt = pd_dtype_accum(op->dtype);
     c.esz = pd_dtype_size(c.rdt);
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu start (dtype %s, count %zu)",
+           g->rank, op->name, (unsigned long long)seq,
+           pd_dtype_name(op->dtype), op->count);
+    double t0 = pd_now();
     pd_status st = run_coll(&c, op);
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu %s after %.1f us", g->rank,
+           op->name, (unsigned long long)seq, st == PD_OK ? "done" : "failed",
+           (pd_now() - t0) * 1e6);
     if (st != PD_OK) {
         if (st == PD_ETIMEOUT && op->kind != PD_K_MONITORED_BARRIER &&
             g->err == PD_OK) {
@@ -677,6 +687,9 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     g->spin_s = (ncpu > 0 && local <= ncpu) ? PD_WAIT_SPIN_S : 0.0;
+    PD_LOG(PD_LOG_INFO, "group",
+           "rank %d of %d connected (%d ranks on this host, waiters %s)",
+           g->rank, g->size, local, g->spin_s > 0 ? "spin" : "sleep");
     int rc = pthread_create(&g->thr, NULL, progress_main, g);
     if (rc != 0) {
         return pd_error(PD_ESYS, "pthread_create: %s", strerror(rc));
@@ -724,6 +737,7 @@ pd_group_destroy(pd_group *g)
     if (g == NULL) {
         return;
     }
+    PD_LOG(PD_LOG_INFO, "group", "rank %d: destroying the group", g->rank);
     atomic_store(&g->stopping, 1);
     if (g->thr_started) {
         g->t->ops->wake(g->t);

@@ -30,6 +30,7 @@
 
 #include "../../kernels/kernels.h"
 #include "../../util/auth.h"
+#include "../../util/log.h"
 #include "../../util/net.h"
 
 #define HELLO_MAGIC 0x50444448u /* "PDDH" */
@@ -375,6 +376,8 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
     }
     close(t->lfd);
     t->lfd = -1;
+    PD_LOG(PD_LOG_INFO, "tcp", "rank %d: mesh of %d ranks connected", rank,
+           size);
     return PD_OK;
 fail_acc:
     {
@@ -428,6 +431,8 @@ handle_ctrl(tcp_transport *t, int p, const ctrl_msg *m, const char *text)
     tcp_peer *pe = &t->peers[p];
     switch (m->type) {
     case CTRL_ABORT:
+        PD_LOG(PD_LOG_WARN, "tcp", "rank %d: abort from rank %d for #%llu: %.*s",
+               t->base.rank, p, (unsigned long long)m->seq, (int)m->len, text);
         if (t->err == PD_OK && m->seq > t->coll_seq) {
             if (t->abort_seq == 0 || m->seq < t->abort_seq) {
                 t->abort_seq = m->seq;
@@ -529,6 +534,8 @@ peer_gone(tcp_transport *t, int p)
         }
     }
     pe->gone = 1;
+    PD_LOG(PD_LOG_INFO, "tcp", "rank %d: rank %d %s", t->base.rank, p,
+           pe->bye ? "left the group" : "vanished without a goodbye");
     if (!pe->bye) {
         fail(t, PD_ENETWORK,
              "rank %d lost its connection to rank %d: rank %d died, was "
