@@ -10,7 +10,7 @@
 
 /* Frames of one chunk: big enough to amortise per-frame costs, small enough
  * to overlap the reduction of one chunk with the transfer of the next. */
-#define PD_CHUNK_BYTES (256u << 10)
+#define PD_CHUNK_BYTES (1u << 20)
 
 /* Chunk buffers a ring step receives into at once (cache-resident). */
 #define PD_RING_WINDOW 4
