@@ -12,9 +12,8 @@ pd_broadcast_chain(pd_coll *c, char *buf, size_t len)
     int v = (r - root + n) % n;
     int next = (r + 1) % n, prev = (r + n - 1) % n;
     /* Chunks let a middle rank forward while it receives, at a cost per
-     * frame: eight chunks keep the chain's fill time small; with two ranks
-     * nobody forwards, so one frame does. */
-    size_t chunk = n == 2 ? len : len / 8;
+     * frame: about eight chunks keep the chain's fill time small. */
+    size_t chunk = n == 2 ? PD_CHUNK_BYTES : len / 8;
     if (chunk < PD_CHUNK_BYTES) {
         chunk = PD_CHUNK_BYTES;
     }
