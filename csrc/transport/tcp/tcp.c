@@ -1057,6 +1057,12 @@ tcp_progress(pd_transport *base, int timeout_ms)
     if (t->completed != before) {
         timeout_ms = 0;
     }
+    int sending = 0;
+    for (int p = 0; p < base->size; p++) {
+        if (p != base->rank && t->peers[p].sq_head != NULL) {
+            sending = 1;
+        }
+    }
     t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
     t->pfd_peer[n] = -1;
     t->pfd_chan[n] = -1;
@@ -1076,11 +1082,15 @@ tcp_progress(pd_transport *base, int timeout_ms)
             }
             if (wants_read(t, pe)) {
                 ev |= POLLIN;
-                /* Mid-payload: wake when a good part of the rest is here;
-                 * otherwise for any byte (a header may be all that comes). */
+                /* Mid-payload while this rank is also sending (a ring step):
+                 * wake when a good part of the rest is here, and spend the
+                 * time in between on the sends.  A rank that only receives
+                 * reads every segment at once: that keeps the sender's
+                 * window open.  A header may be all that comes: any byte. */
                 int payload = pe->ih_off == sizeof(pd_hdr) &&
                               (pe->ireq != NULL || pe->iux != NULL);
-                set_lowat(pe, payload ? pe->ih.nbytes - pe->ioff : 1);
+                set_lowat(pe, payload && sending ? pe->ih.nbytes - pe->ioff
+                                                 : 1);
             }
             if (ev) {
                 t->pfds[n] = (struct pollfd){pe->fd, ev, 0};
