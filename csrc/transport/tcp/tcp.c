@@ -957,6 +957,11 @@ do_read(tcp_transport *t, int p)
                 frame_done(t, p);
             }
         }
+        /* A short read drained the socket: skip the recv that would only
+         * say EAGAIN, and let poll report the next arrival. */
+        if ((size_t)n < want) {
+            return PD_OK;
+        }
     }
     return PD_OK;
 }
@@ -1001,7 +1006,14 @@ do_write(tcp_transport *t, int p)
             return fail(t, PD_ENETWORK, "rank %d: sending to rank %d: %s",
                         t->base.rank, p, strerror(e));
         }
+        size_t asked = 0;
+        for (int i = 0; i < niov; i++) {
+            asked += iov[i].iov_len;
+        }
         r->off += (size_t)n;
+        if ((size_t)n < asked) {
+            return PD_OK; /* the socket buffer is full: wait for POLLOUT */
+        }
         if (r->off == hl + r->len) {
             pe->sq_head = r->next;
             if (pe->sq_head == NULL) {
