@@ -25,6 +25,7 @@
 #include "group_internal.h"
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
+#include "util/sync.h"
 
 /* How long a waiter polls before sleeping on its condition variable, when
  * the host has a core for every rank on it (oversubscribed: never). */
@@ -140,17 +141,9 @@ pd_work_wait(pd_work *w, double timeout_s)
         }
     }
     else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double end = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + timeout_s;
-        ts.tv_sec = (time_t)end;
-        ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        double deadline = pd_now() + timeout_s;
         while (!w->done) {
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0) {
+            if (pd_cond_wait_until(&w->cv, &w->mu, deadline)) {
                 break;
             }
         }
@@ -716,7 +709,12 @@ pd_group_submit(pd_group *g, const pd_op *op, pd_work **out)
     w->src = -1;
     w->spin_s = g->spin_s;
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pd_status cst = pd_cond_init_monotonic(&w->cv, op->name);
+    if (cst != PD_OK) {
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return cst;
+    }
     pthread_mutex_lock(&g->mu);
     if (g->qt) {
         g->qt->next = w;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../util/sync.h"
 #include "kvmap.h"
 #include "store.h"
 
@@ -31,23 +32,7 @@ hs_of(pd_store *s)
 static int
 hs_sleep(hash_store *h, double deadline)
 {
-    if (deadline <= 0) {
-        pthread_cond_wait(&h->cv, &h->mu);
-        return 0;
-    }
-    double now = pd_now();
-    if (now >= deadline) {
-        return 1;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double left = deadline - now;
-    time_t sec = (time_t)left;
-    long nsec = ts.tv_nsec + (long)((left - (double)sec) * 1e9);
-    ts.tv_sec += sec + nsec / 1000000000L;
-    ts.tv_nsec = nsec % 1000000000L;
-    int r = pthread_cond_timedwait(&h->cv, &h->mu, &ts);
-    return r == ETIMEDOUT && pd_now() >= deadline;
+    return pd_cond_wait_until(&h->cv, &h->mu, deadline);
 }
 
 static pd_status
@@ -225,7 +210,6 @@ pd_status
 pd_hash_store_new(double timeout, pd_store **out)
 {
     pd_status st = PD_OK;
-    pthread_condattr_t ca;
     hash_store *h = calloc(1, sizeof(*h));
     *out = NULL;
     if (h == NULL) {
@@ -238,17 +222,7 @@ pd_hash_store_new(double timeout, pd_store **out)
         goto fail;
     }
     h->mu_init = 1;
-    if (pthread_condattr_init(&ca) != 0) {
-        st = pd_error(PD_ESYS, "HashStore: pthread_condattr_init failed");
-        goto fail;
-    }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int r = pthread_cond_init(&h->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (r != 0) {
-        st = pd_error(PD_ESYS, "HashStore: pthread_cond_init failed");
-        goto fail;
-    }
+    PD_CHECK_GOTO(pd_cond_init_monotonic(&h->cv, "HashStore"), st, fail);
     h->cv_init = 1;
     PD_CHECK_GOTO(pd_kvmap_init(&h->map), st, fail);
     *out = &h->base;

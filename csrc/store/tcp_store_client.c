@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../util/sync.h"
 #include "../util/auth.h"
 #include "../util/net.h"
 #include "kvmap.h"
@@ -228,23 +229,7 @@ ts_unregister(tcp_store *t, ts_slot *slot)
 static int
 ts_sleep(tcp_store *t, double deadline)
 {
-    if (deadline <= 0) {
-        pthread_cond_wait(&t->cv, &t->mu);
-        return 0;
-    }
-    double now = pd_now();
-    if (now >= deadline) {
-        return 1;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double left = deadline - now;
-    time_t sec = (time_t)left;
-    long nsec = ts.tv_nsec + (long)((left - (double)sec) * 1e9);
-    ts.tv_sec += sec + nsec / 1000000000L;
-    ts.tv_nsec = nsec % 1000000000L;
-    pthread_cond_timedwait(&t->cv, &t->mu, &ts);
-    return pd_now() >= deadline;
+    return pd_cond_wait_until(&t->cv, &t->mu, deadline);
 }
 
 static pd_status
@@ -733,18 +718,7 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
         goto fail;
     }
     t->send_mu_init = 1;
-    pthread_condattr_t ca;
-    if (pthread_condattr_init(&ca) != 0) {
-        st = pd_error(PD_ESYS, "TCPStore: pthread_condattr_init failed");
-        goto fail;
-    }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int cr = pthread_cond_init(&t->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (cr != 0) {
-        st = pd_error(PD_ESYS, "TCPStore: pthread_cond_init failed");
-        goto fail;
-    }
+    PD_CHECK_GOTO(pd_cond_init_monotonic(&t->cv, "TCPStore"), st, fail);
     t->cv_init = 1;
     t->port = o->port;
 
