@@ -93,12 +93,35 @@ Work_wait(WorkObject *self, PyObject *args, PyObject *kwds)
     }
     pd_status st;
     char msg[PD_ERRMSG_MAX];
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_work_wait(self->w, t);
-    if (st != PD_OK) {
-        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+    /* Wait in slices so Ctrl-C (a notebook's interrupt) is seen while a
+     * collective waits for other ranks; the operation itself goes on (the
+     * group keeps its handle and arrays) and fails or ends on its own. */
+    double deadline = t < 0 ? -1.0 : pd_now() + t;
+    for (;;) {
+        double slice = 0.1;
+        if (deadline >= 0) {
+            double left = deadline - pd_now();
+            slice = left < slice ? (left > 0 ? left : 0) : slice;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        st = pd_work_wait(self->w, slice);
+        if (st != PD_OK) {
+            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        }
+        Py_END_ALLOW_THREADS
+        if (pd_work_done(self->w) ||
+            (deadline >= 0 && pd_now() >= deadline)) {
+            break;
+        }
+        if (PyErr_CheckSignals() < 0) {
+            return NULL;
+        }
     }
-    Py_END_ALLOW_THREADS
+    if (!pd_work_done(self->w) && st == PD_ETIMEOUT) {
+        snprintf(msg, sizeof(msg),
+                 "Work.wait(timeout=%.3g s) timed out: the operation is still "
+                 "running", t);
+    }
     if (pd_work_done(self->w)) {
         /* The core is done with the arrays: let them go now, not when this
          * handle dies (the group keeps handles of async work for a while). */

@@ -111,14 +111,15 @@ class ProcessGroup:
         cw = self._cpg.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
                               in_splits, out_splits, float(timeout), bool(wait_all), name)
         work = Work(cw, result, self if source else None)
-        if async_op:
-            with self._lock:
-                pend = self._pending
-                while pend and pend[0].is_completed():
-                    pend.popleft()
-                pend.append(cw)
-            return work
-        work.wait()
+        # The group holds every handle until it completes, so arrays stay alive even when
+        # the caller drops an async handle or a blocking wait is interrupted (Ctrl-C).
+        with self._lock:
+            pend = self._pending
+            while pend and pend[0].is_completed():
+                pend.popleft()
+            pend.append(cw)
+        if not async_op:
+            work.wait()
         return work
 
     def _destroy(self):

@@ -1,0 +1,61 @@
+"""Ctrl-C (SIGINT) interrupts a blocking collective that waits for a rank that never comes,
+as it must in a terminal or a Jupyter notebook; the group and its arrays stay consistent."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = r"""
+import os, sys, time
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+import numpy as np
+import pyddp.distributed as dist
+dist.init_process_group("cpu")
+if dist.get_rank() == 1:
+    time.sleep(60)          # never joins the collective; killed by the test
+    sys.exit(0)
+print("ready", flush=True)
+x = np.ones(10)
+t = time.time()
+try:
+    dist.all_reduce(x)
+    print("no interrupt", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.time() - t:.2f}", flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_interrupts_a_blocking_collective():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYDDP_ROOT=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while "ready" not in line and time.time() < deadline:
+            line = procs[0].stdout.readline()
+            if not line and procs[0].poll() is not None:
+                break
+        assert "ready" in line, f"rank 0 did not start: {line!r}"
+        time.sleep(0.5)
+        procs[0].send_signal(signal.SIGINT)
+        out, _ = procs[0].communicate(timeout=20)
+        assert "interrupted after" in out, out
+        assert procs[0].returncode == 0, out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=20)
