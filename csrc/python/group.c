@@ -117,7 +117,16 @@ Work_wait(WorkObject *self, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    if (!pd_work_done(self->w) && st == PD_ETIMEOUT) {
+    if (pd_work_done(self->w)) {
+        /* A slice may have timed out just before the work finished: the
+         * work's own status is the answer. */
+        st = pd_work_wait(self->w, 0);
+        if (st != PD_OK) {
+            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        }
+    }
+    else {
+        st = PD_ETIMEOUT;
         snprintf(msg, sizeof(msg),
                  "Work.wait(timeout=%.3g s) timed out: the operation is still "
                  "running", t);
