@@ -659,6 +659,10 @@ def _cycles_child(rank, ws, mode, cycles, side_port):
             "shm_new": sorted(f for f in shm_after - shm_before if not f.startswith("sem.mp-")), "cycles": cycles}
 
 
+def _under_asan():
+    return "asan" in os.environ.get("LD_PRELOAD", "") or "ASAN_OPTIONS" in os.environ
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ws,mode,cycles", [(1, "env", 1000), (2, "store", 1000), (2, "env", 1000)])
 def test_init_destroy_cycles_leak_no_fds_threads_memory_or_shm(ws, mode, cycles):
@@ -671,7 +675,9 @@ def test_init_destroy_cycles_leak_no_fds_threads_memory_or_shm(ws, mode, cycles)
             problems.append(f"rank {rank}: open fds {f0} -> {f1} over {cycles} cycles")
         if t1 > t0:
             problems.append(f"rank {rank}: threads {t0} -> {t1} over {cycles} cycles")
-        if m1 - m0 > 16 << 20:
+        # Under AddressSanitizer freed memory sits in ASan's quarantine (256 MiB by
+        # default), so RSS grows without any leak: there only fds, threads and shm count.
+        if m1 - m0 > 16 << 20 and not _under_asan():
             problems.append(f"rank {rank}: RSS grew {(m1 - m0) / 2**20:.1f} MiB over {cycles} cycles")
         if r["shm_new"]:
             problems.append(f"rank {rank}: left files in /dev/shm: {r['shm_new'][:5]}")
