@@ -420,46 +420,16 @@ out:
     return st;
 }
 
-/* Prefixed copies of user keys; free with free_keys. */
-static char **
-user_keys(const char *const *keys, size_t n)
-{
-    char **ks = calloc(n ? n : 1, sizeof(*ks));
-    if (ks == NULL) {
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        ks[i] = user_key(keys[i]);
-        if (ks[i] == NULL) {
-            for (size_t j = 0; j < i; j++) {
-                free(ks[j]);
-            }
-            free(ks);
-            return NULL;
-        }
-    }
-    return ks;
-}
-
-static void
-free_keys(char **ks, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(ks[i]);
-    }
-    free(ks);
-}
-
 static pd_status
 fs_wait(pd_store *s, const char *const *keys, size_t n, double timeout)
 {
     file_store *f = fs_of(s);
-    char **ks = user_keys(keys, n);
+    char **ks = pd_store_prefix_keys("/", 1, keys, n);
     if (ks == NULL) {
         return oom(f);
     }
     pd_status st = fs_wait_keys(f, ks, keys, n, timeout, NULL, NULL);
-    free_keys(ks, n);
+    pd_store_free_keys(ks, n);
     return st;
 }
 
@@ -467,7 +437,7 @@ static pd_status
 fs_check(pd_store *s, const char *const *keys, size_t n, int *out)
 {
     file_store *f = fs_of(s);
-    char **ks = user_keys(keys, n);
+    char **ks = pd_store_prefix_keys("/", 1, keys, n);
     if (ks == NULL) {
         return oom(f);
     }
@@ -477,7 +447,7 @@ fs_check(pd_store *s, const char *const *keys, size_t n, int *out)
         *out = fs_all_present(f, ks, n);
     }
     pthread_mutex_unlock(&f->mu);
-    free_keys(ks, n);
+    pd_store_free_keys(ks, n);
     return st;
 }
 

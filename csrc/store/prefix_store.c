@@ -33,36 +33,6 @@ ps_key(prefix_store *p, const char *key)
     return k;
 }
 
-static char **
-ps_keys(prefix_store *p, const char *const *keys, size_t n)
-{
-    char **ks = calloc(n ? n : 1, sizeof(*ks));
-    if (ks == NULL) {
-        pd_error(PD_ENOMEM, "PrefixStore: out of memory");
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        ks[i] = ps_key(p, keys[i]);
-        if (ks[i] == NULL) {
-            for (size_t j = 0; j < i; j++) {
-                free(ks[j]);
-            }
-            free(ks);
-            return NULL;
-        }
-    }
-    return ks;
-}
-
-static void
-free_keys(char **ks, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(ks[i]);
-    }
-    free(ks);
-}
-
 static pd_status
 ps_set(pd_store *s, const char *key, const void *val, size_t n)
 {
@@ -119,27 +89,27 @@ ps_compare_set(pd_store *s, const char *key, const void *expected,
 static pd_status
 ps_wait(pd_store *s, const char *const *keys, size_t n, double timeout)
 {
-    char **ks = ps_keys(ps_of(s), keys, n);
+    char **ks = pd_store_prefix_keys(ps_of(s)->prefix, ps_of(s)->plen, keys, n);
     if (ks == NULL) {
         return PD_ENOMEM;
     }
     pd_status st = ps_of(s)->inner->ops->wait(ps_of(s)->inner,
                                              (const char *const *)ks, n,
                                              timeout);
-    free_keys(ks, n);
+    pd_store_free_keys(ks, n);
     return st;
 }
 
 static pd_status
 ps_check(pd_store *s, const char *const *keys, size_t n, int *out)
 {
-    char **ks = ps_keys(ps_of(s), keys, n);
+    char **ks = pd_store_prefix_keys(ps_of(s)->prefix, ps_of(s)->plen, keys, n);
     if (ks == NULL) {
         return PD_ENOMEM;
     }
     pd_status st = ps_of(s)->inner->ops->check(ps_of(s)->inner,
                                               (const char *const *)ks, n, out);
-    free_keys(ks, n);
+    pd_store_free_keys(ks, n);
     return st;
 }
 

@@ -4,6 +4,7 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static pd_status
@@ -180,4 +181,36 @@ pd_store_timeout_error(const char *key_prefix, double timeout,
         memcpy(msg + sizeof(msg) - 6, ", ...", 6);
     }
     return pd_error(PD_ESTORE, "%s", msg);
+}
+
+char **
+pd_store_prefix_keys(const char *prefix, size_t plen, const char *const *keys,
+                     size_t n)
+{
+    char **ks = calloc(n ? n : 1, sizeof(*ks));
+    if (ks == NULL) {
+        pd_error(PD_ENOMEM, "store: out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t kl = strlen(keys[i]);
+        ks[i] = malloc(plen + kl + 1);
+        if (ks[i] == NULL) {
+            pd_store_free_keys(ks, i);
+            pd_error(PD_ENOMEM, "store: out of memory");
+            return NULL;
+        }
+        memcpy(ks[i], prefix, plen);
+        memcpy(ks[i] + plen, keys[i], kl + 1);
+    }
+    return ks;
+}
+
+void
+pd_store_free_keys(char **ks, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ks[i]);
+    }
+    free(ks);
 }

@@ -128,6 +128,13 @@ pd_status pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out);
 int pd_tcp_store_port(const pd_store *s);
 const char *pd_tcp_store_host(const pd_store *s);
 /* Numeric local IP of the client's connection to the server. */
+/* Copies of keys[0..n) with prefix (plen bytes) in front, for stores that
+ * namespace user keys; NULL (PD_ENOMEM set) on failure.  Free with
+ * pd_store_free_keys. */
+char **pd_store_prefix_keys(const char *prefix, size_t plen,
+                            const char *const *keys, size_t n);
+void pd_store_free_keys(char **ks, size_t n);
+
 pd_status pd_tcp_store_local_addr(pd_store *s, char *buf, size_t len);
 /* Round trip to the server. */
 pd_status pd_tcp_store_ping(pd_store *s);
