@@ -10,6 +10,9 @@
  * the group, as in torch: it becomes the group's sticky error, it is sent to
  * every peer, and every pending and later operation fails with it.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "group.h"
 
 #include <pthread.h>
@@ -19,10 +22,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
 #include "group_internal.h"
+#include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
 #include "util/log.h"
 #include "util/sync.h"
@@ -43,6 +50,8 @@ struct pd_work {
     double deadline;
     double spin_s;
     pd_req req;
+    uint64_t seq;      /* resume: the sequence number already taken */
+    int resume;        /* an interrupted inline collective to finish */
     struct pd_work *next;
 };
 
@@ -56,18 +65,27 @@ struct pd_group {
     int thr_started;
     pthread_mutex_t mu;
     pd_work *qh, *qt;
+    int running;       /* under mu: a collective runs (either thread) */
     atomic_int stopping;
-    /* progress thread only */
+    pd_shm *shm;       /* every rank on this host: shared memory */
+    uint64_t token;    /* the group's random id (segment names) */
+    struct shm_buf *bufs;
+    uint64_t nbufs;
+    /* the thread that runs collectives (progress or inline caller) */
     uint64_t seq;
+    /* progress thread only */
     pd_work *active;
-    pd_status err;
+    int propagated;
+    /* sticky error: claimed once, message written before err is stored */
+    atomic_int err_claim;
+    _Atomic int err;
     char errmsg[PD_ERRMSG_MAX];
 };
 
 static const char *const kind_names[PD_NKINDS] = {
     "none", "broadcast", "all_reduce", "reduce", "all_gather", "gather",
     "scatter", "reduce_scatter", "all_to_all", "barrier",
-    "monitored_barrier", "send", "recv",
+    "monitored_barrier", "send", "recv", "_shared_array",
 };
 
 const char *
@@ -166,16 +184,39 @@ pd_work_wait(pd_work *w, double timeout_s)
 
 /* ----------------------------------------------------------- group state */
 
-static void
-set_fatal(pd_group *g, pd_status st, const char *msg)
+static pd_status
+group_err(pd_group *g)
 {
-    if (g->err != PD_OK) {
+    return (pd_status)atomic_load_explicit(&g->err, memory_order_acquire);
+}
+
+/* Make st the group's sticky error (any thread; the first one wins) and tell
+ * the ranks on this host through shared memory at once. */
+static void
+record_fatal(pd_group *g, pd_status st, const char *msg)
+{
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&g->err_claim, &zero, 1)) {
         return;
     }
     PD_LOG(PD_LOG_WARN, "group", "rank %d: group failed (%s): %s", g->rank,
            pd_status_name(st), msg);
-    g->err = st;
     snprintf(g->errmsg, sizeof(g->errmsg), "%s", msg);
+    atomic_store_explicit(&g->err, (int)st, memory_order_release);
+    if (g->shm != NULL) {
+        pd_shm_abort(g->shm, st, g->errmsg);
+    }
+}
+
+/* Progress thread: stop the transport, tell every peer, fail p2p work. */
+static void
+propagate_fatal(pd_group *g)
+{
+    pd_status st = group_err(g);
+    if (g->propagated || st == PD_OK) {
+        return;
+    }
+    g->propagated = 1;
     g->t->ops->fail(g->t, st, g->errmsg);
     g->t->ops->abort_peers(g->t, st, g->errmsg);
     /* p2p work in flight can no longer complete */
@@ -186,6 +227,13 @@ set_fatal(pd_group *g, pd_status st, const char *msg)
         work_complete(w, st, g->errmsg);
         w = n;
     }
+}
+
+static void
+set_fatal(pd_group *g, pd_status st, const char *msg)
+{
+    record_fatal(g, st, msg);
+    propagate_fatal(g);
 }
 
 static void
@@ -239,8 +287,8 @@ progress_once(pd_group *g, double until)
         return st;
     }
     reap_p2p(g);
-    if (g->err != PD_OK) {
-        return pd_error(g->err, "%s", g->errmsg);
+    if (group_err(g) != PD_OK) {
+        return pd_error(group_err(g), "%s", g->errmsg);
     }
     return PD_OK;
 }
@@ -425,16 +473,99 @@ run_coll(pd_coll *c, const pd_op *op)
     }
 }
 
-/* A collective timed out: ask the peers where they are and name the ranks
- * that never reached this collective. */
+/* Shared-memory versions of every collective but monitored_barrier (which
+ * names late ranks one by one over the transport). */
+static int
+shm_kind(int kind)
+{
+    return kind != PD_K_MONITORED_BARRIER && kind != PD_K_SEND &&
+           kind != PD_K_RECV;
+}
+
+/* Buffers in the group's shared memory: allreduce without the copy-in. */
+typedef struct shm_buf {
+    char *own;
+    size_t len;
+    uint64_t id;
+    char **peer;    /* peer[p]: rank p's buffer as mapped here (own too) */
+    struct shm_buf *next;
+} shm_buf;
+
+static shm_buf *find_shm_buf(pd_group *g, const char *p, size_t len);
+
+static pd_status
+run_coll_shm(pd_coll *c, const pd_op *op)
+{
+    size_t esz = pd_dtype_size(op->dtype);
+    size_t len = op->count * esz;
+    switch (op->kind) {
+    case PD_K_ALLREDUCE: {
+        shm_buf *sb = find_shm_buf(c->g, op->out[0], len);
+        if (sb != NULL) {
+            size_t off = (size_t)(op->out[0] - sb->own);
+            char *stack[16];
+            char **peer = c->size <= 16
+                              ? stack
+                              : malloc(sizeof(char *) * (size_t)c->size);
+            if (peer == NULL) {
+                return pd_error(PD_ENOMEM, "all_reduce: out of memory");
+            }
+            for (int p = 0; p < c->size; p++) {
+                peer[p] = sb->peer[p] + off;
+            }
+            pd_status st = pd_allreduce_shm_inplace(c, peer, op->count);
+            if (peer != stack) {
+                free(peer);
+            }
+            return st;
+        }
+        return pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
+    }
+    case PD_K_REDUCE:
+        return pd_reduce_shm(c, op->in[0], op->out[0], op->count);
+    case PD_K_REDUCE_SCATTER:
+        return pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
+    case PD_K_BROADCAST:
+        return pd_broadcast_shm(c, op->out[0], len);
+    case PD_K_ALLGATHER:
+        return pd_allgather_shm(c, op->in[0], op->out, len);
+    case PD_K_GATHER:
+        return pd_gather_shm(c, op->in[0], len, op->out);
+    case PD_K_SCATTER:
+        return pd_scatter_shm(c, op->in, op->out[0], len);
+    case PD_K_ALLTOALL:
+        return pd_alltoall_shm(c, op->in, op->in_len, op->out, op->out_len);
+    case PD_K_BARRIER:
+        return pd_barrier_shm(c);
+    default:
+        return pd_error(PD_EINVAL, "unknown collective kind %d", op->kind);
+    }
+}
+
+/* A collective timed out: find out where the peers are (through shared
+ * memory, or by asking them over the transport) and name the ranks that
+ * never reached this collective. */
 static void
-explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeout)
+explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeout,
+                int on_progress)
 {
     uint64_t *seqs = calloc((size_t)g->size, sizeof(uint64_t));
     char never[512] = "", silent[512] = "";
     size_t on = 0, os = 0;
     if (seqs != NULL) {
-        g->t->ops->query_seqs(g->t, seqs, 1.0);
+        if (g->shm != NULL) {
+            for (int p = 0; p < g->size; p++) {
+                seqs[p] = p == g->rank ? seq : pd_shm_entered(g->shm, p);
+            }
+        }
+        else if (on_progress) {
+            g->t->ops->query_seqs(g->t, seqs, 1.0);
+        }
+        else {
+            for (int p = 0; p < g->size; p++) {
+                seqs[p] = UINT64_MAX;
+            }
+        }
         for (int p = 0; p < g->size; p++) {
             if (p == g->rank) {
                 continue;
@@ -466,13 +597,147 @@ explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeout)
              os ? "]" : "");
 }
 
+typedef struct run_ctx {
+    pd_group *g;
+    int on_progress;   /* running on the progress thread (owns transport) */
+    double next_poll;
+    int (*interrupted)(void *);
+    void *ictx;
+} run_ctx;
+
+/* Shared-memory waits: stop for a failed or destroyed group; on the
+ * progress thread also keep the transport moving, so that a dead peer's
+ * closed connection is seen while a collective waits. */
+static pd_status
+shm_check(void *arg)
+{
+    run_ctx *x = arg;
+    pd_group *g = x->g;
+    if (atomic_load(&g->stopping)) {
+        return pd_error(PD_ECLOSED,
+                        "the process group was destroyed while an operation "
+                        "was in progress");
+    }
+    if (x->on_progress) {
+        double now = pd_now();
+        if (now >= x->next_poll) {
+            x->next_poll = now + 0.02;
+            progress_once(g, now);
+        }
+    }
+    if (group_err(g) != PD_OK) {
+        return pd_error(group_err(g), "%s", g->errmsg);
+    }
+    return PD_OK;
+}
+
+static int
+shm_interrupted(void *arg)
+{
+    run_ctx *x = arg;
+    return x->interrupted != NULL && x->interrupted(x->ictx);
+}
+
+/* Run one collective (sequence number seq) on this thread.  Returns its
+ * status; on failure the message names the call.  PD_EINTR: the first sync
+ * was interrupted and the collective must be resumed (resume = 1). */
+static pd_status
+run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
+               double deadline)
+{
+    pd_group *g = x->g;
+    double timeout = op->timeout > 0 ? op->timeout : g->timeout;
+    pd_coll c;
+    memset(&c, 0, sizeof(c));
+    c.g = g;
+    c.t = g->t;
+    c.rank = g->rank;
+    c.size = g->size;
+    c.op = op;
+    c.deadline = deadline;
+    c.base.magic = PD_FRAME_MAGIC;
+    c.base.type = PD_FRAME_COLL;
+    c.base.kind = (uint8_t)op->kind;
+    c.base.dtype = (uint8_t)op->dtype;
+    c.base.op = (uint8_t)op->op;
+    c.base.root = op->root;
+    c.base.seq = seq;
+    c.base.count = op->kind == PD_K_ALLTOALL ? 0 : op->count;
+    c.rdt = pd_dtype_accum(op->dtype);
+    c.esz = pd_dtype_size(c.rdt);
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu start (dtype %s, count %zu)",
+           g->rank, op->name, (unsigned long long)seq,
+           pd_dtype_name(op->dtype), op->count);
+    double t0 = pd_now();
+    pd_status st;
+    if (g->shm != NULL && shm_kind(op->kind)) {
+        c.shm = g->shm;
+        c.resume = resume;
+        c.waiter.deadline = deadline;
+        c.waiter.check = shm_check;
+        c.waiter.interrupted = x->interrupted ? shm_interrupted : NULL;
+        c.waiter.ctx = x;
+        c.id.seq = seq;
+        c.id.count = c.base.count;
+        c.id.kind = c.base.kind;
+        c.id.dtype = c.base.dtype;
+        c.id.op = c.base.op;
+        c.id.root = c.base.root;
+        uint64_t value = 0;
+        if (op->kind == PD_K_ALLTOALL) {
+            for (int p = 0; p < g->size; p++) {
+                value = op->in_len[p] > value ? op->in_len[p] : value;
+            }
+        }
+        if (op->kind == PD_K_ALLREDUCE) {
+            shm_buf *sb = find_shm_buf(g, op->out[0],
+                                       op->count * pd_dtype_size(op->dtype));
+            /* ranks must agree on the path: buffer id and offset */
+            c.id.aux = sb ? (sb->id << 40) ^
+                                (uint64_t)(op->out[0] - sb->own) ^ 1
+                          : 0;
+        }
+        if (!resume) {
+            pd_shm_enter(g->shm, &c.id, value);
+        }
+        st = run_coll_shm(&c, op);
+        if (st == PD_EINTR) {
+            return st;
+        }
+    }
+    else {
+        g->t->ops->set_coll(g->t, &c.base);
+        st = run_coll(&c, op);
+    }
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu %s after %.1f us", g->rank,
+           op->name, (unsigned long long)seq, st == PD_OK ? "done" : "failed",
+           (pd_now() - t0) * 1e6);
+    if (st != PD_OK && st != PD_ECLOSED) {
+        if (st == PD_ETIMEOUT && op->kind != PD_K_MONITORED_BARRIER &&
+            group_err(g) == PD_OK) {
+            explain_timeout(g, op, seq, timeout, x->on_progress);
+        }
+        else {
+            char msg[PD_ERRMSG_MAX];
+            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+            /* name the call when the transport's message does not */
+            if (strstr(msg, op->name) == NULL && group_err(g) == PD_OK &&
+                st == PD_ENETWORK) {
+                pd_error(st, "%s (sequence number %llu): %s", op->name,
+                         (unsigned long long)seq, msg);
+            }
+        }
+    }
+    return st;
+}
+
 static void
 run_work(pd_group *g, pd_work *w)
 {
     const pd_op *op = &w->op;
     double timeout = op->timeout > 0 ? op->timeout : g->timeout;
-    if (g->err != PD_OK) {
-        work_complete(w, g->err, g->errmsg);
+    if (group_err(g) != PD_OK) {
+        work_complete(w, group_err(g), g->errmsg);
         return;
     }
     w->deadline = pd_now() + timeout;
@@ -512,55 +777,16 @@ run_work(pd_group *g, pd_work *w)
         return;
     }
 
-    uint64_t seq = ++g->seq;
-    pd_coll c;
-    memset(&c, 0, sizeof(c));
-    c.g = g;
-    c.t = g->t;
-    c.rank = g->rank;
-    c.size = g->size;
-    c.op = op;
-    c.deadline = w->deadline;
-    c.base.magic = PD_FRAME_MAGIC;
-    c.base.type = PD_FRAME_COLL;
-    c.base.kind = (uint8_t)op->kind;
-    c.base.dtype = (uint8_t)op->dtype;
-    c.base.op = (uint8_t)op->op;
-    c.base.root = op->root;
-    c.base.seq = seq;
-    c.base.count = op->kind == PD_K_ALLTOALL ? 0 : op->count;
-    g->t->ops->set_coll(g->t, &c.base);
-    c.rdt = pd_dtype_accum(op->dtype);
-    c.esz = pd_dtype_size(c.rdt);
-    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu start (dtype %s, count %zu)",
-           g->rank, op->name, (unsigned long long)seq,
-           pd_dtype_name(op->dtype), op->count);
-    double t0 = pd_now();
-    pd_status st = run_coll(&c, op);
-    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu %s after %.1f us", g->rank,
-           op->name, (unsigned long long)seq, st == PD_OK ? "done" : "failed",
-           (pd_now() - t0) * 1e6);
+    uint64_t seq = w->resume ? w->seq : ++g->seq;
+    run_ctx x = {g, 1, 0.0, NULL, NULL};
+    pd_status st = run_collective(&x, op, seq, w->resume, w->deadline);
+    if (st == PD_ECLOSED) {
+        work_complete(w, st, pd_errmsg());
+        return;
+    }
     if (st != PD_OK) {
-        if (st == PD_ETIMEOUT && op->kind != PD_K_MONITORED_BARRIER &&
-            g->err == PD_OK) {
-            explain_timeout(g, op, seq, timeout);
-        }
-        else if (st != PD_ECLOSED) {
-            char msg[PD_ERRMSG_MAX];
-            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
-            /* name the call when the transport's message does not */
-            if (strstr(msg, op->name) == NULL && g->err == PD_OK &&
-                st == PD_ENETWORK) {
-                pd_error(st, "%s (sequence number %llu): %s", op->name,
-                         (unsigned long long)seq, msg);
-            }
-        }
-        if (st == PD_ECLOSED) {
-            work_complete(w, st, pd_errmsg());
-            return;
-        }
         set_fatal(g, st, pd_errmsg());
-        work_complete(w, g->err, g->errmsg);
+        work_complete(w, group_err(g), g->errmsg);
         return;
     }
     work_complete(w, PD_OK, NULL);
@@ -587,29 +813,40 @@ progress_main(void *arg)
     pd_group *g = arg;
     for (;;) {
         pthread_mutex_lock(&g->mu);
-        pd_work *w = g->qh;
-        if (w != NULL) {
-            g->qh = w->next;
-            if (g->qh == NULL) {
-                g->qt = NULL;
+        pd_work *w = NULL;
+        if (!g->running) {
+            w = g->qh;
+            if (w != NULL) {
+                g->qh = w->next;
+                if (g->qh == NULL) {
+                    g->qt = NULL;
+                }
+                w->next = NULL;
+                g->running = 1;
             }
-            w->next = NULL;
         }
         pthread_mutex_unlock(&g->mu);
+        propagate_fatal(g);
         if (atomic_load(&g->stopping)) {
             if (w != NULL) {
                 work_complete(w, PD_ECLOSED,
                               "the process group was destroyed before this "
                               "operation ran");
+                pthread_mutex_lock(&g->mu);
+                g->running = 0;
+                pthread_mutex_unlock(&g->mu);
                 continue;
             }
             break;
         }
         if (w != NULL) {
             run_work(g, w);
+            pthread_mutex_lock(&g->mu);
+            g->running = 0;
+            pthread_mutex_unlock(&g->mu);
             continue;
         }
-        if (g->err == PD_OK) {
+        if (group_err(g) == PD_OK) {
             progress_once(g, pd_now() + 1.0);
         }
         else {
@@ -627,6 +864,99 @@ progress_main(void *arg)
         a = n;
     }
     return NULL;
+}
+
+/* ---------------------------------------------------------------- inline */
+
+/* Messages up to this size run on the calling thread when the group is
+ * idle (no hand-off to the progress thread and back). */
+#define PD_INLINE_BYTES (64u << 10)
+
+static size_t
+op_bytes(const pd_op *op)
+{
+    size_t b = op->count * pd_dtype_size(op->dtype);
+    if (op->kind == PD_K_ALLTOALL) {
+        b = 0;
+        for (int p = 0; p < op->nblocks; p++) {
+            b += op->in_len[p];
+        }
+    }
+    else if (op->kind == PD_K_ALLGATHER || op->kind == PD_K_GATHER ||
+             op->kind == PD_K_SCATTER || op->kind == PD_K_REDUCE_SCATTER) {
+        b *= (size_t)op->nblocks;
+    }
+    return b;
+}
+
+static pd_work *work_new(pd_group *g, const pd_op *op);
+
+int
+pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
+                void *ictx, pd_status *out, pd_work **handoff)
+{
+    *handoff = NULL;
+    if (g->shm == NULL || !shm_kind(op->kind) ||
+        op_bytes(op) > PD_INLINE_BYTES) {
+        return 0;
+    }
+    pthread_mutex_lock(&g->mu);
+    int ok = g->thr_started && g->qh == NULL && !g->running &&
+             !atomic_load(&g->stopping);
+    if (ok) {
+        g->running = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!ok) {
+        return 0;
+    }
+    pd_status st;
+    if (group_err(g) != PD_OK) {
+        st = pd_error(group_err(g), "%s", g->errmsg);
+    }
+    else {
+        double timeout = op->timeout > 0 ? op->timeout : g->timeout;
+        double deadline = pd_now() + timeout;
+        uint64_t seq = ++g->seq;
+        run_ctx x = {g, 0, 0.0, interrupted, ictx};
+        st = run_collective(&x, op, seq, 0, deadline);
+        if (st == PD_EINTR) {
+            /* the progress thread finishes it; the caller may wait */
+            pd_work *w = work_new(g, op);
+            if (w != NULL) {
+                w->resume = 1;
+                w->seq = seq;
+                pthread_mutex_lock(&g->mu);
+                w->next = g->qh;
+                g->qh = w;
+                if (g->qt == NULL) {
+                    g->qt = w;
+                }
+                g->running = 0;
+                pthread_mutex_unlock(&g->mu);
+                g->t->ops->wake(g->t);
+                *handoff = w;
+                *out = pd_error(PD_EINTR, "interrupted");
+                return 1;
+            }
+            st = pd_error(PD_ENOMEM, "%s: out of memory", op->name);
+        }
+        if (st != PD_OK && st != PD_ECLOSED) {
+            char msg[PD_ERRMSG_MAX];
+            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+            record_fatal(g, st, msg);
+            st = pd_error(group_err(g), "%s", g->errmsg);
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    g->running = 0;
+    int wake = g->qh != NULL || group_err(g) != PD_OK;
+    pthread_mutex_unlock(&g->mu);
+    if (wake) {
+        g->t->ops->wake(g->t);
+    }
+    *out = st;
+    return 1;
 }
 
 /* ------------------------------------------------------------- lifecycle */
@@ -652,6 +982,8 @@ pd_group_create(int rank, int size, double timeout_s, const char *secret,
     g->timeout = timeout_s > 0 ? timeout_s : 1800.0;
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->stopping, 0);
+    atomic_init(&g->err, PD_OK);
+    atomic_init(&g->err_claim, 0);
     pd_transport_events ev = {g, cb_on_abort, cb_current_seq};
     pd_status st = pd_tcp_create(rank, size, secret, &ev, &g->t, port_out);
     if (st != PD_OK) {
@@ -662,33 +994,121 @@ pd_group_create(int rank, int size, double timeout_s, const char *secret,
     return PD_OK;
 }
 
+/* A barrier over the transport, before the progress thread runs (shared
+ * memory setup).  Uses a sequence number like any collective. */
+static pd_status
+setup_barrier(pd_group *g)
+{
+    pd_op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = PD_K_BARRIER;
+    snprintf(op.name, sizeof(op.name), "init_process_group");
+    run_ctx x = {g, 1, 0.0, NULL, NULL};
+    pd_shm *shm = g->shm;
+    g->shm = NULL; /* not usable yet */
+    pd_status st = run_collective(&x, &op, ++g->seq, 0, pd_now() + g->timeout);
+    g->shm = shm;
+    return st;
+}
+
+static pd_status
+setup_shm(pd_group *g, uint64_t token, int spin)
+{
+    pd_shm *shm = NULL;
+    pd_status st = pd_shm_create(g->rank, g->size, token, spin, &shm);
+    pd_status st2;
+    /* every rank reports through the barrier, so a failed creation on one
+     * rank fails init on all of them instead of leaving them waiting */
+    st2 = setup_barrier(g);
+    if (st == PD_OK && st2 != PD_OK) {
+        st = st2;
+    }
+    if (st == PD_OK) {
+        st = pd_shm_attach(shm);
+    }
+    if (st == PD_OK) {
+        st = setup_barrier(g);
+    }
+    /* every rank has mapped every segment (or failed): no name stays */
+    pd_shm_unlink(shm, st != PD_OK);
+    if (st != PD_OK) {
+        char msg[PD_ERRMSG_MAX];
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        pd_shm_close(shm);
+        return pd_error(st, "setting up shared memory between the ranks: %s",
+                        msg);
+    }
+    g->shm = shm;
+    return PD_OK;
+}
+
 pd_status
 pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
-                 uint64_t token)
+                 uint64_t token, const char *const *nodes, int transport)
 {
     if (g->size > 1) {
         PD_CHECK(pd_tcp_connect(g->t, hosts, ports, token,
                                 pd_now() + g->timeout));
     }
-    /* Ranks sharing this host (same advertised address): spinning waiters
-     * help only while every rank has a core of its own. */
+    /* Ranks sharing this host: same node identity (hostname and boot id),
+     * else same advertised address. */
+    const char *const *id = nodes != NULL ? nodes : hosts;
     int local = 0;
     for (int p = 0; p < g->size; p++) {
-        if (strcmp(hosts[p], hosts[g->rank]) == 0) {
+        if (strcmp(id[p], id[g->rank]) == 0) {
             local++;
         }
     }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    g->spin_s = (ncpu > 0 && local <= ncpu) ? PD_WAIT_SPIN_S : 0.0;
+    int spin = ncpu > 0 && local <= ncpu;
+    g->spin_s = spin ? PD_WAIT_SPIN_S : 0.0;
+    if (transport == PD_TRANSPORT_SHM && local != g->size) {
+        return pd_error(PD_EINVAL,
+                        "PYDDP_TRANSPORT=shm needs every rank on one host, "
+                        "but only %d of %d ranks are on this one", local,
+                        g->size);
+    }
+    if (g->size > 1 && local == g->size && transport != PD_TRANSPORT_TCP) {
+        g->token = token;
+        PD_CHECK(setup_shm(g, token, spin));
+    }
     PD_LOG(PD_LOG_INFO, "group",
-           "rank %d of %d connected (%d ranks on this host, waiters %s)",
-           g->rank, g->size, local, g->spin_s > 0 ? "spin" : "sleep");
+           "rank %d of %d connected (%d ranks on this host, transport %s, "
+           "waiters %s)",
+           g->rank, g->size, local, g->shm ? "shm" : "tcp",
+           spin ? "spin" : "yield");
     int rc = pthread_create(&g->thr, NULL, progress_main, g);
     if (rc != 0) {
         return pd_error(PD_ESYS, "pthread_create: %s", strerror(rc));
     }
     g->thr_started = 1;
     return PD_OK;
+}
+
+const char *
+pd_group_transport(const pd_group *g)
+{
+    return g->size == 1 ? "local" : g->shm != NULL ? "shm" : "tcp";
+}
+
+static pd_work *
+work_new(pd_group *g, const pd_op *op)
+{
+    pd_work *w = calloc(1, sizeof(*w));
+    if (w == NULL) {
+        return NULL;
+    }
+    atomic_init(&w->refs, 2); /* caller + queue */
+    w->op = *op;
+    w->src = -1;
+    w->spin_s = g->spin_s;
+    pthread_mutex_init(&w->mu, NULL);
+    if (pd_cond_init_monotonic(&w->cv, op->name) != PD_OK) {
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return NULL;
+    }
+    return w;
 }
 
 pd_status
@@ -700,20 +1120,9 @@ pd_group_submit(pd_group *g, const pd_op *op, pd_work **out)
     if (atomic_load(&g->stopping)) {
         return pd_error(PD_ECLOSED, "the process group has been destroyed");
     }
-    pd_work *w = calloc(1, sizeof(*w));
+    pd_work *w = work_new(g, op);
     if (w == NULL) {
         return pd_error(PD_ENOMEM, "%s: out of memory", op->name);
-    }
-    atomic_init(&w->refs, 2); /* caller + queue */
-    w->op = *op;
-    w->src = -1;
-    w->spin_s = g->spin_s;
-    pthread_mutex_init(&w->mu, NULL);
-    pd_status cst = pd_cond_init_monotonic(&w->cv, op->name);
-    if (cst != PD_OK) {
-        pthread_mutex_destroy(&w->mu);
-        free(w);
-        return cst;
     }
     pthread_mutex_lock(&g->mu);
     if (g->qt) {
@@ -729,6 +1138,242 @@ pd_group_submit(pd_group *g, const pd_op *op, pd_work **out)
     return PD_OK;
 }
 
+/* ------------------------------------------------- shared-memory buffers */
+
+static shm_buf *
+find_shm_buf(pd_group *g, const char *p, size_t len)
+{
+    for (shm_buf *b = g->bufs; b != NULL; b = b->next) {
+        if (p >= b->own && p + len <= b->own + b->len && len > 0) {
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* The group maps the peers' buffers; its own belongs to the caller. */
+static void
+free_shm_buf(shm_buf *b, int size)
+{
+    for (int p = 0; p < size && b->peer != NULL; p++) {
+        if (b->peer[p] != NULL && b->peer[p] != b->own) {
+            munmap(b->peer[p], b->len);
+        }
+    }
+    free(b->peer);
+    free(b);
+}
+
+/* Take the right to run collectives on this thread, once the group is idle
+ * (pending work finished). */
+static pd_status
+acquire_idle(pd_group *g, const char *what)
+{
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        int ok = g->qh == NULL && !g->running;
+        if (ok) {
+            g->running = 1;
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (ok) {
+            return PD_OK;
+        }
+        if (atomic_load(&g->stopping)) {
+            return pd_error(PD_ECLOSED, "%s: the process group has been "
+                            "destroyed", what);
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void
+release_idle(pd_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->running = 0;
+    int wake = g->qh != NULL;
+    pthread_mutex_unlock(&g->mu);
+    if (wake) {
+        g->t->ops->wake(g->t);
+    }
+}
+
+static void
+buf_name(char *buf, size_t len, uint64_t token, int rank, uint64_t id)
+{
+    snprintf(buf, len, "/pyddp.%016llx.%d.b%llu", (unsigned long long)token,
+             rank, (unsigned long long)id);
+}
+
+/* One phase of the allocation: publish ok, sync, learn whether every rank
+ * succeeded (*all_ok).  Consumes a sequence number. */
+static pd_status
+alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
+{
+    pd_shm_ident id;
+    memset(&id, 0, sizeof(id));
+    id.seq = ++g->seq;
+    id.kind = PD_K_SHM_ALLOC;
+    id.count = len;
+    pd_shm_enter(g->shm, &id, (uint64_t)ok);
+    run_ctx x = {g, 0, 0.0, NULL, NULL};
+    pd_shm_waiter w = {pd_now() + g->timeout, shm_check, NULL, &x};
+    pd_status st = pd_shm_sync(g->shm, &w);
+    if (st == PD_OK) {
+        st = pd_shm_check_ident(g->shm, &id, pd_coll_kind_name);
+    }
+    if (st != PD_OK) {
+        char msg[PD_ERRMSG_MAX];
+        snprintf(msg, sizeof(msg), "_shared_array: %s", pd_errmsg());
+        record_fatal(g, st, msg);
+        g->t->ops->wake(g->t);
+        return pd_error(st, "%s", msg);
+    }
+    *all_ok = 1;
+    for (int p = 0; p < g->size; p++) {
+        if (pd_shm_value(g->shm, p, id.seq) == 0) {
+            *all_ok = 0;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status
+pd_group_shm_alloc(pd_group *g, size_t len, void **out, size_t *maplen)
+{
+    if (g->shm == NULL) {
+        return pd_error(PD_EINVAL,
+                        "shared-memory buffers need a group whose ranks are "
+                        "all on this host (and PYDDP_TRANSPORT not tcp); "
+                        "this group uses %s", pd_group_transport(g));
+    }
+    if (len == 0) {
+        len = 1;
+    }
+    len = (len + 4095) & ~(size_t)4095;
+    PD_CHECK(acquire_idle(g, "_shared_array"));
+    pd_status st = PD_OK;
+    char why[PD_ERRMSG_MAX] = "";
+    uint64_t bid = ++g->nbufs;
+    char name[96];
+    shm_buf *b = calloc(1, sizeof(*b));
+    char **peer = calloc((size_t)g->size, sizeof(char *));
+    int fd = -1, linked = 0, ok = b != NULL && peer != NULL, all_ok = 0;
+    if (!ok) {
+        snprintf(why, sizeof(why), "out of memory");
+    }
+    buf_name(name, sizeof(name), g->token, g->rank, bid);
+    if (ok) {
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        ok = fd >= 0;
+        linked = ok;
+        int e;
+        if (ok && (e = posix_fallocate(fd, 0, (off_t)len)) != 0) {
+            errno = e;
+            ok = 0;
+        }
+        if (ok) {
+            void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                           0);
+            ok = p != MAP_FAILED;
+            peer[g->rank] = ok ? p : NULL;
+        }
+        if (!ok) {
+            snprintf(why, sizeof(why), "%s of %zu bytes: %s", name, len,
+                     strerror(errno));
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+    }
+    PD_CHECK_GOTO(alloc_phase(g, len, ok, &all_ok), st, fail);
+    if (!all_ok) {
+        st = pd_error(PD_ESYS,
+                      "_shared_array: a rank could not allocate %zu bytes of "
+                      "shared memory (is /dev/shm large enough?)%s%s", len,
+                      why[0] ? "; here: " : "", why);
+        goto fail;
+    }
+    for (int p = 0; p < g->size && ok; p++) {
+        if (p == g->rank) {
+            continue;
+        }
+        char pn[96];
+        buf_name(pn, sizeof(pn), g->token, p, bid);
+        int pfd = shm_open(pn, O_RDWR, 0600);
+        if (pfd < 0) {
+            snprintf(why, sizeof(why), "shm_open(%s): %s", pn,
+                     strerror(errno));
+            ok = 0;
+            break;
+        }
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+        close(pfd);
+        if (m == MAP_FAILED) {
+            snprintf(why, sizeof(why), "mmap(%s): %s", pn, strerror(errno));
+            ok = 0;
+            break;
+        }
+        peer[p] = m;
+    }
+    PD_CHECK_GOTO(alloc_phase(g, len, ok, &all_ok), st, fail);
+    shm_unlink(name);
+    linked = 0;
+    if (!all_ok) {
+        st = pd_error(PD_ESYS,
+                      "_shared_array: a rank could not map the others' "
+                      "shared memory%s%s", why[0] ? "; here: " : "", why);
+        goto fail;
+    }
+    b->own = peer[g->rank];
+    b->len = len;
+    b->id = bid;
+    b->peer = peer;
+    b->next = g->bufs;
+    g->bufs = b;
+    release_idle(g);
+    *out = b->own;
+    *maplen = len;
+    return PD_OK;
+fail:
+    if (linked) {
+        shm_unlink(name);
+    }
+    if (peer != NULL && peer[g->rank] != NULL) {
+        munmap(peer[g->rank], len);
+        peer[g->rank] = NULL;
+    }
+    if (b != NULL) {
+        b->peer = peer;
+        b->len = len;
+        free_shm_buf(b, g->size);
+    }
+    else {
+        free(peer);
+    }
+    release_idle(g);
+    return st;
+}
+
+void
+pd_group_shm_forget(pd_group *g, void *own)
+{
+    if (acquire_idle(g, "_shared_array") != PD_OK) {
+        return;
+    }
+    for (shm_buf **pp = &g->bufs; *pp != NULL; pp = &(*pp)->next) {
+        shm_buf *b = *pp;
+        if (b->own == own) {
+            *pp = b->next;
+            free_shm_buf(b, g->size);
+            break;
+        }
+    }
+    release_idle(g);
+}
+
 void
 pd_group_destroy(pd_group *g)
 {
@@ -737,6 +1382,9 @@ pd_group_destroy(pd_group *g)
     }
     PD_LOG(PD_LOG_INFO, "group", "rank %d: destroying the group", g->rank);
     atomic_store(&g->stopping, 1);
+    if (g->shm != NULL) {
+        pd_shm_wake_all(g->shm); /* an inline waiter sees "destroyed" */
+    }
     if (g->thr_started) {
         g->t->ops->wake(g->t);
         pthread_join(g->thr, NULL);
@@ -744,6 +1392,12 @@ pd_group_destroy(pd_group *g)
     if (g->t != NULL) {
         g->t->ops->close(g->t);
     }
+    while (g->bufs != NULL) {
+        shm_buf *n = g->bufs->next;
+        free_shm_buf(g->bufs, g->size);
+        g->bufs = n;
+    }
+    pd_shm_close(g->shm);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

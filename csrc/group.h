@@ -29,6 +29,7 @@ typedef enum pd_kind {
     PD_K_MONITORED_BARRIER,
     PD_K_SEND,
     PD_K_RECV,
+    PD_K_SHM_ALLOC,
     PD_NKINDS
 } pd_kind;
 
@@ -65,10 +66,38 @@ typedef struct pd_work pd_work;
 pd_status pd_group_create(int rank, int size, double timeout_s,
                           const char *secret, pd_group **out, int *port_out);
 
+enum { PD_TRANSPORT_AUTO = 0, PD_TRANSPORT_TCP = 1, PD_TRANSPORT_SHM = 2 };
+
 /* Connect to every other rank (addresses indexed by rank) and start the
- * progress thread. */
+ * progress thread.  nodes[p]: rank p's host identity (hostname and boot
+ * id), or NULL to compare addresses.  When every rank is on this host (and
+ * transport is not PD_TRANSPORT_TCP) collectives move through shared
+ * memory; the connections stay for point-to-point traffic, aborts and
+ * noticing dead peers. */
 pd_status pd_group_connect(pd_group *g, const char *const *hosts,
-                           const int *ports, uint64_t token);
+                           const int *ports, uint64_t token,
+                           const char *const *nodes, int transport);
+
+/* "shm", "tcp" or "local" (one rank). */
+const char *pd_group_transport(const pd_group *g);
+
+/* Run a blocking collective on the calling thread when the group is idle
+ * and the message is small (shared memory only).  Returns 0 when it did not
+ * (submit it instead), else 1 with its status in *out.  interrupted(ictx) is
+ * polled while the first sync waits; when it returns nonzero the collective
+ * is handed to the progress thread (*handoff: a work handle to wait on or
+ * release) and *out is PD_EINTR. */
+int pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
+                    void *ictx, pd_status *out, pd_work **handoff);
+
+/* Collective: every rank allocates len bytes that every other rank maps.
+ * *out is this rank's buffer (the caller owns the mapping of *maplen bytes
+ * and munmaps it after pd_group_shm_forget); all_reduce on (part of) it
+ * needs no copy-in.  A rank that cannot allocate fails the call on every
+ * rank, and the group goes on. */
+pd_status pd_group_shm_alloc(pd_group *g, size_t len, void **out,
+                             size_t *maplen);
+void pd_group_shm_forget(pd_group *g, void *own);
 
 /* Submit op; *out receives a work handle (one reference, release with
  * pd_work_release).  Errors found while running surface from the work. */

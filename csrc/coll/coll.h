@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "../group.h"
+#include "../transport/shm/shm.h"
 #include "../transport/transport.h"
 
 /* Frames of one chunk: big enough to amortise per-frame costs, small enough
@@ -28,6 +29,11 @@ typedef struct pd_coll {
     size_t esz;      /* bytes per element of rdt */
     double deadline;
     const pd_op *op;
+    /* shared-memory collectives (coll/<collective>_shm.c) */
+    pd_shm *shm;
+    pd_shm_waiter waiter;   /* interrupted: honoured by the first sync only */
+    pd_shm_ident id;
+    int resume;             /* the first sync's bump is already done */
 } pd_coll;
 
 pd_status pd_coll_send(pd_coll *c, pd_req *r, int peer, int tag,
@@ -70,6 +76,41 @@ pd_status pd_alltoall_pairwise(pd_coll *c, char **in, const size_t *in_len,
 pd_status pd_barrier_direct(pd_coll *c);
 pd_status pd_monitored_barrier_star(pd_coll *c, double timeout_s,
                                     int wait_all);
+
+/* Shared-memory algorithms: every rank of the group maps every other's
+ * segment (transport/shm/shm.h).  Each starts with a copy-in phase then the
+ * first sync, which checks that every rank entered the same collective;
+ * with c->resume set the copy-in and the first bump already happened. */
+pd_status pd_allreduce_shm(pd_coll *c, const char *in, char *out,
+                           size_t count);
+/* Allreduce of buffers that already live in shared memory: peer p's copy is
+ * at peer[p] (own included); no copy-in. */
+pd_status pd_allreduce_shm_inplace(pd_coll *c, char *const *peer,
+                                   size_t count);
+pd_status pd_reduce_shm(pd_coll *c, const char *in, char *out, size_t count);
+pd_status pd_broadcast_shm(pd_coll *c, char *buf, size_t len);
+pd_status pd_allgather_shm(pd_coll *c, const char *in, char **out,
+                           size_t len);
+pd_status pd_reduce_scatter_shm(pd_coll *c, char **in, char *out,
+                                size_t count);
+pd_status pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out);
+pd_status pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len);
+pd_status pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len,
+                          char **out, const size_t *out_len);
+pd_status pd_barrier_shm(pd_coll *c);
+
+/* Shared helpers of the *_shm algorithms (coll/shm_common.c). */
+pd_status pd_shm_first_sync(pd_coll *c);
+pd_status pd_shm_next_sync(pd_coll *c);
+/* Bank for this copy-in phase (the current one when resuming). */
+int pd_shm_copyin_bank(pd_coll *c);
+/* dst = src[0] op src[1] ... op src[n-1] in the op's dtype (halves through
+ * float32), AVG divided by the group size when avg is set.  dst may alias
+ * src[0] only. */
+void pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n,
+                   size_t count, int avg);
+/* Elements of one bank, rounded down to a multiple of 64 bytes. */
+size_t pd_shm_bank_elems(pd_coll *c, size_t esz);
 
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.

@@ -7,6 +7,7 @@
  * Every blocking call releases the GIL.
  */
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../group.h"
@@ -19,6 +20,7 @@ typedef struct {
     int rank;
     int size;
     long pid; /* creator: a forked child must not touch the parent's thread */
+    PyObject *handoffs; /* Works of interrupted inline collectives */
 } PGObject;
 
 typedef struct {
@@ -222,6 +224,11 @@ PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return pd_py_set_error(pd_state_from_type(type), st, msg);
     }
     self->g = g;
+    self->handoffs = PyList_New(0);
+    if (self->handoffs == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->pid = (long)getpid();
     self->port = port;
     self->rank = rank;
@@ -251,6 +258,7 @@ PG_dealloc(PGObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     pg_destroy(self);
+    Py_CLEAR(self->handoffs);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -276,9 +284,11 @@ pg_check(PGObject *self)
 static PyObject *
 PG_connect(PGObject *self, PyObject *args)
 {
-    PyObject *hosts, *ports;
+    PyObject *hosts, *ports, *nodes = Py_None;
     unsigned long long token;
-    if (!PyArg_ParseTuple(args, "OOK:connect", &hosts, &ports, &token)) {
+    int transport = PD_TRANSPORT_AUTO;
+    if (!PyArg_ParseTuple(args, "OOK|Oi:connect", &hosts, &ports, &token,
+                          &nodes, &transport)) {
         return NULL;
     }
     if (pg_check(self) < 0) {
@@ -286,16 +296,24 @@ PG_connect(PGObject *self, PyObject *args)
     }
     Py_ssize_t n = self->size;
     if (!PyList_Check(hosts) || !PyList_Check(ports) ||
-        PyList_GET_SIZE(hosts) != n || PyList_GET_SIZE(ports) != n) {
+        PyList_GET_SIZE(hosts) != n || PyList_GET_SIZE(ports) != n ||
+        (nodes != Py_None &&
+         (!PyList_Check(nodes) || PyList_GET_SIZE(nodes) != n))) {
         PyErr_Format(PyExc_ValueError,
-                     "connect: hosts and ports must be lists of %zd entries",
-                     n);
+                     "connect: hosts, ports (and nodes) must be lists of %zd "
+                     "entries", n);
+        return NULL;
+    }
+    if (transport < PD_TRANSPORT_AUTO || transport > PD_TRANSPORT_SHM) {
+        PyErr_Format(PyExc_ValueError, "connect: bad transport %d",
+                     transport);
         return NULL;
     }
     const char **h = PyMem_RawCalloc((size_t)n, sizeof(char *));
+    const char **nd = PyMem_RawCalloc((size_t)n, sizeof(char *));
     int *p = PyMem_RawCalloc((size_t)n, sizeof(int));
     PyObject *ret = NULL;
-    if (h == NULL || p == NULL) {
+    if (h == NULL || p == NULL || nd == NULL) {
         PyErr_NoMemory();
         goto exit;
     }
@@ -305,11 +323,16 @@ PG_connect(PGObject *self, PyObject *args)
         if (h[i] == NULL || (p[i] == -1 && PyErr_Occurred())) {
             goto exit;
         }
+        if (nodes != Py_None &&
+            (nd[i] = PyUnicode_AsUTF8(PyList_GET_ITEM(nodes, i))) == NULL) {
+            goto exit;
+        }
     }
     pd_status st;
     char msg[PD_ERRMSG_MAX];
     Py_BEGIN_ALLOW_THREADS
-    st = pd_group_connect(self->g, h, p, (uint64_t)token);
+    st = pd_group_connect(self->g, h, p, (uint64_t)token,
+                          nodes != Py_None ? nd : NULL, transport);
     if (st != PD_OK) {
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
     }
@@ -322,8 +345,219 @@ PG_connect(PGObject *self, PyObject *args)
     Py_INCREF(ret);
 exit:
     PyMem_RawFree(h);
+    PyMem_RawFree(nd);
     PyMem_RawFree(p);
     return ret;
+}
+
+/* ------------------------------------------------------ inline collectives */
+
+typedef struct {
+    PyThreadState *ts;
+} intr_ctx;
+
+/* Polled (without the GIL) while an inline collective waits for late
+ * ranks: take the GIL briefly and run the signal handlers. */
+static int
+py_interrupted(void *arg)
+{
+    intr_ctx *x = arg;
+    PyEval_RestoreThread(x->ts);
+    int r = PyErr_CheckSignals() < 0;
+    x->ts = PyEval_SaveThread();
+    return r;
+}
+
+/* Run o on this thread if the group allows.  Returns 0: not eligible (no
+ * exception); 1: done; -1: exception set.  On an interrupt the collective
+ * goes on in the progress thread: *handoff then holds its work. */
+static int
+run_inline(PGObject *self, pd_op *o, pd_work **handoff)
+{
+    pd_status st;
+    int ran;
+    char msg[PD_ERRMSG_MAX];
+    intr_ctx x;
+    x.ts = PyEval_SaveThread();
+    ran = pd_group_inline(self->g, o, py_interrupted, &x, &st, handoff);
+    if (ran && st != PD_OK && st != PD_EINTR) {
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+    }
+    PyEval_RestoreThread(x.ts);
+    if (!ran) {
+        return 0;
+    }
+    if (st == PD_EINTR) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetNone(PyExc_KeyboardInterrupt);
+        }
+        return -1;
+    }
+    if (st != PD_OK) {
+        pd_py_set_error(pg_state((PyObject *)self), st, msg);
+        return -1;
+    }
+    return 1;
+}
+
+/* A collective interrupted by a signal still runs: keep its arrays alive
+ * (in w) until it ends. */
+static void
+keep_handoff(PGObject *self, PyObject *w)
+{
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    if (PyList_Append(self->handoffs, w) < 0) {
+        PyErr_Clear();
+    }
+    PyErr_Restore(exc_type, exc, tb);
+}
+
+/* NumPy's buffer format -> dtype code, or -1. */
+static int
+dtype_of_format(const char *f, Py_ssize_t itemsize)
+{
+    if (f == NULL) {
+        return PD_UINT8;
+    }
+    if (*f == '@' || *f == '=' || *f == '<') {
+        f++;
+    }
+    if (f[0] == 'Z' && f[1] && !f[2]) {
+        return f[1] == 'f' ? PD_COMPLEX64 : f[1] == 'd' ? PD_COMPLEX128 : -1;
+    }
+    if (!f[0] || f[1]) {
+        return -1;
+    }
+    switch (f[0]) {
+    case '?':
+        return PD_BOOL;
+    case 'b':
+        return PD_INT8;
+    case 'B':
+        return PD_UINT8;
+    case 'h':
+        return PD_INT16;
+    case 'H':
+        return PD_UINT16;
+    case 'i':
+    case 'l':
+    case 'q':
+        return itemsize == 4 ? PD_INT32 : itemsize == 8 ? PD_INT64 : -1;
+    case 'I':
+    case 'L':
+    case 'Q':
+        return itemsize == 4 ? PD_UINT32 : itemsize == 8 ? PD_UINT64 : -1;
+    case 'e':
+        return PD_FLOAT16;
+    case 'f':
+        return PD_FLOAT32;
+    case 'd':
+        return PD_FLOAT64;
+    default:
+        return -1;
+    }
+}
+
+/* fast(kind, array, arg): all_reduce (arg = op), broadcast (arg = root) or
+ * barrier (array None) of one C-contiguous NumPy-like array, run on this
+ * thread when the group is idle.  True: done; False: not handled (nothing
+ * happened; use submit).  The Python wrapper calls it first, so a small
+ * blocking collective costs one C call. */
+static PyObject *
+PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "fast(kind, array, arg)");
+        return NULL;
+    }
+    if (self->g == NULL) {
+        Py_RETURN_FALSE;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    long arg = PyLong_AsLong(args[2]);
+    if ((kind == -1 || arg == -1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    pd_op o;
+    memset(&o, 0, sizeof(o));
+    Py_buffer v;
+    int have_view = 0;
+    char *ptr = NULL;
+    size_t len = 0;
+    if (kind == PD_K_ALLREDUCE || kind == PD_K_BROADCAST) {
+        if (PyObject_GetBuffer(args[1], &v,
+                               PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                                   PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        have_view = 1;
+        int dt = dtype_of_format(v.format, v.itemsize);
+        if (dt < 0 || v.itemsize <= 0 ||
+            (kind == PD_K_ALLREDUCE &&
+             (arg < 0 || arg >= PD_NREDOPS ||
+              pd_redop_check((pd_dtype)dt, (pd_redop)arg) != PD_OK)) ||
+            (kind == PD_K_BROADCAST && (arg < 0 || arg >= self->size))) {
+            PyBuffer_Release(&v);
+            Py_RETURN_FALSE;
+        }
+        o.dtype = (pd_dtype)dt;
+        o.count = (size_t)(v.len / v.itemsize);
+        ptr = v.buf;
+        len = (size_t)v.len;
+        if (kind == PD_K_ALLREDUCE) {
+            o.op = (pd_redop)arg;
+            snprintf(o.name, sizeof(o.name), "all_reduce");
+        }
+        else {
+            o.root = (int)arg;
+            snprintf(o.name, sizeof(o.name), "broadcast");
+        }
+    }
+    else if (kind == PD_K_BARRIER) {
+        snprintf(o.name, sizeof(o.name), "barrier");
+    }
+    else {
+        Py_RETURN_FALSE;
+    }
+    o.kind = (pd_kind)kind;
+    o.in = &ptr;
+    o.out = &ptr;
+    o.in_len = &len;
+    o.out_len = &len;
+    o.nblocks = 1;
+    pd_work *handoff = NULL;
+    int rc = run_inline(self, &o, &handoff);
+    if (handoff != NULL) {
+        /* the progress thread still uses the array: a Work keeps it */
+        pd_module_state *st = pg_state((PyObject *)self);
+        WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+        if (w != NULL) {
+            w->w = handoff;
+            w->views = have_view ? PyMem_Calloc(1, sizeof(Py_buffer)) : NULL;
+            w->nviews = 0;
+            w->ptrs = NULL;
+            w->lens = NULL;
+            w->keep = NULL;
+            w->kind = (int)kind;
+            if (have_view && w->views != NULL) {
+                w->views[0] = v;
+                w->nviews = 1;
+                have_view = 0;
+            }
+            keep_handoff(self, (PyObject *)w);
+            Py_DECREF(w);
+        }
+    }
+    if (have_view && handoff == NULL) {
+        PyBuffer_Release(&v);
+    }
+    if (rc < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(rc);
 }
 
 /* How many blocks each side of a kind has on this rank. */
@@ -450,16 +684,17 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"kind", "dtype", "op", "root", "tag", "count",
                              "inputs", "outputs", "in_splits", "out_splits",
-                             "timeout", "wait_all", "name", NULL};
-    int kind, dtype, op, root, tag, wait_all;
+                             "timeout", "wait_all", "name", "blocking", NULL};
+    int kind, dtype, op, root, tag, wait_all, blocking = 0;
     Py_ssize_t count;
     PyObject *ins, *outs, *in_splits, *out_splits;
     double timeout;
     const char *name;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "iiiiinO!O!OOdps:submit", kwlist, &kind, &dtype, &op,
-            &root, &tag, &count, &PyTuple_Type, &ins, &PyTuple_Type, &outs,
-            &in_splits, &out_splits, &timeout, &wait_all, &name)) {
+            args, kwds, "iiiiinO!O!OOdps|p:submit", kwlist, &kind, &dtype,
+            &op, &root, &tag, &count, &PyTuple_Type, &ins, &PyTuple_Type,
+            &outs, &in_splits, &out_splits, &timeout, &wait_all, &name,
+            &blocking)) {
         return NULL;
     }
     if (pg_check(self) < 0) {
@@ -596,6 +831,22 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     o.timeout = timeout;
     o.wait_all = wait_all;
     snprintf(o.name, sizeof(o.name), "%s", name);
+    if (blocking) {
+        /* small collective on an idle shared-memory group: run it here */
+        pd_work *handoff = NULL;
+        int rc = run_inline(self, &o, &handoff);
+        if (handoff != NULL) {
+            w->w = handoff;
+            keep_handoff(self, (PyObject *)w);
+        }
+        if (rc != 0) {
+            Py_DECREF(w);
+            if (rc < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+    }
     pd_status s = pd_group_submit(self->g, &o, &w->w);
     if (s != PD_OK) {
         char msg[PD_ERRMSG_MAX];
@@ -624,7 +875,18 @@ PG_get_size(PGObject *self, void *Py_UNUSED(closure))
     return PyLong_FromLong(self->size);
 }
 
+static PyObject *
+PG_get_transport(PGObject *self, void *Py_UNUSED(closure))
+{
+    if (self->g == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(pd_group_transport(self->g));
+}
+
 static PyGetSetDef PG_getset[] = {
+    {"transport", (getter)PG_get_transport, NULL,
+     "how collectives move: 'shm', 'tcp' or 'local'", NULL},
     {"port", (getter)PG_get_port, NULL, "listening port (before connect)",
      NULL},
     {"rank", (getter)PG_get_rank, NULL, "this rank", NULL},
@@ -635,6 +897,9 @@ static PyGetSetDef PG_getset[] = {
 static PyMethodDef PG_methods[] = {
     {"connect", (PyCFunction)PG_connect, METH_VARARGS,
      "connect(hosts, ports, token): build the mesh, start progress."},
+    {"fast", (PyCFunction)(void (*)(void))PG_fast, METH_FASTCALL,
+     "fast(kind, array, arg) -> bool: run a small blocking collective "
+     "here if the group is idle."},
     {"submit", (PyCFunction)(void (*)(void))PG_submit,
      METH_VARARGS | METH_KEYWORDS, "submit an operation; returns a Work."},
     {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,

@@ -78,7 +78,7 @@ pd_status_name(pd_status st)
         "ok", "invalid argument", "type error", "out of memory",
         "system error", "timeout", "network error", "store error",
         "collective mismatch", "backend error", "authentication failed",
-        "closed",
+        "closed", "interrupted",
     };
     if ((int)st < 0 || st >= PD_NSTATUS) {
         return "unknown status";

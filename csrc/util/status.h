@@ -24,6 +24,7 @@ typedef enum pd_status {
     PD_EBACKEND,    /* other backend failure                -> DistBackendError */
     PD_EAUTH,       /* authentication failed               -> DistNetworkError */
     PD_ECLOSED,     /* object closed / group aborted       -> DistError */
+    PD_EINTR,       /* a wait gave up for a pending signal (binding raises it) */
     PD_NSTATUS
 } pd_status;
 

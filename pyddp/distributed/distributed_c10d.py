@@ -89,6 +89,8 @@ class ProcessGroup:
         self._timeout = timeout
         self._pending = collections.deque()
         self._lock = threading.Lock()
+        # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups)
+        self._fast = cpg.fast
 
     def rank(self) -> int:
         return self._rank
@@ -109,7 +111,10 @@ class ProcessGroup:
         if self._cpg is None:
             raise DistError(f"{name}: the process group has been destroyed")
         cw = self._cpg.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
-                              in_splits, out_splits, float(timeout), bool(wait_all), name)
+                              in_splits, out_splits, float(timeout), bool(wait_all), name,
+                              not async_op and not source)
+        if cw is None:  # ran to completion on this thread
+            return None
         work = Work(cw, result, self if source else None)
         # The group holds every handle until it completes, so arrays stay alive even when
         # the caller drops an async handle or a blocking wait is interrupted (Ctrl-C).
@@ -122,7 +127,13 @@ class ProcessGroup:
             work.wait()
         return work
 
+    @property
+    def _transport(self):
+        """'shm' (every rank on this host), 'tcp' or 'local' (one rank)."""
+        return None if self._cpg is None else self._cpg.transport
+
     def _destroy(self):
+        self._fast = None
         cpg, self._cpg = self._cpg, None
         if cpg is not None:
             cpg.destroy()
@@ -367,6 +378,33 @@ def _advertised_host(store) -> str:
         return "127.0.0.1"
 
 
+_TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
+
+
+def _transport_choice(store, prefix, rank) -> int:
+    """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
+    if rank == 0:
+        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+        if want not in _TRANSPORTS:
+            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
+        store.set(f"{prefix}/transport", want)
+    return _TRANSPORTS[store.get(f"{prefix}/transport").decode()]
+
+
+def _node_id() -> str:
+    """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
+    machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
+    nid = os.environ.get("PYDDP_NODE_ID")
+    if nid:
+        return nid
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
 def _connect_group(store, rank, size, timeout, name):
     """Create this rank's member of a group and connect it to the others through `store`.
 
@@ -381,17 +419,20 @@ def _connect_group(store, rank, size, timeout, name):
         if size > 1:
             host = _advertised_host(store)
             store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            store.set(f"{prefix}/node/{rank}", _node_id())
             if rank == 0:
                 store.set(f"{prefix}/token", str(secrets.randbits(63)))
+            transport = _transport_choice(store, prefix, rank)
             token = int(store.get(f"{prefix}/token"))
-            hosts, ports = [], []
+            hosts, ports, nodes = [], [], []
             for r in range(size):
                 h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
                 hosts.append(h)
                 ports.append(int(p))
+                nodes.append(store.get(f"{prefix}/node/{r}").decode())
         else:
-            token, hosts, ports = 0, ["127.0.0.1"], [0]
-        cpg.connect(hosts, ports, token)
+            token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
+        cpg.connect(hosts, ports, token, nodes, transport)
     except BaseException:
         cpg.destroy()
         raise
@@ -678,6 +719,10 @@ def _rank_arrays(lst, name, n, ref, ref_code, ref_name, writable):
 # ------------------------------------------------------------------------------ collectives
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    if group is None and not async_op and group_src is None and src is not None:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_BROADCAST, tensor, src):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -687,11 +732,18 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
                            name="broadcast", result=tensor, async_op=async_op), async_op)
 
 
+_K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
+
+
 def _ret(work, async_op):
     return work if async_op else None
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_ALLREDUCE, tensor, op):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -874,6 +926,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 
 def barrier(group=None, async_op=False, device_ids=None):
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_BARRIER, None, 0):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None

@@ -1,0 +1,145 @@
+/* Allreduce through shared memory.
+ *
+ * Small: every rank copies its input into its bank, one sync, and every rank
+ * reduces all banks in rank order into its output (identical on all ranks).
+ * Large: rounds of one bank per rank.  Copy in; sync; rank r reduces slice r
+ * of all banks into its own bank; sync; every rank copies every slice out,
+ * while copying the next round's input into its other bank.  The banks stay
+ * small, so the data read in one phase was written moments before by
+ * another core and comes from cache.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+
+/* Largest message of the one-round algorithm (bytes), by measurement: below
+ * it, one sync beats two and every rank reading every bank is cheap. */
+#define SHM_ALLREDUCE_SMALL (16u << 10)
+
+static void
+slice(size_t m, int n, int p, size_t *lo, size_t *hi)
+{
+    size_t q = (m + (size_t)n - 1) / (size_t)n;
+    q = (q + 15) & ~(size_t)15;
+    *lo = (size_t)p * q < m ? (size_t)p * q : m;
+    *hi = *lo + q < m ? *lo + q : m;
+}
+
+pd_status
+pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
+{
+    pd_shm *s = c->shm;
+    int n = c->size, r = c->rank;
+    size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
+    size_t per = pd_shm_bank_elems(c, esz);
+    size_t bytes = count * esz;
+    char *stack[16];
+    char **src = n <= 16 ? stack : malloc(sizeof(char *) * (size_t)n);
+    pd_status st = PD_OK;
+    if (src == NULL) {
+        return pd_error(PD_ENOMEM, "all_reduce: out of memory");
+    }
+    if (bytes <= SHM_ALLREDUCE_SMALL && count <= per) {
+        int b = pd_shm_copyin_bank(c);
+        if (!c->resume) {
+            memcpy(pd_shm_bank(s, r, b), in, bytes);
+        }
+        PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
+        for (int p = 0; p < n; p++) {
+            src[p] = pd_shm_bank(s, p, b);
+        }
+        pd_shm_reduce(c, out, src, n, count, 1);
+        goto exit;
+    }
+    size_t done = 0;
+    size_t m = count < per ? count : per;
+    int b = pd_shm_copyin_bank(c);
+    if (!c->resume) {
+        memcpy(pd_shm_bank(s, r, b), in, m * esz);
+    }
+    PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
+    for (;;) {
+        size_t lo, hi;
+        slice(m, n, r, &lo, &hi);
+        src[0] = pd_shm_bank(s, r, b) + lo * esz;
+        for (int i = 1; i < n; i++) {
+            src[i] = pd_shm_bank(s, (r + i) % n, b) + lo * esz;
+        }
+        pd_shm_reduce(c, src[0], src, n, hi - lo, 1);
+        PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
+        /* every slice out, starting with the next rank's */
+        for (int i = 1; i <= n; i++) {
+            int p = (r + i) % n;
+            slice(m, n, p, &lo, &hi);
+            memcpy(out + (done + lo) * esz, pd_shm_bank(s, p, b) + lo * esz,
+                   (hi - lo) * esz);
+        }
+        done += m;
+        size_t m2 = count - done < per ? count - done : per;
+        if (m2 == 0) {
+            break;
+        }
+        b = pd_shm_next_bank(s);
+        memcpy(pd_shm_bank(s, r, b), in + done * esz, m2 * esz);
+        PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
+        m = m2;
+    }
+exit:
+    if (src != stack) {
+        free(src);
+    }
+    return st;
+}
+
+pd_status
+pd_allreduce_shm_inplace(pd_coll *c, char *const *peer, size_t count)
+{
+    int n = c->size, r = c->rank;
+    size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
+    size_t per = pd_shm_bank_elems(c, esz);
+    char *stack[16];
+    char **src = n <= 16 ? stack : malloc(sizeof(char *) * (size_t)n);
+    pd_status st = PD_OK;
+    if (src == NULL) {
+        return pd_error(PD_ENOMEM, "all_reduce: out of memory");
+    }
+    /* every rank's buffer holds its input */
+    PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
+    size_t prev = 0, prev_m = 0;
+    for (size_t done = 0;; done += per) {
+        size_t m = done < count ? (count - done < per ? count - done : per)
+                                : 0;
+        size_t lo, hi;
+        if (m > 0) {
+            /* reduce my slice of this chunk into my own buffer */
+            slice(m, n, r, &lo, &hi);
+            src[0] = peer[r] + (done + lo) * esz;
+            for (int i = 1; i < n; i++) {
+                src[i] = peer[(r + i) % n] + (done + lo) * esz;
+            }
+            pd_shm_reduce(c, src[0], src, n, hi - lo, 1);
+        }
+        if (prev_m > 0) {
+            /* gather the other slices of the previous chunk */
+            for (int i = 1; i < n; i++) {
+                int p = (r + i) % n;
+                slice(prev_m, n, p, &lo, &hi);
+                memcpy(peer[r] + (prev + lo) * esz,
+                       peer[p] + (prev + lo) * esz, (hi - lo) * esz);
+            }
+        }
+        /* after the last gather: nobody reads my buffer any more */
+        PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
+        if (m == 0) {
+            break;
+        }
+        prev = done;
+        prev_m = m;
+    }
+exit:
+    if (src != stack) {
+        free(src);
+    }
+    return st;
+}

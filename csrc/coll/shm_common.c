@@ -1,0 +1,80 @@
+/* Helpers shared by the shared-memory algorithms (coll/<collective>_shm.c). */
+#include <string.h>
+
+#include "coll.h"
+
+pd_status
+pd_shm_first_sync(pd_coll *c)
+{
+    pd_status st = c->resume ? pd_shm_sync_wait(c->shm, &c->waiter)
+                             : pd_shm_sync(c->shm, &c->waiter);
+    if (st == PD_EINTR) {
+        /* the caller hands the collective over; resume from here */
+        return st;
+    }
+    c->resume = 0;
+    c->waiter.interrupted = NULL;
+    if (st != PD_OK) {
+        return st;
+    }
+    return pd_shm_check_ident(c->shm, &c->id, pd_coll_kind_name);
+}
+
+pd_status
+pd_shm_next_sync(pd_coll *c)
+{
+    return pd_shm_sync(c->shm, &c->waiter);
+}
+
+int
+pd_shm_copyin_bank(pd_coll *c)
+{
+    return c->resume ? pd_shm_cur_bank(c->shm) : pd_shm_next_bank(c->shm);
+}
+
+size_t
+pd_shm_bank_elems(pd_coll *c, size_t esz)
+{
+    size_t b = pd_shm_bank_size(c->shm);
+    return (b / esz) & ~(size_t)((64 / esz) ? (64 / esz) - 1 : 0);
+}
+
+#define HALF_BLOCK 2048
+
+void
+pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n, size_t count,
+              int avg)
+{
+    pd_dtype dt = (pd_dtype)c->id.dtype;
+    pd_redop op = (pd_redop)c->id.op;
+    if (dt == PD_FLOAT16 || dt == PD_BFLOAT16) {
+        float acc[HALF_BLOCK], tmp[HALF_BLOCK];
+        for (size_t i = 0; i < count; i += HALF_BLOCK) {
+            size_t m = count - i < HALF_BLOCK ? count - i : HALF_BLOCK;
+            pd_cast_to_f32(dt, acc, src[0] + i * 2, m);
+            for (int p = 1; p < n; p++) {
+                pd_cast_to_f32(dt, tmp, src[p] + i * 2, m);
+                pd_reduce(PD_FLOAT32, op, acc, tmp, m);
+            }
+            if (avg && op == PD_AVG) {
+                pd_reduce_avg_finish(PD_FLOAT32, acc, m, c->size);
+            }
+            pd_cast_from_f32(dt, dst + i * 2, acc, m);
+        }
+        return;
+    }
+    if (n == 1) {
+        if (dst != src[0]) {
+            memcpy(dst, src[0], count * pd_dtype_size(dt));
+        }
+    }
+    else {
+        pd_reduce3(dt, op, dst, src[0], src[1], count);
+        for (int p = 2; p < n; p++) {
+            pd_reduce(dt, op, dst, src[p], count);
+        }
+    }
+    if (avg && op == PD_AVG) {
+        pd_reduce_avg_finish(dt, dst, count, c->size);
+    }
+}

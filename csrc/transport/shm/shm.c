@@ -1,0 +1,512 @@
+/* Shared-memory segments, single-writer step flags and futex waits (shm.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../util/log.h"
+
+/* Control block size, rounded up to a page so the banks are page-aligned. */
+#define CTRL_BYTES                                                            \
+    ((sizeof(pd_shm_ctrl) + (size_t)4095) & ~(size_t)4095)
+
+/* Busy polling before sleeping, when every rank has a core of its own. */
+#define SPIN_BUSY_S 100e-6
+/* Yielding polls before sleeping on an oversubscribed host. */
+#define SPIN_YIELD_S 200e-6
+/* Longest futex sleep between checks (dead peer, deadline, signals). */
+#define SLEEP_SLICE_NS 20000000L
+
+struct pd_shm {
+    int rank;
+    int size;
+    int spin;          /* 1: busy poll first; 0: yield (oversubscribed) */
+    uint64_t token;
+    size_t bank_bytes;
+    size_t seg_bytes;
+    char **base;       /* base[p]: rank p's segment (own included) */
+    int *mapped;
+    int linked;        /* own name still in /dev/shm */
+    uint32_t step;     /* my step (private copy of ctrl->step) */
+    int bank;
+};
+
+size_t
+pd_shm_bank_bytes(void)
+{
+    static size_t cached;
+    if (cached == 0) {
+        size_t v = (size_t)256 << 10;
+        const char *e = getenv("PYDDP_SHM_CHUNK");
+        if (e != NULL && *e) {
+            char *end;
+            unsigned long long x = strtoull(e, &end, 10);
+            if (*end == 'K' || *end == 'k') {
+                x <<= 10;
+            }
+            else if (*end == 'M' || *end == 'm') {
+                x <<= 20;
+            }
+            if (x >= 4096 && x <= ((unsigned long long)64 << 20)) {
+                v = (size_t)x & ~(size_t)4095;
+            }
+        }
+        cached = v;
+    }
+    return cached;
+}
+
+static void
+seg_name(char *buf, size_t len, uint64_t token, int rank)
+{
+    snprintf(buf, len, "/pyddp.%016llx.%d", (unsigned long long)token, rank);
+}
+
+pd_status
+pd_shm_create(int rank, int size, uint64_t token, int spin, pd_shm **out)
+{
+    pd_shm *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return pd_error(PD_ENOMEM, "shared memory: out of memory");
+    }
+    *out = s;
+    s->rank = rank;
+    s->size = size;
+    s->spin = spin;
+    s->token = token;
+    s->bank_bytes = pd_shm_bank_bytes();
+    s->seg_bytes = CTRL_BYTES + 2 * s->bank_bytes;
+    s->base = calloc((size_t)size, sizeof(char *));
+    s->mapped = calloc((size_t)size, sizeof(int));
+    if (s->base == NULL || s->mapped == NULL) {
+        return pd_error(PD_ENOMEM, "shared memory: out of memory");
+    }
+    char name[64];
+    seg_name(name, sizeof(name), token, rank);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        return pd_syserror(PD_ESYS, "shm_open(%s)", name);
+    }
+    s->linked = 1;
+    /* allocate the pages now: a full /dev/shm fails here, not with SIGBUS
+     * in the middle of a collective */
+    int e = posix_fallocate(fd, 0, (off_t)s->seg_bytes);
+    if (e != 0) {
+        errno = e;
+        pd_status st = pd_syserror(
+            PD_ESYS, "allocating %zu bytes of shared memory for %s (is "
+            "/dev/shm large enough?)", s->seg_bytes, name);
+        close(fd);
+        return st;
+    }
+    void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        return pd_syserror(PD_ESYS, "mmap(%s)", name);
+    }
+    s->base[rank] = p;
+    s->mapped[rank] = 1;
+    pd_shm_ctrl *c = p;
+    c->pid = (int32_t)getpid();
+    return PD_OK;
+}
+
+pd_status
+pd_shm_attach(pd_shm *s)
+{
+    for (int q = 0; q < s->size; q++) {
+        if (s->mapped[q]) {
+            continue;
+        }
+        char name[64];
+        seg_name(name, sizeof(name), s->token, q);
+        int fd = shm_open(name, O_RDWR, 0600);
+        if (fd < 0) {
+            return pd_syserror(PD_ESYS,
+                               "shm_open(%s) of local rank %d's segment", name,
+                               q);
+        }
+        struct stat stt;
+        if (fstat(fd, &stt) != 0 || (size_t)stt.st_size != s->seg_bytes) {
+            close(fd);
+            return pd_error(PD_EINVAL,
+                            "shared memory segment %s of local rank %d has "
+                            "another size than this rank's (%zu bytes): "
+                            "every rank must use the same PYDDP_SHM_CHUNK",
+                            name, q, s->seg_bytes);
+        }
+        void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            return pd_syserror(PD_ESYS, "mmap(%s)", name);
+        }
+        s->base[q] = p;
+        s->mapped[q] = 1;
+    }
+    return PD_OK;
+}
+
+void
+pd_shm_unlink(pd_shm *s, int all)
+{
+    if (s == NULL) {
+        return;
+    }
+    char name[64];
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank ? !s->linked : !all) {
+            continue;
+        }
+        seg_name(name, sizeof(name), s->token, q);
+        if (shm_unlink(name) != 0 && errno != ENOENT) {
+            PD_LOG(PD_LOG_WARN, "shm", "shm_unlink(%s): %s", name,
+                   strerror(errno));
+        }
+        if (q == s->rank) {
+            s->linked = 0;
+        }
+    }
+}
+
+void
+pd_shm_close(pd_shm *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    pd_shm_unlink(s, 0);
+    for (int q = 0; q < s->size && s->base != NULL; q++) {
+        if (s->mapped[q]) {
+            munmap(s->base[q], s->seg_bytes);
+        }
+    }
+    free(s->base);
+    free(s->mapped);
+    free(s);
+}
+
+int
+pd_shm_rank(const pd_shm *s)
+{
+    return s->rank;
+}
+
+int
+pd_shm_size(const pd_shm *s)
+{
+    return s->size;
+}
+
+pd_shm_ctrl *
+pd_shm_ctrl_of(pd_shm *s, int p)
+{
+    return (pd_shm_ctrl *)s->base[p];
+}
+
+char *
+pd_shm_bank(pd_shm *s, int p, int b)
+{
+    return s->base[p] + CTRL_BYTES + (size_t)b * s->bank_bytes;
+}
+
+size_t
+pd_shm_bank_size(const pd_shm *s)
+{
+    return s->bank_bytes;
+}
+
+int
+pd_shm_cur_bank(const pd_shm *s)
+{
+    return s->bank;
+}
+
+int
+pd_shm_next_bank(pd_shm *s)
+{
+    s->bank ^= 1;
+    return s->bank;
+}
+
+void
+pd_shm_enter(pd_shm *s, const pd_shm_ident *id, uint64_t value)
+{
+    pd_shm_ctrl *c = pd_shm_ctrl_of(s, s->rank);
+    c->ident[id->seq & 1] = *id;
+    c->value[id->seq & 1] = value;
+    /* published by the release store of the next step */
+}
+
+/* ------------------------------------------------------------- waiting */
+
+static long
+futex(_Atomic uint32_t *addr, int op, uint32_t val,
+      const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static inline void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* a has reached b (wrap-safe) */
+static inline int
+reached(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b) >= 0;
+}
+
+static pd_status
+peer_aborted(pd_shm *s, int p)
+{
+    pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
+    uint32_t a = atomic_load_explicit(&c->abort, memory_order_acquire);
+    if (a == 0) {
+        return PD_OK;
+    }
+    char msg[PD_ERRMSG_MAX];
+    memcpy(msg, c->abort_msg, sizeof(msg));
+    msg[sizeof(msg) - 1] = '\0';
+    pd_status st = a < PD_NSTATUS ? (pd_status)a : PD_EBACKEND;
+    return pd_error(st, "%s", msg);
+}
+
+static pd_status
+wait_checks(pd_shm *s, const pd_shm_waiter *w, int p, uint32_t target)
+{
+    pd_status st;
+    for (int q = 0; q < s->size; q++) {
+        if (q != s->rank && (st = peer_aborted(s, q)) != PD_OK) {
+            return st;
+        }
+    }
+    if (w->check != NULL && (st = w->check(w->ctx)) != PD_OK) {
+        return st;
+    }
+    if (w->interrupted != NULL && w->interrupted(w->ctx)) {
+        return pd_error(PD_EINTR, "interrupted");
+    }
+    if (w->deadline > 0 && pd_now() >= w->deadline) {
+        return pd_error(PD_ETIMEOUT, "timed out waiting for local rank %d",
+                        p);
+    }
+    (void)target;
+    return PD_OK;
+}
+
+/* Wait until peer p's step reaches target. */
+static pd_status
+wait_peer(pd_shm *s, int p, uint32_t target, const pd_shm_waiter *w)
+{
+    pd_shm_ctrl *pc = pd_shm_ctrl_of(s, p);
+    _Atomic uint32_t *word = &pc->step;
+    if (reached(atomic_load_explicit(word, memory_order_acquire), target)) {
+        return PD_OK;
+    }
+    double t0 = pd_now();
+    double spin_until = t0 + (s->spin ? SPIN_BUSY_S : SPIN_YIELD_S);
+    unsigned n = 0;
+    for (;;) {
+        if (s->spin) {
+            for (int i = 0; i < 64; i++) {
+                if (reached(atomic_load_explicit(word, memory_order_acquire),
+                            target)) {
+                    return PD_OK;
+                }
+                cpu_relax();
+            }
+        }
+        else {
+            sched_yield();
+            if (reached(atomic_load_explicit(word, memory_order_acquire),
+                        target)) {
+                return PD_OK;
+            }
+        }
+        if ((++n & 15) == 0) {
+            if (atomic_load_explicit(&pc->abort, memory_order_relaxed)) {
+                return peer_aborted(s, p);
+            }
+            if (pd_now() >= spin_until) {
+                break;
+            }
+        }
+    }
+    /* sleep on the peer's step word */
+    pd_shm_ctrl *me = pd_shm_ctrl_of(s, s->rank);
+    for (;;) {
+        PD_CHECK(wait_checks(s, w, p, target));
+        atomic_store_explicit(&me->sleeping, 1, memory_order_seq_cst);
+        uint32_t v = atomic_load_explicit(word, memory_order_seq_cst);
+        if (reached(v, target)) {
+            atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);
+            return PD_OK;
+        }
+        struct timespec ts = {0, SLEEP_SLICE_NS};
+        futex(word, FUTEX_WAIT, v, &ts);
+        atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);
+        if (reached(atomic_load_explicit(word, memory_order_acquire),
+                    target)) {
+            return PD_OK;
+        }
+    }
+}
+
+static void
+wake_sleepers(pd_shm *s)
+{
+    pd_shm_ctrl *me = pd_shm_ctrl_of(s, s->rank);
+    for (int p = 0; p < s->size; p++) {
+        if (p != s->rank &&
+            atomic_load_explicit(&pd_shm_ctrl_of(s, p)->sleeping,
+                                 memory_order_seq_cst)) {
+            futex(&me->step, FUTEX_WAKE, INT_MAX, NULL);
+            return;
+        }
+    }
+}
+
+pd_status
+pd_shm_sync_wait(pd_shm *s, const pd_shm_waiter *w)
+{
+    /* Start with the next rank so that ranks do not all poll rank 0. */
+    for (int i = 1; i < s->size; i++) {
+        int p = (s->rank + i) % s->size;
+        pd_status st = wait_peer(s, p, s->step, w);
+        if (st != PD_OK) {
+            return st;
+        }
+    }
+    return PD_OK;
+}
+
+pd_status
+pd_shm_sync(pd_shm *s, const pd_shm_waiter *w)
+{
+    pd_shm_ctrl *me = pd_shm_ctrl_of(s, s->rank);
+    s->step++;
+    atomic_store_explicit(&me->step, s->step, memory_order_seq_cst);
+    wake_sleepers(s);
+    return pd_shm_sync_wait(s, w);
+}
+
+static void
+describe(const pd_shm_ident *id, const char *(*kind_name)(int), char *buf,
+         size_t len)
+{
+    int kind = id->kind;
+    int reduces = kind == 2 || kind == 3 || kind == 7; /* see pd_kind */
+    int rooted = kind == 1 || kind == 3 || kind == 5 || kind == 6;
+    char opbuf[32] = "", rootbuf[32] = "";
+    if (reduces) {
+        static const char *const ops[] = {"SUM", "AVG", "PRODUCT", "MIN",
+                                          "MAX", "BAND", "BOR", "BXOR"};
+        snprintf(opbuf, sizeof(opbuf), ", op=%s",
+                 id->op < 8 ? ops[id->op] : "?");
+    }
+    if (rooted) {
+        snprintf(rootbuf, sizeof(rootbuf), ", root=%d", id->root);
+    }
+    static const char *const dts[] = {
+        "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+        "int64", "uint64", "float16", "bfloat16", "float32", "float64",
+        "complex64", "complex128"};
+    snprintf(buf, len, "%s(dtype=%s, count=%llu%s%s) [sequence number %llu]",
+             kind_name(kind), id->dtype < 15 ? dts[id->dtype] : "?",
+             (unsigned long long)id->count, rootbuf, opbuf,
+             (unsigned long long)id->seq);
+}
+
+pd_status
+pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
+                   const char *(*kind_name)(int))
+{
+    for (int p = 0; p < s->size; p++) {
+        if (p == s->rank) {
+            continue;
+        }
+        const pd_shm_ident *o = &pd_shm_ctrl_of(s, p)->ident[id->seq & 1];
+        if (o->seq != id->seq || o->kind != id->kind ||
+            o->dtype != id->dtype || o->op != id->op || o->root != id->root ||
+            o->count != id->count || o->aux != id->aux) {
+            char a[256], b[256];
+            describe(id, kind_name, a, sizeof(a));
+            describe(o, kind_name, b, sizeof(b));
+            if (o->seq == id->seq && o->kind == id->kind &&
+                o->count == id->count && o->aux != id->aux) {
+                return pd_error(PD_EMISMATCH,
+                                "collective mismatch between ranks: rank %d "
+                                "and rank %d called %s with different "
+                                "shared-memory buffers or split sizes",
+                                s->rank, p, a);
+            }
+            return pd_error(PD_EMISMATCH,
+                            "collective mismatch between ranks: rank %d "
+                            "called %s but rank %d called %s",
+                            s->rank, a, p, b);
+        }
+    }
+    return PD_OK;
+}
+
+uint64_t
+pd_shm_value(pd_shm *s, int p, uint64_t seq)
+{
+    return pd_shm_ctrl_of(s, p)->value[seq & 1];
+}
+
+uint64_t
+pd_shm_entered(pd_shm *s, int p)
+{
+    pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
+    uint64_t a = c->ident[0].seq, b = c->ident[1].seq;
+    return a > b ? a : b;
+}
+
+void
+pd_shm_abort(pd_shm *s, int status, const char *msg)
+{
+    if (s == NULL || s->base == NULL || !s->mapped[s->rank]) {
+        return;
+    }
+    pd_shm_ctrl *me = pd_shm_ctrl_of(s, s->rank);
+    if (atomic_load(&me->abort) == 0) {
+        snprintf(me->abort_msg, sizeof(me->abort_msg), "%s", msg);
+        atomic_store_explicit(&me->abort, (uint32_t)status,
+                              memory_order_seq_cst);
+    }
+    pd_shm_wake_all(s);
+}
+
+void
+pd_shm_wake_all(pd_shm *s)
+{
+    for (int p = 0; p < s->size; p++) {
+        if (s->mapped[p]) {
+            futex(&pd_shm_ctrl_of(s, p)->step, FUTEX_WAKE, INT_MAX, NULL);
+        }
+    }
+}

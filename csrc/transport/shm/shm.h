@@ -1,0 +1,127 @@
+/* Shared memory between the ranks of a group on one host.
+ *
+ * Every rank owns one segment: a control block (single-writer flags, each on
+ * its own cache line) followed by two data banks.  Every rank maps every
+ * other rank's segment, so a collective moves bytes with plain loads and
+ * stores: a rank writes only into its own segment and reads the others'.
+ *
+ * Synchronisation is one counter per rank (the "step").  A sync point means:
+ * bump my step, then wait until every peer's step has reached mine.  Because
+ * no rank can pass a sync point before every rank has reached it, a peer is
+ * never more than one sync stage ahead; data written for sync s+1 goes to the
+ * other bank than data read after sync s, so two banks suffice (the bank
+ * bit flips at every copy-in phase, identically on every rank).
+ *
+ * Waiting spins (busy on a dedicated core, yielding when the host is
+ * oversubscribed), then sleeps on a futex on the peer's step word; a rank
+ * that publishes wakes the futex only when a peer has said it sleeps.
+ *
+ * Each rank also publishes the identity of the collective it entered
+ * (sequence number, kind, dtype, op, root, count) beside its step, in one of
+ * two slots by sequence parity: ranks that called different collectives find
+ * out at the first sync point, on every rank.
+ *
+ * Segments are shm_open'ed under a name derived from the group's random token
+ * and unlinked as soon as every rank has mapped them, so nothing is left in
+ * /dev/shm whatever happens later.
+ */
+#ifndef PD_SHM_H
+#define PD_SHM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../util/status.h"
+
+#define PD_SHM_LINE 64
+
+/* Identity of one collective, as published by a rank entering it. */
+typedef struct pd_shm_ident {
+    uint64_t seq;
+    uint64_t count;
+    uint64_t aux;     /* per-kind extra (e.g. shared-buffer offset) */
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t pad;
+    int32_t root;
+} pd_shm_ident;
+
+typedef struct pd_shm_ctrl {
+    /* line 0: the flags (written only by the owner) */
+    _Alignas(PD_SHM_LINE) _Atomic uint32_t step;
+    _Atomic uint32_t sleeping;   /* owner sleeps on some peer's step */
+    _Atomic uint32_t abort;      /* owner's group failed: status code */
+    int32_t pid;
+    uint64_t value[2];           /* small per-op value (by seq parity) */
+    uint32_t pad0[8];
+    /* line 1: identities by seq parity */
+    _Alignas(PD_SHM_LINE) pd_shm_ident ident[2];
+    /* the owner's error message when abort != 0 */
+    _Alignas(PD_SHM_LINE) char abort_msg[PD_ERRMSG_MAX];
+} pd_shm_ctrl;
+
+typedef struct pd_shm pd_shm;
+
+/* What a waiter checks while it waits. */
+typedef struct pd_shm_waiter {
+    double deadline;
+    /* Called every few milliseconds while sleeping: a non-OK status stops the
+     * wait (the group failed, a peer died, ...).  May be NULL. */
+    pd_status (*check)(void *ctx);
+    /* Called likewise: nonzero means "give up now" (a signal is pending);
+     * the wait returns PD_EINTR.  May be NULL. */
+    int (*interrupted)(void *ctx);
+    void *ctx;
+} pd_shm_waiter;
+
+/* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
+size_t pd_shm_bank_bytes(void);
+
+/* Create and map this rank's segment (rank, size: indices in the local set);
+ * *out is half-built until pd_shm_attach succeeds. */
+pd_status pd_shm_create(int rank, int size, uint64_t token, int spin,
+                        pd_shm **out);
+/* Map every peer's segment (after every rank created its own). */
+pd_status pd_shm_attach(pd_shm *s);
+/* Unlink this rank's segment name (after every rank attached).  best:
+ * also unlink every peer's name, ignoring ENOENT (cleanup after a failure). */
+void pd_shm_unlink(pd_shm *s, int all);
+/* Unmap everything.  Accepts NULL and half-built objects. */
+void pd_shm_close(pd_shm *s);
+
+int pd_shm_rank(const pd_shm *s);
+int pd_shm_size(const pd_shm *s);
+pd_shm_ctrl *pd_shm_ctrl_of(pd_shm *s, int p);
+/* Data bank b (0/1) of rank p. */
+char *pd_shm_bank(pd_shm *s, int p, int b);
+/* Flip the bank bit for a new copy-in phase; returns the bank to use. */
+int pd_shm_next_bank(pd_shm *s);
+int pd_shm_cur_bank(const pd_shm *s);
+size_t pd_shm_bank_size(const pd_shm *s);
+
+/* Publish the identity of the collective this rank enters. */
+void pd_shm_enter(pd_shm *s, const pd_shm_ident *id, uint64_t value);
+/* A sync point: bump this rank's step and wait for every peer to reach it.
+ * Returns PD_OK, PD_ETIMEOUT (message names the ranks that did not arrive),
+ * a peer's abort status, a check() status, or PD_EINTR. */
+pd_status pd_shm_sync(pd_shm *s, const pd_shm_waiter *w);
+/* Resume a sync whose bump was already done (after an interrupted wait). */
+pd_status pd_shm_sync_wait(pd_shm *s, const pd_shm_waiter *w);
+/* After the first sync of a collective: PD_EMISMATCH (message names both
+ * calls) unless every peer entered the same collective. */
+pd_status pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
+                             const char *(*kind_name)(int));
+/* The value peer p published with its identity for seq. */
+uint64_t pd_shm_value(pd_shm *s, int p, uint64_t seq);
+/* Highest sequence number peer p has entered (timeout diagnosis). */
+uint64_t pd_shm_entered(pd_shm *s, int p);
+
+/* This rank's group failed: tell peers (they see it at their next wait) and
+ * wake anyone sleeping. */
+void pd_shm_abort(pd_shm *s, int status, const char *msg);
+/* Wake every waiter sleeping on any rank's step (our own threads too). */
+void pd_shm_wake_all(pd_shm *s);
+
+#endif
