@@ -1039,6 +1039,12 @@ setup_shm(pd_group *g, uint64_t token, int spin)
                         msg);
     }
     g->shm = shm;
+    /* the setup barriers are not the user's collectives: numbering starts
+     * over (all their frames have arrived) */
+    g->seq = 0;
+    pd_hdr none;
+    memset(&none, 0, sizeof(none));
+    g->t->ops->set_coll(g->t, &none);
     return PD_OK;
 }
 

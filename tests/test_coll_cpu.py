@@ -24,6 +24,13 @@ pytestmark = pytest.mark.timeout(240)
 WORLD_SIZES = [2, 3, 4]
 
 
+@pytest.fixture(autouse=True, params=["shm", "tcp"])
+def transport(request, monkeypatch):
+    """Every test runs over shared memory (ranks on one host) and over TCP (forced)."""
+    monkeypatch.setenv("PYDDP_TRANSPORT", request.param)
+    return request.param
+
+
 def _op(name):
     return getattr(dist.ReduceOp, name)
 

@@ -36,6 +36,7 @@ typedef struct pd_module_state {
     PyTypeObject *HashStoreType;
     PyTypeObject *ProcessGroupType;
     PyTypeObject *WorkType;
+    PyTypeObject *SharedBufferType;
 } pd_module_state;
 
 pd_module_state *pd_get_state(PyObject *module);

@@ -112,6 +112,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->HashStoreType);
     Py_VISIT(st->ProcessGroupType);
     Py_VISIT(st->WorkType);
+    Py_VISIT(st->SharedBufferType);
     return 0;
 }
 
@@ -128,6 +129,7 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->HashStoreType);
     Py_CLEAR(st->ProcessGroupType);
     Py_CLEAR(st->WorkType);
+    Py_CLEAR(st->SharedBufferType);
     return 0;
 }
 

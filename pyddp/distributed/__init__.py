@@ -46,6 +46,7 @@ from .distributed_c10d import (  # noqa: F401
     is_nccl_available,
     isend,
     monitored_barrier,
+    _shared_array,
     new_group,
     recv,
     reduce,

@@ -925,6 +925,32 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                            async_op=async_op), async_op)
 
 
+def _shared_array(shape, dtype=np.float32, group=None):
+    """A NumPy array in the group's shared memory (internal; DistributedDataParallel keeps its
+    gradient buckets there).
+
+    A collective: every rank calls it with the same shape and dtype and gets its own array, which
+    every other rank of the group has mapped, so ``all_reduce`` on it (or on a contiguous slice of
+    it) reduces straight from the ranks' arrays without copying them in first. Needs a group
+    whose ranks are all on this host (``group._transport == 'shm'``); otherwise, or when /dev/shm
+    is too small on any rank, it raises on every rank and the group goes on.
+    """
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    dt = np.dtype(dtype)
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(n) for n in shape)
+    count = 1
+    for n in shape:
+        if n < 0:
+            raise ValueError(f"shape must not have negative entries, got {shape}")
+        count *= n
+    if pg._cpg is None:
+        raise DistError("_shared_array: the process group has been destroyed")
+    buf = pg._cpg.shared_alloc(count * dt.itemsize)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
 def barrier(group=None, async_op=False, device_ids=None):
     if group is None and not async_op:
         pg = _world.default_pg

@@ -1,0 +1,304 @@
+"""The shared-memory transport: chosen for ranks on one host, every collective through it checked
+against NumPy (with tiny banks, so every multi-round path runs), shared-memory buffers, nothing left in
+/dev/shm after a normal exit, an exception or SIGKILL, and a dead peer found within 5 seconds.
+
+tests/test_coll_cpu.py runs its whole matrix under both transports; this file covers what is
+specific to shared memory.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pyddp.distributed as dist
+from _mp import run, run_outcomes
+
+pytestmark = pytest.mark.timeout(240)
+
+SHM_DIR = "/dev/shm"
+
+
+def _segments():
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith("pyddp.")}
+    except FileNotFoundError:
+        return set()
+
+
+def _transport_child(rank, ws):
+    return dist.distributed_c10d._default_pg()._transport
+
+
+def test_ranks_on_one_host_use_shared_memory_and_tcp_can_be_forced():
+    assert run(_transport_child, 2, env={"PYDDP_TRANSPORT": None}) == ["shm", "shm"]
+    assert run(_transport_child, 2, env={"PYDDP_TRANSPORT": "tcp"}) == ["tcp", "tcp"]
+    assert run(_transport_child, 3, env={"PYDDP_TRANSPORT": "shm"}) == ["shm"] * 3
+
+
+def test_ranks_on_different_hosts_use_tcp_and_forcing_shm_fails_clearly():
+    # PYDDP_NODE_ID stands for the host identity (hostname + boot id)
+    res = run(_transport_child, 2, env={"PYDDP_TRANSPORT": None},
+              rank_env={0: {"PYDDP_NODE_ID": "hostA"}, 1: {"PYDDP_NODE_ID": "hostB"}})
+    assert res == ["tcp", "tcp"]
+    outs = run_outcomes(_transport_child, 2, env={"PYDDP_TRANSPORT": "shm"},
+                        rank_env={0: {"PYDDP_NODE_ID": "hostA"}, 1: {"PYDDP_NODE_ID": "hostB"}},
+                        timeout=60)
+    for o in outs:
+        assert not o.ok, o
+        assert "PYDDP_TRANSPORT=shm" in o.message and "host" in o.message, o.message
+
+
+def _every_collective_child(rank, ws, seed):
+    """Every collective at sizes around the bank size, float32/float64/int32/float16."""
+    assert dist.distributed_c10d._default_pg()._transport == "shm"
+    rng = np.random.default_rng(seed)
+    checks = 0
+    for count in [0, 1, 7, 100, 1023, 1024, 1025, 3000, 5000, 20011]:
+        for dt in (np.float32, np.float64, np.int32, np.float16):
+            acc = np.float32 if dt == np.float16 else dt
+
+            def inp(r, n=count, salt=0):
+                return ((np.arange(n) * (r + 3) + salt) % 11).astype(dt)
+
+            # all_reduce, every rank's input known to every rank
+            x = inp(rank)
+            dist.all_reduce(x)
+            want = sum(inp(r).astype(acc) for r in range(ws)).astype(dt)
+            assert np.array_equal(x, want), ("all_reduce", count, dt)
+            # AVG / MAX
+            if dt != np.int32:
+                x = inp(rank)
+                dist.all_reduce(x, op=dist.ReduceOp.AVG)
+                want = (sum(inp(r).astype(np.float64) for r in range(ws)) / ws).astype(dt)
+                assert np.allclose(x.astype(np.float64), want.astype(np.float64), rtol=1e-3), "avg"
+            x = inp(rank)
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            assert np.array_equal(x, np.max([inp(r) for r in range(ws)], axis=0)), "max"
+            # reduce to a random root
+            root = int(rng.integers(ws))
+            x = inp(rank, salt=1)
+            dist.reduce(x, dst=root)
+            if rank == root:
+                want = sum(inp(r, salt=1).astype(acc) for r in range(ws)).astype(dt)
+                assert np.array_equal(x, want), ("reduce", count, dt)
+            # broadcast
+            x = inp(rank, salt=2)
+            dist.broadcast(x, src=root)
+            assert np.array_equal(x, inp(root, salt=2)), ("broadcast", count, dt)
+            # all_gather (tensor and list forms)
+            out = np.full(count * ws, 99, dt)
+            dist.all_gather_into_tensor(out, inp(rank, salt=3))
+            assert np.array_equal(out, np.concatenate([inp(r, salt=3) for r in range(ws)])), "ag"
+            outs = [np.zeros(count, dt) for _ in range(ws)]
+            dist.all_gather(outs, inp(rank, salt=4))
+            for r in range(ws):
+                assert np.array_equal(outs[r], inp(r, salt=4)), "all_gather list"
+            # reduce_scatter
+            src = inp(rank, count * ws, salt=5)
+            out = np.zeros(count, dt)
+            dist.reduce_scatter_tensor(out, src)
+            full = sum(inp(r, count * ws, salt=5).astype(acc) for r in range(ws)).astype(dt)
+            assert np.array_equal(out, full[rank * count:(rank + 1) * count]), ("rs", count, dt)
+            # gather / scatter
+            g = [np.zeros(count, dt) for _ in range(ws)] if rank == root else None
+            dist.gather(inp(rank, salt=6), g, dst=root)
+            if rank == root:
+                for r in range(ws):
+                    assert np.array_equal(g[r], inp(r, salt=6)), "gather"
+            sl = [inp(r, salt=7) for r in range(ws)] if rank == root else None
+            o = np.zeros(count, dt)
+            dist.scatter(o, sl, src=root)
+            assert np.array_equal(o, inp(rank, salt=7)), "scatter"
+            checks += 9
+        # all_to_all with uneven splits (bytes per pair differ)
+        splits = [(count + 3 * r + 5 * rank) % 17 + count // 3 for r in range(ws)]
+        sends = [np.full(splits[r], rank * 100 + r, np.int64) for r in range(ws)]
+        recv_sizes = [(count + 3 * rank + 5 * r) % 17 + count // 3 for r in range(ws)]
+        recvs = [np.zeros(recv_sizes[r], np.int64) for r in range(ws)]
+        dist.all_to_all(recvs, sends)
+        for r in range(ws):
+            assert np.array_equal(recvs[r], np.full(recv_sizes[r], r * 100 + rank)), "a2a"
+        dist.barrier()
+        checks += 1
+    return checks
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_every_collective_matches_numpy_with_tiny_banks(ws):
+    # 4 KiB banks: every size above a few hundred elements takes many rounds
+    res = run(_every_collective_child, ws, 7, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": "4096"},
+              timeout=200)
+    assert all(r > 300 for r in res), res
+
+
+def _shared_array_child(rank, ws):
+    n = 300_001
+    a = dist._shared_array(n, np.float32)
+    assert a.shape == (n,) and a.dtype == np.float32 and a.flags.writeable
+    out = []
+    for it in range(3):
+        a[:] = (np.arange(n) % 13 + rank + it).astype(np.float32)
+        dist.all_reduce(a)
+        want = sum((np.arange(n) % 13 + r + it).astype(np.float32) for r in range(ws))
+        assert np.array_equal(a, want)
+        # a contiguous slice at the same offset on every rank, AVG
+        a[1000:2000] = rank
+        dist.all_reduce(a[1000:2000], op=dist.ReduceOp.AVG)
+        assert np.allclose(a[1000:2000], (ws - 1) / 2)
+        out.append(float(a[5]))
+    b = dist._shared_array((4, 5), np.float64)
+    b[:] = rank + 1
+    dist.all_reduce(b, op=dist.ReduceOp.PRODUCT)
+    assert np.array_equal(b, np.full((4, 5), float(np.prod(np.arange(1, ws + 1)))))
+    del a, b
+    # a private array after shared ones were released
+    c = np.ones(10)
+    dist.all_reduce(c)
+    assert np.array_equal(c, np.full(10, ws))
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_shared_arrays_allreduce_in_place_without_copy_in(ws):
+    run(_shared_array_child, ws, env={"PYDDP_TRANSPORT": "shm"})
+
+
+def _shared_offset_mismatch_child(rank, ws):
+    a = dist._shared_array(1000, np.float32)
+    a[:] = 1
+    try:
+        dist.all_reduce(a[100 * rank:100 * rank + 100])
+    except dist.DistError as e:
+        return str(e)
+    return None
+
+
+def test_shared_array_slices_at_different_offsets_are_a_mismatch():
+    res = run(_shared_offset_mismatch_child, 2, env={"PYDDP_TRANSPORT": "shm"})
+    for msg in res:
+        assert msg is not None and "mismatch" in msg, res
+
+
+def _shared_array_tcp_child(rank, ws):
+    try:
+        dist._shared_array(10)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_shared_array_needs_a_shared_memory_group():
+    res = run(_shared_array_tcp_child, 2, env={"PYDDP_TRANSPORT": "tcp"})
+    assert all(m and "shared-memory" in m for m in res), res
+
+
+# ------------------------------------------------------------------ /dev/shm stays clean
+
+
+def _listing_child(rank, ws, mode):
+    a = np.ones(1000)
+    dist.all_reduce(a)
+    buf = dist._shared_array(1 << 16)
+    buf[:] = 1
+    dist.all_reduce(buf)
+    left = sorted(n for n in os.listdir(SHM_DIR) if n.startswith("pyddp."))
+    if mode == "raise":
+        raise RuntimeError("user code failed")
+    if mode == "kill" and rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "kill":
+        try:
+            dist.all_reduce(np.ones(10))
+        except dist.DistError:
+            pass
+    return left
+
+
+@pytest.mark.parametrize("mode", ["normal", "raise", "kill"])
+def test_nothing_is_left_in_dev_shm(mode):
+    before = _segments()
+    outs = run_outcomes(_listing_child, 3, mode, env={"PYDDP_TRANSPORT": "shm"}, timeout=60,
+                        expect_death=(2,) if mode == "kill" else ())
+    for o in outs:
+        if mode == "normal" or (mode == "kill" and o.rank != 2):
+            assert o.ok, o
+            # segments are unlinked once every rank mapped them: none visible while running
+            assert o.value == [], o.value
+        if mode == "raise":
+            assert not o.ok and "user code failed" in o.message, o
+    time.sleep(0.2)
+    assert _segments() - before == set()
+
+
+# ------------------------------------------------------------------------------ dead peers
+
+
+def _dead_peer_child(rank, ws, count):
+    a = np.ones(count, np.float32)
+    dist.all_reduce(a)
+    if rank == 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(a)
+    except dist.DistError as e:
+        return time.monotonic() - t, type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.parametrize("count", [16, 4 << 20])
+def test_a_killed_peer_is_detected_within_five_seconds(count):
+    outs = run_outcomes(_dead_peer_child, 3, count, env={"PYDDP_TRANSPORT": "shm"},
+                        init_kwargs={"timeout": __import__("datetime").timedelta(seconds=60)},
+                        timeout=60, expect_death=(1,))
+    for o in outs:
+        if o.rank == 1:
+            continue
+        assert o.ok, o
+        assert o.value is not None, "all_reduce kept working without rank 1"
+        elapsed, name, msg = o.value
+        assert elapsed < 5.0, o.value
+        assert "1" in msg, msg
+
+
+# ------------------------------------------------------------------------- ordering, errors
+
+
+def _order_child(rank, ws):
+    arrays = [np.full(5000, i + rank, np.float64) for i in range(6)]
+    works = [dist.all_reduce(a, async_op=True) for a in arrays[:5]]
+    small = np.full(3, rank, np.float64)
+    dist.all_reduce(small)  # must not overtake the queued ones
+    dist.all_reduce(arrays[5])
+    for w in works:
+        w.wait()
+    for i, a in enumerate(arrays):
+        assert np.array_equal(a, np.full(5000, ws * i + ws * (ws - 1) / 2)), i
+    assert np.array_equal(small, np.full(3, ws * (ws - 1) / 2))
+    return True
+
+
+def test_blocking_calls_keep_their_place_after_async_work():
+    assert run(_order_child, 3, env={"PYDDP_TRANSPORT": "shm"}) == [True] * 3
+
+
+def _mismatch_child(rank, ws):
+    a = np.ones(10, np.float32)
+    try:
+        if rank == 0:
+            dist.all_reduce(a)
+        else:
+            dist.broadcast(a, src=0)
+    except dist.DistError as e:
+        return str(e)
+    return None
+
+
+def test_different_collectives_raise_a_mismatch_on_every_rank():
+    res = run(_mismatch_child, 2, env={"PYDDP_TRANSPORT": "shm"})
+    for msg in res:
+        assert msg and "mismatch" in msg and "all_reduce" in msg and "broadcast" in msg, res
