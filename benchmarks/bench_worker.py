@@ -7,6 +7,11 @@ Started by collectives.py, never by hand:
 Every rank times every iteration itself (a barrier before each, the collective alone inside the clock);
 the per-iteration times are reduced with MAX over ranks through the implementation's own all_reduce, and
 rank 0 writes them as JSON to --out. The parent takes the median over iterations.
+
+The transport of pyddp is the parent's business (PYDDP_TRANSPORT in the environment: "pyddp-tcp" is this
+worker with PYDDP_TRANSPORT=tcp). --shm-buffer (pyddp only) adds, after the other collectives, an allreduce
+of arrays allocated by pyddp.distributed._shared_array (once per size, on every rank), in result
+"shm_buffer"; when this build has no _shared_array it says so there instead.
 """
 import argparse
 import glob
@@ -178,13 +183,17 @@ class MpiImpl(Impl):
 IMPLS = {"pyddp": PyddpImpl, "gloo": GlooImpl, "mpi": MpiImpl}
 
 
-def check(impl, op, n_in, n_out):
-    """One run with rank-dependent data, compared with NumPy: a wrong result is reported, not timed."""
+def check(impl, op, a, out):
+    """One run with rank-dependent data in a (and out zeroed), compared with NumPy; leaves both zeroed.
+
+    A wrong result is reported, not timed. The timed iterations then run on zeros (sums stay finite).
+    """
     rank, world = impl.rank, impl.world
-    a = np.arange(n_in, dtype=np.float32) % 7 + rank + 1
-    out = np.zeros(n_out, dtype=np.float32)
-    getattr(impl, op)(impl.wrap(a), impl.wrap(out))
+    n_in, n_out = a.size, out.size
     base = np.arange(n_in, dtype=np.float32) % 7
+    a[...] = base + (rank + 1)
+    out[...] = 0
+    getattr(impl, op)(impl.wrap(a), impl.wrap(out))
     if op == "allreduce":
         got, want = a, base * world + world * (world + 1) / 2
     elif op == "broadcast":
@@ -196,16 +205,22 @@ def check(impl, op, n_in, n_out):
         got = out
         full = base * world + world * (world + 1) / 2
         want = full[rank * n_out:(rank + 1) * n_out]
-    return bool(np.allclose(got, want))
+    ok = bool(np.allclose(got, want))
+    a[...] = 0
+    out[...] = 0
+    return ok
 
 
-def run_op(impl, op, sizes, args):
+def run_op(impl, op, sizes, args, make=None):
+    """Rows of one collective over sizes; make(count) allocates the arrays (default impl.make)."""
+    make = make or impl.make
     rows = []
     for nbytes in sizes:
         n_in, n_out = counts_for(op, nbytes, impl.world)
-        ok = check(impl, op, n_in, n_out)
-        a = impl.make(n_in)
-        out = impl.make(n_out)
+        a = make(n_in)
+        # allreduce and broadcast work in place: their out is an unused placeholder
+        out = make(n_out) if op in ("allgather", "reduce_scatter") else np.zeros(1, dtype=np.float32)
+        ok = check(impl, op, a, out)
         ta, tout = impl.wrap(a), impl.wrap(out)
         fn = getattr(impl, op)
         iters = iterations(nbytes, args.iters, args.budget_bytes)
@@ -229,7 +244,20 @@ def run_op(impl, op, sizes, args):
             "min_us": float(times.min() * 1e6),
             "correct": ok,
         })
+        del ta, tout, a, out  # a shared-memory buffer is given back before the next size is allocated
     return rows
+
+
+def run_shm_buffer(impl, sizes, args):
+    """allreduce of arrays from pyddp.distributed._shared_array: {"available", "rows"} (or "why")."""
+    alloc = getattr(impl.dist, "_shared_array", None)
+    if alloc is None:
+        return {"available": False, "why": "pyddp.distributed._shared_array is missing in this build"}
+
+    def make(count):
+        return alloc((count,), dtype=np.float32)
+
+    return {"available": True, "rows": run_op(impl, "allreduce", sizes, args, make=make)}
 
 
 def main():
@@ -240,11 +268,23 @@ def main():
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--budget-bytes", type=int, default=2 << 30)
     p.add_argument("--out", required=True)
+    p.add_argument("--shm-buffer", action="store_true",
+                   help="pyddp: also time allreduce on arrays from dist._shared_array")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     impl = IMPLS[args.impl]()
     result = {"impl": impl.name, "world_size": impl.world, "ops": {}, "errors": {}}
+    if impl.name == "pyddp":
+        result["transport_env"] = os.environ.get("PYDDP_TRANSPORT", "")
+
+    def write():
+        if impl.rank == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, args.out)
+
     for op in args.ops.split(","):
         try:
             result["ops"][op] = run_op(impl, op, sizes, args)
@@ -254,16 +294,17 @@ def main():
                 print(f"[{impl.name}] {op} failed:\n{result['errors'][op]}", file=sys.stderr, flush=True)
             # The ranks may now be out of step: stop here rather than risk a hang.
             break
-        if impl.rank == 0:
-            tmp = args.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f)
-            os.replace(tmp, args.out)
-    if impl.rank == 0:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, args.out)
+        write()
+    if args.shm_buffer and impl.name == "pyddp" and not result["errors"]:
+        # Last, so that a failure here hides none of the other collectives.
+        try:
+            result["shm_buffer"] = run_shm_buffer(impl, sizes, args)
+        except Exception:
+            result["shm_buffer"] = {"available": True, "error": traceback.format_exc(limit=3)}
+            if impl.rank == 0:
+                print(f"[pyddp] shm-buffer allreduce failed:\n{result['shm_buffer']['error']}",
+                      file=sys.stderr, flush=True)
+    write()
     impl.close()
     return 1 if result["errors"] else 0
 

@@ -3,22 +3,36 @@
 
     python benchmarks/collectives.py                      # 2 ranks, 4 B .. 64 MiB, every peer found
     python benchmarks/collectives.py --nproc 4 --ops allreduce --peers pyddp,gloo
-    python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096
+    python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096 --no-plot
+
+Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
+--peers LIST (pyddp,pyddp-tcp,gloo,mpi; default: all found), --json OUT, --plot FILE (default
+benchmarks/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
-reduce_scatter_tensor) it prints an nccl-tests-style table of float32 arrays: size, then per library the
-median time (us), algbw and busbw (GB/s), and the time ratios gloo/pyddp and mpi/pyddp (> 1: pyddp is faster).
+reduce_scatter_tensor) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
+of that many bytes (memcpy GB/s), then per library the median time (us), algbw and busbw (GB/s), then time
+ratios (gloo/pyddp, mpi/pyddp, gloo/pyddp-tcp: > 1, pyddp is faster) and, for allreduce, pyddp's algbw as a
+fraction of memcpy (pyddp/memcpy, shm-buf/memcpy).
+
+Libraries: "pyddp" (the transport pyddp picks itself: shared memory for ranks on one host, where the build
+has it), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
+by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
+note says so when the build has no _shared_array), "torch gloo" and "Open MPI".
 
 Method (as nccl-tests and ../shared/reference/performance.md): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
 a free port; MPI: mpirun -np N); per size a correctness check, warm-up iterations, then timed iterations each
 preceded by a barrier; each iteration's time is the slowest rank's; the table shows the median over iterations.
 size is the whole array: allgather's output, reduce_scatter's input. busbw = algbw * factor: allreduce
-2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1. NumPy copy bandwidth on this machine is printed
-for reference. A library that is missing or fails prints a note; the others still report.
+2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1. memcpy: median time of np.copyto into a
+preallocated array of the same number of bytes, warm, many repetitions, measured here before the libraries
+run. A library that is missing or fails prints a note; the others still report. --plot draws algbw against
+size, one panel per collective, memcpy dashed.
 """
 import argparse
 import json
+import math
 import os
 import secrets
 import shutil
@@ -34,10 +48,26 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "bench_worker.py")
+DEFAULT_PLOT = os.path.join(HERE, "collectives.png")
+
+if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will use (also when imported)
+    sys.path.insert(0, HERE)
+from bench_worker import counts_for  # noqa: E402
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
-PEERS = ("pyddp", "gloo", "mpi")
-LABEL = {"pyddp": "pyddp", "gloo": "torch gloo", "mpi": "Open MPI"}
+PEERS = ("pyddp", "pyddp-tcp", "gloo", "mpi")
+# Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
+COLUMNS = ("pyddp", "pyddp-shm", "pyddp-tcp", "gloo", "mpi")
+LABEL = {"pyddp": "pyddp", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
+         "mpi": "Open MPI"}
+IMPL = {"pyddp": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi"}
+# Ratio columns, numerator / denominator of times (> 1: the denominator is faster), where both ran.
+RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp"), ("gloo", "pyddp-tcp"))
+# allreduce only: algbw / memcpy bandwidth, with the short names of the column heads.
+FRACTIONS = (("pyddp", "pyddp/"), ("pyddp-shm", "shm-buf/"))
+# The issue's targets for allreduce at 64 MiB (at least), checked under the tables when that size ran.
+TARGET_BYTES = 64 << 20
+TARGETS = ((("mpi", "pyddp"), 1.5), (("gloo", "pyddp"), 4.0), ("pyddp", 0.4), ("pyddp-shm", 0.7))
 
 
 def busbw_factor(op, n):
@@ -72,7 +102,7 @@ def free_port():
 
 def available(peer):
     """(True, '') when the peer can run here, else (False, why)."""
-    if peer == "pyddp":
+    if peer in ("pyddp", "pyddp-tcp"):
         return True, ""
     if peer == "gloo":
         try:
@@ -103,16 +133,25 @@ def worker_env(extra=None):
     # One thread per rank: the ranks already use every core of a small machine.
     env["OMP_NUM_THREADS"] = "1"
     env["PYDDP_SECRET"] = JOB_SECRET
+    # "pyddp" measures the transport pyddp picks itself; only "pyddp-tcp" forces one (below).
+    env.pop("PYDDP_TRANSPORT", None)
     env.update(extra or {})
     return env
+
+
+def peer_env(peer):
+    """Environment entries that make a peer what its name says."""
+    return {"PYDDP_TRANSPORT": "tcp"} if peer == "pyddp-tcp" else {}
 
 
 def run_peer(peer, args, sizes, tmpdir):
     """Run one library's workers; returns (result dict or None, note or '')."""
     out = os.path.join(tmpdir, f"{peer}.json")
-    wargs = [sys.executable, WORKER, "--impl", peer, "--ops", ",".join(args.ops),
+    wargs = [sys.executable, WORKER, "--impl", IMPL[peer], "--ops", ",".join(args.ops),
              "--sizes", ",".join(str(s) for s in sizes), "--iters", str(args.iters),
              "--budget-bytes", str(args.budget_bytes), "--out", out]
+    if peer == "pyddp" and "allreduce" in args.ops:
+        wargs.append("--shm-buffer")
     logs = []
     procs = []
     try:
@@ -130,7 +169,7 @@ def run_peer(peer, args, sizes, tmpdir):
             for rank in range(args.nproc):
                 env = worker_env({"RANK": str(rank), "LOCAL_RANK": str(rank),
                                   "WORLD_SIZE": str(args.nproc), "LOCAL_WORLD_SIZE": str(args.nproc),
-                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **peer_env(peer)})
                 log = open(os.path.join(tmpdir, f"{peer}.{rank}.log"), "w+")
                 logs.append(log)
                 procs.append(subprocess.Popen(wargs, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -180,90 +219,240 @@ def run_peer(peer, args, sizes, tmpdir):
     return result, note
 
 
-def memcpy_bandwidth(sizes=(1 << 20, 16 << 20, 64 << 20)):
-    """GB/s of np.copyto (bytes copied / time, median of repeats), one thread, this machine, now."""
-    rows = []
-    for n in sizes:
-        src = np.ones(n // 4, dtype=np.float32)
-        dst = np.empty_like(src)
-        reps = max(5, min(200, (256 << 20) // n))
-        times = []
-        for _ in range(reps + 2):
-            t0 = time.perf_counter()
+def row_sizes(ops, sizes, world):
+    """Every array size (bytes) a table row will have: the requested sizes as the workers round them."""
+    out = set()
+    for op in ops:
+        for n in sizes:
+            n_in, n_out = counts_for(op, n, world)
+            out.add(4 * (n_out if op == "allgather" else n_in))
+    return sorted(out)
+
+
+def memcpy_seconds(nbytes):
+    """Median seconds of one np.copyto(dst, src) of nbytes into a preallocated array: warm, one thread.
+
+    Small copies are timed in batches (the clock's own cost would dominate one copy of a few bytes).
+    """
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    inner = max(1, min(256, (256 << 10) // nbytes))
+    samples = max(25, min(400, (1 << 30) // (nbytes * inner)))
+    for _ in range(3):  # warm: page faults, caches
+        np.copyto(dst, src)
+    clock = time.perf_counter
+    times = np.empty(samples)
+    for i in range(samples):
+        t0 = clock()
+        for _ in range(inner):
             np.copyto(dst, src)
-            times.append(time.perf_counter() - t0)
-        rows.append((n, n / float(np.median(times[2:])) / 1e9))
-    return rows
+        times[i] = (clock() - t0) / inner
+    return float(np.median(times))
 
 
-def print_tables(args, results, notes, world, copy=()):
-    peers = [p for p in args.peers if results.get(p)]
-    for op in args.ops:
-        if not any(results[p]["ops"].get(op) for p in peers):
-            print(f"\n# {op}: no results")
-            continue
-        factor = busbw_factor(op, world)
-        print()
-        print(f"# {op}  (float32, {world} ranks, median of timed iterations, busbw = algbw * {factor:.3g})")
-        head1 = f"# {'':>10} {'':>10}"
-        head2 = f"# {'size':>10} {'count':>10}"
-        for p in peers:
-            head1 += f"  {LABEL[p]:^27}"
-            head2 += f"  {'time(us)':>10} {'algbw':>7} {'busbw':>7}"
-        ratio_peers = [p for p in peers if p != "pyddp" and "pyddp" in peers]
-        if ratio_peers:
-            head1 += "  " + "ratio (peer time / pyddp)".center(10 * len(ratio_peers) + 2 * (len(ratio_peers) - 1))
-            for p in ratio_peers:
-                head2 += f"  {p + '/pyddp':>10}"
-        print(head1.rstrip())
-        print(head2)
-        # rows keyed by size: every peer ran the same sizes
-        by_peer = {p: {r["bytes"]: r for r in results[p]["ops"].get(op, [])} for p in peers}
-        sizes = sorted({b for p in peers for b in by_peer[p]})
-        for b in sizes:
-            count = next(by_peer[p][b]["count"] for p in peers if b in by_peer[p])
-            line = f"  {b:>10} {count:>10}"
-            for p in peers:
-                r = by_peer[p].get(b)
-                if r is None:
-                    line += f"  {'-':>10} {'-':>7} {'-':>7}"
-                    continue
-                t = r["median_us"]
-                algbw = b / (t * 1e-6) / 1e9 if t > 0 else float("inf")
-                mark = "" if r.get("correct", True) else "!"
-                line += f"  {t:>9.1f}{mark or ' '} {algbw:>7.3f} {algbw * factor:>7.3f}"
-            for p in ratio_peers:
-                a, c = by_peer["pyddp"].get(b), by_peer[p].get(b)
-                if a and c and a["median_us"] > 0:
-                    line += f"  {c['median_us'] / a['median_us']:>10.2f}"
-                else:
-                    line += f"  {'-':>10}"
-            print(line)
-        wrong = [p for p in peers for r in by_peer[p].values() if not r.get("correct", True)]
-        if wrong:
-            print(f"# '!': WRONG RESULT from {', '.join(sorted(set(wrong)))} at that size")
-        for p in args.peers:
-            if p not in peers:
+def measure_memcpy(nbytes_list):
+    """{bytes: {"us": median time of one copy, "gbps": bytes / time}} for every size."""
+    out = {}
+    for n in nbytes_list:
+        t = memcpy_seconds(n)
+        out[n] = {"us": t * 1e6, "gbps": n / t / 1e9 if t > 0 else float("inf")}
+    return out
+
+
+def algbw(nbytes, us):
+    return nbytes / (us * 1e-6) / 1e9 if us > 0 else float("inf")
+
+
+def fmt_us(t):
+    return f"{t:.2f}" if t < 10 else f"{t:.1f}" if t < 1e5 else f"{t:.0f}"
+
+
+def fmt_bw(x):
+    return f"{x:.1f}" if x >= 100 else f"{x:.2f}" if x >= 10 else f"{x:.3f}"
+
+
+def table_columns(op, results):
+    """The libraries with rows for op, in COLUMNS order."""
+    return [c for c in COLUMNS if results.get(c) and results[c]["ops"].get(op)]
+
+
+def ratio_value(a, b):
+    """a / b of two rows' median times, or None."""
+    if a and b and b["median_us"] > 0:
+        return a["median_us"] / b["median_us"]
+    return None
+
+
+def table(op, results, world, memcpy):
+    """The lines of one collective's table (results: column -> {"ops": {op: rows}})."""
+    cols = table_columns(op, results)
+    errors = [f"# {LABEL[c]}: {op} failed: {err.strip().splitlines()[-1]}" for c in COLUMNS
+              for err in [(results.get(c) or {}).get("errors", {}).get(op)] if err]
+    if not cols:
+        return [f"# {op}: no results"] + errors
+    factor = busbw_factor(op, world)
+    by_col = {c: {r["bytes"]: r for r in results[c]["ops"][op]} for c in cols}
+    ratios = [(a, b) for a, b in RATIOS if a in cols and b in cols]
+    fracs = [(c, short) for c, short in FRACTIONS if op == "allreduce" and c in cols]
+    # Extra columns: (head line 1, head line 2, value of a size, decimals); width from the heads.
+    extra = [(f"{a}/", b, (lambda n, a=a, b=b: ratio_value(by_col[a].get(n), by_col[b].get(n))), 2)
+             for a, b in ratios]
+    for c, short in fracs:
+        def frac(n, c=c):
+            r, m = by_col[c].get(n), memcpy.get(n)
+            return algbw(n, r["median_us"]) / m["gbps"] if r and m and m["gbps"] > 0 else None
+        extra.append((short, "memcpy", frac, 3))
+
+    lines = [f"# {op}  (float32, {world} ranks, median of timed iterations, busbw = algbw * {factor:.3g})"]
+    group = 22  # time(us) algbw busbw
+    head1 = f"# {'':>10}  {'memcpy':>6}"
+    head2 = f"# {'size':>10}  {'GB/s':>6}"
+    for c in cols:
+        head1 += "  " + LABEL[c].center(group)
+        head2 += f"  {'time(us)':>8} {'algbw':>6} {'busbw':>6}"
+    widths = []
+    for h1, h2, _, _ in extra:
+        w = max(len(h1), len(h2), 6)
+        widths.append(w)
+        head1 += f"  {h1:>{w}}"
+        head2 += f"  {h2:>{w}}"
+    lines += [head1.rstrip(), head2]
+    for n in sorted({b for c in cols for b in by_col[c]}):
+        m = memcpy.get(n)
+        line = f"  {n:>10}  {fmt_bw(m['gbps']) if m else '-':>6}"
+        for c in cols:
+            r = by_col[c].get(n)
+            if r is None:
+                line += f"  {'-':>8} {'-':>6} {'-':>6}"
                 continue
-            err = results[p].get("errors", {}).get(op)
-            if err:
-                print(f"# {LABEL[p]}: {op} failed: {err.strip().splitlines()[-1]}")
-    if "allreduce" in args.ops and copy:
-        # performance.md: report allreduce algbw as a fraction of what one core can copy.
-        parts = []
-        for n, bw in copy:
-            fr = []
-            for p in peers:
-                r = next((r for r in results[p]["ops"].get("allreduce", []) if r["bytes"] == n), None)
-                if r and r["median_us"] > 0:
-                    fr.append(f"{p} {100.0 * n / (r['median_us'] * 1e-6) / 1e9 / bw:.0f}%")
-            if fr:
-                parts.append(f"{fmt_size(n)}: " + ", ".join(fr))
-        if parts:
-            print("\n# allreduce algbw as a share of numpy copy bandwidth: " + "; ".join(parts))
-    for p in args.peers:
-        if notes.get(p):
-            print(f"# note: {LABEL[p]}: {notes[p]}")
+            bw = algbw(n, r["median_us"])
+            mark = "" if r.get("correct", True) else "!"
+            line += f"  {fmt_us(r['median_us']):>8}{mark or ' '}{fmt_bw(bw):>6} {fmt_bw(bw * factor):>6}"
+        for (_, _, value, digits), w in zip(extra, widths):
+            v = value(n)
+            digits = digits + 1 if v is not None and v < 0.1 else digits  # a small ratio keeps 2 figures
+            line += f"  {'-' if v is None else f'{v:.{digits}f}':>{w}}"
+        lines.append(line)
+    legend = []
+    if ratios:
+        legend.append("x/y: time of x / time of y (> 1: y is faster)")
+    if fracs:
+        legend.append(", ".join(f"{short}memcpy" for _, short in fracs) + ": algbw of "
+                      + ", ".join(LABEL[c] for c, _ in fracs) + " / memcpy GB/s")
+    if legend:
+        lines.append("# " + "; ".join(legend))
+    wrong = sorted({LABEL[c] for c in cols for r in by_col[c].values() if not r.get("correct", True)})
+    if wrong:
+        lines.append(f"# '!': WRONG RESULT from {', '.join(wrong)} at that size")
+    return lines + errors
+
+
+def target_lines(results, memcpy, ops):
+    """The issue's targets, checked where this run has the numbers: allreduce at 64 MiB, pyddp-tcp vs gloo."""
+    lines = []
+    ar = {c: {r["bytes"]: r for r in results[c]["ops"].get("allreduce", [])}
+          for c in COLUMNS if results.get(c)}
+    parts = []
+    for what, want in TARGETS:
+        if isinstance(what, tuple):
+            a, b = what
+            v = ratio_value(ar.get(a, {}).get(TARGET_BYTES), ar.get(b, {}).get(TARGET_BYTES))
+            name = f"{a}/{b}"
+        else:
+            r, m = ar.get(what, {}).get(TARGET_BYTES), memcpy.get(TARGET_BYTES)
+            v = algbw(TARGET_BYTES, r["median_us"]) / m["gbps"] if r and m else None
+            name = f"{dict(FRACTIONS)[what]}memcpy"
+        if v is not None:
+            parts.append(f"{name} {v:.2f} (>= {want:g}: {'met' if v >= want else 'MISSED'})")
+    if parts:
+        lines.append(f"# targets, allreduce {fmt_size(TARGET_BYTES)}: " + ", ".join(parts))
+    if results.get("gloo") and results.get("pyddp-tcp"):
+        slower = []
+        for op in ops:
+            g = {r["bytes"]: r for r in results["gloo"]["ops"].get(op, [])}
+            for r in results["pyddp-tcp"]["ops"].get(op, []):
+                v = ratio_value(g.get(r["bytes"]), r)
+                if v is not None and v < 1:
+                    slower.append(f"{op} {fmt_size(r['bytes'])} ({v:.2f})")
+        lines.append("# target, pyddp-tcp at least as fast as gloo at every size: "
+                     + (f"MISSED at {', '.join(slower)}" if slower else "met"))
+    return lines
+
+
+def print_tables(args, results, notes, world, memcpy):
+    for op in args.ops:
+        print()
+        print("\n".join(table(op, results, world, memcpy)))
+    targets = target_lines(results, memcpy, args.ops)
+    if targets:
+        print()
+        print("\n".join(targets))
+    for c in COLUMNS:
+        if notes.get(c):
+            print(f"# note: {LABEL[c]}: {notes[c]}")
+
+
+def fmt_size_short(n):
+    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}"
+    return f"{n}B"
+
+
+def plot(path, ops, results, world, memcpy):
+    """Write the algbw plot to path; returns a note ('' when written). matplotlib is imported here only."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullLocator
+    except Exception as e:  # not installed, or broken: the tables are the result, the plot is extra
+        return f"skipped: matplotlib does not import ({e}); pip install matplotlib"
+    ops = [op for op in ops if table_columns(op, results)]
+    if not ops:
+        return "skipped: no results to plot"
+    ncols = min(2, len(ops))
+    nrows = math.ceil(len(ops) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.4 * nrows), squeeze=False)
+    # One colour and marker per library in every panel.
+    styles = {"pyddp": ("o-", "C0"), "pyddp-shm": ("D-", "C1"), "pyddp-tcp": ("s-", "C2"), "gloo": ("^-", "C3"),
+              "mpi": ("v-", "C4")}
+    for ax, op in zip(axes.flat, ops):
+        xs_all = set()
+        for c in table_columns(op, results):
+            pts = [(r["bytes"], algbw(r["bytes"], r["median_us"])) for r in results[c]["ops"][op]]
+            pts = [(x, y) for x, y in pts if 0 < y < float("inf")]
+            if pts:
+                xs_all.update(x for x, _ in pts)
+                ax.plot(*zip(*pts), styles[c][0], color=styles[c][1], label=LABEL[c], markersize=4)
+        pts = [(n, memcpy[n]["gbps"]) for n in sorted(xs_all) if n in memcpy and memcpy[n]["gbps"] > 0]
+        if pts:
+            ax.plot(*zip(*pts), "k--", label="memcpy (numpy copy)", linewidth=1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        xs = sorted(xs_all)
+        if xs:
+            ticks = xs[:: max(1, math.ceil(len(xs) / 9))]
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([fmt_size_short(t) for t in ticks])
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_title(f"{op} ({world} ranks, float32)")
+        ax.set_xlabel("size (bytes, whole array)")
+        ax.set_ylabel("algbw (GB/s)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(ops):]:
+        ax.set_visible(False)
+    fig.suptitle("pyddp collective benchmark: median algbw (higher is better)")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        return f"not written: {e}"
+    finally:
+        plt.close(fig)
+    return ""
 
 
 def main(argv=None):
@@ -278,8 +467,14 @@ def main(argv=None):
                     help="timed iterations for small sizes (large sizes get fewer), default 200")
     ap.add_argument("--budget-bytes", default="2G",
                     help="cap on iterations*size per row, which keeps large sizes short; default 2G")
-    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of pyddp,gloo,mpi")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated subset of {','.join(PEERS)} (default: all found); pyddp also "
+                         "runs the shm-buffer allreduce")
     ap.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    ap.add_argument("--plot", metavar="FILE", default=None,
+                    help="PNG of algbw against size (default benchmarks/collectives.png; needs matplotlib, "
+                         "a note when it does not import)")
+    ap.add_argument("--no-plot", action="store_true", help="write no plot")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")
     ap.add_argument("--quick", action="store_true", help="few sizes, few iterations (smoke test)")
     args = ap.parse_args(argv)
@@ -292,6 +487,7 @@ def main(argv=None):
     for p in args.peers:
         if p not in PEERS:
             ap.error(f"--peers: unknown peer {p!r} (choose from {', '.join(PEERS)})")
+    args.peers = list(dict.fromkeys(args.peers))
     if args.nproc < 1:
         ap.error("--nproc must be >= 1")
     if args.step < 2:
@@ -316,11 +512,18 @@ def main(argv=None):
     if load > 0.5:
         print(f"# WARNING: load average {load:.2f} before the run: other processes compete for the CPUs, "
               "so times are noisy (busy-polling peers such as Open MPI suffer most)")
-    copy = memcpy_bandwidth([n for n in (1 << 20, 16 << 20, 64 << 20) if n <= max(hi, 1 << 20)])
-    print("# numpy copy (memcpy) bandwidth: " + ", ".join(f"{fmt_size(n)} {bw:.1f} GB/s" for n, bw in copy))
+    if os.environ.get("PYDDP_TRANSPORT"):
+        print(f"# PYDDP_TRANSPORT={os.environ['PYDDP_TRANSPORT']} in this environment is not passed on: "
+              "pyddp runs with the transport it picks itself, pyddp-tcp with PYDDP_TRANSPORT=tcp")
+    memcpy = measure_memcpy(row_sizes(args.ops, sizes, args.nproc))
+    shown = [n for n in memcpy if n in (1 << 20, 16 << 20, 64 << 20)] or [max(memcpy)]
+    if max(memcpy) not in shown:
+        shown.append(max(memcpy))
+    print("# numpy copy (memcpy) bandwidth, np.copyto per size (memcpy column): "
+          + ", ".join(f"{fmt_size(n)} {memcpy[n]['gbps']:.1f} GB/s" for n in shown))
     sys.stdout.flush()
 
-    results, notes = {}, {}
+    results, notes, raw = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="pyddp-bench-") as tmpdir:
         for peer in args.peers:
             ok, why = available(peer)
@@ -329,19 +532,36 @@ def main(argv=None):
                 continue
             t0 = time.monotonic()
             result, note = run_peer(peer, args, sizes, tmpdir)
+            if result:
+                raw[peer] = result
             if result and result.get("ops"):
                 results[peer] = result
             notes[peer] = note
+            shm = (result or {}).get("shm_buffer")
+            if shm is not None:
+                if shm.get("rows"):
+                    results["pyddp-shm"] = {"ops": {"allreduce": shm["rows"]}, "errors": {}}
+                if not shm.get("available"):
+                    notes["pyddp-shm"] = f"not available: {shm.get('why', '')} (the rows appear once it exists)"
+                elif shm.get("error"):
+                    notes["pyddp-shm"] = "allreduce failed: " + shm["error"].strip().splitlines()[-1]
             print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s" + (" (see note)" if note else ""),
                   flush=True)
 
-    print_tables(args, results, notes, args.nproc, copy)
+    print_tables(args, results, notes, args.nproc, memcpy)
+    if not args.no_plot:
+        path = args.plot or DEFAULT_PLOT
+        note = plot(path, args.ops, results, args.nproc, memcpy)
+        shown = os.path.relpath(path)
+        print(f"# note: plot {note}" if note else f"# plot: {path if shown.startswith(os.pardir) else shown}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"nproc": args.nproc, "sizes": sizes, "memcpy_gbps": dict((str(n), bw) for n, bw in copy),
-                       "results": results, "notes": notes}, f, indent=1)
+            json.dump({"nproc": args.nproc, "sizes": sizes,
+                       "memcpy": {str(n): m for n, m in memcpy.items()},
+                       "memcpy_gbps": {str(n): m["gbps"] for n, m in memcpy.items()},
+                       "results": raw, "notes": notes}, f, indent=1)
     # Success when at least one library produced numbers for every requested collective.
-    return 0 if any(all(r["ops"].get(op) for op in args.ops) for r in results.values()) else 1
+    return 0 if any(all(results[p]["ops"].get(op) for op in args.ops) for p in PEERS if p in results) else 1
 
 
 if __name__ == "__main__":

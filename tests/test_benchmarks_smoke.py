@@ -1,4 +1,7 @@
-"""benchmarks/collectives.py runs pyddp on 2 ranks and prints its tables (a smoke test, not a measurement)."""
+"""benchmarks/collectives.py: a quick pyddp run prints its tables, and the table/plot code handles every column
+(a smoke test, not a measurement; needs neither torch nor MPI)."""
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -7,6 +10,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "collectives.py")
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+# Notes that say what this build or machine lacks, not that something failed.
+BENIGN_NOTES = ("# note: pyddp shm-buffer: not available", "# note: plot skipped")
 
 
 def _env_with_this_pyddp():
@@ -19,27 +26,146 @@ def _env_with_this_pyddp():
     return env
 
 
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _collectives():
+    spec = importlib.util.spec_from_file_location("bench_collectives", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.timeout(180)
-def test_collectives_quick_table():
+def test_collectives_quick_table(tmp_path):
     try:
         import pyddp.distributed as dist
     except ImportError as e:
         pytest.skip(f"pyddp is not importable: {e}")
     if not hasattr(dist, "init_process_group"):
         pytest.skip("pyddp.distributed has no process groups in this build")
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "collectives.py"), "--quick", "--peers", "pyddp",
-         "--max-bytes", "4096", "--timeout", "120"],
+        [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,pyddp-tcp", "--max-bytes", "4096",
+         "--timeout", "120", "--json", str(out_json), "--plot", str(out_png)],
         cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=150,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "numpy copy (memcpy) bandwidth" in proc.stdout, out
-    assert "note:" not in proc.stdout, out
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("# note:")]
+    assert all(line.startswith(BENIGN_NOTES) for line in notes), out
     assert "WRONG RESULT" not in proc.stdout, out
-    for op in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
-        assert re.search(rf"^# {op} ", proc.stdout, re.M), out
-    # One row per size: size, count, then time / algbw / busbw of pyddp.
-    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$", proc.stdout, re.M)
-    assert len(rows) >= 8, out
-    assert all(float(r[2]) > 0 for r in rows), out
+    tables = {}
+    for op in OPS:
+        m = re.search(rf"^# {op} .*?(?=^# (?:{'|'.join(OPS)}) |^# target|^# note|^# plot|\Z)", proc.stdout,
+                      re.M | re.S)
+        assert m, out
+        tables[op] = m.group(0)
+        assert "pyddp-tcp" in tables[op] and "memcpy" in tables[op] and "GB/s" in tables[op], out
+    assert "pyddp/" in tables["allreduce"], out  # pyddp algbw / memcpy, allreduce only
+    assert "pyddp/" not in tables["broadcast"], out
+    # One row per size: size, memcpy GB/s, then time / algbw / busbw of pyddp and of pyddp-tcp
+    # (allreduce: then pyddp/memcpy, and the shm-buffer columns once dist._shared_array exists).
+    num = r"\s+([0-9.]+)"
+    for op in OPS:
+        rows = re.findall(rf"^\s+(\d+){num * 7}", tables[op], re.M)
+        assert len(rows) == 3, tables[op]
+        assert all(float(v) > 0 for r in rows for v in (r[1], r[2], r[5])), tables[op]
+    data = json.loads(out_json.read_text())
+    assert set(data["results"]) == {"pyddp", "pyddp-tcp"}, data["notes"]
+    assert data["results"]["pyddp-tcp"]["transport_env"] == "tcp"
+    assert data["results"]["pyddp"]["transport_env"] == ""
+    for rows in data["results"]["pyddp"]["ops"].values():
+        assert all(str(r["bytes"]) in data["memcpy"] for r in rows)
+    shm = data["results"]["pyddp"]["shm_buffer"]
+    if shm["available"]:
+        assert "pyddp shm-buffer" in tables["allreduce"] and "shm-buf/" in tables["allreduce"], out
+        assert all(r["correct"] for r in shm["rows"]), shm
+    else:
+        assert "# note: pyddp shm-buffer: not available" in proc.stdout, out
+    if _has_matplotlib():
+        assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
+    else:
+        assert "# note: plot skipped" in proc.stdout and not out_png.exists(), out
+
+
+def _fake_results(mod, world=2):
+    """Rows for every column, times in fixed ratios: gloo 3x and mpi 1.5x pyddp, pyddp-tcp 2x, shm 0.5x."""
+    sizes = [4 << (4 * i) for i in range(7)]  # 4 B .. 64 MiB
+
+    def rows(op, scale):
+        out = []
+        for n in sizes:
+            n_in, n_out = mod.counts_for(op, n, world)
+            b = 4 * (n_out if op == "allgather" else n_in)
+            out.append({"bytes": b, "count": b // 4, "iters": 5, "median_us": scale * (20 + b / 4e3),
+                        "min_us": 1.0, "correct": True})
+        return out
+
+    results = {}
+    for c, scale in (("pyddp", 1.0), ("pyddp-shm", 0.5), ("pyddp-tcp", 2.0), ("gloo", 3.0), ("mpi", 1.5)):
+        ops = ["allreduce"] if c == "pyddp-shm" else OPS
+        results[c] = {"ops": {op: rows(op, scale) for op in ops}, "errors": {}}
+    results["gloo"]["ops"]["broadcast"][0]["correct"] = False
+    memcpy = {n: {"us": n / 10e3, "gbps": 10.0} for n in mod.row_sizes(OPS, sizes, world)}
+    return results, memcpy
+
+
+def test_table_every_column():
+    mod = _collectives()
+    results, memcpy = _fake_results(mod)
+    text = "\n".join(mod.table("allreduce", results, 2, memcpy))
+    for head in ("memcpy", "pyddp shm-buffer", "pyddp-tcp", "torch gloo", "Open MPI", "gloo/", "mpi/",
+                 "shm-buf/"):
+        assert head in text, text
+    rows = [line.split() for line in text.splitlines() if not line.startswith("#")]
+    assert len(rows) == 7, text
+    # size, memcpy, 5 x (time, algbw, busbw), gloo/pyddp, mpi/pyddp, gloo/pyddp-tcp, pyddp/, shm-buf/
+    assert all(len(r) == 2 + 15 + 5 for r in rows), text
+    big = rows[-1]
+    assert int(big[0]) == 64 << 20
+    assert [float(v) for v in big[17:20]] == [3.0, 1.5, 1.5], text
+    pyddp_bw, shm_bw = float(big[3]), float(big[6])
+    assert float(big[20]) == pytest.approx(pyddp_bw / 10.0, abs=1e-3)
+    assert float(big[21]) == pytest.approx(shm_bw / 10.0, abs=1e-3)
+    # Other collectives: no shm-buffer and no memcpy fraction; a wrong result is marked.
+    text = "\n".join(mod.table("broadcast", results, 2, memcpy))
+    assert "shm-buf" not in text and "pyddp/\n" not in text and "WRONG RESULT from torch gloo" in text, text
+    assert "!" in text.splitlines()[3], text
+    targets = "\n".join(mod.target_lines(results, memcpy, OPS))
+    assert "mpi/pyddp 1.50 (>= 1.5: met)" in targets and "gloo/pyddp 3.00 (>= 4: MISSED)" in targets, targets
+    assert "pyddp-tcp at least as fast as gloo at every size: met" in targets, targets
+
+
+def test_table_without_peers():
+    """pyddp alone: no ratio columns, and a missing library is no error."""
+    mod = _collectives()
+    results, memcpy = _fake_results(mod)
+    only = {"pyddp": results["pyddp"]}
+    text = "\n".join(mod.table("allreduce", only, 2, memcpy))
+    assert "gloo/" not in text and "pyddp/" in text and "shm-buf/" not in text, text
+    assert mod.table("allreduce", {}, 2, memcpy) == ["# allreduce: no results"]
+    targets = mod.target_lines(only, memcpy, OPS)
+    assert len(targets) == 1 and "pyddp/memcpy" in targets[0] and "gloo" not in targets[0], targets
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    mod = _collectives()
+    results, memcpy = _fake_results(mod)
+    path = tmp_path / "plot.png"
+    assert mod.plot(str(path), list(OPS), results, 2, memcpy) == ""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_peer_is_refused(capsys):
+    mod = _collectives()
+    with pytest.raises(SystemExit):
+        mod.main(["--peers", "pyddp,nccl"])
+    assert "unknown peer 'nccl'" in capsys.readouterr().err
