@@ -868,26 +868,11 @@ progress_main(void *arg)
 
 /* ---------------------------------------------------------------- inline */
 
-/* Messages up to this size run on the calling thread when the group is
- * idle (no hand-off to the progress thread and back). */
-#define PD_INLINE_BYTES (64u << 10)
-
-static size_t
-op_bytes(const pd_op *op)
-{
-    size_t b = op->count * pd_dtype_size(op->dtype);
-    if (op->kind == PD_K_ALLTOALL) {
-        b = 0;
-        for (int p = 0; p < op->nblocks; p++) {
-            b += op->in_len[p];
-        }
-    }
-    else if (op->kind == PD_K_ALLGATHER || op->kind == PD_K_GATHER ||
-             op->kind == PD_K_SCATTER || op->kind == PD_K_REDUCE_SCATTER) {
-        b *= (size_t)op->nblocks;
-    }
-    return b;
-}
+/* Blocking shared-memory collectives on an idle group run on the calling
+ * thread, whatever their size: no hand-off to the progress thread and back.
+ * Only the first sync waits for late ranks (and can be interrupted); after
+ * it every rank is present, and a rank that dies is seen by the progress
+ * thread, whose abort wakes this thread. */
 
 static pd_work *work_new(pd_group *g, const pd_op *op);
 
@@ -896,8 +881,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                 void *ictx, pd_status *out, pd_work **handoff)
 {
     *handoff = NULL;
-    if (g->shm == NULL || !shm_kind(op->kind) ||
-        op_bytes(op) > PD_INLINE_BYTES) {
+    if (g->shm == NULL || !shm_kind(op->kind)) {
         return 0;
     }
     pthread_mutex_lock(&g->mu);

@@ -26,6 +26,16 @@ slice(size_t m, int n, int p, size_t *lo, size_t *hi)
     *hi = *lo + q < m ? *lo + q : m;
 }
 
+/* Copy m elements into the bank, except my own slice (nobody reads it). */
+static void
+copy_in(char *bank, const char *in, size_t m, int n, int r, size_t esz)
+{
+    size_t lo, hi;
+    slice(m, n, r, &lo, &hi);
+    memcpy(bank, in, lo * esz);
+    memcpy(bank + hi * esz, in + hi * esz, (m - hi) * esz);
+}
+
 pd_status
 pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
 {
@@ -56,17 +66,19 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
     size_t m = count < per ? count : per;
     int b = pd_shm_copyin_bank(c);
     if (!c->resume) {
-        memcpy(pd_shm_bank(s, r, b), in, m * esz);
+        copy_in(pd_shm_bank(s, r, b), in, m, n, r, esz);
     }
     PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
     for (;;) {
         size_t lo, hi;
         slice(m, n, r, &lo, &hi);
-        src[0] = pd_shm_bank(s, r, b) + lo * esz;
+        /* my slice: my input (never copied in) with every peer's bank,
+         * into my bank where the peers fetch it */
+        src[0] = (char *)in + (done + lo) * esz;
         for (int i = 1; i < n; i++) {
             src[i] = pd_shm_bank(s, (r + i) % n, b) + lo * esz;
         }
-        pd_shm_reduce(c, src[0], src, n, hi - lo, 1);
+        pd_shm_reduce(c, pd_shm_bank(s, r, b) + lo * esz, src, n, hi - lo, 1);
         PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
         /* every slice out, starting with the next rank's */
         for (int i = 1; i <= n; i++) {
@@ -81,7 +93,7 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
             break;
         }
         b = pd_shm_next_bank(s);
-        memcpy(pd_shm_bank(s, r, b), in + done * esz, m2 * esz);
+        copy_in(pd_shm_bank(s, r, b), in + done * esz, m2, n, r, esz);
         PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
         m = m2;
     }

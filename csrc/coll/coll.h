@@ -106,7 +106,7 @@ pd_status pd_shm_next_sync(pd_coll *c);
 int pd_shm_copyin_bank(pd_coll *c);
 /* dst = src[0] op src[1] ... op src[n-1] in the op's dtype (halves through
  * float32), AVG divided by the group size when avg is set.  dst may alias
- * src[0] only. */
+ * src[0] only (or none). */
 void pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n,
                    size_t count, int avg);
 /* Elements of one bank, rounded down to a multiple of 64 bytes. */
