@@ -68,6 +68,7 @@ struct pd_group {
     int running;       /* under mu: a collective runs (either thread) */
     atomic_int stopping;
     pd_shm *shm;       /* every rank on this host: shared memory */
+    pd_shm *lshm;      /* the ranks on this host (frames through rings) */
     uint64_t token;    /* the group's random id (segment names) */
     struct shm_buf *bufs;
     uint64_t nbufs;
@@ -995,19 +996,62 @@ setup_barrier(pd_group *g)
     return st;
 }
 
-static pd_status
-setup_shm(pd_group *g, uint64_t token, int spin)
+static uint32_t
+node_tag(const char *id)
 {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *c = (const unsigned char *)id; *c; c++) {
+        h = (h ^ *c) * 16777619u;
+    }
+    return h;
+}
+
+/* Shared memory among the ranks of each host: segments (created, mapped by
+ * every local rank between two group-wide barriers, then unlinked), frames
+ * between local ranks through rings, and, when every rank is on this host,
+ * the shared-memory collectives.  Every rank takes part in the barriers. */
+static pd_status
+setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
+{
+    int n = g->size, nlocal = 0, mylocal = -1, shared = 0;
+    int *local_of = malloc(sizeof(int) * (size_t)n);
+    if (local_of == NULL) {
+        return pd_error(PD_ENOMEM, "process group: out of memory");
+    }
+    for (int p = 0; p < n; p++) {
+        int same = 0;
+        for (int q = 0; q < n; q++) {
+            same += q != p && strcmp(id[p], id[q]) == 0;
+        }
+        shared |= same > 0;
+        if (strcmp(id[p], id[g->rank]) == 0) {
+            if (p == g->rank) {
+                mylocal = nlocal;
+            }
+            local_of[p] = nlocal++;
+        }
+        else {
+            local_of[p] = -1;
+        }
+    }
+    if (!shared) {
+        free(local_of);
+        return PD_OK;
+    }
+    int mine = nlocal >= 2;
     pd_shm *shm = NULL;
-    pd_status st = pd_shm_create(g->rank, g->size, token, spin, &shm);
-    pd_status st2;
+    pd_status st = PD_OK, st2;
+    if (mine) {
+        st = pd_shm_create(mylocal, nlocal, token, node_tag(id[g->rank]), spin,
+                           &shm);
+    }
     /* every rank reports through the barrier, so a failed creation on one
      * rank fails init on all of them instead of leaving them waiting */
     st2 = setup_barrier(g);
     if (st == PD_OK && st2 != PD_OK) {
         st = st2;
     }
-    if (st == PD_OK) {
+    if (st == PD_OK && mine) {
         st = pd_shm_attach(shm);
     }
     if (st == PD_OK) {
@@ -1015,6 +1059,10 @@ setup_shm(pd_group *g, uint64_t token, int spin)
     }
     /* every rank has mapped every segment (or failed): no name stays */
     pd_shm_unlink(shm, st != PD_OK);
+    if (st == PD_OK && mine) {
+        st = pd_tcp_use_shm(g->t, shm, local_of);
+    }
+    free(local_of);
     if (st != PD_OK) {
         char msg[PD_ERRMSG_MAX];
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
@@ -1022,7 +1070,10 @@ setup_shm(pd_group *g, uint64_t token, int spin)
         return pd_error(st, "setting up shared memory between the ranks: %s",
                         msg);
     }
-    g->shm = shm;
+    g->lshm = shm;
+    if (nlocal == n) {
+        g->shm = shm;
+    }
     /* the setup barriers are not the user's collectives: numbering starts
      * over (all their frames have arrived) */
     g->seq = 0;
@@ -1058,14 +1109,14 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
                         "but only %d of %d ranks are on this one", local,
                         g->size);
     }
-    if (g->size > 1 && local == g->size && transport != PD_TRANSPORT_TCP) {
+    if (g->size > 1 && transport != PD_TRANSPORT_TCP) {
         g->token = token;
-        PD_CHECK(setup_shm(g, token, spin));
+        PD_CHECK(setup_shm(g, token, spin, id));
     }
     PD_LOG(PD_LOG_INFO, "group",
            "rank %d of %d connected (%d ranks on this host, transport %s, "
            "waiters %s)",
-           g->rank, g->size, local, g->shm ? "shm" : "tcp",
+           g->rank, g->size, local, pd_group_transport(g),
            spin ? "spin" : "yield");
     int rc = pthread_create(&g->thr, NULL, progress_main, g);
     if (rc != 0) {
@@ -1078,7 +1129,10 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
 const char *
 pd_group_transport(const pd_group *g)
 {
-    return g->size == 1 ? "local" : g->shm != NULL ? "shm" : "tcp";
+    return g->size == 1       ? "local"
+           : g->shm != NULL   ? "shm"
+           : g->lshm != NULL  ? "shm+tcp"
+                              : "tcp";
 }
 
 static pd_work *
@@ -1387,7 +1441,7 @@ pd_group_destroy(pd_group *g)
         free_shm_buf(g->bufs, g->size);
         g->bufs = n;
     }
-    pd_shm_close(g->shm);
+    pd_shm_close(g->lshm);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

@@ -50,9 +50,9 @@ def test_ranks_on_different_hosts_use_tcp_and_forcing_shm_fails_clearly():
         assert "PYDDP_TRANSPORT=shm" in o.message and "host" in o.message, o.message
 
 
-def _every_collective_child(rank, ws, seed):
+def _every_collective_child(rank, ws, seed, transport="shm"):
     """Every collective at sizes around the bank size, float32/float64/int32/float16."""
-    assert dist.distributed_c10d._default_pg()._transport == "shm"
+    assert dist.distributed_c10d._default_pg()._transport == transport
     rng = np.random.default_rng(seed)
     checks = 0
     for count in [0, 1, 7, 100, 1023, 1024, 1025, 3000, 5000, 20011]:
@@ -130,6 +130,54 @@ def test_every_collective_matches_numpy_with_tiny_banks(ws):
     # 4 KiB banks: every size above a few hundred elements takes many rounds
     res = run(_every_collective_child, ws, 7, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": "4096"},
               timeout=200)
+    assert all(r > 300 for r in res), res
+
+
+def _p2p_child(rank, ws):
+    """send/recv between every pair, any-source receives, sizes beyond the ring."""
+    for count in (0, 1, 1000, 70_000, 300_001):
+        for peer in range(ws):
+            if peer == rank:
+                continue
+            if rank < peer:
+                dist.send(np.arange(count, dtype=np.float64) + rank, dst=peer, tag=count % 5)
+                buf = np.zeros(count)
+                dist.recv(buf, src=peer, tag=count % 5)
+            else:
+                buf = np.zeros(count)
+                dist.recv(buf, src=peer, tag=count % 5)
+                dist.send(np.arange(count, dtype=np.float64) + rank, dst=peer, tag=count % 5)
+            assert np.array_equal(buf, np.arange(count, dtype=np.float64) + peer), (count, peer)
+        # rank 0 receives from anyone
+        if rank == 0:
+            got = set()
+            for _ in range(ws - 1):
+                buf = np.zeros(count + 1)
+                src = dist.recv(buf, tag=9)
+                assert np.array_equal(buf, np.full(count + 1, src)), src
+                got.add(src)
+            assert got == set(range(1, ws))
+        else:
+            dist.send(np.full(count + 1, rank, np.float64), dst=0, tag=9)
+    return True
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_send_recv_through_shared_memory_rings(ws):
+    assert run(_p2p_child, ws, env={"PYDDP_TRANSPORT": "shm"}) == [True] * ws
+
+
+def _mixed_child(rank, ws):
+    assert dist.distributed_c10d._default_pg()._transport == "shm+tcp"
+    _p2p_child(rank, ws)
+    return _every_collective_child(rank, ws, 3, "shm+tcp")
+
+
+def test_a_group_spanning_hosts_uses_shm_inside_each_host_and_tcp_between():
+    # two "hosts" (PYDDP_NODE_ID) of two ranks each: frames between ranks of one host go through
+    # shared-memory rings, between hosts through TCP; results equal NumPy's
+    res = run(_mixed_child, 4, env={"PYDDP_TRANSPORT": None},
+              rank_env={r: {"PYDDP_NODE_ID": f"host{r % 2}"} for r in range(4)}, timeout=200)
     assert all(r > 300 for r in res), res
 
 

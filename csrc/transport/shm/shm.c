@@ -31,12 +31,22 @@
 /* Longest futex sleep between checks (dead peer, deadline, signals). */
 #define SLEEP_SLICE_NS 20000000L
 
+/* Per-peer ring counters in a rank's segment (entry p concerns peer p). */
+typedef struct ring_ctl {
+    _Alignas(PD_SHM_LINE) _Atomic uint64_t head; /* bytes I wrote to p */
+    _Alignas(PD_SHM_LINE) _Atomic uint64_t tail; /* bytes I read from p */
+    _Atomic uint32_t want_data;                  /* I wait for p's data */
+    _Atomic uint32_t want_space;                 /* I wait for p to read */
+} ring_ctl;
+
 struct pd_shm {
     int rank;
     int size;
     int spin;          /* 1: busy poll first; 0: yield (oversubscribed) */
     uint64_t token;
+    uint32_t node;
     size_t bank_bytes;
+    size_t ring_off;   /* ring_ctl[size] then rings[size] */
     size_t seg_bytes;
     char **base;       /* base[p]: rank p's segment (own included) */
     int *mapped;
@@ -71,13 +81,28 @@ pd_shm_bank_bytes(void)
 }
 
 static void
-seg_name(char *buf, size_t len, uint64_t token, int rank)
+seg_name(char *buf, size_t len, uint64_t token, uint32_t node, int rank)
 {
-    snprintf(buf, len, "/pyddp.%016llx.%d", (unsigned long long)token, rank);
+    snprintf(buf, len, "/pyddp.%016llx.%08x.%d", (unsigned long long)token,
+             node, rank);
+}
+
+static ring_ctl *
+rctl(pd_shm *s, int owner, int p)
+{
+    return (ring_ctl *)(s->base[owner] + s->ring_off) + p;
+}
+
+static char *
+ring(pd_shm *s, int owner, int p)
+{
+    return s->base[owner] + s->ring_off + (size_t)s->size * sizeof(ring_ctl) +
+           (size_t)p * PD_SHM_RING_BYTES;
 }
 
 pd_status
-pd_shm_create(int rank, int size, uint64_t token, int spin, pd_shm **out)
+pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
+              pd_shm **out)
 {
     pd_shm *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -88,15 +113,18 @@ pd_shm_create(int rank, int size, uint64_t token, int spin, pd_shm **out)
     s->size = size;
     s->spin = spin;
     s->token = token;
+    s->node = node;
     s->bank_bytes = pd_shm_bank_bytes();
-    s->seg_bytes = CTRL_BYTES + 2 * s->bank_bytes;
+    s->ring_off = CTRL_BYTES + 2 * s->bank_bytes;
+    s->seg_bytes = s->ring_off + (size_t)size * sizeof(ring_ctl) +
+                   (size_t)size * PD_SHM_RING_BYTES;
     s->base = calloc((size_t)size, sizeof(char *));
     s->mapped = calloc((size_t)size, sizeof(int));
     if (s->base == NULL || s->mapped == NULL) {
         return pd_error(PD_ENOMEM, "shared memory: out of memory");
     }
     char name[64];
-    seg_name(name, sizeof(name), token, rank);
+    seg_name(name, sizeof(name), token, node, rank);
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         return pd_syserror(PD_ESYS, "shm_open(%s)", name);
@@ -134,7 +162,7 @@ pd_shm_attach(pd_shm *s)
             continue;
         }
         char name[64];
-        seg_name(name, sizeof(name), s->token, q);
+        seg_name(name, sizeof(name), s->token, s->node, q);
         int fd = shm_open(name, O_RDWR, 0600);
         if (fd < 0) {
             return pd_syserror(PD_ESYS,
@@ -173,7 +201,7 @@ pd_shm_unlink(pd_shm *s, int all)
         if (q == s->rank ? !s->linked : !all) {
             continue;
         }
-        seg_name(name, sizeof(name), s->token, q);
+        seg_name(name, sizeof(name), s->token, s->node, q);
         if (shm_unlink(name) != 0 && errno != ENOENT) {
             PD_LOG(PD_LOG_WARN, "shm", "shm_unlink(%s): %s", name,
                    strerror(errno));
@@ -484,6 +512,96 @@ pd_shm_entered(pd_shm *s, int p)
     pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
     uint64_t a = c->ident[0].seq, b = c->ident[1].seq;
     return a > b ? a : b;
+}
+
+/* ------------------------------------------------------------------ rings */
+
+size_t
+pd_shm_ring_write(pd_shm *s, int d, const void *buf, size_t len)
+{
+    ring_ctl *mine = rctl(s, s->rank, d);
+    uint64_t head = atomic_load_explicit(&mine->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&rctl(s, d, s->rank)->tail,
+                                         memory_order_acquire);
+    size_t space = PD_SHM_RING_BYTES - (size_t)(head - tail);
+    size_t n = len < space ? len : space;
+    if (n == 0) {
+        return 0;
+    }
+    char *rb = ring(s, s->rank, d);
+    size_t at = (size_t)(head % PD_SHM_RING_BYTES);
+    size_t first = PD_SHM_RING_BYTES - at < n ? PD_SHM_RING_BYTES - at : n;
+    memcpy(rb + at, buf, first);
+    memcpy(rb, (const char *)buf + first, n - first);
+    atomic_store_explicit(&mine->head, head + n, memory_order_seq_cst);
+    return n;
+}
+
+size_t
+pd_shm_ring_read(pd_shm *s, int p, void *buf, size_t len)
+{
+    ring_ctl *mine = rctl(s, s->rank, p);
+    uint64_t tail = atomic_load_explicit(&mine->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&rctl(s, p, s->rank)->head,
+                                         memory_order_acquire);
+    size_t avail = (size_t)(head - tail);
+    size_t n = len < avail ? len : avail;
+    if (n == 0) {
+        return 0;
+    }
+    const char *rb = ring(s, p, s->rank);
+    size_t at = (size_t)(tail % PD_SHM_RING_BYTES);
+    size_t first = PD_SHM_RING_BYTES - at < n ? PD_SHM_RING_BYTES - at : n;
+    memcpy(buf, rb + at, first);
+    memcpy((char *)buf + first, rb, n - first);
+    atomic_store_explicit(&mine->tail, tail + n, memory_order_seq_cst);
+    return n;
+}
+
+int
+pd_shm_ring_readable(pd_shm *s, int p)
+{
+    uint64_t tail = atomic_load_explicit(&rctl(s, s->rank, p)->tail,
+                                         memory_order_relaxed);
+    return atomic_load_explicit(&rctl(s, p, s->rank)->head,
+                                memory_order_seq_cst) != tail;
+}
+
+int
+pd_shm_ring_writable(pd_shm *s, int d)
+{
+    uint64_t head = atomic_load_explicit(&rctl(s, s->rank, d)->head,
+                                         memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&rctl(s, d, s->rank)->tail,
+                                         memory_order_seq_cst);
+    return head - tail < PD_SHM_RING_BYTES;
+}
+
+void
+pd_shm_ring_want(pd_shm *s, int p, int data, int space)
+{
+    ring_ctl *mine = rctl(s, s->rank, p);
+    if (atomic_load_explicit(&mine->want_data, memory_order_relaxed) !=
+        (uint32_t)data) {
+        atomic_store_explicit(&mine->want_data, (uint32_t)data,
+                              memory_order_seq_cst);
+    }
+    if (atomic_load_explicit(&mine->want_space, memory_order_relaxed) !=
+        (uint32_t)space) {
+        atomic_store_explicit(&mine->want_space, (uint32_t)space,
+                              memory_order_seq_cst);
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+int
+pd_shm_ring_peer_waits(pd_shm *s, int p, int data)
+{
+    ring_ctl *theirs = rctl(s, p, s->rank);
+    return data ? atomic_load_explicit(&theirs->want_data,
+                                       memory_order_seq_cst) != 0
+                : atomic_load_explicit(&theirs->want_space,
+                                       memory_order_seq_cst) != 0;
 }
 
 void

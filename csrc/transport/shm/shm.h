@@ -79,10 +79,11 @@ typedef struct pd_shm_waiter {
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
 size_t pd_shm_bank_bytes(void);
 
-/* Create and map this rank's segment (rank, size: indices in the local set);
- * *out is half-built until pd_shm_attach succeeds. */
-pd_status pd_shm_create(int rank, int size, uint64_t token, int spin,
-                        pd_shm **out);
+/* Create and map this rank's segment (rank, size: indices in the local set;
+ * node: distinguishes the hosts of one group in segment names); *out is
+ * half-built until pd_shm_attach succeeds. */
+pd_status pd_shm_create(int rank, int size, uint64_t token, uint32_t node,
+                        int spin, pd_shm **out);
 /* Map every peer's segment (after every rank created its own). */
 pd_status pd_shm_attach(pd_shm *s);
 /* Unlink this rank's segment name (after every rank attached).  best:
@@ -117,6 +118,25 @@ pd_status pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
 uint64_t pd_shm_value(pd_shm *s, int p, uint64_t seq);
 /* Highest sequence number peer p has entered (timeout diagnosis). */
 uint64_t pd_shm_entered(pd_shm *s, int p);
+
+/* Byte rings for frames between two local ranks (point-to-point messages,
+ * and every frame of groups that span hosts).  The ring from r to d lives in
+ * r's segment; r alone advances its head, d alone its tail.  A side that
+ * runs out of data or space raises its "want" flag and sleeps in poll() on
+ * the pair's TCP connection, where the other side sends one doorbell byte
+ * when it sees the flag (never otherwise). */
+#define PD_SHM_RING_BYTES ((size_t)256 << 10)
+/* Copy up to len bytes into the ring to local rank d; returns bytes
+ * copied (0: full). */
+size_t pd_shm_ring_write(pd_shm *s, int d, const void *buf, size_t len);
+/* Copy up to len bytes out of the ring from local rank p (0: empty). */
+size_t pd_shm_ring_read(pd_shm *s, int p, void *buf, size_t len);
+int pd_shm_ring_readable(pd_shm *s, int p);
+int pd_shm_ring_writable(pd_shm *s, int d);
+/* This rank waits for data from / space towards local rank p. */
+void pd_shm_ring_want(pd_shm *s, int p, int data, int space);
+/* Does local rank p wait for my data (data) or for space I free (!data)? */
+int pd_shm_ring_peer_waits(pd_shm *s, int p, int data);
 
 /* This rank's group failed: tell peers (they see it at their next wait) and
  * wake anyone sleeping. */

@@ -12,6 +12,12 @@
  * queue.  Everything else stays in the kernel's socket buffer, which gives
  * flow control for free.  Death of a peer shows up as EOF / POLLRDHUP on its
  * sockets without a preceding goodbye.
+ *
+ * Between ranks on one host (pd_tcp_use_shm) frames travel through byte
+ * rings in shared memory instead of the data socket, with the same framing,
+ * matching and ordering; the data socket then only carries one-byte
+ * doorbells that wake a peer sleeping in poll() (it still closes when a peer
+ * dies), and the control socket stays as it is.
  */
 #include "tcp.h"
 
@@ -32,6 +38,7 @@
 #include "../../util/auth.h"
 #include "../../util/log.h"
 #include "../../util/net.h"
+#include "../shm/shm.h"
 
 #define HELLO_MAGIC 0x50444448u /* "PDDH" */
 #define CTRL_MAGIC 0x50444443u  /* "PDDC" */
@@ -89,6 +96,7 @@ typedef struct tcp_peer {
     uint64_t reply_seq;
     int replied;
     int lowat; /* SO_RCVLOWAT in force (0: the default, 1) */
+    int ring;  /* local index of the peer (frames through shm), else -1 */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -113,6 +121,7 @@ typedef struct tcp_transport {
     struct pollfd *pfds;
     int *pfd_peer;
     int *pfd_chan;
+    pd_shm *shm; /* rings to the ranks on this host, or NULL */
 } tcp_transport;
 
 static const pd_transport_ops tcp_ops;
@@ -178,6 +187,7 @@ pd_tcp_create(int rank, int size, const char *secret,
     for (int i = 0; i < size; i++) {
         t->peers[i].fd = -1;
         t->peers[i].cfd = -1;
+        t->peers[i].ring = -1;
     }
     t->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (t->wfd < 0) {
@@ -899,6 +909,62 @@ set_lowat(tcp_peer *pe, size_t want)
     }
 }
 
+/* One doorbell byte to peer p (which said it sleeps until we move). */
+static void
+ring_doorbell(tcp_peer *pe)
+{
+    char b = 0;
+    ssize_t n = send(pe->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)n; /* a full socket already holds doorbells */
+}
+
+/* recv() from the peer's channel: its socket, or its ring. */
+static ssize_t
+chan_recv(tcp_transport *t, tcp_peer *pe, char *dst, size_t want)
+{
+    if (pe->ring < 0) {
+        return recv(pe->fd, dst, want, 0);
+    }
+    size_t n = pd_shm_ring_read(t->shm, pe->ring, dst, want);
+    if (n == 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (pd_shm_ring_peer_waits(t->shm, pe->ring, 0)) {
+        ring_doorbell(pe);
+    }
+    return (ssize_t)n;
+}
+
+/* sendmsg() to the peer's channel. */
+static ssize_t
+chan_send(tcp_transport *t, tcp_peer *pe, struct iovec *iov, int niov)
+{
+    if (pe->ring < 0) {
+        struct msghdr mh = {0};
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)niov;
+        return sendmsg(pe->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    size_t total = 0;
+    for (int i = 0; i < niov; i++) {
+        size_t n = pd_shm_ring_write(t->shm, pe->ring, iov[i].iov_base,
+                                     iov[i].iov_len);
+        total += n;
+        if (n < iov[i].iov_len) {
+            break;
+        }
+    }
+    if (total == 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    if (pd_shm_ring_peer_waits(t->shm, pe->ring, 1)) {
+        ring_doorbell(pe);
+    }
+    return (ssize_t)total;
+}
+
 /* Read as much as is useful from peer p's data socket. */
 static pd_status
 do_read(tcp_transport *t, int p)
@@ -916,7 +982,7 @@ do_read(tcp_transport *t, int p)
             dst = (pe->ireq ? pe->ireq->buf : pe->iux->data) + pe->ioff;
             want = nb - pe->ioff;
         }
-        ssize_t n = want ? recv(pe->fd, dst, want, 0) : 0;
+        ssize_t n = want ? chan_recv(t, pe, dst, want) : 0;
         if (want && n == 0) {
             pe->data_eof = 1;
             peer_gone(t, p);
@@ -990,10 +1056,7 @@ do_write(tcp_transport *t, int p)
             iov[niov].iov_len = r->len - (r->off - hl);
             niov++;
         }
-        struct msghdr mh = {0};
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)niov;
-        ssize_t n = sendmsg(pe->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = chan_send(t, pe, iov, niov);
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -1027,6 +1090,107 @@ do_write(tcp_transport *t, int p)
     return PD_OK;
 }
 
+/* Move frames through the rings; returns 1 if anything moved or can move
+ * now (the caller must not sleep), else 0 with every wait announced. */
+static int
+ring_progress(tcp_transport *t)
+{
+    int moved = 0;
+    for (int p = 0; p < t->base.size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (pe->ring < 0 || pe->gone) {
+            continue;
+        }
+        if (wants_read(t, pe) && pd_shm_ring_readable(t->shm, pe->ring)) {
+            (void)do_read(t, p); /* errors are sticky: progress reports */
+            moved = 1;
+        }
+        if (pe->sq_head != NULL && pd_shm_ring_writable(t->shm, pe->ring)) {
+            (void)do_write(t, p);
+            moved = 1;
+        }
+    }
+    if (moved || t->err != PD_OK) {
+        return 1;
+    }
+    for (int p = 0; p < t->base.size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (pe->ring < 0) {
+            continue;
+        }
+        int data = !pe->gone && wants_read(t, pe);
+        int space = !pe->gone && pe->sq_head != NULL;
+        pd_shm_ring_want(t->shm, pe->ring, data, space);
+        /* the peer may have moved just before seeing the flag */
+        if ((data && pd_shm_ring_readable(t->shm, pe->ring)) ||
+            (space && pd_shm_ring_writable(t->shm, pe->ring))) {
+            moved = 1;
+        }
+    }
+    return moved;
+}
+
+/* Doorbell bytes from ring peer p: read them all; EOF means p is gone. */
+static pd_status
+drain_doorbells(tcp_transport *t, int p)
+{
+    tcp_peer *pe = &t->peers[p];
+    char buf[256];
+    for (;;) {
+        ssize_t n = recv(pe->fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+            continue;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        }
+        pe->data_eof = 1;
+        peer_gone(t, p);
+        if (needs_peer(pe) || pe->sq_head != NULL) {
+            return fail(t, PD_ENETWORK,
+                        "rank %d: connection to rank %d closed while "
+                        "waiting for it (rank %d exited or destroyed its "
+                        "process group)", t->base.rank, p, p);
+        }
+        return sticky(t);
+    }
+    if (wants_read(t, pe)) {
+        PD_CHECK(do_read(t, p));
+    }
+    if (pe->sq_head != NULL) {
+        PD_CHECK(do_write(t, p));
+    }
+    return PD_OK;
+}
+
+pd_status
+pd_tcp_use_shm(pd_transport *base, pd_shm *shm, const int *local_of)
+{
+    tcp_transport *t = (tcp_transport *)base;
+    for (int p = 0; p < base->size; p++) {
+        tcp_peer *pe = &t->peers[p];
+        if (p == base->rank || local_of[p] < 0) {
+            continue;
+        }
+        if (pe->sq_head != NULL || pe->ih_off > 0 || pe->ireq || pe->iux) {
+            return pd_error(PD_EBACKEND, "rank %d: frames to or from rank %d "
+                            "are in flight: cannot switch to shared memory",
+                            base->rank, p);
+        }
+        if (pe->lowat > 1) {
+            int v = 1;
+            setsockopt(pe->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v));
+            pe->lowat = 1;
+        }
+        pe->ring = local_of[p];
+    }
+    t->shm = shm;
+    return PD_OK;
+}
+
 static pd_status
 tcp_progress(pd_transport *base, int timeout_ms)
 {
@@ -1057,6 +1221,11 @@ tcp_progress(pd_transport *base, int timeout_ms)
         }
         return sticky(t);
     }
+    /* Rings first: move what can move; sleep only when nothing can, after
+     * telling the peers what we wait for (they ring the doorbell). */
+    if (t->shm != NULL && ring_progress(t)) {
+        timeout_ms = 0;
+    }
     /* Opportunistic writes first: most sends complete without polling.
      * If one did, the caller may be waiting for exactly that: do not sleep. */
     uint64_t before = t->completed;
@@ -1084,7 +1253,14 @@ tcp_progress(pd_transport *base, int timeout_ms)
         if (p == base->rank) {
             continue;
         }
-        if (!pe->data_eof && pe->fd >= 0) {
+        if (!pe->data_eof && pe->fd >= 0 && pe->ring >= 0) {
+            /* doorbells, and the peer's death */
+            t->pfds[n] = (struct pollfd){pe->fd, POLLIN | POLLRDHUP, 0};
+            t->pfd_peer[n] = p;
+            t->pfd_chan[n] = CH_DATA;
+            n++;
+        }
+        else if (!pe->data_eof && pe->fd >= 0) {
             short ev = 0;
             if (!pe->gone) {
                 ev |= POLLRDHUP;
@@ -1143,6 +1319,10 @@ tcp_progress(pd_transport *base, int timeout_ms)
             if (pe->ctrl_eof) {
                 peer_gone(t, p);
             }
+            continue;
+        }
+        if (pe->ring >= 0) {
+            PD_CHECK(drain_doorbells(t, p));
             continue;
         }
         if (re & (POLLIN | POLLHUP | POLLERR)) {

@@ -20,4 +20,11 @@ pd_status pd_tcp_create(int rank, int size, const char *secret,
 pd_status pd_tcp_connect(pd_transport *t, const char *const *hosts,
                          const int *ports, uint64_t token, double deadline);
 
+/* Frames to and from the ranks on this host travel through shared-memory
+ * rings from now on: local_of[p] is rank p's index in shm, or -1 (TCP).
+ * Call when no frame is in flight (right after a barrier). */
+struct pd_shm;
+pd_status pd_tcp_use_shm(pd_transport *t, struct pd_shm *shm,
+                         const int *local_of);
+
 #endif
