@@ -13,6 +13,7 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
     size_t per = pd_shm_bank_size(s);
     size_t done = 0;
     size_t m = len < per ? len : per;
+    int stream = len * (size_t)n >= pd_shm_stream_bytes();
     int b = pd_shm_copyin_bank(c);
     if (!c->resume) {
         memcpy(pd_shm_bank(s, r, b), in, m);
@@ -22,7 +23,7 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
         size_t m2 = len - done - m < per ? len - done - m : per;
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;
-            memcpy(out[p] + done, pd_shm_bank(s, p, b), m);
+            pd_copy_out(out[p] + done, pd_shm_bank(s, p, b), m, stream);
         }
         done += m;
         if (m2 == 0) {
@@ -34,7 +35,12 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
         m = m2;
     }
     if (out[r] != in) {
-        memmove(out[r], in, len);
+        if (stream && (out[r] + len <= in || in + len <= out[r])) {
+            pd_copy_out(out[r], in, len, 1);
+        }
+        else {
+            memmove(out[r], in, len);
+        }
     }
     return PD_OK;
 }

@@ -64,6 +64,7 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
     }
     size_t done = 0;
     size_t m = count < per ? count : per;
+    int stream = bytes >= 4 * pd_shm_stream_bytes();
     int b = pd_shm_copyin_bank(c);
     if (!c->resume) {
         copy_in(pd_shm_bank(s, r, b), in, m, n, r, esz);
@@ -84,8 +85,9 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
         for (int i = 1; i <= n; i++) {
             int p = (r + i) % n;
             slice(m, n, p, &lo, &hi);
-            memcpy(out + (done + lo) * esz, pd_shm_bank(s, p, b) + lo * esz,
-                   (hi - lo) * esz);
+            pd_copy_out(out + (done + lo) * esz,
+                        pd_shm_bank(s, p, b) + lo * esz, (hi - lo) * esz,
+                        stream);
         }
         done += m;
         size_t m2 = count - done < per ? count - done : per;

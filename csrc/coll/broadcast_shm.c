@@ -13,6 +13,7 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
     size_t per = pd_shm_bank_size(s);
     size_t done = 0;
     size_t m = len < per ? len : per;
+    int stream = len >= pd_shm_stream_bytes();
     int b = pd_shm_copyin_bank(c);
     if (!c->resume && r == root) {
         memcpy(pd_shm_bank(s, root, b), buf, m);
@@ -27,7 +28,7 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
             }
         }
         else {
-            memcpy(buf + done, pd_shm_bank(s, root, b), m);
+            pd_copy_out(buf + done, pd_shm_bank(s, root, b), m, stream);
         }
         done += m;
         if (m2 == 0) {

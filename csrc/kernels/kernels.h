@@ -80,4 +80,8 @@ void pd_reduce_avg_finish(pd_dtype dt, void *buf, size_t count, int n);
 void pd_cast_to_f32(pd_dtype dt, float *dst, const void *src, size_t count);
 void pd_cast_from_f32(pd_dtype dt, void *dst, const float *src, size_t count);
 
+/* memcpy for collective outputs; stream: the whole output is far larger
+ * than the caches, write around them (non-temporal stores). */
+void pd_copy_out(void *dst, const void *src, size_t n, int stream);
+
 #endif

@@ -55,27 +55,45 @@ struct pd_shm {
     int bank;
 };
 
+/* A byte size from the environment ("4096", "256K", "8M"), or dflt when
+ * unset or outside [lo, hi]. */
+static size_t
+env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
+{
+    const char *e = getenv(name);
+    if (e == NULL || !*e) {
+        return dflt;
+    }
+    char *end;
+    unsigned long long x = strtoull(e, &end, 10);
+    if (*end == 'K' || *end == 'k') {
+        x <<= 10;
+    }
+    else if (*end == 'M' || *end == 'm') {
+        x <<= 20;
+    }
+    return x >= lo && x <= hi ? (size_t)x : dflt;
+}
+
 size_t
 pd_shm_bank_bytes(void)
 {
     static size_t cached;
     if (cached == 0) {
-        size_t v = (size_t)256 << 10;
-        const char *e = getenv("PYDDP_SHM_CHUNK");
-        if (e != NULL && *e) {
-            char *end;
-            unsigned long long x = strtoull(e, &end, 10);
-            if (*end == 'K' || *end == 'k') {
-                x <<= 10;
-            }
-            else if (*end == 'M' || *end == 'm') {
-                x <<= 20;
-            }
-            if (x >= 4096 && x <= ((unsigned long long)64 << 20)) {
-                v = (size_t)x & ~(size_t)4095;
-            }
-        }
-        cached = v;
+        cached = env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10, 4096,
+                           (size_t)64 << 20) &
+                 ~(size_t)4095;
+    }
+    return cached;
+}
+
+size_t
+pd_shm_stream_bytes(void)
+{
+    static size_t cached;
+    if (cached == 0) {
+        cached = env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
+                           SIZE_MAX);
     }
     return cached;
 }

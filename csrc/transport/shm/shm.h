@@ -78,6 +78,10 @@ typedef struct pd_shm_waiter {
 
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
 size_t pd_shm_bank_bytes(void);
+/* Collective outputs from this size up are written with non-temporal
+ * stores (PYDDP_SHM_STREAM, default 8 MiB, by measurement; allreduce,
+ * which reads its output back in cache-sized rounds, from 4x that). */
+size_t pd_shm_stream_bytes(void);
 
 /* Create and map this rank's segment (rank, size: indices in the local set;
  * node: distinguishes the hosts of one group in segment names); *out is
