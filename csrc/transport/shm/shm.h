@@ -79,8 +79,8 @@ typedef struct pd_shm_waiter {
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
 size_t pd_shm_bank_bytes(void);
 /* Collective outputs from this size up are written with non-temporal
- * stores (PYDDP_SHM_STREAM, default 8 MiB, by measurement; allreduce,
- * which reads its output back in cache-sized rounds, from 4x that). */
+ * stores (PYDDP_SHM_STREAM, default 8 MiB, by measurement; allreduce from
+ * 4x that: below, its output still gains from staying in cache). */
 size_t pd_shm_stream_bytes(void);
 
 /* Create and map this rank's segment (rank, size: indices in the local set;
