@@ -52,6 +52,7 @@ struct pd_work {
     pd_req req;
     uint64_t seq;      /* resume: the sequence number already taken */
     int resume;        /* an interrupted inline collective to finish */
+    void *owned;       /* block arrays copied for a resumed collective */
     struct pd_work *next;
 };
 
@@ -124,6 +125,7 @@ pd_work_release(pd_work *w)
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         free(w->msg);
+        free(w->owned);
         free(w);
     }
 }
@@ -877,6 +879,41 @@ progress_main(void *arg)
 
 static pd_work *work_new(pd_group *g, const pd_op *op);
 
+/* Give w its own copies of the op's block pointer and length arrays. */
+static pd_status
+work_own_blocks(pd_group *g, pd_work *w)
+{
+    pd_op *o = &w->op;
+    int k = o->kind, root = o->root == g->rank;
+    size_t nin = (k == PD_K_REDUCE_SCATTER || k == PD_K_ALLTOALL ||
+                  (k == PD_K_SCATTER && root))
+                     ? (size_t)g->size
+                     : 1;
+    size_t nout = (k == PD_K_ALLGATHER || k == PD_K_ALLTOALL ||
+                   (k == PD_K_GATHER && root))
+                      ? (size_t)g->size
+                      : 1;
+    size_t in_lens = k == PD_K_ALLTOALL ? nin : 1;
+    size_t out_lens = k == PD_K_ALLTOALL ? nout : 1;
+    char *mem = malloc((nin + nout) * sizeof(char *) +
+                       (in_lens + out_lens) * sizeof(size_t));
+    if (mem == NULL) {
+        return PD_ENOMEM;
+    }
+    char **in = (char **)mem, **out = in + nin;
+    size_t *il = (size_t *)(out + nout), *ol = il + in_lens;
+    memcpy(in, o->in, nin * sizeof(char *));
+    memcpy(out, o->out, nout * sizeof(char *));
+    memcpy(il, o->in_len, in_lens * sizeof(size_t));
+    memcpy(ol, o->out_len, out_lens * sizeof(size_t));
+    o->in = in;
+    o->out = out;
+    o->in_len = il;
+    o->out_len = ol;
+    w->owned = mem;
+    return PD_OK;
+}
+
 int
 pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                 void *ictx, pd_status *out, pd_work **handoff)
@@ -906,8 +943,14 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
         run_ctx x = {g, 0, 0.0, interrupted, ictx};
         st = run_collective(&x, op, seq, 0, deadline);
         if (st == PD_EINTR) {
-            /* the progress thread finishes it; the caller may wait */
+            /* the progress thread finishes it; the caller may wait (the
+             * caller's block arrays may live on its stack: copy them) */
             pd_work *w = work_new(g, op);
+            if (w != NULL && work_own_blocks(g, w) != PD_OK) {
+                pd_work_release(w);
+                pd_work_release(w);
+                w = NULL;
+            }
             if (w != NULL) {
                 w->resume = 1;
                 w->seq = seq;

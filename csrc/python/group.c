@@ -459,16 +459,120 @@ dtype_of_format(const char *f, Py_ssize_t itemsize)
     }
 }
 
-/* fast(kind, array, arg): all_reduce (arg = op), broadcast (arg = root) or
- * barrier (array None) of one C-contiguous NumPy-like array, run on this
- * thread when the group is idle.  True: done; False: not handled (nothing
- * happened; use submit).  The Python wrapper calls it first, so a small
- * blocking collective costs one C call. */
+/* all_gather_into_tensor / reduce_scatter_tensor for PG_fast. */
+static PyObject *
+fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
+         PyObject *inobj)
+{
+    Py_buffer ov, iv;
+    if (PyObject_GetBuffer(outobj, &ov,
+                           PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                               PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    if (PyObject_GetBuffer(inobj, &iv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) <
+        0) {
+        PyErr_Clear();
+        PyBuffer_Release(&ov);
+        Py_RETURN_FALSE;
+    }
+    int n = self->size;
+    int dt = dtype_of_format(ov.format, ov.itemsize);
+    int dti = dtype_of_format(iv.format, iv.itemsize);
+    size_t small = (size_t)(kind == PD_K_ALLGATHER ? iv.len : ov.len);
+    size_t big = (size_t)(kind == PD_K_ALLGATHER ? ov.len : iv.len);
+    char *stack[16];
+    char **blocks = NULL;
+    int ok = dt >= 0 && dt == dti && ov.itemsize > 0 &&
+             big == small * (size_t)n &&
+             (kind == PD_K_ALLGATHER ||
+              (arg >= 0 && arg < PD_NREDOPS &&
+               pd_redop_check((pd_dtype)dt, (pd_redop)arg) == PD_OK));
+    if (ok) {
+        blocks = n <= 16 ? stack : PyMem_Malloc(sizeof(char *) * (size_t)n);
+        ok = blocks != NULL;
+    }
+    if (!ok) {
+        if (blocks != NULL && blocks != stack) {
+            PyMem_Free(blocks);
+        }
+        PyBuffer_Release(&ov);
+        PyBuffer_Release(&iv);
+        Py_RETURN_FALSE;
+    }
+    char *one = kind == PD_K_ALLGATHER ? iv.buf : ov.buf;
+    char *whole = kind == PD_K_ALLGATHER ? ov.buf : iv.buf;
+    for (int p = 0; p < n; p++) {
+        blocks[p] = whole + (size_t)p * small;
+    }
+    size_t lens[1] = {small};
+    pd_op o;
+    memset(&o, 0, sizeof(o));
+    o.kind = (pd_kind)kind;
+    o.dtype = (pd_dtype)dt;
+    o.count = small / (size_t)ov.itemsize;
+    o.nblocks = n;
+    if (kind == PD_K_ALLGATHER) {
+        o.in = &one;
+        o.out = blocks;
+        snprintf(o.name, sizeof(o.name), "all_gather_into_tensor");
+    }
+    else {
+        o.op = (pd_redop)arg;
+        o.in = blocks;
+        o.out = &one;
+        snprintf(o.name, sizeof(o.name), "reduce_scatter_tensor");
+    }
+    o.in_len = lens;
+    o.out_len = lens;
+    pd_work *handoff = NULL;
+    int rc = run_inline(self, &o, &handoff);
+    if (blocks != stack) {
+        PyMem_Free(blocks);
+    }
+    if (handoff != NULL) {
+        /* the progress thread still uses the arrays: a Work keeps their
+         * views (if that fails, the views leak rather than dangle) */
+        pd_module_state *st = pg_state((PyObject *)self);
+        WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+        if (w != NULL) {
+            w->w = handoff;
+            w->views = PyMem_Calloc(2, sizeof(Py_buffer));
+            w->nviews = 0;
+            w->ptrs = NULL;
+            w->lens = NULL;
+            w->keep = NULL;
+            w->kind = kind;
+            if (w->views != NULL) {
+                w->views[0] = ov;
+                w->views[1] = iv;
+                w->nviews = 2;
+            }
+            keep_handoff(self, (PyObject *)w);
+            Py_DECREF(w);
+        }
+        return NULL; /* KeyboardInterrupt (or another signal's error) */
+    }
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&iv);
+    if (rc < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(rc);
+}
+
+/* fast(kind, array, arg[, input]): all_reduce (arg = op), broadcast (arg =
+ * root), barrier (array None), all_gather_into_tensor (array = output,
+ * input) or reduce_scatter_tensor (array = output, arg = op, input) of
+ * C-contiguous NumPy-like arrays, run on this thread when the group is idle.
+ * True: done; False: not handled (nothing happened; use submit).  The
+ * Python wrapper calls it first, so a blocking collective costs one C call. */
 static PyObject *
 PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "fast(kind, array, arg)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fast(kind, array, arg[, input])");
         return NULL;
     }
     if (self->g == NULL) {
@@ -486,6 +590,10 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     int have_view = 0;
     char *ptr = NULL;
     size_t len = 0;
+    if ((kind == PD_K_ALLGATHER || kind == PD_K_REDUCE_SCATTER) &&
+        nargs == 4) {
+        return fast_two(self, (int)kind, args[1], arg, args[3]);
+    }
     if (kind == PD_K_ALLREDUCE || kind == PD_K_BROADCAST) {
         if (PyObject_GetBuffer(args[1], &v,
                                PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |

@@ -733,6 +733,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
 
 
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
+_K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 
 
 def _ret(work, async_op):
@@ -775,6 +776,11 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and \
+                pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -839,6 +845,10 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
