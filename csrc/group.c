@@ -646,7 +646,7 @@ shm_interrupted(void *arg)
  * was interrupted and the collective must be resumed (resume = 1). */
 static pd_status
 run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
-               double deadline)
+               double deadline, int *published)
 {
     pd_group *g = x->g;
     double timeout = op->timeout > 0 ? op->timeout : g->timeout;
@@ -700,12 +700,23 @@ run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
                                 (uint64_t)(op->out[0] - sb->own) ^ 1
                           : 0;
         }
+        st = PD_OK;
         if (!resume) {
-            pd_shm_enter(g->shm, &c.id, value);
+            /* after an eager collective: everyone entered it, alike */
+            st = pd_shm_entry(g->shm, &c.waiter, pd_coll_kind_name);
+            if (st == PD_EINTR) {
+                return st; /* nothing published: *published stays 0 */
+            }
+            if (st == PD_OK) {
+                pd_shm_enter(g->shm, &c.id, value);
+            }
         }
-        st = run_coll_shm(&c, op);
-        if (st == PD_EINTR) {
-            return st;
+        if (st == PD_OK) {
+            *published = 1;
+            st = run_coll_shm(&c, op);
+            if (st == PD_EINTR) {
+                return st;
+            }
         }
     }
     else {
@@ -780,9 +791,11 @@ run_work(pd_group *g, pd_work *w)
         return;
     }
 
-    uint64_t seq = w->resume ? w->seq : ++g->seq;
+    uint64_t seq = w->seq ? w->seq : ++g->seq; /* handed over: taken */
     run_ctx x = {g, 1, 0.0, NULL, NULL};
-    pd_status st = run_collective(&x, op, seq, w->resume, w->deadline);
+    int published = 0;
+    pd_status st = run_collective(&x, op, seq, w->resume, w->deadline,
+                                  &published);
     if (st == PD_ECLOSED) {
         work_complete(w, st, pd_errmsg());
         return;
@@ -941,7 +954,8 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
         double deadline = pd_now() + timeout;
         uint64_t seq = ++g->seq;
         run_ctx x = {g, 0, 0.0, interrupted, ictx};
-        st = run_collective(&x, op, seq, 0, deadline);
+        int published = 0;
+        st = run_collective(&x, op, seq, 0, deadline, &published);
         if (st == PD_EINTR) {
             /* the progress thread finishes it; the caller may wait (the
              * caller's block arrays may live on its stack: copy them) */
@@ -952,7 +966,8 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                 w = NULL;
             }
             if (w != NULL) {
-                w->resume = 1;
+                /* published: resume after the first bump; else all again */
+                w->resume = published;
                 w->seq = seq;
                 pthread_mutex_lock(&g->mu);
                 w->next = g->qh;
@@ -1034,7 +1049,9 @@ setup_barrier(pd_group *g)
     run_ctx x = {g, 1, 0.0, NULL, NULL};
     pd_shm *shm = g->shm;
     g->shm = NULL; /* not usable yet */
-    pd_status st = run_collective(&x, &op, ++g->seq, 0, pd_now() + g->timeout);
+    int published = 0;
+    pd_status st = run_collective(&x, &op, ++g->seq, 0, pd_now() + g->timeout,
+                                  &published);
     g->shm = shm;
     return st;
 }

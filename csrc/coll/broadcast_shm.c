@@ -18,7 +18,11 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
     if (!c->resume && r == root) {
         memcpy(pd_shm_bank(s, root, b), buf, m);
     }
-    PD_CHECK(pd_shm_first_sync(c));
+    /* one round: the others wait for the root alone, the root only for its
+     * left neighbour (to see a rank that called something else) */
+    PD_CHECK(pd_shm_first_sync_from(
+        c, len > per ? -1 : r == root ? (r + c->size - 1) % c->size : root,
+        len <= per && r != root));
     for (;;) {
         size_t m2 = len - done - m < per ? len - done - m : per;
         int b2 = m2 ? pd_shm_next_bank(s) : b;

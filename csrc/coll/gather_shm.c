@@ -16,7 +16,9 @@ pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
     if (!c->resume && r != root) {
         memcpy(pd_shm_bank(s, r, b), in, m);
     }
-    PD_CHECK(pd_shm_first_sync(c));
+    /* one round: the leaves wait only for their left neighbour */
+    PD_CHECK(pd_shm_first_sync_from(
+        c, len > per || r == root ? -1 : (r + n - 1) % n, 0));
     for (;;) {
         size_t m2 = len - done - m < per ? len - done - m : per;
         int b2 = m2 ? pd_shm_next_bank(s) : b;
@@ -60,7 +62,11 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
             }
         }
     }
-    PD_CHECK(pd_shm_first_sync(c));
+    /* one round: the others wait for the root alone, the root only for its
+     * left neighbour */
+    PD_CHECK(pd_shm_first_sync_from(
+        c, len > pe ? -1 : r == root ? (r + n - 1) % n : root,
+        len <= pe && r != root));
     for (;;) {
         size_t m2 = len - done - m < pe ? len - done - m : pe;
         int b2 = m2 ? pd_shm_next_bank(s) : b;

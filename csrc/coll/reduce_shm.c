@@ -37,7 +37,10 @@ pd_reduce_shm(pd_coll *c, const char *in, char *out, size_t count)
         if (!c->resume) {
             memcpy(pd_shm_bank(s, r, b), in, bytes);
         }
-        PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
+        /* the leaves wait only for their left neighbour */
+        PD_CHECK_GOTO(
+            pd_shm_first_sync_from(c, r == root ? -1 : (r + n - 1) % n, 0),
+            st, exit);
         if (r == root) {
             for (int p = 0; p < n; p++) {
                 src[p] = pd_shm_bank(s, p, b);

@@ -4,10 +4,11 @@
 #include "coll.h"
 
 pd_status
-pd_shm_first_sync(pd_coll *c)
+pd_shm_first_sync_from(pd_coll *c, int src, int data)
 {
-    pd_status st = c->resume ? pd_shm_sync_wait(c->shm, &c->waiter)
-                             : pd_shm_sync(c->shm, &c->waiter);
+    pd_status st = c->resume
+                       ? pd_shm_sync_wait_from(c->shm, &c->waiter, src, data)
+                       : pd_shm_sync_from(c->shm, &c->waiter, src, data);
     if (st == PD_EINTR) {
         /* the caller hands the collective over; resume from here */
         return st;
@@ -17,7 +18,13 @@ pd_shm_first_sync(pd_coll *c)
     if (st != PD_OK) {
         return st;
     }
-    return pd_shm_check_ident(c->shm, &c->id, pd_coll_kind_name);
+    return pd_shm_check_ident_from(c->shm, &c->id, pd_coll_kind_name, src);
+}
+
+pd_status
+pd_shm_first_sync(pd_coll *c)
+{
+    return pd_shm_first_sync_from(c, -1, 0);
 }
 
 pd_status

@@ -114,10 +114,27 @@ void pd_shm_enter(pd_shm *s, const pd_shm_ident *id, uint64_t value);
 pd_status pd_shm_sync(pd_shm *s, const pd_shm_waiter *w);
 /* Resume a sync whose bump was already done (after an interrupted wait). */
 pd_status pd_shm_sync_wait(pd_shm *s, const pd_shm_waiter *w);
+/* Eager variants for one-to-many and many-to-one messages: src -1 waits
+ * for everyone (as pd_shm_sync), else for src alone; data: src is the
+ * source of the data (likely running now: polled briefly before yielding
+ * on an oversubscribed host). */
+pd_status pd_shm_sync_from(pd_shm *s, const pd_shm_waiter *w, int src,
+                           int data);
+pd_status pd_shm_sync_wait_from(pd_shm *s, const pd_shm_waiter *w, int src,
+                                int data);
+/* Before entering a collective: if the last one did not wait for every
+ * rank (eager), wait until every rank has entered it and check that they
+ * all called the same one (the deferred half of pd_shm_check_ident). */
+pd_status pd_shm_entry(pd_shm *s, const pd_shm_waiter *w,
+                       const char *(*kind_name)(int));
 /* After the first sync of a collective: PD_EMISMATCH (message names both
  * calls) unless every peer entered the same collective. */
 pd_status pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
                              const char *(*kind_name)(int));
+/* The same for the ranks an eager sync waited for (src as there); the
+ * others are checked at the next pd_shm_entry. */
+pd_status pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
+                                  const char *(*kind_name)(int), int src);
 /* The value peer p published with its identity for seq. */
 uint64_t pd_shm_value(pd_shm *s, int p, uint64_t seq);
 /* Highest sequence number peer p has entered (timeout diagnosis). */
