@@ -1,0 +1,301 @@
+/* transport/shm: segments (created, mapped by every rank, unlinked), step
+ * syncs with identity checks, byte rings, timeouts and aborts, between real
+ * forked processes. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pd_test.h"
+#include "transport/shm/shm.h"
+
+/* A barrier in anonymous shared memory, for setting the segments up. */
+typedef struct {
+    _Atomic int count;
+    _Atomic int gen;
+} bar_t;
+
+static bar_t *bar;
+
+static void
+barrier(int n)
+{
+    int g = atomic_load(&bar->gen);
+    if (atomic_fetch_add(&bar->count, 1) == n - 1) {
+        atomic_store(&bar->count, 0);
+        atomic_fetch_add(&bar->gen, 1);
+        return;
+    }
+    while (atomic_load(&bar->gen) == g) {
+        usleep(50);
+    }
+}
+
+static int
+count_segments(uint64_t token)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "pyddp.%016llx.",
+             (unsigned long long)token);
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    if (d == NULL) {
+        return 0;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+static pd_shm *
+setup(int rank, int n, uint64_t token)
+{
+    pd_shm *s = NULL;
+    T_OK(pd_shm_create(rank, n, token, 7, 0, &s));
+    barrier(n);
+    T_OK(pd_shm_attach(s));
+    barrier(n);
+    pd_shm_unlink(s, 0);
+    barrier(n);
+    T_CHECK(count_segments(token) == 0);
+    return s;
+}
+
+typedef void (*child_fn)(int rank, int n, uint64_t token);
+
+/* Run fn in n forked processes; every check failure makes the test fail. */
+static void
+run(int n, child_fn fn)
+{
+    static uint64_t token = 0x5eed0000;
+    token++;
+    atomic_store(&bar->count, 0);
+    pid_t pids[8];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            alarm(30); /* never hang the suite */
+            fn(r, n, token);
+            _exit(pd_test_failures ? 1 : 0);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int status = 0;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "rank %d of %d failed (status %#x)\n", r, n,
+                    status);
+            pd_test_failures++;
+        }
+    }
+    T_CHECK(count_segments(token) == 0);
+}
+
+static const char *
+kind_name(int k)
+{
+    return k == 2 ? "all_reduce" : k == 1 ? "broadcast" : "other";
+}
+
+static pd_shm_ident
+ident(uint64_t seq, uint64_t count)
+{
+    pd_shm_ident id;
+    memset(&id, 0, sizeof(id));
+    id.seq = seq;
+    id.count = count;
+    id.kind = 2;
+    id.dtype = 11;
+    return id;
+}
+
+/* Every rank writes its bank, syncs, reads everyone's: 2000 rounds. */
+static void
+child_sync(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+    for (uint64_t i = 1; i <= 2000; i++) {
+        pd_shm_ident id = ident(i, 10);
+        int b = pd_shm_next_bank(s);
+        uint64_t v = i * 100 + (uint64_t)rank;
+        memcpy(pd_shm_bank(s, rank, b), &v, sizeof(v));
+        pd_shm_enter(s, &id, v);
+        T_OK(pd_shm_sync(s, &w));
+        T_OK(pd_shm_check_ident(s, &id, kind_name));
+        for (int p = 0; p < n; p++) {
+            uint64_t got;
+            memcpy(&got, pd_shm_bank(s, p, b), sizeof(got));
+            T_CHECK(got == i * 100 + (uint64_t)p);
+            T_CHECK(pd_shm_value(s, p, i) == got);
+        }
+        if (pd_test_failures) {
+            break;
+        }
+    }
+    pd_shm_close(s);
+}
+
+static void
+test_sync_and_banks(void)
+{
+    run(2, child_sync);
+    run(3, child_sync);
+}
+
+/* The last rank calls with another count at sequence number 5. */
+static void
+child_mismatch(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+    for (uint64_t i = 1; i <= 5; i++) {
+        pd_shm_ident id = ident(i, i == 5 && rank == n - 1 ? 20 : 10);
+        pd_shm_enter(s, &id, 0);
+        T_OK(pd_shm_sync(s, &w));
+        pd_status st = pd_shm_check_ident(s, &id, kind_name);
+        if (i < 5) {
+            T_CHECK(st == PD_OK);
+        }
+        else {
+            T_CHECK(st == PD_EMISMATCH);
+            T_MSG_HAS("collective mismatch between ranks");
+            T_MSG_HAS("count=10");
+            T_MSG_HAS("count=20");
+            T_MSG_HAS("sequence number 5");
+        }
+    }
+    pd_shm_close(s);
+}
+
+static void
+test_mismatch_seen_by_every_rank(void)
+{
+    run(3, child_mismatch);
+}
+
+/* Rank 1 never arrives: rank 0 times out, naming it. */
+static void
+child_timeout(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    if (rank == 0) {
+        pd_shm_waiter w = {pd_now() + 0.3, NULL, NULL, NULL};
+        double t0 = pd_now();
+        T_ST(pd_shm_sync(s, &w), PD_ETIMEOUT);
+        T_MSG_HAS("local rank 1");
+        double dt = pd_now() - t0;
+        T_CHECK(dt >= 0.29 && dt < 2.0);
+    }
+    barrier(n);
+    pd_shm_close(s);
+}
+
+static void
+test_timeout(void)
+{
+    run(2, child_timeout);
+}
+
+/* Rank 1 aborts while rank 0 sleeps in a sync. */
+static void
+child_abort(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    if (rank == 0) {
+        pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+        double t0 = pd_now();
+        T_ST(pd_shm_sync(s, &w), PD_ENETWORK);
+        T_MSG_HAS("boom from rank 1");
+        T_CHECK(pd_now() - t0 < 5.0);
+    }
+    else {
+        usleep(300000); /* rank 0 is asleep on the futex by now */
+        pd_shm_abort(s, PD_ENETWORK, "boom from rank 1");
+    }
+    barrier(n);
+    pd_shm_close(s);
+}
+
+static void
+test_abort_wakes_sleepers(void)
+{
+    run(2, child_abort);
+}
+
+/* Both ranks stream 3 MB through the rings at once, in odd-sized pieces,
+ * and check every byte. */
+static void
+child_rings(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    int peer = 1 - rank;
+    size_t total = 3u << 20;
+    unsigned char *out = malloc(total), *in = malloc(total);
+    for (size_t i = 0; i < total; i++) {
+        out[i] = (unsigned char)(i * 7 + (size_t)rank * 13 + i / 4099);
+    }
+    size_t sent = 0, got = 0, piece = 1;
+    double deadline = pd_now() + 20;
+    while ((sent < total || got < total) && pd_now() < deadline) {
+        if (sent < total) {
+            size_t m = total - sent < piece ? total - sent : piece;
+            sent += pd_shm_ring_write(s, peer, out + sent, m);
+        }
+        if (got < total) {
+            got += pd_shm_ring_read(s, peer, in + got, piece * 3 + 1);
+        }
+        piece = piece * 5 % 100003 + 1;
+    }
+    T_CHECK(sent == total && got == total);
+    for (size_t i = 0; i < total; i++) {
+        unsigned char want = (unsigned char)(i * 7 + (size_t)peer * 13 +
+                                             i / 4099);
+        if (in[i] != want) {
+            T_CHECK(in[i] == want);
+            break;
+        }
+    }
+    T_CHECK(!pd_shm_ring_readable(s, peer));
+    T_CHECK(pd_shm_ring_writable(s, peer));
+    pd_shm_ring_want(s, peer, 1, 0);
+    barrier(n);
+    T_CHECK(pd_shm_ring_peer_waits(s, peer, 1));
+    T_CHECK(!pd_shm_ring_peer_waits(s, peer, 0));
+    barrier(n);
+    free(out);
+    free(in);
+    pd_shm_close(s);
+}
+
+static void
+test_rings(void)
+{
+    run(2, child_rings);
+}
+
+int
+main(void)
+{
+    printf("test_shm\n");
+    bar = mmap(NULL, sizeof(*bar), PROT_READ | PROT_WRITE,
+               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (bar == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    T_RUN(test_sync_and_banks);
+    T_RUN(test_mismatch_seen_by_every_rank);
+    T_RUN(test_timeout);
+    T_RUN(test_abort_wakes_sleepers);
+    T_RUN(test_rings);
+    return pd_test_result();
+}
