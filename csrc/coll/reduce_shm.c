@@ -7,7 +7,8 @@
 
 #include "coll.h"
 
-#define SHM_REDUCE_SMALL (16u << 10)
+/* as SHM_ALLREDUCE_SMALL (allreduce_shm.c) */
+#define SHM_REDUCE_SMALL (8u << 10)
 
 static void
 slice(size_t m, int n, int p, size_t *lo, size_t *hi)
