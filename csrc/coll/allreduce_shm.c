@@ -1,4 +1,4 @@
-/* Allreduce through shared memory.
+/* Allreduce (and reduce) through shared memory.
  *
  * Small: every rank copies its input into its bank, one sync, and every rank
  * reduces all banks in rank order into its output (identical on all ranks).
@@ -38,11 +38,15 @@ copy_in(char *bank, const char *in, size_t m, int n, int r, size_t esz)
     memcpy(bank + hi * esz, in + hi * esz, (m - hi) * esz);
 }
 
+/* Allreduce (root < 0) or reduce to root: the rounds are the same, only
+ * who copies the reduced slices out differs. */
 pd_status
-pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
+pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out, size_t count,
+                     int root)
 {
     pd_shm *s = c->shm;
     int n = c->size, r = c->rank;
+    int gets = root < 0 || r == root; /* this rank receives the result */
     size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
     size_t per = pd_shm_bank_elems(c, esz);
     size_t bytes = count * esz;
@@ -50,18 +54,23 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
     char **src = n <= 16 ? stack : malloc(sizeof(char *) * (size_t)n);
     pd_status st = PD_OK;
     if (src == NULL) {
-        return pd_error(PD_ENOMEM, "all_reduce: out of memory");
+        return pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
     }
     if (bytes <= SHM_ALLREDUCE_SMALL && count <= per) {
         int b = pd_shm_copyin_bank(c);
         if (!c->resume) {
             memcpy(pd_shm_bank(s, r, b), in, bytes);
         }
-        PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
-        for (int p = 0; p < n; p++) {
-            src[p] = pd_shm_bank(s, p, b);
+        /* reduce: the leaves wait only for their left neighbour */
+        PD_CHECK_GOTO(
+            pd_shm_first_sync_from(c, gets ? -1 : (r + n - 1) % n, 0), st,
+            exit);
+        if (gets) {
+            for (int p = 0; p < n; p++) {
+                src[p] = pd_shm_bank(s, p, b);
+            }
+            pd_shm_reduce(c, out, src, n, count, 1);
         }
-        pd_shm_reduce(c, out, src, n, count, 1);
         goto exit;
     }
     size_t done = 0;
@@ -84,7 +93,7 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
         pd_shm_reduce(c, pd_shm_bank(s, r, b) + lo * esz, src, n, hi - lo, 1);
         PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
         /* every slice out, starting with the next rank's */
-        for (int i = 1; i <= n; i++) {
+        for (int i = 1; i <= n && gets; i++) {
             int p = (r + i) % n;
             slice(m, n, p, &lo, &hi);
             pd_copy_out(out + (done + lo) * esz,
@@ -106,6 +115,12 @@ exit:
         free(src);
     }
     return st;
+}
+
+pd_status
+pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
+{
+    return pd_shm_reduce_rounds(c, in, out, count, -1);
 }
 
 pd_status

@@ -88,6 +88,9 @@ pd_status pd_allreduce_shm(pd_coll *c, const char *in, char *out,
 pd_status pd_allreduce_shm_inplace(pd_coll *c, char *const *peer,
                                    size_t count);
 pd_status pd_reduce_shm(pd_coll *c, const char *in, char *out, size_t count);
+/* Both: root < 0 for allreduce, else reduce to root. */
+pd_status pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out,
+                               size_t count, int root);
 pd_status pd_broadcast_shm(pd_coll *c, char *buf, size_t len);
 pd_status pd_allgather_shm(pd_coll *c, const char *in, char **out,
                            size_t len);
