@@ -167,6 +167,35 @@ def test_send_recv_through_shared_memory_rings(ws):
     assert run(_p2p_child, ws, env={"PYDDP_TRANSPORT": "shm"}) == [True] * ws
 
 
+def _sender_leaves_child(rank, ws):
+    """Messages sent before the sender destroyed its group are still received."""
+    dist.init_process_group("cpu")
+    if rank == 1:
+        for i in range(5):
+            dist.send(np.full(i * 1000, i, np.float32), dst=0, tag=i)
+        dist.destroy_process_group()
+        return True
+    time.sleep(1.0)  # rank 1 has gone by now
+    for i in (3, 0, 4, 1, 2):
+        buf = np.zeros(i * 1000, np.float32)
+        dist.recv(buf, src=1, tag=i)
+        assert np.array_equal(buf, np.full(i * 1000, i, np.float32)), i
+    buf = np.zeros(1, np.float32)
+    try:
+        dist.recv(buf, src=1)
+    except dist.DistError as e:
+        return str(e)
+    finally:
+        dist.destroy_process_group()
+    return None
+
+
+def test_messages_from_a_rank_that_left_can_still_be_received():
+    res = run(_sender_leaves_child, 2, init=False, env={"PYDDP_TRANSPORT": "shm"})
+    assert res[1] is True
+    assert res[0] and "rank 1" in res[0] and "left" in res[0], res
+
+
 def _mixed_child(rank, ws):
     assert dist.distributed_c10d._default_pg()._transport == "shm+tcp"
     _p2p_child(rank, ws)

@@ -61,10 +61,9 @@ pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out, size_t count,
         if (!c->resume) {
             memcpy(pd_shm_bank(s, r, b), in, bytes);
         }
-        /* reduce: the leaves wait only for their left neighbour */
-        PD_CHECK_GOTO(
-            pd_shm_first_sync_from(c, gets ? -1 : (r + n - 1) % n, 0), st,
-            exit);
+        /* reduce: a leaf waits only for the first other rank to arrive */
+        PD_CHECK_GOTO(pd_shm_first_sync_from(c, gets ? -1 : PD_SHM_ANY, 0),
+                      st, exit);
         if (gets) {
             for (int p = 0; p < n; p++) {
                 src[p] = pd_shm_bank(s, p, b);

@@ -18,10 +18,10 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
     if (!c->resume && r == root) {
         memcpy(pd_shm_bank(s, root, b), buf, m);
     }
-    /* one round: the others wait for the root alone, the root only for its
-     * left neighbour (to see a rank that called something else) */
+    /* one round: the others wait for the root alone, the root only for the
+     * first other rank to arrive (to see one that called something else) */
     PD_CHECK(pd_shm_first_sync_from(
-        c, len > per ? -1 : r == root ? (r + c->size - 1) % c->size : root,
+        c, len > per ? -1 : r == root ? PD_SHM_ANY : root,
         len <= per && r != root));
     for (;;) {
         size_t m2 = len - done - m < per ? len - done - m : per;

@@ -105,9 +105,10 @@ pd_status pd_barrier_shm(pd_coll *c);
 /* Shared helpers of the *_shm algorithms (coll/shm_common.c). */
 pd_status pd_shm_first_sync(pd_coll *c);
 /* Eager first sync of single-round one-to-many / many-to-one messages:
- * wait only for src (-1: everyone): the data's source (data = 1), or the
- * left neighbour for a rank that only sends (as the TCP algorithms' ring
- * check).
+ * wait only for src (-1: everyone): the data's source (data = 1), or
+ * PD_SHM_ANY (the first other rank to arrive) for a rank that only sends,
+ * so that it sees at least one other rank's identity, as the TCP
+ * algorithms' ring check.
  * The identities of the ranks not waited for are checked when the next
  * collective starts. */
 pd_status pd_shm_first_sync_from(pd_coll *c, int src, int data);

@@ -16,9 +16,9 @@ pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
     if (!c->resume && r != root) {
         memcpy(pd_shm_bank(s, r, b), in, m);
     }
-    /* one round: the leaves wait only for their left neighbour */
+    /* one round: a leaf waits only for the first other rank to arrive */
     PD_CHECK(pd_shm_first_sync_from(
-        c, len > per || r == root ? -1 : (r + n - 1) % n, 0));
+        c, len > per || r == root ? -1 : PD_SHM_ANY, 0));
     for (;;) {
         size_t m2 = len - done - m < per ? len - done - m : per;
         int b2 = m2 ? pd_shm_next_bank(s) : b;
@@ -62,10 +62,10 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
             }
         }
     }
-    /* one round: the others wait for the root alone, the root only for its
-     * left neighbour */
+    /* one round: the others wait for the root alone, the root only for the
+     * first other rank to arrive */
     PD_CHECK(pd_shm_first_sync_from(
-        c, len > pe ? -1 : r == root ? (r + n - 1) % n : root,
+        c, len > pe ? -1 : r == root ? PD_SHM_ANY : root,
         len <= pe && r != root));
     for (;;) {
         size_t m2 = len - done - m < pe ? len - done - m : pe;

@@ -1,7 +1,7 @@
 /* Reduce through shared memory: the allreduce's rounds (allreduce_shm.c)
  * with only the root copying the reduced slices out; in one round (small
- * messages) the root reduces every bank and the leaves wait only for their
- * left neighbour. */
+ * messages) the root reduces every bank and a leaf waits only for the first
+ * other rank to arrive. */
 #include "coll.h"
 
 pd_status

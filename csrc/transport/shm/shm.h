@@ -115,9 +115,11 @@ pd_status pd_shm_sync(pd_shm *s, const pd_shm_waiter *w);
 /* Resume a sync whose bump was already done (after an interrupted wait). */
 pd_status pd_shm_sync_wait(pd_shm *s, const pd_shm_waiter *w);
 /* Eager variants for one-to-many and many-to-one messages: src -1 waits
- * for everyone (as pd_shm_sync), else for src alone; data: src is the
- * source of the data (likely running now: polled briefly before yielding
- * on an oversubscribed host). */
+ * for everyone (as pd_shm_sync), PD_SHM_ANY for the first rank to arrive
+ * (a rank that only sends: it must see one other rank's identity), else
+ * for src alone; data: src is the source of the data (likely running now:
+ * polled briefly before yielding on an oversubscribed host). */
+#define PD_SHM_ANY (-2)
 pd_status pd_shm_sync_from(pd_shm *s, const pd_shm_waiter *w, int src,
                            int data);
 pd_status pd_shm_sync_wait_from(pd_shm *s, const pd_shm_waiter *w, int src,
@@ -131,8 +133,9 @@ pd_status pd_shm_entry(pd_shm *s, const pd_shm_waiter *w,
  * calls) unless every peer entered the same collective. */
 pd_status pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
                              const char *(*kind_name)(int));
-/* The same for the ranks an eager sync waited for (src as there); the
- * others are checked at the next pd_shm_entry. */
+/* The same for the ranks an eager sync waited for (src as there;
+ * PD_SHM_ANY: every rank that has arrived); the others are checked at the
+ * next pd_shm_entry. */
 pd_status pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
                                   const char *(*kind_name)(int), int src);
 /* The value peer p published with its identity for seq. */

@@ -769,7 +769,8 @@ tcp_post_recv(pd_transport *base, pd_req *r)
         return st;
     }
     tcp_peer *pe = &t->peers[p];
-    if (pe->gone && pe->data_eof) {
+    if (pe->gone && pe->data_eof &&
+        !(pe->ring >= 0 && pd_shm_ring_readable(t->shm, pe->ring))) {
         return fail(t, PD_ENETWORK,
                     "rank %d cannot receive from rank %d: rank %d has left "
                     "the group (destroyed its process group or exited)",
@@ -1098,12 +1099,24 @@ ring_progress(tcp_transport *t)
     int moved = 0;
     for (int p = 0; p < t->base.size; p++) {
         tcp_peer *pe = &t->peers[p];
-        if (pe->ring < 0 || pe->gone) {
+        if (pe->ring < 0) {
             continue;
         }
+        /* a peer that left may have left frames in the ring: still read */
         if (wants_read(t, pe) && pd_shm_ring_readable(t->shm, pe->ring)) {
             (void)do_read(t, p); /* errors are sticky: progress reports */
             moved = 1;
+        }
+        if (pe->gone) {
+            if (pe->data_eof && needs_peer(pe) &&
+                !pd_shm_ring_readable(t->shm, pe->ring)) {
+                fail(t, PD_ENETWORK,
+                     "rank %d cannot receive from rank %d: rank %d has left "
+                     "the group (destroyed its process group or exited)",
+                     t->base.rank, p, p);
+                return 1;
+            }
+            continue;
         }
         if (pe->sq_head != NULL && pd_shm_ring_writable(t->shm, pe->ring)) {
             (void)do_write(t, p);
@@ -1147,9 +1160,15 @@ drain_doorbells(tcp_transport *t, int p)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             break;
         }
+        /* the peer is gone; what it wrote before is still in the ring */
         pe->data_eof = 1;
         peer_gone(t, p);
-        if (needs_peer(pe) || pe->sq_head != NULL) {
+        if (wants_read(t, pe)) {
+            PD_CHECK(do_read(t, p));
+        }
+        if ((needs_peer(pe) &&
+             !pd_shm_ring_readable(t->shm, pe->ring)) ||
+            pe->sq_head != NULL) {
             return fail(t, PD_ENETWORK,
                         "rank %d: connection to rank %d closed while "
                         "waiting for it (rank %d exited or destroyed its "
