@@ -27,6 +27,11 @@ def _env_with_this_pyddp():
 
 
 def _has_matplotlib():
+    """matplotlib imports and can draw here.  Not under the AddressSanitizer runtime that .ci/run
+    preloads: matplotlib's C++ extensions throw C++ exceptions, which that runtime cannot intercept
+    when libstdc++ was not loaded first (it aborts: "real___cxa_throw != 0")."""
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        return False
     try:
         import matplotlib  # noqa: F401
     except Exception:
@@ -52,7 +57,8 @@ def test_collectives_quick_table(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,pyddp-tcp", "--max-bytes", "4096",
-         "--timeout", "120", "--json", str(out_json), "--plot", str(out_png)],
+         "--timeout", "120", "--json", str(out_json)]
+        + (["--plot", str(out_png)] if _has_matplotlib() else ["--no-plot"]),
         cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=150,
     )
     out = proc.stdout + proc.stderr
@@ -92,7 +98,7 @@ def test_collectives_quick_table(tmp_path):
     if _has_matplotlib():
         assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
     else:
-        assert "# note: plot skipped" in proc.stdout and not out_png.exists(), out
+        assert not out_png.exists(), out
 
 
 def _fake_results(mod, world=2):
@@ -156,7 +162,8 @@ def test_table_without_peers():
 
 
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    if not _has_matplotlib():
+        pytest.skip("matplotlib is not installed (or cannot run under the ASan runtime)")
     mod = _collectives()
     results, memcpy = _fake_results(mod)
     path = tmp_path / "plot.png"
