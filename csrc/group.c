@@ -67,6 +67,7 @@ struct pd_group {
     pthread_mutex_t mu;
     pd_work *qh, *qt;
     int running;       /* under mu: a collective runs (either thread) */
+    int caller;        /* under mu: ... on a caller's thread (inline) */
     atomic_int stopping;
     pd_shm *shm;       /* every rank on this host: shared memory */
     pd_shm *lshm;      /* the ranks on this host (frames through rings) */
@@ -940,6 +941,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
              !atomic_load(&g->stopping);
     if (ok) {
         g->running = 1;
+        g->caller = 1;
     }
     pthread_mutex_unlock(&g->mu);
     if (!ok) {
@@ -976,6 +978,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                     g->qt = w;
                 }
                 g->running = 0;
+                g->caller = 0;
                 pthread_mutex_unlock(&g->mu);
                 g->t->ops->wake(g->t);
                 *handoff = w;
@@ -993,6 +996,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
     }
     pthread_mutex_lock(&g->mu);
     g->running = 0;
+    g->caller = 0;
     int wake = g->qh != NULL || group_err(g) != PD_OK;
     pthread_mutex_unlock(&g->mu);
     if (wake) {
@@ -1274,10 +1278,15 @@ static pd_status
 acquire_idle(pd_group *g, const char *what)
 {
     for (;;) {
+        if (atomic_load(&g->stopping)) {
+            return pd_error(PD_ECLOSED, "%s: the process group has been "
+                            "destroyed", what);
+        }
         pthread_mutex_lock(&g->mu);
         int ok = g->qh == NULL && !g->running;
         if (ok) {
             g->running = 1;
+            g->caller = 1;
         }
         pthread_mutex_unlock(&g->mu);
         if (ok) {
@@ -1297,6 +1306,7 @@ release_idle(pd_group *g)
 {
     pthread_mutex_lock(&g->mu);
     g->running = 0;
+    g->caller = 0;
     int wake = g->qh != NULL;
     pthread_mutex_unlock(&g->mu);
     if (wake) {
@@ -1486,8 +1496,21 @@ pd_group_destroy(pd_group *g)
     }
     PD_LOG(PD_LOG_INFO, "group", "rank %d: destroying the group", g->rank);
     atomic_store(&g->stopping, 1);
-    if (g->shm != NULL) {
-        pd_shm_wake_all(g->shm); /* an inline waiter sees "destroyed" */
+    /* A collective running on another caller's thread sees "destroyed" at
+     * its next check (woken now, within a sleep slice at worst): the
+     * shared memory must stay mapped until it has left. */
+    for (;;) {
+        if (g->shm != NULL) {
+            pd_shm_wake_all(g->shm);
+        }
+        pthread_mutex_lock(&g->mu);
+        int busy = g->caller;
+        pthread_mutex_unlock(&g->mu);
+        if (!busy) {
+            break;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
     }
     if (g->thr_started) {
         g->t->ops->wake(g->t);

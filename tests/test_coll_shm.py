@@ -379,3 +379,37 @@ def test_different_collectives_raise_a_mismatch_on_every_rank():
     res = run(_mismatch_child, 2, env={"PYDDP_TRANSPORT": "shm"})
     for msg in res:
         assert msg and "mismatch" in msg and "all_reduce" in msg and "broadcast" in msg, res
+
+
+def _destroy_during_inline_child(rank, ws):
+    """destroy_process_group from another thread while a collective waits on this one."""
+    import threading
+
+    if rank == 1:
+        time.sleep(3.0)  # never joins the all_reduce in time
+        return "late"
+    box = {}
+
+    def waiter():
+        try:
+            dist.all_reduce(np.ones(10))
+            box["r"] = "returned"
+        except dist.DistError as e:
+            box["r"] = str(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    t.join(10)
+    assert not t.is_alive(), "the waiting all_reduce did not return"
+    assert time.monotonic() - t0 < 5
+    return box["r"]
+
+
+def test_destroying_the_group_while_another_thread_waits_in_a_collective():
+    outs = run_outcomes(_destroy_during_inline_child, 2, init=True,
+                        env={"PYDDP_TRANSPORT": "shm"}, timeout=60)
+    assert outs[0].ok, outs[0].describe()
+    assert "destroyed" in outs[0].value, outs[0].value
