@@ -1516,6 +1516,7 @@ pd_group_destroy(pd_group *g)
         g->t->ops->wake(g->t);
         pthread_join(g->thr, NULL);
     }
+    pd_shm_leave(g->lshm);
     if (g->t != NULL) {
         g->t->ops->close(g->t);
     }

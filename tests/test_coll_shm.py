@@ -413,3 +413,27 @@ def test_destroying_the_group_while_another_thread_waits_in_a_collective():
                         env={"PYDDP_TRANSPORT": "shm"}, timeout=60)
     assert outs[0].ok, outs[0].describe()
     assert "destroyed" in outs[0].value, outs[0].value
+
+
+def _peer_leaves_child(rank, ws, count):
+    if rank == 1:
+        dist.destroy_process_group()  # leaves cleanly without joining the all_reduce
+        return None
+    t = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(count, np.float32))
+    except dist.DistError as e:
+        return time.monotonic() - t, type(e).__name__, str(e)
+    return "returned"
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("count", [10, 1 << 20])
+def test_a_peer_that_left_fails_the_collective_at_once(transport, count):
+    outs = run_outcomes(_peer_leaves_child, 2, count, env={"PYDDP_TRANSPORT": transport},
+                        init_kwargs={"timeout": __import__("datetime").timedelta(seconds=60)},
+                        timeout=60)
+    assert outs[0].ok, outs[0].describe()
+    elapsed, name, msg = outs[0].value
+    assert elapsed < 5 and name == "DistNetworkError", outs[0].value
+    assert "rank 1" in msg and "destroyed its process group" in msg, msg

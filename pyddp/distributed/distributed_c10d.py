@@ -166,6 +166,7 @@ class _World:
         self.group_count = 0
         self.owns_store = False  # the store came from init_method rendezvous
         self.round = 0
+        self.failing_exit = False  # the program is ending with an uncaught exception
         self.lock = threading.Lock()
 
 
@@ -555,7 +556,10 @@ def _release_store(store, rank, size, rnd):
     if size <= 1 or not isinstance(store, TCPStore):
         return
     pstore = PrefixStore(f"default_pg/pg/{rnd}", store)
-    limit = timedelta(seconds=float(os.environ.get("PYDDP_EXIT_TIMEOUT", "5")))
+    # A rank dying of an uncaught exception does not wait for the others to check out: they may
+    # be blocked in a collective it will never join (the launcher waits for its exit status).
+    default = "0.2" if _world.failing_exit else "5"
+    limit = timedelta(seconds=float(os.environ.get("PYDDP_EXIT_TIMEOUT", default)))
     try:
         if pstore.add("exit", 1) == size:
             pstore.set("exit_done", b"1")
@@ -571,6 +575,11 @@ def _release_store(store, rank, size, rnd):
 @atexit.register
 def _destroy_at_exit():
     # Say goodbye to the peers so they see a clean exit, not a crash.
+    # sys.last_value (sys.last_exc from 3.12) is set when an uncaught exception ends the program.
+    import sys
+
+    _world.failing_exit = getattr(sys, "last_value", None) is not None or \
+        getattr(sys, "last_exc", None) is not None
     try:
         destroy_process_group()
     except Exception:

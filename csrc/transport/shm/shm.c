@@ -330,12 +330,21 @@ reached(uint32_t a, uint32_t b)
     return (int32_t)(a - b) >= 0;
 }
 
+/* Peer p failed the group, or left it before reaching target. */
 static pd_status
-peer_aborted(pd_shm *s, int p)
+peer_aborted(pd_shm *s, int p, uint32_t target)
 {
     pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
     uint32_t a = atomic_load_explicit(&c->abort, memory_order_acquire);
     if (a == 0) {
+        if (atomic_load_explicit(&c->left, memory_order_acquire) &&
+            !reached(atomic_load_explicit(&c->step, memory_order_acquire),
+                     target)) {
+            return pd_error(PD_ENETWORK,
+                            "rank %d cannot complete the collective: rank %d "
+                            "has left the group (destroyed its process group "
+                            "or exited)", s->rank, p);
+        }
         return PD_OK;
     }
     char msg[PD_ERRMSG_MAX];
@@ -350,7 +359,7 @@ wait_checks(pd_shm *s, const pd_shm_waiter *w, int p, uint32_t target)
 {
     pd_status st;
     for (int q = 0; q < s->size; q++) {
-        if (q != s->rank && (st = peer_aborted(s, q)) != PD_OK) {
+        if (q != s->rank && (st = peer_aborted(s, q, target)) != PD_OK) {
             return st;
         }
     }
@@ -364,7 +373,6 @@ wait_checks(pd_shm *s, const pd_shm_waiter *w, int p, uint32_t target)
         return pd_error(PD_ETIMEOUT, "timed out waiting for local rank %d",
                         p);
     }
-    (void)target;
     return PD_OK;
 }
 
@@ -411,8 +419,9 @@ wait_peer(pd_shm *s, int p, uint32_t target, const pd_shm_waiter *w,
             if (poll_until(word, target, now + 10e-6 < end ? now + 10e-6 : end)) {
                 return PD_OK;
             }
-            if (atomic_load_explicit(&pc->abort, memory_order_relaxed)) {
-                return peer_aborted(s, p);
+            if (atomic_load_explicit(&pc->abort, memory_order_relaxed) ||
+                atomic_load_explicit(&pc->left, memory_order_relaxed)) {
+                return peer_aborted(s, p, target);
             }
             if (pd_now() >= end) {
                 break;
@@ -738,6 +747,17 @@ pd_shm_abort(pd_shm *s, int status, const char *msg)
         atomic_store_explicit(&me->abort, (uint32_t)status,
                               memory_order_seq_cst);
     }
+    pd_shm_wake_all(s);
+}
+
+void
+pd_shm_leave(pd_shm *s)
+{
+    if (s == NULL || s->base == NULL || !s->mapped[s->rank]) {
+        return;
+    }
+    atomic_store_explicit(&pd_shm_ctrl_of(s, s->rank)->left, 1,
+                          memory_order_seq_cst);
     pd_shm_wake_all(s);
 }
 

@@ -55,7 +55,8 @@ typedef struct pd_shm_ctrl {
     _Atomic uint32_t abort;      /* owner's group failed: status code */
     int32_t pid;
     uint64_t value[2];           /* small per-op value (by seq parity) */
-    uint32_t pad0[8];
+    _Atomic uint32_t left;       /* owner destroyed its group */
+    uint32_t pad0[7];
     /* line 1: identities by seq parity */
     _Alignas(PD_SHM_LINE) pd_shm_ident ident[2];
     /* the owner's error message when abort != 0 */
@@ -165,6 +166,9 @@ int pd_shm_ring_peer_waits(pd_shm *s, int p, int data);
 /* This rank's group failed: tell peers (they see it at their next wait) and
  * wake anyone sleeping. */
 void pd_shm_abort(pd_shm *s, int status, const char *msg);
+/* This rank leaves (destroys its group): a peer waiting for it fails with
+ * "left the group" instead of waiting for the timeout. */
+void pd_shm_leave(pd_shm *s);
 /* Wake every waiter sleeping on any rank's step (our own threads too). */
 void pd_shm_wake_all(pd_shm *s);
 
