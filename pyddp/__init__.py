@@ -2,3 +2,4 @@
 __version__ = "0.1.0"
 
 from . import _C  # noqa: F401  (fail early if the extension is missing)
+from .notebook import notebook_launcher  # noqa: F401,E402

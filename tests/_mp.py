@@ -49,6 +49,10 @@ _SCRUB = (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PYDDP_SECRET",
     "TORCHELASTIC_RUN_ID",
+    # what env:// derives the master's address, port and secret from under Slurm and MPI launchers
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOBID", "PMI_LOCAL_SIZE",
+    "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_opal_precondition_transports",
 )
 
 _live = set()  # children of this process not yet reaped

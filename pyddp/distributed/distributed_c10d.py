@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from .. import _C
-from . import _arrays
+from . import _arrays, _cluster
 from ._arrays import as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -278,30 +278,6 @@ def _timeout_seconds(timeout, name="timeout") -> float:
     return s
 
 
-def _env_int(names, what):
-    for n in names:
-        v = os.environ.get(n)
-        if v is not None and v != "":
-            try:
-                return int(v)
-            except ValueError:
-                raise ValueError(f"environment variable {n} must be an integer, got {v!r}") from None
-    raise ValueError(f"Error initializing torch.distributed using env:// rendezvous: environment "
-                     f"variable {names[0]} expected, but not set")
-
-
-def _env_str(name):
-    v = os.environ.get(name)
-    if v is None or v == "":
-        raise ValueError(f"Error initializing torch.distributed using env:// rendezvous: environment "
-                         f"variable {name} expected, but not set")
-    return v
-
-
-_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
-
 def _rendezvous(init_method, rank, world_size, timeout):
     """Return (store, rank, world_size) like torch's rendezvous handlers."""
     url = urlparse(init_method)
@@ -311,19 +287,17 @@ def _rendezvous(init_method, rank, world_size, timeout):
     if "world_size" in query:
         world_size = int(query["world_size"])
     if url.scheme == "env":
-        if rank is None or rank < 0:
-            rank = _env_int(_RANK_VARS, "rank")
-        if world_size is None or world_size < 0:
-            world_size = _env_int(_SIZE_VARS, "world_size")
-        addr = _env_str("MASTER_ADDR")
-        port_s = _env_str("MASTER_PORT")
-        try:
-            port = int(port_s)
-        except ValueError:
-            raise ValueError(f"environment variable MASTER_PORT must be an integer, got {port_s!r}") from None
+        # torchrun's variables, else those of Open MPI, Hydra, Slurm or PMI (see _cluster.py)
+        env = _cluster.resolve(os.environ, rank, world_size)
+        rank, world_size = env.rank, env.world_size
         _check_rank(rank, world_size)
-        store = TCPStore(addr, port, world_size, rank == 0, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+        # What was derived from a cluster launcher's variables goes into the environment when absent
+        # (as DeepSpeed's MPI discovery does), so code written for torchrun (os.environ["LOCAL_RANK"],
+        # DataLoader workers, subprocesses) finds it; PYDDP_SECRET before the store reads it.
+        for k, v in env.derived.items():
+            os.environ.setdefault(k, v)
+        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0,
+                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
         return store, rank, world_size
     if url.scheme == "tcp":
         if rank is None or rank < 0:

@@ -1,0 +1,340 @@
+"""notebook_launcher: run a function as a pyddp job of nprocs ranks from a Jupyter notebook.
+
+The ranks are forked from the kernel, so a function defined in a notebook cell runs as it is (the
+'spawn' start method would have to import it by name and fails: pytorch/pytorch#20375).  Each rank gets
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free
+MASTER_PORT) and a fresh PYDDP_SECRET, so fn just calls init_process_group().  What a rank writes to its
+stdout and stderr, from Python or from C, comes back through a pipe and is printed in the cell as it
+arrives, one whole line at a time, prefixed "[rankN]: ".  The first rank to fail makes the others
+terminate and the call raises ProcessRaisedException with that rank's traceback (or
+ProcessExitedException); otherwise it returns rank 0's return value.  However the call ends - success,
+failure, or the cell interrupted (KeyboardInterrupt) - every rank it started has been reaped: each rank
+runs in its own process group, which is SIGTERM'd then SIGKILL'd, and a rank whose launcher dies is
+SIGKILL'd by the kernel (Linux parent-death signal).
+"""
+import glob
+import io
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import secrets
+import signal
+import socket
+import sys
+import tempfile
+import time
+import warnings
+
+from .multiprocessing.spawn import (ProcessContext, _check_fn_args, _check_fork_safe, _check_nprocs,
+                                    _remove, _set_pdeathsig, _write_error)
+
+__all__ = ["notebook_launcher"]
+
+# Seconds a rank that was told to stop (SIGTERM) gets before SIGKILL.
+_STOP_GRACE = 3.0
+# Seconds to keep reading a rank's output after it exited (a process it started may hold the pipe).
+_DRAIN = 2.0
+# Bytes of a line without its newline that are held back before they are printed anyway.
+_LONGEST_LINE = 1 << 16
+# How often the launcher wakes up when nothing happens (bounds the delay of noticing an exit).
+_POLL = 0.1
+
+
+def _free_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def _text_stream(fd):
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True, write_through=True)
+
+
+def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, parent_pid):
+    """A rank: runs in the forked child."""
+    # Die with the launcher (the thread that forked us), whatever we are doing.
+    _set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    try:
+        os.setpgid(0, 0)  # own process group: stopping the rank stops what it started too
+    except OSError:
+        pass
+    # stdout and stderr, of Python and of C, into the launcher's pipes.  The kernel's sys.stdout
+    # would send to the notebook over ZeroMQ from a thread that does not exist in this process.
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    sys.stdout = sys.__stdout__ = _text_stream(1)
+    sys.stderr = sys.__stderr__ = _text_stream(2)
+    os.environ.update(env)
+    # The kernel's asyncio loop is running in the thread that forked us; fn may start its own.
+    aio = sys.modules.get("asyncio")
+    if aio is not None:
+        try:
+            aio.events._set_running_loop(None)
+        except Exception:
+            pass
+    try:
+        result = fn(*args)
+        if rank == 0:
+            try:
+                data = pickle.dumps(result)
+            except Exception as e:
+                raise TypeError(f"rank 0 returned a {type(result).__name__}, which cannot be pickled "
+                                f"back to the notebook: {e}") from e
+            with open(result_file + ".tmp", "wb") as fh:
+                fh.write(data)
+            os.replace(result_file + ".tmp", result_file)
+    except SystemExit:
+        raise
+    except BaseException:  # KeyboardInterrupt included: the rank did not finish its work
+        import traceback
+
+        _write_error(error_file, traceback.format_exc())
+        sys.exit(1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class _Output:
+    """The ranks' pipes, read without blocking and printed line by line with a rank prefix."""
+
+    def __init__(self):
+        self.fds = {}   # fd -> (rank, is_stderr, pending bytes)
+
+    def add(self, fd, rank, is_stderr):
+        os.set_blocking(fd, False)
+        self.fds[fd] = [rank, is_stderr, b""]
+
+    def _emit(self, rank, is_stderr, data):
+        text = data.decode("utf-8", errors="replace")
+        stream = sys.stderr if is_stderr else sys.stdout
+        stream.write("".join(f"[rank{rank}]: {line}\n" for line in text.split("\n")))
+
+    def _close(self, fd):
+        rank, is_stderr, pending = self.fds.pop(fd)
+        if pending:
+            self._emit(rank, is_stderr, pending)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def pump(self, fds=None):
+        """Read what is there; print every complete line (and what is left of a closed pipe)."""
+        touched = set()
+        for fd in list(self.fds if fds is None else fds):
+            if fd not in self.fds:
+                continue
+            entry = self.fds[fd]
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    touched.add(entry[1])
+                    self._close(fd)
+                    break
+                entry[2] += chunk
+                if len(chunk) < 65536:
+                    break
+            if fd in self.fds and b"\n" in entry[2]:
+                complete, _, entry[2] = entry[2].rpartition(b"\n")
+                self._emit(entry[0], entry[1], complete)
+                touched.add(entry[1])
+            if fd in self.fds and len(entry[2]) > _LONGEST_LINE:  # e.g. a progress bar redrawn with \r
+                self._emit(entry[0], entry[1], entry[2])
+                entry[2] = b""
+                touched.add(entry[1])
+        for is_stderr in touched:
+            try:
+                (sys.stderr if is_stderr else sys.stdout).flush()
+            except Exception:
+                pass
+
+    def drain(self, seconds):
+        """Read until every pipe is closed or `seconds` pass, then close them all."""
+        deadline = time.monotonic() + seconds
+        while self.fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready = multiprocessing.connection.wait(list(self.fds), timeout=min(left, _POLL))
+            self.pump(ready)
+        for fd in list(self.fds):
+            self._close(fd)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+
+class _GroupContext(ProcessContext):
+    """Stops a rank's whole process group (what the rank started, too), quietly: the exception
+    notebook_launcher raises says what happened."""
+
+    _quiet = True
+
+    def _signal_group(self, process, sig):
+        # Only while the rank is unreaped: until then its pid, the group's id, cannot be reused.
+        if process.exitcode is None:
+            try:
+                os.killpg(process.pid, sig)
+                return
+            except OSError:
+                pass
+            try:
+                os.kill(process.pid, sig)
+            except OSError:
+                pass
+
+    def _before_reap(self):
+        # A rank that has exited but is not reaped yet still owns its group id: SIGKILL what it left
+        # in its group (processes it started), which nothing else would stop.
+        if not hasattr(os, "waitid"):
+            return
+        by_sentinel = {p.sentinel: p for p in self.processes}
+        for sentinel in multiprocessing.connection.wait(list(by_sentinel), timeout=0):
+            process = by_sentinel[sentinel]
+            try:
+                # The sentinel closes as the process exits, a moment before it becomes a zombie:
+                # wait for that moment (WNOWAIT: without reaping it).
+                os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+            except (ChildProcessError, OSError):
+                continue  # reaped already
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _terminate_process(self, process):
+        self._signal_group(process, signal.SIGTERM)
+
+    def _kill_process(self, process):
+        self._signal_group(process, signal.SIGKILL)
+
+
+def _check_port(master_port):
+    if master_port is None:
+        return
+    if isinstance(master_port, bool) or not isinstance(master_port, int):
+        raise TypeError(f"master_port must be an int or None, got {type(master_port).__name__}")
+    if not 1 <= master_port <= 65535:
+        raise ValueError(f"master_port must be in [1, 65535], got {master_port}")
+
+
+def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
+    """Run ``fn(*args)`` as a pyddp job of ``nprocs`` ranks and return rank 0's return value.
+
+    Made for Jupyter notebooks: ``fn`` may be defined in the notebook itself.  Each rank is forked from
+    the calling process with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1),
+    MASTER_PORT (``master_port``, or a free port) and a fresh PYDDP_SECRET in its environment, so ``fn``
+    calls ``pyddp.distributed.init_process_group()`` with no arguments.  Every line a rank prints (to
+    stdout or stderr, from Python or C) appears in the cell as it is printed, prefixed ``[rankN]: ``.
+
+    Raises ProcessRaisedException carrying the traceback of the first rank that raised (the other ranks
+    are terminated), or ProcessExitedException when a rank exited with a non-zero code or a signal.
+    Interrupting the cell terminates every rank before KeyboardInterrupt propagates.
+
+    Needs the 'fork' start method (Linux, macOS); the calling process must not have a pyddp process
+    group initialized (the ranks would inherit it).
+    """
+    _check_fn_args(fn, args)
+    _check_nprocs(nprocs)
+    _check_port(master_port)
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise RuntimeError("notebook_launcher needs the 'fork' start method, which this platform lacks; "
+                           "put fn in a module and use pyddp.multiprocessing.spawn instead")
+    _check_fork_safe("fork")
+
+    port = master_port if master_port is not None else _free_port()
+    secret = secrets.token_hex(32)
+    # Files a rank creates only when it has something to report (an error, rank 0's result), under
+    # unguessable names: a launcher killed before it cleans up leaves nothing behind otherwise.
+    stem = os.path.join(tempfile.gettempdir(), f"pyddp-notebook-{secrets.token_hex(12)}")
+    result_file = f"{stem}-result.pickle"
+    error_files = [f"{stem}-error{r}.pickle" for r in range(nprocs)]
+    ctx = multiprocessing.get_context("fork")
+    processes = []
+    context = _GroupContext(processes, error_files)
+    output = _Output()
+    parent_pid = os.getpid()
+    try:
+        for rank in range(nprocs):
+            env = {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
+                "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "PYDDP_SECRET": secret, "PYTHONUNBUFFERED": "1",
+            }
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                p = ctx.Process(target=_rank_main, name=f"rank{rank}",
+                                args=(fn, tuple(args), rank, env, out_w, err_w, error_files[rank],
+                                      result_file, parent_pid))
+                with warnings.catch_warnings():
+                    # Python 3.12+ warns about fork() in a process with threads (the kernel has
+                    # some); the child only uses what it sets up itself.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    p.start()
+            except BaseException:
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            processes.append(p)
+            context.sentinels[p.sentinel] = rank
+            try:
+                os.setpgid(p.pid, p.pid)  # also here, so that it holds before the child runs
+            except OSError:
+                pass
+            output.add(out_r, rank, False)
+            output.add(err_r, rank, True)
+
+        failure = None
+        while True:
+            ready = multiprocessing.connection.wait(list(output.fds) + list(context.sentinels),
+                                                    timeout=_POLL)
+            output.pump([fd for fd in ready if isinstance(fd, int) and fd in output.fds])
+            try:
+                if context.join(timeout=0):
+                    break
+            except Exception as e:  # ProcessRaisedException / ProcessExitedException
+                failure = e
+                break
+        output.drain(_DRAIN)
+        if failure is not None:
+            # Its traceback would show the launcher's internals; the rank's traceback is in its message.
+            raise failure.with_traceback(None)
+        if not os.path.exists(result_file):
+            return None  # rank 0 left through sys.exit(0)
+        with open(result_file, "rb") as fh:
+            return pickle.load(fh)
+    except KeyboardInterrupt:
+        # The cell was interrupted: the ranks are stopped below.  A fresh exception, so the cell shows
+        # where the launcher was called, not the selector it was waiting in.
+        raise KeyboardInterrupt(f"notebook_launcher was interrupted; its {nprocs} ranks are stopped") \
+            from None
+    finally:
+        # Reached with ranks alive only on an exception here (KeyboardInterrupt): stop them all.
+        context._before_reap()
+        if any(p.exitcode is None for p in processes):
+            context._stop_all(_STOP_GRACE, quiet=True)
+        output.drain(0.2 if output.fds else 0)
+        for f in glob.glob(glob.escape(stem) + "-*"):   # with any half-written temporary file
+            _remove(f)
