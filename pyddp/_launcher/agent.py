@@ -272,7 +272,15 @@ class Agent:
                 self._guardian.watch(w.pid)
             failed = self._monitor(workers, pump)
             if failed:
+                seen = time.time()
                 self._stop(workers, pump, signal.SIGTERM)
+                # A worker that had recorded an exception but was still exiting when we stopped it
+                # failed too, and maybe first (the others' errors are its consequences).
+                for w in workers:
+                    if w not in failed and os.path.exists(w.error_file):
+                        f = read_failure(w, logs.keep)
+                        if f.error_time is not None and f.error_time <= seen:
+                            failed.append(w)
             return first_failure_order([read_failure(w, logs.keep) for w in failed])
         finally:
             # Also on exceptions (a worker that would not start, Ctrl-C in the launcher's own code).

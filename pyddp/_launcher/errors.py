@@ -98,11 +98,13 @@ def _launcher_frames_dropped(dump: Optional[str]) -> Optional[str]:
 
 
 def first_failure_order(failures: List[Failure]) -> List[Failure]:
-    """Root cause first: the earliest observed exit; among workers seen gone at the same check, the one
-    that recorded its error first (a rank whose peer died raises a little after the death), then the
-    lowest rank."""
-    return sorted(failures, key=lambda f: (f.exit_time, f.error_time if f.error_time is not None
-                                           else float("inf"), f.rank))
+    """Root cause first: the earliest failure, by the time its error was recorded (the exception, as
+    torchrun orders error files) or, without an error file, by its exit; then the lowest rank.
+
+    Exit order alone misleads: a rank that raises is still tearing its group down (and so telling its
+    peers) when a peer it broke raises in turn and may exit first."""
+    return sorted(failures, key=lambda f: (f.error_time if f.error_time is not None else f.exit_time,
+                                           f.rank))
 
 
 def _field(name, value):
