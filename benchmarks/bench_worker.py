@@ -218,7 +218,7 @@ def run_op(impl, op, sizes, args, make=None):
     for nbytes in sizes:
         n_in, n_out = counts_for(op, nbytes, impl.world)
         a = make(n_in)
-        # allreduce and broadcast work in place: their out is an unused placeholder
+        # allreduce and broadcast work in place and ignore out (a 1-element array)
         out = make(n_out) if op in ("allgather", "reduce_scatter") else np.zeros(1, dtype=np.float32)
         ok = check(impl, op, a, out)
         ta, tout = impl.wrap(a), impl.wrap(out)

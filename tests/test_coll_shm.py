@@ -352,7 +352,7 @@ def _order_child(rank, ws):
     dist.all_reduce(small)  # must not overtake the queued ones
     dist.all_reduce(arrays[5])
     for w in works:
-        w.wait()
+        w.wait(timeout=60)
     for i, a in enumerate(arrays):
         assert np.array_equal(a, np.full(5000, ws * i + ws * (ws - 1) / 2)), i
     assert np.array_equal(small, np.full(3, ws * (ws - 1) / 2))

@@ -16,6 +16,7 @@ import pytest
 import pyddp.distributed as dist
 from pyddp.distributed import _cluster
 from pyddp.distributed._cluster import expand_hostlist, first_host, mpi_port, resolve, slurm_port
+from _launch import alive
 from _mp import run
 
 pytestmark = pytest.mark.timeout(180)
@@ -333,13 +334,6 @@ def _mpirun_command(n):
     return cmd
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_mpirun_starts_a_pyddp_job(tmp_path, n):
@@ -365,9 +359,9 @@ def test_mpirun_starts_a_pyddp_job(tmp_path, n):
         finally:
             pids = [int(p.split(".")[0]) for p in os.listdir(out) if p.endswith(".pid")]
             deadline = time.monotonic() + 30
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            left = [p for p in pids if _alive(p)]
+            left = [p for p in pids if alive(p)]
             for p in left:
                 os.kill(p, signal.SIGKILL)
             assert not left, f"ranks {left} outlived mpirun"

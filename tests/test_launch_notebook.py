@@ -17,6 +17,7 @@ import pytest
 
 import pyddp
 from pyddp.multiprocessing import ProcessExitedException, ProcessRaisedException
+from _launch import alive, assert_all_gone
 from _mp import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,13 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
 WAIT = 60.0
 
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _children(pid):
@@ -49,20 +43,6 @@ def _children(pid):
             out.append(int(d))
     return out
 
-
-def _assert_gone(pids, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return
-        time.sleep(0.05)
-    for p in left:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    raise AssertionError(f"ranks {left} outlived notebook_launcher (killed now)")
 
 
 def _read_pids(piddir, n, timeout=WAIT):
@@ -144,7 +124,7 @@ def test_returns_rank0_value_and_prints_every_rank_prefixed(capsys, tmp_path):
     assert len({e["PYDDP_SECRET"] for e in envs}) == 1
     assert re.fullmatch(r"[0-9a-f]{64}", envs[0]["PYDDP_SECRET"])
     assert "PYDDP_SECRET" not in os.environ or os.environ["PYDDP_SECRET"] != envs[0]["PYDDP_SECRET"]
-    _assert_gone(_read_pids(str(tmp_path), 3, timeout=0))
+    assert_all_gone(_read_pids(str(tmp_path), 3, timeout=0))
 
 
 def test_master_port_is_used_and_every_launch_gets_a_fresh_secret(capsys, tmp_path):
@@ -186,14 +166,14 @@ def test_a_failing_rank_raises_with_its_traceback_and_stops_the_others(capsys, t
     assert "in _fails" in msg and msg.rstrip().endswith("ValueError: rank 1 cannot go on")
     out, _ = capsys.readouterr()
     assert all(f"[rank{r}]: started" in out for r in range(3))
-    _assert_gone(_read_pids(str(tmp_path), 3, timeout=0))
+    assert_all_gone(_read_pids(str(tmp_path), 3, timeout=0))
 
 
 def test_a_rank_exiting_non_zero_raises_process_exited(tmp_path):
     with pytest.raises(ProcessExitedException) as info:
         pyddp.notebook_launcher(_fails, args=(str(tmp_path), "exit"), nprocs=2)
     assert str(info.value) == "process 1 terminated with exit code 4"
-    _assert_gone(_read_pids(str(tmp_path), 2, timeout=0))
+    assert_all_gone(_read_pids(str(tmp_path), 2, timeout=0))
 
 
 def _leaves_a_child(piddir, fail):
@@ -212,7 +192,7 @@ def test_processes_a_rank_leaves_behind_are_stopped(tmp_path, fail):
             pyddp.notebook_launcher(_leaves_a_child, args=(str(tmp_path), fail), nprocs=2)
     else:
         pyddp.notebook_launcher(_leaves_a_child, args=(str(tmp_path), fail), nprocs=2)
-    _assert_gone(_read_pids(str(tmp_path), 2, timeout=0))
+    assert_all_gone(_read_pids(str(tmp_path), 2, timeout=0))
 
 
 def _unpicklable():
@@ -275,7 +255,7 @@ def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
         _, err = proc.communicate(timeout=WAIT)
         if how == "sigint-group":
             assert "KeyboardInterrupt" in err, err
-        _assert_gone(pids)
+        assert_all_gone(pids)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -397,7 +377,7 @@ def notebook(tmp_path_factory):
                 seen["cell_returned"] = time.monotonic()
                 seen["children_after_interrupt"] = _children(seen["kernel_pid"])
                 seen["rank_pids"] = _read_pids(str(piddir), 2, timeout=0)
-                seen["ranks_alive_after_interrupt"] = [p for p in seen["rank_pids"] if _alive(p)]
+                seen["ranks_alive_after_interrupt"] = [p for p in seen["rank_pids"] if alive(p)]
             if name == "setup":
                 info = json.loads(_stream_text(cell, "stdout").strip().splitlines()[-1])
                 seen["kernel_pid"] = info["pid"]
@@ -406,7 +386,7 @@ def notebook(tmp_path_factory):
     nbformat.write(nb, str(work / "launcher.executed.ipynb"))
     yield cells, seen
     for p in seen.get("rank_pids", []):   # never leave a rank behind, even when a test failed
-        if _alive(p):
+        if alive(p):
             os.kill(p, signal.SIGKILL)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import _launch_targets as targets
+from _launch import assert_all_gone
 import pyddp.multiprocessing as mp
 from _mp import free_port
 
@@ -27,29 +28,6 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 WAIT = 60.0
 
 
-def _alive(pid):
-    """True while pid exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _assert_gone(pids, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return
-        time.sleep(0.05)
-    for p in left:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-    raise AssertionError(f"processes {left} outlived the launcher (killed now)")
 
 
 def _pids(piddir, n, timeout=WAIT):
@@ -77,7 +55,7 @@ def test_spawn_calls_fn_with_index_and_args(tmp_path):
     assert all(g["extra"] == ["a", 7] for g in got)
     assert all(g["ppid"] == os.getpid() for g in got)   # children of this process
     assert len({g["pid"] for g in got}) == 3
-    _assert_gone([g["pid"] for g in got], timeout=5)
+    assert_all_gone([g["pid"] for g in got], timeout=5)
 
 
 def test_spawn_runs_a_pyddp_job(tmp_path):
@@ -113,7 +91,7 @@ def test_join_false_returns_a_context_to_join(tmp_path):
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-    _assert_gone(ctx.pids(), timeout=5)
+    assert_all_gone(ctx.pids(), timeout=5)
 
 
 def test_join_false_reports_a_failure_from_join(tmp_path):
@@ -124,7 +102,7 @@ def test_join_false_reports_a_failure_from_join(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="ValueError: boom 0"):
         while not ctx.join(timeout=1.0):
             assert time.monotonic() < deadline
-    _assert_gone(ctx.pids())
+    assert_all_gone(ctx.pids())
     assert _error_files() <= before
 
 
@@ -147,7 +125,7 @@ def test_raised_exception_carries_the_traceback_and_stops_the_others(tmp_path, s
     assert "fail_when_all_started" in msg and "_launch_targets.py" in msg
     # the others were sleeping for 60 s: terminated, not waited for
     assert time.monotonic() - t0 < 30
-    _assert_gone(pids, timeout=5)
+    assert_all_gone(pids, timeout=5)
     assert _error_files() <= before, "error files left behind"
 
 
@@ -158,7 +136,7 @@ def test_exit_code_is_reported(tmp_path):
     e = info.value
     assert str(e) == "process 1 terminated with exit code 3"
     assert (e.error_index, e.exit_code, e.signal_name) == (1, 3, None)
-    _assert_gone(_pids(str(tmp_path), 2, timeout=0), timeout=5)
+    assert_all_gone(_pids(str(tmp_path), 2, timeout=0), timeout=5)
 
 
 def test_signal_is_reported_by_name(tmp_path):
@@ -167,7 +145,7 @@ def test_signal_is_reported_by_name(tmp_path):
     e = info.value
     assert str(e) == "process 0 terminated with signal SIGKILL"
     assert (e.error_index, e.exit_code, e.signal_name) == (0, -signal.SIGKILL, "SIGKILL")
-    _assert_gone(_pids(str(tmp_path), 2, timeout=0), timeout=5)
+    assert_all_gone(_pids(str(tmp_path), 2, timeout=0), timeout=5)
 
 
 @pytest.mark.parametrize("bad", [0, 1])
@@ -201,7 +179,7 @@ def test_grace_period_lets_the_others_finish_before_they_are_terminated(tmp_path
     else:               # waited for process 0 to return by itself, not the whole grace period
         assert ctx.processes[0].exitcode == 0
         assert time.monotonic() - t0 < grace
-    _assert_gone(ctx.pids(), timeout=5)
+    assert_all_gone(ctx.pids(), timeout=5)
 
 
 def test_exceptions_pickle_round_trip():
@@ -317,7 +295,7 @@ def test_children_die_with_a_killed_parent(tmp_path):
     try:
         proc.kill()   # SIGKILL: the parent cleans nothing up; the parent-death signal does
         proc.communicate(timeout=WAIT)
-        _assert_gone(pids)
+        assert_all_gone(pids)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -335,7 +313,7 @@ def test_ctrl_c_in_the_parent_terminates_the_children(tmp_path):
         assert proc.returncode != 0
         assert "KeyboardInterrupt" in err, err
         # SIGTERM, sent by the parent before it exited
-        _assert_gone(pids, timeout=5)
+        assert_all_gone(pids, timeout=5)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -395,7 +373,7 @@ def test_failures_match_torch(tmp_path, how):
     assert want is not None
     assert got == want
     for d in ("t", "p"):
-        _assert_gone(_pids(str(tmp_path / d), 2, timeout=0), timeout=10)
+        assert_all_gone(_pids(str(tmp_path / d), 2, timeout=0), timeout=10)
 
 
 def test_spawn_warning_matches_torch(tmp_path):
