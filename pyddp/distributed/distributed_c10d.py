@@ -563,32 +563,81 @@ def _destroy_at_exit():
 # ---------------------------------------------------------------------------------- Work
 
 class Future:
-    """The result of an asynchronous operation (torch.futures.Future's common surface)."""
+    """The result of an asynchronous operation (torch.futures.Future's common surface).
 
-    def __init__(self, work, value_fn):
+    ``Future()`` makes one the caller completes with ``set_result`` (as torch's comm hooks do);
+    a collective's ``work.get_future()`` completes with its work, its value the list of outputs.
+    """
+
+    _UNSET = object()
+
+    def __init__(self, work=None, value_fn=None):
         self._work = work
         self._value_fn = value_fn
+        self._result = Future._UNSET
         self._callbacks = []
 
     def wait(self):
-        self._work.wait()
+        if self._work is not None:
+            self._work.wait()
+        elif self._result is Future._UNSET:
+            raise RuntimeError("Future.wait(): no result was set (call set_result first)")
         return self.value()
 
     def value(self):
+        if self._work is None:
+            if self._result is Future._UNSET:
+                raise RuntimeError("Future.value() called before a result was set")
+            return self._result
         if not self._work.is_completed():
             raise RuntimeError("Future.value() called before the operation completed")
         self._work.wait()
         return self._value_fn()
 
     def done(self) -> bool:
+        if self._work is None:
+            return self._result is not Future._UNSET
         return self._work.is_completed()
 
+    def set_result(self, result):
+        """Complete a Future made with ``Future()``."""
+        if self._work is not None:
+            raise RuntimeError("set_result on a Future that belongs to a collective")
+        if self._result is not Future._UNSET:
+            raise RuntimeError("Future.set_result: the result was already set")
+        self._result = result
+        for cb in self._callbacks:
+            cb(self)
+
     def then(self, callback):
+        """A Future whose value is ``callback(self)``, computed once, when first asked for."""
         parent = self
-        return Future(self._work, lambda: callback(parent))
+        done = []
+
+        def value():
+            if not done:
+                done.append(callback(parent))
+            return done[0]
+        if self._work is None:
+            fut = Future(_CompletedWork(), value)
+            if not self.done():
+                raise RuntimeError("Future.then on an unset Future is not supported")
+            return fut
+        return Future(self._work, value)
 
     def add_done_callback(self, callback):
-        self._callbacks.append(callback)
+        if self.done():
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+
+class _CompletedWork:
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
 
 
 class Work:
@@ -638,7 +687,8 @@ class Work:
         return [] if r is None else list(r) if isinstance(r, (list, tuple)) else [r]
 
     def get_future(self) -> Future:
-        return Future(self, lambda: self._result)
+        """A Future whose value is the list of output tensors, as torch's (``[tensor]``)."""
+        return Future(self, self.result)
 
     def source_rank(self) -> int:
         src = self._cw.source_rank()

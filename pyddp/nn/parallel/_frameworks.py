@@ -1,0 +1,147 @@
+"""What DistributedDataParallel needs from a model's framework, for pyddp.nn and for torch.nn.
+
+The reducer works on NumPy arrays only; an adapter turns a framework's parameters and gradients
+into arrays that share their memory (no copies), installs the per-parameter "gradient is final"
+hooks and queues the end-of-backward callback.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+
+def is_torch_module(module) -> bool:
+    """True for a torch.nn.Module (checked without importing torch when it is not loaded)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+class PyddpAdapter:
+    """pyddp.nn modules: Tensors wrap NumPy arrays in ``_data``."""
+
+    name = "pyddp"
+
+    @staticmethod
+    def array(t) -> np.ndarray:
+        return t._data
+
+    @staticmethod
+    def grad_array(p):
+        g = p.grad
+        return None if g is None else g._data
+
+    @staticmethod
+    def set_grad(p, arr):
+        from ..._tensor import Tensor
+
+        p.grad = Tensor(arr)
+
+    @staticmethod
+    def wrap(arr):
+        from ..._tensor import Tensor
+
+        return Tensor(arr)
+
+    @staticmethod
+    def post_accumulate_hook(p, fn):
+        return p.register_post_accumulate_grad_hook(fn)
+
+    @staticmethod
+    def queue_callback(fn):
+        from ... import autograd
+
+        autograd.queue_callback(fn)
+
+    @staticmethod
+    def grad_enabled() -> bool:
+        from ... import _tensor
+
+        return _tensor.is_grad_enabled()
+
+    @staticmethod
+    def no_grad():
+        from ... import _tensor
+
+        return _tensor.no_grad()
+
+
+class TorchAdapter:
+    """torch.nn modules on the CPU: ``tensor.detach().numpy()`` shares the tensor's memory."""
+
+    name = "torch"
+
+    @staticmethod
+    def array(t) -> np.ndarray:
+        import torch
+
+        if t.device.type != "cpu":
+            raise ValueError(
+                f"DistributedDataParallel on the 'cpu' backend needs CPU tensors, got one on {t.device}")
+        t = t.detach()
+        if t.dtype == torch.bfloat16:
+            try:
+                import ml_dtypes
+            except ImportError:  # pragma: no cover - ml_dtypes is installed with the test extras
+                raise TypeError("bfloat16 torch parameters need ml_dtypes installed") from None
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+
+    @classmethod
+    def grad_array(cls, p):
+        g = p.grad
+        return None if g is None else cls.array(g)
+
+    @staticmethod
+    def set_grad(p, arr):
+        p.grad = TorchAdapter.wrap(arr)
+
+    @staticmethod
+    def wrap(arr):
+        import torch
+
+        if arr.dtype.name == "bfloat16":
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+    @staticmethod
+    def post_accumulate_hook(p, fn):
+        return p.register_post_accumulate_grad_hook(fn)
+
+    @staticmethod
+    def queue_callback(fn):
+        import torch
+
+        torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+    @staticmethod
+    def grad_enabled() -> bool:
+        import torch
+
+        return torch.is_grad_enabled()
+
+    @staticmethod
+    def no_grad():
+        import torch
+
+        return torch.no_grad()
+
+
+def adapter_for(module):
+    if is_torch_module(module):
+        return TorchAdapter
+    try:
+        from ..modules.module import Module
+    except ImportError:  # pragma: no cover
+        Module = None
+    if Module is not None and isinstance(module, Module):
+        return PyddpAdapter
+    raise TypeError("DistributedDataParallel: module must be a pyddp.nn.Module or a torch.nn.Module, "
+                    f"got {type(module).__name__}")
+
+
+@contextlib.contextmanager
+def nullcontext():
+    yield

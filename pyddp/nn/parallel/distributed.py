@@ -1,0 +1,674 @@
+"""DistributedDataParallel: bucketed gradient averaging overlapped with backward.
+
+``DistributedDataParallel(model)`` behaves as torch's does, for pyddp.nn modules and for torch.nn
+modules (pyddp then is the distributed runtime under a torch model: gradients are reached as NumPy
+views of the torch tensors, readiness comes from torch's post-accumulate-grad hooks).
+
+How a step runs:
+
+* forward: a rank that did not finish the previous reduction raises torch's "Expected to have
+  finished reduction in the prior iteration ..." error; buckets are rebuilt once (second
+  iteration) in the order gradients became ready on rank 0; buffers are broadcast from rank 0.
+* backward: the hook of each parameter fires when its gradient is final; the gradient is copied
+  into its bucket scaled by 1/world_size (or the gradient already *is* the bucket view, with
+  gradient_as_bucket_view=True). A bucket whose gradients are all in is allreduced at once on the
+  process group's progress thread, in bucket order on every rank, while backward goes on.
+* end of backward (an autograd callback): the remaining buckets are waited for and the averaged
+  values written back into ``param.grad``.
+
+When every rank of the group is on this host the buckets live in the group's shared memory, so the
+allreduce reduces straight from them without a copy-in.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import warnings
+
+import numpy as np
+
+from ... import distributed as dist
+from ...distributed import distributed_c10d as c10d
+from . import _frameworks
+
+__all__ = ["DistributedDataParallel"]
+
+_DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
+_DEFAULT_BUCKET_CAP_MB = 25
+_BROADCAST_COALESCE_BYTES = 250 * 1024 * 1024
+
+_UNFINISHED_MSG = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+    "indicates that your module has parameters that were not used in producing loss. You can enable "
+    "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+    "`pyddp.nn.parallel.DistributedDataParallel`, and by \nmaking sure all `forward` function outputs "
+    "participate in calculating loss. \nIf you already have done the above, then the distributed data "
+    "parallel module wasn't able to locate the output tensors in the return value of your module's "
+    "`forward` function. Please include the loss function and the structure of the return value of "
+    "`forward` of your module when reporting this issue (e.g. list, dict, iterable).\n"
+    "Parameter indices which did not receive grad for rank {rank}: {indices}\n"
+    "Parameters which did not receive grad for rank {rank}: {names}")
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _same_memory(a, b) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and _ptr(a) == _ptr(b))
+
+
+def _assign_buckets(order, nbytes, dtypes, limits):
+    """Split parameter indices (taken in ``order``) into buckets of one dtype each.
+
+    A bucket closes once it holds at least its limit of bytes; the first bucket of each dtype uses
+    ``limits[0]``, later ones ``limits[1]`` (torch's first-bucket rule). Buckets come out in the
+    order they filled, which is the order gradients are expected to become ready.
+    """
+    done = []
+    open_ = {}
+    for i in order:
+        key = dtypes[i]
+        cur = open_.get(key)
+        if cur is None:
+            cur = open_[key] = [[], 0, 0]
+        cur[0].append(i)
+        cur[1] += nbytes[i]
+        if cur[1] >= limits[min(cur[2], len(limits) - 1)]:
+            done.append(cur[0])
+            open_[key] = [[], 0, cur[2] + 1]
+    for cur in open_.values():
+        if cur[0]:
+            done.append(cur[0])
+    return done
+
+
+class _Bucket:
+    __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared")
+
+    def __init__(self, index, params, dtype, buffer, views, shared):
+        self.index = index
+        self.params = params        # parameter indices, in layout order
+        self.dtype = dtype
+        self.buffer = buffer        # 1-D array holding every gradient of the bucket
+        self.views = views          # per parameter: a view of buffer shaped like the parameter
+        self.pending = len(params)
+        self.work = None
+        self.future = None
+        self.shared = shared
+
+
+class GradBucket:
+    """What a communication hook receives: one bucket of flattened gradients (torch's GradBucket)."""
+
+    def __init__(self, ddp, bucket: _Bucket):
+        self._ddp = ddp
+        self._bucket = bucket
+        self._array = bucket.buffer
+
+    def index(self) -> int:
+        return self._bucket.index
+
+    def buffer(self):
+        """The flat gradient buffer, as a tensor of the model's framework (sharing memory)."""
+        return self._ddp._ad.wrap(self._array)
+
+    def gradients(self):
+        return [self._ddp._ad.wrap(v) for v in self._bucket.views]
+
+    def parameters(self):
+        return [self._ddp._params[i] for i in self._bucket.params]
+
+    def is_last(self) -> bool:
+        return self._bucket.index == len(self._ddp._buckets) - 1
+
+    def set_buffer(self, tensor):
+        np.copyto(self._array, _to_array(tensor).reshape(self._array.shape))
+
+
+def _to_array(x) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "_data") and isinstance(x._data, np.ndarray):
+        return x._data
+    if type(x).__module__.startswith("torch"):
+        return _frameworks.TorchAdapter.array(x)
+    return np.asarray(x)
+
+
+class _JoinState:
+    def __init__(self, ddp, divide_by_initial_world_size, throw):
+        self.ddp = ddp
+        self.divide_initial = divide_by_initial_world_size
+        self.throw = throw
+        self.active = True
+
+
+class _DDPJoin:
+    """``with ddp.join():`` context for uneven inputs (torch's Join with a DDP joinable).
+
+    Each forward of a rank still in the loop allreduces "I am active"; a rank whose loop ended
+    shadows the others' collectives (the active count, buffer broadcast, one zero allreduce per
+    bucket) until every rank is done, then the model is broadcast from a rank that joined last.
+    """
+
+    def __init__(self, ddp, divide_by_initial_world_size=True, enable=True,
+                 throw_on_early_termination=False):
+        self._ddp = ddp
+        self._enable = enable
+        self._state = _JoinState(ddp, divide_by_initial_world_size, throw_on_early_termination)
+
+    def __enter__(self):
+        if self._enable:
+            if self._ddp._join is not None:
+                raise RuntimeError("DistributedDataParallel.join() contexts cannot be nested")
+            self._ddp._join = self._state
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self._enable:
+            return False
+        ddp = self._ddp
+        try:
+            if exc_type is not None:
+                return False
+            ddp._join_shadow_loop(self._state)
+        finally:
+            ddp._join = None
+        return False
+
+
+class _DDPCore:
+    """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
+
+    def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
+                  process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
+                  gradient_as_bucket_view, static_graph):
+        ad = _frameworks.adapter_for(module)
+        self._ad = ad
+        if device_ids is not None or output_device is not None:
+            # CPU modules: torch raises here; seed scripts pass device_ids=[local_rank] for GPUs,
+            # so keep them running and say what happens.
+            warnings.warn("DistributedDataParallel: device_ids and output_device are ignored for CPU "
+                          "modules (pyddp runs the model where its parameters are)", stacklevel=3)
+        if check_reduction:
+            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is "
+                          "deprecated. Please avoid using it.", FutureWarning, stacklevel=3)
+        if process_group is None:
+            if not dist.is_initialized():
+                raise RuntimeError("Default process group has not been initialized, please make sure "
+                                   "to call init_process_group.")
+            pg = c10d._default_pg()
+        else:
+            pg = process_group
+        if not isinstance(pg, c10d.ProcessGroup):
+            raise TypeError(f"process_group must be a pyddp ProcessGroup or None, got "
+                            f"{type(pg).__name__}")
+        if bucket_cap_mb is None:
+            bucket_cap_mb = _DEFAULT_BUCKET_CAP_MB
+        if not isinstance(bucket_cap_mb, (int, float)) or bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
+        self.process_group = pg
+        self.dim = dim
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.static_graph = bool(static_graph)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self.bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024)
+        self._rank = pg.rank()
+        self._world = pg.size()
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any "
+                               "parameter that requires a gradient.")
+        self._param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._arrays = [ad.array(p) for p in self._params]
+        for name, a in zip(self._param_names, self._arrays):
+            if not a.flags.c_contiguous:
+                raise ValueError(f"DistributedDataParallel: parameter {name!r} is not contiguous")
+        self._buffer_names = [n for n, _ in module.named_buffers()]
+        self._buffers_list = [b for _, b in module.named_buffers()]
+
+        if init_sync:
+            self._verify_same_model()
+            self._sync_params_and_buffers(0)
+
+        # per-iteration state
+        self._comm_hook = None
+        self._comm_state = None
+        self._join = None
+        self._expect_hooks = False
+        self._hook_seen = False
+        self._unfinished = None
+        self._ready = [False] * len(self._params)
+        self._ready_order = []
+        self._next_bucket = 0
+        self._iters = 0
+        self._rebuilt = self.find_unused_parameters and not self.static_graph
+        self._div = float(self._world)
+        self._used_local = np.zeros(len(self._params), dtype=np.int32)
+        self._shared_ok = pg._transport == "shm"
+
+        n = len(self._params)
+        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        self._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in self._arrays],
+                                            [a.dtype for a in self._arrays], limits))
+        self._hook_handles = [ad.post_accumulate_hook(p, self._make_hook(i))
+                              for i, p in enumerate(self._params)]
+
+    # ------------------------------------------------------------------ construction helpers
+
+    def _verify_same_model(self):
+        mine = [(n, tuple(a.shape), str(a.dtype)) for n, a in zip(self._param_names, self._arrays)]
+        everyone = [None] * self._world
+        dist.all_gather_object(everyone, mine, group=self.process_group)
+        ref = everyone[0]
+        for r, theirs in enumerate(everyone):
+            if r == 0:
+                continue
+            if len(theirs) != len(ref):
+                raise RuntimeError(
+                    f"DDP expects same model across all ranks, but Rank {r} has {len(theirs)} params, "
+                    f"while rank 0 has inconsistent {len(ref)} params.")
+            for k, (a, b) in enumerate(zip(ref, theirs)):
+                if a[1:] != b[1:]:
+                    raise RuntimeError(
+                        f"DDP expects same model across all ranks, but Rank {r} has parameter {k} "
+                        f"({b[0]!r}) of shape {list(b[1])} and dtype {b[2]}, while rank 0 has "
+                        f"parameter {k} ({a[0]!r}) of shape {list(a[1])} and dtype {a[2]}.")
+
+    def _broadcast_coalesced(self, arrays, src):
+        """Broadcast a list of arrays from group rank ``src``, packed per dtype in 250 MiB chunks."""
+        by_dtype = {}
+        for a in arrays:
+            if a.size:
+                by_dtype.setdefault(a.dtype, []).append(a)
+        for dt, group in by_dtype.items():
+            chunk, nbytes = [], 0
+            for a in group + [None]:
+                if a is not None and (not chunk or nbytes + a.nbytes <= _BROADCAST_COALESCE_BYTES):
+                    chunk.append(a)
+                    nbytes += a.nbytes
+                    continue
+                if chunk:
+                    self._broadcast_chunk(chunk, dt, src)
+                chunk, nbytes = ([a], a.nbytes) if a is not None else ([], 0)
+
+    def _broadcast_chunk(self, chunk, dt, src):
+        pg = self.process_group
+        gsrc = pg._ranks[src]
+        if len(chunk) == 1 and chunk[0].flags.c_contiguous and chunk[0].flags.writeable:
+            dist.broadcast(chunk[0].reshape(-1), gsrc, group=pg)
+            return
+        flat = np.empty(sum(a.size for a in chunk), dtype=dt)
+        if self._rank == src:
+            off = 0
+            for a in chunk:
+                flat[off:off + a.size] = a.reshape(-1)
+                off += a.size
+        dist.broadcast(flat, gsrc, group=pg)
+        if self._rank != src:
+            off = 0
+            for a in chunk:
+                a[...] = flat[off:off + a.size].reshape(a.shape)
+                off += a.size
+
+    def _buffer_arrays(self):
+        return [self._ad.array(b) for b in self._buffers_list]
+
+    def _sync_params_and_buffers(self, src):
+        self._broadcast_coalesced(self._arrays + self._buffer_arrays(), src)
+
+    def _alloc(self, n, dtype):
+        if self._shared_ok:
+            try:
+                return c10d._shared_array(n, dtype, group=self.process_group), True
+            except (dist.DistError, ValueError, TypeError):
+                # every rank fails together (a collective), so all fall back alike
+                self._shared_ok = False
+        return np.zeros(n, dtype=dtype), False
+
+    def _build_buckets(self, assignment):
+        old = getattr(self, "_bucket_of", None)
+        buckets = []
+        bucket_of = [None] * len(self._params)
+        views = [None] * len(self._params)
+        for bi, idxs in enumerate(assignment):
+            dt = self._arrays[idxs[0]].dtype
+            total = sum(self._arrays[i].size for i in idxs)
+            buf, shared = self._alloc(total, dt)
+            vs = []
+            off = 0
+            for i in idxs:
+                a = self._arrays[i]
+                v = buf[off:off + a.size].reshape(a.shape)
+                off += a.size
+                vs.append(v)
+                views[i] = v
+                bucket_of[i] = bi
+            buckets.append(_Bucket(bi, list(idxs), dt, buf, vs, shared))
+        self._buckets = buckets
+        self._bucket_of = bucket_of
+        self._views = views
+        if self.gradient_as_bucket_view:
+            # gradients that exist now move into the buckets and become views of them
+            for i, p in enumerate(self._params):
+                g = self._ad.grad_array(p)
+                if g is not None:
+                    np.copyto(views[i], g)
+                    self._ad.set_grad(p, views[i])
+        del old
+
+    # ----------------------------------------------------------------------------- forward
+
+    def _make_hook(self, i):
+        def hook(*_):
+            self._autograd_hook(i)
+        return hook
+
+    def _pre_forward(self):
+        if self._unfinished is not None:
+            idx = self._unfinished
+            raise RuntimeError(_UNFINISHED_MSG.format(
+                rank=self._rank, indices=" ".join(str(i) for i in idx),
+                names=", ".join(self._param_names[i] for i in idx)))
+        sync = self._ad.grad_enabled() and self.require_backward_grad_sync
+        join = self._join
+        if join is not None:
+            self._join_notify(active=True)
+        if sync or join is not None:
+            self._maybe_rebuild()
+        if self.broadcast_buffers and self._buffers_list:
+            src = self._authoritative_rank if join is not None else 0
+            self._broadcast_coalesced(self._buffer_arrays(), src)
+        if join is not None:
+            sync = self._join_sync_flag(sync)
+        self._expect_hooks = sync
+        if sync:
+            self._reset_iteration()
+
+    def _reset_iteration(self):
+        self._hook_seen = False
+        self._ready = [False] * len(self._params)
+        self._next_bucket = 0
+        self._used_local[:] = 0
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.work = None
+            b.future = None
+
+    def _maybe_rebuild(self):
+        """Once, at the second iteration: rebuild buckets in the order rank 0's gradients were ready."""
+        if self._rebuilt or self._iters < 1:
+            return
+        self._rebuilt = True
+        n = len(self._params)
+        order = np.full(n, -1, dtype=np.int64)
+        if self._rank == 0 and len(self._ready_order) == n:
+            order[:] = self._ready_order
+        dist.broadcast(order, self.process_group._ranks[0], group=self.process_group)
+        self._ready_order = []
+        if order[0] < 0 or sorted(order.tolist()) != list(range(n)):
+            return
+        if [i for b in self._buckets for i in b.params] == order.tolist():
+            return
+        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        self._build_buckets(_assign_buckets(order.tolist(), [a.nbytes for a in self._arrays],
+                                            [a.dtype for a in self._arrays], limits))
+
+    # ---------------------------------------------------------------------------- backward
+
+    def _autograd_hook(self, i):
+        if not self._expect_hooks:
+            return
+        if not self._hook_seen:
+            self._hook_seen = True
+            self._ad.queue_callback(self._finalize_backward)
+        if self._ready[i]:
+            raise RuntimeError(
+                f"Expected to mark a variable ready only once. Parameter {i} ({self._param_names[i]!r}) "
+                "has been marked as ready twice. This means that multiple autograd engine hooks have "
+                "fired for this particular parameter during this iteration.")
+        self._mark_ready(i, self._ad.grad_array(self._params[i]))
+
+    def _mark_ready(self, i, g):
+        self._ready[i] = True
+        if not self._rebuilt:
+            self._ready_order.append(i)
+        view = self._views[i]
+        if g is None:
+            view[...] = 0
+        else:
+            self._used_local[i] = 1
+            scale = self._comm_hook is None
+            if _same_memory(g, view):
+                if scale:
+                    np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
+            elif scale:
+                np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+            else:
+                np.copyto(view, g)
+            if self.gradient_as_bucket_view and not _same_memory(g, view):
+                self._ad.set_grad(self._params[i], view)
+        b = self._buckets[self._bucket_of[i]]
+        b.pending -= 1
+        if b.pending == 0:
+            self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self):
+        bs = self._buckets
+        while self._next_bucket < len(bs) and bs[self._next_bucket].pending == 0:
+            self._launch(bs[self._next_bucket])
+            self._next_bucket += 1
+
+    def _launch(self, b):
+        if self._comm_hook is not None:
+            b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
+        else:
+            b.work = dist.all_reduce(b.buffer, group=self.process_group, async_op=True)
+
+    def _finalize_backward(self):
+        if not all(self._ready):
+            if self.find_unused_parameters or self.static_graph:
+                for i, r in enumerate(self._ready):
+                    if not r:
+                        self._mark_ready(i, None)
+            else:
+                self._unfinished = [i for i, r in enumerate(self._ready) if not r]
+                self._expect_hooks = False
+                return
+        self._expect_hooks = False
+        for b in self._buckets:
+            self._wait_bucket(b)
+        used = None
+        if self.find_unused_parameters or self.static_graph:
+            used = self._used_local.copy()
+            dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
+        ad = self._ad
+        for i, p in enumerate(self._params):
+            if used is not None and not used[i]:
+                continue  # unused on every rank: the gradient stays as it was
+            view = self._views[i]
+            g = ad.grad_array(p)
+            if self.gradient_as_bucket_view:
+                if g is None or not _same_memory(g, view):
+                    ad.set_grad(p, view)
+            elif g is None:
+                ad.set_grad(p, view.copy())
+            elif not _same_memory(g, view):
+                np.copyto(g, view)
+        self._iters += 1
+
+    def _wait_bucket(self, b):
+        if b.work is not None:
+            b.work.wait()
+            b.work = None
+        elif b.future is not None:
+            res = b.future.wait()
+            b.future = None
+            if isinstance(res, (list, tuple)):
+                res = res[0]
+            arr = _to_array(res)
+            if not _same_memory(arr.reshape(-1), b.buffer):
+                np.copyto(b.buffer, arr.reshape(-1), casting="unsafe")
+
+    # ------------------------------------------------------------------------- public API
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside, backward does not reduce: gradients accumulate locally until the next backward
+        outside the context, which reduces the accumulated sum."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def register_comm_hook(self, state, hook):
+        """Replace the bucket allreduce by ``hook(state, bucket) -> Future`` (once, before training).
+
+        With a hook the gradients are not pre-divided by the world size: the hook averages (as
+        torch's allreduce_hook does). The future's value (a tensor or [tensor]) becomes the bucket.
+        """
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        self._comm_hook = hook
+        self._comm_state = state
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        """Context manager for uneven inputs: ranks that run out of data shadow the others'
+        collectives until every rank is done (torch's ``ddp.join()``)."""
+        return _DDPJoin(self, divide_by_initial_world_size, enable, throw_on_early_termination)
+
+    # -------------------------------------------------------------------------------- join
+
+    def _join_notify(self, active):
+        """One allreduce of every rank's "still active" flag; returns the number of active ranks."""
+        flags = np.zeros(self._world, dtype=np.int32)
+        flags[self._rank] = 1 if active else 0
+        dist.all_reduce(flags, group=self.process_group)
+        alive = np.nonzero(flags)[0]
+        st = self._join
+        if len(alive):
+            self._authoritative_rank = int(alive.max())
+        if st is not None:
+            if st.throw and len(alive) < self._world:
+                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing across "
+                                   "all ranks.")
+            self._div = float(self._world if st.divide_initial else max(len(alive), 1))
+        return len(alive)
+
+    def _join_sync_flag(self, sync):
+        flag = np.array([1 if sync else 0], dtype=np.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+        return bool(flag[0]) and sync
+
+    def _join_shadow_loop(self, st):
+        last_joiner = True
+        while True:
+            n = self._join_notify(active=False)
+            if n == 0:
+                break
+            last_joiner = False
+            self._maybe_rebuild()
+            if self.broadcast_buffers and self._buffers_list:
+                self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
+            if not self._join_sync_flag(False):
+                continue
+            # the others reduce their buckets: add zeros to each, in bucket order
+            for b in self._buckets:
+                b.buffer[...] = 0
+                if self._comm_hook is not None:
+                    b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
+                else:
+                    b.work = dist.all_reduce(b.buffer, group=self.process_group, async_op=True)
+            for b in self._buckets:
+                self._wait_bucket(b)
+            if self.find_unused_parameters or self.static_graph:
+                dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
+                                group=self.process_group)
+            self._iters += 1
+        # every rank is done: the model of a rank that joined last becomes everyone's
+        who = np.array([self._rank if last_joiner else -1], dtype=np.int64)
+        dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
+        self._sync_params_and_buffers(int(who[0]))
+        self._div = float(self._world)
+
+
+class DistributedDataParallel(metaclass=abc.ABCMeta):
+    """Data-parallel training of a pyddp.nn or torch.nn module (torch's signature and behaviour).
+
+    ``DistributedDataParallel(module)`` returns a module wrapping ``module`` (``ddp.module``): a
+    pyddp.nn.Module for pyddp models, a torch.nn.Module for torch models. ``isinstance(x,
+    DistributedDataParallel)`` holds for both.
+    """
+
+    def __new__(cls, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
+                init_sync=True, process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
+                check_reduction=False, gradient_as_bucket_view=False, static_graph=False, **kwargs):
+        if kwargs:
+            unknown = ", ".join(sorted(kwargs))
+            raise TypeError(f"DistributedDataParallel got unexpected keyword argument(s): {unknown}")
+        impl = _torch_impl() if _frameworks.is_torch_module(module) else _pyddp_impl()
+        return impl(module, device_ids, output_device, dim, broadcast_buffers, init_sync,
+                    process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
+                    gradient_as_bucket_view, static_graph)
+
+
+_impls = {}
+
+
+def _torch_impl():
+    cls = _impls.get("torch")
+    if cls is None:
+        import torch
+
+        class _TorchDistributedDataParallel(_DDPCore, torch.nn.Module):
+            __doc__ = DistributedDataParallel.__doc__
+
+            def __init__(self, module, *args):
+                torch.nn.Module.__init__(self)
+                self.module = module
+                self._ddp_init(module, *args)
+
+            def forward(self, *inputs, **kwargs):
+                self._pre_forward()
+                return self.module(*inputs, **kwargs)
+
+        _TorchDistributedDataParallel.__name__ = "DistributedDataParallel"
+        _TorchDistributedDataParallel.__qualname__ = "DistributedDataParallel"
+        DistributedDataParallel.register(_TorchDistributedDataParallel)
+        cls = _impls["torch"] = _TorchDistributedDataParallel
+    return cls
+
+
+def _pyddp_impl():
+    cls = _impls.get("pyddp")
+    if cls is None:
+        from ..modules.module import Module
+
+        class _PyddpDistributedDataParallel(_DDPCore, Module):
+            __doc__ = DistributedDataParallel.__doc__
+
+            def __init__(self, module, *args):
+                Module.__init__(self)
+                self.module = module
+                self._ddp_init(module, *args)
+
+            def forward(self, *inputs, **kwargs):
+                self._pre_forward()
+                return self.module(*inputs, **kwargs)
+
+        _PyddpDistributedDataParallel.__name__ = "DistributedDataParallel"
+        _PyddpDistributedDataParallel.__qualname__ = "DistributedDataParallel"
+        DistributedDataParallel.register(_PyddpDistributedDataParallel)
+        cls = _impls["pyddp"] = _PyddpDistributedDataParallel
+    return cls
+
