@@ -96,6 +96,9 @@ pd_exec(PyObject *m)
     if (pd_group_add_types(m, st) < 0) {
         return -1;
     }
+    if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0) {
+        return -1;
+    }
     return 0;
 }
 

@@ -1,0 +1,382 @@
+/* pyddp._C: amp kernels (fused unscale + non-finite check, multi-array
+ * casts) and the float-array views shared with the optimizer binding.
+ *
+ * Arrays come through the buffer protocol.  Buffer formats name the dtype:
+ * 'e' float16, 'f' float32, 'd' float64, and 'H' (uint16) stands for
+ * bfloat16, because NumPy cannot export ml_dtypes.bfloat16 buffers: the
+ * Python layer passes those as uint16 views (pyddp/_kernels.py).
+ */
+#include "binding.h"
+
+#include "../kernels/amp.h"
+
+static pd_dtype
+dtype_of(const char *f, Py_ssize_t itemsize)
+{
+    if (f == NULL) {
+        return PD_NDTYPES;
+    }
+    if (*f == '@' || *f == '=' || *f == '<') {
+        f++;
+    }
+    if (!f[0] || f[1]) {
+        return PD_NDTYPES;
+    }
+    switch (f[0]) {
+    case 'e':
+        return itemsize == 2 ? PD_FLOAT16 : PD_NDTYPES;
+    case 'H':
+        return itemsize == 2 ? PD_BFLOAT16 : PD_NDTYPES;
+    case 'f':
+        return itemsize == 4 ? PD_FLOAT32 : PD_NDTYPES;
+    case 'd':
+        return itemsize == 8 ? PD_FLOAT64 : PD_NDTYPES;
+    default:
+        return PD_NDTYPES;
+    }
+}
+
+static void
+describe(char *out, size_t n, const char *name, Py_ssize_t idx)
+{
+    if (idx >= 0) {
+        PyOS_snprintf(out, n, "%s[%zd]", name, idx);
+    } else {
+        PyOS_snprintf(out, n, "%s", name);
+    }
+}
+
+static const char *
+allowed_names(unsigned mask)
+{
+    static const char *const names[16] = {
+        "(none)", "float16", "bfloat16", "float16 or bfloat16",
+        "float32", "float16 or float32", "bfloat16 or float32",
+        "float16, bfloat16 or float32", "float64", "float16 or float64",
+        "bfloat16 or float64", "float16, bfloat16 or float64",
+        "float32 or float64", "float16, float32 or float64",
+        "bfloat16, float32 or float64",
+        "float16, bfloat16, float32 or float64",
+    };
+    return names[mask & 15u];
+}
+
+unsigned
+pd_py_dtype_bit(int dt)
+{
+    switch (dt) {
+    case PD_FLOAT16:
+        return PD_F16_BIT;
+    case PD_BFLOAT16:
+        return PD_BF16_BIT;
+    case PD_FLOAT32:
+        return PD_F32_BIT;
+    case PD_FLOAT64:
+        return PD_F64_BIT;
+    default:
+        return 0;
+    }
+}
+
+int
+pd_py_fview_get(PyObject *obj, const char *fn, const char *name,
+                Py_ssize_t idx, int writable, unsigned allowed,
+                pd_fview *v)
+{
+    char what[96];
+    describe(what, sizeof(what), name, idx);
+    v->held = 0;
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s must be an array (numpy.ndarray or a buffer), "
+                     "got %.100s", fn, what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &v->buf, PyBUF_FULL_RO) < 0) {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        PyErr_Format(PyExc_TypeError, "%s: cannot read %s as a buffer",
+                     fn, what);
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    v->held = 1;
+    v->dt = dtype_of(v->buf.format, v->buf.itemsize);
+    if (v->dt == PD_NDTYPES || !(pd_py_dtype_bit(v->dt) & allowed)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s must be %s (bfloat16 as a uint16 view), got "
+                     "buffer format '%s'", fn, what, allowed_names(allowed),
+                     v->buf.format ? v->buf.format : "B");
+        goto fail;
+    }
+    if (!PyBuffer_IsContiguous(&v->buf, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must be C-contiguous", fn,
+                     what);
+        goto fail;
+    }
+    if (writable && v->buf.readonly) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s is read-only; it is updated in place", fn, what);
+        goto fail;
+    }
+    v->count = (size_t)(v->buf.len / v->buf.itemsize);
+    return 0;
+fail:
+    pd_py_fview_release(v);
+    return -1;
+}
+
+void
+pd_py_fview_release(pd_fview *v)
+{
+    if (v->held) {
+        PyBuffer_Release(&v->buf);
+        v->held = 0;
+    }
+}
+
+void
+pd_py_fviews_release(pd_fview *v, Py_ssize_t n)
+{
+    if (v == NULL) {
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        pd_py_fview_release(&v[i]);
+    }
+    PyMem_RawFree(v);
+}
+
+pd_fview *
+pd_py_fviews_get(PyObject *seq, Py_ssize_t expect, const char *fn,
+                 const char *name, int writable, unsigned allowed,
+                 Py_ssize_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, "");
+    if (fast == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s must be a list or tuple of arrays, got %.100s",
+                     fn, name, Py_TYPE(seq)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (expect >= 0 && n != expect) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s has %zd arrays, expected %zd (one per "
+                     "parameter)", fn, name, n, expect);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    pd_fview *v = PyMem_RawCalloc(n > 0 ? (size_t)n : 1, sizeof(pd_fview));
+    if (v == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (pd_py_fview_get(item, fn, name, i, writable, allowed, &v[i]) <
+            0) {
+            pd_py_fviews_release(v, i);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    *n_out = n;
+    return v;
+}
+
+/* found_inf: a writable float32 buffer of one element, or None. */
+int
+pd_py_found_inf(PyObject *obj, const char *fn, pd_fview *v, float **flag)
+{
+    *flag = NULL;
+    v->held = 0;
+    if (obj == Py_None) {
+        return 0;
+    }
+    if (pd_py_fview_get(obj, fn, "found_inf", -1, 1, PD_F32_BIT, v) < 0) {
+        return -1;
+    }
+    if (v->count != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: found_inf must hold exactly 1 element, got %zu",
+                     fn, v->count);
+        pd_py_fview_release(v);
+        return -1;
+    }
+    *flag = v->buf.buf;
+    return 0;
+}
+
+/* inv_scale: a Python number or a 1-element float32 array (torch passes a
+ * tensor).  Converted to float32, the type torch keeps it in. */
+int
+pd_py_inv_scale(PyObject *obj, const char *fn, float *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = 1.0f;
+        return 0;
+    }
+    if (PyObject_CheckBuffer(obj)) {
+        pd_fview v;
+        if (pd_py_fview_get(obj, fn, "inv_scale", -1, 0, PD_F32_BIT, &v) <
+            0) {
+            return -1;
+        }
+        if (v.count != 1) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: inv_scale must hold exactly 1 element, got "
+                         "%zu", fn, v.count);
+            pd_py_fview_release(&v);
+            return -1;
+        }
+        *out = *(const float *)v.buf.buf;
+        pd_py_fview_release(&v);
+        return 0;
+    }
+    double d = PyFloat_AsDouble(obj);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: inv_scale must be a float or a 1-element float32 "
+                     "array, got %.100s", fn, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = (float)d;
+    return 0;
+}
+
+static PyObject *
+amp_unscale(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static const char *fn = "amp_unscale_";
+    static char *kwlist[] = {"arrays", "found_inf", "inv_scale", NULL};
+    PyObject *arrays, *found_obj, *inv_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:amp_unscale_",
+                                     kwlist, &arrays, &found_obj, &inv_obj)) {
+        return NULL;
+    }
+    float inv;
+    if (pd_py_inv_scale(inv_obj, fn, &inv) < 0) {
+        return NULL;
+    }
+    pd_fview fv;
+    float *flag;
+    if (pd_py_found_inf(found_obj, fn, &fv, &flag) < 0) {
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    pd_fview *v = pd_py_fviews_get(arrays, -1, fn, "arrays",
+                                   inv != 1.0f, PD_ALLFLOAT_BITS, &n);
+    if (v == NULL) {
+        pd_py_fview_release(&fv);
+        return NULL;
+    }
+    int found = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        found |= pd_amp_unscale(v[i].dt, v[i].buf.buf, v[i].count, inv);
+    }
+    if (found && flag != NULL) {
+        *flag = 1.0f;
+    }
+    Py_END_ALLOW_THREADS
+    pd_py_fviews_release(v, n);
+    pd_py_fview_release(&fv);
+    return PyBool_FromLong(found);
+}
+
+static PyObject *
+cast_arrays(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static const char *fn = "cast_";
+    static char *kwlist[] = {"dsts", "srcs", NULL};
+    PyObject *dsts, *srcs;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:cast_", kwlist, &dsts,
+                                     &srcs)) {
+        return NULL;
+    }
+    Py_ssize_t nd = 0, ns = 0;
+    pd_fview *d = pd_py_fviews_get(dsts, -1, fn, "dsts", 1, PD_ALLFLOAT_BITS,
+                                   &nd);
+    if (d == NULL) {
+        return NULL;
+    }
+    pd_fview *s = pd_py_fviews_get(srcs, nd, fn, "srcs", 0, PD_ALLFLOAT_BITS,
+                                   &ns);
+    if (s == NULL) {
+        pd_py_fviews_release(d, nd);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        if (d[i].count != s[i].count) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: dsts[%zd] has %zu elements but srcs[%zd] has "
+                         "%zu", fn, i, d[i].count, i, s[i].count);
+            goto done;
+        }
+        if (s[i].dt == PD_FLOAT64 &&
+            (d[i].dt == PD_FLOAT16 || d[i].dt == PD_BFLOAT16)) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s: cannot cast srcs[%zd] (float64) to dsts[%zd] "
+                         "(%s): cast to float32 first", fn, i, i,
+                         pd_dtype_name(d[i].dt));
+            goto done;
+        }
+        const char *lo = d[i].buf.buf, *hi = lo + d[i].buf.len;
+        const char *slo = s[i].buf.buf, *shi = slo + s[i].buf.len;
+        if (d[i].buf.len > 0 && s[i].buf.len > 0 && lo < shi && slo < hi) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: dsts[%zd] and srcs[%zd] overlap in memory", fn,
+                         i, i);
+            goto done;
+        }
+    }
+    pd_status st = PD_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nd && st == PD_OK; i++) {
+        st = pd_cast(d[i].dt, d[i].buf.buf, s[i].dt, s[i].buf.buf,
+                     d[i].count);
+    }
+    Py_END_ALLOW_THREADS
+    if (st != PD_OK) {
+        pd_py_set_error(pd_get_state(module), st, pd_errmsg());
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    ret = Py_None;
+done:
+    pd_py_fviews_release(d, nd);
+    pd_py_fviews_release(s, ns);
+    return ret;
+}
+
+static PyMethodDef amp_methods[] = {
+    {"amp_unscale_", (PyCFunction)(void (*)(void))amp_unscale,
+     METH_VARARGS | METH_KEYWORDS,
+     "amp_unscale_(arrays, found_inf, inv_scale) -> bool\n\n"
+     "Multiply every array in place by inv_scale and check for inf/NaN in "
+     "one pass (torch._amp_foreach_non_finite_check_and_unscale_).  arrays: "
+     "float16/bfloat16(uint16 view)/float32/float64, C-contiguous, writable; "
+     "found_inf: 1-element float32 array set to 1.0 when any input element "
+     "is inf or NaN, or None; inv_scale: float or 1-element float32 array "
+     "(exactly 1.0: check only, nothing written).  Returns whether inf/NaN "
+     "was seen."},
+    {"cast_", (PyCFunction)(void (*)(void))cast_arrays,
+     METH_VARARGS | METH_KEYWORDS,
+     "cast_(dsts, srcs) -> None\n\n"
+     "dsts[i][...] = srcs[i] converted, for every pair in one call "
+     "(float16, bfloat16 as uint16 view, float32, float64; round to nearest "
+     "even, inf and NaN preserved).  Element counts must match."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+pd_amp_add_functions(PyObject *m, pd_module_state *st)
+{
+    return PyModule_AddFunctions(m, amp_methods);
+}
