@@ -1331,10 +1331,17 @@ alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
     id.seq = ++g->seq;
     id.kind = PD_K_SHM_ALLOC;
     id.count = len;
-    pd_shm_enter(g->shm, &id, (uint64_t)ok);
     run_ctx x = {g, 0, 0.0, NULL, NULL};
     pd_shm_waiter w = {pd_now() + g->timeout, shm_check, NULL, &x};
-    pd_status st = pd_shm_sync(g->shm, &w);
+    /* after an eager collective (a broadcast root that did not wait for
+     * every rank): let everyone enter it first, as every collective does,
+     * so the identity read below is of this allocation, not of a lagging
+     * rank's earlier collective with the same sequence parity */
+    pd_status st = pd_shm_entry(g->shm, &w, pd_coll_kind_name);
+    if (st == PD_OK) {
+        pd_shm_enter(g->shm, &id, (uint64_t)ok);
+        st = pd_shm_sync(g->shm, &w);
+    }
     if (st == PD_OK) {
         st = pd_shm_check_ident(g->shm, &id, pd_coll_kind_name);
     }

@@ -787,6 +787,17 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
                            name="all_reduce", result=tensor, async_op=async_op), async_op)
 
 
+def _all_reduce_as(array, code, op=ReduceOp.SUM, group=None, async_op=False):
+    """all_reduce of a contiguous NumPy array whose bytes hold dtype ``code`` (internal: bfloat16
+    carried in a uint16 view when ml_dtypes is absent)."""
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    a, _ = as_array(array, "tensor", writable=True)
+    return _ret(pg._submit(_C.K_ALLREDUCE, code, _op_of(op), 0, 0, a.size, (), (a,),
+                           name="all_reduce", result=array, async_op=async_op), async_op)
+
+
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     pg = _resolve(group)
     if pg is None:

@@ -386,7 +386,7 @@ class _DDPCore:
             src = self._authoritative_rank if join is not None else 0
             self._broadcast_coalesced(self._buffer_arrays(), src)
         if join is not None:
-            sync = self._join_sync_flag(sync)
+            sync = self._join_sync_flag(sync) and sync
         self._expect_hooks = sync
         if sync:
             self._reset_iteration()
@@ -568,7 +568,7 @@ class _DDPCore:
     def _join_sync_flag(self, sync):
         flag = np.array([1 if sync else 0], dtype=np.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
-        return bool(flag[0]) and sync
+        return bool(flag[0])
 
     def _join_shadow_loop(self, st):
         last_joiner = True
