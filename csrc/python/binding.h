@@ -37,6 +37,7 @@ typedef struct pd_module_state {
     PyTypeObject *ProcessGroupType;
     PyTypeObject *WorkType;
     PyTypeObject *SharedBufferType;
+    PyTypeObject *GeneratorType;     /* random.c */
 } pd_module_state;
 
 pd_module_state *pd_get_state(PyObject *module);
@@ -56,5 +57,6 @@ struct pd_store *pd_py_store_get(PyObject *obj, pd_module_state *st);
 /* Type registration hooks (each file owns its types). Return 0 / -1. */
 int pd_store_add_types(PyObject *m, pd_module_state *st);
 int pd_group_add_types(PyObject *m, pd_module_state *st);
+int pd_random_add_types(PyObject *m, pd_module_state *st);
 
 #endif

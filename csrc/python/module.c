@@ -96,6 +96,9 @@ pd_exec(PyObject *m)
     if (pd_group_add_types(m, st) < 0) {
         return -1;
     }
+    if (pd_random_add_types(m, st) < 0) {
+        return -1;
+    }
     return 0;
 }
 
@@ -113,6 +116,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->ProcessGroupType);
     Py_VISIT(st->WorkType);
     Py_VISIT(st->SharedBufferType);
+    Py_VISIT(st->GeneratorType);
     return 0;
 }
 
@@ -130,6 +134,7 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->ProcessGroupType);
     Py_CLEAR(st->WorkType);
     Py_CLEAR(st->SharedBufferType);
+    Py_CLEAR(st->GeneratorType);
     return 0;
 }
 
