@@ -267,6 +267,22 @@ pd_randint(pd_mt19937 *g, int64_t *out, size_t count, uint64_t range,
     }
 }
 
+static inline double
+uniform53(pd_mt19937 *g)
+{
+    /* uniform_real_distribution<double>(0, 1): 53 bits of random64. */
+    return (double)(mt_draw64(g) & (((uint64_t)1 << 53) - 1)) *
+           (1.0 / (double)((uint64_t)1 << 53));
+}
+
+void
+pd_exponential(pd_mt19937 *g, double *out, size_t count, double lambd)
+{
+    for (size_t i = 0; i < count; i++) {
+        out[i] = -1.0 / lambd * log1p(-uniform53(g));
+    }
+}
+
 pd_status
 pd_multinomial_replacement(pd_mt19937 *g, const double *weights, int64_t ncat,
                            int64_t *out, int64_t count)
@@ -314,9 +330,7 @@ pd_multinomial_replacement(pd_mt19937 *g, const double *weights, int64_t ncat,
     /* aten forces the last bucket to 1 before every search. */
     cum[ncat - 1] = 1.0;
     for (int64_t s = 0; s < count; s++) {
-        /* uniform_real_distribution<double>(0, 1): 53 bits of random64. */
-        double u = (double)(mt_draw64(g) & (((uint64_t)1 << 53) - 1)) *
-                   (1.0 / (double)((uint64_t)1 << 53));
+        double u = uniform53(g);
         int64_t lo = 0, hi = ncat;
         while (hi - lo > 0) {
             int64_t mid = lo + (hi - lo) / 2;

@@ -60,6 +60,11 @@ pd_status pd_multinomial_replacement(pd_mt19937 *g, const double *weights,
                                      int64_t ncat, int64_t *out,
                                      int64_t count);
 
+/* Tensor.exponential_(lambd, generator=g) for float64 on the CPU:
+ * out[i] = -1 / lambd * log1p(-u), u a 53-bit uniform double per element
+ * (what torch.multinomial without replacement draws). */
+void pd_exponential(pd_mt19937 *g, double *out, size_t count, double lambd);
+
 /* DistributedSampler's num_samples for a dataset of length len. */
 int64_t pd_dist_num_samples(int64_t len, int64_t num_replicas, int drop_last);
 

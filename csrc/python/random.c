@@ -5,6 +5,7 @@
  * pyddp/_random.py wraps the type in pyddp.Generator. */
 #include "binding.h"
 
+#include <math.h>
 #include <pythread.h>
 
 #include "../kernels/random.h"
@@ -356,6 +357,41 @@ Generator_randint_into(PyObject *obj, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* exponential_into(out float64, lambd) */
+static PyObject *
+Generator_exponential_into(PyObject *obj, PyObject *args)
+{
+    GeneratorObject *self = (GeneratorObject *)obj;
+    PyObject *out;
+    double lambd;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "Od:exponential_into", &out, &lambd)) {
+        return NULL;
+    }
+    if (!(lambd > 0) || isinf(lambd)) {
+        PyErr_Format(PyExc_ValueError, "exponential_ expects lambda > 0.0, "
+                     "but found lambda=%g", lambd);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                                        PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (v.itemsize != 8 || v.format == NULL || strchr(v.format, 'd') == NULL) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_TypeError, "out must be a writable "
+                        "C-contiguous float64 buffer");
+        return NULL;
+    }
+    gen_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    pd_exponential(&self->mt, v.buf, (size_t)(v.len / 8), lambd);
+    Py_END_ALLOW_THREADS
+    gen_unlock(self);
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
 /* multinomial_into(weights float64, out int64): with replacement. */
 static PyObject *
 Generator_multinomial_into(PyObject *obj, PyObject *args)
@@ -421,6 +457,9 @@ static PyMethodDef Generator_methods[] = {
     {"randint_into", Generator_randint_into, METH_VARARGS,
      "randint_into(out, low, range)\n\nFill out with torch.randint(low, "
      "low + range)."},
+    {"exponential_into", Generator_exponential_into, METH_VARARGS,
+     "exponential_into(out, lambd)\n\nFill the float64 buffer out like "
+     "Tensor.exponential_(lambd)."},
     {"multinomial_into", Generator_multinomial_into, METH_VARARGS,
      "multinomial_into(weights, out)\n\ntorch.multinomial(weights, "
      "len(out), replacement=True) for len(out) >= 2."},
