@@ -70,7 +70,7 @@ def default_collate(batch):
         except TypeError:
             return {k: default_collate([d[k] for d in batch]) for k in elem}
     if _is_namedtuple(elem):
-        return elem_type(*(default_collate(list(s)) for s in zip(*batch)))
+        return elem_type(*(default_collate(s) for s in zip(*batch)))
     if isinstance(elem, collections.abc.Sequence):
         it = iter(batch)
         elem_size = len(next(it))
@@ -79,16 +79,16 @@ def default_collate(batch):
                 "each element in list of batch should be of equal size")
         transposed = list(zip(*batch))
         if isinstance(elem, tuple):
-            return [default_collate(list(s)) for s in transposed]
+            return [default_collate(s) for s in transposed]
         try:
             if isinstance(elem, collections.abc.MutableSequence):
                 clone = elem.copy()
                 for i, s in enumerate(transposed):
-                    clone[i] = default_collate(list(s))
+                    clone[i] = default_collate(s)
                 return clone
-            return elem_type([default_collate(list(s)) for s in transposed])
+            return elem_type([default_collate(s) for s in transposed])
         except TypeError:
-            return [default_collate(list(s)) for s in transposed]
+            return [default_collate(s) for s in transposed]
     if isinstance(elem, numbers.Number):
         return np.array(batch)
     if hasattr(elem, "__array__"):

@@ -8,8 +8,8 @@ order, so the batches equal those of num_workers=0.  A worker's exception is
 re-raised in the main process with the worker's traceback; a worker that
 dies raises RuntimeError naming its pid; every wait has a timeout.  Workers
 are stopped (joined, then terminated) when the iterator is exhausted (unless
-persistent_workers), deleted or garbage-collected, and exit on their own if
-the main process disappears.
+persistent_workers), deleted or garbage-collected, or fails for good (a dead
+worker, a timeout), and exit on their own if the main process disappears.
 """
 import itertools
 import multiprocessing as python_multiprocessing
@@ -309,6 +309,12 @@ class _BaseDataLoaderIter:
         if self._sampler_iter is None:
             self._reset()
         data = self._next_data()
+        if isinstance(data, ExceptionWrapper):
+            # Raise from a frame that no longer refers to the iterator, so
+            # a caught exception (its traceback) does not keep the iterator
+            # and its workers alive after the caller drops it.
+            del self
+            data.reraise()
         self._num_yielded += 1
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None
@@ -404,6 +410,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if failed:
                 pids = ", ".join(str(w.pid) for w in failed)
                 codes = ", ".join(str(w.exitcode) for w in failed)
+                # The iterator cannot go on: stop the other workers now
+                # rather than when the exception's traceback is freed.
+                self._shutdown_workers()
                 raise RuntimeError(
                     f"DataLoader worker (pid(s) {pids}) exited unexpectedly "
                     f"(exit code(s) {codes})") from e
@@ -415,6 +424,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._timeout > 0:
             ok, item = self._try_get_data(self._timeout)
             if not ok:
+                self._shutdown_workers()
                 raise RuntimeError(
                     f"DataLoader timed out after {self._timeout} seconds")
         else:
@@ -487,9 +497,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._send_idx += 1
 
     def _process_data(self, data, worker_idx):
+        # An ExceptionWrapper is returned: __next__ raises it.
         self._try_put_index()
-        if isinstance(data, ExceptionWrapper):
-            data.reraise()
         return data
 
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False):
