@@ -235,6 +235,14 @@ randperm_inside_out(pd_mt19937 *g, int64_t *r, int64_t n)
 }
 
 void
+pd_randperm_inside_out(pd_mt19937 *g, int64_t *out, int64_t n)
+{
+    if (n > 0) {
+        randperm_inside_out(g, out, n);
+    }
+}
+
+void
 pd_randperm(pd_mt19937 *g, int64_t *out, int64_t n)
 {
     if (n <= 0) {

@@ -46,6 +46,10 @@ uint64_t pd_mt_random64(pd_mt19937 *g);
 /* torch.randperm(n, generator=g) into out[0..n-1] (n >= 0). */
 void pd_randperm(pd_mt19937 *g, int64_t *out, int64_t n);
 
+/* The inside-out shuffle randperm uses from PD_RANDPERM_THRESHOLD on, for
+ * any n >= 0 (so that tests can check it on small n). */
+void pd_randperm_inside_out(pd_mt19937 *g, int64_t *out, int64_t n);
+
 /* torch.randint(low, low + range, (count,), dtype=int64, generator=g):
  * out[i] = low + random() % range for range < 2^32, random64() % range
  * otherwise.  range >= 1. */
