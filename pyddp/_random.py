@@ -42,8 +42,16 @@ class Generator:
         self.device = "cpu"
 
     def manual_seed(self, seed):
-        """Seed the generator (torch's ``Generator.manual_seed``); returns self."""
-        self._g.manual_seed(int(seed) if isinstance(seed, np.integer) else seed)
+        """Seed the generator (torch's ``Generator.manual_seed``); returns self.
+
+        Like torch, a bool or float seed raises RuntimeError; NumPy integers
+        are accepted (torch raises TypeError for them)."""
+        if isinstance(seed, np.integer):
+            seed = int(seed)
+        if isinstance(seed, (bool, float)):
+            raise RuntimeError(
+                f"manual_seed expected a long, but got {type(seed).__name__}")
+        self._g.manual_seed(seed)
         return self
 
     def seed(self):

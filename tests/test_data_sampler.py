@@ -82,6 +82,9 @@ def test_generator_api():
         g.manual_seed(-2**63 - 1)
     with pytest.raises(TypeError, match="seed must be an int"):
         g.manual_seed("3")
+    for bad in (True, 1.5):
+        with pytest.raises(RuntimeError, match="manual_seed expected a long"):
+            g.manual_seed(bad)
     g.manual_seed(np.int64(9))
     assert g.initial_seed() == 9
     s = g.seed()
