@@ -118,6 +118,7 @@ def test_collate_matches_torch_semantics():
         [{"a": 1, "b": np.ones(2)}, {"a": 2, "b": np.zeros(2)}],
         [Point(1, 2.0), Point(3, 4.0)], [(1, "x"), (2, "y")],
         [[np.int16(1), 2.0], [np.int16(3), 4.0]],
+        [np.str_("p"), np.str_("q")], [np.arange(4.0).reshape(2, 2)] * 3,
     ]
 
     def to_np(v):
@@ -154,6 +155,13 @@ def test_collate_matches_torch_semantics():
         default_collate([[1, 2], [1, 2, 3]])
     with pytest.raises(TypeError, match="default_collate: batch must contain"):
         default_collate([object(), object()])
+    for bad in ([np.array(["a"]), np.array(["b"])],
+                [np.array([None]), np.array([None])]):
+        with pytest.raises(TypeError) as pe:
+            default_collate(bad)
+        with pytest.raises(TypeError) as te:
+            tcollate(bad)
+        assert str(pe.value) == str(te.value)
 
 
 # ------------------------------------------------------------- workers
@@ -190,6 +198,16 @@ def test_workers_equal_no_workers(num_workers, prefetch):
     got = list(it)
     _same_dict_batches(got, ref)
     _assert_gone(pids)  # exhausted: workers stopped
+
+
+def test_out_of_order_yields_every_batch():
+    ref = list(DataLoader(_Squares(), batch_size=3))
+    it = iter(DataLoader(_Squares(), batch_size=3, num_workers=2,
+                         in_order=False, timeout=60))
+    pids = _pids(it)
+    got = sorted(it, key=lambda b: int(b["sq"][0]))
+    _same_dict_batches(got, ref)
+    _assert_gone(pids)
 
 
 def test_spawn_context_importable_dataset():

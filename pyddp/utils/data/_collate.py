@@ -27,11 +27,8 @@ def _is_namedtuple(x):
 def _stack(batch):
     arrs = [np.asarray(b) for b in batch]
     a0 = arrs[0]
-    if a0.dtype.kind in "OUSV" and a0.dtype != np.bool_:
-        if a0.dtype.kind in "US":
-            raise TypeError(default_collate_err_msg_format.format(a0.dtype))
-        if a0.dtype.kind == "O":
-            raise TypeError(default_collate_err_msg_format.format(a0.dtype))
+    if a0.dtype.kind in "OUS":  # arrays of strings or objects, as torch
+        raise TypeError(default_collate_err_msg_format.format(a0.dtype))
     for i, a in enumerate(arrs[1:], 1):
         if a.shape != a0.shape:
             raise RuntimeError(
@@ -46,6 +43,8 @@ def default_collate(batch):
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
         return _stack(batch)
+    if isinstance(elem, (str, bytes)):  # also np.str_ / np.bytes_
+        return batch
     if isinstance(elem, np.generic):
         if elem.dtype.kind in "USO":
             raise TypeError(default_collate_err_msg_format.format(elem.dtype))

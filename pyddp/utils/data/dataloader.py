@@ -538,4 +538,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             self._worker_result_queue.close()
 
     def __del__(self):
-        self._shutdown_workers()
+        try:
+            self._shutdown_workers()
+        except Exception:
+            # At interpreter exit the modules used here may be gone; the
+            # workers are daemonic and exit with the parent anyway.
+            pass
