@@ -185,6 +185,7 @@ def _same_dict_batches(a, b):
         assert u["tag"] == v["tag"]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("num_workers,prefetch", [(1, 1), (2, 2), (3, 1)])
 def test_workers_equal_no_workers(num_workers, prefetch):
     ref = list(DataLoader(_Squares(), batch_size=4, shuffle=True,
