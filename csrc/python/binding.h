@@ -37,6 +37,7 @@ typedef struct pd_module_state {
     PyTypeObject *ProcessGroupType;
     PyTypeObject *WorkType;
     PyTypeObject *SharedBufferType;
+    PyTypeObject *GeneratorType;     /* random.c */
 } pd_module_state;
 
 pd_module_state *pd_get_state(PyObject *module);
@@ -89,5 +90,6 @@ void pd_py_fviews_release(pd_fview *v, Py_ssize_t n);
 int pd_py_found_inf(PyObject *obj, const char *fn, pd_fview *v,
                     float **flag);
 int pd_py_inv_scale(PyObject *obj, const char *fn, float *out);
+int pd_random_add_types(PyObject *m, pd_module_state *st);
 
 #endif

@@ -96,7 +96,8 @@ pd_exec(PyObject *m)
     if (pd_group_add_types(m, st) < 0) {
         return -1;
     }
-    if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0) {
+    if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
+        pd_random_add_types(m, st) < 0) {
         return -1;
     }
     return 0;
@@ -116,6 +117,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->ProcessGroupType);
     Py_VISIT(st->WorkType);
     Py_VISIT(st->SharedBufferType);
+    Py_VISIT(st->GeneratorType);
     return 0;
 }
 
@@ -133,6 +135,7 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->ProcessGroupType);
     Py_CLEAR(st->WorkType);
     Py_CLEAR(st->SharedBufferType);
+    Py_CLEAR(st->GeneratorType);
     return 0;
 }
 

@@ -1,0 +1,234 @@
+"""torch's CPU random generator for NumPy: ``pyddp.Generator``, ``pyddp.randperm``.
+
+The engine is the mt19937 of ``torch.Generator`` (csrc/kernels/random.c), so
+with equal seeds ``pyddp.randperm(n, generator=g)`` equals
+``torch.randperm(n, generator=tg)`` bit for bit, below and above torch's
+214,748,364 switch between its two shuffles, and ``get_state()`` is torch's
+5056-byte state (a state moves between torch and pyddp in either direction).
+"""
+import os
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["Generator", "default_generator", "manual_seed", "seed",
+           "initial_seed", "get_rng_state", "set_rng_state", "randperm"]
+
+_INT64_MASK = (1 << 63) - 1
+
+
+def _nondeterministic_seed():
+    return int.from_bytes(os.urandom(8), "little")
+
+
+class Generator:
+    """A CPU random number generator equal to ``torch.Generator()``.
+
+    ``Generator(device="cpu")`` starts from torch's default seed
+    67280421310721, as torch's does.  Seeds are Python ints in
+    [-2**63, 2**64): a negative seed is taken as its two's complement, and
+    only the low 32 bits reach mt19937 (as in torch), while
+    ``initial_seed()`` returns the full 64-bit value.  Methods return ``self``
+    where torch's do, so ``Generator().manual_seed(42)`` works.  A generator
+    can be pickled (its state travels) and is safe to share between threads.
+    """
+
+    def __init__(self, device="cpu"):
+        if str(device) != "cpu":
+            raise RuntimeError(
+                f"pyddp.Generator supports only the CPU, got device={device!r}")
+        self._g = _C.Generator()
+        self.device = "cpu"
+
+    def manual_seed(self, seed):
+        """Seed the generator (torch's ``Generator.manual_seed``); returns self.
+
+        Like torch, a bool or float seed raises RuntimeError; NumPy integers
+        are accepted (torch raises TypeError for them)."""
+        if isinstance(seed, np.integer):
+            seed = int(seed)
+        if isinstance(seed, (bool, float)):
+            raise RuntimeError(
+                f"manual_seed expected a long, but got {type(seed).__name__}")
+        self._g.manual_seed(seed)
+        return self
+
+    def seed(self):
+        """Seed from a non-deterministic source and return that seed."""
+        s = _nondeterministic_seed()
+        self._g.manual_seed(s)
+        return s
+
+    def initial_seed(self):
+        """The last seed set, as an unsigned 64-bit int."""
+        return self._g.initial_seed()
+
+    def get_state(self):
+        """The state as a uint8 NumPy array of 5056 bytes (torch's layout).
+
+        ``torch.Generator().set_state(torch.from_numpy(state))`` accepts it.
+        """
+        return np.frombuffer(self._g.get_state(), dtype=np.uint8).copy()
+
+    def set_state(self, new_state):
+        """Restore a state from ``get_state()`` (pyddp's or torch's: a uint8
+        array, a torch ByteTensor or bytes); returns self."""
+        if not isinstance(new_state, (bytes, bytearray, memoryview)):
+            if hasattr(new_state, "numpy") and hasattr(new_state, "dtype"):
+                new_state = new_state.detach().cpu().numpy()  # torch tensor
+            arr = np.asarray(new_state)
+            if arr.dtype != np.uint8:
+                raise TypeError(
+                    "expected a uint8 array (a ByteTensor in torch) as the RNG "
+                    f"state, but got dtype {arr.dtype}")
+            new_state = np.ascontiguousarray(arr).tobytes()
+        self._g.set_state(new_state)
+        return self
+
+    # -- the draws torch's samplers make (used by pyddp.utils.data) --------
+
+    def _random(self):
+        return self._g.random()
+
+    def _random64(self):
+        return self._g.random64()
+
+    def _random_int64(self):
+        """``torch.empty((), dtype=torch.int64).random_(generator=self)``."""
+        return self._g.random64() & _INT64_MASK
+
+    def __getstate__(self):
+        return {"state": self._g.get_state()}
+
+    def __setstate__(self, d):
+        self._g = _C.Generator()
+        self._g.set_state(d["state"])
+        self.device = "cpu"
+
+    def __repr__(self):
+        return f"<pyddp.Generator initial_seed={self.initial_seed()}>"
+
+
+# Like torch's default CPU generator: seeded non-deterministically at start.
+# A forked child keeps the parent's state (DataLoader workers reseed it).
+default_generator = Generator()
+default_generator.manual_seed(_nondeterministic_seed())
+
+
+def manual_seed(seed):
+    """Seed the default generator (``torch.manual_seed``); returns it."""
+    return default_generator.manual_seed(seed)
+
+
+def seed():
+    """Seed the default generator non-deterministically; returns the seed."""
+    return default_generator.seed()
+
+
+def initial_seed():
+    """The initial seed of the default generator (``torch.initial_seed``)."""
+    return default_generator.initial_seed()
+
+
+def get_rng_state():
+    """The default generator's state (``torch.get_rng_state``)."""
+    return default_generator.get_state()
+
+
+def set_rng_state(new_state):
+    """Restore the default generator's state (``torch.set_rng_state``)."""
+    default_generator.set_state(new_state)
+
+
+def _gen(generator):
+    if generator is None:
+        return default_generator
+    if not isinstance(generator, Generator):
+        raise TypeError(
+            "generator must be a pyddp.Generator (or None), not "
+            f"{type(generator).__name__}")
+    return generator
+
+
+def _check_n(n, name="n"):
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, not {type(n).__name__}")
+    n = int(n)
+    if n < 0:
+        raise RuntimeError(f"randperm expects n >= 0, but got n={n}")
+    return n
+
+
+def randperm(n, *, generator=None, dtype=np.int64):
+    """``torch.randperm(n, generator=generator)`` as a NumPy array.
+
+    The values are identical to torch's CPU randperm for the same generator
+    state (forward Fisher-Yates with 32-bit draws for n < 214,748,364,
+    inside-out Fisher-Yates with 64-bit draws above), and the generator
+    advances by the same number of draws.  Computed in C with the GIL
+    released.  dtype (default int64) is the result's dtype.
+    """
+    n = _check_n(n)
+    g = _gen(generator)
+    out = np.empty(n, dtype=np.int64)
+    g._g.randperm_into(out)
+    if np.dtype(dtype) != np.int64:
+        out = out.astype(dtype)
+    return out
+
+
+def _randint(high, size, generator=None, low=0):
+    """``torch.randint(low, high, (size,), dtype=torch.int64, generator=...)``."""
+    g = _gen(generator)
+    if high <= low:
+        raise RuntimeError(
+            f"random_ expects 'from' to be less than 'to', but got from={low} "
+            f">= to={high}")
+    out = np.empty(int(size), dtype=np.int64)
+    if size:
+        g._g.randint_into(out, int(low), int(high) - int(low))
+    return out
+
+
+def _multinomial(weights, num_samples, replacement, generator=None):
+    """``torch.multinomial`` of a 1-d float64 weight vector (CPU algorithm).
+
+    With replacement and num_samples >= 2: inverse-CDF sampling, one 53-bit
+    uniform per draw (bit-identical to torch).  Otherwise torch's
+    exponential trick: argmax / top-k of ``w / Exp(1)``; ties (zero weights)
+    are broken by the lower index, where torch's top-k order is unspecified.
+    """
+    g = _gen(generator)
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > w.shape[0]:
+        raise RuntimeError(
+            "cannot sample n_sample > prob_dist.size(-1) samples without "
+            "replacement")
+    if w.shape[0] > (1 << 24):
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    out = np.empty(int(num_samples), dtype=np.int64)
+    if replacement and num_samples > 1:
+        try:
+            g._g.multinomial_into(w, out)
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
+        return out
+    if w.size == 0 or not (np.all(w >= 0) and np.all(w < np.inf)):
+        raise RuntimeError(
+            "probability tensor contains either `inf`, `nan` or element < 0")
+    if w.sum() == 0:
+        raise RuntimeError(
+            "invalid multinomial distribution (sum of probabilities <= 0)")
+    q = np.empty_like(w)
+    g._g.exponential_into(q, 1.0)
+    q = w / q
+    if num_samples == 1:
+        out[0] = int(np.argmax(q))
+    else:
+        out[:] = np.argsort(-q, kind="stable")[:num_samples]
+    return out
