@@ -9,3 +9,6 @@ from . import autograd  # noqa: F401,E402
 from ._tensor import *  # noqa: F401,F403,E402
 from ._tensor import Tensor, default_generator  # noqa: F401,E402
 from ._autocast import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
+
+# checkpoints (torch.save / torch.load)
+from .serialization import save, load  # noqa: F401,E402
