@@ -27,7 +27,7 @@ __all__ = [
     "amax", "amin", "var", "std", "argmax", "argmin", "reshape", "flatten", "permute", "transpose",
     "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum", "minimum", "pow", "add", "sub",
     "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
-    "split", "chunk", "all", "any", "sign", "floor", "ceil", "round", "zeros_like", "outer",
+    "split", "chunk", "all", "any", "logsumexp", "swapaxes", "isinf", "default_generator", "sign", "floor", "ceil", "round", "zeros_like", "outer",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
 ]
@@ -202,6 +202,8 @@ def default_generator():
 # helpers
 
 def _new(a, requires_grad=False):
+    if not isinstance(a, np.ndarray):
+        a = np.asarray(a)  # numpy scalars from reductions / ufuncs on 0-d arrays
     t = Tensor.__new__(Tensor)
     t._data = a
     t._requires_grad = requires_grad
@@ -310,6 +312,9 @@ def _promote(a, b):
         if _cat(z_dt) == 2 and _cat(dim_dt) < 2:
             return _st.default if z_dt == _F64 else z_dt
         return z_dt
+    ca, cb = _cat(da), _cat(db)
+    if ca != cb:
+        return da if ca > cb else db
     if bfloat16 is not None and bfloat16 in (da, db):
         other = db if da == bfloat16 else da
         if other == float16:
@@ -1898,10 +1903,10 @@ def matmul(a, b):
         A = ad[None, :] if ad.ndim == 1 else ad
         B = bd[:, None] if bd.ndim == 1 else bd
         G = g
-        if ad.ndim == 1:
-            G = np.expand_dims(G, -2)
         if bd.ndim == 1:
             G = np.expand_dims(G, -1)
+        if ad.ndim == 1:
+            G = np.expand_dims(G, -2)
         ga = gb = None
         if ra:
             ga = _mm(G, np.swapaxes(B, -1, -2))
