@@ -16,7 +16,7 @@ class _NormBase(Module):
     __constants__ = ["track_running_stats", "momentum", "eps", "num_features", "affine"]
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None):
+                 track_running_stats=True, device=None, dtype=None, *, bias=True):
         super().__init__()
         self.num_features = num_features
         self.eps = eps
@@ -25,7 +25,10 @@ class _NormBase(Module):
         self.track_running_stats = track_running_stats
         if self.affine:
             self.weight = _empty_parameter((num_features,), dtype)
-            self.bias = _empty_parameter((num_features,), dtype)
+            if bias:
+                self.bias = _empty_parameter((num_features,), dtype)
+            else:
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -52,14 +55,16 @@ class _NormBase(Module):
         self.reset_running_stats()
         if self.affine:
             init.ones_(self.weight)
-            init.zeros_(self.bias)
+            if self.bias is not None:
+                init.zeros_(self.bias)
 
     def _check_input_dim(self, input):
         raise NotImplementedError
 
     def extra_repr(self):
         return ("{num_features}, eps={eps}, momentum={momentum}, affine={affine}, "
-                "track_running_stats={track_running_stats}".format(**self.__dict__))
+                "bias={use_bias}, track_running_stats={track_running_stats}".format(
+                    **self.__dict__, use_bias=self.bias is not None))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
@@ -101,7 +106,7 @@ class _BatchNorm(_NormBase):
 class BatchNorm1d(_BatchNorm):
     """Batch normalisation over (N, C) or (N, C, L) input, as ``torch.nn.BatchNorm1d``.
 
-    In training the running statistics are updated in place with ``momentum``
+    ``bias=False`` (keyword) drops the shift.  In training the running statistics are updated in place with ``momentum``
     (cumulative average when ``momentum=None``) using the unbiased batch variance.
     """
 
