@@ -19,11 +19,9 @@ base are stored separately.  ``Module.load_state_dict`` accepts Tensors and arra
 alike, so ``model.load_state_dict(pyddp.load(path)["model"])`` works either way.
 """
 import contextlib
-import io
 import os
 import pickle
 import re
-import sys
 from collections import OrderedDict
 
 import numpy as np

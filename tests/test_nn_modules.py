@@ -487,7 +487,7 @@ LAYER_CASES = [
 
 
 @pytest.mark.parametrize("name,make,shape", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
-def test_layer_parity(name, make, shape):
+def test_layer_vs_torch(name, make, shape):
     torch = _torch()
     torch.manual_seed(0)
     tmod = make(torch.nn)
@@ -499,7 +499,7 @@ def test_layer_parity(name, make, shape):
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("cls,shape", [("BatchNorm1d", (6, 4)), ("BatchNorm1d", (5, 4, 3)),
                                        ("BatchNorm2d", (3, 4, 5, 2))])
-def test_batchnorm_parity(cls, shape, momentum):
+def test_batchnorm_vs_torch(cls, shape, momentum):
     torch = _torch()
     tmod = getattr(torch.nn, cls)(4, momentum=momentum)
     pmod = getattr(nn, cls)(4, momentum=momentum)
@@ -516,7 +516,7 @@ def test_batchnorm_parity(cls, shape, momentum):
     assert repr(pmod) == repr(tmod)
 
 
-def test_batchnorm_no_affine_no_stats():
+def test_batchnorm_no_affine_no_stats_vs_torch():
     torch = _torch()
     tmod = torch.nn.BatchNorm2d(3, affine=False, track_running_stats=False)
     pmod = nn.BatchNorm2d(3, affine=False, track_running_stats=False)
@@ -528,7 +528,7 @@ def test_batchnorm_no_affine_no_stats():
 
 
 @pytest.mark.parametrize("padding_idx", [None, 2])
-def test_embedding_parity(padding_idx):
+def test_embedding_vs_torch(padding_idx):
     torch = _torch()
     tmod = torch.nn.Embedding(10, 4, padding_idx=padding_idx)
     pmod = nn.Embedding(10, 4, padding_idx=padding_idx)
@@ -537,7 +537,7 @@ def test_embedding_parity(padding_idx):
     assert repr(pmod) == repr(tmod)
 
 
-def test_model_parity_and_state_dict_keys():
+def test_model_vs_torch():
     """A small CNN + MLP: same keys, same repr, same outputs and gradients as torch."""
     torch = _torch()
 
@@ -560,7 +560,7 @@ def test_model_parity_and_state_dict_keys():
     _run_parity(tmod, pmod, _x(4, 3, 12, 12, dtype=np.float64), dtype=np.float64, rtol=1e-10)
 
 
-def test_load_state_dict_errors_match_torch():
+def test_load_state_dict_errors_vs_torch():
     torch = _torch()
 
     def build(m):
@@ -589,7 +589,7 @@ def test_load_state_dict_errors_match_torch():
     assert_close(pmod[0].weight.numpy(), tmod2[0].weight.detach().numpy(), 0)
 
 
-def test_module_list_repr_matches_torch():
+def test_module_list_repr_vs_torch():
     torch = _torch()
 
     def build(m):
@@ -599,7 +599,7 @@ def test_module_list_repr_matches_torch():
     assert repr(build(nn)) == repr(build(torch.nn))
 
 
-def test_losses_repr_and_buffers_match_torch():
+def test_loss_modules_repr_and_buffers_vs_torch():
     torch = _torch()
     w = np.arange(1, 4, dtype=np.float32)
     t = torch.nn.CrossEntropyLoss(weight=torch.tensor(w), label_smoothing=0.1)
@@ -613,3 +613,21 @@ def test_losses_repr_and_buffers_match_torch():
         warnings.simplefilter("ignore")
         assert nn.MSELoss(size_average=False).reduction == torch.nn.MSELoss(
             size_average=False).reduction
+
+
+def test_training_step_reduces_loss():
+    """A loss module in a small training loop decreases the loss (module + loss + autograd)."""
+    pyddp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    crit = nn.CrossEntropyLoss(label_smoothing=0.05)
+    x = pyddp.tensor(np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32))
+    y = pyddp.tensor(np.random.default_rng(1).integers(0, 3, 32))
+    first = None
+    for _ in range(30):
+        model.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            p.numpy()[...] -= 0.5 * p.grad.numpy()
+        first = float(loss.numpy()) if first is None else first
+    assert float(loss.numpy()) < 0.7 * first

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from .. import _autocast
+from .. import _autocast, _tensor
 from .._tensor import Tensor
 from ..autograd.function import Function
 
@@ -63,7 +63,8 @@ def _out(a, dt):
 
 def _float_dtype_name(dt):
     return {np.dtype(np.int64): "Long", np.dtype(np.int32): "Int", np.dtype(np.float32): "Float",
-            np.dtype(np.float64): "Double", np.dtype(np.float16): "Half"}.get(np.dtype(dt), str(dt))
+            np.dtype(np.float64): "Double", np.dtype(np.float16): "Half",
+            np.dtype(np.bool_): "Bool"}.get(np.dtype(dt), str(dt))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ def _index_target(x_shape, t):
     """Validate integer class targets for input of x_shape; returns the flat int64 targets."""
     if t.dtype.kind not in "iu":
         raise RuntimeError(
-            f"expected scalar type Long but found {_float_dtype_name(t.dtype)}")
+            f"expected target dtype to be Long or Byte, but got {_float_dtype_name(t.dtype)}")
     if len(x_shape) == 1:
         expected = ()
     elif len(x_shape) >= 2:
@@ -101,6 +102,8 @@ def _index_target(x_shape, t):
         if len(x_shape) >= 2 and t.ndim >= 1 and t.shape[0] != x_shape[0]:
             raise ValueError(f"Expected input batch_size ({x_shape[0]}) to match target "
                              f"batch_size ({t.shape[0]}).")
+        if len(x_shape) <= 2 and t.ndim > 1:
+            raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
         raise RuntimeError(f"Expected target size {list(expected)}, got {list(t.shape)}")
     return t.reshape(-1).astype(np.int64, copy=False)
 
@@ -140,12 +143,8 @@ class _CrossEntropy(Function):
             w = w.astype(wdt, copy=False)
         t = target._data
         eps = float(label_smoothing)
-        prob = t.dtype.kind in "fc" or (t.dtype.kind == "V")
-        if prob:
-            if t.shape != x.shape:
-                raise RuntimeError(
-                    f"Expected floating point type for target with class probabilities to have "
-                    f"the shape of input {list(x.shape)}, got {list(t.shape)}")
+        # class probabilities when the target is floating with the input's shape (as torch)
+        if (t.dtype.kind == "f" or t.dtype == _tensor.bfloat16) and t.shape == x.shape:
             a = _classes_last(t).astype(wdt, copy=False)
             if eps > 0:
                 a = a * (1 - eps) + eps / C
@@ -233,7 +232,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     input = _autocast.upcast(_t(input))
     target = _t(target)
     if target.dtype.kind == "f":
