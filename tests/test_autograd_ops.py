@@ -267,12 +267,13 @@ def test_batch_norm_running_stats_match_torch():
     np.testing.assert_allclose(rv.numpy(), trv.numpy(), rtol=1e-5)
 
 
-def test_max_pool2d_return_indices_and_ties_match_torch():
+@pytest.mark.parametrize("args", [(3, 2, 1), (2, 2, 0)], ids=["overlapping", "tiled"])
+def test_max_pool2d_return_indices_and_ties_match_torch(args):
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(0).integers(0, 3, (2, 2, 6, 7)).astype(np.float32)  # many ties
     px, tx = pyddp.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-    po, pi = PF.max_pool2d(px, 3, stride=2, padding=1, return_indices=True)
-    to, ti = torch.nn.functional.max_pool2d(tx, 3, stride=2, padding=1, return_indices=True)
+    po, pi = PF.max_pool2d(px, *args, return_indices=True)
+    to, ti = torch.nn.functional.max_pool2d(tx, *args, return_indices=True)
     np.testing.assert_array_equal(po.numpy(), to.detach().numpy())
     np.testing.assert_array_equal(pi.numpy(), ti.numpy())
     po.sum().backward()

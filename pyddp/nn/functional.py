@@ -162,9 +162,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     out = out.reshape(O, N, Ho, Wo)
     if bias is not None:
         out += bias._data.astype(cdt, copy=False).reshape(O, 1, 1, 1)
-    res = out.transpose(1, 0, 2, 3)
-    if res.dtype != xd.dtype:
-        res = res.astype(xd.dtype)
+    # NCHW contiguous: what follows (activations, pooling, their backward) runs on contiguous data
+    res = np.empty((N, O, Ho, Wo), dtype=xd.dtype)
+    np.copyto(res, out.transpose(1, 0, 2, 3), casting="unsafe")
     rx, rw = input._requires_grad, weight._requires_grad
     rb = bias is not None and bias._requires_grad
     if not (_st.grad and (rx or rw or rb)):
@@ -268,10 +268,25 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                 remaining &= ~m
                 yield i, j, m
 
+    tiled = (sh, sw) == (kh, kw) and (dh, dw) == (1, 1) and not (ph or pw or eh or ew)
+
     def bw(g):
+        if tiled:
+            # non-overlapping windows: one comparison over a (.., Ho, kh, Wo, kw) view
+            lead = xd.shape[:-2]
+            xv = xd[..., :Ho * kh, :Wo * kw].reshape(lead + (Ho, kh, Wo, kw))
+            m = xv == out[..., :, None, :, None]
+            if np.count_nonzero(m) == out.size:  # no ties: exactly one maximum per window
+                gv = m * g[..., :, None, :, None]
+                gv = gv.reshape(lead + (Ho * kh, Wo * kw))
+                if gv.shape[-2:] == (H, W):
+                    return (gv,)
+                gx = np.zeros(xd.shape, dtype=g.dtype)
+                gx[..., :Ho * kh, :Wo * kw] = gv
+                return (gx,)
         gxp = np.zeros(xp.shape, dtype=g.dtype)
         for i, j, m in first_max_masks():
-            _win(gxp, i, j, dh, dw, sh, sw, Ho, Wo)[...] += np.where(m, g, 0)
+            _win(gxp, i, j, dh, dw, sh, sw, Ho, Wo)[...] += g * m
         return (gxp[..., ph:ph + H, pw:pw + W],)
     r = _mk(out, "MaxPool2DWithIndicesBackward0", bw, (input,))
     if return_indices:
@@ -546,7 +561,7 @@ def threshold(input, threshold, value, inplace=False):
     xd = input._data
     m = xd > threshold
     out = np.where(m, xd, value).astype(xd.dtype, copy=False)
-    return _mk(out, "ThresholdBackward0", lambda g: (np.where(m, g, 0).astype(g.dtype),),
+    return _mk(out, "ThresholdBackward0", lambda g: (g * m,),
                (input,))
 
 
@@ -564,7 +579,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     xd = input._data
     out = np.clip(xd, min_val, max_val)
     m = (xd > min_val) & (xd < max_val)
-    return _mk(out, "HardtanhBackward0", lambda g: (np.where(m, g, 0).astype(g.dtype),), (input,))
+    return _mk(out, "HardtanhBackward0", lambda g: (g * m,), (input,))
 
 
 def elu(input, alpha=1.0, inplace=False):
