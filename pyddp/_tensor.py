@@ -122,9 +122,19 @@ class _GradMode:
 
 
 class no_grad(_GradMode):
-    """Context manager / decorator disabling graph recording (torch.no_grad)."""
+    """Context manager / decorator disabling graph recording (torch.no_grad); ``@no_grad`` and
+    ``@no_grad()`` both decorate."""
 
     _value = False
+
+    def __new__(cls, orig_func=None):
+        self = super().__new__(cls)
+        if orig_func is not None and callable(orig_func):
+            return self(orig_func)
+        return self
+
+    def __init__(self, orig_func=None):
+        pass
 
 
 class enable_grad(_GradMode):

@@ -290,3 +290,47 @@ def test_collectives_take_tensors_in_place():
     res = run(_allreduce_tensor, 2)
     for same, vals, b in res:
         assert same and vals == [3.0] * 5 and b == [2.0] * 3
+
+
+def test_custom_function_with_two_outputs():
+    class Two(pyddp.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2, x * 3
+
+        @staticmethod
+        def backward(ctx, ga, gb):
+            return ga * 2 + gb * 3
+
+    x = pyddp.randn(3, dtype=pyddp.float64, requires_grad=True)
+    a, b = Two.apply(x)
+    (a.sum() + (b * b).sum()).backward(retain_graph=True)
+    np.testing.assert_allclose(x.grad.numpy(), 2 + 2 * 3 * x.numpy() * 3)
+    x.grad = None
+    a.sum().backward()  # b unused: its gradient is zeros, not the previous backward's
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 2.0))
+
+
+def test_graph_structure_like_torch():
+    x = pyddp.randn(2, requires_grad=True)
+    y = x * 2 + 1
+    assert y.grad_fn.name() == "AddBackward0"
+    (mul, _), (none, _) = y.grad_fn.next_functions
+    assert mul.name() == "MulBackward0" and none is None
+    acc = mul.next_functions[0][0]
+    assert acc.name() == "AccumulateGrad" and acc.variable is x
+
+
+def test_autocast_conv2d_and_nested_disable():
+    x = pyddp.randn(2, 1, 6, 6)
+    w = pyddp.randn(3, 1, 3, 3, requires_grad=True)
+    with pyddp.autocast(dtype=pyddp.float16):
+        y = F.conv2d(x, w)
+        with pyddp.autocast(enabled=False):
+            z = F.conv2d(x, w)
+        assert pyddp.is_autocast_enabled()
+    assert y.dtype == np.float16 and z.dtype == np.float32
+    ref = F.conv2d(x.half().float(), w.half().float()).numpy().astype(np.float16)
+    np.testing.assert_array_equal(y.numpy(), ref)
+    y.float().sum().backward()
+    assert w.grad.dtype == np.float32

@@ -1,8 +1,8 @@
 """The autograd graph (nodes) and the backward engine.
 
 A non-leaf Tensor points at the Node that made it (``grad_fn``); a leaf that requires grad gets one
-``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``next_functions`` (one
-entry per differentiable input: a Node or None) and a backward closure ``fn(grad) -> tuple``
+``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``_next`` (one
+entry per differentiable input: a Node or None; ``next_functions`` shows it torch's way) and a backward closure ``fn(grad) -> tuple``
 working on NumPy arrays.  The engine walks the graph in dependency order (iteratively), sums the
 gradients flowing into each node, runs tensor hooks, accumulates leaf gradients in place and fires
 post-accumulate-grad hooks as soon as a leaf's gradient is final, then runs queued callbacks.
@@ -29,13 +29,13 @@ FREED_MSG = (
 class Node:
     """One backward function of the graph (torch's ``grad_fn`` objects)."""
 
-    __slots__ = ("fn", "next_functions", "seq", "_name", "_saves", "_pre_hooks", "_hooks",
+    __slots__ = ("fn", "_next", "seq", "_name", "_saves", "_pre_hooks", "_hooks",
                  "__weakref__")
 
     def __init__(self, name, fn, next_functions, saves=True):
         self._name = name
         self.fn = fn
-        self.next_functions = next_functions
+        self._next = next_functions
         self.seq = next(_seq)
         self._saves = saves
         self._pre_hooks = None
@@ -44,6 +44,18 @@ class Node:
     def name(self):
         """The node's name, e.g. ``'MulBackward0'``."""
         return self._name
+
+    @property
+    def next_functions(self):
+        """((node or None, 0), ...) per input, as torch shows it."""
+        return tuple((n, 0) for n in self._next)
+
+    def __call__(self, *grads):
+        """Run this node's backward on ndarray/Tensor gradients (debugging aid)."""
+        if self.fn is None:
+            raise RuntimeError(FREED_MSG)
+        g = grads[0]
+        return self.fn(getattr(g, "_data", g))
 
     def register_prehook(self, fn):
         """fn(grad Tensor) -> None or a replacement, run before this node's backward."""
@@ -209,7 +221,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
             stack.append(r)
     while stack:
         n = stack.pop()
-        for nx in n.next_functions:
+        for nx in n._next:
             if nx is None:
                 continue
             if nx in deps:
@@ -242,7 +254,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
                     buffers.pop(node, None)
                 continue
             g = buffers.pop(node, None)
-            nexts = node.next_functions
+            nexts = node._next
             if g is None:
                 grads_in = (None,) * len(nexts)
             else:

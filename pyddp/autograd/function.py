@@ -122,7 +122,8 @@ class Function:
         state = {"grads": [None] * nout}
 
         def collect(g):
-            return run(state["grads"])
+            grads, state["grads"] = state["grads"], [None] * nout  # fresh for a retained graph
+            return run(grads)
         collector = _t.Node(name, collect, edges)
         for k in diff:
             def make(k):
@@ -133,9 +134,6 @@ class Function:
             o = outs[k]
             o.grad_fn = _t.Node(name + "Output", make(k), (collector,), saves=False)
             o._requires_grad = True
-
-        # the collector receives the sum of the identity grads; replace its fn input by the
-        # recorded per-output grads (above)
         return out
 
 
