@@ -93,38 +93,49 @@ def _norm_cdf(x):
     return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
 
+def _trunc_std_normal(rng, n, lo, hi, mass):
+    """n draws of N(0, 1) restricted to [lo, hi], exactly (rejection sampling, vectorised).
+
+    Proposals: N(0, 1) when [lo, hi] holds a fair share of the mass; otherwise uniform on
+    [lo, hi] when the window is narrow, or Robert's (1995) shifted exponential for a wide
+    window in one tail.
+    """
+    out = np.empty(n, dtype=np.float64)
+    filled = 0
+    flip = False
+    if mass < 1e-3 and hi <= 0:  # mirror a left-tail window to the right
+        lo, hi, flip = -hi, -lo, True
+    near = 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))
+    while filled < n:
+        need = n - filled
+        if mass >= 1e-3:
+            z = rng.standard_normal(int(need / mass * 1.1) + 16)
+            z = z[(z >= lo) & (z <= hi)]
+        elif (hi - lo) * max(near, 1.0) <= 2.0:
+            m = 4 * need + 16
+            z = rng.uniform(lo, hi, m)
+            z = z[rng.random(m) < np.exp((near * near - z * z) / 2)]
+        else:
+            lam = (lo + np.sqrt(lo * lo + 4)) / 2
+            m = 2 * need + 16
+            z = lo + rng.exponential(1 / lam, m)
+            z = z[(rng.random(m) < np.exp(-((z - lam) ** 2) / 2)) & (z <= hi)]
+        z = z[:need]
+        out[filled:filled + z.size] = z
+        filled += z.size
+    return -out if flip else out
+
+
 def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
-    """Fill with values from N(mean, std**2) truncated to [a, b] (exactly, by rejection)."""
+    """Fill with values from N(mean, std**2) truncated to [a, b] (exact rejection sampling)."""
     if (mean < a - 2 * std) or (mean > b + 2 * std):
         warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
                       "The distribution of values may be incorrect.", stacklevel=2)
     arr = _array(tensor)
-    rng = _rng(generator)
-    n = arr.size
-    lo, hi = _norm_cdf((a - mean) / std), _norm_cdf((b - mean) / std)
-    out = np.empty(n, dtype=np.float64)
-    if hi - lo >= 1e-3:
-        # Rejection sampling: exact, and cheap whenever the interval holds a fair share of the mass.
-        filled = 0
-        while filled < n:
-            need = n - filled
-            draw = rng.normal(mean, std, size=int(need / (hi - lo) * 1.1) + 16)
-            draw = draw[(draw >= a) & (draw <= b)][:need]
-            out[filled:filled + draw.size] = draw
-            filled += draw.size
-    else:
-        # Far in a tail: inverse CDF, solving Phi(x) = u by bisection on the standard scale.
-        u = rng.uniform(lo, hi, size=n)
-        erf = np.frompyfunc(math.erf, 1, 1)
-        zl = np.full(n, (a - mean) / std)
-        zh = np.full(n, (b - mean) / std)
-        for _ in range(80):
-            zm = 0.5 * (zl + zh)
-            below = (1.0 + erf(zm / math.sqrt(2.0)).astype(np.float64)) / 2.0 < u
-            zl = np.where(below, zm, zl)
-            zh = np.where(below, zh, zm)
-        out[:] = mean + std * 0.5 * (zl + zh)
-    np.clip(out, a, b, out=out)
+    lo, hi = (a - mean) / std, (b - mean) / std
+    mass = _norm_cdf(hi) - _norm_cdf(lo)
+    z = _trunc_std_normal(_rng(generator), arr.size, lo, hi, mass)
+    out = np.clip(mean + std * z, a, b)
     return _fill(tensor, out.reshape(arr.shape))
 
 
