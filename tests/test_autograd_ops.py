@@ -152,7 +152,32 @@ CASES = [
     ("split_chunk", lambda T, F, x: T.cat([c * (i + 1) for i, c in enumerate(x.chunk(3, 1))], 0),
      [normal(2, 6)]),
     ("repeat", lambda T, F, x: x.repeat(2, 3), [normal(2, 3)]),
+    ("rsqrt", lambda T, F, x: x.rsqrt(), [positive(4)]),
+    ("log1p_expm1", lambda T, F, x: x.log1p() + x.expm1(), [positive(4)]),
+    ("sin_cos", lambda T, F, x: x.sin() * x.cos(), [normal(4)]),
+    ("square", lambda T, F, x: T.square(x), [normal(4)]),
+    ("minimum", lambda T, F, x, y: T.minimum(x, y), [apart(3, 4), apart(4)]),
+    ("amin", lambda T, F, x: x.amin(1), [apart(3, 4)]),
+    ("select_narrow_unbind", lambda T, F, x: x.select(1, 2) + x.narrow(1, 0, 1).squeeze(1)
+     + sum(x.unbind(1)), [normal(3, 4)]),
+    ("masked_fill", lambda T, F, x: x.masked_fill(x > 0, 1.5), [apart(3, 4)]),
+    ("setitem_nonleaf", lambda T, F, x, v: _setitem_case(x, v), [normal(3, 4), normal(4)]),
+    ("outer", lambda T, F, x, y: T.outer(x, y), [normal(3), normal(4)]),
+    ("hardtanh_relu6", lambda T, F, x: F.hardtanh(x, -0.5, 0.5) + F.relu6(x * 4), [apart(3, 4)]),
+    ("threshold", lambda T, F, x: F.threshold(x, 0.2, -1.0), [apart(3, 4)]),
+    ("normalize", lambda T, F, x: F.normalize(x, dim=1), [normal(3, 4)]),
+    ("adaptive_max_pool2d", lambda T, F, x: F.adaptive_max_pool2d(x, (2, 3)), [apart(1, 2, 4, 6)]),
+    ("bilinear", lambda T, F, x1, x2, w, b: F.bilinear(x1, x2, w, b),
+     [normal(3, 2), normal(3, 4), normal(5, 2, 4), normal(5)]),
+    ("mean_dtype_sum_int", lambda T, F, x: x.mean((0, 1)) + T.tensor([1, 2]).sum(), [normal(2, 3)]),
 ]
+
+
+def _setitem_case(x, v):
+    y = x * 2
+    y[1] = v
+    y[0, 1:3] = 0.0
+    return y
 
 
 def _inputs(specs, T, dtype, seed):
