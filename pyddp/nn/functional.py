@@ -610,13 +610,21 @@ def silu(input, inplace=False):
     return _mk(out, "SiluBackward0", lambda g: (g * (s * (1 + xd * (1 - s))),), (input,))
 
 
-try:
-    from scipy.special import erf as _erf
-except ImportError:  # scipy is optional
-    _erf_v = np.vectorize(math.erf, otypes=[np.float64])
+_erf_impl = []
 
-    def _erf(x):
-        return _erf_v(x).astype(x.dtype, copy=False)
+
+def _erf(x):
+    """erf elementwise: scipy's when installed (imported on first use), else math.erf."""
+    if not _erf_impl:
+        try:
+            from scipy.special import erf
+        except ImportError:  # scipy is optional
+            v = np.vectorize(math.erf, otypes=[np.float64])
+
+            def erf(a):
+                return v(a).astype(a.dtype, copy=False)
+        _erf_impl.append(erf)
+    return _erf_impl[0](x)
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
