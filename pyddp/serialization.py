@@ -177,7 +177,15 @@ def save(obj, f, pickle_module=None, pickle_protocol=DEFAULT_PROTOCOL,
 
 
 # ------------------------------------------------------------------------------ loading
+def _codecs_encode(obj, encoding="utf-8", errors="strict"):
+    """Protocol 2-3 pickles write bytes as ``_codecs.encode(str, "latin1")``; only that is allowed."""
+    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise pickle.UnpicklingError("_codecs.encode is only allowed for latin1 bytes")
+    return obj.encode("latin1")
+
+
 _OWN = {
+    ("_codecs", "encode"): _codecs_encode,
     ("pyddp.serialization", "_rebuild_array"): _rebuild_array,
     ("pyddp.serialization", "_rebuild_scalar"): _rebuild_scalar,
     ("pyddp.serialization", "_rebuild_dtype"): _rebuild_dtype,
