@@ -351,3 +351,25 @@ def test_autocast_matmul_float16_and_softmax_float32():
     np.testing.assert_array_equal(y.numpy(), ref)
     s.sum().backward()
     assert x.grad.dtype == np.float32 and w.grad.dtype == np.float32
+
+
+def test_half_input_norms_with_float32_parameters_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 2, 2)).astype(np.float16)
+    w, b = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    px, pw, pb = (pyddp.tensor(a, requires_grad=True) for a in (x, w, b))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    prm, prv, trm, trv = pyddp.zeros(3), pyddp.ones(3), torch.zeros(3), torch.ones(3)
+    po = PF.batch_norm(px, prm, prv, pw, pb, training=True)
+    to = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=True)
+    assert po.dtype == np.float16 and to.dtype == torch.float16
+    np.testing.assert_allclose(po.numpy().astype(np.float32), to.detach().float().numpy(),
+                               atol=2e-3, rtol=2e-3)
+    po.float().sum().backward()
+    to.float().sum().backward()
+    assert px.grad.dtype == np.float16 and pw.grad.dtype == np.float32
+    np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), atol=1e-2, rtol=1e-2)
+    np.testing.assert_allclose(prv.numpy(), trv.numpy(), rtol=1e-3)
+    lo = PF.layer_norm(px, (2,), pw[:2], pb[:2])
+    assert lo.dtype == np.float16

@@ -41,6 +41,13 @@ def _up(t):
     return _t._ac_f32(t)
 
 
+def _f32(t):
+    """float16/bfloat16 tensors cast (differentiably) to float32; others as they are."""
+    if t is None or t.dtype not in _HALFS:
+        return t
+    return _t._cast(t, _F32)
+
+
 # ----------------------------------------------------------------------------------------------
 # linear
 
@@ -451,6 +458,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Normalise over the trailing normalized_shape dims, then scale and shift."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if input.dtype in _HALFS and _st.autocast is None:
+        return _t._cast(layer_norm(_f32(input), normalized_shape, _f32(weight), _f32(bias), eps),
+                        input.dtype)
     input, weight, bias = _up(input), (None if weight is None else _up(weight)), \
         (None if bias is None else _up(bias))
     xd = input._data
@@ -485,8 +495,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
     training: normalise with the batch statistics and update running_mean / running_var in place
     (running = (1 - momentum) * running + momentum * batch; the variance is the unbiased one).
-    Otherwise normalise with the running statistics.
+    Otherwise normalise with the running statistics.  A float16/bfloat16 input is normalised in
+    float32 and the result returned in its dtype (parameters may stay float32, as apex's
+    keep_batchnorm_fp32 wants).
     """
+    if input.dtype in _HALFS and _st.autocast is None:
+        return _t._cast(batch_norm(_f32(input), running_mean, running_var, _f32(weight),
+                                   _f32(bias), training, momentum, eps), input.dtype)
     input, weight, bias = _up(input), (None if weight is None else _up(weight)), \
         (None if bias is None else _up(bias))
     xd = input._data
