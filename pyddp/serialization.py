@@ -17,8 +17,13 @@ native byte order), a NumPy scalar as a NumPy scalar.  Arrays referenced several
 times are stored once and come back as one shared array; distinct views of one
 base are stored separately.  ``Module.load_state_dict`` accepts Tensors and arrays
 alike, so ``model.load_state_dict(pyddp.load(path)["model"])`` works either way.
+
+``pyddp.load`` also reads checkpoints written by ``torch.save`` (torch's zip format),
+without torch: their tensors come back as pyddp Tensors sharing memory as they did in
+torch, under the same weights-only rules.  ``torch.load`` cannot read pyddp's files.
 """
 import contextlib
+import io
 import os
 import pickle
 import re
@@ -273,6 +278,156 @@ class _WeightsOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(_WEIGHTS_ONLY_HELP + "persistent ids are not supported")
 
 
+# ------------------------------------------------------------------------------ torch checkpoints
+# torch.save's zip format: <root>/data.pkl is a pickle whose tensors are calls of
+# torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
+# with storages given as persistent ids ("storage", torch.<Kind>Storage, key, location, numel) that
+# name the raw little-endian file <root>/data/<key>.  They load as pyddp Tensors (Parameters stay
+# Parameters); tensors that shared a storage in torch share one array here.
+_TORCH_STORAGES = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64", "ComplexDoubleStorage": "complex128",
+    "UntypedStorage": "uint8",
+}
+_TORCH_DTYPES = {
+    "float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
+    "float16": "float16", "half": "float16", "bfloat16": "bfloat16", "int64": "int64",
+    "long": "int64", "int32": "int32", "int": "int32", "int16": "int16", "short": "int16",
+    "int8": "int8", "uint8": "uint8", "bool": "bool", "complex64": "complex64",
+    "complex128": "complex128",
+}
+
+
+def _np_dtype(name):
+    if name == "bfloat16":
+        return _parse_dtype("bfloat16")
+    return np.dtype(name)
+
+
+class _TorchStorageType:
+    __slots__ = ("dtype",)
+
+    def __init__(self, name):
+        self.dtype = _np_dtype(_TORCH_STORAGES[name])
+
+
+def _torch_strided(storage, offset, size, stride):
+    if not isinstance(storage, np.ndarray):
+        raise pickle.UnpicklingError("bad storage in torch checkpoint")
+    size, stride = tuple(size), tuple(stride)
+    ok_ints = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                  for v in size + stride + (offset,))
+    if not ok_ints or len(size) != len(stride):
+        raise pickle.UnpicklingError(f"bad tensor geometry in torch checkpoint: {size} {stride}")
+    count = 1
+    for n in size:
+        count *= n
+    if count == 0:
+        return np.empty(size, dtype=storage.dtype)
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    if last >= storage.size:  # never read outside the storage
+        raise pickle.UnpicklingError("tensor exceeds its storage in torch checkpoint")
+    item = storage.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(storage[offset:], shape=size,
+                                           strides=tuple(st * item for st in stride))
+
+
+def _torch_rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False,
+                             backward_hooks=None, metadata=None):
+    return _rebuild_tensor("Tensor", _torch_strided(storage, offset, size, stride),
+                           bool(requires_grad))
+
+
+def _torch_rebuild_tensor_v3(storage, offset, size, stride, requires_grad, backward_hooks,
+                             dtype, metadata=None):
+    arr = storage.view(dtype) if isinstance(dtype, np.dtype) and storage.dtype != dtype else storage
+    return _torch_rebuild_tensor_v2(arr, offset, size, stride, requires_grad)
+
+
+def _torch_rebuild_parameter(data, requires_grad, backward_hooks=None, state=None):
+    from ._tensor import Tensor
+    if not isinstance(data, Tensor):
+        raise pickle.UnpicklingError("bad parameter in torch checkpoint")
+    return _rebuild_tensor("Parameter", data._data, bool(requires_grad))
+
+
+def _torch_size(*args):
+    return tuple(*args)
+
+
+def _torch_device(*args):
+    return ":".join(str(a) for a in args)
+
+
+class _TorchZipUnpickler(pickle.Unpickler):
+    def __init__(self, fh, zf, root, weights_only, **kw):
+        super().__init__(fh, **kw)
+        self._zf = zf
+        self._root = root
+        self._weights_only = weights_only
+        self._storages = {}
+        self._big = False
+        name = root + "byteorder"
+        if name in zf.namelist():
+            self._big = zf.read(name).strip() == b"big"
+
+    def find_class(self, module, name):
+        if module == "torch" and name in _TORCH_STORAGES:
+            return _TorchStorageType(name)
+        if module == "torch" and name in _TORCH_DTYPES:
+            return _np_dtype(_TORCH_DTYPES[name])
+        table = {
+            ("torch._utils", "_rebuild_tensor_v2"): _torch_rebuild_tensor_v2,
+            ("torch._utils", "_rebuild_tensor_v3"): _torch_rebuild_tensor_v3,
+            ("torch._utils", "_rebuild_parameter"): _torch_rebuild_parameter,
+            ("torch._utils", "_rebuild_parameter_with_state"): _torch_rebuild_parameter,
+            ("torch", "Size"): _torch_size,
+            ("torch", "device"): _torch_device,
+        }
+        obj = table.get((module, name)) or _OWN.get((module, name)) \
+            or _user_safe_globals.get((module, name))
+        if obj is not None:
+            return obj
+        if not self._weights_only:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            _WEIGHTS_ONLY_HELP + f"Unsupported global: GLOBAL {module}.{name} in a torch "
+            "checkpoint. pyddp reads tensors, parameters and plain containers from torch.save "
+            "files; use `pyddp.serialization.add_safe_globals` for other trusted globals.")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _TorchStorageType)):
+            raise pickle.UnpicklingError(f"unsupported persistent id in torch checkpoint: {pid!r}")
+        _, stype, key, _location, numel = pid
+        key = str(key)
+        arr = self._storages.get(key)
+        if arr is None:
+            raw = bytearray(self._zf.read(self._root + "data/" + key))
+            dt = stype.dtype.newbyteorder(">") if self._big else stype.dtype
+            if len(raw) % dt.itemsize:
+                raise pickle.UnpicklingError(f"storage {key} has a partial element")
+            arr = np.frombuffer(raw, dtype=dt)
+            if self._big:
+                arr = arr.astype(stype.dtype)
+            self._storages[key] = arr
+        return arr
+
+
+def _load_torch_zip(fh, weights_only, pickle_load_args):
+    import zipfile
+    with zipfile.ZipFile(fh) as zf:
+        pkl = [n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
+        if len(pkl) != 1:
+            raise pickle.UnpicklingError("not a torch.save() checkpoint: no <root>/data.pkl")
+        root = pkl[0][:-len("data.pkl")]
+        with zf.open(pkl[0]) as data:
+            return _TorchZipUnpickler(io.BytesIO(data.read()), zf, root, weights_only,
+                                      **pickle_load_args).load()
+
+
 def _open_for_read(f):
     if isinstance(f, (str, os.PathLike)):
         return open(f, "rb"), True
@@ -283,7 +438,10 @@ def _open_for_read(f):
 
 def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=None,
          **pickle_load_args):
-    """Load an object saved by :func:`save` from a path or a binary file object.
+    """Load an object saved by :func:`save` (or by ``torch.save``) from a path or a binary file.
+
+    Checkpoints written by ``torch.save`` (its zip format) are read without torch:
+    their tensors come back as pyddp Tensors, parameters as Parameters.
 
     With ``weights_only=True`` (default) only Tensors, Parameters, arrays, NumPy
     scalars/dtypes, numbers, strings, bytes, None, and dict/list/tuple/set/
@@ -302,10 +460,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=No
             head = fh.read(4)
             fh.seek(pos)
         if head == b"PK\x03\x04":
-            raise pickle.UnpicklingError(
-                "this is a torch.save() zip checkpoint; pyddp.load reads files written by "
-                "pyddp.save. Convert it once with torch: "
-                "pyddp.save({k: v.numpy() for k, v in torch.load(path).items()}, new_path)")
+            return _load_torch_zip(fh, weights_only, pickle_load_args)
         if weights_only:
             unpickler = _WeightsOnlyUnpickler(fh, **pickle_load_args)
         else:

@@ -215,10 +215,46 @@ def test_bad_arguments(tmp_path):
         pyddp.load(io.BytesIO(b"not a pickle"))
 
 
-def test_load_torch_checkpoint_hint(tmp_path):
+def test_load_torch_checkpoint_vs_torch(tmp_path):
+    """Files written by torch.save load without torch's help: tensors, parameters, views, dtypes."""
     torch = pytest.importorskip("torch")
-    path = tmp_path / "t.pt"
-    torch.save({"w": torch.ones(2)}, path)
-    with pytest.raises(pickle.UnpicklingError, match="torch.save"):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    base = torch.arange(12.0).reshape(3, 4)
+    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 2,
+            "param": model[0].weight, "base": base, "t": base.t(), "row": base[1],
+            "bf16": torch.ones(3, dtype=torch.bfloat16) / 3, "f16": torch.ones(2).half(),
+            "i32": torch.arange(3, dtype=torch.int32), "dtype": torch.float16,
+            "size": base.shape, "empty": torch.zeros(0, 3)}
+    path = tmp_path / "torch.pt"
+    torch.save(ckpt, path)
+    back = pyddp.load(path)
+    assert back["epoch"] == 2 and back["dtype"] == np.float16 and back["size"] == (3, 4)
+    for key in ("base", "t", "row", "f16", "i32", "empty"):
+        assert isinstance(back[key], pyddp.Tensor)
+        np.testing.assert_array_equal(back[key].numpy(), ckpt[key].numpy(), err_msg=key)
+        assert back[key].dtype == ckpt[key].numpy().dtype
+    np.testing.assert_array_equal(back["bf16"].numpy().astype(np.float32),
+                                  ckpt["bf16"].float().numpy())
+    # views of one storage share memory, as they did in torch
+    assert np.shares_memory(back["t"].numpy(), back["base"].numpy())
+    assert isinstance(back["param"], nn.Parameter) and back["param"].requires_grad
+    sd = back["model"]
+    assert list(sd) == list(ckpt["model"]) and sd._metadata == ckpt["model"]._metadata
+    pmodel = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    pmodel.load_state_dict(sd)
+    for k, v in pmodel.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), ckpt["model"][k].numpy(), err_msg=k)
+    st = back["optimizer"]["state"][0]
+    np.testing.assert_array_equal(st["exp_avg"].numpy(),
+                                  ckpt["optimizer"]["state"][0]["exp_avg"].numpy())
+    assert back["optimizer"]["param_groups"][0]["lr"] == 0.01
+    # a torch checkpoint holding arbitrary objects is refused in weights-only mode
+    torch.save({"args": argparse.Namespace(a=1)}, path)
+    with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace"):
         pyddp.load(path)
+    assert pyddp.load(path, weights_only=False)["args"].a == 1
     assert os.path.getsize(path) > 0
