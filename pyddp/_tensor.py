@@ -9,12 +9,11 @@ float dtype, 0-d tensors take part like scalars of their category.
 from __future__ import annotations
 
 import builtins
-import math
 from collections import namedtuple
 
 import numpy as np
 
-from .autograd._engine import AccumulateGrad, Node, RemovableHandle, _add_hook, run_backward
+from .autograd._engine import AccumulateGrad, Node, _add_hook, run_backward
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "zeros_like",
@@ -27,7 +26,8 @@ __all__ = [
     "amax", "amin", "var", "std", "argmax", "argmin", "reshape", "flatten", "permute", "transpose",
     "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum", "minimum", "pow", "add", "sub",
     "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
-    "split", "chunk", "all", "any", "logsumexp", "swapaxes", "isinf", "default_generator", "sign", "floor", "ceil", "round", "zeros_like", "outer",
+    "split", "chunk", "all", "any", "logsumexp", "swapaxes", "default_generator", "sign", "floor",
+    "ceil", "round", "outer",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
 ]

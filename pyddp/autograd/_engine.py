@@ -1,9 +1,9 @@
 """The autograd graph (nodes) and the backward engine.
 
 A non-leaf Tensor points at the Node that made it (``grad_fn``); a leaf that requires grad gets one
-``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``_next`` (one
-entry per differentiable input: a Node or None; ``next_functions`` shows it torch's way) and a backward closure ``fn(grad) -> tuple``
-working on NumPy arrays.  The engine walks the graph in dependency order (iteratively), sums the
+``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``_next`` (one entry per
+differentiable input: a Node or None; ``next_functions`` shows it torch's way) and a backward
+closure ``fn(grad) -> tuple`` working on NumPy arrays.  The engine walks the graph in dependency order (iteratively), sums the
 gradients flowing into each node, runs tensor hooks, accumulates leaf gradients in place and fires
 post-accumulate-grad hooks as soon as a leaf's gradient is final, then runs queued callbacks.
 

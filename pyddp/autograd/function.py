@@ -81,7 +81,6 @@ class Function:
         # this is a single node.
         edges = tuple(None if t is None else _t._edge(t) if t.requires_grad else None
                       for t in tins)
-        idx_in = [i for i, t in enumerate(tins) if t is not None]
 
         def run(grads):
             gts = []

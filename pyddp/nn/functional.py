@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import _tensor as _t
-from .._tensor import Tensor, _HALFS, _F32, _mk, _mm, _red, _st, log_softmax, sigmoid, softmax, \
+from .._tensor import Tensor, _HALFS, _F32, _mk, _mm, _st, log_softmax, sigmoid, softmax, \
     tanh  # noqa: F401
 
 __all__ = [
@@ -297,14 +297,12 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
         return (gxp[..., ph:ph + H, pw:pw + W],)
     r = _mk(out, "MaxPool2DWithIndicesBackward0", bw, (input,))
     if return_indices:
-        Wp = xp.shape[-1]
         idx = np.zeros(out.shape, dtype=np.int64)
         oh = np.arange(Ho)[:, None] * sh
         ow = np.arange(Wo)[None, :] * sw
         for i, j, m in first_max_masks():
             pos = (oh + i * dh - ph) * W + (ow + j * dw - pw)
             idx[m] = np.broadcast_to(pos, out.shape)[m]
-        del Wp
         return r, Tensor._wrap(idx)
     return r
 
