@@ -16,7 +16,7 @@ import numpy as np
 from .autograd._engine import AccumulateGrad, Node, _add_hook, run_backward
 
 __all__ = [
-    "Tensor", "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "zeros_like",
+    "Tensor", "device", "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "zeros_like",
     "ones_like", "empty_like", "full_like", "rand", "randn", "randint", "randperm", "rand_like",
     "randn_like", "arange", "linspace", "eye", "manual_seed", "seed", "initial_seed",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
@@ -74,6 +74,40 @@ _st.autocast = None      # the lower-precision dtype while pyddp.autocast is act
 _st.default = _F32
 _st.seed = 0
 _st.gen = np.random.default_rng()
+
+
+class device:
+    """torch.device-like: ``device("cpu")``, ``device("cuda", 0)``; equal to its string form."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type="cpu", index=None):  # noqa: A002
+        if isinstance(type, device):
+            type, index = type.type, type.index
+        s = str(type)
+        if ":" in s:
+            s, i = s.split(":", 1)
+            index = _pyint(i)
+        self.type = s
+        self.index = index
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self):
+        return f"device(type='{self.type}')" if self.index is None else \
+            f"device(type='{self.type}', index={self.index})"
+
+    def __eq__(self, other):
+        if isinstance(other, (device, str)):
+            return str(self) == str(other)
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(str(self))
+
+
+_CPU = device("cpu")
 
 
 def _dtype(d):
@@ -449,8 +483,8 @@ class Tensor:
 
     @property
     def device(self):
-        """Always 'cpu'."""
-        return "cpu"
+        """device('cpu') (equal to the string 'cpu')."""
+        return _CPU
 
     @property
     def is_cuda(self):

@@ -334,3 +334,20 @@ def test_autocast_conv2d_and_nested_disable():
     np.testing.assert_array_equal(y.numpy(), ref)
     y.float().sum().backward()
     assert w.grad.dtype == np.float32
+
+
+def test_device_and_conversions():
+    t = pyddp.ones(2, 3)
+    assert t.device == "cpu" and t.device.type == "cpu" and str(t.device) == "cpu"
+    assert t.to("cpu") is t and t.to(pyddp.device("cpu")) is t and t.cpu() is t
+    with pytest.raises(RuntimeError, match="CPU"):
+        t.to("cuda")
+    h = t.half()
+    assert h.dtype == np.float16 and t.double().dtype == np.float64 and h.float().dtype == np.float32
+    assert t.to(pyddp.float64).dtype == np.float64 and t.to(t.long()).dtype == np.int64
+    assert t.size() == (2, 3) and t.size(1) == 3 and t.numel() == 6 and t.ndim == 2
+    assert t.sum().item() == 6.0 and t.tolist() == [[1.0] * 3] * 2
+    c = t.clone()
+    c.numpy()[0, 0] = 5
+    assert t.numpy()[0, 0] == 1
+    assert t.requires_grad_() is t and t.requires_grad
