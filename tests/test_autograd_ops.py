@@ -352,6 +352,12 @@ def test_autocast_matmul_float16_and_softmax_float32():
     s.sum().backward()
     assert x.grad.dtype == np.float32 and w.grad.dtype == np.float32
 
+    @pyddp.autocast("cpu", dtype=pyddp.float16)
+    def f(a, b):
+        return a @ b
+
+    assert f(x, w.t()).dtype == np.float16 and (x @ w.t()).dtype == np.float32
+
 
 def test_half_input_norms_with_float32_parameters_match_torch():
     torch = pytest.importorskip("torch")
