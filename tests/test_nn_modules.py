@@ -631,3 +631,47 @@ def test_training_step_reduces_loss():
             p.numpy()[...] -= 0.5 * p.grad.numpy()
         first = float(loss.numpy()) if first is None else first
     assert float(loss.numpy()) < 0.7 * first
+
+
+def test_full_backward_hooks_vs_torch():
+    """register_full_backward_(pre_)hook: same call order, arguments and replacements as torch."""
+    torch = _torch()
+
+    def run(m, T, tmod=None):
+        lin = m.Linear(3, 2)
+        if tmod is not None:
+            _copy_from_torch(tmod, lin)
+        log = []
+
+        def pre(mod, go):
+            log.append(("pre", [g.numpy().copy() for g in go]))
+            return (go[0] * 0.5,)
+
+        def full(mod, gi, go):
+            log.append(("full", [None if g is None else g.numpy().copy() for g in gi],
+                        [g.numpy().copy() for g in go]))
+            return None if gi[0] is None else (gi[0] * 2,)
+
+        lin.register_full_backward_pre_hook(pre)
+        h = lin.register_full_backward_hook(full)
+        x = T(np.arange(6, dtype=np.float32).reshape(2, 3), True)
+        (lin(x) * 3).sum().backward()
+        xg = x.grad.numpy().copy()
+        wg = lin.weight.grad.numpy().copy()
+        (lin(T(np.ones((2, 3), np.float32), False)) * 3).sum().backward()  # no input grad
+        h.remove()
+        (lin(x) * 3).sum().backward()  # only the pre-hook is left
+        return lin, log, xg, wg
+
+    tlin, tlog, txg, twg = run(torch.nn, lambda a, rg: torch.tensor(a, requires_grad=rg))
+    _, plog, pxg, pwg = run(nn, lambda a, rg: pyddp.tensor(a, requires_grad=rg), tlin)
+    assert [e[0] for e in plog] == [e[0] for e in tlog] == ["pre", "full", "pre", "full", "pre"]
+    for pe, te in zip(plog, tlog):
+        for pa, ta in zip(pe[1:], te[1:]):
+            assert len(pa) == len(ta)
+            for a, b in zip(pa, ta):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert_close(a, b, what=pe[0])
+    assert_close(pxg, txg, what="input grad through hooks")
+    assert_close(pwg, twg, what="weight grad through hooks")

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..._tensor import Tensor
+from ...autograd.function import Function
 from ..parameter import Buffer, Parameter
 
 __all__ = ["Module", "RemovableHandle"]
@@ -149,6 +150,85 @@ def _state_to_array(value):
     return None
 
 
+class _BackwardHookState:
+    """What a module's full backward hooks need between its output and input gradient nodes."""
+
+    __slots__ = ("module", "n_inputs", "input_positions", "grad_output", "inputs_wrapped")
+
+    def __init__(self, module, n_inputs):
+        self.module = module
+        self.n_inputs = n_inputs
+        self.input_positions = ()
+        self.grad_output = None
+        self.inputs_wrapped = False
+
+
+def _identity_outputs(xs):
+    return tuple(Tensor._wrap(x._data) for x in xs)
+
+
+class _BackwardHookOutputs(Function):
+    """Identity on the module's outputs; its backward sees grad_output (pre-hooks run here)."""
+
+    @staticmethod
+    def forward(ctx, state, *outs):
+        ctx.state = state
+        return _identity_outputs(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        st = ctx.state
+        mod = st.module
+        for hook in list(mod._backward_pre_hooks.values()):
+            r = hook(mod, grads)
+            if r is not None:
+                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
+                if len(r) != len(grads):
+                    raise RuntimeError(
+                        f"Backward pre hook returned an invalid number of grad_output, got "
+                        f"{len(r)}, but expected {len(grads)}")
+                grads = r
+        st.grad_output = grads
+        if not st.inputs_wrapped:
+            # no input requires grad: torch calls the hooks now, with None input gradients
+            none_in = (None,) * st.n_inputs
+            for hook in list(mod._backward_hooks.values()):
+                r = hook(mod, none_in, grads)
+                if r is not None and not all(g is None for g in r):
+                    raise RuntimeError(
+                        "Backward hook for Modules where no input requires gradient should "
+                        "always return None or None for all gradients.")
+        return (None,) + tuple(grads)
+
+
+class _BackwardHookInputs(Function):
+    """Identity on the module's inputs; its backward sees grad_input and runs the full hooks."""
+
+    @staticmethod
+    def forward(ctx, state, *ins):
+        ctx.state = state
+        return _identity_outputs(ins)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        st = ctx.state
+        mod = st.module
+        full = [None] * st.n_inputs
+        for pos, g in zip(st.input_positions, grads):
+            full[pos] = g
+        grad_input = tuple(full)
+        for hook in list(mod._backward_hooks.values()):
+            r = hook(mod, grad_input, st.grad_output)
+            if r is not None:
+                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
+                if len(r) != len(grad_input):
+                    raise RuntimeError(
+                        f"Backward hook returned an invalid number of grad_input, got {len(r)}, "
+                        f"but expected {len(grad_input)}")
+                grad_input = r
+        return (None,) + tuple(grad_input[pos] for pos in st.input_positions)
+
+
 class Module:
     """Base class for all neural network modules (``torch.nn.Module``).
 
@@ -177,6 +257,7 @@ class Module:
         sa("_buffers", {})
         sa("_non_persistent_buffers_set", set())
         sa("_backward_hooks", OrderedDict())
+        sa("_backward_pre_hooks", OrderedDict())
         sa("_forward_hooks", OrderedDict())
         sa("_forward_hooks_with_kwargs", OrderedDict())
         sa("_forward_hooks_always_called", OrderedDict())
@@ -407,7 +488,7 @@ class Module:
         for attr in ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
                      "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
                      "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-                     "_load_state_dict_post_hooks", "_backward_hooks"):
+                     "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks"):
             if attr not in self.__dict__:
                 self.__dict__[attr] = OrderedDict()
         if "_non_persistent_buffers_set" not in self.__dict__:
@@ -659,6 +740,62 @@ class Module:
             self._forward_hooks.move_to_end(handle.id, last=False)
         return handle
 
+    def register_full_backward_hook(self, hook, prepend=False):
+        """Register ``hook(module, grad_input, grad_output) -> None or new grad_input``.
+
+        Runs once the gradients with respect to the module's positional Tensor inputs
+        are computed (``grad_input`` entries are None for inputs that need no grad);
+        returns a :class:`RemovableHandle`.
+        """
+        handle = RemovableHandle(self._backward_hooks)
+        self._backward_hooks[handle.id] = hook
+        if prepend:
+            self._backward_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_full_backward_pre_hook(self, hook, prepend=False):
+        """Register ``hook(module, grad_output) -> None or new grad_output``, run when the
+        gradients with respect to the module's outputs are known."""
+        handle = RemovableHandle(self._backward_pre_hooks)
+        self._backward_pre_hooks[handle.id] = hook
+        if prepend:
+            self._backward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def _wrap_inputs_for_backward_hooks(self, args):
+        st = _BackwardHookState(self, sum(isinstance(a, Tensor) for a in args))
+        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        positions = [i for i, a in enumerate(tensor_args) if a.requires_grad]
+        st.input_positions = tuple(positions)
+        if positions and self._backward_hooks:
+            from ..._tensor import is_grad_enabled
+            if is_grad_enabled():
+                wrapped = _BackwardHookInputs.apply(st, *[tensor_args[i] for i in positions])
+                st.inputs_wrapped = True
+                it = iter(wrapped)
+                k = 0
+                new_args = []
+                for a in args:
+                    if isinstance(a, Tensor):
+                        new_args.append(next(it) if k in positions else a)
+                        k += 1
+                    else:
+                        new_args.append(a)
+                args = tuple(new_args)
+        return args, st
+
+    def _wrap_outputs_for_backward_hooks(self, result, st):
+        single = isinstance(result, Tensor)
+        outs = (result,) if single else result
+        if not (isinstance(outs, tuple) and all(isinstance(o, Tensor) for o in outs)):
+            warnings.warn("For backward hooks to be called, module output should be a Tensor or "
+                          f"a tuple of Tensors but received {type(result)}", stacklevel=3)
+            return result
+        if not any(o.requires_grad for o in outs):
+            return result
+        wrapped = _BackwardHookOutputs.apply(st, *outs)
+        return wrapped[0] if single else tuple(wrapped)
+
     def register_state_dict_pre_hook(self, hook):
         """Register ``hook(module, prefix, keep_vars)`` run before ``state_dict`` saves this module."""
         handle = RemovableHandle(self._state_dict_pre_hooks)
@@ -686,7 +823,8 @@ class Module:
 
     def _call_impl(self, *args, **kwargs):
         forward_call = self.forward
-        if not (self._forward_hooks or self._forward_pre_hooks):
+        if not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                or self._backward_pre_hooks):
             return forward_call(*args, **kwargs)
         result = None
         called_always = set()
@@ -707,6 +845,9 @@ class Module:
                         if not isinstance(out, tuple):
                             out = (out,)
                         args = out
+            bw_state = None
+            if self._backward_hooks or self._backward_pre_hooks:
+                args, bw_state = self._wrap_inputs_for_backward_hooks(args)
             result = forward_call(*args, **kwargs)
             for hook_id, hook in list(self._forward_hooks.items()):
                 if hook_id in self._forward_hooks_always_called:
@@ -717,6 +858,8 @@ class Module:
                     out = hook(self, args, result)
                 if out is not None:
                     result = out
+            if bw_state is not None:
+                result = self._wrap_outputs_for_backward_hooks(result, bw_state)
             return result
         except Exception:
             for hook_id, hook in list(self._forward_hooks.items()):
