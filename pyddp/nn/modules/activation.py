@@ -21,6 +21,7 @@ class ReLU(Module):
         return F.relu(input, inplace=self.inplace)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return "inplace=True" if self.inplace else ""
 
 
@@ -38,6 +39,7 @@ class GELU(Module):
         return F.gelu(input, approximate=self.approximate)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"approximate={repr(self.approximate)}"
 
 
@@ -83,6 +85,7 @@ class Softmax(Module):
         return F.softmax(input, dim)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"dim={self.dim}"
 
 
@@ -106,4 +109,5 @@ class LogSoftmax(Module):
         return F.log_softmax(input, dim)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"dim={self.dim}"

@@ -62,6 +62,7 @@ class _NormBase(Module):
         raise NotImplementedError
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return ("{num_features}, eps={eps}, momentum={momentum}, affine={affine}, "
                 "bias={use_bias}, track_running_stats={track_running_stats}".format(
                     **self.__dict__, use_bias=self.bias is not None))

@@ -362,6 +362,7 @@ class ParameterList(Module):
         return self
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         lines = []
         for k, p in enumerate(self):
             if isinstance(p, Tensor):
@@ -433,6 +434,7 @@ class ParameterDict(Module):
                 self[key] = value
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         lines = []
         for k, p in self.items():
             size_str = "x".join(str(size) for size in p.shape)

@@ -75,6 +75,7 @@ class _ConvNd(Module):
                 init.uniform_(self.bias, -bound, bound)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         s = "{in_channels}, {out_channels}, kernel_size={kernel_size}, stride={stride}"
         if self.padding != (0,) * len(self.kernel_size):
             s += ", padding={padding}"

@@ -16,6 +16,7 @@ class _DropoutNd(Module):
         self.inplace = inplace
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"p={self.p}, inplace={self.inplace}"
 
 

@@ -34,4 +34,5 @@ class Flatten(Module):
         return input.reshape(shape[:start] + (merged,) + shape[end + 1:])
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

@@ -48,5 +48,6 @@ class LayerNorm(Module):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return ("{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, "
                 "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))

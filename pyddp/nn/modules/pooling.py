@@ -19,6 +19,7 @@ class _MaxPoolNd(Module):
         self.ceil_mode = ceil_mode
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return ("kernel_size={kernel_size}, stride={stride}, padding={padding}, "
                 "dilation={dilation}, ceil_mode={ceil_mode}".format(**self.__dict__))
 
@@ -54,6 +55,7 @@ class AvgPool2d(Module):
                             self.count_include_pad, self.divisor_override)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
@@ -71,4 +73,5 @@ class AdaptiveAvgPool2d(Module):
         return F.adaptive_avg_pool2d(input, self.output_size)
 
     def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
         return f"output_size={self.output_size}"
