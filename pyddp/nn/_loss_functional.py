@@ -117,12 +117,17 @@ def _pick(flat_t, ignore_index, n_classes):
     return valid, tc
 
 
-def _log_softmax_rows(xm):
-    m = xm.max(axis=1, keepdims=True)
-    z = xm - m
-    lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
-    z -= lse
-    return z
+def _softmax_rows(xm):
+    """(z, p, lse): z = x - rowmax, p = softmax (rows), lse = log(sum(exp(z))) of shape (M,).
+
+    log_softmax is ``z - lse[:, None]``; it is never materialised (the loss needs only a few
+    of its entries or row sums of it, the backward needs p).
+    """
+    z = xm - xm.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    s = p.sum(axis=1, keepdims=True)
+    p /= s
+    return z, p, np.log(s[:, 0])
 
 
 class _CrossEntropy(Function):
@@ -132,9 +137,8 @@ class _CrossEntropy(Function):
         dt = x.dtype
         wdt = _work_dtype(dt)
         C = x.shape[0] if x.ndim == 1 else x.shape[1]
-        xm = _classes_last(x).astype(wdt, copy=False)
-        logp = _log_softmax_rows(xm)
-        M = logp.shape[0]
+        z, p, lse = _softmax_rows(_classes_last(x).astype(wdt, copy=False))
+        M = p.shape[0]
         w = _arr(weight)
         if w is not None:
             if w.shape != (C,):
@@ -150,7 +154,9 @@ class _CrossEntropy(Function):
                 a = a * (1 - eps) + eps / C
             if w is not None:
                 a = a * w
-            loss_el = -(logp * a).sum(axis=1)
+            asum = a.sum(axis=1)
+            # -(a . log_softmax) = -(a . z) + lse * sum(a)
+            loss_el = lse * asum - np.einsum("ij,ij->i", a, z)
             if reduction == "none":
                 loss = loss_el.reshape(x.shape[:1] + x.shape[2:] if x.ndim > 1 else ())
                 denom = None
@@ -160,16 +166,21 @@ class _CrossEntropy(Function):
             else:
                 denom = float(M) if x.size else float("nan")
                 loss = loss_el.sum() / denom
-            ctx.state = ("prob", logp, a, w, eps, x.shape, denom, wdt)
+            logp = (z - lse[:, None]) if ctx.needs_input_grad[1] else None
+            ctx.state = ("prob", p, (a, asum, logp), w, eps, x.shape, denom, wdt)
         else:
             flat_t = _index_target(x.shape, t)
             valid, tc = _pick(flat_t, ignore_index, C)
             rows = np.arange(M)
             wy = (w[tc] if w is not None else np.ones(M, dtype=wdt)) * valid
-            loss_el = -logp[rows, tc] * wy
+            loss_el = (lse - z[rows, tc]) * wy
             if eps > 0:
-                smooth = -((logp * w).sum(axis=1) if w is not None else logp.sum(axis=1)) * valid
-                loss_el = (1 - eps) * loss_el + (eps / C) * smooth
+                # -sum_c w_c log_softmax_c = -(z . w) + lse * sum(w)
+                if w is not None:
+                    smooth = lse * w.sum() - z @ w
+                else:
+                    smooth = lse * C - z.sum(axis=1)
+                loss_el = (1 - eps) * loss_el + (eps / C) * (smooth * valid)
             if reduction == "none":
                 loss = loss_el.reshape(t.shape)
                 denom = None
@@ -180,43 +191,45 @@ class _CrossEntropy(Function):
                 denom = wy.sum()
                 with np.errstate(invalid="ignore", divide="ignore"):
                     loss = loss_el.sum() / denom
-            ctx.state = ("index", logp, (rows, tc, valid, wy), w, eps, x.shape, denom, wdt)
+            ctx.state = ("index", p, (rows, tc, valid, wy), w, eps, x.shape, denom, wdt)
         ctx.reduction = reduction
         return _out(loss, wdt if _autocast.is_autocast_enabled() else dt)
 
     @staticmethod
     def backward(ctx, grad):
-        kind, logp, extra, w, eps, shape, denom, wdt = ctx.state
+        kind, p, extra, w, eps, shape, denom, wdt = ctx.state
         g = grad._data.astype(wdt, copy=False)
-        M, C = logp.shape
+        M, C = p.shape
         if ctx.reduction == "none":
-            gi = g.reshape(M, 1)
+            gi = g.reshape(M)
         else:
             with np.errstate(invalid="ignore", divide="ignore"):
-                gi = g / wdt.type(denom) if ctx.reduction == "mean" else g
-        p = np.exp(logp)
+                gi = np.full(M, g / wdt.type(denom) if ctx.reduction == "mean" else g, dtype=wdt)
         grad_target = None
         if kind == "prob":
-            a = extra
-            gx = (a.sum(axis=1, keepdims=True) * p - a) * gi
+            a, asum, logp = extra
+            # d/dx of -(a . log_softmax(x)) = sum(a) * softmax - a
+            gx = p * (asum * gi)[:, None]
+            gx -= a * gi[:, None]
             if ctx.needs_input_grad[1]:
-                gt = -logp * gi * (1 - eps)
+                gt = logp * (-(1 - eps) * gi)[:, None]
                 if w is not None:
-                    gt = gt * w
+                    gt *= w
                 grad_target = _classes_back(gt, shape)
         else:
             rows, tc, valid, wy = extra
-            # a_{ic} = (1-eps) wy_i [c == t_i] + (eps/C) w_c valid_i;  grad = g_i (sum_c a_ic p - a)
+            # a_ic = (1-eps) wy_i [c == t_i] + (eps/C) w_c valid_i;  grad = g_i (sum_c a_ic p - a)
             if eps > 0:
                 wsum = w.sum() if w is not None else wdt.type(C)
-                s = (1 - eps) * wy + (eps / C) * valid * wsum
+                s = ((1 - eps) * wy + (eps / C) * valid * wsum) * gi
                 gx = p * s[:, None]
-                gx -= (eps / C) * valid[:, None] * (w if w is not None else 1)
-                gx[rows, tc] -= (1 - eps) * wy
+                sv = (eps / C) * valid * gi
+                gx -= sv[:, None] * w if w is not None else sv[:, None]
+                gx[rows, tc] -= (1 - eps) * wy * gi
             else:
-                gx = p * wy[:, None]
-                gx[rows, tc] -= wy
-            gx *= gi
+                gw = wy * gi
+                gx = p * gw[:, None]
+                gx[rows, tc] -= gw
         return _classes_back(gx, shape), grad_target, None, None, None, None
 
 
