@@ -398,6 +398,18 @@ def test_dropout_train_eval():
     d.eval()
     assert np.array_equal(d(x).numpy(), x.numpy())
     assert repr(d) == "Dropout(p=0.25, inplace=False)"
+    # training-mode gradient: the kept elements pass g / (1 - p), the dropped ones nothing
+    d.train()
+    xr = pyddp.tensor(np.random.default_rng(2).uniform(1, 2, (50, 40)).astype(np.float32),
+                      requires_grad=True)
+    y = d(xr)
+    g = np.random.default_rng(3).standard_normal((50, 40)).astype(np.float32)
+    y.backward(pyddp.tensor(g))
+    kept = y.numpy() != 0
+    np.testing.assert_allclose(y.numpy()[kept], xr.numpy()[kept] / 0.75, rtol=1e-6)
+    np.testing.assert_allclose(xr.grad.numpy(), np.where(kept, g / 0.75, 0), rtol=1e-6)
+    assert np.array_equal(nn.Dropout(0.0)(xr).numpy(), xr.numpy())
+    assert not nn.Dropout(1.0)(xr).numpy().any()
 
 
 # ----------------------------------------------------------------------------------------------
