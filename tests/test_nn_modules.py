@@ -163,7 +163,7 @@ def test_dtype_conversion_keeps_parameter_objects():
     assert all(p.dtype == np.float32 for p in net.parameters())
     net.to(pyddp.float64)
     assert net[0].weight.dtype == np.float64
-    net.to("cpu").to(0).to("cuda:0", dtype=np.float32).cuda().cpu()
+    net.to("cpu").to(0).to("cuda:0", dtype=np.float32).cuda().cpu().to(pyddp.device("cuda", 1))
     assert net[0].weight.dtype == np.float32
     net.to(pyddp.zeros(1, dtype=pyddp.float64))
     assert net[0].weight.dtype == np.float64
