@@ -129,7 +129,9 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=protocol)
         self._out_of_band_ok = protocol >= 5
         from ._tensor import Tensor
+        from .nn.parameter import Parameter
         self._tensor_cls = Tensor
+        self._param_cls = Parameter
 
     def _array_payload(self, arr):
         arr = np.ascontiguousarray(arr)
@@ -142,7 +144,7 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, self._tensor_cls):
-            kind = "Parameter" if type(obj).__name__ == "Parameter" else "Tensor"
+            kind = "Parameter" if isinstance(obj, self._param_cls) else "Tensor"
             return _rebuild_tensor, (kind, obj._data, bool(obj.requires_grad))
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject or obj.dtype.names is not None or type(obj) is not np.ndarray:
