@@ -407,11 +407,17 @@ class _TorchZipUnpickler(pickle.Unpickler):
         key = str(key)
         arr = self._storages.get(key)
         if arr is None:
-            raw = bytearray(self._zf.read(self._root + "data/" + key))
+            name = self._root + "data/" + key
+            nbytes = self._zf.getinfo(name).file_size
             dt = stype.dtype.newbyteorder(">") if self._big else stype.dtype
-            if len(raw) % dt.itemsize:
+            if nbytes % dt.itemsize:
                 raise pickle.UnpicklingError(f"storage {key} has a partial element")
-            arr = np.frombuffer(raw, dtype=dt)
+            raw = np.empty(nbytes, dtype=np.uint8)
+            with self._zf.open(name) as src:  # straight into the array: one copy, not two
+                got = src.readinto(memoryview(raw))
+            if got != nbytes:
+                raise pickle.UnpicklingError(f"storage {key} is truncated")
+            arr = raw.view(dt)
             if self._big:
                 arr = arr.astype(stype.dtype)
             self._storages[key] = arr
