@@ -504,6 +504,7 @@ LAYER_CASES = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's note on even kernels
 @pytest.mark.parametrize("name,make,shape", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
 def test_layer_vs_torch(name, make, shape):
     torch = _torch()
@@ -651,6 +652,7 @@ def test_training_step_reduces_loss():
     assert float(loss.numpy()) < 0.7 * first
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # torch's, by design here
 def test_full_backward_hooks_vs_torch():
     """register_full_backward_(pre_)hook: same call order, arguments and replacements as torch."""
     torch = _torch()
