@@ -546,11 +546,13 @@ def test_batchnorm_no_affine_no_stats_vs_torch():
     _run_parity(tmod, pmod, _x(2, 3, 4, 4, seed=5))
 
 
-@pytest.mark.parametrize("padding_idx", [None, 2])
-def test_embedding_vs_torch(padding_idx):
+@pytest.mark.parametrize("kw", [dict(), dict(padding_idx=2), dict(padding_idx=-1),
+                                dict(max_norm=1.0), dict(scale_grad_by_freq=True, padding_idx=0)],
+                         ids=["plain", "padding", "padding-neg", "max_norm", "freq"])
+def test_embedding_vs_torch(kw):
     torch = _torch()
-    tmod = torch.nn.Embedding(10, 4, padding_idx=padding_idx)
-    pmod = nn.Embedding(10, 4, padding_idx=padding_idx)
+    tmod = torch.nn.Embedding(10, 4, **kw)
+    pmod = nn.Embedding(10, 4, **kw)
     idx = np.array([[1, 2, 3], [2, 9, 1]], dtype=np.int64)
     _run_parity(tmod, pmod, idx, index_input=True)
     assert repr(pmod) == repr(tmod)
