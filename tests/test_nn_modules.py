@@ -697,3 +697,21 @@ def test_full_backward_hooks_vs_torch():
                     assert_close(a, b, what=pe[0])
     assert_close(pxg, txg, what="input grad through hooks")
     assert_close(pwg, twg, what="weight grad through hooks")
+
+
+def test_consume_prefix_in_state_dict():
+    from pyddp.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    class Wrapper(nn.Module):  # what DistributedDataParallel's state_dict looks like
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    sd = Wrapper(net).state_dict()
+    assert list(sd)[0] == "module.0.weight"
+    consume_prefix_in_state_dict_if_present(sd, "module.")
+    assert list(sd) == list(net.state_dict())
+    assert sd._metadata == net.state_dict()._metadata
+    fresh = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    assert repr(fresh.load_state_dict(sd)) == "<All keys matched successfully>"

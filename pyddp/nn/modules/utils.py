@@ -46,3 +46,21 @@ def _empty_parameter(shape, dtype=None):
 def _buffer(array):
     """A buffer Tensor owning ``array``."""
     return Tensor(array)
+
+
+def consume_prefix_in_state_dict_if_present(state_dict, prefix):
+    """Strip ``prefix`` from the keys of ``state_dict`` in place (torch's helper).
+
+    A state_dict saved from a DistributedDataParallel-wrapped model has keys
+    "module.<name>"; ``consume_prefix_in_state_dict_if_present(sd, "module.")`` makes it
+    loadable into the bare model.  The ``_metadata`` keys are renamed too.
+    """
+    for key in list(state_dict.keys()):
+        if key.startswith(prefix):
+            state_dict[key[len(prefix):]] = state_dict.pop(key)
+    if hasattr(state_dict, "_metadata"):
+        for key in list(state_dict._metadata.keys()):
+            if len(key) == 0:
+                continue
+            if key == prefix.replace(".", "") or key.startswith(prefix):
+                state_dict._metadata[key[len(prefix):]] = state_dict._metadata.pop(key)
