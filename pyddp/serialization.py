@@ -185,7 +185,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=DEFAULT_PROTOCOL,
 
 # ------------------------------------------------------------------------------ loading
 def _codecs_encode(obj, encoding="utf-8", errors="strict"):
-    """Protocol 2-3 pickles write bytes as ``_codecs.encode(str, "latin1")``; only that is allowed."""
+    """Protocol 2-3 pickles write bytes as ``_codecs.encode(str, "latin1")``: only that."""
     if not isinstance(obj, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
         raise pickle.UnpicklingError("_codecs.encode is only allowed for latin1 bytes")
     return obj.encode("latin1")
@@ -261,7 +261,7 @@ _WEIGHTS_ONLY_HELP = (
 
 
 class _WeightsOnlyUnpickler(pickle.Unpickler):
-    """An Unpickler that resolves only pyddp's reconstructors, safe containers and allow-listed globals."""
+    """An Unpickler resolving only pyddp's reconstructors, safe containers, allow-listed globals."""
 
     def find_class(self, module, name):
         obj = _OWN.get((module, name))

@@ -283,7 +283,8 @@ def test_batchnorm_state_dict_versions():
     # with version-2 metadata it is reported missing
     od = OrderedDict(plain)
     od._metadata = sd._metadata
-    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "num_batches_tracked"'):
+    with pytest.raises(RuntimeError,
+                       match='Missing key\\(s\\) in state_dict: "num_batches_tracked"'):
         nn.BatchNorm1d(3).load_state_dict(od)
 
 

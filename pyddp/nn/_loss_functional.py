@@ -366,7 +366,9 @@ class _PointwiseLoss(Function):
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    """Squared error ``(input - target)**2``, mean/sum/none; shapes broadcast (with torch's warning)."""
+    """Squared error ``(input - target)**2``, mean/sum/none.
+
+    Shapes broadcast, with torch's warning when they differ."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     input, target = _autocast.upcast(_t(input)), _autocast.upcast(_t(target))
@@ -375,7 +377,9 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    """Absolute error ``|input - target|``, mean/sum/none (gradient sign(input - target), 0 at 0)."""
+    """Absolute error ``|input - target|``, mean/sum/none.
+
+    The gradient is sign(input - target), 0 where they are equal (as torch)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     input, target = _autocast.upcast(_t(input)), _autocast.upcast(_t(target))

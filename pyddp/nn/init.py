@@ -22,7 +22,7 @@ __all__ = [
 
 
 def _rng(generator=None):
-    """The numpy Generator to draw from: ``generator`` or pyddp's default one (pyddp.manual_seed)."""
+    """The numpy Generator to draw from: ``generator`` or pyddp's default (pyddp.manual_seed)."""
     if generator is None:
         return _tensor.default_generator()
     if isinstance(generator, np.random.Generator):
@@ -219,7 +219,9 @@ def xavier_normal_(tensor, gain=1.0, generator=None):
 
 
 def kaiming_uniform_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
-    """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan) with gain = calculate_gain(nonlinearity, a)."""
+    """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan).
+
+    gain = calculate_gain(nonlinearity, a); fan per ``mode`` ("fan_in" or "fan_out")."""
     if 0 in _array(tensor).shape:
         warnings.warn("Initializing zero-element tensors is a no-op", stacklevel=2)
         return tensor

@@ -105,7 +105,9 @@ class LogSoftmax(Module):
 
     def forward(self, input):
         """Apply log-softmax along ``self.dim``."""
-        dim = self.dim if self.dim is not None else _get_softmax_dim("log_softmax", len(input.shape))
+        dim = self.dim
+        if dim is None:
+            dim = _get_softmax_dim("log_softmax", len(input.shape))
         return F.log_softmax(input, dim)
 
     def extra_repr(self):

@@ -107,8 +107,9 @@ class _BatchNorm(_NormBase):
 class BatchNorm1d(_BatchNorm):
     """Batch normalisation over (N, C) or (N, C, L) input, as ``torch.nn.BatchNorm1d``.
 
-    ``bias=False`` (keyword) drops the shift.  In training the running statistics are updated in place with ``momentum``
-    (cumulative average when ``momentum=None``) using the unbiased batch variance.
+    ``bias=False`` (keyword) drops the shift.  In training the running statistics are
+    updated in place with ``momentum`` (cumulative average when ``momentum=None``) using the
+    unbiased batch variance.
     """
 
     def _check_input_dim(self, input):

@@ -299,7 +299,8 @@ class ModuleDict(Module):
                                     "#" + str(j) + " should be Iterable; is" + type(m).__name__)
                 if not len(m) == 2:
                     raise ValueError("ModuleDict update sequence element "
-                                     "#" + str(j) + " has length " + str(len(m)) + "; 2 is required")
+                                     "#" + str(j) + " has length " + str(len(m))
+                                     + "; 2 is required")
                 self[m[0]] = m[1]
 
 
@@ -310,7 +311,7 @@ def _as_parameter(value):
 
 
 class ParameterList(Module):
-    """A list of Parameters (plain Tensors are wrapped in Parameters), registered as "0", "1", ..."""
+    """A list of Parameters registered as "0", "1", ... (plain Tensors become Parameters)."""
 
     def __init__(self, values=None):
         super().__init__()

@@ -90,7 +90,7 @@ class NLLLoss(_WeightedLoss):
 
 
 class CrossEntropyLoss(_WeightedLoss):
-    """Cross entropy between logits (N, C[, d1, ...]) or (C,) and class indices or class probabilities.
+    """Cross entropy of logits (N, C[, d1, ...]) or (C,) against class indices or probabilities.
 
     As ``torch.nn.CrossEntropyLoss``: ``weight`` per class, ``ignore_index`` (index
     targets), ``label_smoothing`` in [0, 1], ``reduction`` in {"mean", "sum", "none"}.

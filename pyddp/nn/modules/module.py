@@ -102,7 +102,8 @@ def _is_float_dtype(dt):
     dt = np.dtype(dt)
     if dt.kind == "f":
         return True
-    return dt.kind == "V" and dt.names is None and dt.name.startswith(("bfloat16", "float8", "float6", "float4"))
+    return (dt.kind == "V" and dt.names is None
+            and dt.name.startswith(("bfloat16", "float8", "float6", "float4")))
 
 
 def _is_complex_dtype(dt):
@@ -593,7 +594,7 @@ class Module:
                     p.grad._data[...] = 0
 
     def apply(self, fn):
-        """Call ``fn(module)`` on every submodule (children first) and then on self; returns self."""
+        """Call ``fn(module)`` on every submodule (children first), then on self; returns self."""
         for module in self.children():
             module.apply(fn)
         fn(self)
@@ -690,7 +691,8 @@ class Module:
         try:
             import ml_dtypes
         except ImportError:
-            raise RuntimeError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from None
+            raise RuntimeError(
+                "bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from None
         return self._cast_floating(ml_dtypes.bfloat16)
 
     def cpu(self):
@@ -797,13 +799,13 @@ class Module:
         return wrapped[0] if single else tuple(wrapped)
 
     def register_state_dict_pre_hook(self, hook):
-        """Register ``hook(module, prefix, keep_vars)`` run before ``state_dict`` saves this module."""
+        """Register ``hook(module, prefix, keep_vars)``, run before ``state_dict`` saves this."""
         handle = RemovableHandle(self._state_dict_pre_hooks)
         self._state_dict_pre_hooks[handle.id] = hook
         return handle
 
     def register_state_dict_post_hook(self, hook):
-        """Register ``hook(module, state_dict, prefix, local_metadata)`` run after ``state_dict``."""
+        """Register ``hook(module, state_dict, prefix, local_metadata)``, run after state_dict."""
         handle = RemovableHandle(self._state_dict_hooks)
         self._state_dict_hooks[handle.id] = hook
         return handle
@@ -887,7 +889,7 @@ class Module:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
-        if getattr(self.__class__, "get_extra_state", Module.get_extra_state) is not Module.get_extra_state:
+        if getattr(type(self), "get_extra_state", None) is not Module.get_extra_state:
             destination[prefix + _EXTRA_STATE_KEY_SUFFIX] = self.get_extra_state()
 
     def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
@@ -927,7 +929,7 @@ class Module:
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
-        """Copy this module's own parameters and buffers (not its children's) from ``state_dict``."""
+        """Copy this module's own parameters and buffers (not its children's) from state_dict."""
         for hook in self._load_state_dict_pre_hooks.values():
             hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                  error_msgs)
@@ -978,7 +980,7 @@ class Module:
                     f"are {tuple(param.shape)} and whose dimensions in the checkpoint are "
                     f"{tuple(arr.shape)}, an exception occurred : {ex.args}.")
         extra_state_key = prefix + _EXTRA_STATE_KEY_SUFFIX
-        if getattr(self.__class__, "set_extra_state", Module.set_extra_state) is not Module.set_extra_state:
+        if getattr(type(self), "set_extra_state", None) is not Module.set_extra_state:
             if extra_state_key in state_dict:
                 self.set_extra_state(state_dict[extra_state_key])
             elif strict:

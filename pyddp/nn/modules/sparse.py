@@ -43,7 +43,8 @@ class Embedding(Module):
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+                raise AssertionError(
+                    "Shape of weight does not match num_embeddings and embedding_dim")
             src = _weight if isinstance(_weight, Tensor) else Tensor(_weight)
             self.weight = Parameter(src, requires_grad=not _freeze)
         self.sparse = sparse
