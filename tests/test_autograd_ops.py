@@ -379,3 +379,43 @@ def test_half_input_norms_with_float32_parameters_match_torch():
     np.testing.assert_allclose(prv.numpy(), trv.numpy(), rtol=1e-3)
     lo = PF.layer_norm(px, (2,), pw[:2], pb[:2])
     assert lo.dtype == np.float16
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_training_steps_match_torch(kind):
+    """A few SGD steps of small MLP / CNN models: parameters stay within 1e-5 of torch's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        arrays = [rng.standard_normal(s).astype(np.float32) * 0.3
+                  for s in ((16, 12), (16,), (5, 16), (5,))]
+        x = rng.standard_normal((8, 12)).astype(np.float32)
+    else:
+        arrays = [rng.standard_normal(s).astype(np.float32) * 0.3
+                  for s in ((4, 1, 3, 3), (4,), (6, 4, 3, 3), (6,), (5, 6), (5,))]
+        x = rng.standard_normal((8, 1, 10, 10)).astype(np.float32)
+    y = rng.integers(0, 5, 8)
+
+    def model(T, F, p, xt):
+        if kind == "mlp":
+            return F.linear(F.gelu(F.linear(xt, p[0], p[1])), p[2], p[3])
+        h = F.max_pool2d(F.relu(F.conv2d(xt, p[0], p[1], padding=1)), 2)
+        h = F.relu(F.conv2d(h, p[2], p[3]))
+        h = F.adaptive_avg_pool2d(h, 1).flatten(1)
+        return F.linear(h, p[4], p[5])
+
+    results = []
+    for T, F in ((pyddp, PF), (torch, torch.nn.functional)):
+        params = [T.tensor(a.copy(), requires_grad=True) for a in arrays]
+        xt, yt = T.tensor(x), T.tensor(y)
+        for _ in range(3):
+            loss = F.cross_entropy(model(T, F, params, xt), yt)
+            for p in params:
+                p.grad = None
+            loss.backward()
+            with T.no_grad():
+                for p in params:
+                    p -= 0.5 * p.grad
+        results.append([p.detach().numpy().copy() for p in params])
+    for a, b in zip(*results):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
