@@ -20,19 +20,21 @@ alike, so ``model.load_state_dict(pyddp.load(path)["model"])`` works either way.
 
 ``pyddp.load`` also reads checkpoints written by ``torch.save`` (torch's zip format),
 without torch: their tensors come back as pyddp Tensors sharing memory as they did in
-torch, under the same weights-only rules.  ``torch.load`` cannot read pyddp's files.
+torch, under the same weights-only rules.  ``torch.load`` does not read pyddp's own
+format; :func:`save_for_torch` writes torch's zip format instead, for files meant for torch.
 """
 import contextlib
 import io
 import os
 import pickle
 import re
+import sys
 from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["save", "load", "add_safe_globals", "get_safe_globals", "clear_safe_globals",
-           "safe_globals", "DEFAULT_PROTOCOL"]
+__all__ = ["save", "load", "save_for_torch", "add_safe_globals", "get_safe_globals",
+           "clear_safe_globals", "safe_globals", "DEFAULT_PROTOCOL"]
 
 DEFAULT_PROTOCOL = 5
 
@@ -434,6 +436,159 @@ def _load_torch_zip(fh, weights_only, pickle_load_args):
         with zf.open(pkl[0]) as data:
             return _TorchZipUnpickler(io.BytesIO(data.read()), zf, root, weights_only,
                                       **pickle_load_args).load()
+
+
+# ------------------------------------------------------------------------------ writing torch files
+_TORCH_STORAGE_OF = {v: k for k, v in _TORCH_STORAGES.items() if k != "UntypedStorage"}
+_TORCH_DTYPE_OF = {"float32": "float32", "float64": "float64", "float16": "float16",
+                   "bfloat16": "bfloat16", "int64": "int64", "int32": "int32", "int16": "int16",
+                   "int8": "int8", "uint8": "uint8", "bool": "bool", "complex64": "complex64",
+                   "complex128": "complex128"}
+
+
+class _TorchGlobal:
+    """Stands for a torch global (written as a GLOBAL opcode; torch is never imported)."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module, name):
+        self.module = module
+        self.name = name
+
+    def __call__(self, *args):  # pickle's save_reduce insists on a callable
+        raise TypeError(f"{self.module}.{self.name} is only a name written into torch files")
+
+
+class _TorchStorageRef:
+    __slots__ = ("key", "kind", "numel", "array")
+
+
+class _PlainTensor:
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
+class _TorchFormatPickler(pickle._Pickler):
+    """Pure-Python pickler (it must write GLOBALs of torch names) producing torch's data.pkl."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def __init__(self, file):
+        super().__init__(file, protocol=2)
+        from ._tensor import Tensor
+        from .nn.parameter import Parameter
+        self._tensor_cls = Tensor
+        self._param_cls = Parameter
+        self.storages = []
+        self._by_id = {}
+        self._keep = []  # the arrays seen, so that their ids stay unique while pickling
+
+    def persistent_id(self, obj):
+        if type(obj) is _TorchStorageRef:
+            return ("storage", _TorchGlobal("torch", obj.kind), obj.key, "cpu", obj.numel)
+        return None
+
+    def _save_torch_global(self, obj):
+        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
+        self.memoize(obj)
+
+    dispatch[_TorchGlobal] = _save_torch_global
+
+    def save(self, obj, save_persistent_id=True):
+        if isinstance(obj, np.generic):  # numpy scalars become Python numbers
+            obj = obj.item()
+        elif isinstance(obj, np.dtype):
+            name = _TORCH_DTYPE_OF.get(_dtype_code(obj) if obj.kind == "V" else obj.name)
+            if name is None:
+                raise pickle.PicklingError(f"torch has no dtype for {obj}")
+            obj = _TorchGlobal("torch", name)
+        super().save(obj, save_persistent_id)
+
+    def _tensor_reduce(self, arr, requires_grad):
+        ref = self._by_id.get(id(arr))
+        if ref is None:
+            name = _dtype_code(arr.dtype) if arr.dtype.kind == "V" else arr.dtype.name
+            kind = _TORCH_STORAGE_OF.get(_TORCH_DTYPE_OF.get(name))
+            if kind is None:
+                raise pickle.PicklingError(f"torch has no storage type for {arr.dtype} arrays")
+            ref = _TorchStorageRef()
+            ref.key = str(len(self.storages))
+            ref.kind = kind
+            ref.numel = int(arr.size)
+            contiguous = np.ascontiguousarray(arr)
+            if not contiguous.dtype.isnative:
+                contiguous = contiguous.astype(contiguous.dtype.newbyteorder("="))
+            ref.array = contiguous
+            self.storages.append(ref)
+            self._by_id[id(arr)] = ref
+            self._keep.append(arr)
+        stride, acc = [], 1
+        for n in reversed(arr.shape):
+            stride.append(acc)
+            acc *= n
+        args = (ref, 0, tuple(int(n) for n in arr.shape), tuple(reversed(stride)),
+                bool(requires_grad), OrderedDict())
+        return _TorchGlobal("torch._utils", "_rebuild_tensor_v2"), args
+
+    def reducer_override(self, obj):
+        if isinstance(obj, self._param_cls):
+            return (_TorchGlobal("torch._utils", "_rebuild_parameter"),
+                    (_PlainTensor(obj._data), bool(obj.requires_grad), OrderedDict()))
+        if isinstance(obj, self._tensor_cls):
+            return self._tensor_reduce(obj._data, obj.requires_grad)
+        if type(obj) is _PlainTensor:
+            return self._tensor_reduce(obj.array, False)
+        if type(obj) is np.ndarray:
+            return self._tensor_reduce(obj, False)
+        return NotImplemented
+
+
+def save_for_torch(obj, f):
+    """Write ``obj`` in ``torch.save``'s zip format, so that ``torch.load`` reads it without pyddp.
+
+    pyddp Tensors and NumPy arrays become torch tensors (``requires_grad`` kept),
+    Parameters become ``torch.nn.Parameter``, NumPy scalars become Python numbers and
+    NumPy dtypes torch dtypes; containers and numbers are kept.  The result loads with
+    ``torch.load(f)`` (weights_only, mmap included) and with :func:`load`.
+    Example: ``pyddp.serialization.save_for_torch(model.state_dict(), "model.pt")``.
+    """
+    import zipfile
+    data = io.BytesIO()
+    pickler = _TorchFormatPickler(data)
+    pickler.dump(obj)
+    root = "archive/"
+    own = isinstance(f, (str, os.PathLike))
+    if not own and not hasattr(f, "write"):
+        raise TypeError(f"save_for_torch() expected a path or a writable binary file, "
+                        f"got {type(f).__name__}")
+    fh = open(f, "wb") if own else f
+    try:
+        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED) as zf:
+            def record(name, payload, align=False):
+                info = zipfile.ZipInfo(root + name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_STORED
+                if align:  # storages start on 64-byte boundaries (torch.load(mmap=True))
+                    big = len(payload) >= zipfile.ZIP64_LIMIT
+                    base = zf.fp.tell() + 30 + len(info.filename.encode()) + 4 \
+                        + (20 if big else 0)
+                    pad = -base % 64
+                    info.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
+                zf.writestr(info, payload)
+
+            record("data.pkl", data.getvalue())
+            record(".format_version", b"1")
+            record(".storage_alignment", b"64")
+            record("byteorder", sys.byteorder.encode())
+            for ref in pickler.storages:
+                record("data/" + ref.key, memoryview(ref.array.reshape(-1).view(np.uint8)),
+                       align=True)
+            record("version", b"3\n")
+            record(".data/serialization_id", str(id(pickler)).encode())
+    finally:
+        if own:
+            fh.close()
 
 
 def _open_for_read(f):

@@ -258,3 +258,52 @@ def test_load_torch_checkpoint_vs_torch(tmp_path):
         pyddp.load(path)
     assert pyddp.load(path, weights_only=False)["args"].a == 1
     assert os.path.getsize(path) > 0
+
+
+def test_save_for_torch_loads_in_torch(tmp_path):
+    """save_for_torch writes torch's zip format: torch.load (weights_only, mmap) reads it."""
+    torch = pytest.importorskip("torch")
+    import zipfile
+    pyddp.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    model(pyddp.randn(6, 3))
+    base = np.arange(12.0).reshape(3, 4)
+    obj = {"model": model.state_dict(), "param": model[0].weight, "base": base, "again": base,
+           "t": base.T, "step": np.int64(5), "lr": 0.1, "dtype": pyddp.float16,
+           "i32": np.arange(3, dtype=np.int32), "empty": np.zeros((0, 3), np.float32),
+           "grad": pyddp.ones(2, requires_grad=True), "names": ["a", ("b", 1)]}
+    if ml_dtypes is not None:
+        obj["bf16"] = np.arange(4).astype(ml_dtypes.bfloat16)
+    path = tmp_path / "for_torch.pt"
+    serialization.save_for_torch(obj, path)
+    for mmap in (False, True):
+        back = torch.load(path, mmap=mmap)  # weights_only=True: torch's default
+        assert back["step"] == 5 and type(back["step"]) is int and back["lr"] == 0.1
+        assert back["dtype"] == torch.float16 and back["names"] == ["a", ("b", 1)]
+        for key in ("base", "t", "i32", "empty"):
+            assert isinstance(back[key], torch.Tensor)
+            np.testing.assert_array_equal(back[key].numpy(), np.asarray(obj[key]), err_msg=key)
+        assert back["base"].data_ptr() == back["again"].data_ptr()  # one array, one storage
+        assert isinstance(back["param"], torch.nn.Parameter) and back["param"].requires_grad
+        assert back["grad"].requires_grad and not isinstance(back["grad"], torch.nn.Parameter)
+        if ml_dtypes is not None:
+            assert back["bf16"].dtype == torch.bfloat16
+            np.testing.assert_array_equal(back["bf16"].float().numpy(), np.arange(4.0))
+        sd = back["model"]
+        assert list(sd) == list(obj["model"]) and sd._metadata == obj["model"]._metadata
+        tmodel = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        assert str(tmodel.load_state_dict(sd)) == "<All keys matched successfully>"
+        for k, v in tmodel.state_dict().items():
+            np.testing.assert_array_equal(v.numpy(), obj["model"][k].numpy(), err_msg=k)
+    # storages start on 64-byte boundaries, as torch's own writer puts them
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if "/data/" in info.filename:
+                start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+                assert start % 64 == 0, info.filename
+    # and pyddp.load reads it back (arrays come back as Tensors: the torch format has no arrays)
+    mine = pyddp.load(path)
+    assert isinstance(mine["param"], nn.Parameter)
+    np.testing.assert_array_equal(mine["t"].numpy(), base.T)
+    with pytest.raises(pickle.PicklingError, match="no storage type"):
+        serialization.save_for_torch({"u": np.zeros(2, np.uint32)}, io.BytesIO())
