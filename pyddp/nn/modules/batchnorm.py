@@ -1,12 +1,14 @@
 """BatchNorm1d and BatchNorm2d (torch.nn.BatchNorm*)."""
 import numpy as np
 
+from ...autograd.function import Function
 from .. import functional as F
 from .. import init
 from .module import Module
+from ..._tensor import Tensor
 from .utils import _buffer, _empty_parameter, _factory_dtype
 
-__all__ = ["BatchNorm1d", "BatchNorm2d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
 
 
 class _NormBase(Module):
@@ -125,3 +127,150 @@ class BatchNorm2d(_BatchNorm):
         nd = len(input.shape)
         if nd != 4:
             raise ValueError(f"expected 4D input (got {nd}D input)")
+
+
+class _SyncBatchNormFunction(Function):
+    """Batch norm whose statistics (forward) and gradient sums (backward) are all-reduced.
+
+    Forward: one all_reduce of [count, sum, sum of squares] per channel (float64), so ranks
+    may hold different batch sizes.  Backward: one all_reduce of [sum(dy), sum(dy * xhat)]
+    when the input needs a gradient; the weight/bias gradients stay local (DDP averages them),
+    as in torch.
+    """
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
+        from ... import distributed as dist
+        x = input._data
+        wdt = x.dtype if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        C = x.shape[1]
+        axes = (0,) + tuple(range(2, x.ndim))
+        bshape = (1, C) + (1,) * (x.ndim - 2)
+        x64 = x.astype(np.float64)
+        buf = np.empty(2 * C + 1, dtype=np.float64)
+        buf[0] = x.size // C
+        buf[1:C + 1] = x64.sum(axis=axes)
+        buf[C + 1:] = np.square(x64).sum(axis=axes)
+        dist.all_reduce(buf, group=group)
+        n = buf[0]
+        if n <= 1:
+            raise ValueError("Expected more than 1 value per channel when training, got input "
+                             f"size {list(x.shape)} and a total of {int(n)} values per channel")
+        mean = buf[1:C + 1] / n
+        var = np.maximum(buf[C + 1:] / n - mean * mean, 0.0)
+        invstd = 1.0 / np.sqrt(var + eps)
+        if running_mean is not None:
+            rm = running_mean._data
+            rm *= (1 - momentum)
+            rm += (momentum * mean).astype(rm.dtype)
+        if running_var is not None:
+            rv = running_var._data
+            rv *= (1 - momentum)
+            rv += (momentum * var * (n / (n - 1))).astype(rv.dtype)
+        xhat = ((x64 - mean.reshape(bshape)) * invstd.reshape(bshape)).astype(wdt)
+        w = None if weight is None else weight._data.astype(wdt, copy=False).reshape(bshape)
+        out = xhat * w if w is not None else xhat.copy()
+        if bias is not None:
+            out += bias._data.astype(wdt, copy=False).reshape(bshape)
+        ctx.saved = (xhat, invstd.astype(wdt).reshape(bshape), w, n, axes, group, wdt)
+        return Tensor(out.astype(x.dtype, copy=False))
+
+    @staticmethod
+    def backward(ctx, grad):
+        from ... import distributed as dist
+        xhat, invstd, w, n, axes, group, wdt = ctx.saved
+        g = grad._data.astype(wdt, copy=False)
+        sum_dy = g.sum(axis=axes)
+        sum_dy_xhat = (g * xhat).sum(axis=axes)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            C = sum_dy.shape[0]
+            buf = np.concatenate([sum_dy, sum_dy_xhat]).astype(np.float64)
+            dist.all_reduce(buf, group=group)
+            shape = (1, C) + (1,) * (g.ndim - 2)
+            mean_dy = (buf[:C] / n).astype(wdt).reshape(shape)
+            mean_dy_xhat = (buf[C:] / n).astype(wdt).reshape(shape)
+            scale = invstd * w if w is not None else invstd
+            gx = (g - mean_dy - xhat * mean_dy_xhat) * scale
+        if ctx.needs_input_grad[1]:
+            gw = sum_dy_xhat
+        if ctx.needs_input_grad[2]:
+            gb = sum_dy
+        return gx, gw, gb, None, None, None, None, None
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalisation with statistics over the whole process group (torch.nn.SyncBatchNorm).
+
+    In training, with a process group of more than one rank initialised, the per-channel mean
+    and variance are those of the union of every rank's batch (batch sizes may differ); the
+    gradient with respect to the input is exact for that union.  Otherwise (eval mode, no
+    process group, one rank) it is plain batch norm.  Use :meth:`convert_sync_batchnorm` to
+    swap the BatchNorm layers of a model before wrapping it in DistributedDataParallel.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, device=None, dtype=None, *,
+                 bias=True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                         dtype, bias=bias)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input):
+        nd = len(input.shape)
+        if nd < 2:
+            raise ValueError(f"expected at least 2D input (got {nd}D input)")
+
+    def forward(self, input):
+        """Normalise ``input`` (N, C, ...) with group-wide batch statistics when training."""
+        self._check_input_dim(input)
+        if input.shape[1] == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+        exponential_average_factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked._data += 1
+            if self.momentum is None:
+                exponential_average_factor = 1.0 / float(self.num_batches_tracked._data)
+        if self.training:
+            bn_training = True
+        else:
+            bn_training = (self.running_mean is None) and (self.running_var is None)
+        running_mean = self.running_mean if not self.training or self.track_running_stats \
+            else None
+        running_var = self.running_var if not self.training or self.track_running_stats \
+            else None
+        need_sync = False
+        if bn_training and self.training:
+            from ... import distributed as dist
+            if dist.is_available() and dist.is_initialized():
+                need_sync = dist.get_world_size(self.process_group) > 1
+        if not need_sync:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
+                                bn_training, exponential_average_factor, self.eps)
+        return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
+                                            running_var, self.eps, exponential_average_factor,
+                                            self.process_group)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """Replace every BatchNorm*d in ``module`` by a SyncBatchNorm sharing its parameters
+        and buffers (so optimizers built earlier keep working); returns the converted module
+        (a new object when ``module`` itself is a batch norm)."""
+        module_output = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+            module_output = cls(module.num_features, module.eps, module.momentum, module.affine,
+                                module.track_running_stats, process_group,
+                                bias=module.bias is not None)
+            if module.affine:
+                module_output.weight = module.weight
+                module_output.bias = module.bias
+            module_output.running_mean = module.running_mean
+            module_output.running_var = module.running_var
+            module_output.num_batches_tracked = module.num_batches_tracked
+            module_output.training = module.training
+            if hasattr(module, "qconfig"):
+                module_output.qconfig = module.qconfig
+        for name, child in module.named_children():
+            module_output.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        del module
+        return module_output
