@@ -570,7 +570,8 @@ def save_for_torch(obj, f):
                 info = zipfile.ZipInfo(root + name, date_time=(1980, 1, 1, 0, 0, 0))
                 info.compress_type = zipfile.ZIP_STORED
                 if align:  # storages start on 64-byte boundaries (torch.load(mmap=True))
-                    big = len(payload) >= zipfile.ZIP64_LIMIT
+                    # zipfile adds a 20-byte zip64 field when size * 1.05 > ZIP64_LIMIT
+                    big = len(payload) * 1.05 > zipfile.ZIP64_LIMIT
                     base = zf.fp.tell() + 30 + len(info.filename.encode()) + 4 \
                         + (20 if big else 0)
                     pad = -base % 64
