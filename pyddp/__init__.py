@@ -3,6 +3,27 @@ __version__ = "0.1.0"
 
 from . import _C  # noqa: F401  (fail early if the extension is missing)
 from .notebook import notebook_launcher  # noqa: F401,E402
-from ._random import (Generator, default_generator, initial_seed,  # noqa: F401,E402
-                      manual_seed, randperm)
+
+# tensors and autograd (pyddp.autograd first: pyddp._tensor imports its engine)
+from . import autograd  # noqa: F401,E402
+from ._tensor import *  # noqa: F401,F403,E402
+from ._tensor import Tensor  # noqa: F401,E402
+from ._autocast import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
+
+# checkpoints (torch.save / torch.load)
+from .serialization import save, load  # noqa: F401,E402
+
+# torch's CPU generator and data loading (pyddp.default_generator is torch-compatible mt19937)
+from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
 from .utils.data import DataLoader, DistributedSampler  # noqa: F401,E402
+
+
+def manual_seed(seed):
+    """Seed every pyddp generator (``torch.manual_seed``): the torch-compatible default generator
+    (randperm, samplers, data loading) and the one behind randn/rand/dropout/initialisation.
+    Returns ``pyddp.default_generator``."""
+    from . import _random, _tensor
+
+    g = _random.manual_seed(seed)
+    _tensor.manual_seed(seed)
+    return g

@@ -42,6 +42,12 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
 
 
+def _is_pyddp_tensor(x) -> bool:
+    from .._tensor import Tensor
+
+    return isinstance(x, Tensor)
+
+
 def _torch_view(t, name: str):
     import torch  # only reached when the caller passed a torch tensor
 
@@ -64,6 +70,8 @@ def as_array(x, name: str, writable: bool = False):
     code = None
     if isinstance(x, np.ndarray):
         a = x
+    elif isinstance(getattr(x, "_data", None), np.ndarray) and _is_pyddp_tensor(x):
+        a = x._data  # pyddp.Tensor: its own array, updated in place
     elif _is_torch(x):
         a, code = _torch_view(x, name)
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):

@@ -1,0 +1,299 @@
+"""The autograd graph (nodes) and the backward engine.
+
+A non-leaf Tensor points at the Node that made it (``grad_fn``); a leaf that requires grad gets one
+``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``_next`` (one entry per
+differentiable input: a Node or None; ``next_functions`` shows it torch's way) and a backward
+closure ``fn(grad) -> tuple`` working on NumPy arrays.  The engine walks the graph in dependency order (iteratively), sums the
+gradients flowing into each node, runs tensor hooks, accumulates leaf gradients in place and fires
+post-accumulate-grad hooks as soon as a leaf's gradient is final, then runs queued callbacks.
+
+This module imports nothing from pyddp at import time (pyddp._tensor imports it).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+
+import numpy as np
+
+_seq = itertools.count()
+
+FREED_MSG = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after "
+    "they have already been freed). Saved intermediate values of the graph are freed when you call "
+    ".backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the "
+    "graph a second time or if you need to access saved tensors after calling backward.")
+
+
+class Node:
+    """One backward function of the graph (torch's ``grad_fn`` objects)."""
+
+    __slots__ = ("fn", "_next", "seq", "_name", "_saves", "_pre_hooks", "_hooks",
+                 "__weakref__")
+
+    def __init__(self, name, fn, next_functions, saves=True):
+        self._name = name
+        self.fn = fn
+        self._next = next_functions
+        self.seq = next(_seq)
+        self._saves = saves
+        self._pre_hooks = None
+        self._hooks = None
+
+    def name(self):
+        """The node's name, e.g. ``'MulBackward0'``."""
+        return self._name
+
+    @property
+    def next_functions(self):
+        """((node or None, 0), ...) per input, as torch shows it."""
+        return tuple((n, 0) for n in self._next)
+
+    def __call__(self, *grads):
+        """Run this node's backward on ndarray/Tensor gradients (debugging aid)."""
+        if self.fn is None:
+            raise RuntimeError(FREED_MSG)
+        g = grads[0]
+        return self.fn(getattr(g, "_data", g))
+
+    def register_prehook(self, fn):
+        """fn(grad Tensor) -> None or a replacement, run before this node's backward."""
+        if self._pre_hooks is None:
+            self._pre_hooks = {}
+        return _add_hook(self._pre_hooks, fn)
+
+    def register_hook(self, fn):
+        """fn(grad_inputs tuple, grad_outputs tuple) run after this node's backward (no replacement)."""
+        if self._hooks is None:
+            self._hooks = {}
+        return _add_hook(self._hooks, fn)
+
+    def __repr__(self):
+        return f"<{self._name} object at {id(self):#x}>"
+
+
+class AccumulateGrad(Node):
+    """The node that accumulates a leaf's gradient into ``leaf.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        Node.__init__(self, "AccumulateGrad", None, (), saves=False)
+        self.variable = variable
+        # processed as soon as ready (torch gives AccumulateGrad the highest priority)
+        self.seq = 1 << 62
+
+
+class RemovableHandle:
+    """Returned by the register_*hook methods; ``remove()`` unregisters the hook."""
+
+    __slots__ = ("_dict", "id")
+    _ids = itertools.count()
+
+    def __init__(self, d):
+        self._dict = d
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self):
+        """Unregister the hook (idempotent)."""
+        self._dict.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _add_hook(d, fn):
+    h = RemovableHandle(d)
+    d[h.id] = fn
+    return h
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine
+
+_callbacks_stack = []   # one list of queued callbacks per running backward (nested: reentrant)
+_tensor_cls = None
+
+
+def _Tensor():
+    global _tensor_cls
+    if _tensor_cls is None:
+        from .._tensor import Tensor
+        _tensor_cls = Tensor
+    return _tensor_cls
+
+
+def queue_callback(fn):
+    """Run fn() when the backward currently running has finished (torch's
+    ``Variable._execution_engine.queue_callback``)."""
+    if not _callbacks_stack:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    _callbacks_stack[-1].append(fn)
+
+
+# refcount of an ndarray held only by one local variable and the getrefcount argument
+_BASE_REFS = None
+
+
+def _owned(g):
+    """True when nobody else can see g's memory, so it may become a leaf's .grad without a copy."""
+    if not (g.flags.writeable and g.flags.c_contiguous):
+        return False
+    # g is referenced by: the caller's local, this function's argument and getrefcount's argument
+    if sys.getrefcount(g) > _BASE_REFS:
+        return False
+    b = g.base
+    if b is None:
+        return True
+    # a view: its owner must be referenced by this view only (plus our local b, getrefcount arg)
+    return isinstance(b, np.ndarray) and b.base is None and sys.getrefcount(b) <= 3
+
+
+def _probe():
+    global _BASE_REFS
+    _BASE_REFS = 1 << 30
+
+    def caller():
+        g = np.empty(2)
+        return _count(g)
+
+    def _count(g):
+        return sys.getrefcount(g)
+    _BASE_REFS = caller()
+
+
+_probe()
+
+
+def _apply_tensor_hooks(hooks, g):
+    T = _Tensor()
+    for fn in list(hooks.values()):
+        r = fn(T._wrap(g))
+        if r is not None:
+            g = r._data if isinstance(r, T) else np.asarray(r)
+    return g
+
+
+def _accumulate(node, g, capture):
+    var = node.variable
+    if node._pre_hooks:
+        g = _apply_tensor_hooks(node._pre_hooks, g)
+    if capture is not None:
+        if node in capture:
+            capture[node] = g
+        return
+    if g.dtype != var._data.dtype:
+        g = g.astype(var._data.dtype)
+    elif g.shape != var._data.shape:
+        g = np.broadcast_to(g, var._data.shape)
+    cur = var._grad
+    if cur is None:
+        if not _owned(g):
+            g = np.array(g, order="C", copy=True)
+        if g.shape != var._data.shape:
+            g = np.array(np.broadcast_to(g, var._data.shape))
+        var._grad = _Tensor()._wrap(g)
+    else:
+        cd = cur._data
+        np.add(cd, g, out=cd)
+    ph = var._post_hooks
+    if ph:
+        for fn in list(ph.values()):
+            fn(var)
+
+
+def run_backward(roots, grads, retain_graph=False, capture=None):
+    """Backpropagate from root nodes (list of Node) with gradients (list of ndarray).
+
+    capture: None, or a dict {node: None} of nodes whose incoming gradient is recorded instead of
+    accumulated (autograd.grad).
+    """
+    # dependency counts, iteratively
+    deps = {}
+    stack = []
+    for r in roots:
+        if r not in deps:
+            deps[r] = 0
+            stack.append(r)
+    while stack:
+        n = stack.pop()
+        for nx in n._next:
+            if nx is None:
+                continue
+            if nx in deps:
+                deps[nx] += 1
+            else:
+                deps[nx] = 1
+                stack.append(nx)
+
+    buffers = {}
+    for r, g in zip(roots, grads):
+        if r in buffers:
+            buffers[r] = buffers[r] + g
+        else:
+            buffers[r] = g
+    ready = []
+    for r in buffers:
+        if deps[r] == 0:
+            heapq.heappush(ready, (-r.seq, id(r), r))
+
+    callbacks = []
+    _callbacks_stack.append(callbacks)
+    try:
+        while ready:
+            _, _, node = heapq.heappop(ready)
+            if type(node) is AccumulateGrad:
+                # no local reference to the gradient here: _accumulate may adopt it without a copy
+                if buffers.get(node) is not None:
+                    _accumulate(node, buffers.pop(node), capture)
+                else:
+                    buffers.pop(node, None)
+                continue
+            g = buffers.pop(node, None)
+            nexts = node._next
+            if g is None:
+                grads_in = (None,) * len(nexts)
+            else:
+                if node._pre_hooks:
+                    g = _apply_tensor_hooks(node._pre_hooks, g)
+                if capture is not None and node in capture:
+                    capture[node] = g
+                fn = node.fn
+                if fn is None:
+                    raise RuntimeError(FREED_MSG)
+                grads_in = fn(g)
+                if not retain_graph and node._saves:
+                    node.fn = None
+                if node._hooks:
+                    T = _Tensor()
+                    gi_t = tuple(None if x is None else T._wrap(x) for x in grads_in)
+                    for h in list(node._hooks.values()):
+                        h(gi_t, (T._wrap(g),))
+            del g
+            for nx, gi in zip(nexts, grads_in):
+                if nx is None:
+                    continue
+                if gi is not None:
+                    prev = buffers.get(nx)
+                    if prev is None:
+                        buffers[nx] = gi
+                    else:
+                        buffers[nx] = prev + gi
+                d = deps[nx] - 1
+                deps[nx] = d
+                if d == 0:
+                    if nx not in buffers:
+                        buffers[nx] = None
+                    heapq.heappush(ready, (-nx.seq, id(nx), nx))
+            del grads_in
+        # callbacks queued during this backward (they may queue more)
+        i = 0
+        while i < len(callbacks):
+            callbacks[i]()
+            i += 1
+    finally:
+        _callbacks_stack.pop()

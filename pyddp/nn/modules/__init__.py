@@ -1,0 +1,23 @@
+"""The layer, container and loss modules of pyddp.nn (torch.nn.modules)."""
+from .module import Module, RemovableHandle  # noqa: F401
+from .linear import Identity, Linear  # noqa: F401
+from .conv import Conv2d  # noqa: F401
+from .batchnorm import BatchNorm1d, BatchNorm2d, SyncBatchNorm  # noqa: F401
+from .normalization import LayerNorm  # noqa: F401
+from .sparse import Embedding  # noqa: F401
+from .dropout import Dropout  # noqa: F401
+from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
+from .flatten import Flatten  # noqa: F401
+from .container import (ModuleDict, ModuleList, ParameterDict, ParameterList,  # noqa: F401
+                        Sequential)
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss  # noqa: F401
+
+__all__ = [
+    "Module", "Identity", "Linear", "Conv2d", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm",
+    "LayerNorm",
+    "Embedding", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
+    "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Sequential", "ModuleList",
+    "ModuleDict", "ParameterList", "ParameterDict", "CrossEntropyLoss", "NLLLoss", "MSELoss",
+    "L1Loss", "BCEWithLogitsLoss",
+]
