@@ -16,6 +16,7 @@ from .serialization import save, load  # noqa: F401,E402
 # torch's CPU generator and data loading (pyddp.default_generator is torch-compatible mt19937)
 from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
 from .utils.data import DataLoader, DistributedSampler  # noqa: F401,E402
+from .nn.parallel import DistributedDataParallel  # noqa: F401,E402
 
 
 def manual_seed(seed):

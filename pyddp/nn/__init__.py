@@ -6,3 +6,4 @@ from .modules import Module, RemovableHandle  # noqa: F401
 from .modules import __all__ as _modules_all
 
 __all__ = ["Parameter", "Buffer", "functional", "init"] + list(_modules_all)
+from . import parallel  # noqa: F401,E402  (pyddp.nn.parallel.DistributedDataParallel)

@@ -1,0 +1,276 @@
+"""DistributedDataParallel around pyddp.nn models (no torch needed).
+
+Real rank processes (tests/_mp.py, a timeout on every wait); the ranks' parameters are checked
+against single-process pyddp training on the concatenated batches.
+"""
+import numpy as np
+import pytest
+
+import pyddp
+import pyddp.distributed as dist
+import pyddp.nn as nn
+import pyddp.nn.functional as F
+from pyddp.distributed.algorithms.ddp_comm_hooks import default_hooks
+from pyddp.nn.parallel import DistributedDataParallel as DDP
+
+from _mp import run, run_outcomes
+
+B = 4
+
+
+class _Net(nn.Module):
+    def __init__(self, bn=False, extra=False):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.bn = nn.BatchNorm1d(16) if bn else nn.Identity()
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 3)
+        if extra:
+            self.unused = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc3(F.tanh(self.fc2(F.tanh(self.bn(self.fc1(x))))))
+
+
+def _model(seed=0, **kw):
+    pyddp.manual_seed(seed)
+    return _Net(**kw).double()
+
+
+def _data(ws, steps, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((steps, ws * B, 6)), rng.standard_normal((steps, ws * B, 3))
+
+
+def _params(m):
+    return [p.numpy().copy() for p in m.parameters()]
+
+
+def _sgd(params, lr=0.1):
+    with pyddp.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.numpy()[...] -= lr * p.grad.numpy()
+
+
+def _zero(params):
+    for p in params:
+        p.grad = None
+
+
+def _reference(ws, steps, **mk):
+    m = _model(**mk)
+    X, Y = _data(ws, steps)
+    for s in range(steps):
+        _zero(m.parameters())
+        F.mse_loss(m(pyddp.tensor(X[s])), pyddp.tensor(Y[s])).backward()
+        _sgd(m.parameters())
+    return _params(m)
+
+
+def _close(got, want, rtol=1e-9):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-12)
+
+
+def _train(rank, ws, steps, kw):
+    m = _model(seed=rank)            # DDP's construction broadcast makes every rank rank 0's
+    ddp = DDP(m, **kw)
+    X, Y = _data(ws, steps)
+    for s in range(steps):
+        _zero(ddp.parameters())
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        F.mse_loss(ddp(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+        _sgd(ddp.parameters())
+    return _params(m)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("kw", [{}, {"bucket_cap_mb": 0.0005},
+                                {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.001}])
+def test_ddp_steps_equal_single_process_training_on_the_full_batch(ws, kw):
+    want = _reference(ws, 4)
+    for got in run(_train, ws, 4, kw):
+        _close(got, want)
+
+
+def test_ddp_over_tcp_equals_shared_memory():
+    want = _reference(2, 3)
+    for got in run(_train, 2, 3, {"bucket_cap_mb": 0.001}, env={"PYDDP_TRANSPORT": "tcp"}):
+        _close(got, want)
+
+
+def _module_api(rank, ws):
+    m = _model()
+    ddp = DDP(m)
+    ddp.eval()
+    ev = m.training
+    ddp.train()
+    return (list(ddp.state_dict()), ddp.module is m, isinstance(ddp, DDP), isinstance(ddp, nn.Module),
+            ev, m.training, len(list(ddp.parameters())))
+
+
+def test_state_dict_prefix_train_eval_and_isinstance():
+    for keys, same, is_ddp, is_mod, ev, tr, n in run(_module_api, 2):
+        assert keys == ["module." + k for k in _model().state_dict()]
+        assert same and is_ddp and is_mod and ev is False and tr is True and n == 6
+
+
+def _no_sync(rank, ws, micro):
+    m = _model()
+    ddp = DDP(m, bucket_cap_mb=0.001)
+    X, Y = _data(ws * micro, 1)
+    for k in range(micro):
+        sl = slice((rank * micro + k) * B, (rank * micro + k + 1) * B)
+        if k < micro - 1:
+            with ddp.no_sync():
+                F.mse_loss(ddp(pyddp.tensor(X[0, sl])), pyddp.tensor(Y[0, sl]), reduction="sum").backward()
+        else:
+            F.mse_loss(ddp(pyddp.tensor(X[0, sl])), pyddp.tensor(Y[0, sl]), reduction="sum").backward()
+    return [p.grad.numpy().copy() for p in m.parameters()]
+
+
+def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum():
+    ws, micro = 2, 3
+    m = _model()
+    X, Y = _data(ws * micro, 1)
+    F.mse_loss(m(pyddp.tensor(X[0])), pyddp.tensor(Y[0]), reduction="sum").backward()
+    want = [p.grad.numpy() / ws for p in m.parameters()]
+    for got in run(_no_sync, ws, micro):
+        _close(got, want)
+
+
+def _unused(rank, ws, find_unused, used_on):
+    m = _model(extra=True)
+    ddp = DDP(m, find_unused_parameters=find_unused)
+    X, Y = _data(ws, 2)
+    out = []
+    for s in range(2):
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        z = ddp(pyddp.tensor(x))
+        if rank in used_on:
+            z = m.unused(z)
+        F.mse_loss(z, pyddp.tensor(y)).backward()
+        out.append(None if m.unused.weight.grad is None else m.unused.weight.grad.numpy().copy())
+    return out
+
+
+def test_an_unused_parameter_without_find_unused_parameters_raises_torch_error_naming_it():
+    for o in run_outcomes(_unused, 2, False, ()):
+        assert not o.ok and o.exc_type.endswith("RuntimeError"), o.describe()
+        assert "Expected to have finished reduction in the prior iteration" in o.message
+        assert "unused.weight" in o.message and "unused.bias" in o.message
+
+
+def test_find_unused_parameters_leaves_globally_unused_grads_untouched():
+    for ug in run(_unused, 2, True, ()):
+        assert ug == [None, None]
+
+
+def test_find_unused_parameters_averages_a_parameter_used_on_one_rank_only():
+    m = _model(extra=True)
+    X, Y = _data(2, 2)
+    x, y = X[0, B:2 * B], Y[0, B:2 * B]
+    F.mse_loss(m.unused(m(pyddp.tensor(x))), pyddp.tensor(y)).backward()
+    want = m.unused.weight.grad.numpy() / 2      # rank 0 contributes zeros
+    for ug in run(_unused, 2, True, (1,)):
+        np.testing.assert_allclose(ug[0], want, rtol=1e-9)
+
+
+def _uneven(rank, ws, counts):
+    m = _model()
+    ddp = DDP(m, bucket_cap_mb=0.001)
+    X, Y = _data(ws, max(counts))
+    with ddp.join():
+        for s in range(counts[rank]):
+            _zero(ddp.parameters())
+            x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+            F.mse_loss(ddp(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+            _sgd(ddp.parameters())
+    return _params(m)
+
+
+def test_join_with_uneven_inputs_divides_by_the_initial_world_size():
+    ws, counts = 3, (1, 3, 2)
+    m = _model()
+    X, Y = _data(ws, max(counts))
+    for s in range(max(counts)):
+        total = None
+        for r in [r for r in range(ws) if s < counts[r]]:
+            _zero(m.parameters())
+            x, y = X[s, r * B:(r + 1) * B], Y[s, r * B:(r + 1) * B]
+            F.mse_loss(m(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+            g = [p.grad.numpy().copy() for p in m.parameters()]
+            total = g if total is None else [a + b for a, b in zip(total, g)]
+        with pyddp.no_grad():
+            for p, g in zip(m.parameters(), total):
+                p.numpy()[...] -= 0.1 * g / ws
+    want = _params(m)
+    for got in run(_uneven, ws, counts):
+        _close(got, want)
+
+
+def _buffers(rank, ws):
+    m = _model(bn=True)
+    ddp = DDP(m)
+    if rank != 0:
+        m.bn.running_mean.numpy()[...] = 100.0
+    X, _ = _data(ws, 1)
+    x = pyddp.tensor(X[0, rank * B:(rank + 1) * B])
+    ddp(x)
+    with pyddp.no_grad():
+        h = m.fc1(x).numpy().mean(0)
+    return m.bn.running_mean.numpy().copy(), h
+
+
+def test_buffers_are_broadcast_from_rank_0_before_each_forward():
+    for rm, batch_mean in run(_buffers, 2):
+        np.testing.assert_allclose(rm, 0.1 * batch_mean, rtol=1e-10)
+
+
+def _hooked(rank, ws, which):
+    m = _model().float()
+    ddp = DDP(m, bucket_cap_mb=0.001)
+    ddp.register_comm_hook(None, {"allreduce": default_hooks.allreduce_hook,
+                                  "fp16": default_hooks.fp16_compress_hook,
+                                  "bf16": default_hooks.bf16_compress_hook}[which])
+    X, Y = _data(ws, 1)
+    x = pyddp.tensor(X[0, rank * B:(rank + 1) * B].astype(np.float32))
+    y = pyddp.tensor(Y[0, rank * B:(rank + 1) * B].astype(np.float32))
+    F.mse_loss(ddp(x), y).backward()
+    return [p.grad.numpy().copy() for p in m.parameters()]
+
+
+@pytest.mark.parametrize("which,rtol", [("allreduce", 1e-6), ("fp16", 2e-3), ("bf16", 1.6e-2)])
+def test_builtin_comm_hooks(which, rtol):
+    m = _model().float()
+    X, Y = _data(2, 1)
+    F.mse_loss(m(pyddp.tensor(X[0].astype(np.float32))), pyddp.tensor(Y[0].astype(np.float32))).backward()
+    want = [p.grad.numpy() for p in m.parameters()]
+    for grads in run(_hooked, 2, which):
+        for g, w in zip(grads, want):
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * np.abs(w).max())
+
+
+def _mismatch(rank, ws):
+    m = _model()
+    if rank == 1:
+        m.fc2 = nn.Linear(16, 17).double()
+        m.fc3 = nn.Linear(17, 3).double()
+    DDP(m)
+
+
+def test_different_models_across_ranks_raise_on_every_rank_naming_the_parameter():
+    for o in run_outcomes(_mismatch, 2):
+        assert not o.ok and o.exc_type.endswith("RuntimeError"), o.describe()
+        assert "'fc2.weight'" in o.message and "[17, 16]" in o.message
+
+
+def _no_group(rank, ws):
+    DDP(_model())
+
+
+def test_ddp_without_a_process_group_is_a_clear_error():
+    for o in run_outcomes(_no_group, 1, init=False):
+        assert not o.ok and "Default process group has not been initialized" in o.message
