@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import warnings
 
 import numpy as np
@@ -252,6 +253,7 @@ class _DDPCore:
         self._div = float(self._world)
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
         self._shared_ok = pg._transport == "shm"
+        self._overlap = _overlap_default(pg)
 
         n = len(self._params)
         limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
@@ -468,8 +470,10 @@ class _DDPCore:
     def _launch(self, b):
         if self._comm_hook is not None:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-        else:
+        elif self._overlap:
             b.work = dist.all_reduce(b.buffer, group=self.process_group, async_op=True)
+        else:
+            dist.all_reduce(b.buffer, group=self.process_group)
 
     def _finalize_backward(self):
         if not all(self._ready):
@@ -600,6 +604,24 @@ class _DDPCore:
         dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
         self._sync_params_and_buffers(int(who[0]))
         self._div = float(self._world)
+
+
+def _overlap_default(pg) -> bool:
+    """Reduce buckets on the progress thread while backward goes on, or on the calling thread.
+
+    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
+    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
+    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
+    """
+    v = os.environ.get("PYDDP_DDP_OVERLAP")
+    if v is not None and v != "":
+        return v not in ("0", "false", "False", "no")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    local = pg.size() if pg._transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return cores > local
 
 
 class DistributedDataParallel(metaclass=abc.ABCMeta):

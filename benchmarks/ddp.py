@@ -1,0 +1,206 @@
+"""DDP step time: plain training vs torch DDP (gloo) vs pyddp DDP (torch model and pyddp.nn model).
+
+    python benchmarks/ddp.py                 # launches 2 ranks itself (pyddp.run), prints the table
+    python benchmarks/ddp.py --sizes 1.9M --rounds 5
+
+The model is the 3-layer MLP of ../shared/reference/performance.md (784-h-h-10; h = 256, 1024,
+2048 give 0.27M, 1.9M and 5.8M parameters), batch 64 per rank, cross-entropy, SGD, one thread per
+rank. Each configuration runs in the same 2 processes, interleaved round by round so that drift of
+the machine hits all alike; a step is zero_grad + forward + loss + backward + optimizer step, and
+the table reports the median step time and its ratio to the plain (no DDP) step of the same
+framework. Both ranks run the plain steps at the same time, so they compete for the machine as the
+DDP runs do.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = {"0.27M": 256, "1.9M": 1024, "5.8M": 2048}
+BATCH = 64
+
+
+def _parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="0.27M,1.9M,5.8M", help="comma-separated subset of " + ",".join(SIZES))
+    ap.add_argument("--rounds", type=int, default=7, help="rounds (each runs every configuration)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--no-torch", action="store_true", help="pyddp.nn rows only")
+    ap.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-port", type=int, default=0, help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _torch_setup(h, wrap):
+    import torch
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(784, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
+                            torch.nn.ReLU(), torch.nn.Linear(h, 10))
+    model = wrap(m) if wrap else m
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH, 784, generator=g)
+    y = torch.randint(0, 10, (BATCH,), generator=g)
+    lossf = torch.nn.functional.cross_entropy
+
+    def step():
+        opt.zero_grad()
+        lossf(model(x), y).backward()
+        opt.step()
+    return step, sum(p.numel() for p in m.parameters())
+
+
+def _pyddp_setup(h, wrap):
+    import numpy as np
+
+    import pyddp
+    import pyddp.nn as nn
+    import pyddp.nn.functional as F
+
+    pyddp.manual_seed(0)
+    m = nn.Sequential(nn.Linear(784, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+    model = wrap(m) if wrap else m
+    params = list(model.parameters())
+    try:
+        from pyddp.optim import SGD
+        opt = SGD(params, lr=0.01)
+        zero, upd = opt.zero_grad, opt.step
+    except ImportError:  # optimizers not built: a plain in-place update
+        def zero():
+            for p in params:
+                p.grad = None
+
+        def upd():
+            for p in params:
+                p.numpy()[...] -= 0.01 * p.grad.numpy()
+    rng = np.random.default_rng(1)
+    x = pyddp.tensor(rng.standard_normal((BATCH, 784)).astype(np.float32))
+    y = pyddp.tensor(rng.integers(0, 10, BATCH))
+
+    def step():
+        zero()
+        F.cross_entropy(model(x), y).backward()
+        upd()
+    return step, sum(p.numel() for p in m.parameters())
+
+
+def _worker(args):
+    import numpy as np  # noqa: F401
+
+    import pyddp.distributed as dist
+    from pyddp.nn.parallel import DistributedDataParallel as PDDP
+
+    rank = int(os.environ["RANK"])
+    ws = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("cpu")
+    use_torch = not args.no_torch
+    if use_torch:
+        import datetime
+
+        import torch
+        import torch.distributed as tdist
+        from torch.nn.parallel import DistributedDataParallel as TDDP
+
+        torch.set_num_threads(1)
+        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.torch_port}", rank=rank,
+                                 world_size=ws, timeout=datetime.timedelta(seconds=120))
+    results = {}
+    for size in args.sizes.split(","):
+        h = SIZES[size]
+        configs = {}
+        if use_torch:
+            configs["torch plain"] = _torch_setup(h, None)
+            configs["torch DDP (gloo)"] = _torch_setup(h, TDDP)
+            configs["pyddp DDP, torch model"] = _torch_setup(h, PDDP)
+        configs["pyddp.nn plain"] = _pyddp_setup(h, None)
+        configs["pyddp DDP, pyddp.nn model"] = _pyddp_setup(h, PDDP)
+        times = {k: [] for k in configs}
+        for name, (step, _) in configs.items():   # warm-up (and bucket rebuild)
+            for _ in range(3):
+                step()
+        for _ in range(args.rounds):
+            for name, (step, _) in configs.items():
+                dist.barrier()
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    step()
+                    times[name].append(time.perf_counter() - t0)
+        nparams = next(iter(configs.values()))[1]
+        results[size] = {"params": nparams, "times": {k: _median(v) for k, v in times.items()}}
+        del configs
+    if rank == 0:
+        with open(args.worker, "w") as f:
+            json.dump(results, f)
+    if use_torch:
+        tdist.destroy_process_group()
+    dist.destroy_process_group()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    args = _parse()
+    if args.worker:
+        return _worker(args)
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch is not installed: pyddp.nn rows only")
+            args.no_torch = True
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ddp.json")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "pyddp.run", "--standalone", "--nproc-per-node", str(args.nproc),
+               os.path.abspath(__file__), "--worker", out, "--torch-port", str(_free_port()),
+               "--sizes", args.sizes, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+        if args.no_torch:
+            cmd.append("--no-torch")
+        subprocess.run(cmd, env=env, check=True, timeout=3600)
+        with open(out) as f:
+            results = json.load(f)
+    print(f"DDP step time, {args.nproc} ranks, batch {BATCH} per rank, one thread per rank, "
+          f"median of {args.rounds}x{args.steps} steps")
+    print()
+    print("| model | configuration | step ms | / plain | vs torch DDP |")
+    print("|---|---|---|---|---|")
+    for size, r in results.items():
+        t = r["times"]
+        tddp = t.get("torch DDP (gloo)")
+        for name, v in t.items():
+            plain = t["torch plain"] if name.startswith(("torch", "pyddp DDP, torch")) else t["pyddp.nn plain"]
+            vs = f"{tddp / v:.2f}x faster" if tddp and "pyddp DDP" in name else ""
+            print(f"| {size} ({r['params'] / 1e6:.2f}M) | {name} | {v * 1e3:.2f} | {v / plain:.3f} | {vs} |")
+    print()
+    targets = {"0.27M": 1.10, "1.9M": 1.04, "5.8M": 1.04}
+    for size, r in results.items():
+        t = r["times"]
+        for name, plain in (("pyddp DDP, torch model", "torch plain"),
+                            ("pyddp DDP, pyddp.nn model", "pyddp.nn plain")):
+            if name in t:
+                ratio = t[name] / t[plain]
+                ok = ratio <= targets[size] and ("torch DDP (gloo)" not in t or t[name] < t["torch DDP (gloo)"])
+                print(f"target {size} {name}: {ratio:.3f} of plain (<= {targets[size]}) "
+                      f"{'and faster than torch DDP ' if 'torch DDP (gloo)' in t else ''}-> "
+                      f"{'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
