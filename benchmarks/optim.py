@@ -25,14 +25,12 @@ import pyddp.optim as O  # noqa: E402
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2
 
 
-class Param:
-    """The minimal parameter the optimizers need (pyddp.Tensor's _data/grad interface)."""
+class Array:
+    """The minimal tensor the optimizers need (pyddp.Tensor's ``_data`` / ``grad``)."""
 
-    def __init__(self, data, grad):
+    def __init__(self, data, grad=None):
         self._data = data
-        self.grad = Param.__new__(Param)
-        self.grad._data = grad
-        self.grad.grad = None
+        self.grad = None if grad is None else Array(grad)
 
     def __array__(self, dtype=None, copy=None):
         return self._data
@@ -78,10 +76,10 @@ def main(argv=None):
     grads = [rng.standard_normal(n, dtype=np.float32) for n in sizes]
 
     impls = {}
-    fused_params = [Param(a.copy(), g) for a, g in zip(init, grads)]
+    fused_params = [Array(a.copy(), g) for a, g in zip(init, grads)]
     fused = O.FusedAdam(fused_params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     impls["pyddp FusedAdam"] = fused.step
-    plain_params = [Param(a.copy(), g) for a, g in zip(init, grads)]
+    plain_params = [Array(a.copy(), g) for a, g in zip(init, grads)]
     plain = O.AdamW(plain_params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     impls["pyddp AdamW"] = plain.step
 

@@ -413,3 +413,34 @@ def test_binding_rejects_bad_arrays():
         call(params=[[1.0, 2.0], p[1]])
     with pytest.raises(ValueError, match=r"momentum != 0 needs momentum_buffers"):
         _C.sgd_step(p, g, None, None, None, 0.1, 0.9, 0.0, 0.0)
+
+
+def test_noncontiguous_and_other_dtype_grads_and_params():
+    rng = np.random.default_rng(9)
+    init = rng.standard_normal(64).astype(np.float32)
+    g_big = rng.standard_normal(128).astype(np.float32)
+    g = g_big[::2]  # non-contiguous gradient: copied for the kernel
+    ref = FakeTensor(init.copy())
+    ref.grad = FakeTensor(np.ascontiguousarray(g))
+    a = FakeTensor(init.copy())
+    a.grad = FakeTensor(g)
+    b = FakeTensor(init.copy())
+    b.grad = FakeTensor(g.astype(np.float64))  # float64 gradient of a float32 parameter
+    store = np.zeros(128, np.float32)
+    store[::2] = init
+    c = FakeTensor(store[::2])  # a non-contiguous parameter: the NumPy path, updated in place
+    c.grad = FakeTensor(np.ascontiguousarray(g))
+    for opt_cls, kw in ((O.Adam, dict(lr=0.01, weight_decay=0.1)),
+                        (O.SGD, dict(lr=0.1, momentum=0.9))):
+        opts = [opt_cls([x], **kw) for x in (ref, a, b, c)]
+        for _ in range(3):
+            for o in opts:
+                o.step()
+        np.testing.assert_array_equal(a._data, ref._data)
+        np.testing.assert_array_equal(b._data, ref._data)
+        rel_close(c._data, ref._data, 1e-5)
+        assert np.shares_memory(c._data, store) and np.array_equal(store[::2], c._data)
+    bad = FakeTensor(np.zeros(4, np.int32))
+    bad.grad = FakeTensor(np.zeros(4, np.int32))
+    with pytest.raises(TypeError, match="floating-point parameters"):
+        O.SGD([bad], lr=0.1).step()

@@ -29,8 +29,35 @@ def grad_array(p):
 
 
 def uses_kernel(a: np.ndarray) -> bool:
-    """True when the fused C kernels take parameters of this array's dtype."""
-    return a.dtype in _KERNEL_PARAM
+    """True when the fused C kernels take this parameter array (float32/float16/bfloat16,
+    C-contiguous, writable); others are updated with NumPy."""
+    return a.dtype in _KERNEL_PARAM and a.flags.c_contiguous and a.flags.writeable
+
+
+def entry(p, st):
+    """(param array, grad array, state) for one parameter with a gradient, or None without one.
+
+    The gradient is made acceptable to the kernels without touching the parameter: a
+    non-contiguous gradient is copied, one of another floating dtype (float64) converted to
+    float32 (gradients are only read).
+    """
+    g = grad_array(p)
+    if g is None:
+        return None
+    a = param_array(p)
+    if g.size != a.size:
+        raise ValueError(f"gradient has {g.size} elements but its parameter has {a.size} "
+                         f"(shapes {g.shape} and {a.shape})")
+    if uses_kernel(a):
+        if g.dtype not in _KERNEL_PARAM:
+            g = g.astype(np.float32)
+        elif not g.flags.c_contiguous:
+            g = np.ascontiguousarray(g)
+    elif a.dtype == np.uint16:  # a bfloat16 view the NumPy path cannot do arithmetic on
+        raise ValueError("bfloat16 parameters must be C-contiguous and writable")
+    elif a.dtype.kind != "f":
+        raise TypeError(f"can only optimize floating-point parameters, got {a.dtype}")
+    return a, g, st
 
 
 def state_zeros(a: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _scaled
-from ._functional import adam_group, grad_array, param_array, state_zeros
+from ._functional import adam_group, entry, param_array, state_zeros
 from .optimizer import Optimizer
 
 __all__ = ["Adam"]
@@ -65,16 +65,14 @@ class _AdamBase(Optimizer):
         for group in self.param_groups:
             entries = []
             for p in group["params"]:
-                g = grad_array(p)
-                if g is None:
+                if p.grad is None:
                     continue
-                a = param_array(p)
                 st = self.state[p]
                 if len(st) == 0:
-                    self._init_state(p, a, st, group)
+                    self._init_state(p, param_array(p), st, group)
                 if self._amsgrad(group) and "max_exp_avg_sq" not in st:
-                    st["max_exp_avg_sq"] = state_zeros(a)
-                entries.append((a, g, st))
+                    st["max_exp_avg_sq"] = state_zeros(param_array(p))
+                entries.append(entry(p, st))
             if not entries:
                 continue
             beta1, beta2 = group["betas"]

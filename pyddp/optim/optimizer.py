@@ -194,12 +194,19 @@ class Optimizer:
         raise NotImplementedError
 
     def _run_closure(self, closure):
+        """closure() with gradient recording on (torch's enable_grad, or pyddp's if it has one)."""
         if closure is None:
             return None
-        if "torch" in type(self.param_groups[0]["params"][0]).__module__:
+        if _is_torch(self.param_groups[0]["params"][0]):
             import torch
 
             with torch.enable_grad():
+                return closure()
+        import pyddp
+
+        enable_grad = getattr(pyddp, "enable_grad", None)
+        if enable_grad is not None:
+            with enable_grad():
                 return closure()
         return closure()
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import _scaled
-from ._functional import grad_array, param_array, sgd_group
+from ._functional import entry, sgd_group
 from .optimizer import Optimizer, required
 
 __all__ = ["SGD"]
@@ -28,12 +28,11 @@ class _SGDBase(Optimizer):
         for group in self.param_groups:
             entries = []
             for p in group["params"]:
-                g = grad_array(p)
-                if g is None:
+                if p.grad is None:
                     continue
                 # torch keeps no state without momentum; master copies live there too
                 st = self.state[p] if group["momentum"] != 0 or p in self.state else {}
-                entries.append((param_array(p), g, st))
+                entries.append(entry(p, st))
             if not entries:
                 continue
             sgd_group(entries, lr=float(group["lr"]), momentum=float(group["momentum"]),
