@@ -43,6 +43,9 @@ SCHEDULERS = [
     ("LinearLR", dict(start_factor=0.2, end_factor=0.9, total_iters=12)),
     ("LambdaLR", dict(lr_lambda=lambda e: 1.0 / (1 + e) ** 0.5)),
     ("OneCycleLR", dict(max_lr=[0.5, 1.0], total_steps=36)),
+    ("MultiplicativeLR", dict(lr_lambda=lambda e: 0.95)),
+    ("ConstantLR", dict(factor=0.5, total_iters=6)),
+    ("PolynomialLR", dict(total_iters=20, power=0.9)),
     ("OneCycleLR", dict(max_lr=0.5, total_steps=36, anneal_strategy="linear", three_phase=True)),
 ]
 
@@ -150,3 +153,49 @@ def test_warns_when_scheduler_steps_first_and_drives_torch_optimizers():
     assert topt.param_groups[0]["lr"] == 0.5
     with pytest.raises(TypeError, match="is not an Optimizer"):
         O.lr_scheduler.StepLR(object(), 1)
+
+
+def _sub(mod, opt, which):
+    if which == "seq":
+        a = mod.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
+        b = mod.lr_scheduler.CosineAnnealingLR(opt, T_max=12)
+        c = mod.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return mod.lr_scheduler.SequentialLR(opt, [a, b, c], milestones=[5, 17])
+    a = mod.lr_scheduler.ExponentialLR(opt, gamma=0.97)
+    b = mod.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    return mod.lr_scheduler.ChainedScheduler([a, b])
+
+
+@pytest.mark.parametrize("which", ["seq", "chain"])
+def test_sequential_and_chained(which):
+    topt, popt, tp, pp = _pair("SGD")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about the wrapped schedulers' first step
+        tsched = _sub(torch.optim, topt, which)
+        psched = _sub(O, popt, which)
+        assert psched.get_last_lr() == pytest.approx(tsched.get_last_lr(), rel=1e-12)
+        seq_t, seq_p = _run(tsched, psched, topt, popt, tp, pp, 30)
+    np.testing.assert_allclose(np.array(seq_p), np.array(seq_t), rtol=1e-12, atol=0)
+    sd = psched.state_dict()
+    assert len(sd["_schedulers"]) == len(tsched.state_dict()["_schedulers"])
+
+
+def test_reduce_lr_on_plateau():
+    topt, popt, _, _ = _pair("SGD")
+    kw = dict(mode="min", factor=0.5, patience=2, threshold=0.01, cooldown=1, min_lr=[0.01, 0.02])
+    ts = torch.optim.lr_scheduler.ReduceLROnPlateau(topt, **kw)
+    ps = O.lr_scheduler.ReduceLROnPlateau(popt, **kw)
+    metrics = [1.0, 0.9, 0.95, 0.95, 0.95, 0.899, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.5, 0.6, 0.6,
+               0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
+    for m in metrics:
+        ts.step(m)
+        ps.step(m)
+        assert ps.get_last_lr() == ts.get_last_lr()
+        assert ps.num_bad_epochs == ts.num_bad_epochs
+    assert ps.get_last_lr()[0] < 0.1  # it did reduce
+    sd = ps.state_dict()
+    ps2 = O.lr_scheduler.ReduceLROnPlateau(popt)
+    ps2.load_state_dict(sd)
+    assert ps2.best == ps.best and ps2.patience == 2
+    with pytest.raises(ValueError, match="Factor should be < 1.0"):
+        O.lr_scheduler.ReduceLROnPlateau(popt, factor=1.0)
