@@ -6,7 +6,10 @@ torch._amp_foreach_non_finite_check_and_unscale_, all on one CPU thread.
 Prints a markdown table: median milliseconds per call over many repetitions (implementations
 run round-robin), and each one's time relative to pyddp's.  The inverse scale alternates between
 2^-10 and 2^10 so the gradients stay the same values (exact) whatever the number of repetitions.
-A check-only row (inv_scale = 1: read, no write) shows the cost of the check alone.
+A check-only row (inv_scale = 1: read, no write) shows the cost of the check alone, and a row
+with NumPy's in-place multiply alone (no check) shows what one pass over the memory costs: once
+the arrays outgrow the caches every one-pass kernel is bound by it, which caps the speedup over
+NumPy's two passes at about 2x.
 
     python benchmarks/amp.py                   # 10M elements, 20 arrays, 30 repetitions
     python benchmarks/amp.py --numel 1e6 --reps 5
@@ -69,6 +72,13 @@ def main(argv=None):
         if bad:
             np_found[0] = 1.0
 
+    npm = [a.copy() for a in base]
+
+    def numpy_mul_fn(k):
+        inv = invs[k % 2]
+        for g in npm:
+            g *= inv
+
     impls = {"pyddp unscale_ (fused)": pyddp_fn, "NumPy (multiply, then isfinite)": numpy_fn}
     torch_version = None
     try:
@@ -87,6 +97,7 @@ def main(argv=None):
     except ImportError:
         notes.append("torch is not installed: no torch row")
     impls["pyddp check only (inv_scale=1)"] = check_fn
+    impls["NumPy multiply alone, no check (one-pass floor)"] = numpy_mul_fn
 
     for fn in impls.values():  # warm up (page in, caches)
         fn(1)

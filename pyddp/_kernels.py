@@ -34,24 +34,30 @@ def as_array(x, name: str = "array") -> np.ndarray:
     ``x`` may be a NumPy array, a pyddp Tensor (anything with an ndarray ``_data``), a torch CPU
     tensor, or an object with ``__array__`` that returns its own memory.
     """
-    if isinstance(x, np.ndarray):
+    # Called for every array of every kernel call: the common cases come first and cheaply.
+    if type(x) is np.ndarray:
         a = x
-    elif isinstance(getattr(x, "_data", None), np.ndarray):
-        a = x._data
-    elif _is_torch(x):
-        import torch  # only reached for a torch tensor
-
-        t = x.detach()
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} is on device {t.device}; pyddp's kernels take CPU tensors")
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16)
-        a = t.numpy()
-    elif hasattr(x, "__array__"):
-        a = np.asarray(x)
     else:
-        raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
-    if a.dtype.name == "bfloat16":
+        d = getattr(x, "_data", None)
+        if isinstance(d, np.ndarray):
+            a = d
+        elif isinstance(x, np.ndarray):
+            a = x
+        elif _is_torch(x):
+            import torch  # only reached for a torch tensor
+
+            t = x.detach()
+            if t.device.type != "cpu":
+                raise ValueError(f"{name} is on device {t.device}; pyddp's kernels take CPU "
+                                 "tensors")
+            if t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(np.uint16)
+            a = t.numpy()
+        elif hasattr(x, "__array__"):
+            a = np.asarray(x)
+        else:
+            raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
+    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
         a = a.view(np.uint16)
     return a
 
@@ -65,9 +71,16 @@ def dtype_name(x) -> str:
 
 
 def _arrays(xs, name):
-    if isinstance(xs, (np.ndarray,)) or _is_torch(xs) or hasattr(xs, "_data"):
-        raise TypeError(f"{name} must be a list of arrays, got a single {type(xs).__name__}")
-    return [as_array(x, f"{name}[{i}]") for i, x in enumerate(xs)]
+    if type(xs) is not list and type(xs) is not tuple:
+        if isinstance(xs, np.ndarray) or _is_torch(xs) or hasattr(xs, "_data"):
+            raise TypeError(f"{name} must be a list of arrays, got a single {type(xs).__name__}")
+        xs = list(xs)
+    try:
+        return [as_array(x, name) for x in xs]
+    except (TypeError, ValueError):
+        for i, x in enumerate(xs):  # again, to name the index
+            as_array(x, f"{name}[{i}]")
+        raise
 
 
 def _flag(found_inf):
