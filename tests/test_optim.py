@@ -411,6 +411,10 @@ def test_binding_rejects_bad_arrays():
         call(found_inf=np.zeros(2, np.float32))
     with pytest.raises(TypeError, match=r"params\[0\] must be an array"):
         call(params=[[1.0, 2.0], p[1]])
+    with pytest.raises(ValueError, match=r"exp_avgs\[1\] and exp_avg_sqs\[1\] share memory"):
+        call(exp_avgs=[m[0], v[1]])
+    with pytest.raises(ValueError, match=r"params\[0\] and masters\[0\] share memory"):
+        call(masters=[p[0], None])
     with pytest.raises(ValueError, match=r"momentum != 0 needs momentum_buffers"):
         _C.sgd_step(p, g, None, None, None, 0.1, 0.9, 0.0, 0.0)
 
