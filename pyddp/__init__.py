@@ -3,4 +3,4 @@ __version__ = "0.1.0"
 
 from . import _C  # noqa: F401  (fail early if the extension is missing)
 from .notebook import notebook_launcher  # noqa: F401,E402
-from . import optim  # noqa: F401,E402  (pyddp.optim.SGD after `import pyddp`, as torch.optim)
+from . import optim, optimizers  # noqa: F401,E402  (pyddp.optim.SGD as torch.optim; pyddp.optimizers.FusedAdam as apex.optimizers)

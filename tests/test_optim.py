@@ -448,3 +448,33 @@ def test_noncontiguous_and_other_dtype_grads_and_params():
     bad.grad = FakeTensor(np.zeros(4, np.int32))
     with pytest.raises(TypeError, match="floating-point parameters"):
         O.SGD([bad], lr=0.1).step()
+
+
+def test_step_hooks_copy_and_apex_names():
+    import copy
+
+    import pyddp
+
+    p = FakeTensor(np.ones(3, np.float32))
+    p.grad = FakeTensor(np.ones(3, np.float32))
+    opt = O.FusedAdam([p], lr=0.1)
+    calls = []
+    h1 = opt.register_step_pre_hook(lambda o, a, k: calls.append(("pre", o is opt)))
+    opt.register_step_post_hook(lambda o, a, k: calls.append(("post", k.get("inv_scale"))))
+    opt.step(inv_scale=0.5)
+    assert calls == [("pre", True), ("post", 0.5)]
+    h1.remove()
+    opt.step()
+    assert calls[-1] == ("post", None) and len(calls) == 3
+    # deepcopy keeps the per-parameter state attached to the copied parameters
+    clone = copy.deepcopy(opt)
+    q = clone.param_groups[0]["params"][0]
+    assert q is not p and float(clone.state[q]["step"]) == 2.0
+    np.testing.assert_array_equal(clone.state[q]["exp_avg"], opt.state[p]["exp_avg"])
+    assert pyddp.optimizers.FusedAdam is O.FusedAdam and pyddp.optimizers.FusedSGD is O.FusedSGD
+    # FusedSGD.step calls the base step: hooks still run once per step
+    sgd = O.FusedSGD([p], lr=0.1, master_weights=True)
+    n = []
+    sgd.register_step_pre_hook(lambda o, a, k: n.append(1))
+    sgd.step()
+    assert n == [1]

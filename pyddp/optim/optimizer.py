@@ -9,6 +9,7 @@ torch's structure -- ``{'state': {0: {'step': ..., 'exp_avg': ...}}, 'param_grou
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import MutableMapping
 from itertools import chain
 
@@ -68,6 +69,65 @@ class ParamState(MutableMapping):
     def __repr__(self):
         return f"ParamState({len(self)} parameters)"
 
+    # copy / deepcopy / pickle: keys are object ids, so store the pairs and re-key them
+    def __getstate__(self):
+        return list(self._d.values())
+
+    def __setstate__(self, pairs):
+        self._d = {id(p): (p, st) for p, st in pairs}
+
+
+class _RemovableHandle:
+    """Returned by the hook registrations; ``remove()`` unregisters the hook."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict):
+        self._hooks = hooks
+        self.id = _RemovableHandle._next_id
+        _RemovableHandle._next_id += 1
+
+    def remove(self):
+        """Unregister the hook (idempotent)."""
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def _with_step_hooks(step):
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        if self.__dict__.get("_in_step_hooks"):  # a subclass's step calling super().step()
+            return step(self, *args, **kwargs)
+        self._in_step_hooks = True
+        try:
+            return _run_hooked(step, self, args, kwargs)
+        finally:
+            self._in_step_hooks = False
+
+    wrapper._pyddp_step_hooks = True
+    return wrapper
+
+
+def _run_hooked(step, self, args, kwargs):
+    """Pre-hooks, the step, post-hooks (torch's order)."""
+    for hook in list(getattr(self, "_optimizer_step_pre_hooks", {}).values()):
+        result = hook(self, args, kwargs)
+        if result is not None:
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise RuntimeError(
+                    f"{hook} must return None or a tuple of (new_args, new_kwargs), but got "
+                    f"{result}.")
+            args, kwargs = result
+    out = step(self, *args, **kwargs)
+    for hook in list(getattr(self, "_optimizer_step_post_hooks", {}).values()):
+        hook(self, args, kwargs)
+    return out
+
 
 def _state_value(key, value, param_dtype):
     """A loaded state value as an owned NumPy array (torch tensors copied)."""
@@ -96,8 +156,16 @@ class Optimizer:
         defaults: default hyper-parameters for groups that do not set them.
     """
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "_pyddp_step_hooks", False):
+            cls.step = _with_step_hooks(step)
+
     def __init__(self, params, defaults: dict):
         self.defaults = defaults
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
         self.state = ParamState()
         self.param_groups: list[dict] = []
         if _is_param(params):
@@ -117,6 +185,22 @@ class Optimizer:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("_optimizer_step_pre_hooks", {})
+        self.__dict__.setdefault("_optimizer_step_post_hooks", {})
+
+    def register_step_pre_hook(self, hook):
+        """``hook(optimizer, args, kwargs)`` runs before each ``step``; it may return
+        ``(new_args, new_kwargs)``.  Returns a handle whose ``remove()`` unregisters it."""
+        handle = _RemovableHandle(self._optimizer_step_pre_hooks)
+        self._optimizer_step_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook):
+        """``hook(optimizer, args, kwargs)`` runs after each ``step``.  Returns a handle whose
+        ``remove()`` unregisters it."""
+        handle = _RemovableHandle(self._optimizer_step_post_hooks)
+        self._optimizer_step_post_hooks[handle.id] = hook
+        return handle
 
     def __repr__(self):
         lines = [self.__class__.__name__ + " ("]
