@@ -107,17 +107,14 @@ DEFINE_VARIANTS(_base, )
 DEFINE_VARIANTS(_avx2, __attribute__((target("avx2"))))
 #endif
 
+#ifdef HAVE_X86_DISPATCH
 /* 1: AVX2, 0: baseline. */
 static int
 isa_level(void)
 {
-#ifdef HAVE_X86_DISPATCH
-    if (__builtin_cpu_supports("avx2")) {
-        return 1;
-    }
-#endif
-    return 0;
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
+#endif
 
 static int
 f32_unscale(float *d, size_t n, float s)
