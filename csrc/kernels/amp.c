@@ -1,63 +1,175 @@
 /* Fused unscale + non-finite check, and multi-dtype casts (see amp.h).
  *
  * float32 / float64 run as one branch-free loop the compiler vectorises:
- * the finiteness test is !(|x| <= max), false for inf and NaN alike, OR-ed
- * into an accumulator so no early exit breaks vectorisation (torch also
- * scales every element when an inf is present).  float16 / bfloat16 go
+ * the finiteness test looks at the exponent bits and is OR-ed into an
+ * accumulator, so no early exit breaks vectorisation (torch also scales
+ * every element when an inf is present).  float16 / bfloat16 go
  * through a float32 block on the stack with the dispatched casts of cast.c.
  */
 #include "amp.h"
 
-#include <float.h>
-#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Elements per on-stack float32 block of the half-precision paths: small
  * enough for L1, large enough to amortise the cast calls. */
 #define BLOCK 1024
 
-static int
-f32_unscale(float *restrict d, size_t n, float s)
+#if defined(__GNUC__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE static inline
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(PD_KERNELS_PORTABLE)
+#define HAVE_X86_DISPATCH 1
+#endif
+
+/* The finiteness test on the bits: the exponent field is all ones (inf or
+ * NaN) exactly when adding one to it carries into the sign bit.  Integer
+ * and / add / or only, so the loops vectorise to three instructions per
+ * vector of floats with no compare-to-flag conversions. */
+ALWAYS_INLINE int
+f32_unscale_body(float *restrict d, size_t n, float s)
 {
-    int bad = 0;
+    uint32_t acc = 0;
     for (size_t i = 0; i < n; i++) {
         float x = d[i];
-        bad |= !(fabsf(x) <= FLT_MAX);
+        uint32_t u;
+        memcpy(&u, &x, sizeof(u));
+        acc |= (u & 0x7f800000u) + 0x00800000u;
         d[i] = x * s;
     }
-    return bad;
+    return (int)(acc >> 31);
 }
 
-static int
-f32_nonfinite(const float *restrict d, size_t n)
+ALWAYS_INLINE int
+f32_nonfinite_body(const float *restrict d, size_t n)
 {
-    int bad = 0;
+    uint32_t acc = 0;
     for (size_t i = 0; i < n; i++) {
-        bad |= !(fabsf(d[i]) <= FLT_MAX);
+        uint32_t u;
+        memcpy(&u, &d[i], sizeof(u));
+        acc |= (u & 0x7f800000u) + 0x00800000u;
     }
-    return bad;
+    return (int)(acc >> 31);
 }
 
-static int
-f64_unscale(double *restrict d, size_t n, double s)
+ALWAYS_INLINE int
+f64_unscale_body(double *restrict d, size_t n, double s)
 {
-    int bad = 0;
+    uint64_t acc = 0;
     for (size_t i = 0; i < n; i++) {
         double x = d[i];
-        bad |= !(fabs(x) <= DBL_MAX);
+        uint64_t u;
+        memcpy(&u, &x, sizeof(u));
+        acc |= (u & 0x7ff0000000000000ull) + 0x0010000000000000ull;
         d[i] = x * s;
     }
-    return bad;
+    return (int)(acc >> 63);
+}
+
+ALWAYS_INLINE int
+f64_nonfinite_body(const double *restrict d, size_t n)
+{
+    uint64_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u;
+        memcpy(&u, &d[i], sizeof(u));
+        acc |= (u & 0x7ff0000000000000ull) + 0x0010000000000000ull;
+    }
+    return (int)(acc >> 63);
+}
+
+/* Baseline builds, plus AVX2 builds of the same bodies chosen at run time
+ * (no floating-point contraction is involved: same bits).  The loops run at
+ * memory bandwidth with AVX2; AVX-512 builds measured slower (AMD Zen 4). */
+#define DEFINE_VARIANTS(suffix, attr)                                         \
+    attr static int f32_unscale##suffix(float *d, size_t n, float s)          \
+    {                                                                         \
+        return f32_unscale_body(d, n, s);                                     \
+    }                                                                         \
+    attr static int f32_nonfinite##suffix(const float *d, size_t n)           \
+    {                                                                         \
+        return f32_nonfinite_body(d, n);                                      \
+    }                                                                         \
+    attr static int f64_unscale##suffix(double *d, size_t n, double s)        \
+    {                                                                         \
+        return f64_unscale_body(d, n, s);                                     \
+    }                                                                         \
+    attr static int f64_nonfinite##suffix(const double *d, size_t n)          \
+    {                                                                         \
+        return f64_nonfinite_body(d, n);                                      \
+    }
+
+DEFINE_VARIANTS(_base, )
+#ifdef HAVE_X86_DISPATCH
+DEFINE_VARIANTS(_avx2, __attribute__((target("avx2"))))
+#endif
+
+#ifdef HAVE_X86_DISPATCH
+/* 1: AVX2, 0: baseline. */
+static int
+isa_level(void)
+{
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+}
+#endif
+
+static int
+f32_unscale(float *d, size_t n, float s)
+{
+#ifdef HAVE_X86_DISPATCH
+    switch (isa_level()) {
+    case 1:
+        return f32_unscale_avx2(d, n, s);
+    default:
+        break;
+    }
+#endif
+    return f32_unscale_base(d, n, s);
 }
 
 static int
-f64_nonfinite(const double *restrict d, size_t n)
+f32_nonfinite(const float *d, size_t n)
 {
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        bad |= !(fabs(d[i]) <= DBL_MAX);
+#ifdef HAVE_X86_DISPATCH
+    switch (isa_level()) {
+    case 1:
+        return f32_nonfinite_avx2(d, n);
+    default:
+        break;
     }
-    return bad;
+#endif
+    return f32_nonfinite_base(d, n);
+}
+
+static int
+f64_unscale(double *d, size_t n, double s)
+{
+#ifdef HAVE_X86_DISPATCH
+    switch (isa_level()) {
+    case 1:
+        return f64_unscale_avx2(d, n, s);
+    default:
+        break;
+    }
+#endif
+    return f64_unscale_base(d, n, s);
+}
+
+static int
+f64_nonfinite(const double *d, size_t n)
+{
+#ifdef HAVE_X86_DISPATCH
+    switch (isa_level()) {
+    case 1:
+        return f64_nonfinite_avx2(d, n);
+    default:
+        break;
+    }
+#endif
+    return f64_nonfinite_base(d, n);
 }
 
 /* float16: exponent bits all ones (0x7c00) is inf or NaN. */

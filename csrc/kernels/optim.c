@@ -222,15 +222,13 @@ sgd_f32_avx2(const sgd_consts *k, float *p, const float *g, float *b,
 }
 #endif
 
+#ifdef HAVE_X86_DISPATCH
 static int
 use_avx2(void)
 {
-#ifdef HAVE_X86_DISPATCH
     return __builtin_cpu_supports("avx2");
-#else
-    return 0;
-#endif
 }
+#endif
 
 /* ---- shared driver ---- */
 

@@ -85,6 +85,39 @@ check_count(const pd_fview *v, Py_ssize_t i, size_t want, const char *fn,
     return 0;
 }
 
+/* The arrays of one parameter are read and written through restrict
+ * pointers in one loop: none may share memory with another. */
+static int
+check_disjoint(const group_views *g, Py_ssize_t i, const char *fn,
+               const char *n0, const char *n1, const char *n2)
+{
+    const pd_fview *v[6] = {&g->params[i], &g->grads[i],
+                            g->s0 ? &g->s0[i] : NULL,
+                            g->s1 ? &g->s1[i] : NULL,
+                            g->s2 ? &g->s2[i] : NULL,
+                            g->masters ? &g->masters[i] : NULL};
+    const char *names[6] = {"params", "grads", n0, n1, n2, "masters"};
+    for (int a = 0; a < 6; a++) {
+        if (v[a] == NULL || !v[a]->held || v[a]->buf.len == 0) {
+            continue;
+        }
+        const char *alo = v[a]->buf.buf, *ahi = alo + v[a]->buf.len;
+        for (int b = a + 1; b < 6; b++) {
+            if (v[b] == NULL || !v[b]->held || v[b]->buf.len == 0) {
+                continue;
+            }
+            const char *blo = v[b]->buf.buf, *bhi = blo + v[b]->buf.len;
+            if (alo < bhi && blo < ahi) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s: %s[%zd] and %s[%zd] share memory", fn,
+                             names[a], i, names[b], i);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* Views of params, grads, the state lists (s*_obj == NULL or None: absent)
  * and masters; the tensor table g->t filled in.  Returns 0 or -1. */
 static int
@@ -159,13 +192,7 @@ group_get(group_views *g, const char *fn, PyObject *params, PyObject *grads,
         t->state0 = g->s0 ? (float *)g->s0[i].buf.buf : NULL;
         t->state1 = g->s1 ? (float *)g->s1[i].buf.buf : NULL;
         t->state2 = g->s2 ? (float *)g->s2[i].buf.buf : NULL;
-        /* Two distinct arrays updated in one loop must not share memory
-         * (restrict); a master must not be its own param either. */
-        const char *plo = t->param;
-        if (t->master != NULL && (const char *)t->master == plo) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: masters[%zd] is the same memory as params[%zd]",
-                         fn, i, i);
+        if (check_disjoint(g, i, fn, n0, n1, n2) < 0) {
             return -1;
         }
     }
