@@ -191,10 +191,10 @@ class _DDPCore:
             # CPU modules: torch raises here; seed scripts pass device_ids=[local_rank] for GPUs,
             # so keep them running and say what happens.
             warnings.warn("DistributedDataParallel: device_ids and output_device are ignored for CPU "
-                          "modules (pyddp runs the model where its parameters are)", stacklevel=3)
+                          "modules (pyddp runs the model where its parameters are)", stacklevel=4)
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is "
-                          "deprecated. Please avoid using it.", FutureWarning, stacklevel=3)
+                          "deprecated. Please avoid using it.", FutureWarning, stacklevel=4)
         if process_group is None:
             if not dist.is_initialized():
                 raise RuntimeError("Default process group has not been initialized, please make sure "
