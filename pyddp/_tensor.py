@@ -1827,6 +1827,15 @@ def _sigmoid_f(x):
 
 sigmoid = _unary("SigmoidBackward0", _sigmoid_f, lambda g, x, o: g * (o * (1 - o)))
 
+for _name, _what in (("exp", "e**x"), ("log", "the natural logarithm"), ("log1p", "log(1 + x)"),
+                     ("expm1", "e**x - 1"), ("sqrt", "the square root"),
+                     ("rsqrt", "1 / sqrt(x)"), ("sin", "the sine"), ("cos", "the cosine"),
+                     ("tanh", "the hyperbolic tangent"), ("square", "x * x"),
+                     ("sigmoid", "the logistic sigmoid 1 / (1 + e**-x)")):
+    globals()[_name].__name__ = globals()[_name].__qualname__ = _name
+    globals()[_name].__doc__ = f"{_name}(x): {_what}, elementwise (torch.{_name}; differentiable)."
+del _name, _what
+
 
 def abs(x):  # noqa: A001
     """|x| (gradient sign(x), 0 at 0)."""
@@ -1847,6 +1856,8 @@ def relu(x):
 def _nograd_unary(f):
     def op(x):
         return _mk(f(x._data), "ZeroBackward", lambda g: (np.zeros_like(g),), (x,), saves=False)
+    op.__name__ = f.__name__
+    op.__doc__ = f"Elementwise {f.__name__} of a Tensor (NumPy's np.{f.__name__}); its gradient is zero."
     return op
 
 
@@ -2439,4 +2450,9 @@ def logsumexp(x, dim, keepdim=False):
     return _mk(res, "LogsumexpBackward0", bw, (x,))
 
 
-Tensor.logsumexp = lambda self, dim, keepdim=False: logsumexp(self, dim, keepdim)
+def _logsumexp_method(self, dim, keepdim=False):
+    """log(sum(exp(self))) along dim, computed stably."""
+    return logsumexp(self, dim, keepdim)
+
+
+Tensor.logsumexp = _logsumexp_method

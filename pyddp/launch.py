@@ -23,6 +23,8 @@ _STYLES = {"underscore": "--local_rank", "dash": "--local-rank"}
 
 
 def get_args_parser():
+    """The argparse parser of pyddp.launch: pyddp.run's options plus --use-env and --local-rank-
+    style."""
     parser = build_parser(PROG, DESCRIPTION)
     parser.add_argument("--use-env", "--use_env", dest="use_env", action="store_true",
                         default=_env_flag("use_env"),
@@ -35,6 +37,8 @@ def get_args_parser():
 
 
 def main(args=None):
+    """Entry point of ``python -m pyddp.launch``: like pyddp.run, passing ``--local_rank=N`` to each
+    worker unless --use-env."""
     parser = get_args_parser()
     ns = parser.parse_args(args)
     print(f"{PROG}: warning: pyddp.launch mirrors the deprecated torch.distributed.launch; the modern form "

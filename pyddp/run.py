@@ -31,10 +31,12 @@ def _prog():
 
 
 def get_args_parser():
+    """The argparse parser of pyddp.run (torchrun's options)."""
     return build_parser(_prog(), DESCRIPTION)
 
 
 def parse_args(args):
+    """Parse a pyddp.run command line (a list of strings) into a namespace."""
     return get_args_parser().parse_args(args)
 
 
@@ -49,6 +51,8 @@ def run(args) -> int:
 
 
 def main(args=None):
+    """Entry point of ``python -m pyddp.run`` / ``pyddp-run``: parse ``args`` (default sys.argv),
+    start the workers, exit with the job's status."""
     parser = get_args_parser()
     ns = parser.parse_args(args)
     run_job(_config_from_args(parser, ns, parser.prog))

@@ -93,16 +93,20 @@ class ProcessGroup:
         self._fast = cpg.fast
 
     def rank(self) -> int:
+        """This process's rank within the group."""
         return self._rank
 
     def size(self) -> int:
+        """Number of ranks in the group."""
         return self._size
 
     def name(self) -> str:
+        """The group's name (torch's group_name)."""
         return self._name
 
     @property
     def group_name(self) -> str:
+        """The group's name, as a property (torch's ProcessGroup.group_name)."""
         return self._name
 
     def _submit(self, kind, dtype=0, op=0, root=0, tag=0, count=0, inputs=(), outputs=(),
@@ -149,11 +153,14 @@ class _NonMember:
 
 
 class GroupMember:
+    """torch's GroupMember: WORLD is the default group once initialized; NON_GROUP_MEMBER is what
+    new_group() returns on ranks outside the group."""
     WORLD = None
     NON_GROUP_MEMBER = _NonMember()
 
 
 class group:  # noqa: N801  (torch's spelling)
+    """torch's ``dist.group``: ``group.WORLD`` is the default process group once initialized."""
     WORLD = None
 
 
@@ -180,22 +187,27 @@ def _set_world(pg):
 
 
 def is_available() -> bool:
+    """True: pyddp.distributed is always available (torch.distributed.is_available)."""
     return True
 
 
 def is_initialized() -> bool:
+    """Whether init_process_group has created the default process group."""
     return _world.default_pg is not None
 
 
 def is_gloo_available() -> bool:
+    """True: the name 'gloo' selects pyddp's own CPU backend."""
     return True
 
 
 def is_nccl_available() -> bool:
+    """False: this build has no NCCL (GPU) backend."""
     return False
 
 
 def is_mpi_available() -> bool:
+    """False: pyddp has no MPI backend (it starts under mpirun, see the README)."""
     return False
 
 
@@ -221,16 +233,21 @@ def _resolve(group) -> ProcessGroup | None:
 
 
 def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (the default group when None); -1 on a rank that is not a
+    member."""
     pg = _resolve(group)
     return -1 if pg is None else pg.rank()
 
 
 def get_world_size(group=None) -> int:
+    """Number of ranks in ``group`` (the default group when None); -1 on a rank that is not a
+    member."""
     pg = _resolve(group)
     return -1 if pg is None else pg.size()
 
 
 def get_backend(group=None) -> str:
+    """The backend name of ``group`` ('cpu' or 'gloo', as given to init_process_group)."""
     pg = _resolve(group)
     if pg is None:
         raise ValueError("Invalid process group specified: this rank is not a member")
@@ -238,6 +255,7 @@ def get_backend(group=None) -> str:
 
 
 def get_process_group_ranks(group) -> list:
+    """The global ranks of ``group``'s members, in group-rank order."""
     pg = _resolve(group)
     if pg is None:
         raise ValueError("this rank is not a member of the group")
@@ -245,6 +263,7 @@ def get_process_group_ranks(group) -> list:
 
 
 def get_global_rank(group, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group``."""
     pg = _resolve(group)
     if pg is None:
         raise ValueError("this rank is not a member of the group")
@@ -254,6 +273,7 @@ def get_global_rank(group, group_rank: int) -> int:
 
 
 def get_group_rank(group, global_rank: int) -> int:
+    """The rank in ``group`` of the process whose global rank is ``global_rank``."""
     pg = _resolve(group)
     if pg is None:
         raise ValueError("this rank is not a member of the group")
@@ -578,6 +598,7 @@ class Future:
         self._callbacks = []
 
     def wait(self):
+        """Block until the operation finished (raising its error, if any); returns value()."""
         if self._work is not None:
             self._work.wait()
         elif self._result is Future._UNSET:
@@ -585,6 +606,7 @@ class Future:
         return self.value()
 
     def value(self):
+        """The result; raises RuntimeError if the operation has not completed yet."""
         if self._work is None:
             if self._result is Future._UNSET:
                 raise RuntimeError("Future.value() called before a result was set")
@@ -595,6 +617,7 @@ class Future:
         return self._value_fn()
 
     def done(self) -> bool:
+        """Whether the result is available."""
         if self._work is None:
             return self._result is not Future._UNSET
         return self._work.is_completed()
@@ -626,6 +649,7 @@ class Future:
         return Future(self._work, value)
 
     def add_done_callback(self, callback):
+        """Call ``callback(future)`` once the result is set (at once if it already is)."""
         if self.done():
             callback(self)
         else:
@@ -650,6 +674,8 @@ class Work:
         self._exc = None
 
     def wait(self, timeout=None) -> bool:
+        """Block until the operation finished (``timeout``: seconds or a timedelta); raises the
+        operation's DistError if it failed. Returns True."""
         t = None
         if timeout is not None:
             t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
@@ -661,9 +687,11 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        """Whether the operation has finished, successfully or not (never blocks)."""
         return self._cw.is_completed()
 
     def is_success(self) -> bool:
+        """True once the operation finished without an error."""
         if not self._cw.is_completed():
             return False
         try:
@@ -673,6 +701,7 @@ class Work:
         return True
 
     def exception(self):
+        """The operation's error once it finished with one, else None."""
         if not self._cw.is_completed():
             return None
         try:
@@ -682,6 +711,7 @@ class Work:
         return None
 
     def result(self):
+        """Wait, then return the output arrays as a list (torch's Work.result())."""
         self.wait()
         r = self._result
         return [] if r is None else list(r) if isinstance(r, (list, tuple)) else [r]
@@ -691,6 +721,7 @@ class Work:
         return Future(self, self.result)
 
     def source_rank(self) -> int:
+        """For recv/irecv from any source: the global rank the message came from."""
         src = self._cw.source_rank()
         return self._pg._ranks[src] if self._pg is not None and src >= 0 else src
 
@@ -752,6 +783,9 @@ def _rank_arrays(lst, name, n, ref, ref_code, ref_name, writable):
 # ------------------------------------------------------------------------------ collectives
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """Copy ``tensor`` of rank ``src`` (global rank; ``group_src``: rank in the group) into
+    ``tensor`` on every rank of ``group``, in place. Returns a Work with ``async_op=True``,
+    else None."""
     if group is None and not async_op and group_src is None and src is not None:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and pg._fast(_K_BROADCAST, tensor, src):
@@ -774,6 +808,8 @@ def _ret(work, async_op):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``tensor`` over every rank of ``group`` with ``op`` (a ReduceOp) and leave the result
+    in ``tensor`` on every rank, in place. Returns a Work with ``async_op=True``, else None."""
     if group is None and not async_op:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and pg._fast(_K_ALLREDUCE, tensor, op):
@@ -799,6 +835,8 @@ def _all_reduce_as(array, code, op=ReduceOp.SUM, group=None, async_op=False):
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+    """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
+    rank ``dst`` only (the other ranks' tensors are unchanged)."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -810,6 +848,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """Fill ``tensor_list`` (one array per rank of ``group``, shaped like ``tensor``) with every
+    rank's ``tensor``, on every rank."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -820,6 +860,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Concatenate every rank's ``input_tensor``, in rank order, into ``output_tensor`` (world_size
+    times as many elements), on every rank."""
     if group is None and not async_op:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and \
@@ -844,6 +886,8 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None on the other
+    ranks)."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -861,6 +905,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    """Rank ``src`` sends ``scatter_list[i]`` to rank i; every rank receives into ``tensor``."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -878,6 +923,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``input_list`` element-wise over the ranks with ``op``; rank i receives the i-th
+    reduced array in ``output``."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -889,6 +936,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``input`` (world_size times the size of ``output``) over the ranks with ``op``; rank i
+    receives the i-th chunk in ``output``."""
     if group is None and not async_op:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input):
@@ -913,6 +962,8 @@ def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=Fa
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """Rank i sends ``input_tensor_list[j]`` to rank j, which receives it in
+    ``output_tensor_list[i]``."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -962,6 +1013,8 @@ def _splits(splits, arr, n, name, arrname):
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op=False):
+    """all_to_all on single arrays split along the first dimension: equal chunks, or
+    ``input_split_sizes`` / ``output_split_sizes`` rows per rank."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1006,6 +1059,8 @@ def _shared_array(shape, dtype=np.float32, group=None):
 
 
 def barrier(group=None, async_op=False, device_ids=None):
+    """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
+    ignored)."""
     if group is None and not async_op:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and pg._fast(_K_BARRIER, None, 0):
@@ -1017,6 +1072,8 @@ def barrier(group=None, async_op=False, device_ids=None):
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that names the ranks that did not arrive within ``timeout`` (all of them with
+    ``wait_all_ranks=True``), as torch's."""
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1047,6 +1104,7 @@ def _p2p(kind, tensor, peer, group, tag, name, writable):
 
 
 def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    """Start sending ``tensor`` to rank ``dst`` (``tag`` matches sends to receives); returns a Work."""
     if dst is None and group_dst is None:
         raise ValueError("isend: dst must be given")
     pg, args = _p2p(_C.K_SEND, tensor, dst if group_dst is None else _global(group, group_dst),
@@ -1057,6 +1115,8 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    """Start receiving into ``tensor`` from rank ``src`` (None: any rank); returns a Work whose
+    source_rank() names the sender."""
     pg, args = _p2p(_C.K_RECV, tensor, src if group_src is None else _global(group, group_src),
                     group, tag, "irecv", True)
     if pg is None:
@@ -1069,6 +1129,7 @@ def _global(group, group_rank):
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    """Send ``tensor`` to rank ``dst`` (isend, then wait for it to complete)."""
     w = isend(tensor, dst, group, tag, group_dst)
     if w is not None:
         w.wait()
@@ -1123,6 +1184,8 @@ def _unpickle(a: np.ndarray):
 
 
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
+    """Replace the items of ``object_list`` on every rank with those of rank ``src`` (any picklable
+    objects; the lists must have equal lengths)."""
     pg = _resolve(group)
     if pg is None:
         return
@@ -1155,6 +1218,7 @@ def _gather_blobs(obj, pg, group):
 
 
 def all_gather_object(object_list, obj, group=None):
+    """Fill ``object_list`` (world_size items) with every rank's picklable ``obj``, on every rank."""
     pg = _resolve(group)
     if pg is None:
         return
@@ -1169,6 +1233,8 @@ def all_gather_object(object_list, obj, group=None):
 
 
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
+    """Collect every rank's picklable ``obj`` into ``object_gather_list`` on rank ``dst`` (None
+    elsewhere)."""
     pg = _resolve(group)
     if pg is None:
         return
@@ -1189,6 +1255,8 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
 
 def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
                         group=None, group_src=None):
+    """Rank ``src`` sends ``scatter_object_input_list[i]`` to rank i, which receives it in
+    ``scatter_object_output_list[0]``."""
     pg = _resolve(group)
     if pg is None:
         return

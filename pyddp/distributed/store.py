@@ -112,27 +112,38 @@ class Store:
         self._timeout = _DEFAULT_TIMEOUT
 
     def set(self, key: str, value: Value) -> None:
+        """Store ``value`` (str or bytes) under ``key``, replacing any earlier value."""
         raise NotImplementedError(f"{type(self).__name__}.set")
 
     def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting up to the store's timeout for it to be set."""
         raise NotImplementedError(f"{type(self).__name__}.get")
 
     def add(self, key: str, value: int) -> int:
+        """Atomically add ``value`` to the integer counter ``key`` (created at 0); returns the new
+        count."""
         raise NotImplementedError(f"{type(self).__name__}.add")
 
     def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
+        """Set ``key`` to ``desired_value`` if its current value equals ``expected_value`` (torch's
+        rules for a missing key); returns the value the key holds afterwards."""
         raise NotImplementedError(f"{type(self).__name__}.compare_set")
 
     def wait(self, keys: List[str], timeout: Optional[datetime.timedelta] = None) -> None:
+        """Block until every key of ``keys`` is set, up to ``timeout`` (default: the store's
+        timeout)."""
         raise NotImplementedError(f"{type(self).__name__}.wait")
 
     def check(self, keys: List[str]) -> bool:
+        """Whether every key of ``keys`` is set, without waiting."""
         raise NotImplementedError(f"{type(self).__name__}.check")
 
     def delete_key(self, key: str) -> bool:
+        """Remove ``key``; returns whether it existed."""
         raise NotImplementedError(f"{type(self).__name__}.delete_key")
 
     def num_keys(self) -> int:
+        """The number of keys in the store (internal keys included, as in torch)."""
         raise NotImplementedError(f"{type(self).__name__}.num_keys")
 
     def multi_get(self, keys: List[str]) -> List[bytes]:
@@ -140,6 +151,7 @@ class Store:
         return [self.get(k) for k in _check_keys(keys)]
 
     def multi_set(self, keys: List[str], values: List[Value]) -> None:
+        """Set each key of ``keys`` to the value at the same position of ``values``."""
         keys = _check_keys(keys)
         values = list(values)
         if len(keys) != len(values):
@@ -150,11 +162,13 @@ class Store:
             self.set(k, v)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """Set the default timeout of get and wait (a timedelta)."""
         _seconds(timeout)
         self._timeout = timeout
 
     @property
     def timeout(self) -> datetime.timedelta:
+        """The default timeout of get and wait (a timedelta)."""
         return getattr(self, "_timeout", _DEFAULT_TIMEOUT)
 
 
@@ -284,14 +298,17 @@ class TCPStore(_CStore):
 
     @property
     def host(self) -> str:
+        """The host name or address of the store's server."""
         return self._c.host
 
     @property
     def port(self) -> int:
+        """The port of the store's server."""
         return self._c.port
 
     @property
     def libuvBackend(self) -> bool:  # noqa: N802 (torch's name)
+        """False: pyddp's server is its own epoll loop (torch's attribute, for compatibility)."""
         return self._use_libuv
 
     def local_addr(self) -> str:
@@ -324,6 +341,7 @@ class FileStore(_CStore):
 
     @property
     def path(self) -> str:
+        """The file the store lives in."""
         return self._c.path
 
     def __repr__(self) -> str:
@@ -356,6 +374,7 @@ class PrefixStore(Store):
 
     @property
     def underlying_store(self) -> Store:
+        """The store this one prefixes its keys into."""
         return self._store
 
     def _k(self, key: str) -> str:

@@ -48,6 +48,8 @@ _KILL_WAIT = 30.0
 
 
 class ProcessException(Exception):
+    """Base of the errors spawn/join raise when a child failed: ``error_index`` is the failed
+    process's index (its rank), ``error_pid`` its pid."""
     __slots__ = ["error_index", "error_pid"]
 
     def __init__(self, msg: str, error_index: int, error_pid: int):
@@ -144,6 +146,8 @@ def _wrap(fn, i, args, error_file, parent_pid=None):
 
 
 class ProcessContext:
+    """The processes started by start_processes/spawn(join=False): call ``join(timeout)`` until it
+    returns True; the first failure raises."""
     _quiet = False  # log the SIGTERM / SIGKILL of surviving processes, as torch does
 
     def __init__(self, processes, error_files):
@@ -152,6 +156,7 @@ class ProcessContext:
         self.sentinels = {process.sentinel: index for index, process in enumerate(processes)}
 
     def pids(self):
+        """The pids of the processes, in index order."""
         return [int(process.pid) for process in self.processes]
 
     def _join_procs_with_timeout(self, timeout: float):
@@ -291,6 +296,8 @@ class ProcessContext:
 
 
 class SpawnContext(ProcessContext):
+    """Deprecated name of ProcessContext (torch's; warns when constructed)."""
+
     def __init__(self, processes, error_files):
         warnings.warn("SpawnContext is renamed to ProcessContext since 1.4 release.", stacklevel=2)
         super().__init__(processes, error_files)
