@@ -138,7 +138,10 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
             if not optimizer._amp_stash.params_have_scaled_gradients:
                 optimizer._prepare_amp_backward()
 
-    yield loss.float() * loss_scale
+    # inf/NaN from the scaled backward are expected: the scaler finds them and skips the step,
+    # so NumPy's overflow warnings are silenced inside the block
+    with np.errstate(over="ignore", invalid="ignore"):
+        yield loss.float() * loss_scale
 
     if delay_unscale:
         for optimizer in optimizers:
