@@ -89,3 +89,40 @@ def test_amp_ddp_overflow_lockstep(opt_level, opt_name):
             assert any(np.array_equal(h, m.astype(np.float16)) for m in f32)
     # lr scheduler stepped normally through the skipped steps (4 optimizer calls, 2 skipped)
     assert res[0]["lr"] == res[1]["lr"]
+
+
+def _train_torch(rank, world_size):
+    import torch
+
+    torch.manual_seed(rank)  # DDP broadcasts rank 0's weights; the O2 masters must follow
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    model = DDP(model)
+    g = torch.Generator().manual_seed(rank)
+    skipped = []
+    for step in range(4):
+        loss = model(torch.randn(4, 6, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        with amp.scale_loss(loss, opt) as scaled_loss:
+            scaled_loss.backward()
+            if step == 1 and rank == 1:
+                model.module[0].weight.grad[0, 0] = float("inf")
+        before = [p.detach().clone() for p in amp.master_params(opt)]
+        opt.step()
+        skipped.append(all(torch.equal(b, p) for b, p in zip(before, amp.master_params(opt))))
+    return ([p.detach().numpy().copy() for p in amp.master_params(opt)],
+            [p.detach().numpy().copy() for p in model.parameters()], skipped,
+            amp.state_dict()["loss_scaler0"])
+
+
+def test_amp_ddp_torch_model_o2():
+    pytest.importorskip("torch")
+    res = run(_train_torch, 2, timeout=60)
+    for masters, params, skipped, scaler in res:
+        assert skipped == [False, True, False, False]
+        assert scaler == {"loss_scale": 32768.0, "unskipped": 2}
+        for p, m in zip(params, masters):
+            np.testing.assert_array_equal(p, m.astype(np.float16))
+    for a, b in zip(res[0][0], res[1][0]):
+        np.testing.assert_array_equal(a, b)

@@ -105,6 +105,8 @@ class Properties:
 
 
 class O3:
+    """Opt level O3: the whole model in float16, static loss scale 1.0."""
+
     brief = "O3:  Pure FP16 training."
     more = ("Calls .half() on your model, converting the entire model to FP16.\n"
             "A casting operation is also inserted to cast incoming Tensors to FP16,\n"
@@ -125,6 +127,8 @@ class O3:
 
 
 class O2:
+    """Opt level O2: float16 model with float32 batch norm, float32 master weights, dynamic loss scale."""
+
     brief = "O2:  FP16 training with FP32 batchnorm and FP32 master weights.\n"
     more = ("Calls .half() on your model, converting the entire model (except for batchnorms)\n"
             "to FP16.  Batchnorms are retained in FP32 for additional stability.\n"
@@ -146,6 +150,8 @@ class O2:
 
 
 class O1:
+    """Opt level O1: float32 weights, autocast (float16 matmul/linear/conv), dynamic loss scale."""
+
     brief = "O1:  Insert automatic casts around Pytorch functions and Tensor methods.\n"
     more = ("The type of your model's weights is not altered.  However, internally,\n"
             "Pytorch functions are patched to cast any Tensor Core-friendly ops to FP16 for "
@@ -166,6 +172,8 @@ class O1:
 
 
 class O0:
+    """Opt level O0: pure float32 training (loss scale 1.0)."""
+
     brief = "O0:  Pure FP32 training.\n"
     more = ("Your models are checked to make sure parameters are FP32, but otherwise the\n"
             "types of weights and internal Pytorch operations are not altered.  This mode\n"

@@ -23,6 +23,7 @@ class AmpHandle:
         self._active = False
 
     def _activate(self):
+        """Switch the casts on (remembering what was active before)."""
         from .. import _tensor
 
         if self._active:
@@ -40,6 +41,7 @@ class AmpHandle:
         self._active = True
 
     def _deactivate(self):
+        """Restore the autocast state from before _activate()."""
         from .. import _tensor
 
         if not self._active:
@@ -60,6 +62,7 @@ class AmpHandle:
         return self._active
 
     def _clear_cache(self):
+        """Drop torch's autocast weight-cast cache (after each scale_loss, as apex)."""
         if self._torch:
             import torch
 
