@@ -285,3 +285,25 @@ def test_o1_o2_converge_like_float32():
     assert acc32 > 0.9
     assert acc1 >= acc32 - 0.03 and acc2 >= acc32 - 0.03
     assert all(p.dtype == pyddp.float32 for p in masters)
+
+
+def test_cast_model_outputs():
+    m = _net(bn=False)
+    amp.initialize(m, opt_level="O2", cast_model_outputs=pyddp.float16, verbosity=0)
+    assert m(pyddp.tensor(np.ones((2, 10), np.float32))).dtype == pyddp.float16
+    m1 = _net(bn=False)
+    amp.initialize(m1, opt_level="O0", cast_model_outputs=pyddp.float64, verbosity=0)
+    out = m1(pyddp.tensor(np.ones((2, 10), np.float32)))
+    assert out.dtype == pyddp.float64 and m1[0].weight.dtype == pyddp.float32
+
+
+def test_o2_state_dict_under_wrapper_prefix():
+    """state_dict hooks work per module, so a parent (as DDP's 'module.' prefix) sees masters."""
+    inner = _net()
+    o = pyddp.optim.SGD(inner.parameters(), lr=0.1)
+    inner, o = amp.initialize(inner, o, opt_level="O2", verbosity=0)
+    outer = nn.Sequential(inner)
+    sd = outer.state_dict()
+    master = next(iter(amp.master_params(o)))
+    np.testing.assert_array_equal(sd["0.0.weight"]._data, master._data)
+    assert sd["0.0.weight"].dtype == pyddp.float32
