@@ -26,8 +26,12 @@ OPT_LEVEL = os.environ.get("OPT_LEVEL", "O1")
 _rng = np.random.default_rng(0)
 _x = _rng.standard_normal((256, 16)).astype(np.float32)
 dataset = TensorDataset(_x, np.tanh(_x @ _rng.standard_normal((16, 12))).astype(np.float32))
-img_encoder = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
-text_encoder = torch.nn.Linear(12, 8)
+def make_encoders():
+    return (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)),
+            torch.nn.Linear(12, 8))
+
+
+img_encoder, text_encoder = make_encoders()
 is_distributed = True
 start_epoch, n_epochs = 0, 3
 
@@ -87,19 +91,21 @@ for epoch in range(start_epoch, n_epochs):
 loss_after = full_loss()  # scaffolding
 
 # Save checkpoint
-model = text_encoder.module
+model = torch.nn.ModuleList([img_encoder.module, text_encoder.module])  # scaffolding: the seed's "model"
 checkpoint = {
     'model': model.state_dict(),
     'optimizer': optimizer.state_dict(),
     'amp': amp.state_dict()
 }
+saved = {k: np.asarray(v.numpy(), dtype=np.float64) for k, v in checkpoint['model'].items()}  # scaffolding
 if dist.get_rank() == 0:
     torch.save(checkpoint, 'amp_checkpoint.pt')
 dist.barrier()
 
 # Restore
-model = torch.nn.Linear(12, 8)
-optimizer = apex.optimizers.FusedAdam(model.parameters(), lr=1e-3)
+model = torch.nn.ModuleList(make_encoders())  # scaffolding: the seed's "model = ..."
+optimizer = apex.optimizers.FusedAdam([{'params': model[0].parameters()},  # scaffolding: "optimizer = ..."
+                                       {'params': model[1].parameters()}], lr=1e-5, betas=(0.9, 0.99))
 checkpoint = torch.load('amp_checkpoint.pt')
 
 model, optimizer = amp.initialize(model, optimizer, opt_level=OPT_LEVEL)
@@ -108,7 +114,9 @@ optimizer.load_state_dict(checkpoint['optimizer'])
 amp.load_state_dict(checkpoint['amp'])
 
 # --- check (not in the seed): the ranks agree, training moved the loss, the restore is exact
-state = {k: np.asarray(v.numpy(), dtype=np.float64) for k, v in text_encoder.module.state_dict().items()}
+# (``saved``: the model's state when the checkpoint was made; under O2 state_dict() shows amp's float32
+# master weights, which the second amp.initialize above hands over to the restored model)
+state = saved
 states = [None] * dist.get_world_size()
 dist.all_gather_object(states, state)
 same = all(np.array_equal(s[k], states[0][k]) for s in states for k in s)
