@@ -115,7 +115,12 @@ def test_console_script_is_declared():
 
         scripts = tomllib.loads(text)["project"]["scripts"]
         assert scripts["pyddp-run"] == "pyddp.run:main"
-        assert "pyddp._launcher" in tomllib.loads(text)["tool"]["setuptools"]["packages"]
+        packages = tomllib.loads(text)["tool"]["setuptools"]["packages"]
+        if isinstance(packages, dict):  # [tool.setuptools.packages.find]: what setuptools will find
+            from setuptools import find_packages
+
+            packages = find_packages(ROOT, include=packages["find"]["include"])
+        assert "pyddp._launcher" in packages
     else:
         assert 'pyddp-run = "pyddp.run:main"' in text
     assert callable(pyddp_run.main)
