@@ -405,6 +405,8 @@ def test_binding_rejects_bad_arrays():
         call(exp_avgs=[m[0], np.zeros(5, np.float16)])
     with pytest.raises(ValueError, match="steps has 1 entries"):
         call(steps=[1.0])
+    with pytest.raises(ValueError, match="exp_avgs and exp_avg_sqs are required"):
+        call(exp_avgs=None)
     with pytest.raises(ValueError, match="amsgrad needs max_exp_avg_sqs"):
         call(amsgrad=True)
     with pytest.raises(ValueError, match="found_inf must hold exactly 1 element"):
