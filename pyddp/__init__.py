@@ -17,6 +17,7 @@ from .serialization import save, load  # noqa: F401,E402
 from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
 from .utils.data import DataLoader, DistributedSampler  # noqa: F401,E402
 from .nn.parallel import DistributedDataParallel  # noqa: F401,E402
+from . import amp  # noqa: F401,E402  (apex.amp's API, torch.amp.GradScaler)
 from . import optim, optimizers  # noqa: F401,E402  (pyddp.optim.SGD as torch.optim; pyddp.optimizers.FusedAdam as apex.optimizers)
 
 

@@ -1,0 +1,70 @@
+"""apex's LossScaler: dynamic (or static) loss scaling with a fused unscale + overflow check.
+
+Dynamic: the scale starts at ``min(max_loss_scale, 2**16)``; an overflow halves it (not below
+``min_loss_scale``) and skips the step; after ``scale_window`` (2000) clean steps in a row it
+doubles (not above ``max_loss_scale``).  A static scale never changes and never skips (as apex).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _kernels
+
+
+class LossScaler:
+    """One loss scaler (``amp.initialize(num_losses=n)`` makes n of them)."""
+
+    def __init__(self, loss_scale, init_scale=2.0 ** 16, scale_factor=2.0, scale_window=2000,
+                 min_loss_scale=None, max_loss_scale=2.0 ** 24):
+        if loss_scale == "dynamic":
+            self.dynamic = True
+            self._loss_scale = min(max_loss_scale, init_scale)
+        else:
+            self.dynamic = False
+            self._loss_scale = loss_scale
+        self._max_loss_scale = max_loss_scale
+        self._min_loss_scale = min_loss_scale
+        self._scale_seq_len = scale_window
+        self._scale_factor = scale_factor
+        self._unskipped = 0
+        self._has_overflow = False
+        self._overflow_buf = np.zeros(1, dtype=np.float32)
+
+    def loss_scale(self):
+        """The current scale (a Python float)."""
+        return self._loss_scale
+
+    def clear_overflow_state(self):
+        """Forget any overflow seen so far (called before unscaling a new backward)."""
+        self._has_overflow = False
+        self._overflow_buf[0] = 0.0
+
+    def unscale(self, grads, scale):
+        """Multiply every array in ``grads`` by ``1/scale`` in place and record inf/NaN, in one
+        C pass (pyddp._C.amp_unscale_).  ``scale == 1.0`` only checks."""
+        if not grads:
+            return
+        _kernels.unscale_(grads, self._overflow_buf, 1.0 / float(scale))
+
+    def has_overflow(self) -> bool:
+        """Whether an inf/NaN was seen since clear_overflow_state()."""
+        return self._has_overflow or bool(self._overflow_buf[0] != 0.0)
+
+    def update_scale(self) -> bool:
+        """apex's update_scale: returns True when the coming step must be skipped."""
+        if self.dynamic and not self._has_overflow:
+            self._has_overflow = bool(self._overflow_buf[0] != 0.0)
+        if self._has_overflow and self.dynamic:
+            should_skip = True
+            if self._min_loss_scale:
+                self._loss_scale = max(self._min_loss_scale, self._loss_scale / 2.0)
+            else:
+                self._loss_scale = self._loss_scale / 2.0
+            self._unskipped = 0
+        else:
+            should_skip = False
+            self._unskipped += 1
+        if self._unskipped == self._scale_seq_len and self.dynamic:
+            self._loss_scale = min(self._max_loss_scale, self._loss_scale * 2.0)
+            self._unskipped = 0
+        return should_skip
