@@ -4,7 +4,7 @@ arrays of varied sizes) multiplied by 1/scale with an inf/NaN check, pyddp's one
 torch._amp_foreach_non_finite_check_and_unscale_, all on one CPU thread.
 
 Prints a markdown table: median milliseconds per call over many repetitions (implementations
-run round-robin), and each one's time relative to pyddp's.  The inverse scale alternates between
+take turns in a shuffled order), and each one's time relative to pyddp's.  The inverse scale alternates between
 2^-10 and 2^10 so the gradients stay the same values (exact) whatever the number of repetitions.
 A check-only row (inv_scale = 1: read, no write) shows the cost of the check alone, and a row
 with NumPy's in-place multiply alone (no check) shows what one pass over the memory costs: once
@@ -103,10 +103,13 @@ def main(argv=None):
         fn(1)
         fn(0)
     times = {k: [] for k in impls}
+    order = list(impls)
+    shuffle = np.random.default_rng(2).shuffle
     for r in range(args.reps):
-        for name, fn in impls.items():
+        shuffle(order)  # no implementation always follows the same one (cache state)
+        for name in order:
             t0 = time.perf_counter()
-            fn(r)
+            impls[name](r)
             times[name].append(time.perf_counter() - t0)
 
     # correctness: everyone scaled the same way, nobody saw an inf; then an inf is caught

@@ -21,9 +21,6 @@ import numpy as np
 
 from . import _C
 
-_KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
 def _is_torch(x) -> bool:
     return type(x).__module__.split(".", 1)[0] == "torch" and hasattr(x, "detach")
 
@@ -60,14 +57,6 @@ def as_array(x, name: str = "array") -> np.ndarray:
     if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
         a = a.view(np.uint16)
     return a
-
-
-def dtype_name(x) -> str:
-    """'float32', 'float16', 'bfloat16', 'float64', ... for an array or tensor."""
-    if _is_torch(x):
-        return str(x.dtype).replace("torch.", "")
-    d = getattr(x, "_data", x)
-    return np.asarray(d).dtype.name if not isinstance(d, np.ndarray) else d.dtype.name
 
 
 def _arrays(xs, name):

@@ -274,3 +274,52 @@ def _no_group(rank, ws):
 def test_ddp_without_a_process_group_is_a_clear_error():
     for o in run_outcomes(_no_group, 1, init=False):
         assert not o.ok and "Default process group has not been initialized" in o.message
+
+
+class _Shuffled(nn.Module):
+    """Registered fc_c, fc_a, fc_b; used a -> b -> c: gradients become ready c, b, a."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc_c = nn.Linear(16, 3)
+        self.fc_a = nn.Linear(6, 16)
+        self.fc_b = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc_c(F.tanh(self.fc_b(F.tanh(self.fc_a(x)))))
+
+
+def _rebuild(rank, ws):
+    pyddp.manual_seed(0)
+    m = _Shuffled().double()
+    ddp = DDP(m, bucket_cap_mb=0.0001)
+    names = [n for n, _ in m.named_parameters()]
+    before = [[names[i] for i in b.params] for b in ddp._buckets]
+    X, Y = _data(ws, 3)
+    for s in range(3):
+        _zero(ddp.parameters())
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        F.mse_loss(ddp(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+        _sgd(ddp.parameters())
+    after = [[names[i] for i in b.params] for b in ddp._buckets]
+    return before, after, _params(m)
+
+
+def test_buckets_are_rebuilt_once_in_the_order_gradients_became_ready():
+    pyddp.manual_seed(0)
+    m = _Shuffled().double()
+    X, Y = _data(2, 3)
+    for s in range(3):
+        _zero(m.parameters())
+        F.mse_loss(m(pyddp.tensor(X[s])), pyddp.tensor(Y[s])).backward()
+        _sgd(m.parameters())
+    want = _params(m)
+    for before, after, got in run(_rebuild, 2):
+        flat_before = [n for b in before for n in b]
+        flat_after = [n for b in after for n in b]
+        # reverse registration order at first, then the order backward produced them
+        assert flat_before == ["fc_b.bias", "fc_b.weight", "fc_a.bias", "fc_a.weight",
+                               "fc_c.bias", "fc_c.weight"]
+        assert flat_after[:2] == ["fc_c.bias", "fc_c.weight"] or flat_after[:2] == ["fc_c.weight", "fc_c.bias"]
+        assert set(flat_after[-2:]) == {"fc_a.weight", "fc_a.bias"}
+        _close(got, want)

@@ -115,12 +115,10 @@ def test_console_script_is_declared():
 
         scripts = tomllib.loads(text)["project"]["scripts"]
         assert scripts["pyddp-run"] == "pyddp.run:main"
-        packages = tomllib.loads(text)["tool"]["setuptools"]["packages"]
-        if isinstance(packages, dict):  # [tool.setuptools.packages.find]: what setuptools will find
-            from setuptools import find_packages
+        from setuptools import find_packages
 
-            packages = find_packages(ROOT, include=packages["find"]["include"])
-        assert "pyddp._launcher" in packages
+        include = tomllib.loads(text)["tool"]["setuptools"]["packages"]["find"]["include"]
+        assert "pyddp._launcher" in find_packages(ROOT, include=include)
     else:
         assert 'pyddp-run = "pyddp.run:main"' in text
     assert callable(pyddp_run.main)

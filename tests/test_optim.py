@@ -405,6 +405,8 @@ def test_binding_rejects_bad_arrays():
         call(exp_avgs=[m[0], np.zeros(5, np.float16)])
     with pytest.raises(ValueError, match="steps has 1 entries"):
         call(steps=[1.0])
+    with pytest.raises(ValueError, match="exp_avgs and exp_avg_sqs are required"):
+        call(exp_avgs=None)
     with pytest.raises(ValueError, match="amsgrad needs max_exp_avg_sqs"):
         call(amsgrad=True)
     with pytest.raises(ValueError, match="found_inf must hold exactly 1 element"):
@@ -478,3 +480,33 @@ def test_step_hooks_copy_and_apex_names():
     sgd.register_step_pre_hook(lambda o, a, k: n.append(1))
     sgd.step()
     assert n == [1]
+
+
+@pytest.mark.parametrize("cls", [O.AdamW, O.FusedAdam, O.SGD])
+def test_torch_grad_scaler_drives_pyddp_optimizers(cls):
+    # torch.amp.GradScaler passes grad_scale / found_inf to optimizers that declare
+    # _step_supports_amp_scaling, as pyddp's do; an overflow step is skipped
+    torch.manual_seed(0)
+    m1 = torch.nn.Linear(6, 3)
+    m2 = torch.nn.Linear(6, 3)
+    m2.load_state_dict(m1.state_dict())
+    kw = dict(lr=1e-2, weight_decay=0.01)
+    tcls = {O.AdamW: torch.optim.AdamW, O.FusedAdam: torch.optim.AdamW, O.SGD: torch.optim.SGD}[cls]
+    o1, o2 = tcls(m1.parameters(), **kw), cls(m2.parameters(), **kw)
+    s1 = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    s2 = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    skipped = []
+    for i in range(4):
+        x = torch.randn(5, 6)
+        if i == 2:
+            x[0, 0] = float("inf")
+        for m, o, s in ((m1, o1, s1), (m2, o2, s2)):
+            o.zero_grad()
+            s.scale(m(x).pow(2).mean()).backward()
+            s.step(o)
+            s.update()
+        skipped.append(o2.last_step_skipped)
+    assert skipped == [False, False, True, False]
+    assert s1.get_scale() == s2.get_scale() == 512.0
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        rel_close(b.detach().numpy(), a.detach().numpy(), 1e-5)

@@ -267,6 +267,11 @@ adam_step(PyObject *module, PyObject *args, PyObject *kwargs)
             &check)) {
         return NULL;
     }
+    if (m == Py_None || v == Py_None) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: exp_avgs and exp_avg_sqs are required", fn);
+        return NULL;
+    }
     if (o.amsgrad && vmax == Py_None) {
         PyErr_Format(PyExc_ValueError,
                      "%s: amsgrad needs max_exp_avg_sqs", fn);

@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._kernels import _is_torch, as_array, dtype_name
+from .._kernels import _is_torch, as_array
+
+
+def dtype_name(x) -> str:
+    """'float32', 'float16', 'bfloat16', 'float64', ... for an array or tensor."""
+    if _is_torch(x):
+        return str(x.dtype).replace("torch.", "")
+    d = getattr(x, "_data", x)
+    return d.dtype.name if isinstance(d, np.ndarray) else np.asarray(d).dtype.name
 
 __all__ = ["is_torch", "dtype_name", "as_array", "is_module", "is_optimizer", "make_master",
            "new_grad", "to_type", "cast_module", "is_batchnorm", "is_ddp"]

@@ -34,7 +34,8 @@ def resolve(opt, grad_scale, found_inf, inv_scale, check_finite):
     if flag is not None and float(np.asarray(flag).reshape(-1)[0]) != 0.0:
         return inv, flag, True
     if check_finite:
-        grads = [g for group in opt.param_groups for g in map(grad_array, group["params"])
+        grads = [g if g.flags.c_contiguous else np.ascontiguousarray(g)
+                 for group in opt.param_groups for g in map(grad_array, group["params"])
                  if g is not None]
         if _C.amp_unscale_(grads, flag, 1.0):
             return inv, flag, True

@@ -237,7 +237,7 @@ class Optimizer:
                 raise TypeError(
                     "optimizer can only optimize Tensors, but one of the params is "
                     f"{type(p).__name__}")
-            if _is_torch(p) and not p.is_leaf:
+            if not getattr(p, "is_leaf", True):
                 raise ValueError("can't optimize a non-leaf Tensor")
         for name, default in self.defaults.items():
             if default is required and name not in param_group:
