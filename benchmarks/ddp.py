@@ -123,6 +123,8 @@ def _worker(args):
             configs["torch plain"] = _torch_setup(h, None)
             configs["torch DDP (gloo)"] = _torch_setup(h, TDDP)
             configs["pyddp DDP, torch model"] = _torch_setup(h, PDDP)
+            configs["pyddp DDP, torch model, gradient_as_bucket_view"] = _torch_setup(
+                h, lambda m: PDDP(m, gradient_as_bucket_view=True))
         configs["pyddp.nn plain"] = _pyddp_setup(h, None)
         configs["pyddp DDP, pyddp.nn model"] = _pyddp_setup(h, PDDP)
         times = {k: [] for k in configs}
