@@ -55,6 +55,29 @@ def _text_stream(fd):
                             errors="backslashreplace", line_buffering=True, write_through=True)
 
 
+def _one_thread_per_rank():
+    """torchrun's policy for ranks sharing a host: one OpenMP/BLAS thread each, unless the user set
+    OMP_NUM_THREADS.  The ranks are forked from a kernel whose NumPy (and torch) already started a
+    thread per core, so the environment variable alone would come too late: the loaded thread pools are
+    limited too (threadpoolctl when installed, torch.set_num_threads when torch is loaded)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    if threadpool_limits is not None:
+        try:
+            threadpool_limits(1)
+        except Exception:  # an unusual BLAS build: run with its threads rather than fail
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(1)
+        except Exception:
+            pass
+
+
 def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, parent_pid):
     """A rank: runs in the forked child."""
     # Die with the launcher (the thread that forked us), whatever we are doing.
@@ -73,7 +96,10 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
     os.close(err_w)
     sys.stdout = sys.__stdout__ = _text_stream(1)
     sys.stderr = sys.__stderr__ = _text_stream(2)
+    user_threads = os.environ.get("OMP_NUM_THREADS")
     os.environ.update(env)
+    if not user_threads and int(env["WORLD_SIZE"]) > 1:
+        _one_thread_per_rank()
     # The kernel's asyncio loop is running in the thread that forked us; fn may start its own.
     aio = sys.modules.get("asyncio")
     if aio is not None:
@@ -247,6 +273,9 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     Raises ProcessRaisedException carrying the traceback of the first rank that raised (the other ranks
     are terminated), or ProcessExitedException when a rank exited with a non-zero code or a signal.
     Interrupting the cell terminates every rank before KeyboardInterrupt propagates.
+
+    Like torchrun, each rank runs with one OpenMP/BLAS thread when ``nprocs > 1`` and OMP_NUM_THREADS is
+    unset (so the ranks do not oversubscribe the host); set OMP_NUM_THREADS to choose otherwise.
 
     Needs the 'fork' start method (Linux, macOS); the calling process must not have a pyddp process
     group initialized (the ranks would inherit it).

@@ -462,3 +462,28 @@ def test_notebook_launches_again_after_an_interrupt(notebook):
     assert "{'rank': 0, 'sum': [0.0, 6.0, 12.0, 18.0]}" in out
     assert all(f"[rank{r}]: hello from rank {r} of 3" in out for r in range(3))
     assert seen["children_at_end"] == []
+
+
+def _threads():
+    try:
+        import threadpoolctl
+    except ImportError:
+        pools = None
+    else:
+        pools = sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()})
+    return os.environ.get("OMP_NUM_THREADS"), pools
+
+
+@pytest.mark.parametrize("user", [None, "2"])
+def test_ranks_run_one_blas_thread_each_unless_the_user_chose(monkeypatch, user):
+    # as torchrun: the forked ranks must not each keep the kernel's thread-per-core BLAS pool
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    env, pools = pyddp.notebook_launcher(_threads, nprocs=2)
+    if user is None:
+        assert env == "1"
+        assert pools in (None, [], [1]), pools
+    else:
+        assert env == user
