@@ -1937,10 +1937,23 @@ def where(cond, a=None, b=None):
 
 def _cast(x, dt):
     src = x._data.dtype
-    out = x._data.astype(dt)
+    if dt in _HALFS:
+        # values beyond float16's range become inf, as torch's casts do, without a NumPy warning
+        # (amp's loss scaler expects and handles them)
+        with np.errstate(over="ignore"):
+            out = x._data.astype(dt)
+    else:
+        out = x._data.astype(dt)
     if not _is_float_dtype(dt):
         return _new(out)
-    return _mk(out, "ToCopyBackward0", lambda g: (g.astype(src),), (x,), saves=False)
+    if src in _HALFS:
+        def back(g):
+            with np.errstate(over="ignore"):
+                return (g.astype(src),)
+    else:
+        def back(g):
+            return (g.astype(src),)
+    return _mk(out, "ToCopyBackward0", back, (x,), saves=False)
 
 
 def matmul(a, b):
