@@ -251,6 +251,7 @@ class _DDPCore:
         self._iters = 0
         self._rebuilt = self.find_unused_parameters and not self.static_graph
         self._div = float(self._world)
+        self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
         self._shared_ok = pg._transport == "shm"
         self._overlap = _overlap_default(pg)
@@ -394,6 +395,7 @@ class _DDPCore:
             self._reset_iteration()
 
     def _reset_iteration(self):
+        self._avg = self._comm_hook is None and self._div == float(self._world)
         self._hook_seen = False
         self._ready = [False] * len(self._params)
         self._next_bucket = 0
@@ -446,7 +448,10 @@ class _DDPCore:
             view[...] = 0
         else:
             self._used_local[i] = 1
-            scale = self._comm_hook is None
+            # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in
+            # the same pass as the sum) and the gradient is only copied; otherwise (join with
+            # divide_by_initial_world_size=False) it is scaled here. Comm hooks get it unscaled.
+            scale = self._comm_hook is None and not self._avg
             if _same_memory(g, view):
                 if scale:
                     np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
@@ -470,10 +475,12 @@ class _DDPCore:
     def _launch(self, b):
         if self._comm_hook is not None:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-        elif self._overlap:
-            b.work = dist.all_reduce(b.buffer, group=self.process_group, async_op=True)
         else:
-            dist.all_reduce(b.buffer, group=self.process_group)
+            op = dist.ReduceOp.AVG if self._avg else dist.ReduceOp.SUM
+            if self._overlap:
+                b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
+            else:
+                dist.all_reduce(b.buffer, op=op, group=self.process_group)
 
     def _finalize_backward(self):
         if not all(self._ready):
@@ -592,7 +599,8 @@ class _DDPCore:
                 if self._comm_hook is not None:
                     b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
                 else:
-                    b.work = dist.all_reduce(b.buffer, group=self.process_group, async_op=True)
+                    op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
+                    b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
             for b in self._buckets:
                 self._wait_bucket(b)
             if self.find_unused_parameters or self.static_graph:
