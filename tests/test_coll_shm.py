@@ -310,6 +310,30 @@ def test_nothing_is_left_in_dev_shm(mode):
     assert _segments() - before == set()
 
 
+def _allreduce_once(rank, ws):
+    a = np.ones(10)
+    dist.all_reduce(a)
+    return float(a[0])
+
+
+def test_a_segment_left_by_a_job_killed_during_start_up_is_removed():
+    # every rank of a job SIGKILLed between creating its segment and unlinking it leaves the file;
+    # the next group on the host removes it when its creator is gone (here: empty and old)
+    import secrets
+
+    name = f"pyddp.{secrets.token_hex(8)}.0000abcd.0"
+    path = os.path.join(SHM_DIR, name)
+    open(path, "wb").close()
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    try:
+        assert run(_allreduce_once, 2, env={"PYDDP_TRANSPORT": "shm"}) == [2.0, 2.0]
+        assert not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 # ------------------------------------------------------------------------------ dead peers
 
 

@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -282,6 +285,77 @@ test_rings(void)
     run(2, child_rings);
 }
 
+/* A fake rank segment in dir: ctrl-sized with a creator pid, or empty;
+ * old: modified a minute ago. */
+static void
+fake_segment(const char *dir, const char *name, int with_ctrl, int32_t pid,
+             int old)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+    T_CHECK(fd >= 0);
+    if (with_ctrl) {
+        pd_shm_ctrl c;
+        memset(&c, 0, sizeof(c));
+        c.pid = pid;
+        T_CHECK(write(fd, &c, sizeof(c)) == (ssize_t)sizeof(c));
+    }
+    close(fd);
+    if (old) {
+        struct timeval tv[2];
+        gettimeofday(&tv[0], NULL);
+        tv[0].tv_sec -= 60;
+        tv[1] = tv[0];
+        T_CHECK(utimes(path, tv) == 0);
+    }
+}
+
+static int
+exists(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+static void
+test_sweep_stale(void)
+{
+    char dir[] = "/tmp/pd_sweep_XXXXXX";
+    T_CHECK(mkdtemp(dir) != NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        _exit(0);
+    }
+    waitpid(child, NULL, 0); /* a pid that is gone */
+    fake_segment(dir, "pyddp.00000000000000aa.0000000b.0", 1, child, 1);
+    fake_segment(dir, "pyddp.00000000000000aa.0000000b.1", 1, getpid(), 1);
+    fake_segment(dir, "pyddp.00000000000000aa.0000000b.2", 0, 0, 1);
+    fake_segment(dir, "pyddp.00000000000000aa.0000000b.3", 0, 0, 0);
+    fake_segment(dir, "pyddp.00000000000000aa.0000000b.4", 1, child, 0);
+    fake_segment(dir, "pyddp.00000000000000aa.0.b1", 0, 0, 1);
+    fake_segment(dir, "other.file", 0, 0, 1);
+    pd_shm_sweep_stale(dir);
+    T_CHECK(!exists(dir, "pyddp.00000000000000aa.0000000b.0")); /* dead */
+    T_CHECK(exists(dir, "pyddp.00000000000000aa.0000000b.1"));  /* alive */
+    T_CHECK(!exists(dir, "pyddp.00000000000000aa.0000000b.2")); /* empty */
+    T_CHECK(exists(dir, "pyddp.00000000000000aa.0000000b.3"));  /* recent */
+    T_CHECK(exists(dir, "pyddp.00000000000000aa.0000000b.4"));  /* recent */
+    T_CHECK(exists(dir, "pyddp.00000000000000aa.0.b1"));        /* buffer */
+    T_CHECK(exists(dir, "other.file"));
+    const char *left[] = {"pyddp.00000000000000aa.0000000b.1",
+                          "pyddp.00000000000000aa.0000000b.3",
+                          "pyddp.00000000000000aa.0000000b.4",
+                          "pyddp.00000000000000aa.0.b1", "other.file"};
+    for (size_t i = 0; i < sizeof(left) / sizeof(left[0]); i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, left[i]);
+        unlink(path);
+    }
+    T_CHECK(rmdir(dir) == 0);
+}
+
 int
 main(void)
 {
@@ -297,5 +371,6 @@ main(void)
     T_RUN(test_timeout);
     T_RUN(test_abort_wakes_sleepers);
     T_RUN(test_rings);
+    T_RUN(test_sweep_stale);
     return pd_test_result();
 }

@@ -4,8 +4,10 @@
 #endif
 #include "shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -122,6 +124,62 @@ ring(pd_shm *s, int owner, int p)
            (size_t)p * PD_SHM_RING_BYTES;
 }
 
+/* Segments left by a job whose every rank was killed between creating its
+ * segment and unlinking it (a moment during start-up; survivors of a partial
+ * kill unlink them themselves).  A rank segment records its creator's pid:
+ * remove this user's segments whose creator is gone, and empty ones (creator
+ * killed before writing anything), once they are older than any start-up
+ * takes.  Shared buffers (".b<id>") carry no pid and are left alone. */
+#define STALE_AGE_S 10
+
+void
+pd_shm_sweep_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return;
+    }
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        unsigned long long tok;
+        unsigned node;
+        int idx;
+        char extra;
+        if (sscanf(e->d_name, "pyddp.%16llx.%8x.%d%c", &tok, &node, &idx,
+                   &extra) != 3) {
+            continue;
+        }
+        int fd = openat(dirfd(d), e->d_name,
+                        O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) {
+            continue;
+        }
+        struct stat st;
+        int stale = 0;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+            st.st_uid == geteuid() && now - st.st_mtime >= STALE_AGE_S) {
+            int32_t pid = 0;
+            if ((size_t)st.st_size >= sizeof(pd_shm_ctrl)) {
+                pd_shm_ctrl *c = mmap(NULL, sizeof(pd_shm_ctrl), PROT_READ,
+                                      MAP_SHARED, fd, 0);
+                if (c != MAP_FAILED) {
+                    pid = c->pid;
+                    munmap(c, sizeof(pd_shm_ctrl));
+                }
+            }
+            stale = pid > 0 ? kill(pid, 0) != 0 && errno == ESRCH
+                            : st.st_size == 0;
+        }
+        close(fd);
+        if (stale && unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            PD_LOG(PD_LOG_INFO, "shm", "removed %s/%s, left by a dead job",
+                   dir, e->d_name);
+        }
+    }
+    closedir(d);
+}
+
 pd_status
 pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
               pd_shm **out)
@@ -145,6 +203,7 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     if (s->base == NULL || s->mapped == NULL) {
         return pd_error(PD_ENOMEM, "shared memory: out of memory");
     }
+    pd_shm_sweep_stale("/dev/shm");
     char name[64];
     seg_name(name, sizeof(name), token, node, rank);
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);

@@ -65,6 +65,10 @@ typedef struct pd_shm_ctrl {
 
 typedef struct pd_shm pd_shm;
 
+/* Remove this user's rank segments in dir ("/dev/shm") whose creator died
+ * before unlinking them (every rank of a job killed during start-up). */
+void pd_shm_sweep_stale(const char *dir);
+
 /* What a waiter checks while it waits. */
 typedef struct pd_shm_waiter {
     double deadline;
