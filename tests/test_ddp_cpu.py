@@ -101,6 +101,29 @@ def test_ddp_over_tcp_equals_shared_memory():
         _close(got, want)
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("kw", [{"bucket_cap_mb": 0.001},
+                                {"bucket_cap_mb": 0.001, "gradient_as_bucket_view": True}])
+def test_buckets_reduced_on_the_progress_thread_give_the_same_result(transport, kw):
+    # PYDDP_DDP_OVERLAP=1: the path taken on hosts with a spare core per rank (async allreduce
+    # while backward goes on), forced here on the 2-core machine
+    want = _reference(2, 4)
+    for got in run(_train, 2, 4, kw, env={"PYDDP_DDP_OVERLAP": "1", "PYDDP_TRANSPORT": transport}):
+        _close(got, want)
+
+
+def _where(rank, ws):
+    ddp = DDP(_model(), bucket_cap_mb=0.001)
+    return ddp._overlap, [b.shared for b in ddp._buckets]
+
+
+def test_buckets_live_in_shared_memory_on_one_host_and_not_over_tcp():
+    for overlap, shared in run(_where, 2, env={"PYDDP_DDP_OVERLAP": None}):
+        assert shared and all(shared)
+    for overlap, shared in run(_where, 2, env={"PYDDP_TRANSPORT": "tcp"}):
+        assert not any(shared)
+
+
 def _module_api(rank, ws):
     m = _model()
     ddp = DDP(m)

@@ -28,6 +28,7 @@ import warnings
 
 import numpy as np
 
+from ... import _C
 from ... import distributed as dist
 from ...distributed import distributed_c10d as c10d
 from . import _frameworks
@@ -37,6 +38,8 @@ __all__ = ["DistributedDataParallel"]
 _DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 _DEFAULT_BUCKET_CAP_MB = 25
 _BROADCAST_COALESCE_BYTES = 250 * 1024 * 1024
+# dtypes _C.cast_ copies as they are (bfloat16 arrays of ml_dtypes go through NumPy)
+_C_COPY = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 _UNFINISHED_MSG = (
     "Expected to have finished reduction in the prior iteration before starting a new one. This error "
@@ -500,6 +503,7 @@ class _DDPCore:
             used = self._used_local.copy()
             dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
         ad = self._ad
+        dsts, srcs = [], []  # write-backs done by one C call, GIL released
         for i, p in enumerate(self._params):
             if used is not None and not used[i]:
                 continue  # unused on every rank: the gradient stays as it was
@@ -510,8 +514,15 @@ class _DDPCore:
                     ad.set_grad(p, view)
             elif g is None:
                 ad.set_grad(p, view.copy())
-            elif not _same_memory(g, view):
+            elif _same_memory(g, view):
+                pass
+            elif g.dtype == view.dtype and g.dtype in _C_COPY and g.flags.c_contiguous:
+                dsts.append(g)
+                srcs.append(view)
+            else:
                 np.copyto(g, view)
+        if dsts:
+            _C.cast_(dsts, srcs)
         self._iters += 1
 
     def _wait_bucket(self, b):

@@ -24,8 +24,8 @@ def allreduce_hook(process_group, bucket):
     """Average the bucket across the group (what DDP does without a hook)."""
     pg = _group(process_group)
     buf = bucket._array
-    np.multiply(buf, 1.0 / _world(pg), out=buf, casting="unsafe")
-    work = c10d.all_reduce(buf, group=pg, async_op=True)
+    # the sum and the division by the group size in one pass
+    work = c10d.all_reduce(buf, op=c10d.ReduceOp.AVG, group=pg, async_op=True)
     tensor = bucket.buffer()
     return c10d.Future(work, lambda: tensor)
 
