@@ -406,6 +406,41 @@ def test_different_collectives_raise_a_mismatch_on_every_rank():
         assert msg and "mismatch" in msg and "all_reduce" in msg and "broadcast" in msg, res
 
 
+
+def _eager_root_mismatch_child(rank, ws, kind):
+    """With 3+ ranks a broadcast's or scatter's root publishes and returns at once (as Open MPI's
+    eager root does): the ranks that read its data check its identity in the call, and every rank
+    checks everybody's when it enters its next collective."""
+    a = np.ones(10, np.float32)
+    out = {}
+    try:
+        if rank == 2:
+            dist.all_reduce(a)
+        elif kind == "broadcast":
+            dist.broadcast(a, src=0)
+        else:
+            dist.scatter(a, [np.full(10, i, np.float32) for i in range(ws)] if rank == 0 else None, src=0)
+        out["first"] = None
+    except dist.DistError as e:
+        out["first"] = str(e)
+    if out["first"] is None:
+        try:
+            dist.barrier()
+            out["next"] = None
+        except dist.DistError as e:
+            out["next"] = str(e)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "scatter"])
+def test_an_eager_root_reports_a_mismatch_at_its_next_collective(kind):
+    res = run(_eager_root_mismatch_child, 3, kind, env={"PYDDP_TRANSPORT": "shm"}, timeout=60)
+    for rank, r in enumerate(res):
+        msg = r["first"] or r.get("next")
+        assert msg and "mismatch" in msg and "all_reduce" in msg and kind in msg, (rank, res)
+    # the rank that called something else raises in the call itself (it reads the root's identity)
+    assert res[2]["first"], res
+
 def _destroy_during_inline_child(rank, ws):
     """destroy_process_group from another thread while a collective waits on this one."""
     import threading

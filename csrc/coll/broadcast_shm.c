@@ -21,7 +21,7 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive (to see one that called something else) */
     PD_CHECK(pd_shm_first_sync_from(
-        c, len > per ? -1 : r == root ? PD_SHM_ANY : root,
+        c, len > per ? -1 : r == root ? pd_shm_publisher_src(c) : root,
         len <= per && r != root));
     for (;;) {
         size_t m2 = len - done - m < per ? len - done - m : per;

@@ -112,6 +112,9 @@ pd_status pd_shm_first_sync(pd_coll *c);
  * The identities of the ranks not waited for are checked when the next
  * collective starts. */
 pd_status pd_shm_first_sync_from(pd_coll *c, int src, int data);
+/* src for a rank whose first sync only publishes (a broadcast's or a
+ * scatter's root): see pd_shm_first_sync_from. */
+int pd_shm_publisher_src(const pd_coll *c);
 pd_status pd_shm_next_sync(pd_coll *c);
 /* Bank for this copy-in phase (the current one when resuming). */
 int pd_shm_copyin_bank(pd_coll *c);

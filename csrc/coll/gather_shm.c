@@ -65,7 +65,7 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive */
     PD_CHECK(pd_shm_first_sync_from(
-        c, len > pe ? -1 : r == root ? PD_SHM_ANY : root,
+        c, len > pe ? -1 : r == root ? pd_shm_publisher_src(c) : root,
         len <= pe && r != root));
     for (;;) {
         size_t m2 = len - done - m < pe ? len - done - m : pe;

@@ -21,6 +21,21 @@ pd_shm_first_sync_from(pd_coll *c, int src, int data)
     return pd_shm_check_ident_from(c->shm, &c->id, pd_coll_kind_name, src);
 }
 
+/* Two ranks: the publisher waits for the other one, so that both raise a
+ * mismatch in the call itself.  Three or more: it does not wait at all, as
+ * Open MPI's eager root does.  Waiting for the first other rank to arrive
+ * could not promise an in-call mismatch anyway (the first rank may match
+ * while a later one does not); every rank's identity is checked when the
+ * publisher enters its next collective, and the ranks that read its data
+ * check its identity in the call.  Measured with 4 ranks on 2 cores, 4 B
+ * broadcast, median of max over ranks: waiting for the first rank 2-11 us,
+ * not waiting ~1 us (Open MPI 0.8 us). */
+int
+pd_shm_publisher_src(const pd_coll *c)
+{
+    return c->size == 2 ? PD_SHM_ANY : c->rank;
+}
+
 pd_status
 pd_shm_first_sync(pd_coll *c)
 {
