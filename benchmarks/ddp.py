@@ -10,6 +10,11 @@ the machine hits all alike; a step is zero_grad + forward + loss + backward + op
 the table reports the median step time and its ratio to the plain (no DDP) step of the same
 framework. Both ranks run the plain steps at the same time, so they compete for the machine as the
 DDP runs do.
+
+Two floor rows bound what any DDP can reach on the machine: the pyddp.nn plain step followed by one
+copy of gradient-sized memory (every DDP makes at least one pass over the gradients), and followed
+by one allreduce of an array of that size already in the group's shared memory (the reduction
+itself, with no copy in or out).
 """
 import argparse
 import json
@@ -95,6 +100,33 @@ def _pyddp_setup(h, wrap):
     return step, sum(p.numel() for p in m.parameters())
 
 
+FLOOR_COPY = "floor: pyddp.nn plain + one copy of the gradients"
+FLOOR_ALLREDUCE = "floor: pyddp.nn plain + one allreduce of the gradients in shared memory"
+
+
+def _floor_setup(plain, dist):
+    """The least any DDP can add to a plain step: one pass over gradient-sized memory (a copy),
+    and the allreduce itself with no copy in or out (an array in the group's shared memory)."""
+    import numpy as np
+
+    step, n = plain
+    src = np.ones(n, np.float32)
+    dst = np.zeros(n, np.float32)
+    try:
+        buf = dist._shared_array((n,), dtype=np.float32)
+    except Exception:  # not a shared-memory group (PYDDP_TRANSPORT=tcp): an ordinary array
+        buf = np.zeros(n, np.float32)
+
+    def plain_copy():
+        step()
+        np.copyto(dst, src)
+
+    def plain_allreduce():
+        step()
+        dist.all_reduce(buf, op=dist.ReduceOp.AVG)
+    return {FLOOR_COPY: (plain_copy, n), FLOOR_ALLREDUCE: (plain_allreduce, n)}
+
+
 def _worker(args):
     import numpy as np  # noqa: F401
 
@@ -127,6 +159,7 @@ def _worker(args):
                 h, lambda m: PDDP(m, gradient_as_bucket_view=True))
         configs["pyddp.nn plain"] = _pyddp_setup(h, None)
         configs["pyddp DDP, pyddp.nn model"] = _pyddp_setup(h, PDDP)
+        configs.update(_floor_setup(configs["pyddp.nn plain"], dist))
         times = {k: [] for k in configs}
         for name, (step, _) in configs.items():   # warm-up (and bucket rebuild)
             for _ in range(3):
@@ -202,6 +235,9 @@ def main():
                 print(f"target {size} {name}: {ratio:.3f} of plain (<= {targets[size]}) "
                       f"{'and faster than torch DDP ' if 'torch DDP (gloo)' in t else ''}-> "
                       f"{'met' if ok else 'NOT met'}")
+        if FLOOR_COPY in t and FLOOR_ALLREDUCE in t:
+            print(f"floor {size}: one copy of the gradients alone makes a step {t[FLOOR_COPY] / t['pyddp.nn plain']:.3f} "
+                  f"of plain, their allreduce alone {t[FLOOR_ALLREDUCE] / t['pyddp.nn plain']:.3f}")
 
 
 if __name__ == "__main__":
