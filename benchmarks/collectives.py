@@ -219,6 +219,41 @@ def run_peer(peer, args, sizes, tmpdir):
     return result, note
 
 
+def merge_rows(row_lists):
+    """One row per size from several rounds: the median of the rounds' medians, the least minimum."""
+    by = {}
+    for rows in row_lists:
+        for r in rows:
+            by.setdefault(r["bytes"], []).append(r)
+    out = []
+    for nbytes, rs in by.items():
+        m = dict(rs[0])
+        m["median_us"] = float(np.median([r["median_us"] for r in rs]))
+        m["min_us"] = min(r["min_us"] for r in rs)
+        m["correct"] = all(r["correct"] for r in rs)
+        m["iters"] = sum(r["iters"] for r in rs)
+        m["rounds"] = len(rs)
+        out.append(m)
+    return out
+
+
+def merge_rounds(results):
+    """A library's results over rounds (see merge_rows); a single round is returned as it is."""
+    if len(results) == 1:
+        return results[0]
+    merged = dict(results[-1])
+    ops = {}
+    for r in results:
+        for op, rows in (r.get("ops") or {}).items():
+            ops.setdefault(op, []).append(rows)
+    merged["ops"] = {op: merge_rows(lists) for op, lists in ops.items()}
+    shm = [r.get("shm_buffer") for r in results if (r.get("shm_buffer") or {}).get("rows")]
+    if shm:
+        merged["shm_buffer"] = dict(shm[-1], rows=merge_rows([x["rows"] for x in shm]))
+    merged["rounds"] = len(results)
+    return merged
+
+
 def row_sizes(ops, sizes, world):
     """Every array size (bytes) a table row will have: the requested sizes as the workers round them."""
     out = set()
@@ -380,6 +415,10 @@ def target_lines(results, memcpy, ops):
 
 
 def print_tables(args, results, notes, world, memcpy):
+    if getattr(args, "rounds", 1) > 1:
+        print()
+        print(f"# {args.rounds} rounds, libraries in alternating order: time(us) is the median of the "
+              "rounds' medians")
     for op in args.ops:
         print()
         print("\n".join(table(op, results, world, memcpy)))
@@ -477,6 +516,9 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")
     ap.add_argument("--quick", action="store_true", help="few sizes, few iterations (smoke test)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every library this many times, in alternating order, and report the median "
+                         "of its per-round medians (default 1)")
     args = ap.parse_args(argv)
 
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -492,6 +534,8 @@ def main(argv=None):
         ap.error("--nproc must be >= 1")
     if args.step < 2:
         ap.error("--step must be >= 2")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
     args.budget_bytes = parse_size(args.budget_bytes)
     if args.quick:
@@ -524,14 +568,31 @@ def main(argv=None):
     sys.stdout.flush()
 
     results, notes, raw = {}, {}, {}
+    runs = {}
     with tempfile.TemporaryDirectory(prefix="pyddp-bench-") as tmpdir:
+        for rnd in range(args.rounds):
+            # alternate the order, so that no library always runs first (or after the same one)
+            for peer in (args.peers if rnd % 2 == 0 else args.peers[::-1]):
+                if peer in notes and peer not in runs:
+                    continue  # skipped or failed in an earlier round
+                ok, why = available(peer)
+                if not ok:
+                    notes[peer] = f"skipped: {why}"
+                    continue
+                t0 = time.monotonic()
+                result, note = run_peer(peer, args, sizes, tmpdir)
+                if result:
+                    runs.setdefault(peer, []).append(result)
+                if note:
+                    notes[peer] = note
+                print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s"
+                      + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else "")
+                      + (" (see note)" if note else ""), flush=True)
         for peer in args.peers:
-            ok, why = available(peer)
-            if not ok:
-                notes[peer] = f"skipped: {why}"
+            if peer not in runs:
                 continue
-            t0 = time.monotonic()
-            result, note = run_peer(peer, args, sizes, tmpdir)
+            result = merge_rounds(runs[peer])
+            note = notes.get(peer, "")
             if result:
                 raw[peer] = result
             if result and result.get("ops"):
@@ -545,8 +606,6 @@ def main(argv=None):
                     notes["pyddp-shm"] = f"not available: {shm.get('why', '')} (the rows appear once it exists)"
                 elif shm.get("error"):
                     notes["pyddp-shm"] = "allreduce failed: " + shm["error"].strip().splitlines()[-1]
-            print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s" + (" (see note)" if note else ""),
-                  flush=True)
 
     print_tables(args, results, notes, args.nproc, memcpy)
     if not args.no_plot:

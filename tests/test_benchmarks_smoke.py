@@ -176,3 +176,15 @@ def test_bad_peer_is_refused(capsys):
     with pytest.raises(SystemExit):
         mod.main(["--peers", "pyddp,nccl"])
     assert "unknown peer 'nccl'" in capsys.readouterr().err
+
+
+def test_rounds_are_merged_by_the_median_of_their_medians():
+    mod = _collectives()
+    row = {"bytes": 4, "count": 1, "iters": 10, "correct": True}
+    rounds = [{"ops": {"allreduce": [dict(row, median_us=m, min_us=m / 2, correct=m != 9.0)]},
+               "errors": {}} for m in (1.0, 9.0, 3.0)]
+    merged = mod.merge_rounds(rounds)
+    r = merged["ops"]["allreduce"][0]
+    assert r["median_us"] == 3.0 and r["min_us"] == 0.5 and r["iters"] == 30 and r["rounds"] == 3
+    assert r["correct"] is False  # one wrong round marks the row
+    assert mod.merge_rounds(rounds[:1]) is rounds[0]
