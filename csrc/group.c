@@ -339,6 +339,10 @@ run_reduction(pd_coll *c, const pd_op *op)
     switch (op->kind) {
     case PD_K_ALLREDUCE:
         if (half) {
+            if (op->in[0] != op->out[0]) { /* c->esz: the float32 width */
+                memmove(op->out[0], op->in[0],
+                        count * pd_dtype_size((pd_dtype)op->dtype));
+            }
             PD_CHECK_GOTO(widen(c, &w, op->out[0], count), st, exit);
         }
         else {
@@ -504,9 +508,9 @@ run_coll_shm(pd_coll *c, const pd_op *op)
     size_t len = op->count * esz;
     switch (op->kind) {
     case PD_K_ALLREDUCE: {
-        shm_buf *sb = find_shm_buf(c->g, op->out[0], len);
+        shm_buf *sb = find_shm_buf(c->g, op->in[0], len);
         if (sb != NULL) {
-            size_t off = (size_t)(op->out[0] - sb->own);
+            size_t off = (size_t)(op->in[0] - sb->own);
             char *stack[16];
             char **peer = c->size <= 16
                               ? stack
@@ -517,7 +521,10 @@ run_coll_shm(pd_coll *c, const pd_op *op)
             for (int p = 0; p < c->size; p++) {
                 peer[p] = sb->peer[p] + off;
             }
-            pd_status st = pd_allreduce_shm_inplace(c, peer, op->count);
+            pd_status st =
+                op->out[0] == op->in[0]
+                    ? pd_allreduce_shm_inplace(c, peer, op->count)
+                    : pd_allreduce_shm_into(c, peer, op->out[0], op->count);
             if (peer != stack) {
                 free(peer);
             }
@@ -694,11 +701,11 @@ run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
             }
         }
         if (op->kind == PD_K_ALLREDUCE) {
-            shm_buf *sb = find_shm_buf(g, op->out[0],
+            shm_buf *sb = find_shm_buf(g, op->in[0],
                                        op->count * pd_dtype_size(op->dtype));
             /* ranks must agree on the path: buffer id and offset */
             c.id.aux = sb ? (sb->id << 40) ^
-                                (uint64_t)(op->out[0] - sb->own) ^ 1
+                                (uint64_t)(op->in[0] - sb->own) ^ 1
                           : 0;
         }
         st = PD_OK;

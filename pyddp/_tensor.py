@@ -417,6 +417,26 @@ def _mm(x, y):
     return np.matmul(x, y)
 
 
+def _claim_grad_dest(t, shape, dtype):
+    """The array a leaf's gradient may be computed straight into, or None.
+
+    DistributedDataParallel offers each parameter its slot in a gradient bucket
+    (``t._grad_dest``) for one backward; an op that computes the parameter's whole gradient
+    (linear's weight) claims it while the parameter has no ``.grad``, writes its result there
+    with ``out=``, and the engine adopts that array as ``.grad`` without a copy (``t._grad_adopt``),
+    so DDP finds the gradient already in its bucket.  Claimed once: a second use of the same
+    parameter in the graph gets an array of its own, which the engine adds in.
+    """
+    d = getattr(t, "_grad_dest", None)
+    if d is None:
+        return None
+    t._grad_dest = None
+    if t._grad is not None or d.shape != shape or d.dtype != dtype:
+        return None
+    t._grad_adopt = d
+    return d
+
+
 def _check_inplace(t):
     if _st.grad and t._requires_grad and t.grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "

@@ -242,6 +242,53 @@ def test_shared_arrays_allreduce_in_place_without_copy_in(ws):
     run(_shared_array_child, ws, env={"PYDDP_TRANSPORT": "shm"})
 
 
+def _all_reduce_into_child(rank, ws, transport):
+    """_all_reduce_into (DDP's buckets): the result lands in another array, from a shared buffer
+    (read in place) or a private one; sizes of one and of many rounds; float16 through float32."""
+    from pyddp.distributed import distributed_c10d as c10d
+
+    checked = 0
+    for n in (1, 7, 1000, 300_001):
+        for dt in (np.float32, np.float64, np.float16):
+            for shared in (True, False):
+                if shared and transport == "tcp":
+                    continue
+                src = dist._shared_array((n,), dtype=dt) if shared else np.empty(n, dt)
+                vals = [np.random.default_rng(r).integers(-5, 5, n).astype(dt) for r in range(ws)]
+                for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                    src[...] = vals[rank]
+                    dst = np.full(n, 99, dt)
+                    work = c10d._all_reduce_into(src, dst, op=op, async_op=(n == 7))
+                    if work is not None:
+                        work.wait()
+                    want = np.sum(np.array(vals, np.float64), 0)
+                    if op == dist.ReduceOp.AVG:
+                        want /= ws
+                    np.testing.assert_allclose(dst.astype(np.float64), want, rtol=1e-3)
+                    checked += 1
+                del src
+    bad = []
+    for args in ((np.ones(4, np.float32), np.ones(5, np.float32)),
+                 (np.ones(4, np.float32), np.ones(4, np.float64))):
+        try:
+            c10d._all_reduce_into(*args)
+        except ValueError as e:
+            bad.append("dst must match" in str(e))
+    a = np.ones(8, np.float32)
+    try:
+        c10d._all_reduce_into(a[:4], a[2:6])
+    except ValueError as e:
+        bad.append("overlap" in str(e))
+    return checked, bad
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_all_reduce_into_another_array_matches_numpy(transport):
+    for checked, bad in run(_all_reduce_into_child, 3, transport, env={"PYDDP_TRANSPORT": transport},
+                            timeout=120):
+        assert checked == (48 if transport == "shm" else 24) and bad == [True, True, True]
+
+
 def _shared_offset_mismatch_child(rank, ws):
     a = dist._shared_array(1000, np.float32)
     a[:] = 1

@@ -346,3 +346,74 @@ def test_buckets_are_rebuilt_once_in_the_order_gradients_became_ready():
         assert flat_after[:2] == ["fc_c.bias", "fc_c.weight"] or flat_after[:2] == ["fc_c.weight", "fc_c.bias"]
         assert set(flat_after[-2:]) == {"fc_a.weight", "fc_a.bias"}
         _close(got, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# linear computes its weight's gradient straight into the bucket (no copy in)
+
+
+class _Tied(nn.Module):
+    """One Linear used twice: the second use's gradient must be added to the first, not overwrite it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        self.mid = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.out(F.tanh(self.mid(F.tanh(self.mid(F.tanh(self.inp(x)))))))
+
+
+def _direct_child(rank, ws, gv, set_to_none):
+    steps = 3
+    pyddp.manual_seed(0)
+    ref = _Tied().double()
+    pyddp.manual_seed(0)
+    m = _Tied().double()
+    ddp = DDP(m, gradient_as_bucket_view=gv, bucket_cap_mb=0.001)
+    X, Y = _data(ws, steps)
+    aliases, claims = [], []
+    import pyddp._tensor as T
+    real_claim = T._claim_grad_dest
+
+    def counting_claim(*a):
+        d = real_claim(*a)
+        claims[-1] += d is not None
+        return d
+    T._claim_grad_dest = counting_claim
+    for s in range(steps):
+        claims.append(0)
+        for model in (ref, ddp):
+            for p in model.parameters():
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.numpy()[...] = 0
+        x, y = X[s], Y[s]
+        F.mse_loss(ref(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+        mine = slice(rank * B, (rank + 1) * B)
+        F.mse_loss(ddp(pyddp.tensor(x[mine])), pyddp.tensor(y[mine])).backward()
+        bufs = [b.buffer for b in ddp._buckets]
+        aliases.append([any(np.shares_memory(p.grad.numpy(), b) for b in bufs) for p in m.parameters()])
+        for a, b in zip(ref.parameters(), m.parameters()):
+            # the mean over ranks of per-rank mean losses = the full-batch mean loss
+            np.testing.assert_allclose(b.grad.numpy(), a.grad.numpy(), rtol=1e-10, atol=1e-12)
+        _sgd(ref.parameters())
+        _sgd(ddp.parameters())
+    owned_after = [getattr(p, "_grad_adopt", None) is None for p in m.parameters()]
+    T._claim_grad_dest = real_claim
+    return aliases, owned_after, claims
+
+
+@pytest.mark.parametrize("gv", [False, True])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_computed_into_the_buckets_equal_full_batch_training(gv, set_to_none):
+    for aliases, owned, claims in run(_direct_child, 2, gv, set_to_none):
+        assert all(owned)
+        # the three weights are computed into the buckets (the tied one once: its second use adds
+        # in) while they have no .grad: every step with set_to_none, else the first step only
+        assert claims == ([3, 3, 3] if set_to_none else [3, 0, 0]), claims
+        for step in aliases:
+            # gradient_as_bucket_view: every .grad is a view of a bucket; otherwise none is
+            assert all(step) if gv else not any(step), aliases

@@ -122,8 +122,11 @@ pd_allreduce_shm(pd_coll *c, const char *in, char *out, size_t count)
     return pd_shm_reduce_rounds(c, in, out, count, -1);
 }
 
-pd_status
-pd_allreduce_shm_inplace(pd_coll *c, char *const *peer, size_t count)
+/* Buffers in shared memory: rank r reduces slice r of every rank's buffer
+ * into its own, then gathers the other slices, into its buffer (out NULL) or
+ * into out (its reduced slice copied there too). */
+static pd_status
+shared_rounds(pd_coll *c, char *const *peer, char *out, size_t count)
 {
     int n = c->size, r = c->rank;
     size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
@@ -149,14 +152,18 @@ pd_allreduce_shm_inplace(pd_coll *c, char *const *peer, size_t count)
                 src[i] = peer[(r + i) % n] + (done + lo) * esz;
             }
             pd_shm_reduce(c, src[0], src, n, hi - lo, 1);
+            if (out != NULL) {
+                memcpy(out + (done + lo) * esz, src[0], (hi - lo) * esz);
+            }
         }
         if (prev_m > 0) {
             /* gather the other slices of the previous chunk */
+            char *dst = out != NULL ? out : peer[r];
             for (int i = 1; i < n; i++) {
                 int p = (r + i) % n;
                 slice(prev_m, n, p, &lo, &hi);
-                memcpy(peer[r] + (prev + lo) * esz,
-                       peer[p] + (prev + lo) * esz, (hi - lo) * esz);
+                memcpy(dst + (prev + lo) * esz, peer[p] + (prev + lo) * esz,
+                       (hi - lo) * esz);
             }
         }
         /* after the last gather: nobody reads my buffer any more */
@@ -172,4 +179,16 @@ exit:
         free(src);
     }
     return st;
+}
+
+pd_status
+pd_allreduce_shm_inplace(pd_coll *c, char *const *peer, size_t count)
+{
+    return shared_rounds(c, peer, NULL, count);
+}
+
+pd_status
+pd_allreduce_shm_into(pd_coll *c, char *const *peer, char *out, size_t count)
+{
+    return shared_rounds(c, peer, out, count);
 }

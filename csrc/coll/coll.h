@@ -87,6 +87,10 @@ pd_status pd_allreduce_shm(pd_coll *c, const char *in, char *out,
  * at peer[p] (own included); no copy-in. */
 pd_status pd_allreduce_shm_inplace(pd_coll *c, char *const *peer,
                                    size_t count);
+/* The same, leaving the result in out (this rank's memory) instead of in its
+ * shared buffer, which afterwards holds only this rank's reduced slice. */
+pd_status pd_allreduce_shm_into(pd_coll *c, char *const *peer, char *out,
+                                size_t count);
 pd_status pd_reduce_shm(pd_coll *c, const char *in, char *out, size_t count);
 /* Both: root < 0 for allreduce, else reduce to root. */
 pd_status pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out,

@@ -845,6 +845,9 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     }
     int nin = expected_blocks(kind, 0, rank, root, size);
     int nout = expected_blocks(kind, 1, rank, root, size);
+    if (kind == PD_K_ALLREDUCE && PyTuple_GET_SIZE(ins) == 1) {
+        nin = 1; /* out of place (internal: _all_reduce_into) */
+    }
     if ((in_splits != Py_None && PyTuple_GET_SIZE(in_splits) != nin) ||
         (out_splits != Py_None && PyTuple_GET_SIZE(out_splits) != nout)) {
         PyErr_Format(PyExc_ValueError,
@@ -899,8 +902,17 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     size_t want = (size_t)count * esz;
     int bad = 0;
     switch (kind) {
-    case PD_K_BROADCAST:
     case PD_K_ALLREDUCE:
+        if (nin) {
+            bad = check_lens(il, 1, want, "input", name) ||
+                  check_lens(ol, 1, want, "output", name);
+            break;
+        }
+        bad = check_lens(ol, 1, want, "output", name); /* in place */
+        ip[0] = op_[0];
+        il[0] = ol[0];
+        break;
+    case PD_K_BROADCAST:
         bad = check_lens(ol, 1, want, "output", name);
         ip[0] = op_[0];
         il[0] = ol[0];

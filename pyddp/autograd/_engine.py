@@ -180,6 +180,9 @@ def _apply_tensor_hooks(hooks, g):
 
 def _accumulate(node, g, capture):
     var = node.variable
+    adopt = getattr(var, "_grad_adopt", None)
+    if adopt is not None:  # the gradient was computed into DDP's bucket (_claim_grad_dest)
+        var._grad_adopt = None
     if node._pre_hooks:
         g = _apply_tensor_hooks(node._pre_hooks, g)
     if capture is not None:
@@ -192,7 +195,7 @@ def _accumulate(node, g, capture):
         g = np.broadcast_to(g, var._data.shape)
     cur = var._grad
     if cur is None:
-        if not _owned(g):
+        if g is not adopt and not _owned(g):
             g = np.array(g, order="C", copy=True)
         if g.shape != var._data.shape:
             g = np.array(np.broadcast_to(g, var._data.shape))

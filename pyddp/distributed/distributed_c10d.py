@@ -834,6 +834,26 @@ def _all_reduce_as(array, code, op=ReduceOp.SUM, group=None, async_op=False):
                            name="all_reduce", result=array, async_op=async_op), async_op)
 
 
+def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    """all_reduce of ``src`` with the result written to ``dst`` (internal; DistributedDataParallel).
+
+    ``src`` is left holding partial results.  When it is a ``_shared_array`` the reduction reads
+    every rank's buffer in place and writes this rank's result straight into ``dst``, saving the
+    copy back out of the buffer."""
+    pg = _resolve(group)
+    if pg is None:
+        return None
+    a, code = as_array(src, "src", writable=True)
+    d, dcode = as_array(dst, "dst", writable=True)
+    if dcode != code or d.size != a.size:
+        raise ValueError(f"_all_reduce_into: dst must match src's dtype and size ({a.dtype}, {a.size}), "
+                         f"got {d.dtype}, {d.size}")
+    if np.shares_memory(a, d):
+        raise ValueError("_all_reduce_into: src and dst must not overlap")
+    return _ret(pg._submit(_C.K_ALLREDUCE, code, _op_of(op), 0, 0, a.size, (a,), (d,),
+                           name="all_reduce", result=dst, async_op=async_op), async_op)
+
+
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""

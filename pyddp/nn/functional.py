@@ -78,7 +78,8 @@ def linear(input, weight, bias=None):
             g2 = g.reshape(-1, O)
             if rw:
                 x2 = xd.reshape(-1, xd.shape[-1])
-                gw = _mm(g2.T, x2)
+                dest = None if g2.dtype in _HALFS else _t._claim_grad_dest(weight, wd.shape, g2.dtype)
+                gw = _mm(g2.T, x2) if dest is None else np.matmul(g2.T, x2, out=dest)
             if rb:
                 gb = g2.sum(0, dtype=np.float32 if g2.dtype in _HALFS else None) \
                     .astype(bd.dtype, copy=False)

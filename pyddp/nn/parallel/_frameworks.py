@@ -49,6 +49,17 @@ class PyddpAdapter:
     def post_accumulate_hook(p, fn):
         return p.register_post_accumulate_grad_hook(fn)
 
+    # pyddp's linear computes a weight's gradient straight into this array during the next
+    # backward (pyddp._tensor._claim_grad_dest); None withdraws the offer
+    offers_grad_dest = True
+
+    @staticmethod
+    def offer_grad_dest(p, arr):
+        try:
+            p._grad_dest = arr
+        except AttributeError:  # a Tensor with slots only: no offer
+            pass
+
     @staticmethod
     def queue_callback(fn):
         from ... import autograd
@@ -109,6 +120,12 @@ class TorchAdapter:
     @staticmethod
     def post_accumulate_hook(p, fn):
         return p.register_post_accumulate_grad_hook(fn)
+
+    offers_grad_dest = False  # torch's autograd allocates its gradients itself
+
+    @staticmethod
+    def offer_grad_dest(p, arr):
+        pass
 
     @staticmethod
     def queue_callback(fn):

@@ -88,7 +88,8 @@ def _assign_buckets(order, nbytes, dtypes, limits):
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared")
+    __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
+                 "offsets", "result")
 
     def __init__(self, index, params, dtype, buffer, views, shared):
         self.index = index
@@ -100,6 +101,16 @@ class _Bucket:
         self.work = None
         self.future = None
         self.shared = shared
+        self.offsets = []           # per parameter: its first element in buffer
+        self.result = buffer        # where the reduced gradients are (see DDP._launch)
+
+    def result_view(self, j):
+        """The reduced gradient of the bucket's j-th parameter."""
+        v = self.views[j]
+        if self.result is self.buffer:
+            return v
+        o = self.offsets[j]
+        return self.result[o:o + v.size].reshape(v.shape)
 
 
 class GradBucket:
@@ -246,6 +257,7 @@ class _DDPCore:
         self._comm_state = None
         self._join = None
         self._expect_hooks = False
+        self._dests_offered = False
         self._hook_seen = False
         self._unfinished = None
         self._ready = [False] * len(self._params)
@@ -347,16 +359,20 @@ class _DDPCore:
             dt = self._arrays[idxs[0]].dtype
             total = sum(self._arrays[i].size for i in idxs)
             buf, shared = self._alloc(total, dt)
-            vs = []
+            vs, offs = [], []
             off = 0
             for i in idxs:
                 a = self._arrays[i]
                 v = buf[off:off + a.size].reshape(a.shape)
+                offs.append(off)
                 off += a.size
                 vs.append(v)
                 views[i] = v
                 bucket_of[i] = bi
-            buckets.append(_Bucket(bi, list(idxs), dt, buf, vs, shared))
+            b = _Bucket(bi, list(idxs), dt, buf, vs, shared)
+            b.offsets = offs
+            buckets.append(b)
+        self._slot = {i: j for b in buckets for j, i in enumerate(b.params)}
         self._buckets = buckets
         self._bucket_of = bucket_of
         self._views = views
@@ -396,6 +412,16 @@ class _DDPCore:
         self._expect_hooks = sync
         if sync:
             self._reset_iteration()
+        self._offer_grad_dests(sync)
+
+    def _offer_grad_dests(self, sync):
+        """In a reducing iteration, offer every parameter its bucket view as the array to compute
+        its gradient into (pyddp.nn: linear does), which saves copying it into the bucket."""
+        if not self._ad.offers_grad_dest or (not sync and not self._dests_offered):
+            return
+        self._dests_offered = sync
+        for p, v in zip(self._params, self._views):
+            self._ad.offer_grad_dest(p, v if sync else None)
 
     def _reset_iteration(self):
         self._avg = self._comm_hook is None and self._div == float(self._world)
@@ -407,6 +433,7 @@ class _DDPCore:
             b.pending = len(b.params)
             b.work = None
             b.future = None
+            b.result = b.buffer
 
     def _maybe_rebuild(self):
         """Once, at the second iteration: rebuild buckets in the order rank 0's gradients were ready."""
@@ -480,7 +507,13 @@ class _DDPCore:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
         else:
             op = dist.ReduceOp.AVG if self._avg else dist.ReduceOp.SUM
-            if self._overlap:
+            if b.shared and not self.gradient_as_bucket_view:
+                # the gradients get arrays of their own anyway: the reduction writes them there
+                # straight from the ranks' shared buckets (no copy back out of the bucket)
+                b.result = np.empty_like(b.buffer)
+                b.work = c10d._all_reduce_into(b.buffer, b.result, op=op, group=self.process_group,
+                                               async_op=self._overlap)
+            elif self._overlap:
                 b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
             else:
                 dist.all_reduce(b.buffer, op=op, group=self.process_group)
@@ -512,15 +545,27 @@ class _DDPCore:
             if self.gradient_as_bucket_view:
                 if g is None or not _same_memory(g, view):
                     ad.set_grad(p, view)
-            elif g is None:
-                ad.set_grad(p, view.copy())
-            elif _same_memory(g, view):
-                pass
-            elif g.dtype == view.dtype and g.dtype in _C_COPY and g.flags.c_contiguous:
+                continue
+            b = self._buckets[self._bucket_of[i]]
+            res = b.result_view(self._slot[i])
+            if g is None or _same_memory(g, view):
+                # no gradient, or one computed straight into the bucket (offer_grad_dest): the
+                # reduced one in an array of its own (never the bucket, which the next step reuses)
+                if res is not view:
+                    ad.set_grad(p, res)
+                    continue
+                own = np.empty_like(view)
+                ad.set_grad(p, own)
+                if view.dtype in _C_COPY:
+                    dsts.append(own)
+                    srcs.append(view)
+                else:
+                    np.copyto(own, view)
+            elif g.dtype == res.dtype and g.dtype in _C_COPY and g.flags.c_contiguous:
                 dsts.append(g)
-                srcs.append(view)
+                srcs.append(res)
             else:
-                np.copyto(g, view)
+                np.copyto(g, res)
         if dsts:
             _C.cast_(dsts, srcs)
         self._iters += 1
