@@ -411,9 +411,41 @@ def _direct_child(rank, ws, gv, set_to_none):
 def test_gradients_computed_into_the_buckets_equal_full_batch_training(gv, set_to_none):
     for aliases, owned, claims in run(_direct_child, 2, gv, set_to_none):
         assert all(owned)
-        # the three weights are computed into the buckets (the tied one once: its second use adds
-        # in) while they have no .grad: every step with set_to_none, else the first step only
-        assert claims == ([3, 3, 3] if set_to_none else [3, 0, 0]), claims
+        # the three weights and biases are computed into the buckets (the tied layer's once: its
+        # second use adds in) while they have no .grad: every step with set_to_none, else the first
+        assert claims == ([6, 6, 6] if set_to_none else [6, 0, 0]), claims
         for step in aliases:
             # gradient_as_bucket_view: every .grad is a view of a bucket; otherwise none is
             assert all(step) if gv else not any(step), aliases
+
+
+def _kept_grads_child(rank, ws):
+    """The reduced gradients' array is reused by the next step only once no .grad refers to it:
+    gradients a caller keeps from one step are never overwritten by the next."""
+    pyddp.manual_seed(0)
+    m = _Net().double()
+    ddp = DDP(m)
+    X, Y = _data(ws, 4)
+    kept, snap, reused = None, None, []
+    for s in range(4):
+        _zero(ddp.parameters())
+        mine = slice(rank * B, (rank + 1) * B)
+        F.mse_loss(ddp(pyddp.tensor(X[s, mine])), pyddp.tensor(Y[s, mine])).backward()
+        bases = [p.grad.numpy().base for p in m.parameters()]
+        assert bases[0] is not None and all(b is bases[0] for b in bases)  # one array per bucket
+        reused.append(id(bases[0]))
+        del bases
+        if s == 1:
+            kept = [p.grad for p in m.parameters()]           # the caller keeps step 1's gradients
+            snap = [g.numpy().copy() for g in kept]
+        elif s > 1:
+            for g, c in zip(kept, snap):
+                np.testing.assert_array_equal(g.numpy(), c)  # untouched by later steps
+        _sgd(ddp.parameters())
+    return reused
+
+
+def test_gradients_kept_by_the_caller_are_never_overwritten_by_the_next_step():
+    for ids in run(_kept_grads_child, 2):
+        # step 2 cannot reuse step 1's array (kept); step 3 reuses step 2's (dropped by zero_grad)
+        assert ids[2] != ids[1] and ids[3] == ids[2], ids

@@ -81,8 +81,12 @@ def linear(input, weight, bias=None):
                 dest = None if g2.dtype in _HALFS else _t._claim_grad_dest(weight, wd.shape, g2.dtype)
                 gw = _mm(g2.T, x2) if dest is None else np.matmul(g2.T, x2, out=dest)
             if rb:
-                gb = g2.sum(0, dtype=np.float32 if g2.dtype in _HALFS else None) \
-                    .astype(bd.dtype, copy=False)
+                dest = None if g2.dtype in _HALFS else _t._claim_grad_dest(bias, bd.shape, g2.dtype)
+                if dest is not None:
+                    gb = g2.sum(0, out=dest)
+                else:
+                    gb = g2.sum(0, dtype=np.float32 if g2.dtype in _HALFS else None) \
+                        .astype(bd.dtype, copy=False)
         return gx, gw, gb
     return _mk(out, "AddmmBackward0", bw, (input, weight, bias))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -89,7 +90,7 @@ def _assign_buckets(order, nbytes, dtypes, limits):
 
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
-                 "offsets", "result")
+                 "offsets", "result", "spare", "in_place")
 
     def __init__(self, index, params, dtype, buffer, views, shared):
         self.index = index
@@ -103,6 +104,8 @@ class _Bucket:
         self.shared = shared
         self.offsets = []           # per parameter: its first element in buffer
         self.result = buffer        # where the reduced gradients are (see DDP._launch)
+        self.spare = None           # the last iteration's result array, reused once unreferenced
+        self.in_place = 0           # parameters whose gradient was computed into the bucket
 
     def result_view(self, j):
         """The reduced gradient of the bucket's j-th parameter."""
@@ -433,7 +436,10 @@ class _DDPCore:
             b.pending = len(b.params)
             b.work = None
             b.future = None
+            if b.result is not b.buffer:
+                b.spare = b.result
             b.result = b.buffer
+            b.in_place = 0
 
     def _maybe_rebuild(self):
         """Once, at the second iteration: rebuild buckets in the order rank 0's gradients were ready."""
@@ -474,8 +480,10 @@ class _DDPCore:
         if not self._rebuilt:
             self._ready_order.append(i)
         view = self._views[i]
+        b = self._buckets[self._bucket_of[i]]
         if g is None:
             view[...] = 0
+            b.in_place += 1
         else:
             self._used_local[i] = 1
             # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in
@@ -483,6 +491,7 @@ class _DDPCore:
             # divide_by_initial_world_size=False) it is scaled here. Comm hooks get it unscaled.
             scale = self._comm_hook is None and not self._avg
             if _same_memory(g, view):
+                b.in_place += 1
                 if scale:
                     np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
             elif scale:
@@ -491,7 +500,6 @@ class _DDPCore:
                 np.copyto(view, g)
             if self.gradient_as_bucket_view and not _same_memory(g, view):
                 self._ad.set_grad(self._params[i], view)
-        b = self._buckets[self._bucket_of[i]]
         b.pending -= 1
         if b.pending == 0:
             self._launch_ready_buckets()
@@ -507,10 +515,15 @@ class _DDPCore:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
         else:
             op = dist.ReduceOp.AVG if self._avg else dist.ReduceOp.SUM
-            if b.shared and not self.gradient_as_bucket_view:
-                # the gradients get arrays of their own anyway: the reduction writes them there
-                # straight from the ranks' shared buckets (no copy back out of the bucket)
-                b.result = np.empty_like(b.buffer)
+            if b.shared and not self.gradient_as_bucket_view and b.in_place == len(b.params):
+                # every gradient was computed into the bucket (pyddp.nn's linear) and needs an array
+                # of its own: the reduction writes them there straight from the ranks' shared
+                # buckets, no copy back out of the bucket. The last iteration's array is reused
+                # when no gradient refers to it any more (zero_grad(set_to_none=True)).
+                spare, b.spare = b.spare, None
+                b.result = spare if spare is not None and sys.getrefcount(spare) <= 2 \
+                    else np.empty_like(b.buffer)
+                del spare
                 b.work = c10d._all_reduce_into(b.buffer, b.result, op=op, group=self.process_group,
                                                async_op=self._overlap)
             elif self._overlap:
