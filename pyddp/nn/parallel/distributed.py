@@ -92,7 +92,7 @@ class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
                  "offsets", "result", "spare", "in_place")
 
-    def __init__(self, index, params, dtype, buffer, views, shared):
+    def __init__(self, index, params, dtype, buffer, views, offsets, shared):
         self.index = index
         self.params = params        # parameter indices, in layout order
         self.dtype = dtype
@@ -102,7 +102,7 @@ class _Bucket:
         self.work = None
         self.future = None
         self.shared = shared
-        self.offsets = []           # per parameter: its first element in buffer
+        self.offsets = offsets      # per parameter: its first element in buffer
         self.result = buffer        # where the reduced gradients are (see DDP._launch)
         self.spare = None           # the last iteration's result array, reused once unreferenced
         self.in_place = 0           # parameters whose gradient was computed into the bucket
@@ -372,9 +372,7 @@ class _DDPCore:
                 vs.append(v)
                 views[i] = v
                 bucket_of[i] = bi
-            b = _Bucket(bi, list(idxs), dt, buf, vs, shared)
-            b.offsets = offs
-            buckets.append(b)
+            buckets.append(_Bucket(bi, list(idxs), dt, buf, vs, offs, shared))
         self._slot = {i: j for b in buckets for j, i in enumerate(b.params)}
         self._buckets = buckets
         self._bucket_of = bucket_of
