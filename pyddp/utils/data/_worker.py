@@ -270,6 +270,12 @@ def _worker_loop(iterable, dataset, index_queue, data_queue, done_event,
             del data, idx, index, r, payload
     except KeyboardInterrupt:
         pass
-    # Exit even if the main process stopped reading the queue.
-    data_queue.cancel_join_thread()
+    # The queue's feeder thread holds the queue's write lock, shared with
+    # the other workers, while it writes.  Exiting without joining it can
+    # leave that lock taken forever and hang every other worker, so it is
+    # only skipped when nobody reads any more (shutdown, or the main
+    # process is gone); otherwise the exit waits for the last put to reach
+    # the pipe.
+    if done_event.is_set() or os.getppid() != parent_pid:
+        data_queue.cancel_join_thread()
     data_queue.close()
