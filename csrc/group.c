@@ -339,11 +339,8 @@ run_reduction(pd_coll *c, const pd_op *op)
     switch (op->kind) {
     case PD_K_ALLREDUCE:
         if (half) {
-            if (op->in[0] != op->out[0]) { /* c->esz: the float32 width */
-                memmove(op->out[0], op->in[0],
-                        count * pd_dtype_size((pd_dtype)op->dtype));
-            }
-            PD_CHECK_GOTO(widen(c, &w, op->out[0], count), st, exit);
+            /* reduced in float32 scratch, rounded once into out */
+            PD_CHECK_GOTO(widen(c, &w, op->in[0], count), st, exit);
         }
         else {
             w = op->out[0];
