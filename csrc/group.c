@@ -85,21 +85,6 @@ struct pd_group {
     char errmsg[PD_ERRMSG_MAX];
 };
 
-static const char *const kind_names[PD_NKINDS] = {
-    "none", "broadcast", "all_reduce", "reduce", "all_gather", "gather",
-    "scatter", "reduce_scatter", "all_to_all", "barrier",
-    "monitored_barrier", "send", "recv", "_shared_array",
-};
-
-const char *
-pd_coll_kind_name(int kind)
-{
-    if (kind < 0 || kind >= PD_NKINDS) {
-        return "unknown";
-    }
-    return kind_names[kind];
-}
-
 /* ------------------------------------------------------------------ work */
 
 static void
@@ -478,15 +463,6 @@ run_coll(pd_coll *c, const pd_op *op)
     }
 }
 
-/* Shared-memory versions of every collective but monitored_barrier (which
- * names late ranks one by one over the transport). */
-static int
-shm_kind(int kind)
-{
-    return kind != PD_K_MONITORED_BARRIER && kind != PD_K_SEND &&
-           kind != PD_K_RECV;
-}
-
 /* Buffers in the group's shared memory: allreduce without the copy-in. */
 typedef struct shm_buf {
     char *own;
@@ -678,7 +654,7 @@ run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
            pd_dtype_name(op->dtype), op->count);
     double t0 = pd_now();
     pd_status st;
-    if (g->shm != NULL && shm_kind(op->kind)) {
+    if (g->shm != NULL && pd_kind_has(op->kind, PD_KF_SHM)) {
         c.shm = g->shm;
         c.resume = resume;
         c.waiter.deadline = deadline;
@@ -708,7 +684,7 @@ run_collective(run_ctx *x, const pd_op *op, uint64_t seq, int resume,
         st = PD_OK;
         if (!resume) {
             /* after an eager collective: everyone entered it, alike */
-            st = pd_shm_entry(g->shm, &c.waiter, pd_coll_kind_name);
+            st = pd_shm_entry(g->shm, &c.waiter, pd_kind_name);
             if (st == PD_EINTR) {
                 return st; /* nothing published: *published stays 0 */
             }
@@ -902,17 +878,14 @@ static pd_status
 work_own_blocks(pd_group *g, pd_work *w)
 {
     pd_op *o = &w->op;
-    int k = o->kind, root = o->root == g->rank;
-    size_t nin = (k == PD_K_REDUCE_SCATTER || k == PD_K_ALLTOALL ||
-                  (k == PD_K_SCATTER && root))
-                     ? (size_t)g->size
-                     : 1;
-    size_t nout = (k == PD_K_ALLGATHER || k == PD_K_ALLTOALL ||
-                   (k == PD_K_GATHER && root))
-                      ? (size_t)g->size
-                      : 1;
-    size_t in_lens = k == PD_K_ALLTOALL ? nin : 1;
-    size_t out_lens = k == PD_K_ALLTOALL ? nout : 1;
+    int k = o->kind;
+    int bin = pd_kind_blocks(k, 0, g->rank, o->root, g->size);
+    int bout = pd_kind_blocks(k, 1, g->rank, o->root, g->size);
+    /* an absent side still has its one (aliased) slot */
+    size_t nin = bin > 1 ? (size_t)bin : 1;
+    size_t nout = bout > 1 ? (size_t)bout : 1;
+    size_t in_lens = pd_kind_has(k, PD_KF_SPLITS) ? nin : 1;
+    size_t out_lens = pd_kind_has(k, PD_KF_SPLITS) ? nout : 1;
     char *mem = malloc((nin + nout) * sizeof(char *) +
                        (in_lens + out_lens) * sizeof(size_t));
     if (mem == NULL) {
@@ -937,7 +910,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                 void *ictx, pd_status *out, pd_work **handoff)
 {
     *handoff = NULL;
-    if (g->shm == NULL || !shm_kind(op->kind)) {
+    if (g->shm == NULL || !pd_kind_has(op->kind, PD_KF_SHM)) {
         return 0;
     }
     pthread_mutex_lock(&g->mu);
@@ -1341,13 +1314,13 @@ alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
      * every rank): let everyone enter it first, as every collective does,
      * so the identity read below is of this allocation, not of a lagging
      * rank's earlier collective with the same sequence parity */
-    pd_status st = pd_shm_entry(g->shm, &w, pd_coll_kind_name);
+    pd_status st = pd_shm_entry(g->shm, &w, pd_kind_name);
     if (st == PD_OK) {
         pd_shm_enter(g->shm, &id, (uint64_t)ok);
         st = pd_shm_sync(g->shm, &w);
     }
     if (st == PD_OK) {
-        st = pd_shm_check_ident(g->shm, &id, pd_coll_kind_name);
+        st = pd_shm_check_ident(g->shm, &id, pd_kind_name);
     }
     if (st != PD_OK) {
         char msg[PD_ERRMSG_MAX];

@@ -12,28 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coll/kinds.h"
 #include "kernels/kernels.h"
 #include "util/status.h"
-
-typedef enum pd_kind {
-    PD_K_NONE = 0,
-    PD_K_BROADCAST,
-    PD_K_ALLREDUCE,
-    PD_K_REDUCE,
-    PD_K_ALLGATHER,
-    PD_K_GATHER,
-    PD_K_SCATTER,
-    PD_K_REDUCE_SCATTER,
-    PD_K_ALLTOALL,
-    PD_K_BARRIER,
-    PD_K_MONITORED_BARRIER,
-    PD_K_SEND,
-    PD_K_RECV,
-    PD_K_SHM_ALLOC,
-    PD_NKINDS
-} pd_kind;
-
-const char *pd_coll_kind_name(int kind);
 
 /* One operation.  Buffers are described per rank as blocks so that the list
  * forms (all_gather(list), scatter(list), ...) and the tensor forms share one

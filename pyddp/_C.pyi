@@ -40,6 +40,14 @@ K_MONITORED_BARRIER: Final[int]
 K_SEND: Final[int]
 K_RECV: Final[int]
 
+# The core's tables (csrc/coll/kinds.c, csrc/kernels/dtype.c): the only source of these codes.
+# KINDS[name] = {"code", "rooted", "reduces", "shm", "p2p", "splits", "in", "out"}; "in"/"out" is
+# "none", "one", "all" (one block per rank) or "root_all" (one per rank on the root only).
+KINDS: Final[dict[str, dict[str, Any]]]
+DTYPE_CODES: Final[dict[str, int]]  # "bool": 0 ... "complex128": 14 (pd_dtype order)
+DTYPE_SIZES: Final[dict[str, int]]  # bytes per element
+REDUCE_OPS: Final[dict[str, int]]  # "SUM": 0 ... "BXOR": 7 (pd_redop order)
+
 # -------------------------------------------------------------------------------------- stores
 class _Store:
     """Methods shared by every store (not a real base class of the C types)."""

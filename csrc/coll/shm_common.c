@@ -18,7 +18,7 @@ pd_shm_first_sync_from(pd_coll *c, int src, int data)
     if (st != PD_OK) {
         return st;
     }
-    return pd_shm_check_ident_from(c->shm, &c->id, pd_coll_kind_name, src);
+    return pd_shm_check_ident_from(c->shm, &c->id, pd_kind_name, src);
 }
 
 /* Two ranks: the publisher waits for the other one, so that both raise a

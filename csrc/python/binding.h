@@ -57,6 +57,8 @@ struct pd_store *pd_py_store_get(PyObject *obj, pd_module_state *st);
 /* Type registration hooks (each file owns its types). Return 0 / -1. */
 int pd_store_add_types(PyObject *m, pd_module_state *st);
 int pd_group_add_types(PyObject *m, pd_module_state *st);
+/* KINDS, K_*, DTYPE_CODES, DTYPE_SIZES, REDUCE_OPS (tables.c). */
+int pd_tables_add(PyObject *m, pd_module_state *st);
 /* Module functions: amp kernels (amp.c), fused optimizers (optim.c). */
 int pd_amp_add_functions(PyObject *m, pd_module_state *st);
 int pd_optim_add_functions(PyObject *m, pd_module_state *st);

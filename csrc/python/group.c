@@ -668,35 +668,6 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(rc);
 }
 
-/* How many blocks each side of a kind has on this rank. */
-static int
-expected_blocks(int kind, int out, int rank, int root, int size)
-{
-    switch (kind) {
-    case PD_K_BROADCAST:
-    case PD_K_ALLREDUCE:
-        return out ? 1 : 0;
-    case PD_K_REDUCE:
-        return 1;
-    case PD_K_ALLGATHER:
-        return out ? size : 1;
-    case PD_K_GATHER:
-        return out ? (rank == root ? size : 0) : 1;
-    case PD_K_SCATTER:
-        return out ? 1 : (rank == root ? size : 0);
-    case PD_K_REDUCE_SCATTER:
-        return out ? 1 : size;
-    case PD_K_ALLTOALL:
-        return size;
-    case PD_K_SEND:
-        return out ? 0 : 1;
-    case PD_K_RECV:
-        return out ? 1 : 0;
-    default:
-        return 0;
-    }
-}
-
 /* Fill ptrs/lens for one side from a tuple of buffers: either one buffer
  * per block, or one buffer split into nblocks (evenly, or by splits). */
 static int
@@ -809,15 +780,15 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
         return NULL;
     }
     pd_module_state *st = pg_state((PyObject *)self);
-    if (kind <= PD_K_NONE || kind >= PD_NKINDS || dtype < 0 ||
+    if (kind <= PD_K_NONE || kind >= PD_NKINDS ||
+        pd_kind_has(kind, PD_KF_INTERNAL) || dtype < 0 ||
         dtype >= PD_NDTYPES || op < 0 || op >= PD_NREDOPS || count < 0) {
         PyErr_SetString(PyExc_ValueError, "submit: invalid kind/dtype/op");
         return NULL;
     }
     int size = self->size, rank = self->rank;
-    int needs_root = kind == PD_K_BROADCAST || kind == PD_K_REDUCE ||
-                     kind == PD_K_GATHER || kind == PD_K_SCATTER ||
-                     kind == PD_K_SEND || kind == PD_K_RECV;
+    const pd_kind_info *ki = pd_kind_get(kind);
+    int needs_root = (ki->flags & PD_KF_ROOTED) != 0;
     if (needs_root && !(kind == PD_K_RECV && root == -1) &&
         (root < 0 || root >= size)) {
         PyErr_Format(PyExc_ValueError,
@@ -825,7 +796,7 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
                      name, root, size);
         return NULL;
     }
-    if ((kind == PD_K_SEND || kind == PD_K_RECV) && root == rank) {
+    if ((ki->flags & PD_KF_P2P) && root == rank) {
         PyErr_Format(PyExc_ValueError, "%s: rank %d cannot %s itself", name,
                      rank, kind == PD_K_SEND ? "send to" : "receive from");
         return NULL;
@@ -838,13 +809,12 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "out_splits must be a tuple or None");
         return NULL;
     }
-    if ((kind == PD_K_ALLREDUCE || kind == PD_K_REDUCE ||
-         kind == PD_K_REDUCE_SCATTER) &&
+    if ((ki->flags & PD_KF_REDUCES) &&
         pd_redop_check((pd_dtype)dtype, (pd_redop)op) != PD_OK) {
         return pd_py_set_error(st, PD_ETYPE, pd_errmsg());
     }
-    int nin = expected_blocks(kind, 0, rank, root, size);
-    int nout = expected_blocks(kind, 1, rank, root, size);
+    int nin = pd_kind_blocks(kind, 0, rank, root, size);
+    int nout = pd_kind_blocks(kind, 1, rank, root, size);
     if (kind == PD_K_ALLREDUCE && PyTuple_GET_SIZE(ins) == 1) {
         nin = 1; /* out of place (internal: _all_reduce_into) */
     }
@@ -855,10 +825,11 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
                      size);
         return NULL;
     }
-    if ((nin == 0 && PyTuple_GET_SIZE(ins) != 0 && kind != PD_K_GATHER &&
-         kind != PD_K_SCATTER) ||
-        (nout == 0 && PyTuple_GET_SIZE(outs) != 0 && kind != PD_K_GATHER &&
-         kind != PD_K_SCATTER)) {
+    /* a root-only side may be given (and ignored) on the other ranks */
+    if ((nin == 0 && PyTuple_GET_SIZE(ins) != 0 &&
+         ki->in != PD_BLK_ROOT_ALL) ||
+        (nout == 0 && PyTuple_GET_SIZE(outs) != 0 &&
+         ki->out != PD_BLK_ROOT_ALL)) {
         PyErr_Format(PyExc_ValueError, "%s: unexpected arrays", name);
         return NULL;
     }
@@ -901,35 +872,16 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     size_t esz = pd_dtype_size((pd_dtype)dtype);
     size_t want = (size_t)count * esz;
     int bad = 0;
-    switch (kind) {
-    case PD_K_ALLREDUCE:
-        if (nin) {
-            bad = check_lens(il, 1, want, "input", name) ||
-                  check_lens(ol, 1, want, "output", name);
-            break;
-        }
-        bad = check_lens(ol, 1, want, "output", name); /* in place */
-        ip[0] = op_[0];
-        il[0] = ol[0];
-        break;
-    case PD_K_BROADCAST:
+    if (ki->in == PD_BLK_NONE && ki->out == PD_BLK_ONE &&
+        !(ki->flags & PD_KF_P2P) && nin == 0) {
+        /* in place (broadcast, all_reduce): the output is the input */
         bad = check_lens(ol, 1, want, "output", name);
         ip[0] = op_[0];
         il[0] = ol[0];
-        break;
-    case PD_K_REDUCE:
-        bad = check_lens(il, 1, want, "input", name) ||
-              check_lens(ol, 1, want, "output", name);
-        break;
-    case PD_K_ALLGATHER:
-    case PD_K_GATHER:
-    case PD_K_SCATTER:
-    case PD_K_REDUCE_SCATTER:
+    }
+    else if (!(ki->flags & (PD_KF_P2P | PD_KF_SPLITS))) {
         bad = check_lens(il, nin, want, "input", name) ||
               check_lens(ol, nout, want, "output", name);
-        break;
-    default:
-        break;
     }
     if (bad) {
         Py_DECREF(w);
@@ -1159,12 +1111,6 @@ static PyType_Spec PG_spec = {
     .slots = PG_slots,
 };
 
-static int
-add_int(PyObject *m, const char *name, long v)
-{
-    return PyModule_AddIntConstant(m, name, v);
-}
-
 int
 pd_group_add_types(PyObject *m, pd_module_state *st)
 {
@@ -1187,28 +1133,6 @@ pd_group_add_types(PyObject *m, pd_module_state *st)
         PyModule_AddObjectRef(m, "ProcessGroup",
                               (PyObject *)st->ProcessGroupType) < 0) {
         return -1;
-    }
-    static const struct {
-        const char *name;
-        long v;
-    } consts[] = {
-        {"K_BROADCAST", PD_K_BROADCAST},
-        {"K_ALLREDUCE", PD_K_ALLREDUCE},
-        {"K_REDUCE", PD_K_REDUCE},
-        {"K_ALLGATHER", PD_K_ALLGATHER},
-        {"K_GATHER", PD_K_GATHER},
-        {"K_SCATTER", PD_K_SCATTER},
-        {"K_REDUCE_SCATTER", PD_K_REDUCE_SCATTER},
-        {"K_ALLTOALL", PD_K_ALLTOALL},
-        {"K_BARRIER", PD_K_BARRIER},
-        {"K_MONITORED_BARRIER", PD_K_MONITORED_BARRIER},
-        {"K_SEND", PD_K_SEND},
-        {"K_RECV", PD_K_RECV},
-    };
-    for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++) {
-        if (add_int(m, consts[i].name, consts[i].v) < 0) {
-            return -1;
-        }
     }
     return 0;
 }

@@ -34,6 +34,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../../coll/kinds.h"
 #include "../../kernels/kernels.h"
 #include "../../util/auth.h"
 #include "../../util/log.h"
@@ -556,8 +557,6 @@ peer_gone(tcp_transport *t, int p)
 
 /* ------------------------------------------------------------ send / recv */
 
-static const char *
-kind_name_of(uint8_t kind);
 
 static void
 describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
@@ -567,8 +566,8 @@ describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
         return;
     }
     int kind = h->kind;
-    int reduces = kind == 2 || kind == 3 || kind == 7; /* see pd_kind */
-    int rooted = kind == 1 || kind == 3 || kind == 5 || kind == 6;
+    int reduces = pd_kind_has(kind, PD_KF_REDUCES);
+    int rooted = pd_kind_has(kind, PD_KF_ROOTED);
     char opbuf[32] = "", rootbuf[32] = "";
     if (reduces) {
         snprintf(opbuf, sizeof(opbuf), ", op=%s",
@@ -579,7 +578,7 @@ describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
     }
     /* all_to_all's per-rank sizes may differ legitimately: show bytes */
     char countbuf[48];
-    if (kind == 8) {
+    if (pd_kind_has(kind, PD_KF_SPLITS)) {
         snprintf(countbuf, sizeof(countbuf), "%zu bytes to this pair", nbytes);
     }
     else {
@@ -587,18 +586,8 @@ describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
                  (unsigned long long)h->count);
     }
     snprintf(buf, len, "%s(dtype=%s, %s%s%s) [sequence number %llu]",
-             kind_name_of(h->kind), pd_dtype_name((pd_dtype)h->dtype),
+             pd_kind_name(h->kind), pd_dtype_name((pd_dtype)h->dtype),
              countbuf, rootbuf, opbuf, (unsigned long long)h->seq);
-}
-
-/* The collective kinds' names live in the group; the transport only needs
- * them for messages. */
-extern const char *pd_coll_kind_name(int kind);
-
-static const char *
-kind_name_of(uint8_t kind)
-{
-    return pd_coll_kind_name(kind);
 }
 
 static pd_status
