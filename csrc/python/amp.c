@@ -10,27 +10,21 @@
 
 #include "../kernels/amp.h"
 
+/* The float kernels' dtypes: float16, float32, float64 by format, and
+ * bfloat16 as a uint16 view ('H'), because NumPy cannot export
+ * ml_dtypes.bfloat16 buffers (the Python layer passes those as uint16
+ * views, pyddp/_kernels.py); a DLPack bfloat16 tensor is bfloat16 itself. */
 static pd_dtype
-dtype_of(const char *f, Py_ssize_t itemsize)
+float_dtype_of(const pd_view *v)
 {
-    if (f == NULL) {
-        return PD_NDTYPES;
-    }
-    if (*f == '@' || *f == '=' || *f == '<') {
-        f++;
-    }
-    if (!f[0] || f[1]) {
-        return PD_NDTYPES;
-    }
-    switch (f[0]) {
-    case 'e':
-        return itemsize == 2 ? PD_FLOAT16 : PD_NDTYPES;
-    case 'H':
-        return itemsize == 2 ? PD_BFLOAT16 : PD_NDTYPES;
-    case 'f':
-        return itemsize == 4 ? PD_FLOAT32 : PD_NDTYPES;
-    case 'd':
-        return itemsize == 8 ? PD_FLOAT64 : PD_NDTYPES;
+    switch (v->dtype) {
+    case PD_UINT16:
+        return PD_BFLOAT16;
+    case PD_FLOAT16:
+    case PD_BFLOAT16:
+    case PD_FLOAT32:
+    case PD_FLOAT64:
+        return (pd_dtype)v->dtype;
     default:
         return PD_NDTYPES;
     }
@@ -86,42 +80,49 @@ pd_py_fview_get(PyObject *obj, const char *fn, const char *name,
     char what[96];
     describe(what, sizeof(what), name, idx);
     v->held = 0;
-    if (!PyObject_CheckBuffer(obj)) {
+    /* no module state here: pyddp Tensors arrive unwrapped (_kernels.py) */
+    if (pd_view_get(NULL, obj, 0, &v->view) < 0) {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
         PyErr_Format(PyExc_TypeError,
                      "%s: %s must be an array (numpy.ndarray or a buffer), "
                      "got %.100s", fn, what, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    if (PyObject_GetBuffer(obj, &v->buf, PyBUF_FULL_RO) < 0) {
-        PyObject *exc_type, *exc, *tb;
-        PyErr_Fetch(&exc_type, &exc, &tb);
-        PyErr_Format(PyExc_TypeError, "%s: cannot read %s as a buffer",
-                     fn, what);
         Py_XDECREF(exc_type);
         Py_XDECREF(exc);
         Py_XDECREF(tb);
         return -1;
     }
     v->held = 1;
-    v->dt = dtype_of(v->buf.format, v->buf.itemsize);
+    v->dt = float_dtype_of(&v->view);
+    if (v->view.device != PD_DEV_CPU) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s is on device %s:%d; the kernels take CPU arrays",
+                     fn, what, pd_device_name(v->view.device),
+                     v->view.device_index);
+        goto fail;
+    }
     if (v->dt == PD_NDTYPES || !(pd_py_dtype_bit(v->dt) & allowed)) {
         PyErr_Format(PyExc_TypeError,
                      "%s: %s must be %s (bfloat16 as a uint16 view), got "
-                     "buffer format '%s'", fn, what, allowed_names(allowed),
-                     v->buf.format ? v->buf.format : "B");
+                     "%s", fn, what, allowed_names(allowed),
+                     v->view.dtype >= 0
+                         ? pd_dtype_name((pd_dtype)v->view.dtype)
+                         : "an unknown dtype");
         goto fail;
     }
-    if (!PyBuffer_IsContiguous(&v->buf, 'C')) {
+    if (!v->view.contiguous) {
         PyErr_Format(PyExc_ValueError, "%s: %s must be C-contiguous", fn,
                      what);
         goto fail;
     }
-    if (writable && v->buf.readonly) {
+    if (writable && v->view.readonly) {
         PyErr_Format(PyExc_ValueError,
                      "%s: %s is read-only; it is updated in place", fn, what);
         goto fail;
     }
-    v->count = (size_t)(v->buf.len / v->buf.itemsize);
+    v->ptr = v->view.ptr;
+    v->nbytes = v->view.nbytes;
+    v->count = v->view.count;
     return 0;
 fail:
     pd_py_fview_release(v);
@@ -132,7 +133,7 @@ void
 pd_py_fview_release(pd_fview *v)
 {
     if (v->held) {
-        PyBuffer_Release(&v->buf);
+        pd_view_release(&v->view);
         v->held = 0;
     }
 }
@@ -208,7 +209,7 @@ pd_py_found_inf(PyObject *obj, const char *fn, pd_fview *v, float **flag)
         pd_py_fview_release(v);
         return -1;
     }
-    *flag = v->buf.buf;
+    *flag = (float *)v->ptr;
     return 0;
 }
 
@@ -234,7 +235,7 @@ pd_py_inv_scale(PyObject *obj, const char *fn, float *out)
             pd_py_fview_release(&v);
             return -1;
         }
-        *out = *(const float *)v.buf.buf;
+        *out = *(const float *)v.ptr;
         pd_py_fview_release(&v);
         return 0;
     }
@@ -278,7 +279,7 @@ amp_unscale(PyObject *module, PyObject *args, PyObject *kwargs)
     int found = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        found |= pd_amp_unscale(v[i].dt, v[i].buf.buf, v[i].count, inv);
+        found |= pd_amp_unscale(v[i].dt, v[i].ptr, v[i].count, inv);
     }
     if (found && flag != NULL) {
         *flag = 1.0f;
@@ -327,9 +328,9 @@ cast_arrays(PyObject *module, PyObject *args, PyObject *kwargs)
                          pd_dtype_name(d[i].dt));
             goto done;
         }
-        const char *lo = d[i].buf.buf, *hi = lo + d[i].buf.len;
-        const char *slo = s[i].buf.buf, *shi = slo + s[i].buf.len;
-        if (d[i].buf.len > 0 && s[i].buf.len > 0 && lo < shi && slo < hi) {
+        const char *lo = d[i].ptr, *hi = lo + d[i].nbytes;
+        const char *slo = s[i].ptr, *shi = slo + s[i].nbytes;
+        if (d[i].nbytes > 0 && s[i].nbytes > 0 && lo < shi && slo < hi) {
             PyErr_Format(PyExc_ValueError,
                          "%s: dsts[%zd] and srcs[%zd] overlap in memory", fn,
                          i, i);
@@ -339,7 +340,7 @@ cast_arrays(PyObject *module, PyObject *args, PyObject *kwargs)
     pd_status st = PD_OK;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < nd && st == PD_OK; i++) {
-        st = pd_cast(d[i].dt, d[i].buf.buf, s[i].dt, s[i].buf.buf,
+        st = pd_cast(d[i].dt, d[i].ptr, s[i].dt, s[i].ptr,
                      d[i].count);
     }
     Py_END_ALLOW_THREADS

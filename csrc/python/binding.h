@@ -38,6 +38,8 @@ typedef struct pd_module_state {
     PyTypeObject *WorkType;
     PyTypeObject *SharedBufferType;
     PyTypeObject *GeneratorType;     /* random.c */
+    PyObject *TensorType;            /* buffers.c: pyddp.Tensor, or NULL */
+    PyObject *str_data;              /* interned "_data" */
 } pd_module_state;
 
 pd_module_state *pd_get_state(PyObject *module);
@@ -54,6 +56,48 @@ PyObject *pd_py_set_error(pd_module_state *st, pd_status s, const char *msg);
 struct pd_store;
 struct pd_store *pd_py_store_get(PyObject *obj, pd_module_state *st);
 
+/* ---------------------------------------------------------------- views
+ * The one array adapter of the binding (buffers.c): the buffer protocol,
+ * then DLPack, then __cuda_array_interface__ (mpi4py's order). */
+enum { PD_DEV_CPU = 1, PD_DEV_CUDA = 2, PD_DEV_CUDA_HOST = 3,
+       PD_DEV_CUDA_MANAGED = 13 }; /* DLPack's device codes */
+enum { PD_VIEW_NONE = 0, PD_VIEW_BUFFER, PD_VIEW_DLPACK, PD_VIEW_DLPACK_V1,
+       PD_VIEW_CAI };
+enum {
+    PD_VIEW_WRITABLE = 1u,  /* ask the exporter for a writable buffer */
+    PD_VIEW_NO_DLPACK = 2u, /* buffer protocol (and pyddp Tensors) only */
+};
+typedef struct pd_view {
+    Py_buffer buf;      /* PD_VIEW_BUFFER */
+    PyObject *capsule;  /* PD_VIEW_DLPACK*: renamed "used_...", deleter
+                           called at release */
+    void *managed;      /* its DLManagedTensor[Versioned] */
+    PyObject *owner;    /* PD_VIEW_CAI: the exporting object */
+    int how;            /* PD_VIEW_* */
+    char *ptr;
+    size_t nbytes;
+    size_t count;       /* elements */
+    size_t itemsize;
+    int dtype;          /* a pd_dtype, or -1 when no pyddp dtype matches */
+    int device;         /* PD_DEV_* */
+    int device_index;   /* -1: unknown */
+    int readonly;
+    int contiguous;     /* C order */
+    long long stream;   /* __cuda_array_interface__ stream, 0 if none */
+} pd_view;
+/* 0, or -1 with an exception when obj offers no array interface (or a
+ * broken one).  Accepting the device, dtype, writability and contiguity is
+ * the caller's call; release with pd_view_release (GIL held).  st may be
+ * NULL: no registered Tensor type is unwrapped then. */
+int pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags,
+                pd_view *v);
+void pd_view_release(pd_view *v);
+/* PEP 3118 format -> pd_dtype or -1 ('H' is uint16; the float kernels take
+ * bfloat16 as uint16 views, see amp.c). */
+int pd_dtype_of_format(const char *f, Py_ssize_t itemsize);
+const char *pd_device_name(int device);
+int pd_buffers_add(PyObject *m, pd_module_state *st);
+
 /* Type registration hooks (each file owns its types). Return 0 / -1. */
 int pd_store_add_types(PyObject *m, pd_module_state *st);
 int pd_group_add_types(PyObject *m, pd_module_state *st);
@@ -63,9 +107,9 @@ int pd_tables_add(PyObject *m, pd_module_state *st);
 int pd_amp_add_functions(PyObject *m, pd_module_state *st);
 int pd_optim_add_functions(PyObject *m, pd_module_state *st);
 
-/* Float arrays for the kernels (amp.c): a C-contiguous buffer whose format
- * gives the dtype ('e' float16, 'H' = bfloat16 as a uint16 view, 'f'
- * float32, 'd' float64).  Errors name the function, the argument and its
+/* Float arrays for the kernels (amp.c): a C-contiguous CPU array from the
+ * adapter above: float16, float32, float64, and bfloat16 (as itself through
+ * DLPack, or as a uint16 view through the buffer protocol).  Errors name the function, the argument and its
  * index ("adam_step: grads[3] must be ..."); idx < 0 leaves the index out. */
 #define PD_F16_BIT 1u
 #define PD_BF16_BIT 2u
@@ -73,8 +117,10 @@ int pd_optim_add_functions(PyObject *m, pd_module_state *st);
 #define PD_F64_BIT 8u
 #define PD_ALLFLOAT_BITS 15u
 typedef struct pd_fview {
-    Py_buffer buf;
+    pd_view view;
     int held;
+    char *ptr;
+    size_t nbytes;
     int dt;        /* a pd_dtype */
     size_t count;  /* elements */
 } pd_fview;

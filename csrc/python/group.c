@@ -3,7 +3,7 @@
  * The binding turns Python buffers into the per-rank block pointers of a
  * pd_op, checks every length against what the collective will read or write
  * (so a wrong size can never be read or written out of bounds), and submits
- * it.  A Work owns the Py_buffer views until the operation has completed.
+ * it.  A Work owns the array views until the operation has completed.
  * Every blocking call releases the GIL.
  */
 #include <string.h>
@@ -26,7 +26,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     pd_work *w;
-    Py_buffer *views;
+    pd_view *views;  /* buffers.c views, released when the work is done */
     int nviews;
     char **ptrs;   /* in blocks then out blocks */
     size_t *lens;  /* same layout */
@@ -40,7 +40,7 @@ static void
 work_release_views(WorkObject *self)
 {
     for (int i = 0; i < self->nviews; i++) {
-        PyBuffer_Release(&self->views[i]);
+        pd_view_release(&self->views[i]);
     }
     PyMem_Free(self->views);
     self->views = NULL;
@@ -413,50 +413,23 @@ keep_handoff(PGObject *self, PyObject *w)
     PyErr_Restore(exc_type, exc, tb);
 }
 
-/* NumPy's buffer format -> dtype code, or -1. */
+/* A view the fast path can run on: CPU memory, C-contiguous, a known
+ * dtype, writable when it is an output.  0 (nothing held) otherwise: the
+ * Python layer then takes the general path and explains what is wrong. */
 static int
-dtype_of_format(const char *f, Py_ssize_t itemsize)
+fast_view(PGObject *self, PyObject *obj, int writable, pd_view *v)
 {
-    if (f == NULL) {
-        return PD_UINT8;
+    if (pd_view_get(pg_state((PyObject *)self), obj,
+                    writable ? PD_VIEW_WRITABLE : 0, v) < 0) {
+        PyErr_Clear();
+        return 0;
     }
-    if (*f == '@' || *f == '=' || *f == '<') {
-        f++;
+    if (v->device != PD_DEV_CPU || !v->contiguous || v->dtype < 0 ||
+        (writable && v->readonly)) {
+        pd_view_release(v);
+        return 0;
     }
-    if (f[0] == 'Z' && f[1] && !f[2]) {
-        return f[1] == 'f' ? PD_COMPLEX64 : f[1] == 'd' ? PD_COMPLEX128 : -1;
-    }
-    if (!f[0] || f[1]) {
-        return -1;
-    }
-    switch (f[0]) {
-    case '?':
-        return PD_BOOL;
-    case 'b':
-        return PD_INT8;
-    case 'B':
-        return PD_UINT8;
-    case 'h':
-        return PD_INT16;
-    case 'H':
-        return PD_UINT16;
-    case 'i':
-    case 'l':
-    case 'q':
-        return itemsize == 4 ? PD_INT32 : itemsize == 8 ? PD_INT64 : -1;
-    case 'I':
-    case 'L':
-    case 'Q':
-        return itemsize == 4 ? PD_UINT32 : itemsize == 8 ? PD_UINT64 : -1;
-    case 'e':
-        return PD_FLOAT16;
-    case 'f':
-        return PD_FLOAT32;
-    case 'd':
-        return PD_FLOAT64;
-    default:
-        return -1;
-    }
+    return 1;
 }
 
 /* all_gather_into_tensor / reduce_scatter_tensor for PG_fast. */
@@ -464,27 +437,22 @@ static PyObject *
 fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
          PyObject *inobj)
 {
-    Py_buffer ov, iv;
-    if (PyObject_GetBuffer(outobj, &ov,
-                           PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
-                               PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
+    pd_view ov, iv;
+    if (!fast_view(self, outobj, 1, &ov)) {
         Py_RETURN_FALSE;
     }
-    if (PyObject_GetBuffer(inobj, &iv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) <
-        0) {
-        PyErr_Clear();
-        PyBuffer_Release(&ov);
+    if (!fast_view(self, inobj, 0, &iv)) {
+        pd_view_release(&ov);
         Py_RETURN_FALSE;
     }
     int n = self->size;
-    int dt = dtype_of_format(ov.format, ov.itemsize);
-    int dti = dtype_of_format(iv.format, iv.itemsize);
-    size_t small = (size_t)(kind == PD_K_ALLGATHER ? iv.len : ov.len);
-    size_t big = (size_t)(kind == PD_K_ALLGATHER ? ov.len : iv.len);
+    int dt = ov.dtype;
+    int dti = iv.dtype;
+    size_t small = kind == PD_K_ALLGATHER ? iv.nbytes : ov.nbytes;
+    size_t big = kind == PD_K_ALLGATHER ? ov.nbytes : iv.nbytes;
     char *stack[16];
     char **blocks = NULL;
-    int ok = dt >= 0 && dt == dti && ov.itemsize > 0 &&
+    int ok = dt >= 0 && dt == dti &&
              big == small * (size_t)n &&
              (kind == PD_K_ALLGATHER ||
               (arg >= 0 && arg < PD_NREDOPS &&
@@ -497,12 +465,12 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
         if (blocks != NULL && blocks != stack) {
             PyMem_Free(blocks);
         }
-        PyBuffer_Release(&ov);
-        PyBuffer_Release(&iv);
+        pd_view_release(&ov);
+        pd_view_release(&iv);
         Py_RETURN_FALSE;
     }
-    char *one = kind == PD_K_ALLGATHER ? iv.buf : ov.buf;
-    char *whole = kind == PD_K_ALLGATHER ? ov.buf : iv.buf;
+    char *one = kind == PD_K_ALLGATHER ? iv.ptr : ov.ptr;
+    char *whole = kind == PD_K_ALLGATHER ? ov.ptr : iv.ptr;
     for (int p = 0; p < n; p++) {
         blocks[p] = whole + (size_t)p * small;
     }
@@ -511,7 +479,7 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
     memset(&o, 0, sizeof(o));
     o.kind = (pd_kind)kind;
     o.dtype = (pd_dtype)dt;
-    o.count = small / (size_t)ov.itemsize;
+    o.count = small / ov.itemsize;
     o.nblocks = n;
     if (kind == PD_K_ALLGATHER) {
         o.in = &one;
@@ -538,7 +506,7 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
         WorkObject *w = PyObject_New(WorkObject, st->WorkType);
         if (w != NULL) {
             w->w = handoff;
-            w->views = PyMem_Calloc(2, sizeof(Py_buffer));
+            w->views = PyMem_Calloc(2, sizeof(pd_view));
             w->nviews = 0;
             w->ptrs = NULL;
             w->lens = NULL;
@@ -554,8 +522,8 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
         }
         return NULL; /* KeyboardInterrupt (or another signal's error) */
     }
-    PyBuffer_Release(&ov);
-    PyBuffer_Release(&iv);
+    pd_view_release(&ov);
+    pd_view_release(&iv);
     if (rc < 0) {
         return NULL;
     }
@@ -586,7 +554,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     pd_op o;
     memset(&o, 0, sizeof(o));
-    Py_buffer v;
+    pd_view v;
     int have_view = 0;
     char *ptr = NULL;
     size_t len = 0;
@@ -595,26 +563,22 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
         return fast_two(self, (int)kind, args[1], arg, args[3]);
     }
     if (kind == PD_K_ALLREDUCE || kind == PD_K_BROADCAST) {
-        if (PyObject_GetBuffer(args[1], &v,
-                               PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
-                                   PyBUF_WRITABLE) < 0) {
-            PyErr_Clear();
+        if (!fast_view(self, args[1], 1, &v)) {
             Py_RETURN_FALSE;
         }
         have_view = 1;
-        int dt = dtype_of_format(v.format, v.itemsize);
-        if (dt < 0 || v.itemsize <= 0 ||
-            (kind == PD_K_ALLREDUCE &&
+        int dt = v.dtype;
+        if ((kind == PD_K_ALLREDUCE &&
              (arg < 0 || arg >= PD_NREDOPS ||
               pd_redop_check((pd_dtype)dt, (pd_redop)arg) != PD_OK)) ||
             (kind == PD_K_BROADCAST && (arg < 0 || arg >= self->size))) {
-            PyBuffer_Release(&v);
+            pd_view_release(&v);
             Py_RETURN_FALSE;
         }
         o.dtype = (pd_dtype)dt;
-        o.count = (size_t)(v.len / v.itemsize);
-        ptr = v.buf;
-        len = (size_t)v.len;
+        o.count = v.count;
+        ptr = v.ptr;
+        len = v.nbytes;
         if (kind == PD_K_ALLREDUCE) {
             o.op = (pd_redop)arg;
             snprintf(o.name, sizeof(o.name), "all_reduce");
@@ -644,7 +608,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
         WorkObject *w = PyObject_New(WorkObject, st->WorkType);
         if (w != NULL) {
             w->w = handoff;
-            w->views = have_view ? PyMem_Calloc(1, sizeof(Py_buffer)) : NULL;
+            w->views = have_view ? PyMem_Calloc(1, sizeof(pd_view)) : NULL;
             w->nviews = 0;
             w->ptrs = NULL;
             w->lens = NULL;
@@ -660,7 +624,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (have_view && handoff == NULL) {
-        PyBuffer_Release(&v);
+        pd_view_release(&v);
     }
     if (rc < 0) {
         return NULL;
@@ -685,10 +649,11 @@ fill_side(WorkObject *w, PyObject *bufs, PyObject *splits, int nblocks,
                      "got %zd", opname, nblocks, what, nb);
         return -1;
     }
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    pd_module_state *st = pd_state_from_type(Py_TYPE(w));
     for (Py_ssize_t i = 0; i < nb; i++) {
-        Py_buffer *v = &w->views[w->nviews];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, i), v, flags) < 0) {
+        pd_view *v = &w->views[w->nviews];
+        PyObject *obj = PyTuple_GET_ITEM(bufs, i);
+        if (pd_view_get(st, obj, writable ? PD_VIEW_WRITABLE : 0, v) < 0) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError,
                          "%s: %s array %zd must be C-contiguous%s", opname,
@@ -696,17 +661,30 @@ fill_side(WorkObject *w, PyObject *bufs, PyObject *splits, int nblocks,
             return -1;
         }
         w->nviews++;
+        if (v->device != PD_DEV_CPU) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s array %zd is on device %s:%d; this process "
+                         "group's C core takes CPU memory", opname, what, i,
+                         pd_device_name(v->device), v->device_index);
+            return -1;
+        }
+        if (!v->contiguous || (writable && v->readonly)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s array %zd must be C-contiguous%s", opname,
+                         what, i, writable ? " and writable" : "");
+            return -1;
+        }
         if (nb == nblocks) {
-            ptrs[i] = v->buf;
-            lens[i] = (size_t)v->len;
+            ptrs[i] = v->ptr;
+            lens[i] = v->nbytes;
         }
     }
     if (nb == nblocks) {
         return 0;
     }
     /* split one buffer */
-    Py_buffer *v = &w->views[w->nviews - 1];
-    size_t total = (size_t)v->len, off = 0;
+    pd_view *v = &w->views[w->nviews - 1];
+    size_t total = v->nbytes, off = 0;
     for (int p = 0; p < nblocks; p++) {
         size_t len;
         if (splits != Py_None) {
@@ -730,7 +708,7 @@ fill_side(WorkObject *w, PyObject *bufs, PyObject *splits, int nblocks,
                          opname, what, total);
             return -1;
         }
-        ptrs[p] = (char *)v->buf + off;
+        ptrs[p] = v->ptr + off;
         lens[p] = len;
         off += len;
     }
@@ -844,7 +822,7 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     int nslots = nin + nout + 2;
     w->views = PyMem_Calloc((size_t)(PyTuple_GET_SIZE(ins) +
                                      PyTuple_GET_SIZE(outs) + 1),
-                            sizeof(Py_buffer));
+                            sizeof(pd_view));
     w->ptrs = PyMem_Calloc((size_t)nslots, sizeof(char *));
     w->lens = PyMem_Calloc((size_t)nslots, sizeof(size_t));
     if (w->views == NULL || w->ptrs == NULL || w->lens == NULL) {

@@ -93,7 +93,8 @@ pd_exec(PyObject *m)
     if (pd_store_add_types(m, st) < 0) {
         return -1;
     }
-    if (pd_group_add_types(m, st) < 0 || pd_tables_add(m, st) < 0) {
+    if (pd_group_add_types(m, st) < 0 || pd_tables_add(m, st) < 0 ||
+        pd_buffers_add(m, st) < 0) {
         return -1;
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
@@ -118,6 +119,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->WorkType);
     Py_VISIT(st->SharedBufferType);
     Py_VISIT(st->GeneratorType);
+    Py_VISIT(st->TensorType);
     return 0;
 }
 
@@ -136,6 +138,8 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->WorkType);
     Py_CLEAR(st->SharedBufferType);
     Py_CLEAR(st->GeneratorType);
+    Py_CLEAR(st->TensorType);
+    Py_CLEAR(st->str_data);
     return 0;
 }
 

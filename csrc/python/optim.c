@@ -98,15 +98,15 @@ check_disjoint(const group_views *g, Py_ssize_t i, const char *fn,
                             g->masters ? &g->masters[i] : NULL};
     const char *names[6] = {"params", "grads", n0, n1, n2, "masters"};
     for (int a = 0; a < 6; a++) {
-        if (v[a] == NULL || !v[a]->held || v[a]->buf.len == 0) {
+        if (v[a] == NULL || !v[a]->held || v[a]->nbytes == 0) {
             continue;
         }
-        const char *alo = v[a]->buf.buf, *ahi = alo + v[a]->buf.len;
+        const char *alo = v[a]->ptr, *ahi = alo + v[a]->nbytes;
         for (int b = a + 1; b < 6; b++) {
-            if (v[b] == NULL || !v[b]->held || v[b]->buf.len == 0) {
+            if (v[b] == NULL || !v[b]->held || v[b]->nbytes == 0) {
                 continue;
             }
-            const char *blo = v[b]->buf.buf, *bhi = blo + v[b]->buf.len;
+            const char *blo = v[b]->ptr, *bhi = blo + v[b]->nbytes;
             if (alo < bhi && blo < ahi) {
                 PyErr_Format(PyExc_ValueError,
                              "%s: %s[%zd] and %s[%zd] share memory", fn,
@@ -181,17 +181,17 @@ group_get(group_views *g, const char *fn, PyObject *params, PyObject *grads,
                                0)) {
             return -1;
         }
-        t->param = g->params[i].buf.buf;
+        t->param = g->params[i].ptr;
         t->param_dtype = g->params[i].dt;
-        t->grad = g->grads[i].buf.buf;
+        t->grad = g->grads[i].ptr;
         t->grad_dtype = g->grads[i].dt;
         t->count = c;
         t->master = (g->masters && g->masters[i].held)
-                        ? (float *)g->masters[i].buf.buf
+                        ? (float *)g->masters[i].ptr
                         : NULL;
-        t->state0 = g->s0 ? (float *)g->s0[i].buf.buf : NULL;
-        t->state1 = g->s1 ? (float *)g->s1[i].buf.buf : NULL;
-        t->state2 = g->s2 ? (float *)g->s2[i].buf.buf : NULL;
+        t->state0 = g->s0 ? (float *)g->s0[i].ptr : NULL;
+        t->state1 = g->s1 ? (float *)g->s1[i].ptr : NULL;
+        t->state2 = g->s2 ? (float *)g->s2[i].ptr : NULL;
         if (check_disjoint(g, i, fn, n0, n1, n2) < 0) {
             return -1;
         }
@@ -290,7 +290,7 @@ adam_step(PyObject *module, PyObject *args, PyObject *kwargs)
         group_release(&g);
         return NULL;
     }
-    sc.found_inf = g.found.held ? (float *)g.found.buf.buf : NULL;
+    sc.found_inf = g.found.held ? (float *)g.found.ptr : NULL;
     int stepped;
     Py_BEGIN_ALLOW_THREADS
     pd_adam_step(&o, &sc, g.t, (size_t)g.n, &stepped);
@@ -339,7 +339,7 @@ sgd_step(PyObject *module, PyObject *args, PyObject *kwargs)
         group_release(&g);
         return NULL;
     }
-    sc.found_inf = g.found.held ? (float *)g.found.buf.buf : NULL;
+    sc.found_inf = g.found.held ? (float *)g.found.ptr : NULL;
     int stepped;
     Py_BEGIN_ALLOW_THREADS
     pd_sgd_step(&o, &sc, g.t, (size_t)g.n, &stepped);

@@ -1,0 +1,606 @@
+/* The one place Python objects become C views of array memory.
+ *
+ * mpi4py's order (asbuffer.pxi, asdlpack.pxi, ascaibuf.pxi): the buffer
+ * protocol, then DLPack, then __cuda_array_interface__.  A pyddp Tensor
+ * exports its buffer through PEP 688 __buffer__ on Python 3.12+; before
+ * that, a Tensor class registered with _register_tensor_type() is viewed
+ * through its `_data` array, so pyddp Tensors reach the C fast paths on
+ * every supported Python.
+ *
+ * A view describes the memory (pointer, bytes, dtype, device, read-only,
+ * C-contiguity) and owns what keeps it valid until pd_view_release: the
+ * Py_buffer, or the DLPack capsule whose deleter runs at release, or the
+ * object behind a CUDA array interface.  Callers decide what they accept
+ * (device, writability, contiguity) and word their own errors; the adapter
+ * fails only when an object offers none of the three interfaces or
+ * describes itself inconsistently.
+ */
+#include "binding.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "../kernels/kernels.h"
+
+/* ------------------------------------------------------- DLPack structs */
+
+/* The DLPack ABI (dlpack.h, v0.x "dltensor" and v1.x "dltensor_versioned"
+ * capsules), declared here: nothing in the build depends on DLPack. */
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} dl_device;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} dl_dtype;
+
+typedef struct {
+    void *data;
+    dl_device device;
+    int32_t ndim;
+    dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* elements; NULL = C-contiguous */
+    uint64_t byte_offset;
+} dl_tensor;
+
+typedef struct dl_managed {
+    dl_tensor t;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed *self);
+} dl_managed;
+
+typedef struct dl_managed_v {
+    uint32_t major, minor;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed_v *self);
+    uint64_t flags;
+    dl_tensor t;
+} dl_managed_v;
+
+#define DL_FLAG_READ_ONLY 1u
+
+enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4,
+       DL_COMPLEX = 5, DL_BOOL = 6 };
+
+/* ------------------------------------------------------------- dtypes */
+
+int
+pd_dtype_of_format(const char *f, Py_ssize_t itemsize)
+{
+    if (f == NULL) {
+        return PD_UINT8; /* PEP 3118: no format means unsigned bytes */
+    }
+    if (*f == '@' || *f == '=' || *f == '<') {
+        f++;
+    }
+    if (f[0] == 'Z' && f[1] && !f[2]) {
+        return f[1] == 'f' ? PD_COMPLEX64 : f[1] == 'd' ? PD_COMPLEX128 : -1;
+    }
+    if (!f[0] || f[1]) {
+        return -1;
+    }
+    switch (f[0]) {
+    case '?':
+        return PD_BOOL;
+    case 'b':
+        return PD_INT8;
+    case 'B':
+        return PD_UINT8;
+    case 'h':
+        return PD_INT16;
+    case 'H':
+        return PD_UINT16;
+    case 'i':
+    case 'l':
+    case 'q':
+        return itemsize == 4 ? PD_INT32 : itemsize == 8 ? PD_INT64 : -1;
+    case 'I':
+    case 'L':
+    case 'Q':
+        return itemsize == 4 ? PD_UINT32 : itemsize == 8 ? PD_UINT64 : -1;
+    case 'e':
+        return itemsize == 2 ? PD_FLOAT16 : -1;
+    case 'f':
+        return itemsize == 4 ? PD_FLOAT32 : -1;
+    case 'd':
+        return itemsize == 8 ? PD_FLOAT64 : -1;
+    default:
+        return -1;
+    }
+}
+
+static int
+dtype_of_dlpack(dl_dtype d)
+{
+    if (d.lanes != 1) {
+        return -1;
+    }
+    switch (d.code) {
+    case DL_INT:
+        return d.bits == 8    ? PD_INT8
+               : d.bits == 16 ? PD_INT16
+               : d.bits == 32 ? PD_INT32
+               : d.bits == 64 ? PD_INT64
+                              : -1;
+    case DL_UINT:
+        return d.bits == 8    ? PD_UINT8
+               : d.bits == 16 ? PD_UINT16
+               : d.bits == 32 ? PD_UINT32
+               : d.bits == 64 ? PD_UINT64
+                              : -1;
+    case DL_FLOAT:
+        return d.bits == 16   ? PD_FLOAT16
+               : d.bits == 32 ? PD_FLOAT32
+               : d.bits == 64 ? PD_FLOAT64
+                              : -1;
+    case DL_BFLOAT:
+        return d.bits == 16 ? PD_BFLOAT16 : -1;
+    case DL_COMPLEX:
+        return d.bits == 64 ? PD_COMPLEX64 : d.bits == 128 ? PD_COMPLEX128 : -1;
+    case DL_BOOL:
+        return d.bits == 8 ? PD_BOOL : -1;
+    default:
+        return -1;
+    }
+}
+
+/* NumPy array-interface typestr ("<f4", "|b1", ...) -> dtype, or -1. */
+static int
+dtype_of_typestr(const char *s)
+{
+    if (s == NULL || strlen(s) < 3 || (s[0] != '<' && s[0] != '|' &&
+                                      s[0] != '=')) {
+        return -1;
+    }
+    long n = strtol(s + 2, NULL, 10);
+    switch (s[1]) {
+    case 'b':
+        return n == 1 ? PD_BOOL : -1;
+    case 'i':
+        return n == 1 ? PD_INT8 : n == 2 ? PD_INT16 : n == 4 ? PD_INT32
+               : n == 8 ? PD_INT64 : -1;
+    case 'u':
+        return n == 1 ? PD_UINT8 : n == 2 ? PD_UINT16 : n == 4 ? PD_UINT32
+               : n == 8 ? PD_UINT64 : -1;
+    case 'f':
+        return n == 2 ? PD_FLOAT16 : n == 4 ? PD_FLOAT32
+               : n == 8 ? PD_FLOAT64 : -1;
+    case 'c':
+        return n == 8 ? PD_COMPLEX64 : n == 16 ? PD_COMPLEX128 : -1;
+    default:
+        return -1;
+    }
+}
+
+/* ------------------------------------------------------------- views */
+
+static void
+view_init(pd_view *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->dtype = -1;
+    v->device = PD_DEV_CPU;
+    v->device_index = 0;
+}
+
+/* C-contiguity from element strides (NULL: contiguous); sizes of 1 may
+ * carry any stride.  *count: the number of elements (overflow: -1). */
+static int
+shape_info(int ndim, const int64_t *shape, const int64_t *strides,
+           size_t *count)
+{
+    size_t n = 1;
+    int64_t expect = 1;
+    int contiguous = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] < 0) {
+            return -1;
+        }
+        if (strides != NULL && shape[i] != 1 && strides[i] != expect) {
+            contiguous = 0;
+        }
+        if (shape[i] != 0 && n > SIZE_MAX / (size_t)shape[i]) {
+            return -1;
+        }
+        n *= (size_t)shape[i];
+        expect *= shape[i] ? shape[i] : 1;
+    }
+    *count = n;
+    return n == 0 ? 1 : contiguous;
+}
+
+static int
+view_from_buffer(PyObject *obj, unsigned flags, pd_view *v)
+{
+    int req = PyBUF_FORMAT | PyBUF_STRIDES;
+    if (flags & PD_VIEW_WRITABLE) {
+        req |= PyBUF_WRITABLE;
+    }
+    int formatted = 1;
+    if (PyObject_GetBuffer(obj, &v->buf, req) < 0) {
+        /* NumPy cannot describe some dtypes (ml_dtypes' bfloat16) in a
+         * format string: take the bytes, dtype unknown */
+        PyErr_Clear();
+        formatted = 0;
+        if (PyObject_GetBuffer(obj, &v->buf, req & ~PyBUF_FORMAT) < 0) {
+            return -1;
+        }
+    }
+    v->how = PD_VIEW_BUFFER;
+    v->ptr = v->buf.buf;
+    v->nbytes = (size_t)v->buf.len;
+    v->itemsize = v->buf.itemsize > 0 ? (size_t)v->buf.itemsize : 1;
+    v->count = v->nbytes / v->itemsize;
+    v->dtype = formatted ? pd_dtype_of_format(v->buf.format, v->buf.itemsize)
+                         : -1;
+    v->readonly = v->buf.readonly != 0;
+    v->contiguous = PyBuffer_IsContiguous(&v->buf, 'C');
+    return 0;
+}
+
+static int
+dl_fill(pd_view *v, const dl_tensor *t, int readonly)
+{
+    v->device = t->device.device_type;
+    v->device_index = t->device.device_id;
+    v->dtype = dtype_of_dlpack(t->dtype);
+    v->itemsize = ((size_t)t->dtype.bits * t->dtype.lanes + 7) / 8;
+    if (t->ndim < 0 || (t->ndim > 0 && t->shape == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "invalid DLPack tensor: shape");
+        return -1;
+    }
+    int c = shape_info(t->ndim, t->shape, t->strides, &v->count);
+    if (c < 0 || (v->itemsize && v->count > SIZE_MAX / v->itemsize)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid DLPack tensor: negative or overflowing shape");
+        return -1;
+    }
+    v->contiguous = c;
+    v->nbytes = v->count * v->itemsize;
+    v->ptr = (char *)t->data + t->byte_offset;
+    v->readonly = readonly;
+    return 0;
+}
+
+static int
+view_from_dlpack(PyObject *obj, unsigned flags, pd_view *v)
+{
+    PyObject *cap = NULL;
+    /* ask for a versioned capsule (read-only flag); old producers take no
+     * max_version */
+    PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
+    if (meth == NULL) {
+        return -1;
+    }
+    PyObject *kw = Py_BuildValue("{s:(ii)}", "max_version", 1, 0);
+    PyObject *noargs = PyTuple_New(0);
+    if (kw != NULL && noargs != NULL) {
+        cap = PyObject_Call(meth, noargs, kw);
+        if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            cap = PyObject_CallNoArgs(meth);
+        }
+    }
+    Py_XDECREF(kw);
+    Py_XDECREF(noargs);
+    Py_DECREF(meth);
+    if (cap == NULL) {
+        return -1;
+    }
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        dl_managed_v *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m == NULL || PyCapsule_SetName(cap, "used_dltensor_versioned") <
+                             0) {
+            Py_DECREF(cap);
+            return -1;
+        }
+        v->how = PD_VIEW_DLPACK_V1;
+        v->capsule = cap;
+        v->managed = m;
+        if (m->major < 1) {
+            PyErr_Format(PyExc_ValueError,
+                         "DLPack version %u.%u is not supported",
+                         (unsigned)m->major, (unsigned)m->minor);
+            return -1;
+        }
+        return dl_fill(v, &m->t, (m->flags & DL_FLAG_READ_ONLY) != 0);
+    }
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (m == NULL || PyCapsule_SetName(cap, "used_dltensor") < 0) {
+            Py_DECREF(cap);
+            return -1;
+        }
+        v->how = PD_VIEW_DLPACK;
+        v->capsule = cap;
+        v->managed = m;
+        return dl_fill(v, &m->t, 0);
+    }
+    Py_DECREF(cap);
+    PyErr_Format(PyExc_TypeError,
+                 "%.100s.__dlpack__() did not return a DLPack capsule",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+/* __cuda_array_interface__ v2/v3: shape, typestr, data=(ptr, read_only),
+ * strides (bytes, None = C-contiguous), mask None, stream. */
+static int
+view_from_cai(PyObject *obj, PyObject *d, pd_view *v)
+{
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "__cuda_array_interface__ must be a dict");
+        return -1;
+    }
+    PyObject *shape = PyDict_GetItemString(d, "shape");
+    PyObject *typestr = PyDict_GetItemString(d, "typestr");
+    PyObject *data = PyDict_GetItemString(d, "data");
+    PyObject *strides = PyDict_GetItemString(d, "strides");
+    PyObject *mask = PyDict_GetItemString(d, "mask");
+    PyObject *stream = PyDict_GetItemString(d, "stream");
+    if (shape == NULL || !PyTuple_Check(shape) || typestr == NULL ||
+        !PyUnicode_Check(typestr) || data == NULL || !PyTuple_Check(data) ||
+        PyTuple_GET_SIZE(data) != 2) {
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid __cuda_array_interface__: needs shape "
+                        "(tuple), typestr (str) and data (ptr, read_only)");
+        return -1;
+    }
+    if (mask != NULL && mask != Py_None) {
+        PyErr_SetString(PyExc_ValueError,
+                        "masked CUDA arrays (__cuda_array_interface__ mask) "
+                        "are not supported");
+        return -1;
+    }
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (ndim > 64) {
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid __cuda_array_interface__: too many dims");
+        return -1;
+    }
+    int64_t sh[64], st[64];
+    int have_strides = strides != NULL && strides != Py_None;
+    if (have_strides &&
+        (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != ndim)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid __cuda_array_interface__: strides");
+        return -1;
+    }
+    const char *ts = PyUnicode_AsUTF8(typestr);
+    if (ts == NULL) {
+        return -1;
+    }
+    long itemsize = strlen(ts) >= 3 ? strtol(ts + 2, NULL, 10) : 0;
+    if (itemsize <= 0 || itemsize > 64) {
+        PyErr_Format(PyExc_ValueError,
+                     "invalid __cuda_array_interface__ typestr %.20s", ts);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        if (have_strides) {
+            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+            if (b % itemsize != 0) {
+                st[i] = INT64_MAX; /* never contiguous */
+            }
+            else {
+                st[i] = b / itemsize;
+            }
+        }
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    void *ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
+    if (ptr == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    int ro = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
+    if (ro < 0) {
+        return -1;
+    }
+    int c = shape_info((int)ndim, sh, have_strides ? st : NULL, &v->count);
+    if (c < 0 || v->count > SIZE_MAX / (size_t)itemsize) {
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid __cuda_array_interface__: shape");
+        return -1;
+    }
+    v->how = PD_VIEW_CAI;
+    v->owner = Py_NewRef(obj);
+    v->ptr = ptr;
+    v->itemsize = (size_t)itemsize;
+    v->nbytes = v->count * v->itemsize;
+    v->dtype = dtype_of_typestr(ts);
+    v->readonly = ro;
+    v->contiguous = c;
+    v->device = PD_DEV_CUDA;
+    v->device_index = -1; /* the pointer's device: asked of CUDA, later */
+    v->stream = 0;
+    if (stream != NULL && stream != Py_None) {
+        v->stream = PyLong_AsLongLong(stream);
+        if (v->stream == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (v->stream == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "invalid __cuda_array_interface__ stream 0 "
+                            "(the spec forbids it)");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int
+pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
+{
+    view_init(v);
+    PyBufferProcs *bp = Py_TYPE(obj)->tp_as_buffer;
+    if (bp != NULL && bp->bf_getbuffer != NULL) {
+        return view_from_buffer(obj, flags, v);
+    }
+    if (st != NULL && st->TensorType != NULL &&
+        PyObject_TypeCheck(obj, (PyTypeObject *)st->TensorType)) {
+        PyObject *data = PyObject_GetAttr(obj, st->str_data);
+        if (data == NULL) {
+            return -1;
+        }
+        int rc = -1;
+        bp = Py_TYPE(data)->tp_as_buffer;
+        if (bp != NULL && bp->bf_getbuffer != NULL) {
+            rc = view_from_buffer(data, flags, v);
+        }
+        else {
+            PyErr_Format(PyExc_TypeError,
+                         "%.100s._data must be an array, got %.100s",
+                         Py_TYPE(obj)->tp_name, Py_TYPE(data)->tp_name);
+        }
+        Py_DECREF(data);
+        return rc;
+    }
+    int has = PyObject_HasAttrString(obj, "__dlpack__");
+    if (has && !(flags & PD_VIEW_NO_DLPACK)) {
+        int rc = view_from_dlpack(obj, flags, v);
+        if (rc < 0) {
+            pd_view_release(v);
+        }
+        return rc;
+    }
+    PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+    if (cai != NULL) {
+        int rc = view_from_cai(obj, cai, v);
+        Py_DECREF(cai);
+        if (rc < 0) {
+            pd_view_release(v);
+        }
+        return rc;
+    }
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError,
+                 "expected an array (buffer protocol, DLPack or "
+                 "__cuda_array_interface__), got %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+void
+pd_view_release(pd_view *v)
+{
+    switch (v->how) {
+    case PD_VIEW_BUFFER:
+        PyBuffer_Release(&v->buf);
+        break;
+    case PD_VIEW_DLPACK: {
+        dl_managed *m = v->managed;
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+        break;
+    }
+    case PD_VIEW_DLPACK_V1: {
+        dl_managed_v *m = v->managed;
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    Py_CLEAR(v->capsule);
+    Py_CLEAR(v->owner);
+    v->how = PD_VIEW_NONE;
+    v->managed = NULL;
+}
+
+const char *
+pd_device_name(int device)
+{
+    switch (device) {
+    case PD_DEV_CPU:
+        return "cpu";
+    case PD_DEV_CUDA:
+        return "cuda";
+    case PD_DEV_CUDA_HOST:
+        return "cuda_host";
+    case PD_DEV_CUDA_MANAGED:
+        return "cuda_managed";
+    default:
+        return "unknown";
+    }
+}
+
+/* ------------------------------------------------------ Python entries */
+
+/* _register_tensor_type(cls): pyddp's Tensor class, viewed through its
+ * `_data` array where the interpreter has no PEP 688 buffers. */
+static PyObject *
+register_tensor_type(PyObject *m, PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_Format(PyExc_TypeError, "expected a class, got %.100s",
+                     Py_TYPE(cls)->tp_name);
+        return NULL;
+    }
+    pd_module_state *st = pd_get_state(m);
+    Py_XSETREF(st->TensorType, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+/* describe_array(obj, writable=False) -> dict: what the adapter sees
+ * (tests, and the fuzz targets of the array descriptions). */
+static PyObject *
+describe_array(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"obj", "writable", NULL};
+    PyObject *obj;
+    int writable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p:describe_array",
+                                     kwlist, &obj, &writable)) {
+        return NULL;
+    }
+    pd_view v;
+    if (pd_view_get(pd_get_state(m), obj, writable ? PD_VIEW_WRITABLE : 0,
+                    &v) < 0) {
+        return NULL;
+    }
+    static const char *const hows[] = {"none", "buffer", "dlpack",
+                                       "dlpack", "cuda_array_interface"};
+    PyObject *r = Py_BuildValue(
+        "{s:s,s:N,s:n,s:n,s:n,s:s,s:s,s:i,s:O,s:O,s:L}", "via", hows[v.how],
+        "ptr", PyLong_FromVoidPtr(v.ptr), "nbytes", (Py_ssize_t)v.nbytes,
+        "count", (Py_ssize_t)v.count, "itemsize", (Py_ssize_t)v.itemsize,
+        "dtype", v.dtype >= 0 ? pd_dtype_name((pd_dtype)v.dtype) : "unknown",
+        "device", pd_device_name(v.device), "device_index", v.device_index,
+        "readonly", v.readonly ? Py_True : Py_False, "contiguous",
+        v.contiguous ? Py_True : Py_False, "stream", v.stream);
+    pd_view_release(&v);
+    return r;
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"_register_tensor_type", (PyCFunction)register_tensor_type, METH_O,
+     "_register_tensor_type(cls): view instances of cls through their "
+     "`_data` array (Python < 3.12 has no PEP 688 buffers)."},
+    {"describe_array", (PyCFunction)(void (*)(void))describe_array,
+     METH_VARARGS | METH_KEYWORDS,
+     "describe_array(obj, writable=False) -> dict: how the C adapter views "
+     "obj (via, ptr, nbytes, count, itemsize, dtype, device, device_index, "
+     "readonly, contiguous, stream)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+pd_buffers_add(PyObject *m, pd_module_state *st)
+{
+    st->str_data = PyUnicode_InternFromString("_data");
+    if (st->str_data == NULL) {
+        return -1;
+    }
+    return PyModule_AddFunctions(m, buffer_methods);
+}
