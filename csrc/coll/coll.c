@@ -3,7 +3,6 @@
 
 #include <string.h>
 
-#include "../group_internal.h"
 
 static void
 fill_hdr(pd_coll *c, pd_req *r, int peer, int tag, const void *buf,
@@ -49,7 +48,7 @@ pd_coll_wait(pd_coll *c, pd_req *reqs, size_t n)
         if (i == n) {
             return PD_OK;
         }
-        pd_status st = pd_group_progress_until(c->g, c->deadline);
+        pd_status st = c->progress(c->progress_ctx, c->deadline);
         if (st == PD_ETIMEOUT) {
             return pd_error(st,
                             "rank %d: %s (sequence number %llu) timed out "

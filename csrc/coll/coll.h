@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "../group.h"
+#include "op.h"
 #include "../transport/shm/shm.h"
 #include "../transport/transport.h"
 
@@ -20,21 +20,35 @@
 #define PD_SMALL_BYTES (64u << 10)
 
 typedef struct pd_coll {
-    pd_group *g;
     pd_transport *t;
+    /* Drive the transport once (up to deadline, at most ~100 ms) and fail
+     * with PD_ETIMEOUT past it: the caller's (the group's) progress, so
+     * that algorithms never call up into the group. */
+    pd_status (*progress)(void *ctx, double deadline);
+    void *progress_ctx;
     int rank;
     int size;
     pd_hdr base;     /* identity of the call: kind, dtype, op, root, seq, count */
     pd_dtype rdt;    /* dtype the reduction runs in (float32 for halves) */
     size_t esz;      /* bytes per element of rdt */
     double deadline;
+    double timeout;  /* the call's timeout (seconds) */
     const pd_op *op;
     /* shared-memory collectives (coll/<collective>_shm.c) */
     pd_shm *shm;
     pd_shm_waiter waiter;   /* interrupted: honoured by the first sync only */
     pd_shm_ident id;
     int resume;             /* the first sync's bump is already done */
+    /* all_reduce of an array in the group's shared memory: every rank's
+     * copy of it (own included), or NULL */
+    char *const *inshm;
 } pd_coll;
+
+/* Run op with the algorithm coll/select.c chooses: over the transport, or
+ * through shared memory (c->shm set, first sync not yet done unless
+ * c->resume). */
+pd_status pd_coll_run(pd_coll *c, const pd_op *op);
+pd_status pd_coll_run_shm(pd_coll *c, const pd_op *op);
 
 pd_status pd_coll_send(pd_coll *c, pd_req *r, int peer, int tag,
                        const void *buf, size_t len);

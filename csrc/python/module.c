@@ -1,7 +1,6 @@
 /* pyddp._C: module definition, module state, exception types and the single
  * status -> exception mapping.  Multi-phase init with heap types, no global
  * mutable state (CPython's Modules/_bz2module.c pattern). */
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "binding.h"
 
 static struct PyModuleDef pd_module;

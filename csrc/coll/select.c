@@ -1,0 +1,214 @@
+/* Algorithm choice (Open MPI's coll/tuned decision files): which
+ * algorithm of csrc/coll/ runs a collective, by kind, message size and
+ * group size, over the transport (pd_coll_run) or in shared memory
+ * (pd_coll_run_shm); and the float32 widening of half-precision reductions
+ * over the transport.  The thresholds live here and in coll.h
+ * (PD_SMALL_BYTES), nowhere else. */
+#include "coll.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ----------------------------------------------------------- collectives */
+
+static pd_status
+widen(pd_coll *c, char **dst, const char *src, size_t count)
+{
+    *dst = malloc(count * sizeof(float) + 1);
+    if (*dst == NULL) {
+        return pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    }
+    pd_cast_to_f32((pd_dtype)c->base.dtype, (float *)*dst, src, count);
+    return PD_OK;
+}
+
+static pd_status
+run_reduction(pd_coll *c, const pd_op *op)
+{
+    pd_status st = PD_OK;
+    int half = op->dtype == PD_FLOAT16 || op->dtype == PD_BFLOAT16;
+    size_t count = op->count;
+    size_t bytes = count * c->esz;
+    int small = bytes <= PD_SMALL_BYTES || count < (size_t)c->size ||
+                c->size == 1;
+    char *w = NULL;
+    char **wblocks = NULL;
+
+    switch (op->kind) {
+    case PD_K_ALLREDUCE:
+        if (half) {
+            /* reduced in float32 scratch, rounded once into out */
+            PD_CHECK_GOTO(widen(c, &w, op->in[0], count), st, exit);
+        }
+        else {
+            w = op->out[0];
+            if (op->in[0] != op->out[0]) {
+                memmove(w, op->in[0], bytes);
+            }
+        }
+        st = small ? pd_allreduce_direct(c, w, count)
+                   : pd_allreduce_ring(c, w, count);
+        if (st == PD_OK && half) {
+            pd_cast_from_f32((pd_dtype)op->dtype, op->out[0], (float *)w,
+                             count);
+        }
+        break;
+    case PD_K_REDUCE: {
+        const char *in = op->in[0];
+        char *out = op->out[0];
+        char *wo = NULL;
+        if (half) {
+            PD_CHECK_GOTO(widen(c, &w, in, count), st, exit);
+            in = w;
+            if (c->rank == c->base.root) {
+                wo = malloc(bytes + 1);
+                if (wo == NULL) {
+                    st = pd_error(PD_ENOMEM, "reduce: out of memory");
+                    goto exit;
+                }
+                out = wo;
+            }
+        }
+        st = small ? pd_reduce_direct(c, in, out, count)
+                   : pd_reduce_ring(c, in, out, count);
+        if (st == PD_OK && half && c->rank == c->base.root) {
+            pd_cast_from_f32((pd_dtype)op->dtype, op->out[0], (float *)wo,
+                             count);
+        }
+        free(wo);
+        if (!half) {
+            w = NULL;
+        }
+        break;
+    }
+    case PD_K_REDUCE_SCATTER: {
+        char **in = op->in;
+        char *out = op->out[0];
+        if (half) {
+            w = malloc(bytes * (size_t)(c->size + 1) + 1);
+            wblocks = malloc(sizeof(char *) * (size_t)c->size);
+            if (w == NULL || wblocks == NULL) {
+                st = pd_error(PD_ENOMEM, "reduce_scatter: out of memory");
+                goto exit;
+            }
+            for (int p = 0; p < c->size; p++) {
+                wblocks[p] = w + bytes * (size_t)p;
+                pd_cast_to_f32((pd_dtype)op->dtype, (float *)wblocks[p],
+                               op->in[p], count);
+            }
+            in = wblocks;
+            out = w + bytes * (size_t)c->size;
+        }
+        st = small ? pd_reduce_scatter_direct(c, in, out, count)
+                   : pd_reduce_scatter_ring(c, in, out, count);
+        if (st == PD_OK && half) {
+            pd_cast_from_f32((pd_dtype)op->dtype, op->out[0], (float *)out,
+                             count);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+exit:
+    if (half || op->kind == PD_K_REDUCE_SCATTER) {
+        if (w != op->out[0]) {
+            free(w);
+        }
+    }
+    free(wblocks);
+    return st;
+}
+
+pd_status
+pd_coll_run(pd_coll *c, const pd_op *op)
+{
+    size_t esz = pd_dtype_size(op->dtype);
+    switch (op->kind) {
+    case PD_K_ALLREDUCE:
+    case PD_K_REDUCE:
+    case PD_K_REDUCE_SCATTER:
+        return run_reduction(c, op);
+    case PD_K_BROADCAST: {
+        size_t len = op->count * esz;
+        if (c->size == 1) {
+            return PD_OK;
+        }
+        return len <= PD_SMALL_BYTES ? pd_broadcast_flat(c, op->out[0], len)
+                                     : pd_broadcast_chain(c, op->out[0], len);
+    }
+    case PD_K_ALLGATHER: {
+        /* in[0] is this rank's input; out[p] the destination blocks */
+        size_t len = op->count * esz;
+        size_t *lens = malloc(sizeof(size_t) * (size_t)c->size);
+        if (lens == NULL) {
+            return pd_error(PD_ENOMEM, "all_gather: out of memory");
+        }
+        for (int p = 0; p < c->size; p++) {
+            lens[p] = len;
+        }
+        if (op->out[c->rank] != op->in[0]) {
+            memmove(op->out[c->rank], op->in[0], len);
+        }
+        pd_status st = PD_OK;
+        if (c->size > 1) {
+            st = len * (size_t)c->size <= PD_SMALL_BYTES
+                     ? pd_allgather_direct(c, op->out, lens)
+                     : pd_allgather_ring(c, op->out, lens);
+        }
+        free(lens);
+        return st;
+    }
+    case PD_K_GATHER:
+        return pd_gather_direct(c, op->in[0], op->count * esz, op->out);
+    case PD_K_SCATTER:
+        return pd_scatter_direct(c, op->in, op->out[0], op->count * esz);
+    case PD_K_ALLTOALL:
+        return pd_alltoall_pairwise(c, op->in, op->in_len, op->out,
+                                    op->out_len);
+    case PD_K_BARRIER:
+        return pd_barrier_direct(c);
+    case PD_K_MONITORED_BARRIER:
+        return pd_monitored_barrier_star(
+            c, c->timeout, op->wait_all);
+    default:
+        return pd_error(PD_EINVAL, "unknown collective kind %d", op->kind);
+    }
+}
+
+pd_status
+pd_coll_run_shm(pd_coll *c, const pd_op *op)
+{
+    size_t esz = pd_dtype_size(op->dtype);
+    size_t len = op->count * esz;
+    switch (op->kind) {
+    case PD_K_ALLREDUCE: {
+        if (c->inshm != NULL) {
+            /* the input lives in the group's shared memory: no copy-in */
+            return op->out[0] == op->in[0]
+                       ? pd_allreduce_shm_inplace(c, c->inshm, op->count)
+                       : pd_allreduce_shm_into(c, c->inshm, op->out[0],
+                                               op->count);
+        }
+        return pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
+    }
+    case PD_K_REDUCE:
+        return pd_reduce_shm(c, op->in[0], op->out[0], op->count);
+    case PD_K_REDUCE_SCATTER:
+        return pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
+    case PD_K_BROADCAST:
+        return pd_broadcast_shm(c, op->out[0], len);
+    case PD_K_ALLGATHER:
+        return pd_allgather_shm(c, op->in[0], op->out, len);
+    case PD_K_GATHER:
+        return pd_gather_shm(c, op->in[0], len, op->out);
+    case PD_K_SCATTER:
+        return pd_scatter_shm(c, op->in, op->out[0], len);
+    case PD_K_ALLTOALL:
+        return pd_alltoall_shm(c, op->in, op->in_len, op->out, op->out_len);
+    case PD_K_BARRIER:
+        return pd_barrier_shm(c);
+    default:
+        return pd_error(PD_EINVAL, "unknown collective kind %d", op->kind);
+    }
+}

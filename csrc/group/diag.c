@@ -1,0 +1,63 @@
+/* Diagnostics: which ranks a timed-out collective waited for. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* A collective timed out: find out where the peers are (through shared
+ * memory, or by asking them over the transport) and name the ranks that
+ * never reached this collective. */
+void
+pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeout,
+                int on_progress)
+{
+    uint64_t *seqs = calloc((size_t)g->size, sizeof(uint64_t));
+    char never[512] = "", silent[512] = "";
+    size_t on = 0, os = 0;
+    if (seqs != NULL) {
+        if (g->shm != NULL) {
+            for (int p = 0; p < g->size; p++) {
+                seqs[p] = p == g->rank ? seq : pd_shm_entered(g->shm, p);
+            }
+        }
+        else if (on_progress) {
+            g->t->ops->query_seqs(g->t, seqs, 1.0);
+        }
+        else {
+            for (int p = 0; p < g->size; p++) {
+                seqs[p] = UINT64_MAX;
+            }
+        }
+        for (int p = 0; p < g->size; p++) {
+            if (p == g->rank) {
+                continue;
+            }
+            if (seqs[p] == UINT64_MAX) {
+                int k = snprintf(silent + os, sizeof(silent) - os, "%s%d",
+                                 os ? ", " : "", p);
+                if (k > 0 && (size_t)k < sizeof(silent) - os) {
+                    os += (size_t)k;
+                }
+            }
+            else if (seqs[p] < seq) {
+                int k = snprintf(never + on, sizeof(never) - on,
+                                 "%s%d (at sequence number %llu)",
+                                 on ? ", " : "", p,
+                                 (unsigned long long)seqs[p]);
+                if (k > 0 && (size_t)k < sizeof(never) - on) {
+                    on += (size_t)k;
+                }
+            }
+        }
+    }
+    free(seqs);
+    pd_error(PD_ETIMEOUT,
+             "rank %d: %s (sequence number %llu) timed out after %.1f s; "
+             "ranks that never arrived: [%s]%s%s%s",
+             g->rank, op->name, (unsigned long long)seq, timeout, never,
+             os ? "; ranks that did not answer: [" : "", silent,
+             os ? "]" : "");
+}

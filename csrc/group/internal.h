@@ -1,0 +1,114 @@
+/* Private to csrc/group/: the group's and the work's state, and the
+ * functions the group's files share.  Nothing outside csrc/group/ includes
+ * it. */
+#ifndef PD_GROUP_INTERNAL_H
+#define PD_GROUP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../coll/coll.h"
+#include "../group.h"
+#include "../transport/shm/shm.h"
+#include "../transport/transport.h"
+
+/* How long a waiter polls before sleeping on its condition variable, when
+ * the host has a core for every rank on it (oversubscribed: never). */
+#define PD_WAIT_SPIN_S 50e-6
+
+struct pd_work {
+    atomic_int refs;
+    pd_op op;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int done;
+    pd_status status;
+    char *msg;
+    int src;
+    double deadline;
+    double spin_s;
+    pd_req req;
+    uint64_t seq;      /* resume: the sequence number already taken */
+    int resume;        /* an interrupted inline collective to finish */
+    void *owned;       /* block arrays copied for a resumed collective */
+    struct pd_work *next;
+};
+
+struct pd_group {
+    int rank;
+    int size;
+    double timeout;
+    double spin_s;
+    pd_transport *t;
+    pthread_t thr;
+    int thr_started;
+    pthread_mutex_t mu;
+    pd_work *qh, *qt;
+    int running;       /* under mu: a collective runs (either thread) */
+    int caller;        /* under mu: ... on a caller's thread (inline) */
+    atomic_int stopping;
+    pd_shm *shm;       /* every rank on this host: shared memory */
+    pd_shm *lshm;      /* the ranks on this host (frames through rings) */
+    uint64_t token;    /* the group's random id (segment names) */
+    struct shm_buf *bufs;
+    uint64_t nbufs;
+    /* the thread that runs collectives (progress or inline caller) */
+    uint64_t seq;
+    /* progress thread only */
+    pd_work *active;
+    int propagated;
+    /* sticky error: claimed once, message written before err is stored */
+    atomic_int err_claim;
+    _Atomic int err;
+    char errmsg[PD_ERRMSG_MAX];
+};
+
+/* Buffers in the group's shared memory: allreduce without the copy-in. */
+typedef struct shm_buf {
+    char *own;
+    size_t len;
+    uint64_t id;
+    char **peer;    /* peer[p]: rank p's buffer as mapped here (own too) */
+    struct shm_buf *next;
+} shm_buf;
+
+typedef struct run_ctx {
+    pd_group *g;
+    int on_progress;   /* running on the progress thread (owns transport) */
+    double next_poll;
+    int (*interrupted)(void *);
+    void *ictx;
+} run_ctx;
+
+/* work.c */
+void pd_grp_work_complete(pd_work *w, pd_status st, const char *msg);
+pd_work *pd_grp_work_new(pd_group *g, const pd_op *op);
+pd_status pd_grp_work_own_blocks(pd_group *g, pd_work *w);
+
+/* progress.c: the sticky error and the progress thread */
+pd_status pd_grp_err(pd_group *g);
+void pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg);
+void pd_grp_propagate_fatal(pd_group *g);
+void pd_grp_set_fatal(pd_group *g, pd_status st, const char *msg);
+pd_status pd_grp_progress_once(pd_group *g, double until);
+void *pd_grp_progress_main(void *arg);
+uint64_t pd_grp_cb_current_seq(void *ctx);
+void pd_grp_cb_on_abort(void *ctx, int peer, int status, const char *msg);
+
+/* run.c */
+/* pd_shm_waiter check (arg: a run_ctx): stop for a failed or destroyed
+ * group; on the progress thread keep the transport moving. */
+pd_status pd_grp_shm_check(void *arg);
+pd_status pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
+                                int resume, double deadline, int *published);
+
+/* diag.c */
+void pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq,
+                            double timeout, int on_progress);
+
+/* shm_buffers.c */
+shm_buf *pd_grp_find_shm_buf(pd_group *g, const char *p, size_t len);
+void pd_grp_free_shm_buf(shm_buf *b, int size);
+
+#endif

@@ -1,0 +1,187 @@
+/* Running one collective on this thread: its identity (the frame header
+ * and the shared-memory entry), the waits' checks, the transport or
+ * shared-memory algorithm (coll/select.c chooses), and the message of a
+ * failure. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util/log.h"
+
+/* pd_coll's progress callback: the algorithms' waits over the transport. */
+static pd_status
+coll_progress(void *ctx, double deadline)
+{
+    pd_group *g = ctx;
+    if (atomic_load(&g->stopping)) {
+        return pd_error(PD_ECLOSED,
+                        "the process group was destroyed while an operation "
+                        "was in progress");
+    }
+    if (pd_now() >= deadline) {
+        return pd_error(PD_ETIMEOUT, "timed out");
+    }
+    return pd_grp_progress_once(g, deadline);
+}
+
+/* Shared-memory waits: stop for a failed or destroyed group; on the
+ * progress thread also keep the transport moving, so that a dead peer's
+ * closed connection is seen while a collective waits. */
+pd_status
+pd_grp_shm_check(void *arg)
+{
+    run_ctx *x = arg;
+    pd_group *g = x->g;
+    if (atomic_load(&g->stopping)) {
+        return pd_error(PD_ECLOSED,
+                        "the process group was destroyed while an operation "
+                        "was in progress");
+    }
+    if (x->on_progress) {
+        double now = pd_now();
+        if (now >= x->next_poll) {
+            x->next_poll = now + 0.02;
+            pd_grp_progress_once(g, now);
+        }
+    }
+    if (pd_grp_err(g) != PD_OK) {
+        return pd_error(pd_grp_err(g), "%s", g->errmsg);
+    }
+    return PD_OK;
+}
+
+static int
+shm_interrupted(void *arg)
+{
+    run_ctx *x = arg;
+    return x->interrupted != NULL && x->interrupted(x->ictx);
+}
+
+/* Run one collective (sequence number seq) on this thread.  Returns its
+ * status; on failure the message names the call.  PD_EINTR: the first sync
+ * was interrupted and the collective must be resumed (resume = 1). */
+pd_status
+pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
+                      int resume, double deadline, int *published)
+{
+    pd_group *g = x->g;
+    double timeout = op->timeout > 0 ? op->timeout : g->timeout;
+    pd_coll c;
+    memset(&c, 0, sizeof(c));
+    c.t = g->t;
+    c.progress = coll_progress;
+    c.progress_ctx = g;
+    c.timeout = timeout;
+    c.rank = g->rank;
+    c.size = g->size;
+    c.op = op;
+    c.deadline = deadline;
+    c.base.magic = PD_FRAME_MAGIC;
+    c.base.type = PD_FRAME_COLL;
+    c.base.kind = (uint8_t)op->kind;
+    c.base.dtype = (uint8_t)op->dtype;
+    c.base.op = (uint8_t)op->op;
+    c.base.root = op->root;
+    c.base.seq = seq;
+    c.base.count = op->kind == PD_K_ALLTOALL ? 0 : op->count;
+    c.rdt = pd_dtype_accum(op->dtype);
+    c.esz = pd_dtype_size(c.rdt);
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu start (dtype %s, count %zu)",
+           g->rank, op->name, (unsigned long long)seq,
+           pd_dtype_name(op->dtype), op->count);
+    double t0 = pd_now();
+    pd_status st;
+    char *stack[16];
+    char **peer = NULL;
+    if (g->shm != NULL && pd_kind_has(op->kind, PD_KF_SHM)) {
+        c.shm = g->shm;
+        c.resume = resume;
+        c.waiter.deadline = deadline;
+        c.waiter.check = pd_grp_shm_check;
+        c.waiter.interrupted = x->interrupted ? shm_interrupted : NULL;
+        c.waiter.ctx = x;
+        c.id.seq = seq;
+        c.id.count = c.base.count;
+        c.id.kind = c.base.kind;
+        c.id.dtype = c.base.dtype;
+        c.id.op = c.base.op;
+        c.id.root = c.base.root;
+        uint64_t value = 0;
+        if (op->kind == PD_K_ALLTOALL) {
+            for (int p = 0; p < g->size; p++) {
+                value = op->in_len[p] > value ? op->in_len[p] : value;
+            }
+        }
+        shm_buf *sb = NULL;
+        if (op->kind == PD_K_ALLREDUCE) {
+            sb = pd_grp_find_shm_buf(g, op->in[0],
+                                     op->count * pd_dtype_size(op->dtype));
+        }
+        if (sb != NULL) {
+            /* every rank's copy of the array: no copy-in */
+            size_t off = (size_t)(op->in[0] - sb->own);
+            peer = g->size <= 16 ? stack
+                                 : malloc(sizeof(char *) * (size_t)g->size);
+            if (peer == NULL) {
+                return pd_error(PD_ENOMEM, "%s: out of memory", op->name);
+            }
+            for (int p = 0; p < g->size; p++) {
+                peer[p] = sb->peer[p] + off;
+            }
+            c.inshm = peer;
+            /* ranks must agree on the path: buffer id and offset */
+            c.id.aux = (sb->id << 40) ^ (uint64_t)off ^ 1;
+        }
+        st = PD_OK;
+        if (!resume) {
+            /* after an eager collective: everyone entered it, alike */
+            st = pd_shm_entry(g->shm, &c.waiter, pd_kind_name);
+            if (st == PD_EINTR) {
+                goto out; /* nothing published: *published stays 0 */
+            }
+            if (st == PD_OK) {
+                pd_shm_enter(g->shm, &c.id, value);
+            }
+        }
+        if (st == PD_OK) {
+            *published = 1;
+            st = pd_coll_run_shm(&c, op);
+            if (st == PD_EINTR) {
+                goto out;
+            }
+        }
+    }
+    else {
+        g->t->ops->set_coll(g->t, &c.base);
+        st = pd_coll_run(&c, op);
+    }
+    PD_LOG(PD_LOG_TRACE, "group", "rank %d: %s #%llu %s after %.1f us", g->rank,
+           op->name, (unsigned long long)seq, st == PD_OK ? "done" : "failed",
+           (pd_now() - t0) * 1e6);
+    if (st != PD_OK && st != PD_ECLOSED) {
+        if (st == PD_ETIMEOUT && op->kind != PD_K_MONITORED_BARRIER &&
+            pd_grp_err(g) == PD_OK) {
+            pd_grp_explain_timeout(g, op, seq, timeout, x->on_progress);
+        }
+        else {
+            char msg[PD_ERRMSG_MAX];
+            snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+            /* name the call when the transport's message does not */
+            if (strstr(msg, op->name) == NULL && pd_grp_err(g) == PD_OK &&
+                st == PD_ENETWORK) {
+                pd_error(st, "%s (sequence number %llu): %s", op->name,
+                         (unsigned long long)seq, msg);
+            }
+        }
+    }
+out:
+    if (peer != stack) {
+        free(peer);
+    }
+    return st;
+}

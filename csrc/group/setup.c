@@ -1,0 +1,261 @@
+/* A group's life: creation, connection (the transport, then shared memory
+ * among the ranks of each host), and destruction. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../transport/tcp/tcp.h"
+#include "../util/log.h"
+
+/* ------------------------------------------------------------- lifecycle */
+
+pd_status
+pd_group_create(int rank, int size, double timeout_s, const char *secret,
+                pd_group **out, int *port_out)
+{
+    if (size < 1) {
+        return pd_error(PD_EINVAL, "world_size must be >= 1, got %d", size);
+    }
+    if (rank < 0 || rank >= size) {
+        return pd_error(PD_EINVAL,
+                        "rank %d is out of range: expected 0 <= rank < %d",
+                        rank, size);
+    }
+    pd_group *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return pd_error(PD_ENOMEM, "process group: out of memory");
+    }
+    g->rank = rank;
+    g->size = size;
+    g->timeout = timeout_s > 0 ? timeout_s : 1800.0;
+    pthread_mutex_init(&g->mu, NULL);
+    atomic_init(&g->stopping, 0);
+    atomic_init(&g->err, PD_OK);
+    atomic_init(&g->err_claim, 0);
+    pd_transport_events ev = {g, pd_grp_cb_on_abort, pd_grp_cb_current_seq};
+    pd_status st = pd_tcp_create(rank, size, secret, &ev, &g->t, port_out);
+    if (st != PD_OK) {
+        pd_group_destroy(g);
+        return st;
+    }
+    *out = g;
+    return PD_OK;
+}
+
+/* A barrier over the transport, before the progress thread runs (shared
+ * memory setup).  Uses a sequence number like any collective. */
+static pd_status
+setup_barrier(pd_group *g)
+{
+    pd_op op;
+    memset(&op, 0, sizeof(op));
+    op.kind = PD_K_BARRIER;
+    snprintf(op.name, sizeof(op.name), "init_process_group");
+    run_ctx x = {g, 1, 0.0, NULL, NULL};
+    pd_shm *shm = g->shm;
+    g->shm = NULL; /* not usable yet */
+    int published = 0;
+    pd_status st = pd_grp_run_collective(&x, &op, ++g->seq, 0, pd_now() + g->timeout,
+                                  &published);
+    g->shm = shm;
+    return st;
+}
+
+static uint32_t
+node_tag(const char *id)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *c = (const unsigned char *)id; *c; c++) {
+        h = (h ^ *c) * 16777619u;
+    }
+    return h;
+}
+
+/* Shared memory among the ranks of each host: segments (created, mapped by
+ * every local rank between two group-wide barriers, then unlinked), frames
+ * between local ranks through rings, and, when every rank is on this host,
+ * the shared-memory collectives.  Every rank takes part in the barriers. */
+static pd_status
+setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
+{
+    int n = g->size, nlocal = 0, mylocal = -1, shared = 0;
+    int *local_of = malloc(sizeof(int) * (size_t)n);
+    if (local_of == NULL) {
+        return pd_error(PD_ENOMEM, "process group: out of memory");
+    }
+    for (int p = 0; p < n; p++) {
+        int same = 0;
+        for (int q = 0; q < n; q++) {
+            same += q != p && strcmp(id[p], id[q]) == 0;
+        }
+        shared |= same > 0;
+        if (strcmp(id[p], id[g->rank]) == 0) {
+            if (p == g->rank) {
+                mylocal = nlocal;
+            }
+            local_of[p] = nlocal++;
+        }
+        else {
+            local_of[p] = -1;
+        }
+    }
+    if (!shared) {
+        free(local_of);
+        return PD_OK;
+    }
+    int mine = nlocal >= 2;
+    pd_shm *shm = NULL;
+    pd_status st = PD_OK, st2;
+    if (mine) {
+        st = pd_shm_create(mylocal, nlocal, token, node_tag(id[g->rank]), spin,
+                           &shm);
+    }
+    /* every rank reports through the barrier, so a failed creation on one
+     * rank fails init on all of them instead of leaving them waiting */
+    st2 = setup_barrier(g);
+    if (st == PD_OK && st2 != PD_OK) {
+        st = st2;
+    }
+    if (st == PD_OK && mine) {
+        st = pd_shm_attach(shm);
+    }
+    if (st == PD_OK) {
+        st = setup_barrier(g);
+    }
+    /* every rank has mapped every segment (or failed): no name stays */
+    pd_shm_unlink(shm, st != PD_OK);
+    if (st == PD_OK && mine) {
+        st = pd_tcp_use_shm(g->t, shm, local_of);
+    }
+    free(local_of);
+    if (st != PD_OK) {
+        char msg[PD_ERRMSG_MAX];
+        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+        pd_shm_close(shm);
+        return pd_error(st, "setting up shared memory between the ranks: %s",
+                        msg);
+    }
+    g->lshm = shm;
+    if (nlocal == n) {
+        g->shm = shm;
+    }
+    /* the setup barriers are not the user's collectives: numbering starts
+     * over (all their frames have arrived) */
+    g->seq = 0;
+    pd_hdr none;
+    memset(&none, 0, sizeof(none));
+    g->t->ops->set_coll(g->t, &none);
+    return PD_OK;
+}
+
+pd_status
+pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
+                 uint64_t token, const char *const *nodes, int transport)
+{
+    if (g->size > 1) {
+        PD_CHECK(pd_tcp_connect(g->t, hosts, ports, token,
+                                pd_now() + g->timeout));
+    }
+    /* Ranks sharing this host: same node identity (hostname and boot id),
+     * else same advertised address. */
+    const char *const *id = nodes != NULL ? nodes : hosts;
+    int local = 0;
+    for (int p = 0; p < g->size; p++) {
+        if (strcmp(id[p], id[g->rank]) == 0) {
+            local++;
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int spin = ncpu > 0 && local <= ncpu;
+    g->spin_s = spin ? PD_WAIT_SPIN_S : 0.0;
+    if (transport == PD_TRANSPORT_SHM && local != g->size) {
+        return pd_error(PD_EINVAL,
+                        "PYDDP_TRANSPORT=shm needs every rank on one host, "
+                        "but only %d of %d ranks are on this one", local,
+                        g->size);
+    }
+    if (g->size > 1 && transport != PD_TRANSPORT_TCP) {
+        g->token = token;
+        PD_CHECK(setup_shm(g, token, spin, id));
+    }
+    PD_LOG(PD_LOG_INFO, "group",
+           "rank %d of %d connected (%d ranks on this host, transport %s, "
+           "waiters %s)",
+           g->rank, g->size, local, pd_group_transport(g),
+           spin ? "spin" : "yield");
+    int rc = pthread_create(&g->thr, NULL, pd_grp_progress_main, g);
+    if (rc != 0) {
+        return pd_error(PD_ESYS, "pthread_create: %s", strerror(rc));
+    }
+    g->thr_started = 1;
+    return PD_OK;
+}
+
+const char *
+pd_group_transport(const pd_group *g)
+{
+    return g->size == 1       ? "local"
+           : g->shm != NULL   ? "shm"
+           : g->lshm != NULL  ? "shm+tcp"
+                              : "tcp";
+}
+
+void
+pd_group_destroy(pd_group *g)
+{
+    if (g == NULL) {
+        return;
+    }
+    PD_LOG(PD_LOG_INFO, "group", "rank %d: destroying the group", g->rank);
+    atomic_store(&g->stopping, 1);
+    /* A collective running on another caller's thread sees "destroyed" at
+     * its next check (woken now, within a sleep slice at worst): the
+     * shared memory must stay mapped until it has left. */
+    for (;;) {
+        if (g->shm != NULL) {
+            pd_shm_wake_all(g->shm);
+        }
+        pthread_mutex_lock(&g->mu);
+        int busy = g->caller;
+        pthread_mutex_unlock(&g->mu);
+        if (!busy) {
+            break;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (g->thr_started) {
+        g->t->ops->wake(g->t);
+        pthread_join(g->thr, NULL);
+    }
+    pd_shm_leave(g->lshm);
+    if (g->t != NULL) {
+        g->t->ops->close(g->t);
+    }
+    while (g->bufs != NULL) {
+        shm_buf *n = g->bufs->next;
+        pd_grp_free_shm_buf(g->bufs, g->size);
+        g->bufs = n;
+    }
+    pd_shm_close(g->lshm);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+int
+pd_group_rank(const pd_group *g)
+{
+    return g->rank;
+}
+
+int
+pd_group_size(const pd_group *g)
+{
+    return g->size;
+}
