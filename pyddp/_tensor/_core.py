@@ -22,6 +22,7 @@ from ._dtypes import (_CPU, _F32, _F64, _HALFS, _dtype, _is_float_dtype, _pybool
                       bfloat16, bool, float16, int32, int64)
 from ._grad_mode import _st
 
+
 # ----------------------------------------------------------------------------------------------
 # helpers
 
@@ -1266,7 +1267,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                "behavior.")
         res.append(None if g is None else _new(np.array(g, dtype=t.dtype)))
     return tuple(res)
-
 
 
 # Tensor's methods call these; they import this module, so they come last.

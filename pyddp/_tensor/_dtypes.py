@@ -36,6 +36,7 @@ _pybool = builtins.bool
 def _is_float_dtype(dt):
     return dt.kind in "fc" or (bfloat16 is not None and dt == bfloat16)
 
+
 class device:
     """torch.device-like: ``device("cpu")``, ``device("cuda", 0)``; equal to its string form."""
 
@@ -81,6 +82,7 @@ def _dtype(d):
     if d is _pybool:
         return bool
     return np.dtype(d)
+
 
 def get_default_dtype():
     """The dtype of float tensors made from Python floats (float32 unless changed)."""

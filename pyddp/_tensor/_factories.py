@@ -11,6 +11,7 @@ from ._core import Tensor, _check_device, _new, _to_array
 from ._dtypes import _F32, _F64, _dtype, _pybool, _pyint, bool, int64
 from ._grad_mode import _st
 
+
 # ----------------------------------------------------------------------------------------------
 # factories
 
@@ -186,4 +187,3 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     if requires_grad:
         t.requires_grad = True
     return t
-

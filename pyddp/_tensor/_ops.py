@@ -20,6 +20,7 @@ __all__ = [
     "sign", "floor", "ceil", "round", "outer",
 ]
 
+
 # ----------------------------------------------------------------------------------------------
 # elementwise ops
 
@@ -833,4 +834,3 @@ def _logsumexp_method(self, dim, keepdim=False):
 
 
 Tensor.logsumexp = _logsumexp_method
-
