@@ -774,7 +774,7 @@ def _ip_binary(self, other, op, alpha):
     return self
 
 
-# softmax / log_softmax live here so Tensor methods can use them
+# softmax / log_softmax / logsumexp (here, not in nn.functional: Tensor methods use them)
 
 def softmax(x, dim=None, dtype=None):
     """exp(x) / sum(exp(x)) along dim."""

@@ -29,7 +29,7 @@ _Tensor = None         # pyddp.Tensor, set by pyddp._tensor when it is defined
 
 
 def _set_tensor_class(cls):
-    """Called once by pyddp._tensor with the Tensor class (this module cannot import it)."""
+    """Called once by pyddp._tensor with the Tensor class (this module does not import it)."""
     global _Tensor
     _Tensor = cls
 
