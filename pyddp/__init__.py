@@ -22,11 +22,9 @@ from . import optim, optimizers  # noqa: F401,E402  (pyddp.optim.SGD as torch.op
 
 
 def manual_seed(seed):
-    """Seed every pyddp generator (``torch.manual_seed``): the torch-compatible default generator
-    (randperm, samplers, data loading) and the one behind randn/rand/dropout/initialisation.
-    Returns ``pyddp.default_generator``."""
-    from . import _random, _tensor
+    """Seed pyddp's generator (``torch.manual_seed``): ``pyddp.default_generator``, which every
+    random draw uses (randperm, samplers, data loading, randn/rand/dropout/initialisation).
+    Returns it."""
+    from . import _random
 
-    g = _random.manual_seed(seed)
-    _tensor.manual_seed(seed)
-    return g
+    return _random.manual_seed(seed)

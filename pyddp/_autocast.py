@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 
-from . import _tensor as _t
+from ._tensor._dtypes import _dtype, bfloat16, float16
+from ._tensor._grad_mode import _st
+from ._tensor._ops import _ac_f32
 
 __all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "upcast"]
 
@@ -19,21 +21,21 @@ class autocast:
 
     def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None):
         if dtype is None:
-            dtype = _t.float16
+            dtype = float16
         self.device_type = device_type
-        self.fast_dtype = _t._dtype(dtype)
-        if self.fast_dtype.kind != "f" and self.fast_dtype != _t.bfloat16:
+        self.fast_dtype = _dtype(dtype)
+        if self.fast_dtype.kind != "f" and self.fast_dtype != bfloat16:
             raise ValueError(f"autocast dtype must be a float type, got {self.fast_dtype}")
         self.enabled = bool(enabled)
         self._prev = []
 
     def __enter__(self):
-        self._prev.append(_t._st.autocast)
-        _t._st.autocast = self.fast_dtype if self.enabled else None
+        self._prev.append(_st.autocast)
+        _st.autocast = self.fast_dtype if self.enabled else None
         return self
 
     def __exit__(self, *exc):
-        _t._st.autocast = self._prev.pop()
+        _st.autocast = self._prev.pop()
         return False
 
     def __call__(self, fn):
@@ -46,16 +48,16 @@ class autocast:
 
 def is_autocast_enabled(device_type=None):
     """True inside an enabled autocast region."""
-    return _t._st.autocast is not None
+    return _st.autocast is not None
 
 
 def get_autocast_dtype(device_type=None):
     """The lower-precision dtype of the active autocast region (float16 when none)."""
-    return _t._st.autocast if _t._st.autocast is not None else _t.float16
+    return _st.autocast if _st.autocast is not None else float16
 
 
 def upcast(t):
     """Inside autocast, a float16/bfloat16 tensor cast to float32 (differentiably); else t.
 
     For fp32-list ops written elsewhere (losses)."""
-    return _t._ac_f32(t)
+    return _ac_f32(t)

@@ -1,12 +1,23 @@
-"""torch's CPU random generator for NumPy: ``pyddp.Generator``, ``pyddp.randperm``.
+"""pyddp's random generators: ``pyddp.Generator``, ``pyddp.default_generator``,
+``pyddp.manual_seed`` / ``seed`` / ``initial_seed``, ``pyddp.randperm``.
 
-The engine is the mt19937 of ``torch.Generator`` (csrc/kernels/random.c), so
-with equal seeds ``pyddp.randperm(n, generator=g)`` equals
-``torch.randperm(n, generator=tg)`` bit for bit, below and above torch's
-214,748,364 switch between its two shuffles, and ``get_state()`` is torch's
-5056-byte state (a state moves between torch and pyddp in either direction).
+One generator object carries one seed and serves every draw made from it:
+
+* the integer draws torch's CPU generator makes (randperm, samplers, data
+  loading, randint/multinomial for samplers) come from the mt19937 of
+  ``torch.Generator`` (csrc/kernels/random.c), so with equal seeds
+  ``pyddp.randperm(n, generator=g)`` equals ``torch.randperm(n,
+  generator=tg)`` bit for bit, below and above torch's 214,748,364 switch
+  between its two shuffles, and ``get_state()`` is torch's 5056-byte state (a
+  state moves between torch and pyddp in either direction);
+* float samples (randn, rand, randint tensors, dropout, nn.init) come from a
+  NumPy Generator the generator owns (``Generator._gen``), seeded from the
+  same seed (``manual_seed(s)``: ``numpy.random.default_rng(s)``) or, after
+  ``get_state``/``set_state``, from that state; these values are not torch's.
 """
+import hashlib
 import os
+import threading
 
 import numpy as np
 
@@ -16,10 +27,16 @@ __all__ = ["Generator", "default_generator", "manual_seed", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "randperm"]
 
 _INT64_MASK = (1 << 63) - 1
+_np_lock = threading.Lock()   # makes the NumPy engine of a generator once when threads race
 
 
 def _nondeterministic_seed():
     return int.from_bytes(os.urandom(8), "little")
+
+
+def _state_seed(state):
+    """The NumPy engine's seed for an mt19937 state (bytes)."""
+    return int.from_bytes(hashlib.blake2b(state, digest_size=16).digest(), "little")
 
 
 class Generator:
@@ -39,7 +56,24 @@ class Generator:
             raise RuntimeError(
                 f"pyddp.Generator supports only the CPU, got device={device!r}")
         self._g = _C.Generator()
+        self._reseed_np(self._g.initial_seed())
         self.device = "cpu"
+
+    def _reseed_np(self, seed):
+        # the NumPy engine restarts from seed (an int) on its first use
+        self._np_seed = seed
+        self._np = None
+
+    @property
+    def _gen(self):
+        """The NumPy Generator behind randn/rand/dropout/init draws from this generator."""
+        g = self._np
+        if g is None:
+            with _np_lock:
+                g = self._np
+                if g is None:
+                    g = self._np = np.random.default_rng(self._np_seed)
+        return g
 
     def manual_seed(self, seed):
         """Seed the generator (torch's ``Generator.manual_seed``); returns self.
@@ -52,12 +86,14 @@ class Generator:
             raise RuntimeError(
                 f"manual_seed expected a long, but got {type(seed).__name__}")
         self._g.manual_seed(seed)
+        self._reseed_np(self._g.initial_seed())
         return self
 
     def seed(self):
         """Seed from a non-deterministic source and return that seed."""
         s = _nondeterministic_seed()
         self._g.manual_seed(s)
+        self._reseed_np(s)
         return s
 
     def initial_seed(self):
@@ -68,8 +104,13 @@ class Generator:
         """The state as a uint8 NumPy array of 5056 bytes (torch's layout).
 
         ``torch.Generator().set_state(torch.from_numpy(state))`` accepts it.
+        The NumPy engine (randn, rand, ...) restarts from this state, so
+        ``set_state`` of it later repeats the float draws made after this call
+        as well as the mt19937 ones.
         """
-        return np.frombuffer(self._g.get_state(), dtype=np.uint8).copy()
+        state = self._g.get_state()
+        self._reseed_np(_state_seed(state))
+        return np.frombuffer(state, dtype=np.uint8).copy()
 
     def set_state(self, new_state):
         """Restore a state from ``get_state()`` (pyddp's or torch's: a uint8
@@ -84,6 +125,7 @@ class Generator:
                     f"state, but got dtype {arr.dtype}")
             new_state = np.ascontiguousarray(arr).tobytes()
         self._g.set_state(new_state)
+        self._reseed_np(_state_seed(bytes(new_state)))
         return self
 
     # -- the draws torch's samplers make (used by pyddp.utils.data) --------
@@ -99,11 +141,15 @@ class Generator:
         return self._g.random64() & _INT64_MASK
 
     def __getstate__(self):
-        return {"state": self._g.get_state()}
+        return {"state": self._g.get_state(), "np_seed": self._np_seed,
+                "np_state": None if self._np is None else self._np.bit_generator.state}
 
     def __setstate__(self, d):
         self._g = _C.Generator()
         self._g.set_state(d["state"])
+        self._reseed_np(d.get("np_seed", self._g.initial_seed()))
+        if d.get("np_state") is not None:
+            self._gen.bit_generator.state = d["np_state"]
         self.device = "cpu"
 
     def __repr__(self):
@@ -149,6 +195,17 @@ def _gen(generator):
             "generator must be a pyddp.Generator (or None), not "
             f"{type(generator).__name__}")
     return generator
+
+
+def _np_gen(generator=None):
+    """The NumPy Generator float samples are drawn from: the default
+    generator's, a ``pyddp.Generator``'s, or a ``numpy.random.Generator``
+    itself (an object of another type: the default generator's, as before)."""
+    if generator is None:
+        return default_generator._gen
+    if isinstance(generator, np.random.Generator):
+        return generator
+    return getattr(generator, "_gen", None) or default_generator._gen
 
 
 def _check_n(n, name="n"):

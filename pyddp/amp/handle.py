@@ -24,13 +24,14 @@ class AmpHandle:
 
     def _activate(self):
         """Switch the casts on (remembering what was active before)."""
-        from .. import _tensor
+        from .._tensor._dtypes import float16
+        from .._tensor._grad_mode import _st
 
         if self._active:
             return
-        self._prev = (_tensor._st.autocast, None)
+        self._prev = (_st.autocast, None)
         if self._pyddp:
-            _tensor._st.autocast = _tensor.float16
+            _st.autocast = float16
         if self._torch:
             import torch
 
@@ -42,12 +43,12 @@ class AmpHandle:
 
     def _deactivate(self):
         """Restore the autocast state from before _activate()."""
-        from .. import _tensor
+        from .._tensor._grad_mode import _st
 
         if not self._active:
             return
         if self._pyddp:
-            _tensor._st.autocast = self._prev[0]
+            _st.autocast = self._prev[0]
         if self._torch and self._prev[1] is not None:
             import torch
 

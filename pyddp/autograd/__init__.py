@@ -1,9 +1,9 @@
 """pyddp.autograd: backward, grad, queue_callback, custom Functions and gradcheck (torch.autograd)."""
-from . import _engine  # noqa: F401  (first: pyddp._tensor imports it)
-from ._engine import FREED_MSG, AccumulateGrad, Node, RemovableHandle, queue_callback  # noqa: F401
-from .. import _tensor as _t
+from ._engine import queue_callback  # noqa: F401
+from ._graph import FREED_MSG, AccumulateGrad, Node, RemovableHandle  # noqa: F401
 from .._tensor import (Tensor, backward, enable_grad, grad, no_grad,  # noqa: F401
                        set_grad_enabled, inference_mode, is_grad_enabled)
+from .._tensor._core import _new, _to_array
 from .function import Function, FunctionCtx, once_differentiable  # noqa: F401
 from .gradcheck import GradcheckError, gradcheck  # noqa: F401
 
@@ -33,7 +33,7 @@ class Variable(Tensor):
     _execution_engine = _ExecutionEngine()
 
     def __new__(cls, data, requires_grad=False):
-        t = _t._new(data._data if isinstance(data, Tensor) else _t._to_array(data))
+        t = _new(data._data if isinstance(data, Tensor) else _to_array(data))
         if requires_grad:
             t.requires_grad = True
         return t

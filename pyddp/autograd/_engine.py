@@ -1,130 +1,37 @@
-"""The autograd graph (nodes) and the backward engine.
+"""The backward engine.
 
 A non-leaf Tensor points at the Node that made it (``grad_fn``); a leaf that requires grad gets one
-``AccumulateGrad`` node (created on first use, then reused).  Nodes hold ``_next`` (one entry per
-differentiable input: a Node or None; ``next_functions`` shows it torch's way) and a backward
-closure ``fn(grad) -> tuple`` working on NumPy arrays.  The engine walks the graph in dependency order (iteratively), sums the
-gradients flowing into each node, runs tensor hooks, accumulates leaf gradients in place and fires
-post-accumulate-grad hooks as soon as a leaf's gradient is final, then runs queued callbacks.
+``AccumulateGrad`` node (created on first use, then reused); see pyddp/autograd/_graph.py.  Nodes
+hold ``_next`` (one entry per differentiable input: a Node or None) and a backward closure
+``fn(grad) -> tuple`` working on NumPy arrays.  The engine walks the graph in dependency order
+(iteratively), sums the gradients flowing into each node, runs tensor hooks, accumulates leaf
+gradients in place and fires post-accumulate-grad hooks as soon as a leaf's gradient is final, then
+runs queued callbacks.
 
-This module imports nothing from pyddp at import time (pyddp._tensor imports it).
+This module imports only the graph module, never the Tensor: pyddp._tensor imports it and hands
+it the Tensor class (``_set_tensor_class``), which the engine needs to wrap gradients for hooks and
+``.grad``.
 """
 from __future__ import annotations
 
 import heapq
-import itertools
 import sys
 
 import numpy as np
 
-_seq = itertools.count()
-
-FREED_MSG = (
-    "Trying to backward through the graph a second time (or directly access saved tensors after "
-    "they have already been freed). Saved intermediate values of the graph are freed when you call "
-    ".backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the "
-    "graph a second time or if you need to access saved tensors after calling backward.")
-
-
-class Node:
-    """One backward function of the graph (torch's ``grad_fn`` objects)."""
-
-    __slots__ = ("fn", "_next", "seq", "_name", "_saves", "_pre_hooks", "_hooks",
-                 "__weakref__")
-
-    def __init__(self, name, fn, next_functions, saves=True):
-        self._name = name
-        self.fn = fn
-        self._next = next_functions
-        self.seq = next(_seq)
-        self._saves = saves
-        self._pre_hooks = None
-        self._hooks = None
-
-    def name(self):
-        """The node's name, e.g. ``'MulBackward0'``."""
-        return self._name
-
-    @property
-    def next_functions(self):
-        """((node or None, 0), ...) per input, as torch shows it."""
-        return tuple((n, 0) for n in self._next)
-
-    def __call__(self, *grads):
-        """Run this node's backward on ndarray/Tensor gradients (debugging aid)."""
-        if self.fn is None:
-            raise RuntimeError(FREED_MSG)
-        g = grads[0]
-        return self.fn(getattr(g, "_data", g))
-
-    def register_prehook(self, fn):
-        """fn(grad Tensor) -> None or a replacement, run before this node's backward."""
-        if self._pre_hooks is None:
-            self._pre_hooks = {}
-        return _add_hook(self._pre_hooks, fn)
-
-    def register_hook(self, fn):
-        """fn(grad_inputs tuple, grad_outputs tuple) run after this node's backward (no replacement)."""
-        if self._hooks is None:
-            self._hooks = {}
-        return _add_hook(self._hooks, fn)
-
-    def __repr__(self):
-        return f"<{self._name} object at {id(self):#x}>"
-
-
-class AccumulateGrad(Node):
-    """The node that accumulates a leaf's gradient into ``leaf.grad``."""
-
-    __slots__ = ("variable",)
-
-    def __init__(self, variable):
-        Node.__init__(self, "AccumulateGrad", None, (), saves=False)
-        self.variable = variable
-        # processed as soon as ready (torch gives AccumulateGrad the highest priority)
-        self.seq = 1 << 62
-
-
-class RemovableHandle:
-    """Returned by the register_*hook methods; ``remove()`` unregisters the hook."""
-
-    __slots__ = ("_dict", "id")
-    _ids = itertools.count()
-
-    def __init__(self, d):
-        self._dict = d
-        self.id = next(RemovableHandle._ids)
-
-    def remove(self):
-        """Unregister the hook (idempotent)."""
-        self._dict.pop(self.id, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-
-
-def _add_hook(d, fn):
-    h = RemovableHandle(d)
-    d[h.id] = fn
-    return h
-
+from ._graph import FREED_MSG, AccumulateGrad
 
 # ----------------------------------------------------------------------------------------------
 # the engine
 
 _callbacks_stack = []   # one list of queued callbacks per running backward (nested: reentrant)
-_tensor_cls = None
+_Tensor = None         # pyddp.Tensor, set by pyddp._tensor when it is defined
 
 
-def _Tensor():
-    global _tensor_cls
-    if _tensor_cls is None:
-        from .._tensor import Tensor
-        _tensor_cls = Tensor
-    return _tensor_cls
+def _set_tensor_class(cls):
+    """Called once by pyddp._tensor with the Tensor class (this module does not import it)."""
+    global _Tensor
+    _Tensor = cls
 
 
 def queue_callback(fn):
@@ -170,7 +77,7 @@ _probe()
 
 
 def _apply_tensor_hooks(hooks, g):
-    T = _Tensor()
+    T = _Tensor
     for fn in list(hooks.values()):
         r = fn(T._wrap(g))
         if r is not None:
@@ -199,7 +106,7 @@ def _accumulate(node, g, capture):
             g = np.array(g, order="C", copy=True)
         if g.shape != var._data.shape:
             g = np.array(np.broadcast_to(g, var._data.shape))
-        var._grad = _Tensor()._wrap(g)
+        var._grad = _Tensor._wrap(g)
     else:
         cd = cur._data
         np.add(cd, g, out=cd)
@@ -272,7 +179,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
                 if not retain_graph and node._saves:
                     node.fn = None
                 if node._hooks:
-                    T = _Tensor()
+                    T = _Tensor
                     gi_t = tuple(None if x is None else T._wrap(x) for x in grads_in)
                     for h in list(node._hooks.values()):
                         h(gi_t, (T._wrap(g),))

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _tensor as _t
-from .._tensor import Tensor
+from .._tensor import Tensor, no_grad
+from .._tensor._core import _new, _red
+from .._tensor._grad_mode import _st
+from ._graph import Node, _edge
 
 
 class FunctionCtx:
@@ -62,11 +64,11 @@ class Function:
         ctx = FunctionCtx()
         tins = [a if isinstance(a, Tensor) else None for a in args]
         ctx.needs_input_grad = tuple(t is not None and t.requires_grad for t in tins)
-        with _t.no_grad():
+        with no_grad():
             out = cls.forward(ctx, *args, **kwargs)
         single = not isinstance(out, tuple)
         outs = (out,) if single else out
-        if not (_t._st.grad and any(ctx.needs_input_grad)):
+        if not (_st.grad and any(ctx.needs_input_grad)):
             return out
         nout = len(outs)
         shapes = [o.shape if isinstance(o, Tensor) else None for o in outs]
@@ -79,7 +81,7 @@ class Function:
         # gets a node that feeds a shared collector: gradients of all outputs are gathered, then
         # cls.backward runs once when the last one arrives.  For the common single-output case
         # this is a single node.
-        edges = tuple(None if t is None else _t._edge(t) if t.requires_grad else None
+        edges = tuple(None if t is None else _edge(t) if t.requires_grad else None
                       for t in tins)
 
         def run(grads):
@@ -88,8 +90,8 @@ class Function:
                 g = grads[i]
                 if g is None and ctx.materialize_grads and shapes[i] is not None:
                     g = np.zeros(shapes[i], dtype=dtypes[i])
-                gts.append(None if g is None else _t._new(g))
-            with _t.no_grad():
+                gts.append(None if g is None else _new(g))
+            with no_grad():
                 res = cls.backward(ctx, *gts)
             if not isinstance(res, tuple):
                 res = (res,)
@@ -102,7 +104,7 @@ class Function:
                     out_g.append(None)
                 else:
                     ra = r._data if isinstance(r, Tensor) else np.asarray(r)
-                    out_g.append(_t._red(ra, tins[i].shape, tins[i].dtype))
+                    out_g.append(_red(ra, tins[i].shape, tins[i].dtype))
             return tuple(out_g)
 
         name = cls.__name__ + "Backward"
@@ -113,7 +115,7 @@ class Function:
                 grads = [None] * nout
                 grads[k] = g
                 return run(grads)
-            node = _t.Node(name, bw, edges)
+            node = Node(name, bw, edges)
             o = outs[k]
             o.grad_fn, o._requires_grad = node, True
             return out
@@ -123,7 +125,7 @@ class Function:
         def collect(g):
             grads, state["grads"] = state["grads"], [None] * nout  # fresh for a retained graph
             return run(grads)
-        collector = _t.Node(name, collect, edges)
+        collector = Node(name, collect, edges)
         for k in diff:
             def make(k):
                 def bw(g):
@@ -131,7 +133,7 @@ class Function:
                     return (g,)
                 return bw
             o = outs[k]
-            o.grad_fn = _t.Node(name + "Output", make(k), (collector,), saves=False)
+            o.grad_fn = Node(name + "Output", make(k), (collector,), saves=False)
             o._requires_grad = True
         return out
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _tensor as _t
-from .._tensor import Tensor
+from .._tensor import Tensor, grad, no_grad
+from .._tensor._core import _new
 
 
 class GradcheckError(RuntimeError):
@@ -30,7 +30,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
         inputs = (inputs,)
     inputs = tuple(inputs)
     diff = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
-    with _t.no_grad():
+    with no_grad():
         outs0 = _outputs(fn, inputs)
     outs_sizes = [o.numel() for o in outs0]
     nout = sum(outs_sizes)
@@ -47,11 +47,11 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
         for j in range(n):
             orig = flat[j]
             flat[j] = orig + eps
-            with _t.no_grad():
+            with no_grad():
                 fp = np.concatenate([np.asarray(o._data, np.float64).reshape(-1)
                                      for o in _outputs(fn, inputs)])
             flat[j] = orig - eps
-            with _t.no_grad():
+            with no_grad():
                 fm = np.concatenate([np.asarray(o._data, np.float64).reshape(-1)
                                      for o in _outputs(fn, inputs)])
             flat[j] = orig
@@ -67,7 +67,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True):
                     continue
                 g = np.zeros(o.shape, dtype=o.dtype)
                 g.reshape(-1)[e] = 1
-                (gx,) = _t.grad(o, x, grad_outputs=_t._new(g), allow_unused=True)
+                (gx,) = grad(o, x, grad_outputs=_new(g), allow_unused=True)
                 if gx is not None:
                     ana[row] = np.asarray(gx._data, np.float64).reshape(-1)
                 row += 1

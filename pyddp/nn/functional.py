@@ -13,8 +13,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import _tensor as _t
-from .._tensor import Tensor, _HALFS, _F32, _mk, _mm, _st, log_softmax, sigmoid, softmax, \
-    tanh  # noqa: F401
+from .._random import _np_gen
+from .._tensor import Tensor, log_softmax, sigmoid, softmax, tanh  # noqa: F401
+from .._tensor import _core
+from .._tensor._core import _mk, _mm
+from .._tensor._dtypes import _F32, _HALFS
+from .._tensor._grad_mode import _st
+from .._tensor._ops import _ac_f32, _ac_low, _cast, _sigmoid_f
 
 __all__ = [
     "linear", "bilinear", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
@@ -34,18 +39,18 @@ def _low(t):
     """autocast: cast a float tensor to the lower-precision dtype (differentiably)."""
     if t is None:
         return None
-    return _t._ac_low(t)
+    return _ac_low(t)
 
 
 def _up(t):
-    return _t._ac_f32(t)
+    return _ac_f32(t)
 
 
 def _f32(t):
     """float16/bfloat16 tensors cast (differentiably) to float32; others as they are."""
     if t is None or t.dtype not in _HALFS:
         return t
-    return _t._cast(t, _F32)
+    return _cast(t, _F32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,10 +83,12 @@ def linear(input, weight, bias=None):
             g2 = g.reshape(-1, O)
             if rw:
                 x2 = xd.reshape(-1, xd.shape[-1])
-                dest = None if g2.dtype in _HALFS else _t._claim_grad_dest(weight, wd.shape, g2.dtype)
+                dest = None if g2.dtype in _HALFS else \
+                    _core._claim_grad_dest(weight, wd.shape, g2.dtype)
                 gw = _mm(g2.T, x2) if dest is None else np.matmul(g2.T, x2, out=dest)
             if rb:
-                dest = None if g2.dtype in _HALFS else _t._claim_grad_dest(bias, bd.shape, g2.dtype)
+                dest = None if g2.dtype in _HALFS else \
+                    _core._claim_grad_dest(bias, bd.shape, g2.dtype)
                 if dest is not None:
                     gb = g2.sum(0, out=dest)
                 else:
@@ -408,7 +415,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         m = np.zeros(xd.shape, dtype=xd.dtype)
     else:
         wdt = xd.dtype if xd.dtype in (_F32, np.float64) else _F32
-        m = (_st.gen.random(xd.shape, dtype=wdt) >= p).astype(xd.dtype)
+        m = (_np_gen().random(xd.shape, dtype=wdt) >= p).astype(xd.dtype)
         m *= 1.0 / (1.0 - p)
     out = xd * m
     if inplace and not (_st.grad and input._requires_grad):
@@ -462,7 +469,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     if input.dtype in _HALFS and _st.autocast is None:
-        return _t._cast(layer_norm(_f32(input), normalized_shape, _f32(weight), _f32(bias), eps),
+        return _cast(layer_norm(_f32(input), normalized_shape, _f32(weight), _f32(bias), eps),
                         input.dtype)
     input, weight, bias = _up(input), (None if weight is None else _up(weight)), \
         (None if bias is None else _up(bias))
@@ -503,7 +510,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     keep_batchnorm_fp32 wants).
     """
     if input.dtype in _HALFS and _st.autocast is None:
-        return _t._cast(batch_norm(_f32(input), running_mean, running_var, _f32(weight),
+        return _cast(batch_norm(_f32(input), running_mean, running_var, _f32(weight),
                                    _f32(bias), training, momentum, eps), input.dtype)
     input, weight, bias = _up(input), (None if weight is None else _up(weight)), \
         (None if bias is None else _up(bias))
@@ -615,7 +622,7 @@ def softplus(input, beta=1.0, threshold=20.0):
     bx = xd * beta
     lin = bx > threshold
     out = np.where(lin, xd, np.log1p(np.exp(np.minimum(bx, threshold))) / beta)
-    s = _t._sigmoid_f(bx)
+    s = _sigmoid_f(bx)
     return _mk(out.astype(xd.dtype, copy=False), "SoftplusBackward0",
                lambda g: (np.where(lin, g, g * s),), (input,))
 
@@ -623,7 +630,7 @@ def softplus(input, beta=1.0, threshold=20.0):
 def silu(input, inplace=False):
     """x * sigmoid(x)."""
     xd = input._data
-    s = _t._sigmoid_f(xd)
+    s = _sigmoid_f(xd)
     out = xd * s
     return _mk(out, "SiluBackward0", lambda g: (g * (s * (1 + xd * (1 - s))),), (input,))
 

@@ -4,15 +4,15 @@ Every function fills a pyddp Tensor (or a bare ndarray) in place, writing into
 its existing array (so views and optimizer references stay valid), and returns
 it.  Fan computation, gains and error messages follow torch.  Values are drawn
 in float64 and rounded to the tensor's dtype, so the distribution matches
-torch's; the random stream does not (pass ``generator=np.random.Generator`` to
-control it, or seed pyddp's default generator).
+torch's; the random stream does not (pass ``generator=`` a pyddp.Generator or a
+numpy.random.Generator to control it, or seed pyddp's default generator).
 """
 import math
 import warnings
 
 import numpy as np
 
-from .. import _tensor
+from .. import _random
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
@@ -22,9 +22,9 @@ __all__ = [
 
 
 def _rng(generator=None):
-    """The numpy Generator to draw from: ``generator`` or pyddp's default (pyddp.manual_seed)."""
+    """The numpy Generator to draw from: ``generator``'s or pyddp's default generator's."""
     if generator is None:
-        return _tensor.default_generator()
+        return _random.default_generator._gen
     if isinstance(generator, np.random.Generator):
         return generator
     inner = getattr(generator, "_gen", None)

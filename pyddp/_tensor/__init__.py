@@ -1,0 +1,66 @@
+"""pyddp's tensors: ``pyddp.Tensor``, dtypes, grad mode, factories and functional ops.
+
+The package is split by concern; this module re-exports the public names (``__all__``, which
+``pyddp`` star-imports) and the small internal API other pyddp modules use:
+
+* ``_dtypes``: dtype objects under torch's names, ``device``, ``_dtype`` (normalise a dtype
+  argument), ``_is_float_dtype``, ``_F32``/``_F64``/``_HALFS``, get/set_default_dtype;
+* ``_grad_mode``: no_grad/enable_grad/set_grad_enabled/inference_mode, is_grad_enabled, and ``_st``
+  (grad mode, autocast dtype, default float dtype: the state every op reads);
+* ``_core``: the Tensor class; ``_new`` (wrap an ndarray), ``_mk`` (wrap an op's result and record
+  its graph node), ``_red`` (reduce a broadcast gradient), ``_to_array``, ``_mm``,
+  ``_claim_grad_dest`` (DDP's gradient buckets); backward / grad;
+* ``_factories``: tensor, zeros, randn, arange, ...;
+* ``_ops``: the differentiable functions (add, exp, sum, reshape, cat, softmax, ...) and ``_cast``,
+  ``_ac_low``/``_ac_f32`` (autocast casts), ``_sigmoid_f``.
+
+Random numbers come from pyddp's one generator (pyddp/_random.py); manual_seed, seed,
+initial_seed and default_generator here are its.
+"""
+from . import _core  # noqa: F401  (first: _core imports _factories and _ops at its end)
+from .._random import default_generator, initial_seed, manual_seed, seed
+from ._core import (Tensor, _rebuild, backward, grad, is_floating_point, is_tensor,  # noqa: F401
+                    numel)
+from ._dtypes import (bfloat16, bool, complex64, complex128, device, double, float, float16,
+                      float32, float64, get_default_dtype, half, int, int8, int16, int32, int64,
+                      long, set_default_dtype, short, uint8)
+from ._factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
+                         linspace, ones, ones_like, rand, rand_like, randint, randn, randn_like,
+                         randperm, tensor, zeros, zeros_like)
+from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm, cat, ceil, chunk,
+                   clamp, clip, concat, cos, div, equal, exp, expm1, flatten, floor, isfinite,
+                   isinf, isnan, log, log1p, log_softmax, logsumexp, matmul, max, maximum, mean,
+                   min, minimum, mm, mul, neg, outer, permute, pow, relu, reshape, round, rsqrt,
+                   sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
+                   swapaxes, tanh, transpose, unsqueeze, var, where)
+
+# the internal API, importable from here too (as before the split)
+from ..autograd._graph import Node, _edge  # noqa: F401
+from ._core import _claim_grad_dest, _mk, _mm, _new, _red, _to_array  # noqa: F401
+from ._dtypes import _F32, _HALFS, _dtype  # noqa: F401
+from ._grad_mode import _st  # noqa: F401
+from ._ops import _ac_f32, _ac_low, _cast, _sigmoid_f  # noqa: F401
+
+__all__ = [
+    "Tensor", "device", "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "zeros_like",
+    "ones_like", "empty_like", "full_like", "rand", "randn", "randint", "randperm", "rand_like",
+    "randn_like", "arange", "linspace", "eye", "manual_seed", "seed", "initial_seed",
+    "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
+    "get_default_dtype", "set_default_dtype", "is_tensor", "is_floating_point", "numel",
+    "cat", "concat", "stack", "where", "matmul", "mm", "bmm", "exp", "log", "sqrt", "rsqrt", "abs",
+    "neg", "sin", "cos", "tanh", "sigmoid", "relu", "clamp", "clip", "sum", "mean", "max", "min",
+    "amax", "amin", "var", "std", "argmax", "argmin", "reshape", "flatten", "permute", "transpose",
+    "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum", "minimum", "pow", "add", "sub",
+    "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
+    "split", "chunk", "all", "any", "logsumexp", "swapaxes", "default_generator", "sign", "floor",
+    "ceil", "round", "outer",
+    "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
+    "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
+]
+
+# Pickles and reprs name these pyddp._tensor.X, as they did before the split (a pickled Tensor
+# is rebuilt by pyddp._tensor._rebuild; a pickled device by its class).
+for _obj in (Tensor, device, no_grad, enable_grad, set_grad_enabled, inference_mode, _rebuild):
+    _obj.__module__ = __name__
+del _obj

@@ -1,0 +1,189 @@
+"""Tensor factories: tensor, as_tensor, from_numpy, zeros/ones/empty/full(_like),
+rand/randn/randint/randperm(_like) (drawing from pyddp's generator, pyddp/_random.py), arange,
+linspace, eye."""
+import builtins
+
+import numpy as np
+
+from .._random import _np_gen
+from .. import _random
+from ._core import Tensor, _check_device, _new, _to_array
+from ._dtypes import _F32, _F64, _dtype, _pybool, _pyint, bool, int64
+from ._grad_mode import _st
+
+
+# ----------------------------------------------------------------------------------------------
+# factories
+
+def _size(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of data (Python floats -> float32, ints -> int64)."""
+    if device is not None:
+        _check_device(device)
+    dt = _dtype(dtype)
+    a = _to_array(data, dt)
+    if a is (data._data if isinstance(data, Tensor) else data):
+        a = a.copy()
+    elif isinstance(data, np.ndarray) and np.shares_memory(a, data):
+        a = a.copy()
+    t = _new(a)
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def as_tensor(data, dtype=None, device=None):
+    """A tensor sharing data's memory when possible."""
+    if isinstance(data, Tensor):
+        return data.to(dtype) if dtype is not None else data
+    if isinstance(data, np.ndarray):
+        return _new(data if dtype is None else data.astype(_dtype(dtype), copy=False))
+    return tensor(data, dtype)
+
+
+def from_numpy(a):
+    """A tensor sharing the ndarray a."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
+    return _new(a)
+
+
+def _factory(fn, size, dtype, requires_grad, device=None):
+    if device is not None:
+        _check_device(device)
+    t = _new(fn(_size(size), _dtype(dtype) or _st.default))
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False, out=None):
+    """Tensor of zeros."""
+    return _factory(np.zeros, size, dtype, requires_grad, device)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False, out=None):
+    """Tensor of ones."""
+    return _factory(np.ones, size, dtype, requires_grad, device)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False, out=None, memory_format=None):
+    """Uninitialised tensor."""
+    return _factory(np.empty, size, dtype, requires_grad, device)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    """Tensor filled with fill_value (dtype inferred from it like torch)."""
+    if dtype is None:
+        dtype = bool if isinstance(fill_value, _pybool) else int64 if isinstance(
+            fill_value, _pyint) else _st.default
+    return _factory(lambda s, d: np.full(s, fill_value, d), (size,) if isinstance(size, _pyint)
+                    else (tuple(size),), dtype, requires_grad, device)
+
+
+def _like(fn, t, dtype, requires_grad):
+    r = _new(fn(t.shape, _dtype(dtype) or t.dtype))
+    if requires_grad:
+        r.requires_grad = True
+    return r
+
+
+def zeros_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    """zeros shaped like t."""
+    return _like(np.zeros, t, dtype, requires_grad)
+
+
+def ones_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    """ones shaped like t."""
+    return _like(np.ones, t, dtype, requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
+    """uninitialised, shaped like t."""
+    return _like(np.empty, t, dtype, requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    """filled with fill_value, shaped like t."""
+    return _like(lambda s, d: np.full(s, fill_value, d), t, dtype, requires_grad)
+
+
+def _rand_arr(kind, shape, dt, generator):
+    g = _np_gen(generator)
+    wdt = dt if dt in (_F32, _F64) else _F32
+    a = g.standard_normal(shape, dtype=wdt) if kind == "n" else g.random(shape, dtype=wdt)
+    return a if a.dtype == dt else a.astype(dt)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
+    """Standard normal samples (pyddp's generator; not bit-identical to torch)."""
+    return _factory(lambda s, d: _rand_arr("n", s, d, generator), size, dtype, requires_grad,
+                    device)
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
+    """Uniform [0, 1) samples."""
+    return _factory(lambda s, d: _rand_arr("u", s, d, generator), size, dtype, requires_grad,
+                    device)
+
+
+def randn_like(t, dtype=None, requires_grad=False):
+    """randn shaped like t."""
+    return _like(lambda s, d: _rand_arr("n", s, d, None), t, dtype, requires_grad)
+
+
+def rand_like(t, dtype=None, requires_grad=False):
+    """rand shaped like t."""
+    return _like(lambda s, d: _rand_arr("u", s, d, None), t, dtype, requires_grad)
+
+
+def randint(low, high=None, size=None, dtype=None, generator=None, device=None):
+    """Integers in [low, high) (int64)."""
+    if high is None:
+        low, high = 0, low
+    return _new(_np_gen(generator).integers(low, high, size=tuple(size),
+                                            dtype=_dtype(dtype) or int64))
+
+
+def randperm(n, dtype=None, generator=None, device=None):
+    """A random permutation of range(n) (int64): torch's values for the default generator or a
+    pyddp.Generator (as ``pyddp.randperm``), NumPy's permutation for a numpy.random.Generator."""
+    dt = _dtype(dtype) or int64
+    if isinstance(generator, np.random.Generator):
+        return _new(generator.permutation(n).astype(dt))
+    return _new(_random.randperm(n, generator=generator, dtype=dt))
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    """Evenly spaced values in [start, end) (int64 for ints, float32 for floats)."""
+    if end is None:
+        start, end = 0, start
+    dt = _dtype(dtype)
+    if dt is None:
+        dt = int64 if builtins.all(isinstance(v, (_pyint, np.integer))
+                                   for v in (start, end, step)) else _st.default
+    t = _new(np.arange(start, end, step).astype(dt, copy=False))
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    """steps values from start to end inclusive."""
+    t = _new(np.linspace(start, end, steps).astype(_dtype(dtype) or _st.default))
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    """Identity matrix."""
+    t = _new(np.eye(n, m, dtype=_dtype(dtype) or _st.default))
+    if requires_grad:
+        t.requires_grad = True
+    return t
