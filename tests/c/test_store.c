@@ -752,22 +752,6 @@ test_tcp_fork_child_destroy(void)
     pd_store_destroy(m);
 }
 
-static void
-test_prefix_store(void)
-{
-    pd_store *h = NULL, *p = NULL;
-    T_OK(pd_hash_store_new(5.0, &h));
-    T_OK(pd_prefix_store_new("grp", h, 1, &p));
-    T_OK(pd_store_set(p, "x", "1", 1));
-    T_CHECK(get_is(h, "grp/x", "1"));
-    T_CHECK(get_is(p, "x", "1"));
-    uint8_t *v;
-    size_t n;
-    T_ST(pd_store_get_timeout(p, "y", 0.05, &v, &n), PD_ESTORE);
-    T_MSG_HAS("keys: grp/y");
-    pd_store_destroy(p); /* owns h */
-}
-
 int
 main(void)
 {
@@ -775,7 +759,6 @@ main(void)
     T_RUN(test_hash_store);
     T_RUN(test_file_store);
     T_RUN(test_file_store_cleanup);
-    T_RUN(test_prefix_store);
     T_RUN(test_tcp_semantics);
     T_RUN(test_tcp_many_clients);
     T_RUN(test_tcp_wait_for_workers_timeout);
