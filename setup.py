@@ -1,9 +1,7 @@
 """Build pyddp._C from the C11 sources under csrc/ (no C++, no pybind11, no Cython)."""
 import glob
 import os
-import sys
 
-import numpy
 from setuptools import Extension, setup
 
 sources = sorted(
@@ -30,11 +28,9 @@ setup(
         Extension(
             "pyddp._C",
             sources=sources,
-            include_dirs=[numpy.get_include(), "csrc"],
-            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            include_dirs=["csrc"],
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
-            libraries=["dl"] if sys.platform.startswith("linux") else [],
         )
     ],
 )

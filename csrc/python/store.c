@@ -175,221 +175,251 @@ bytes_and_free(uint8_t *v, size_t n)
 
 /* ------------------------------------------------------------- methods */
 
-static PyObject *
-Store_set(PyObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"key", "value", NULL};
-    PyObject *kobj, *vobj;
-    Py_buffer view;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:set", kwlist, &kobj,
-                                     &vobj)) {
-        return NULL;
-    }
-    const char *key = key_of(kobj, "key");
-    if (key == NULL || value_of(vobj, "value", &view) < 0) {
-        return NULL;
-    }
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_set(s, key, view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    value_release(&view);
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-Store_get(PyObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"key", "timeout_s", NULL};
-    PyObject *kobj, *tobj = NULL;
+/* One blocking store call: its arguments converted from Python (with the
+ * GIL), the call itself (without it), and its results. */
+typedef struct {
+    pd_store *s;
+    const char *key;
+    Py_buffer val[2];  /* set: the value; compare_set: expected, desired */
+    int nval;
+    key_list keys;
     double timeout;
-    uint8_t *v = NULL;
-    size_t n = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:get", kwlist, &kobj,
-                                     &tobj)) {
-        return NULL;
-    }
-    const char *key = key_of(kobj, "key");
-    if (key == NULL || timeout_of(tobj, &timeout) < 0) {
-        return NULL;
-    }
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_get_timeout(s, key, timeout, &v, &n);
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return bytes_and_free(v, n);
-}
+    int64_t num;       /* add: the delta, then the new value; num_keys */
+    int flag;          /* check, delete_key */
+    uint8_t *out;      /* get, compare_set: malloc'd by the store */
+    size_t outlen;
+    char addr[128];    /* local_addr */
+} store_call;
 
-static PyObject *
-Store_add(PyObject *self, PyObject *args, PyObject *kwds)
+/* What a method returns on success. */
+enum { RET_NONE, RET_BYTES, RET_INT, RET_BOOL, RET_STR };
+
+/* A method: how to parse its arguments and which core call to make.
+ * args names what each parameter (in kwlist order) is: k a key, v a value
+ * (str or bytes-like), i an int64, t a timeout, L a list of keys. */
+typedef struct {
+    const char *format; /* PyArg_ParseTupleAndKeywords; NULL: no arguments */
+    char *kwlist[4];
+    const char *args;
+    pd_status (*call)(store_call *c);
+    int ret;
+} store_method;
+
+static int
+int64_of(PyObject *obj, const char *argname, int64_t *out)
 {
-    static char *kwlist[] = {"key", "value", NULL};
-    PyObject *kobj, *vobj;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:add", kwlist, &kobj,
-                                     &vobj)) {
-        return NULL;
-    }
-    const char *key = key_of(kobj, "key");
-    if (key == NULL) {
-        return NULL;
-    }
-    if (!PyLong_Check(vobj)) {
-        return PyErr_Format(PyExc_TypeError, "value must be int, not %.100s",
-                            Py_TYPE(vobj)->tp_name);
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int, not %.100s", argname,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
     }
     int overflow = 0;
-    long long delta = PyLong_AsLongLongAndOverflow(vobj, &overflow);
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
     if (overflow != 0) {
-        return PyErr_Format(PyExc_OverflowError,
-                            "value %R does not fit in int64", vobj);
+        PyErr_Format(PyExc_OverflowError, "%s %R does not fit in int64",
+                     argname, obj);
+        return -1;
     }
-    if (delta == -1 && PyErr_Occurred()) {
-        return NULL;
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
     }
-    pd_store *s = ((StoreObject *)self)->store;
-    int64_t out = 0;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_add(s, key, (int64_t)delta, &out);
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return PyLong_FromLongLong((long long)out);
+    *out = (int64_t)v;
+    return 0;
 }
 
-static PyObject *
-Store_compare_set(PyObject *self, PyObject *args, PyObject *kwds)
+static void
+call_release(store_call *c)
 {
-    static char *kwlist[] = {"key", "expected_value", "desired_value", NULL};
-    PyObject *kobj, *eobj, *dobj;
-    Py_buffer ev, dv;
-    uint8_t *v = NULL;
-    size_t n = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:compare_set", kwlist,
-                                     &kobj, &eobj, &dobj)) {
-        return NULL;
+    for (int i = 0; i < c->nval; i++) {
+        value_release(&c->val[i]);
     }
-    const char *key = key_of(kobj, "key");
-    if (key == NULL || value_of(eobj, "expected_value", &ev) < 0) {
-        return NULL;
-    }
-    if (value_of(dobj, "desired_value", &dv) < 0) {
-        value_release(&ev);
-        return NULL;
-    }
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_compare_set(s, key, ev.buf, (size_t)ev.len, dv.buf,
-                              (size_t)dv.len, &v, &n);
-    Py_END_ALLOW_THREADS
-    value_release(&ev);
-    value_release(&dv);
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return bytes_and_free(v, n);
+    c->nval = 0;
+    key_list_free(&c->keys);
+    c->keys.tuple = NULL;
+    c->keys.ptrs = NULL;
 }
 
-static PyObject *
-Store_wait(PyObject *self, PyObject *args, PyObject *kwds)
+/* Parameters are converted in order, except that a key list is copied last,
+ * after the cheap checks of the others. */
+static int
+call_parse(store_call *c, const store_method *m, PyObject *args,
+           PyObject *kwds)
 {
-    static char *kwlist[] = {"keys", "timeout_s", NULL};
-    PyObject *keys, *tobj = NULL;
-    double timeout;
-    key_list kl;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:wait", kwlist, &keys,
-                                     &tobj)) {
-        return NULL;
+    PyObject *o[3] = {NULL, NULL, NULL};
+    memset(c, 0, sizeof(*c));
+    c->timeout = PD_STORE_DEFAULT_TIMEOUT;
+    if (m->format == NULL) {
+        return 0;
     }
-    if (timeout_of(tobj, &timeout) < 0 || key_list_init(&kl, keys) < 0) {
-        return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, m->format,
+                                     (char **)m->kwlist, &o[0], &o[1],
+                                     &o[2])) {
+        return -1;
     }
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_wait(s, kl.ptrs, kl.n, timeout);
-    Py_END_ALLOW_THREADS
-    key_list_free(&kl);
-    if (st != PD_OK) {
-        return raise_status(self, st);
+    int list_at = -1;
+    for (int i = 0; m->args[i] != '\0'; i++) {
+        const char *name = m->kwlist[i];
+        int r = 0;
+        switch (m->args[i]) {
+        case 'k':
+            c->key = key_of(o[i], name);
+            r = c->key == NULL ? -1 : 0;
+            break;
+        case 'v':
+            r = value_of(o[i], name, &c->val[c->nval]);
+            c->nval += r == 0;
+            break;
+        case 'i':
+            r = int64_of(o[i], name, &c->num);
+            break;
+        case 't':
+            r = timeout_of(o[i], &c->timeout);
+            break;
+        case 'L':
+            list_at = i;
+            break;
+        }
+        if (r < 0) {
+            call_release(c);
+            return -1;
+        }
     }
-    Py_RETURN_NONE;
+    if (list_at >= 0 && key_list_init(&c->keys, o[list_at]) < 0) {
+        call_release(c);
+        return -1;
+    }
+    return 0;
 }
 
+/* Parse, run the core call with the GIL released, raise its error or build
+ * the result: the body of every blocking store method. */
 static PyObject *
-Store_check(PyObject *self, PyObject *args, PyObject *kwds)
+store_run(PyObject *self, const store_method *m, PyObject *args,
+          PyObject *kwds)
 {
-    static char *kwlist[] = {"keys", NULL};
-    PyObject *keys;
-    key_list kl;
-    int ok = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:check", kwlist, &keys)) {
-        return NULL;
-    }
-    if (key_list_init(&kl, keys) < 0) {
-        return NULL;
-    }
-    pd_store *s = ((StoreObject *)self)->store;
+    store_call c;
     pd_status st;
+    if (call_parse(&c, m, args, kwds) < 0) {
+        return NULL;
+    }
+    c.s = ((StoreObject *)self)->store;
     Py_BEGIN_ALLOW_THREADS
-    st = pd_store_check(s, kl.ptrs, kl.n, &ok);
+    st = m->call(&c);
     Py_END_ALLOW_THREADS
-    key_list_free(&kl);
+    call_release(&c);
     if (st != PD_OK) {
+        free(c.out);
         return raise_status(self, st);
     }
-    return PyBool_FromLong(ok);
+    switch (m->ret) {
+    case RET_BYTES:
+        return bytes_and_free(c.out, c.outlen);
+    case RET_INT:
+        return PyLong_FromLongLong((long long)c.num);
+    case RET_BOOL:
+        return PyBool_FromLong(c.flag);
+    case RET_STR:
+        return PyUnicode_FromString(c.addr);
+    default:
+        Py_RETURN_NONE;
+    }
 }
 
-static PyObject *
-Store_delete_key(PyObject *self, PyObject *args, PyObject *kwds)
+static pd_status
+call_set(store_call *c)
 {
-    static char *kwlist[] = {"key", NULL};
-    PyObject *kobj;
-    int deleted = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:delete_key", kwlist,
-                                     &kobj)) {
-        return NULL;
-    }
-    const char *key = key_of(kobj, "key");
-    if (key == NULL) {
-        return NULL;
-    }
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_delete_key(s, key, &deleted);
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return PyBool_FromLong(deleted);
+    return pd_store_set(c->s, c->key, c->val[0].buf, (size_t)c->val[0].len);
 }
 
-static PyObject *
-Store_num_keys(PyObject *self, PyObject *Py_UNUSED(ignored))
+static pd_status
+call_get(store_call *c)
 {
-    int64_t n = 0;
-    pd_store *s = ((StoreObject *)self)->store;
-    pd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_store_num_keys(s, &n);
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return PyLong_FromLongLong((long long)n);
+    return pd_store_get_timeout(c->s, c->key, c->timeout, &c->out,
+                                &c->outlen);
 }
+
+static pd_status
+call_add(store_call *c)
+{
+    return pd_store_add(c->s, c->key, c->num, &c->num);
+}
+
+static pd_status
+call_compare_set(store_call *c)
+{
+    return pd_store_compare_set(c->s, c->key, c->val[0].buf,
+                                (size_t)c->val[0].len, c->val[1].buf,
+                                (size_t)c->val[1].len, &c->out, &c->outlen);
+}
+
+static pd_status
+call_wait(store_call *c)
+{
+    return pd_store_wait(c->s, c->keys.ptrs, c->keys.n, c->timeout);
+}
+
+static pd_status
+call_check(store_call *c)
+{
+    return pd_store_check(c->s, c->keys.ptrs, c->keys.n, &c->flag);
+}
+
+static pd_status
+call_delete_key(store_call *c)
+{
+    return pd_store_delete_key(c->s, c->key, &c->flag);
+}
+
+static pd_status
+call_num_keys(store_call *c)
+{
+    return pd_store_num_keys(c->s, &c->num);
+}
+
+static pd_status
+call_local_addr(store_call *c)
+{
+    return pd_tcp_store_local_addr(c->s, c->addr, sizeof(c->addr));
+}
+
+static pd_status
+call_ping(store_call *c)
+{
+    return pd_tcp_store_ping(c->s);
+}
+
+/* Store_NAME (METH_VARARGS | METH_KEYWORDS) over call_NAME; the parameter
+ * names follow ARGS. */
+#define STORE_METHOD(NAME, FORMAT, ARGS, RET, ...)                           \
+    static const store_method NAME##_method = {                              \
+        FORMAT, {__VA_ARGS__, NULL}, ARGS, call_##NAME, RET};                \
+    static PyObject *                                                        \
+    Store_##NAME(PyObject *self, PyObject *args, PyObject *kwds)             \
+    {                                                                        \
+        return store_run(self, &NAME##_method, args, kwds);                  \
+    }
+
+/* Store_NAME (METH_NOARGS) over call_NAME. */
+#define STORE_NOARGS_METHOD(NAME, RET)                                       \
+    static const store_method NAME##_method = {                              \
+        NULL, {NULL}, "", call_##NAME, RET};                                 \
+    static PyObject *                                                        \
+    Store_##NAME(PyObject *self, PyObject *Py_UNUSED(ignored))               \
+    {                                                                        \
+        return store_run(self, &NAME##_method, NULL, NULL);                  \
+    }
+
+STORE_METHOD(set, "OO:set", "kv", RET_NONE, "key", "value")
+STORE_METHOD(get, "O|O:get", "kt", RET_BYTES, "key", "timeout_s")
+STORE_METHOD(add, "OO:add", "ki", RET_INT, "key", "value")
+STORE_METHOD(compare_set, "OOO:compare_set", "kvv", RET_BYTES, "key",
+             "expected_value", "desired_value")
+STORE_METHOD(wait, "O|O:wait", "Lt", RET_NONE, "keys", "timeout_s")
+STORE_METHOD(check, "O:check", "L", RET_BOOL, "keys")
+STORE_METHOD(delete_key, "O:delete_key", "k", RET_BOOL, "key")
+STORE_NOARGS_METHOD(num_keys, RET_INT)
+STORE_NOARGS_METHOD(local_addr, RET_STR)
+STORE_NOARGS_METHOD(ping, RET_NONE)
 
 static PyObject *
 Store_set_timeout(PyObject *self, PyObject *arg)
@@ -522,35 +552,6 @@ TCPStore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *
-TCPStore_local_addr(PyObject *self, PyObject *Py_UNUSED(ignored))
-{
-    char buf[128];
-    pd_status st;
-    pd_store *s = ((StoreObject *)self)->store;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_tcp_store_local_addr(s, buf, sizeof(buf));
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    return PyUnicode_FromString(buf);
-}
-
-static PyObject *
-TCPStore_ping(PyObject *self, PyObject *Py_UNUSED(ignored))
-{
-    pd_status st;
-    pd_store *s = ((StoreObject *)self)->store;
-    Py_BEGIN_ALLOW_THREADS
-    st = pd_tcp_store_ping(s);
-    Py_END_ALLOW_THREADS
-    if (st != PD_OK) {
-        return raise_status(self, st);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *
 TCPStore_get_port(PyObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLong(pd_tcp_store_port(((StoreObject *)self)->store));
@@ -564,9 +565,9 @@ TCPStore_get_host(PyObject *self, void *Py_UNUSED(closure))
 
 static PyMethodDef TCPStore_methods[] = {
     STORE_METHODS,
-    {"local_addr", TCPStore_local_addr, METH_NOARGS,
+    {"local_addr", Store_local_addr, METH_NOARGS,
      "local_addr() -> str: numeric local IP of the connection to the server."},
-    {"ping", TCPStore_ping, METH_NOARGS, "ping(): one round trip."},
+    {"ping", Store_ping, METH_NOARGS, "ping(): one round trip."},
     {NULL, NULL, 0, NULL},
 };
 

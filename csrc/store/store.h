@@ -1,5 +1,5 @@
 /* Rendezvous key-value stores: TCP (server thread + clients), file, in-memory
- * (hash) and prefix, behind one interface (a struct of function pointers).
+ * (hash), behind one interface (a struct of function pointers).
  *
  * Semantics follow torch.distributed's stores:
  *   set          overwrite a key.
@@ -92,6 +92,13 @@ void pd_store_destroy(pd_store *s);
 pd_status pd_store_timeout_error(const char *key_prefix, double timeout,
                                  const char *const *keys, size_t nkeys);
 
+/* Copies of keys[0..n) with prefix (plen bytes) in front, for stores that
+ * namespace user keys; NULL (PD_ENOMEM set) on failure.  Free with
+ * pd_store_free_keys. */
+char **pd_store_prefix_keys(const char *prefix, size_t plen,
+                            const char *const *keys, size_t n);
+void pd_store_free_keys(char **ks, size_t n);
+
 /* ---------------------------------------------------------------- HashStore */
 pd_status pd_hash_store_new(double timeout, pd_store **out);
 
@@ -103,12 +110,6 @@ pd_status pd_file_store_new(const char *path, int world_size, double timeout,
                             pd_store **out);
 /* The path of a FileStore (NULL for other stores). */
 const char *pd_file_store_path(const pd_store *s);
-
-/* -------------------------------------------------------------- PrefixStore */
-/* Keys become "<prefix>/<key>".  With own_inner the prefix store destroys
- * inner when destroyed. */
-pd_status pd_prefix_store_new(const char *prefix, pd_store *inner,
-                              int own_inner, pd_store **out);
 
 /* ------------------------------------------------------------ TCPStore */
 typedef struct pd_tcp_store_opts {
@@ -128,13 +129,6 @@ pd_status pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out);
 int pd_tcp_store_port(const pd_store *s);
 const char *pd_tcp_store_host(const pd_store *s);
 /* Numeric local IP of the client's connection to the server. */
-/* Copies of keys[0..n) with prefix (plen bytes) in front, for stores that
- * namespace user keys; NULL (PD_ENOMEM set) on failure.  Free with
- * pd_store_free_keys. */
-char **pd_store_prefix_keys(const char *prefix, size_t plen,
-                            const char *const *keys, size_t n);
-void pd_store_free_keys(char **ks, size_t n);
-
 pd_status pd_tcp_store_local_addr(pd_store *s, char *buf, size_t len);
 /* Round trip to the server. */
 pd_status pd_tcp_store_ping(pd_store *s);

@@ -249,22 +249,45 @@ ts_send_frame(tcp_store *t, const pd_wbuf *req, double deadline,
     return st;
 }
 
+/* One request and its reply.  ts_req_begin starts the frame (the caller
+ * appends the arguments to r->b), ts_req_call sends it and waits for the
+ * reply, leaving its payload in r->rd for the caller to read, and
+ * ts_req_end frees the reply and reports a malformed one. */
+typedef struct ts_req {
+    tcp_store *t;
+    const char *what;  /* the command, for messages */
+    pd_wbuf b;
+    size_t at;
+    uint32_t seq;
+    uint8_t *body;     /* the reply frame body */
+    pd_rbuf rd;        /* its payload */
+} ts_req;
+
+static void
+ts_req_begin(ts_req *r, tcp_store *t, uint8_t cmd, const char *what)
+{
+    memset(r, 0, sizeof(*r));
+    r->t = t;
+    r->what = what;
+    pthread_mutex_lock(&t->mu);
+    r->seq = ++t->seq;
+    pthread_mutex_unlock(&t->mu);
+    r->at = pd_wbuf_begin(&r->b, cmd, r->seq);
+}
+
 /* Tell the server to drop the parked request seq; its reply is ignored. */
 static void
 ts_cancel(tcp_store *t, uint32_t target)
 {
-    pd_wbuf b = {0};
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ++t->seq;
-    pthread_mutex_unlock(&t->mu);
-    size_t at = pd_wbuf_begin(&b, PD_TS_CANCEL, seq);
-    pd_wbuf_u32(&b, target);
-    pd_wbuf_end(&b, at);
-    if (!b.oom) {
-        (void)ts_send_frame(t, &b, pd_now() + CANCEL_GRACE,
+    ts_req r;
+    ts_req_begin(&r, t, PD_TS_CANCEL, "cancel");
+    pd_wbuf_u32(&r.b, target);
+    pd_wbuf_end(&r.b, r.at);
+    if (!r.b.oom) {
+        (void)ts_send_frame(t, &r.b, pd_now() + CANCEL_GRACE,
                             "the cancellation of a timed-out wait");
     }
-    pd_wbuf_free(&b);
+    pd_wbuf_free(&r.b);
 }
 
 /* Send the request in req (built with sequence seq) and wait for its reply.
@@ -371,42 +394,56 @@ ts_bad_reply(tcp_store *t, const char *what)
     return st;
 }
 
-/* Start a request frame in b; returns its sequence number. */
-static uint32_t
-ts_begin(tcp_store *t, pd_wbuf *b, uint8_t cmd, size_t *at)
+/* is_wait and timeout as in ts_call.  On failure nothing is left to free. */
+static pd_status
+ts_req_call(ts_req *r, int is_wait, double timeout)
 {
-    pthread_mutex_lock(&t->mu);
-    uint32_t seq = ++t->seq;
-    pthread_mutex_unlock(&t->mu);
-    *at = pd_wbuf_begin(b, cmd, seq);
-    return seq;
+    size_t len = 0;
+    pd_wbuf_end(&r->b, r->at);
+    pd_status st = ts_call(r->t, &r->b, r->seq, r->what, is_wait, timeout,
+                           &r->body, &len);
+    pd_wbuf_free(&r->b);
+    r->rd = (pd_rbuf){.p = r->body, .n = len, .off = PD_TS_HDR, .bad = 0};
+    return st;
+}
+
+static pd_status
+ts_req_end(ts_req *r)
+{
+    free(r->body);
+    r->body = NULL;
+    return r->rd.bad ? ts_bad_reply(r->t, r->what) : PD_OK;
+}
+
+/* A reply carrying one bytes value: copy it out. */
+static pd_status
+ts_req_end_bytes(ts_req *r, uint8_t **val, size_t *n)
+{
+    size_t vlen;
+    const uint8_t *v = pd_rbuf_bytes(&r->rd, &vlen);
+    pd_status st = PD_OK;
+    if (!r->rd.bad) {
+        st = pd_kv_dup(v, vlen, val);
+        if (st == PD_OK) {
+            *n = vlen;
+        }
+    }
+    pd_status est = ts_req_end(r);
+    return st != PD_OK ? st : est;
 }
 
 /* ------------------------------------------------------------- commands */
-
-/* The reply payload reader of a frame body. */
-static pd_rbuf
-payload(const uint8_t *body, size_t len)
-{
-    pd_rbuf rd = {.p = body, .n = len, .off = PD_TS_HDR, .bad = 0};
-    return rd;
-}
 
 static pd_status
 ts_set_raw(tcp_store *t, const char *prefix, const char *key, const void *val,
            size_t n)
 {
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, PD_TS_SET, &at);
-    pd_wbuf_str(&b, prefix, key);
-    pd_wbuf_bytes(&b, val, n);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, "set", 0, 0, &body, &len);
-    pd_wbuf_free(&b);
-    free(body);
-    return st;
+    ts_req r;
+    ts_req_begin(&r, t, PD_TS_SET, "set");
+    pd_wbuf_str(&r.b, prefix, key);
+    pd_wbuf_bytes(&r.b, val, n);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    return ts_req_end(&r);
 }
 
 static pd_status
@@ -415,65 +452,32 @@ ts_set(pd_store *s, const char *key, const void *val, size_t n)
     return ts_set_raw(ts_of(s), USER_PREFIX, key, val, n);
 }
 
-/* A reply carrying one bytes value: copy it out. */
-static pd_status
-ts_bytes_reply(tcp_store *t, const char *what, uint8_t *body, size_t len,
-               uint8_t **val, size_t *n)
-{
-    pd_rbuf rd = payload(body, len);
-    size_t vlen;
-    const uint8_t *v = pd_rbuf_bytes(&rd, &vlen);
-    pd_status st;
-    if (rd.bad) {
-        st = ts_bad_reply(t, what);
-    } else {
-        st = pd_kv_dup(v, vlen, val);
-        if (st == PD_OK) {
-            *n = vlen;
-        }
-    }
-    free(body);
-    return st;
-}
-
 static pd_status
 ts_get(pd_store *s, const char *key, double timeout, uint8_t **val,
        size_t *n)
 {
-    tcp_store *t = ts_of(s);
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, PD_TS_GET, &at);
-    pd_wbuf_str(&b, USER_PREFIX, key);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, "get", 1, timeout, &body, &len);
-    pd_wbuf_free(&b);
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_GET, "get");
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    pd_status st = ts_req_call(&r, 1, timeout);
     if (st == PD_ETIMEOUT) {
         return pd_store_timeout_error(USER_PREFIX, timeout, &key, 1);
     }
     PD_CHECK(st);
-    return ts_bytes_reply(t, "get", body, len, val, n);
+    return ts_req_end_bytes(&r, val, n);
 }
 
 static pd_status
 ts_add_raw(tcp_store *t, const char *prefix, const char *key, int64_t delta,
            int64_t *out)
 {
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, PD_TS_ADD, &at);
-    pd_wbuf_str(&b, prefix, key);
-    pd_wbuf_i64(&b, delta);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, "add", 0, 0, &body, &len);
-    pd_wbuf_free(&b);
-    PD_CHECK(st);
-    pd_rbuf rd = payload(body, len);
-    *out = pd_rbuf_i64(&rd);
-    free(body);
-    return rd.bad ? ts_bad_reply(t, "add") : PD_OK;
+    ts_req r;
+    ts_req_begin(&r, t, PD_TS_ADD, "add");
+    pd_wbuf_str(&r.b, prefix, key);
+    pd_wbuf_i64(&r.b, delta);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    *out = pd_rbuf_i64(&r.rd);
+    return ts_req_end(&r);
 }
 
 static pd_status
@@ -487,19 +491,13 @@ ts_compare_set(pd_store *s, const char *key, const void *expected,
                size_t explen, const void *desired, size_t deslen,
                uint8_t **out, size_t *outlen)
 {
-    tcp_store *t = ts_of(s);
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, PD_TS_CAS, &at);
-    pd_wbuf_str(&b, USER_PREFIX, key);
-    pd_wbuf_bytes(&b, expected, explen);
-    pd_wbuf_bytes(&b, desired, deslen);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, "compare_set", 0, 0, &body, &len);
-    pd_wbuf_free(&b);
-    PD_CHECK(st);
-    return ts_bytes_reply(t, "compare_set", body, len, out, outlen);
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_CAS, "compare_set");
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    pd_wbuf_bytes(&r.b, expected, explen);
+    pd_wbuf_bytes(&r.b, desired, deslen);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    return ts_req_end_bytes(&r, out, outlen);
 }
 
 /* WAIT or CHECK over a list of user keys. */
@@ -507,29 +505,21 @@ static pd_status
 ts_keys_cmd(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n,
             double timeout, int *out)
 {
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    const char *what = cmd == PD_TS_WAIT ? "wait" : "check";
-    uint32_t seq = ts_begin(t, &b, cmd, &at);
-    pd_wbuf_u32(&b, (uint32_t)n);
+    ts_req r;
+    ts_req_begin(&r, t, cmd, cmd == PD_TS_WAIT ? "wait" : "check");
+    pd_wbuf_u32(&r.b, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
-        pd_wbuf_str(&b, USER_PREFIX, keys[i]);
+        pd_wbuf_str(&r.b, USER_PREFIX, keys[i]);
     }
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, what, cmd == PD_TS_WAIT, timeout,
-                           &body, &len);
-    pd_wbuf_free(&b);
+    pd_status st = ts_req_call(&r, cmd == PD_TS_WAIT, timeout);
     if (st == PD_ETIMEOUT) {
         return pd_store_timeout_error(USER_PREFIX, timeout, keys, n);
     }
     PD_CHECK(st);
-    pd_rbuf rd = payload(body, len);
     if (cmd == PD_TS_CHECK) {
-        *out = pd_rbuf_u8(&rd) != 0;
+        *out = pd_rbuf_u8(&r.rd) != 0;
     }
-    free(body);
-    return rd.bad ? ts_bad_reply(t, what) : PD_OK;
+    return ts_req_end(&r);
 }
 
 static pd_status
@@ -548,40 +538,25 @@ ts_check(pd_store *s, const char *const *keys, size_t n, int *out)
 static pd_status
 ts_delete_key(pd_store *s, const char *key, int *deleted)
 {
-    tcp_store *t = ts_of(s);
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, PD_TS_DELETE, &at);
-    pd_wbuf_str(&b, USER_PREFIX, key);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, "delete_key", 0, 0, &body, &len);
-    pd_wbuf_free(&b);
-    PD_CHECK(st);
-    pd_rbuf rd = payload(body, len);
-    *deleted = pd_rbuf_u8(&rd) != 0;
-    free(body);
-    return rd.bad ? ts_bad_reply(t, "delete_key") : PD_OK;
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_DELETE, "delete_key");
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    *deleted = pd_rbuf_u8(&r.rd) != 0;
+    return ts_req_end(&r);
 }
 
 /* A request without arguments whose reply is empty or one i64. */
 static pd_status
 ts_simple(tcp_store *t, uint8_t cmd, const char *what, int64_t *out)
 {
-    pd_wbuf b = {0};
-    uint8_t *body;
-    size_t at, len;
-    uint32_t seq = ts_begin(t, &b, cmd, &at);
-    pd_wbuf_end(&b, at);
-    pd_status st = ts_call(t, &b, seq, what, 0, 0, &body, &len);
-    pd_wbuf_free(&b);
-    PD_CHECK(st);
-    pd_rbuf rd = payload(body, len);
+    ts_req r;
+    ts_req_begin(&r, t, cmd, what);
+    PD_CHECK(ts_req_call(&r, 0, 0));
     if (out != NULL) {
-        *out = pd_rbuf_i64(&rd);
+        *out = pd_rbuf_i64(&r.rd);
     }
-    free(body);
-    return rd.bad ? ts_bad_reply(t, what) : PD_OK;
+    return ts_req_end(&r);
 }
 
 static pd_status

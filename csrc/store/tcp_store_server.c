@@ -277,73 +277,61 @@ conn_flush(pd_tcp_server *srv, srv_conn *c)
     }
 }
 
-/* Queue a finished frame; the connection dies if memory ran out, since
- * its reply stream would be incomplete. */
-static void
-conn_commit(pd_tcp_server *srv, srv_conn *c, size_t at)
+/* ------------------------------------------------------------- replies */
+
+/* What a request answers: an error (st != PD_OK; the message is the
+ * current pd_errmsg()) or a payload of one kind; PARKED: nothing yet. */
+typedef struct srv_reply {
+    pd_status st;
+    enum { REP_EMPTY, REP_U8, REP_I64, REP_BYTES, REP_PARKED } kind;
+    int64_t num;    /* U8, I64 */
+    const void *p;  /* BYTES */
+    size_t n;
+} srv_reply;
+
+static srv_reply
+rep_error(pd_status st)
 {
+    return (srv_reply){.st = st, .kind = REP_EMPTY};
+}
+
+static srv_reply
+rep_num(int kind, int64_t v)
+{
+    return (srv_reply){.st = PD_OK, .kind = kind, .num = v};
+}
+
+static srv_reply
+rep_bytes(const void *p, size_t n)
+{
+    return (srv_reply){.st = PD_OK, .kind = REP_BYTES, .p = p, .n = n};
+}
+
+/* Queue the reply frame to request seq (the one place frames are built) and
+ * send what can be sent.  The connection dies if memory runs out, since its
+ * reply stream would be incomplete. */
+static void
+reply(pd_tcp_server *srv, srv_conn *c, uint32_t seq, srv_reply r)
+{
+    if (c->dead || (r.st == PD_OK && r.kind == REP_PARKED)) {
+        return;
+    }
+    size_t at = pd_wbuf_begin(&c->out, (uint8_t)r.st, seq);
+    if (r.st != PD_OK) {
+        pd_wbuf_str(&c->out, "", pd_errmsg());
+    } else if (r.kind == REP_U8) {
+        pd_wbuf_u8(&c->out, (uint8_t)r.num);
+    } else if (r.kind == REP_I64) {
+        pd_wbuf_i64(&c->out, r.num);
+    } else if (r.kind == REP_BYTES) {
+        pd_wbuf_bytes(&c->out, r.p, r.n);
+    }
     if (c->out.oom) {
         conn_kill(srv, c);
         return;
     }
     pd_wbuf_end(&c->out, at);
     conn_flush(srv, c);
-}
-
-static void
-reply_ok(pd_tcp_server *srv, srv_conn *c, uint32_t seq)
-{
-    if (c->dead) {
-        return;
-    }
-    size_t at = pd_wbuf_begin(&c->out, 0, seq);
-    conn_commit(srv, c, at);
-}
-
-static void
-reply_bytes(pd_tcp_server *srv, srv_conn *c, uint32_t seq, const void *p,
-            size_t n)
-{
-    if (c->dead) {
-        return;
-    }
-    size_t at = pd_wbuf_begin(&c->out, 0, seq);
-    pd_wbuf_bytes(&c->out, p, n);
-    conn_commit(srv, c, at);
-}
-
-static void
-reply_i64(pd_tcp_server *srv, srv_conn *c, uint32_t seq, int64_t v)
-{
-    if (c->dead) {
-        return;
-    }
-    size_t at = pd_wbuf_begin(&c->out, 0, seq);
-    pd_wbuf_i64(&c->out, v);
-    conn_commit(srv, c, at);
-}
-
-static void
-reply_u8(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t v)
-{
-    if (c->dead) {
-        return;
-    }
-    size_t at = pd_wbuf_begin(&c->out, 0, seq);
-    pd_wbuf_u8(&c->out, v);
-    conn_commit(srv, c, at);
-}
-
-/* Forward the current thread-local error to the client. */
-static void
-reply_error(pd_tcp_server *srv, srv_conn *c, uint32_t seq, pd_status st)
-{
-    if (c->dead) {
-        return;
-    }
-    size_t at = pd_wbuf_begin(&c->out, (uint8_t)st, seq);
-    pd_wbuf_str(&c->out, "", pd_errmsg());
-    conn_commit(srv, c, at);
 }
 
 /* Answer every waiter parked on e, which just got a value. */
@@ -361,19 +349,16 @@ notify(pd_tcp_server *srv, pd_kv_entry *e)
         uint32_t seq = w->seq;
         uint8_t cmd = w->cmd;
         waiter_free(srv, w);
-        if (cmd == PD_TS_GET) {
-            reply_bytes(srv, c, seq, e->val, e->vallen);
-        } else {
-            reply_ok(srv, c, seq);
-        }
+        reply(srv, c, seq, cmd == PD_TS_GET ? rep_bytes(e->val, e->vallen)
+                                            : rep_num(REP_EMPTY, 0));
     }
 }
 
 /* Park a GET/WAIT on its missing keys (the caller checked that at least one
  * is missing). */
-static void
+static srv_reply
 park(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
-     const char **keys, const size_t *lens, size_t n)
+     const char *const *keys, const size_t *lens, size_t n)
 {
     size_t missing = 0;
     for (size_t i = 0; i < n; i++) {
@@ -384,9 +369,8 @@ park(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
     }
     srv_waiter *w = calloc(1, sizeof(*w) + missing * sizeof(srv_wref));
     if (w == NULL) {
-        pd_error(PD_ENOMEM, "TCPStore server: out of memory parking a wait");
-        reply_error(srv, c, seq, PD_ENOMEM);
-        return;
+        return rep_error(pd_error(PD_ENOMEM, "TCPStore server: out of "
+                                  "memory parking a wait"));
     }
     w->conn = c;
     w->seq = seq;
@@ -404,46 +388,182 @@ park(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
         pd_status st = pd_kvmap_get_or_add(&srv->map, keys[i], lens[i], &e);
         if (st != PD_OK) {
             waiter_free(srv, w);
-            reply_error(srv, c, seq, st);
-            return;
+            return rep_error(st);
         }
         srv_wref *r = &w->refs[w->nrefs++];
         r->w = w;
         wref_link(r, e);
         w->remaining++;
     }
+    return rep_num(REP_PARKED, 0);
 }
 
 /* ------------------------------------------------------------- requests */
 
+/* The arguments of a request.  Strings and bytes point into the frame. */
+typedef struct srv_args {
+    const char *key;
+    size_t klen;
+    const uint8_t *b[2];  /* CAS: expected, desired; SET: the value */
+    size_t blen[2];
+    int64_t i64;
+    uint32_t u32;
+    const char **keys;    /* malloc'd */
+    size_t *lens;         /* malloc'd */
+    size_t nkeys;
+} srv_args;
+
+/* Each command's arguments, in wire order: s str, b bytes, i i64, u u32,
+ * K a list of str.  PING tolerates bytes after its (no) arguments. */
+static const struct {
+    const char *args;
+    int trailing_ok;
+} srv_cmds[] = {
+    [PD_TS_SET] = {"sb", 0},   [PD_TS_GET] = {"s", 0},
+    [PD_TS_ADD] = {"si", 0},   [PD_TS_CAS] = {"sbb", 0},
+    [PD_TS_WAIT] = {"K", 0},   [PD_TS_CHECK] = {"K", 0},
+    [PD_TS_DELETE] = {"s", 0}, [PD_TS_NUM_KEYS] = {"", 0},
+    [PD_TS_PING] = {"", 1},    [PD_TS_CANCEL] = {"u", 0},
+};
+
+/* -1: malformed; -2: out of memory. */
 static int
-read_keys(pd_rbuf *rd, const char ***keys_out, size_t **lens_out,
-          size_t *n_out)
+read_keys(pd_rbuf *rd, srv_args *a)
 {
     uint32_t n = pd_rbuf_u32(rd);
     /* Each key takes at least 5 bytes on the wire: bound n by the frame. */
     if (rd->bad || n > (rd->n - rd->off) / 5 + 1) {
         return -1;
     }
-    const char **keys = malloc((n ? n : 1) * sizeof(*keys));
-    size_t *lens = malloc((n ? n : 1) * sizeof(*lens));
-    if (keys == NULL || lens == NULL) {
-        free(keys);
-        free(lens);
+    a->keys = malloc((n ? n : 1) * sizeof(*a->keys));
+    a->lens = malloc((n ? n : 1) * sizeof(*a->lens));
+    if (a->keys == NULL || a->lens == NULL) {
         return -2;
     }
+    a->nkeys = n;
     for (uint32_t i = 0; i < n; i++) {
-        keys[i] = pd_rbuf_str(rd, &lens[i]);
+        a->keys[i] = pd_rbuf_str(rd, &a->lens[i]);
     }
-    if (rd->bad) {
-        free(keys);
-        free(lens);
+    return rd->bad ? -1 : 0;
+}
+
+/* -1: malformed (arguments missing, bad or followed by more bytes); -2: out
+ * of memory.  a->keys and a->lens are the caller's to free either way. */
+static int
+read_args(pd_rbuf *rd, uint8_t cmd, srv_args *a)
+{
+    int nb = 0;
+    for (const char *t = srv_cmds[cmd].args; *t != '\0'; t++) {
+        switch (*t) {
+        case 's':
+            a->key = pd_rbuf_str(rd, &a->klen);
+            break;
+        case 'b':
+            a->b[nb] = pd_rbuf_bytes(rd, &a->blen[nb]);
+            nb++;
+            break;
+        case 'i':
+            a->i64 = pd_rbuf_i64(rd);
+            break;
+        case 'u':
+            a->u32 = pd_rbuf_u32(rd);
+            break;
+        case 'K': {
+            int r = read_keys(rd, a);
+            if (r < 0) {
+                return r;
+            }
+            break;
+        }
+        }
+    }
+    if (rd->bad || (!srv_cmds[cmd].trailing_ok && rd->off != rd->n)) {
         return -1;
     }
-    *keys_out = keys;
-    *lens_out = lens;
-    *n_out = n;
     return 0;
+}
+
+static srv_reply
+run_request(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
+            const srv_args *a)
+{
+    pd_kv_entry *e = NULL;
+    pd_status st;
+
+    switch (cmd) {
+    case PD_TS_SET:
+        st = pd_kvmap_get_or_add(&srv->map, a->key, a->klen, &e);
+        if (st == PD_OK) {
+            st = pd_kvmap_store(&srv->map, e, a->b[0], a->blen[0]);
+            if (st != PD_OK && !e->present && e->aux == NULL) {
+                pd_kvmap_remove(&srv->map, e);
+            }
+        }
+        if (st != PD_OK) {
+            return rep_error(st);
+        }
+        notify(srv, e);
+        return rep_num(REP_EMPTY, 0);
+    case PD_TS_GET:
+        e = pd_kvmap_find(&srv->map, a->key, a->klen);
+        if (e != NULL && e->present) {
+            return rep_bytes(e->val, e->vallen);
+        }
+        return park(srv, c, seq, PD_TS_GET, &a->key, &a->klen, 1);
+    case PD_TS_ADD: {
+        int64_t v = 0;
+        st = pd_kv_add(&srv->map, a->key, a->klen, a->i64, &v, &e);
+        if (st != PD_OK) {
+            return rep_error(st);
+        }
+        notify(srv, e);
+        return rep_num(REP_I64, v);
+    }
+    case PD_TS_CAS: {
+        size_t rlen;
+        const uint8_t *res;
+        st = pd_kv_compare_set(&srv->map, a->key, a->klen, a->b[0],
+                               a->blen[0], a->b[1], a->blen[1], &res, &rlen,
+                               &e);
+        if (st != PD_OK) {
+            return rep_error(st);
+        }
+        if (e != NULL) {
+            notify(srv, e);
+        }
+        return rep_bytes(res, rlen);
+    }
+    case PD_TS_WAIT:
+    case PD_TS_CHECK: {
+        int all = 1;
+        for (size_t i = 0; i < a->nkeys && all; i++) {
+            e = pd_kvmap_find(&srv->map, a->keys[i], a->lens[i]);
+            all = e != NULL && e->present;
+        }
+        if (cmd == PD_TS_CHECK) {
+            return rep_num(REP_U8, all);
+        }
+        if (all) {
+            return rep_num(REP_EMPTY, 0);
+        }
+        return park(srv, c, seq, PD_TS_WAIT, a->keys, a->lens, a->nkeys);
+    }
+    case PD_TS_DELETE:
+        e = pd_kvmap_find(&srv->map, a->key, a->klen);
+        return rep_num(REP_U8, e != NULL ? pd_kvmap_unset(&srv->map, e) : 0);
+    case PD_TS_NUM_KEYS:
+        return rep_num(REP_I64, (int64_t)srv->map.npresent);
+    case PD_TS_CANCEL:
+        for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
+            if (w->seq == a->u32) {
+                waiter_free(srv, w);
+                break;
+            }
+        }
+        return rep_num(REP_EMPTY, 0);
+    default: /* PD_TS_PING */
+        return rep_num(REP_EMPTY, 0);
+    }
 }
 
 /* Returns -1 on a malformed request (the connection is dropped). */
@@ -454,156 +574,26 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
     pd_rbuf rd = {.p = body, .n = len, .off = 0, .bad = 0};
     uint8_t cmd = pd_rbuf_u8(&rd);
     uint32_t seq = pd_rbuf_u32(&rd);
-    size_t klen = 0;
-    const char *key = NULL;
-    pd_kv_entry *e = NULL;
-    pd_status st;
+    srv_args a;
+    srv_reply rep;
 
-    switch (cmd) {
-    case PD_TS_SET: {
-        size_t vlen;
-        key = pd_rbuf_str(&rd, &klen);
-        const uint8_t *val = pd_rbuf_bytes(&rd, &vlen);
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        st = pd_kvmap_get_or_add(&srv->map, key, klen, &e);
-        if (st == PD_OK) {
-            st = pd_kvmap_store(&srv->map, e, val, vlen);
-            if (st != PD_OK && !e->present && e->aux == NULL) {
-                pd_kvmap_remove(&srv->map, e);
-            }
-        }
-        if (st != PD_OK) {
-            reply_error(srv, c, seq, st);
-            return 0;
-        }
-        notify(srv, e);
-        reply_ok(srv, c, seq);
-        return 0;
-    }
-    case PD_TS_GET:
-        key = pd_rbuf_str(&rd, &klen);
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        e = pd_kvmap_find(&srv->map, key, klen);
-        if (e != NULL && e->present) {
-            reply_bytes(srv, c, seq, e->val, e->vallen);
-        } else {
-            park(srv, c, seq, PD_TS_GET, &key, &klen, 1);
-        }
-        return 0;
-    case PD_TS_ADD: {
-        key = pd_rbuf_str(&rd, &klen);
-        int64_t delta = pd_rbuf_i64(&rd);
-        int64_t v = 0;
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        st = pd_kv_add(&srv->map, key, klen, delta, &v, &e);
-        if (st != PD_OK) {
-            reply_error(srv, c, seq, st);
-            return 0;
-        }
-        notify(srv, e);
-        reply_i64(srv, c, seq, v);
-        return 0;
-    }
-    case PD_TS_CAS: {
-        size_t elen, dlen, rlen;
-        const uint8_t *res;
-        key = pd_rbuf_str(&rd, &klen);
-        const uint8_t *exp = pd_rbuf_bytes(&rd, &elen);
-        const uint8_t *des = pd_rbuf_bytes(&rd, &dlen);
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        st = pd_kv_compare_set(&srv->map, key, klen, exp, elen, des, dlen,
-                               &res, &rlen, &e);
-        if (st != PD_OK) {
-            reply_error(srv, c, seq, st);
-            return 0;
-        }
-        if (e != NULL) {
-            notify(srv, e);
-        }
-        reply_bytes(srv, c, seq, res, rlen);
-        return 0;
-    }
-    case PD_TS_WAIT:
-    case PD_TS_CHECK: {
-        const char **keys;
-        size_t *lens;
-        size_t n;
-        int r = read_keys(&rd, &keys, &lens, &n);
-        if (r == -1 || (r == 0 && rd.off != rd.n)) {
-            if (r == 0) {
-                free(keys);
-                free(lens);
-            }
-            return -1;
-        }
-        if (r == -2) {
-            pd_error(PD_ENOMEM, "TCPStore server: out of memory");
-            reply_error(srv, c, seq, PD_ENOMEM);
-            return 0;
-        }
-        int all = 1;
-        for (size_t i = 0; i < n && all; i++) {
-            e = pd_kvmap_find(&srv->map, keys[i], lens[i]);
-            all = e != NULL && e->present;
-        }
-        if (cmd == PD_TS_CHECK) {
-            reply_u8(srv, c, seq, (uint8_t)all);
-        } else if (all) {
-            reply_ok(srv, c, seq);
-        } else {
-            park(srv, c, seq, PD_TS_WAIT, keys, lens, n);
-        }
-        free(keys);
-        free(lens);
-        return 0;
-    }
-    case PD_TS_DELETE: {
-        key = pd_rbuf_str(&rd, &klen);
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        e = pd_kvmap_find(&srv->map, key, klen);
-        int was = e != NULL ? pd_kvmap_unset(&srv->map, e) : 0;
-        reply_u8(srv, c, seq, (uint8_t)was);
-        return 0;
-    }
-    case PD_TS_NUM_KEYS:
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        reply_i64(srv, c, seq, (int64_t)srv->map.npresent);
-        return 0;
-    case PD_TS_PING:
-        if (rd.bad) {
-            return -1;
-        }
-        reply_ok(srv, c, seq);
-        return 0;
-    case PD_TS_CANCEL: {
-        uint32_t target = pd_rbuf_u32(&rd);
-        if (rd.bad || rd.off != rd.n) {
-            return -1;
-        }
-        for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
-            if (w->seq == target) {
-                waiter_free(srv, w);
-                break;
-            }
-        }
-        reply_ok(srv, c, seq);
-        return 0;
-    }
-    default:
+    if (cmd < PD_TS_SET || cmd > PD_TS_CANCEL) {
         return -1;
     }
+    memset(&a, 0, sizeof(a));
+    int r = read_args(&rd, cmd, &a);
+    if (r == -2) {
+        rep = rep_error(pd_error(PD_ENOMEM, "TCPStore server: out of memory"));
+    } else if (r == 0) {
+        rep = run_request(srv, c, seq, cmd, &a);
+    }
+    free(a.keys);
+    free(a.lens);
+    if (r == -1) {
+        return -1;
+    }
+    reply(srv, c, seq, rep);
+    return 0;
 }
 
 /* Read what is there and run every complete request in it. */

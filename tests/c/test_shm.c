@@ -268,9 +268,11 @@ child_rings(int rank, int n, uint64_t token)
         }
     }
     T_CHECK(!pd_shm_ring_readable(s, peer));
-    T_CHECK(pd_shm_ring_writable(s, peer));
     pd_shm_ring_want(s, peer, 1, 0);
     barrier(n);
+    /* Only now has the peer read all it was sent: before the barrier the
+     * last write may still fill the ring. */
+    T_CHECK(pd_shm_ring_writable(s, peer));
     T_CHECK(pd_shm_ring_peer_waits(s, peer, 1));
     T_CHECK(!pd_shm_ring_peer_waits(s, peer, 0));
     barrier(n);

@@ -4,6 +4,7 @@
  * cycles. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@
 
 #include "pd_test.h"
 #include "store/store.h"
+#include "store/tcp_proto.h"
+#include "util/auth.h"
 #include "util/net.h"
 
 static void
@@ -752,20 +755,252 @@ test_tcp_fork_child_destroy(void)
     pd_store_destroy(m);
 }
 
-static void
-test_prefix_store(void)
+/* ------------------------------------------------ the wire, byte for byte */
+
+/* A raw authenticated connection to srv. */
+static int
+wire_connect(pd_tcp_server *srv)
 {
-    pd_store *h = NULL, *p = NULL;
-    T_OK(pd_hash_store_new(5.0, &h));
-    T_OK(pd_prefix_store_new("grp", h, 1, &p));
-    T_OK(pd_store_set(p, "x", "1", 1));
-    T_CHECK(get_is(h, "grp/x", "1"));
-    T_CHECK(get_is(p, "x", "1"));
-    uint8_t *v;
+    int fd = -1;
+    double deadline = pd_now() + 5.0;
+    if (pd_net_connect("127.0.0.1", pd_tcp_server_port(srv), deadline,
+                       &fd) != PD_OK) {
+        return -1;
+    }
+    if (pd_auth_client(fd, NULL, deadline) != PD_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Send the frame in b (begun at 0) and free it. */
+static int
+wire_send(int fd, pd_wbuf *b)
+{
+    pd_wbuf_end(b, 0);
+    pd_status st = pd_net_send_all(fd, b->p, b->len, pd_now() + 5.0);
+    pd_wbuf_free(b);
+    return st == PD_OK ? 0 : -1;
+}
+
+/* Read one reply; its body (malloc'd) goes to *body.  -1 on EOF/error. */
+static int
+wire_recv(int fd, uint8_t **body, size_t *len)
+{
+    uint8_t hdr[4];
+    *body = NULL;
+    if (pd_net_recv_all(fd, hdr, 4, pd_now() + 5.0) != PD_OK) {
+        return -1;
+    }
+    *len = pd_rd32(hdr);
+    *body = malloc(*len ? *len : 1);
+    if (*body == NULL ||
+        pd_net_recv_all(fd, *body, *len, pd_now() + 5.0) != PD_OK) {
+        free(*body);
+        *body = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Send b, read the reply, check its status and seq; the payload reader
+ * (over *body, which the caller frees) goes to *rd. */
+static int
+wire_call(int fd, pd_wbuf *b, uint32_t seq, uint8_t status, uint8_t **body,
+          pd_rbuf *rd)
+{
+    size_t len = 0;
+    if (wire_send(fd, b) < 0 || wire_recv(fd, body, &len) < 0) {
+        return -1;
+    }
+    *rd = (pd_rbuf){.p = *body, .n = len, .off = PD_TS_HDR, .bad = 0};
+    if (len < PD_TS_HDR || (*body)[0] != status || pd_rd32(*body + 1) != seq) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The server closed the connection (after a malformed request) without
+ * answering: EOF within 5 s, not a reply or silence. */
+static int
+wire_closed(int fd)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN, .revents = 0};
+    uint8_t c;
+    return poll(&pf, 1, 5000) == 1 && recv(fd, &c, 1, 0) == 0;
+}
+
+/* Every command and reply as the protocol of tcp_proto.h lays them out,
+ * the order of late replies, and malformed requests closing the
+ * connection. */
+static void
+test_tcp_wire(void)
+{
+    pd_tcp_server *srv = NULL;
+    T_OK(pd_tcp_server_start(0, -1, NULL, &srv));
+    if (srv == NULL) {
+        return;
+    }
+    int fd = wire_connect(srv);
+    T_CHECK(fd >= 0);
+    pd_wbuf b = {0};
+    uint8_t *body = NULL;
+    pd_rbuf rd;
     size_t n;
-    T_ST(pd_store_get_timeout(p, "y", 0.05, &v, &n), PD_ESTORE);
-    T_MSG_HAS("keys: grp/y");
-    pd_store_destroy(p); /* owns h */
+    const uint8_t *v;
+
+    pd_wbuf_begin(&b, PD_TS_SET, 1);
+    pd_wbuf_str(&b, "", "/a");
+    pd_wbuf_bytes(&b, "1", 1);
+    T_CHECK(wire_call(fd, &b, 1, 0, &body, &rd) == 0 && rd.n == PD_TS_HDR);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_GET, 2);
+    pd_wbuf_str(&b, "", "/a");
+    T_CHECK(wire_call(fd, &b, 2, 0, &body, &rd) == 0);
+    v = pd_rbuf_bytes(&rd, &n);
+    T_CHECK(!rd.bad && n == 1 && v[0] == '1' && rd.off == rd.n);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_ADD, 3);
+    pd_wbuf_str(&b, "", "/n");
+    pd_wbuf_i64(&b, 5);
+    T_CHECK(wire_call(fd, &b, 3, 0, &body, &rd) == 0);
+    T_CHECK(pd_rbuf_i64(&rd) == 5 && !rd.bad && rd.off == rd.n);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_CAS, 4);
+    pd_wbuf_str(&b, "", "/a");
+    pd_wbuf_bytes(&b, "1", 1);
+    pd_wbuf_bytes(&b, "22", 2);
+    T_CHECK(wire_call(fd, &b, 4, 0, &body, &rd) == 0);
+    v = pd_rbuf_bytes(&rd, &n);
+    T_CHECK(!rd.bad && n == 2 && memcmp(v, "22", 2) == 0);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_CHECK, 5);
+    pd_wbuf_u32(&b, 2);
+    pd_wbuf_str(&b, "", "/a");
+    pd_wbuf_str(&b, "", "/zz");
+    T_CHECK(wire_call(fd, &b, 5, 0, &body, &rd) == 0);
+    T_CHECK(pd_rbuf_u8(&rd) == 0 && !rd.bad && rd.off == rd.n);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_CHECK, 6);
+    pd_wbuf_u32(&b, 1);
+    pd_wbuf_str(&b, "", "/a");
+    T_CHECK(wire_call(fd, &b, 6, 0, &body, &rd) == 0);
+    T_CHECK(pd_rbuf_u8(&rd) == 1);
+    free(body);
+
+    /* An error reply: status, then the message as a str. */
+    pd_wbuf_begin(&b, PD_TS_ADD, 7);
+    pd_wbuf_str(&b, "", "/a");
+    pd_wbuf_i64(&b, INT64_MAX);
+    T_CHECK(wire_call(fd, &b, 7, PD_EINVAL, &body, &rd) == 0);
+    const char *msg = pd_rbuf_str(&rd, &n);
+    T_CHECK(msg != NULL && strstr(msg, "overflows int64") != NULL);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_DELETE, 8);
+    pd_wbuf_str(&b, "", "/a");
+    T_CHECK(wire_call(fd, &b, 8, 0, &body, &rd) == 0);
+    T_CHECK(pd_rbuf_u8(&rd) == 1);
+    free(body);
+
+    pd_wbuf_begin(&b, PD_TS_NUM_KEYS, 9);
+    T_CHECK(wire_call(fd, &b, 9, 0, &body, &rd) == 0);
+    T_CHECK(pd_rbuf_i64(&rd) == 1 && rd.off == rd.n);
+    free(body);
+
+    /* PING ignores bytes after its header. */
+    pd_wbuf_begin(&b, PD_TS_PING, 10);
+    pd_wbuf_u32(&b, 0xdeadbeef);
+    T_CHECK(wire_call(fd, &b, 10, 0, &body, &rd) == 0 && rd.n == PD_TS_HDR);
+    free(body);
+
+    /* A parked GET that is cancelled never answers; the SET that would
+     * have woken it answers alone. */
+    pd_wbuf_begin(&b, PD_TS_GET, 11);
+    pd_wbuf_str(&b, "", "/w");
+    T_CHECK(wire_send(fd, &b) == 0);
+    pd_wbuf_begin(&b, PD_TS_CANCEL, 12);
+    pd_wbuf_u32(&b, 11);
+    T_CHECK(wire_call(fd, &b, 12, 0, &body, &rd) == 0 && rd.n == PD_TS_HDR);
+    free(body);
+    pd_wbuf_begin(&b, PD_TS_SET, 13);
+    pd_wbuf_str(&b, "", "/w");
+    pd_wbuf_bytes(&b, "w", 1);
+    T_CHECK(wire_call(fd, &b, 13, 0, &body, &rd) == 0);
+    free(body);
+
+    /* A parked WAIT and GET are answered, before the SET that woke them. */
+    pd_wbuf_begin(&b, PD_TS_WAIT, 14);
+    pd_wbuf_u32(&b, 2);
+    pd_wbuf_str(&b, "", "/w");
+    pd_wbuf_str(&b, "", "/x");
+    T_CHECK(wire_send(fd, &b) == 0);
+    pd_wbuf_begin(&b, PD_TS_GET, 15);
+    pd_wbuf_str(&b, "", "/x");
+    T_CHECK(wire_send(fd, &b) == 0);
+    pd_wbuf_begin(&b, PD_TS_SET, 16);
+    pd_wbuf_str(&b, "", "/x");
+    pd_wbuf_bytes(&b, "xy", 2);
+    T_CHECK(wire_send(fd, &b) == 0);
+    uint32_t order[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        T_CHECK(wire_recv(fd, &body, &n) == 0 && n >= PD_TS_HDR &&
+                body[0] == 0);
+        if (body != NULL) {
+            order[i] = pd_rd32(body + 1);
+            if (order[i] == 15) {
+                rd = (pd_rbuf){.p = body, .n = n, .off = PD_TS_HDR, .bad = 0};
+                v = pd_rbuf_bytes(&rd, &n);
+                T_CHECK(!rd.bad && n == 2 && memcmp(v, "xy", 2) == 0);
+            }
+        }
+        free(body);
+    }
+    T_CHECK(order[2] == 16 && order[0] + order[1] == 29);
+
+    /* Bytes after NUM_KEYS' header: malformed, the connection is closed. */
+    pd_wbuf_begin(&b, PD_TS_NUM_KEYS, 17);
+    pd_wbuf_u8(&b, 0);
+    T_CHECK(wire_send(fd, &b) == 0 && wire_closed(fd));
+    close(fd);
+
+    /* An unknown command. */
+    fd = wire_connect(srv);
+    pd_wbuf_begin(&b, PD_TS_CANCEL + 1, 1);
+    T_CHECK(fd >= 0 && wire_send(fd, &b) == 0 && wire_closed(fd));
+    close(fd);
+
+    /* A SET whose value runs past the frame. */
+    fd = wire_connect(srv);
+    pd_wbuf_begin(&b, PD_TS_SET, 1);
+    pd_wbuf_str(&b, "", "/t");
+    pd_wbuf_u32(&b, 100);
+    pd_wbuf_put(&b, "abc", 3);
+    T_CHECK(fd >= 0 && wire_send(fd, &b) == 0 && wire_closed(fd));
+    close(fd);
+
+    /* A WAIT claiming more keys than the frame can hold. */
+    fd = wire_connect(srv);
+    pd_wbuf_begin(&b, PD_TS_WAIT, 1);
+    pd_wbuf_u32(&b, 1000);
+    pd_wbuf_str(&b, "", "/t");
+    T_CHECK(fd >= 0 && wire_send(fd, &b) == 0 && wire_closed(fd));
+    close(fd);
+
+    /* The server still serves. */
+    fd = wire_connect(srv);
+    pd_wbuf_begin(&b, PD_TS_GET, 1);
+    pd_wbuf_str(&b, "", "/x");
+    T_CHECK(fd >= 0 && wire_call(fd, &b, 1, 0, &body, &rd) == 0);
+    free(body);
+    close(fd);
+    pd_tcp_server_stop(srv);
 }
 
 int
@@ -775,7 +1010,6 @@ main(void)
     T_RUN(test_hash_store);
     T_RUN(test_file_store);
     T_RUN(test_file_store_cleanup);
-    T_RUN(test_prefix_store);
     T_RUN(test_tcp_semantics);
     T_RUN(test_tcp_many_clients);
     T_RUN(test_tcp_wait_for_workers_timeout);
@@ -785,6 +1019,7 @@ main(void)
     T_RUN(test_tcp_server_gone);
     T_RUN(test_tcp_port_in_use);
     T_RUN(test_tcp_auth);
+    T_RUN(test_tcp_wire);
     T_RUN(test_tcp_fork_child_destroy);
     T_RUN(test_tcp_create_destroy_cycles);
     return pd_test_result();
