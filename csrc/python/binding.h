@@ -26,6 +26,15 @@ PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *value)
 }
 #endif
 
+/* Heap types that hold Python objects: garbage-collected, and immutable
+ * where the interpreter supports it (3.10+), as CPython's _bz2module. */
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+#define PD_TPFLAGS_GC \
+    (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE)
+#else
+#define PD_TPFLAGS_GC (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC)
+#endif
+
 typedef struct pd_module_state {
     PyObject *DistError;         /* RuntimeError subclass */
     PyObject *DistBackendError;  /* DistError subclass */

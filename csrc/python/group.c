@@ -51,10 +51,55 @@ work_release_views(WorkObject *self)
     self->lens = NULL;
 }
 
+/* A new Work with nothing attached, tracked by the GC. */
+static WorkObject *
+work_alloc(pd_module_state *st)
+{
+    WorkObject *w = PyObject_GC_New(WorkObject, st->WorkType);
+    if (w == NULL) {
+        return NULL;
+    }
+    w->w = NULL;
+    w->views = NULL;
+    w->nviews = 0;
+    w->ptrs = NULL;
+    w->lens = NULL;
+    w->keep = NULL;
+    w->kind = 0;
+    PyObject_GC_Track(w);
+    return w;
+}
+
+static int
+Work_traverse(WorkObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->keep);
+    for (int i = 0; i < self->nviews; i++) {
+        pd_view *v = &self->views[i];
+        Py_VISIT(v->buf.obj);
+        Py_VISIT(v->capsule);
+        Py_VISIT(v->owner);
+    }
+    return 0;
+}
+
+/* The arrays may be dropped only once nothing can touch them any more. */
+static int
+Work_clear(WorkObject *self)
+{
+    if (self->w == NULL || pd_work_done(self->w)) {
+        work_release_views(self);
+        Py_CLEAR(self->keep);
+    }
+    return 0;
+}
+
 static void
 Work_dealloc(WorkObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
     if (self->w != NULL) {
         /* The progress thread may still touch the buffers: wait for it
          * (bounded by the operation's own timeout). */
@@ -178,6 +223,8 @@ static PyMethodDef Work_methods[] = {
 
 static PyType_Slot Work_slots[] = {
     {Py_tp_dealloc, Work_dealloc},
+    {Py_tp_traverse, Work_traverse},
+    {Py_tp_clear, Work_clear},
     {Py_tp_methods, Work_methods},
     {Py_tp_doc, "Handle of an operation submitted to a process group."},
     {0, NULL},
@@ -186,7 +233,7 @@ static PyType_Slot Work_slots[] = {
 static PyType_Spec Work_spec = {
     .name = "pyddp._C.Work",
     .basicsize = sizeof(WorkObject),
-    .flags = Py_TPFLAGS_DEFAULT,
+    .flags = PD_TPFLAGS_GC,
     .slots = Work_slots,
 };
 
@@ -253,10 +300,26 @@ pg_destroy(PGObject *self)
     }
 }
 
+static int
+PG_traverse(PGObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->handoffs);
+    return 0;
+}
+
+static int
+PG_clear(PGObject *self)
+{
+    Py_CLEAR(self->handoffs);
+    return 0;
+}
+
 static void
 PG_dealloc(PGObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
     pg_destroy(self);
     Py_CLEAR(self->handoffs);
     tp->tp_free((PyObject *)self);
@@ -503,7 +566,7 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
         /* the progress thread still uses the arrays: a Work keeps their
          * views (if that fails, the views leak rather than dangle) */
         pd_module_state *st = pg_state((PyObject *)self);
-        WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+        WorkObject *w = work_alloc(st);
         if (w != NULL) {
             w->w = handoff;
             w->views = PyMem_Calloc(2, sizeof(pd_view));
@@ -605,7 +668,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (handoff != NULL) {
         /* the progress thread still uses the array: a Work keeps it */
         pd_module_state *st = pg_state((PyObject *)self);
-        WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+        WorkObject *w = work_alloc(st);
         if (w != NULL) {
             w->w = handoff;
             w->views = have_view ? PyMem_Calloc(1, sizeof(pd_view)) : NULL;
@@ -811,7 +874,7 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "%s: unexpected arrays", name);
         return NULL;
     }
-    WorkObject *w = PyObject_New(WorkObject, st->WorkType);
+    WorkObject *w = work_alloc(st);
     if (w == NULL) {
         return NULL;
     }
@@ -937,10 +1000,21 @@ typedef struct {
     Py_ssize_t len;
 } SharedBufferObject;
 
+/* No tp_clear: the group is needed until the buffer is freed (it forgets
+ * the mapping); cycles through a SharedBuffer are broken at its Works. */
+static int
+SB_traverse(SharedBufferObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->pg);
+    return 0;
+}
+
 static void
 SB_dealloc(SharedBufferObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
     if (self->ptr != NULL) {
         if (self->pg != NULL && self->pg->g != NULL &&
             (long)getpid() == self->pg->pid) {
@@ -978,6 +1052,7 @@ static PyGetSetDef SB_getset[] = {
 
 static PyType_Slot SB_slots[] = {
     {Py_tp_dealloc, SB_dealloc},
+    {Py_tp_traverse, SB_traverse},
     {Py_bf_getbuffer, SB_getbuffer},
     {Py_tp_getset, SB_getset},
     {Py_tp_doc, "This rank's part of a buffer in the group's shared memory."},
@@ -987,7 +1062,7 @@ static PyType_Slot SB_slots[] = {
 static PyType_Spec SB_spec = {
     .name = "pyddp._C.SharedBuffer",
     .basicsize = sizeof(SharedBufferObject),
-    .flags = Py_TPFLAGS_DEFAULT,
+    .flags = PD_TPFLAGS_GC,
     .slots = SB_slots,
 };
 
@@ -1007,8 +1082,8 @@ PG_shared_alloc(PGObject *self, PyObject *arg)
         return NULL;
     }
     pd_module_state *st = pg_state((PyObject *)self);
-    SharedBufferObject *b = PyObject_New(SharedBufferObject,
-                                         st->SharedBufferType);
+    SharedBufferObject *b = PyObject_GC_New(SharedBufferObject,
+                                            st->SharedBufferType);
     if (b == NULL) {
         return NULL;
     }
@@ -1016,6 +1091,7 @@ PG_shared_alloc(PGObject *self, PyObject *arg)
     b->ptr = NULL;
     b->maplen = 0;
     b->len = n;
+    PyObject_GC_Track(b);
     pd_status s;
     char msg[PD_ERRMSG_MAX];
     void *ptr = NULL;
@@ -1075,6 +1151,8 @@ static PyMethodDef PG_methods[] = {
 static PyType_Slot PG_slots[] = {
     {Py_tp_new, PG_new},
     {Py_tp_dealloc, PG_dealloc},
+    {Py_tp_traverse, PG_traverse},
+    {Py_tp_clear, PG_clear},
     {Py_tp_methods, PG_methods},
     {Py_tp_getset, PG_getset},
     {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None): one member "
@@ -1085,7 +1163,7 @@ static PyType_Slot PG_slots[] = {
 static PyType_Spec PG_spec = {
     .name = "pyddp._C.ProcessGroup",
     .basicsize = sizeof(PGObject),
-    .flags = Py_TPFLAGS_DEFAULT,
+    .flags = PD_TPFLAGS_GC,
     .slots = PG_slots,
 };
 

@@ -16,6 +16,7 @@ import builtins
 import numpy as np
 
 from .._random import _np_gen
+from .. import _C
 from ..autograd._engine import _set_tensor_class, run_backward
 from ..autograd._graph import Node, _add_hook, _edge
 from ._dtypes import (_CPU, _F32, _F64, _HALFS, _dtype, _is_float_dtype, _pybool, _pyfloat, _pyint,
@@ -1160,6 +1161,9 @@ class Tensor:
 
 
 _set_tensor_class(Tensor)  # the engine wraps gradients for hooks and .grad as Tensors
+# The C array adapter views Tensors through their `_data` array where the interpreter has no PEP 688
+# buffers (Python < 3.12), so they reach the collectives' C fast path on every supported Python.
+_C._register_tensor_type(Tensor)
 
 
 def _rebuild(data, requires_grad):
