@@ -20,7 +20,7 @@ has it), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buf
 by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
 note says so when the build has no _shared_array), "torch gloo" and "Open MPI".
 
-Method (as nccl-tests and ../shared/reference/performance.md): each library runs in its own set of worker
+Method (as nccl-tests): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
 a free port; MPI: mpirun -np N); per size a correctness check, warm-up iterations, then timed iterations each
 preceded by a barrier; each iteration's time is the slowest rank's; the table shows the median over iterations.

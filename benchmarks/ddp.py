@@ -3,7 +3,7 @@
     python benchmarks/ddp.py                 # launches 2 ranks itself (pyddp.run), prints the table
     python benchmarks/ddp.py --sizes 1.9M --rounds 5
 
-The model is the 3-layer MLP of ../shared/reference/performance.md (784-h-h-10; h = 256, 1024,
+The model is a 3-layer MLP, the usual DDP overhead benchmark (784-h-h-10; h = 256, 1024,
 2048 give 0.27M, 1.9M and 5.8M parameters), batch 64 per rank, cross-entropy, SGD, one thread per
 rank. Each configuration runs in the same 2 processes, interleaved round by round so that drift of
 the machine hits all alike; a step is zero_grad + forward + loss + backward + optimizer step, and

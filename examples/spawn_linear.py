@@ -4,7 +4,7 @@
     python examples/spawn_linear.py                 # 2 ranks, started by pyddp.multiprocessing.spawn
     python examples/spawn_linear.py --nproc 3 --steps 20
 
-The original (../shared/seeds/, "DDP例程") imports torch.distributed, torch.multiprocessing, torch.nn,
+The original (the torch "DDP例程" tutorial script) imports torch.distributed, torch.multiprocessing, torch.nn,
 torch.optim and torch.nn.parallel; here each import names the pyddp module of the same path.  Two
 lines changed beyond the imports, both because pyddp tensors live on the CPU: ``model.to(rank)`` and
 ``torch.randn(20, 10).to(rank)`` moved the model and data to GPU ``rank``; here they stay on the CPU

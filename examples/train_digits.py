@@ -7,7 +7,7 @@
     pyddp-run --standalone --nproc-per-node 2 examples/train_digits.py --resume digits_ckpt.pt --epochs 20
     python examples/train_digits.py                                               # one rank, no launcher
 
-This is the training script of the seed notes (../shared/seeds/, the "DDP 多卡分布式训练" and apex
+This is the common torch DDP training script (as in the "DDP 多卡分布式训练" tutorials and the apex
 notes) with ``torch`` replaced by ``pyddp``: argparse with ``--local_rank`` (pyddp.launch) and the
 ``LOCAL_RANK`` variable (pyddp.run), ``init_process_group``, a ``DistributedSampler`` with ``set_epoch``
 every epoch, a CNN from ``pyddp.nn`` wrapped in ``DistributedDataParallel``, optional apex-style mixed

@@ -48,6 +48,15 @@ DTYPE_CODES: Final[dict[str, int]]  # "bool": 0 ... "complex128": 14 (pd_dtype o
 DTYPE_SIZES: Final[dict[str, int]]  # bytes per element
 REDUCE_OPS: Final[dict[str, int]]  # "SUM": 0 ... "BXOR": 7 (pd_redop order)
 
+# --------------------------------------------------------------------------- the array adapter
+def describe_array(obj: Any, writable: bool = ...) -> dict[str, Any]:
+    """How the C adapter views obj: buffer protocol, then DLPack, then __cuda_array_interface__.
+    Keys: via, ptr, nbytes, count, itemsize, dtype, device, device_index, readonly, contiguous,
+    stream."""
+
+def _register_tensor_type(cls: type) -> None:
+    """View instances of cls through their ``_data`` array (Python < 3.12 lacks PEP 688)."""
+
 # -------------------------------------------------------------------------------------- stores
 class _Store:
     """Methods shared by every store (not a real base class of the C types)."""
