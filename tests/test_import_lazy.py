@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-import pyddp
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Modules that ``import pyddp.distributed`` must not load (each costs import time and none is needed
