@@ -2,6 +2,7 @@
 __version__ = "0.1.0"
 
 import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import _C  # noqa: F401  (fail early if the extension is missing)
 
@@ -16,7 +17,9 @@ from ._random import Generator, default_generator, initial_seed, randperm  # noq
 
 # The rest is imported on first use (PEP 562 __getattr__ below), so that ``import pyddp.distributed``
 # does not load nn, amp, optim, data loading, checkpoints or notebook_launcher: ``pyddp.nn``,
-# ``pyddp.save`` or ``from pyddp import DistributedDataParallel`` import their module then.
+# ``pyddp.save`` or ``from pyddp import DistributedDataParallel`` import their module then.  (The
+# tensor library above stays eager: pyddp.autograd and pyddp._tensor import each other, and only the
+# order autograd-first works, so a lazy pyddp._tensor reached first from elsewhere would fail.)
 _LAZY_SUBMODULES = frozenset({
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
@@ -32,6 +35,14 @@ _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     "DistributedDataParallel": ("nn.parallel", "DistributedDataParallel"),
     "notebook_launcher": ("notebook", "notebook_launcher"),
 }
+
+if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported eagerly
+    from . import _kernels, amp, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
+    from . import serialization, utils  # noqa: F401
+    from .nn.parallel import DistributedDataParallel  # noqa: F401
+    from .notebook import notebook_launcher  # noqa: F401
+    from .serialization import load, save  # noqa: F401
+    from .utils.data import DataLoader, DistributedSampler  # noqa: F401
 
 
 def __getattr__(name):
