@@ -10,8 +10,9 @@ pyddp.launch, in pyddp._launcher), pyddp.multiprocessing.spawn and pyddp.noteboo
     signal_name, describe_exit   'SIGKILL', 'exit code 3' / 'signal SIGKILL' for messages
 
 Each caller keeps its own policy (which signal a child gets when its parent dies, grace periods, how a
-process is signalled, what it logs); this module holds the mechanics.  Standard library only, and light:
-it is imported by the launcher before anything else.
+process is signalled, what it logs); this module holds the mechanics.  Standard library only (ctypes
+on first use), nothing from the rest of pyddp.  The launcher's guardian process (_launcher/guardian.py)
+runs with ``python -I`` as a script and cannot import it: its one SIGKILL loop stays its own.
 """
 import os
 import signal

@@ -18,7 +18,8 @@ BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.
 
 
 def _child_setup(launcher_pid):
-    """Runs in the forked child before exec (the launcher is single-threaded, so this is safe)."""
+    """A worker's preexec_fn: it runs in the forked child before exec (the launcher is single-threaded,
+    so this is safe)."""
     _lifecycle.load_prctl()   # here, in the launcher: the forked child must only call it
 
     def setup():
