@@ -26,8 +26,9 @@ import tempfile
 import time
 import warnings
 
+from ._lifecycle import die_with_parent, load_prctl, signal_group
 from .multiprocessing.spawn import (ProcessContext, _check_fn_args, _check_fork_safe, _check_nprocs,
-                                    _remove, _set_pdeathsig, _write_error)
+                                    _remove, _write_error)
 
 __all__ = ["notebook_launcher"]
 
@@ -81,8 +82,7 @@ def _one_thread_per_rank():
 def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, parent_pid):
     """A rank: runs in the forked child."""
     # Die with the launcher (the thread that forked us), whatever we are doing.
-    _set_pdeathsig(signal.SIGKILL)
-    if os.getppid() != parent_pid:
+    if die_with_parent(signal.SIGKILL, parent_pid):   # it died already
         os._exit(1)
     try:
         os.setpgid(0, 0)  # own process group: stopping the rank stops what it started too
@@ -215,12 +215,7 @@ class _GroupContext(ProcessContext):
 
     def _signal_group(self, process, sig):
         # Only while the rank is unreaped: until then its pid, the group's id, cannot be reused.
-        if process.exitcode is None:
-            try:
-                os.killpg(process.pid, sig)
-                return
-            except OSError:
-                pass
+        if process.exitcode is None and not signal_group(process.pid, sig):
             try:
                 os.kill(process.pid, sig)
             except OSError:
@@ -240,10 +235,7 @@ class _GroupContext(ProcessContext):
                 os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
             except (ChildProcessError, OSError):
                 continue  # reaped already
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(process.pid, signal.SIGKILL)
 
     def _terminate_process(self, process):
         self._signal_group(process, signal.SIGTERM)
@@ -300,6 +292,7 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     context = _GroupContext(processes, error_files)
     output = _Output()
     parent_pid = os.getpid()
+    load_prctl()   # here: a forked rank must only call it
     try:
         for rank in range(nprocs):
             env = {

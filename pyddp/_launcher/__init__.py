@@ -9,6 +9,8 @@
     guardian.py   a helper process that cleans up if the launcher itself is killed
     bootstrap.py  runs inside each Python worker: the user's script through runpy, traceback recorded
 
-Standard library only, and nothing from pyddp.distributed: the launcher never joins the job, it
-only starts, watches and stops the processes that do.
+The standard library and pyddp._lifecycle (the process lifecycle it shares with
+pyddp.multiprocessing.spawn and pyddp.notebook_launcher: parent-death signal, stopping with a grace
+period, signal names), nothing from pyddp.distributed: the launcher never joins the job, it only
+starts, watches and stops the processes that do.
 """

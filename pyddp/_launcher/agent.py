@@ -21,7 +21,8 @@ import threading
 import time
 from typing import List, Optional
 
-from .errors import Failure, describe_exit, first_failure_order, format_summary, read_failure, signal_name
+from .._lifecycle import describe_exit, signal_group, signal_name, terminate_with_grace, wait_until_gone
+from .errors import Failure, first_failure_order, format_summary, read_failure
 from .guardian import Guardian
 from .options import STD_ERR, STD_OUT, LaunchConfig
 from .output import Console, LineSink, OutputPump
@@ -33,13 +34,6 @@ _DEFAULT_GRACE = 30.0
 # After SIGKILL: how long to wait for the kernel to take the processes away.
 _KILL_WAIT = 10.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _killpg(pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except OSError:   # gone already
-        pass
 
 
 def _remove_if_empty(path):
@@ -316,42 +310,30 @@ class Agent:
         """Signal every running worker's group, give them the grace period, then SIGKILL.
 
         A second launcher signal during the wait kills at once."""
-        live = [w for w in workers if w.proc is not None and w.poll() is None]
-        if not live:
-            return
-        for w in live:
-            w.signal_group(sig)
-        signals_seen = self._signal_count
-        start = time.monotonic()
-        told = False
-        # Any further launcher signal (a second Ctrl-C) cuts the wait short.
-        while live and time.monotonic() - start < self.grace and self._signal_count == signals_seen:
-            pump.pump(0.05)
-            live = [w for w in live if w.poll() is None]
-            if live and not told and time.monotonic() - start > 2.0:
-                told = True
-                self.note(f"waiting up to {self.grace:.0f} s for {len(live)} worker(s) to stop after "
-                          f"{signal_name(sig)} (send SIGINT/Ctrl-C again to kill them now)")
-        for w in live:
-            w.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + _KILL_WAIT
-        while live and time.monotonic() < deadline:
-            pump.pump(0.05)
-            live = [w for w in live if w.poll() is None]
+        def running(ws):
+            return [w for w in ws if w.poll() is None]
+
+        def slow(live):
+            self.note(f"waiting up to {self.grace:.0f} s for {len(live)} worker(s) to stop after "
+                      f"{signal_name(sig)} (send SIGINT/Ctrl-C again to kill them now)")
+
+        def wait_grace(live):
+            # Any further launcher signal (a second Ctrl-C) cuts the wait short.
+            signals_seen = self._signal_count
+            return wait_until_gone(live, running, self.grace, pause=pump.pump,
+                                   cut_short=lambda: self._signal_count != signals_seen, on_slow=slow)
+
+        def wait_kill(live):
+            return wait_until_gone(live, running, _KILL_WAIT, pause=pump.pump)
+
+        terminate_with_grace([w for w in workers if w.proc is not None], lambda w, s: w.signal_group(s),
+                             running, wait_grace, wait_kill, sig=sig)
 
     def _clean_groups(self, workers):
         """Whatever a worker started in its process group must not outlive the job (TERM, then KILL)."""
-        groups = live_groups(w.pid for w in workers)
-        if not groups:
-            return
-        for g in groups:
-            _killpg(g, signal.SIGTERM)
-        deadline = time.monotonic() + min(self.grace, 5.0)
-        while groups and time.monotonic() < deadline:
-            time.sleep(0.05)
-            groups = live_groups(groups)
-        for g in groups:
-            _killpg(g, signal.SIGKILL)
+        terminate_with_grace(
+            [w.pid for w in workers], signal_group, live_groups,
+            wait_grace=lambda groups: wait_until_gone(groups, live_groups, min(self.grace, 5.0)))
 
     # ------------------------------------------------------------ signals
 

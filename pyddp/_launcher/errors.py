@@ -8,9 +8,10 @@ the launcher observed) with host, rank, exit code or signal and Python traceback
 import datetime
 import json
 import os
-import signal
 from dataclasses import dataclass
 from typing import List, Optional
+
+from .._lifecycle import describe_exit, signal_name
 
 _RULE = "=" * 72
 _THIN = "-" * 72
@@ -29,20 +30,6 @@ class Failure:
     traceback: Optional[str] = None
     error_time: Optional[float] = None
     fault: Optional[str] = None      # faulthandler's dump after a fatal signal
-
-
-def signal_name(signum) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def describe_exit(returncode) -> str:
-    """'exit code 3' or 'signal SIGKILL' (Popen reports death by signal N as -N)."""
-    if returncode < 0:
-        return f"signal {signal_name(-returncode)}"
-    return f"exit code {returncode}"
 
 
 def _read_text(path, limit=1 << 16) -> Optional[str]:

@@ -5,7 +5,6 @@ data-loader workers): stopping a worker signals the whole group, and the termina
 launcher alone, which forwards it once to every group.  Each worker also asks the kernel for SIGKILL when
 the launcher dies (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no worker behind.
 """
-import ctypes
 import os
 import signal
 import subprocess
@@ -13,27 +12,18 @@ import sys
 import time
 from typing import Optional, Set
 
+from .. import _lifecycle
+
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):   # not Linux: no parent-death signal
-        return None
-
-
-# Looked up here, in the launcher: the forked child must only call it.
-_prctl = _load_prctl()
 
 
 def _child_setup(launcher_pid):
-    """Runs in the forked child before exec (the launcher is single-threaded, so this is safe)."""
+    """A worker's preexec_fn: it runs in the forked child before exec (the launcher is single-threaded,
+    so this is safe)."""
+    _lifecycle.load_prctl()   # here, in the launcher: the forked child must only call it
+
     def setup():
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != launcher_pid:   # the launcher died before prctl took effect
+        if _lifecycle.die_with_parent(signal.SIGKILL, launcher_pid):   # the launcher died already
             os.kill(os.getpid(), signal.SIGKILL)
     return setup
 
@@ -111,13 +101,7 @@ class Worker:
 
     def signal_group(self, sig) -> bool:
         """Send sig to the worker's process group; False when no process is left in it."""
-        try:
-            os.killpg(self.proc.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:   # the pgid now belongs to someone else's process: ours are gone
-            return False
+        return _lifecycle.signal_group(self.proc.pid, sig)
 
 
 def live_groups(pgids) -> Set[int]:

@@ -29,6 +29,8 @@ import tempfile
 import time
 import warnings
 
+from .._lifecycle import die_with_parent, signal_name, terminate_with_grace
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -81,24 +83,6 @@ class ProcessExitedException(ProcessException):
                 (self.msg, self.error_index, self.error_pid, self.exit_code, self.signal_name))
 
 
-def _set_pdeathsig(sig) -> None:
-    """Linux: have the kernel send `sig` to this process when the thread that started it exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # no libc symbol (unusual builds): the parent still terminates its children
-        pass
-
-
-def _orphaned(parent_pid) -> bool:
-    # The parent died between starting this process and _set_pdeathsig: nobody will ever join it.
-    return parent_pid is not None and os.getppid() != parent_pid
-
-
 def _write_error(error_file: str, trace: str) -> None:
     # (traceback, CLOCK_MONOTONIC time) - the time lets the parent tell the first failure from
     # the failures it caused.  Written to a temporary name and renamed: a reader never sees half.
@@ -129,9 +113,9 @@ def _remove(path: str) -> None:
 
 def _wrap(fn, i, args, error_file, parent_pid=None):
     # prctl(2) is Linux-specific (elsewhere this does nothing): a child whose parent dies gets SIGINT,
-    # as in torch, so it can leave its process group cleanly.
-    _set_pdeathsig(signal.SIGINT)
-    if _orphaned(parent_pid):
+    # as in torch, so it can leave its process group cleanly.  A parent that died before that took
+    # effect will never join this process.
+    if die_with_parent(signal.SIGINT, parent_pid):
         sys.exit(1)
     try:
         fn(i, *args)
@@ -178,21 +162,28 @@ class ProcessContext:
 
     def _stop_all(self, grace: float, quiet: bool = False):
         """SIGTERM every live process, SIGKILL what is left after `grace` seconds, reap them all."""
-        for process in self.processes:
-            if process.is_alive():
-                if not quiet:
-                    log.warning("Terminating process %s via signal SIGTERM", process.pid)
-                self._terminate_process(process)
-        try:
-            self._join_procs_with_timeout(grace)
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting, kill
-            pass
-        for process in self.processes:
-            if process.is_alive():
+        def send(process, sig):
+            if sig == signal.SIGKILL:
                 if not quiet:
                     log.warning("Unable to shutdown process %s via SIGTERM , forcefully exiting via "
                                 "SIGKILL", process.pid)
                 self._kill_process(process)
+            else:
+                if not quiet:
+                    log.warning("Terminating process %s via signal SIGTERM", process.pid)
+                self._terminate_process(process)
+
+        def running(processes):
+            return [process for process in processes if process.is_alive()]
+
+        def wait_grace(live):
+            try:
+                self._join_procs_with_timeout(grace)
+            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting, kill
+                pass
+            return running(live)
+
+        terminate_with_grace(self.processes, send, running, wait_grace)
         self._before_reap()
         for process in self.processes:
             process.join(_KILL_WAIT)
@@ -272,10 +263,7 @@ class ProcessContext:
         if err is None:
             exitcode = failed_process.exitcode
             if exitcode < 0:
-                try:
-                    name = signal.Signals(-exitcode).name
-                except ValueError:
-                    name = f"<Unknown signal {-exitcode}>"
+                name = signal_name(-exitcode, unknown="<Unknown signal {}>")
                 raise ProcessExitedException(
                     f"process {error_index:d} terminated with signal {name}",
                     error_index=error_index,
