@@ -278,19 +278,19 @@ class _DLTensor(ctypes.Structure):
 def _capsule_view(x, capsule):
     """Describe the tensor inside a DLPack capsule (legacy 'dltensor' or 'dltensor_versioned')
     without consuming it: the capsule's destructor still frees it."""
-    api = ctypes.pythonapi
-    api.PyCapsule_IsValid.restype = ctypes.c_int
-    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    # our own prototypes: setting ctypes.pythonapi's would change them for everyone
+    is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_IsValid", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
     readonly = False
-    if api.PyCapsule_IsValid(capsule, b"dltensor"):
+    if is_valid(capsule, b"dltensor"):
         # DLManagedTensor starts with its DLTensor
-        t = _DLTensor.from_address(api.PyCapsule_GetPointer(capsule, b"dltensor"))
-    elif api.PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        t = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))
+    elif is_valid(capsule, b"dltensor_versioned"):
         # DLManagedTensorVersioned: {DLPackVersion (2 x uint32), manager_ctx, deleter,
         # uint64 flags, DLTensor}; flag bit 0 is read-only
-        base = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        base = get_pointer(capsule, b"dltensor_versioned")
         ptr = ctypes.sizeof(ctypes.c_void_p)
         flags = ctypes.c_uint64.from_address(base + 8 + 2 * ptr).value
         readonly = bool(flags & 1)

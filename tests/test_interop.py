@@ -203,6 +203,13 @@ def test_dlpack_capsule_description():
         v = I._capsule_view(a, cap)
         assert (v.device, v.dtype, v.shape, v.strides, v.ptr, v.contiguous, v.writable) == (
             "cpu", "int16", (3, 3), a.strides, a.__array_interface__["data"][0], False, True)
+    r = np.zeros(3)
+    r.flags.writeable = False
+    try:
+        cap = r.__dlpack__(max_version=(1, 0))
+    except (TypeError, BufferError):
+        return
+    assert I._capsule_view(r, cap).writable is False  # the versioned capsule's read-only flag
 
 
 def test_dlpack_device_without_cai_uses_capsule():
