@@ -405,7 +405,8 @@ def cpu_array(x, name: str, writable: bool = False, on_device=None):
             code = dtype_code(a.dtype, name)  # bfloat16, or TypeError
             a = a.view(np.uint16)
     if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
+        raise ValueError(
+            f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
     if writable and not a.flags.writeable:
         raise ValueError(f"{name} is read-only; it is an output and must be writable")
     return a, code

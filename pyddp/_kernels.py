@@ -1,5 +1,6 @@
-"""Python entry points of the amp and optimizer C kernels (pyddp._C).  ``as_array`` (pyddp._interop's
-``host_array``) turns parameters, gradients and state into the NumPy arrays those kernels take.
+"""Python entry points of the amp and optimizer C kernels (pyddp._C).  ``as_array``
+(pyddp._interop's ``host_array``) turns parameters, gradients and state into the NumPy arrays those
+kernels take.
 
 Arrays reach C through the buffer protocol: float16, float32 and float64 arrays as they are, and
 bfloat16 (ml_dtypes.bfloat16 arrays, torch.bfloat16 tensors) as uint16 views of the same memory.

@@ -136,7 +136,8 @@ def test_cpu_gloo_cuda_nccl(world):
     dist.broadcast(a, 0, group=pg)
     dist.barrier(group=pg)
     assert np.array_equal(a, np.arange(4.0))
-    with pytest.raises(RuntimeError, match=f"tensor is on device cuda:0: backend 'nccl' {NCCL_MSG}"):
+    with pytest.raises(RuntimeError,
+                       match=f"tensor is on device cuda:0: backend 'nccl' {NCCL_MSG}"):
         dist.all_reduce(FakeCuda())
     with pytest.raises(RuntimeError, match=NCCL_MSG):
         dist.broadcast(FakeCuda(), 0)
@@ -167,7 +168,8 @@ def test_register_backend_device_dispatch(registry, world):
     x = FakeCuda()
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     kind, dtype, op, count, ins, outs, name, blocking = rec.calls[-1]
-    assert (kind, dtype, op, count, name, blocking) == (_C.K_ALLREDUCE, 11, 4, 4, "all_reduce", True)
+    assert (kind, dtype, op, count, name, blocking) == (_C.K_ALLREDUCE, 11, 4, 4, "all_reduce",
+                                                        True)
     assert ins == () and outs[0].owner is x and outs[0].device == "cuda"
     dist.all_gather_into_tensor(FakeCuda(shape=(4,)), FakeCuda(shape=(4,)))
     assert rec.calls[-1][0] == _C.K_ALLGATHER
