@@ -927,7 +927,7 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
     if dcode != code or d.size != a.size:
         raise ValueError(f"_all_reduce_into: dst must match src's dtype and size ({a.dtype}, {a.size}), "
                          f"got {d.dtype}, {d.size}")
-    if type(a) is np.ndarray and type(d) is np.ndarray and np.shares_memory(a, d):
+    if np.shares_memory(a, d):  # False for device views (object arrays to NumPy)
         raise ValueError("_all_reduce_into: src and dst must not overlap")
     return _ret(pg._submit(_C.K_ALLREDUCE, code, _op_of(op), 0, 0, a.size, (a,), (d,),
                            name="all_reduce", result=dst, async_op=async_op), async_op)
