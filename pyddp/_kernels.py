@@ -1,5 +1,6 @@
-"""Python entry points of the amp and optimizer C kernels (pyddp._C), and the adapter that turns
-parameters, gradients and state into the NumPy arrays those kernels take.
+"""Python entry points of the amp and optimizer C kernels (pyddp._C).  ``as_array``
+(pyddp._interop's ``host_array``) turns parameters, gradients and state into the NumPy arrays those
+kernels take.
 
 Arrays reach C through the buffer protocol: float16, float32 and float64 arrays as they are, and
 bfloat16 (ml_dtypes.bfloat16 arrays, torch.bfloat16 tensors) as uint16 views of the same memory.
@@ -20,48 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
+from ._interop import host_array as as_array, is_torch_tensor
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.split(".", 1)[0] == "torch" and hasattr(x, "detach")
-
-
-def as_array(x, name: str = "array") -> np.ndarray:
-    """The ndarray sharing memory with ``x``; bfloat16 comes back as a uint16 view.
-
-    ``x`` may be a NumPy array, a pyddp Tensor (anything with an ndarray ``_data``), a torch CPU
-    tensor, or an object with ``__array__`` that returns its own memory.
-    """
-    # Called for every array of every kernel call: the common cases come first and cheaply.
-    if type(x) is np.ndarray:
-        a = x
-    else:
-        d = getattr(x, "_data", None)
-        if isinstance(d, np.ndarray):
-            a = d
-        elif isinstance(x, np.ndarray):
-            a = x
-        elif _is_torch(x):
-            import torch  # only reached for a torch tensor
-
-            t = x.detach()
-            if t.device.type != "cpu":
-                raise ValueError(f"{name} is on device {t.device}; pyddp's kernels take CPU "
-                                 "tensors")
-            if t.dtype == torch.bfloat16:
-                return t.view(torch.int16).numpy().view(np.uint16)
-            a = t.numpy()
-        elif hasattr(x, "__array__"):
-            a = np.asarray(x)
-        else:
-            raise TypeError(f"{name} must be an array or tensor, got {type(x).__name__}")
-    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
-        a = a.view(np.uint16)
-    return a
+__all__ = ["as_array", "unscale_", "nonfinite", "cast_"]
 
 
 def _arrays(xs, name):
     if type(xs) is not list and type(xs) is not tuple:
-        if isinstance(xs, np.ndarray) or _is_torch(xs) or hasattr(xs, "_data"):
+        if isinstance(xs, np.ndarray) or is_torch_tensor(xs) or hasattr(xs, "_data"):
             raise TypeError(f"{name} must be a list of arrays, got a single {type(xs).__name__}")
         xs = list(xs)
     try:

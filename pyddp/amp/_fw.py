@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._kernels import _is_torch, as_array
+from .._interop import is_torch_module, is_torch_tensor, loaded_torch as _torch
+from .._kernels import as_array
 
 
 def dtype_name(x) -> str:
     """'float32', 'float16', 'bfloat16', 'float64', ... for an array or tensor."""
-    if _is_torch(x):
+    if is_torch_tensor(x):
         return str(x.dtype).replace("torch.", "")
     d = getattr(x, "_data", x)
     return d.dtype.name if isinstance(d, np.ndarray) else np.asarray(d).dtype.name
@@ -16,19 +17,7 @@ def dtype_name(x) -> str:
 __all__ = ["is_torch", "dtype_name", "as_array", "is_module", "is_optimizer", "make_master",
            "new_grad", "to_type", "cast_module", "is_batchnorm", "is_ddp"]
 
-is_torch = _is_torch
-
-
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")
-
-
-def is_torch_module(m) -> bool:
-    """True for a torch.nn.Module (torch is not imported if it is not loaded)."""
-    torch = _torch()
-    return torch is not None and isinstance(m, torch.nn.Module)
+is_torch = is_torch_tensor
 
 
 def is_module(m) -> bool:
@@ -102,7 +91,7 @@ def dtype_str(dtype) -> str:
 
 def to_type(dtype_name_, t):
     """apex's to_type: a floating tensor (pyddp, torch or ndarray) cast to the dtype, else t."""
-    if _is_torch(t):
+    if is_torch_tensor(t):
         if t.is_floating_point():
             return t.to(_torch_dtype(dtype_name_))
         return t
@@ -118,7 +107,7 @@ def to_type(dtype_name_, t):
 
 def applier(value, fn):
     """apex's applier: fn applied to every tensor in nested tuples, lists and dicts."""
-    if _is_torch(value) or isinstance(getattr(value, "_data", None), np.ndarray) or \
+    if is_torch_tensor(value) or isinstance(getattr(value, "_data", None), np.ndarray) or \
             isinstance(value, np.ndarray):
         return fn(value)
     if isinstance(value, dict):
@@ -157,7 +146,7 @@ def cast_module(model, dtype_name_, keep_batchnorm_fp32):
 
 def make_master(p):
     """A float32 leaf copy of parameter ``p`` that requires grad (amp O2's master weight)."""
-    if _is_torch(p):
+    if is_torch_tensor(p):
         m = p.detach().clone().float()
         m.requires_grad_(True)
         return m
@@ -169,7 +158,7 @@ def make_master(p):
 
 def new_grad(master) -> np.ndarray:
     """Give ``master`` a fresh (uninitialised) float32 gradient; returns its array."""
-    if _is_torch(master):
+    if is_torch_tensor(master):
         torch = _torch()
         master.grad = torch.empty_like(master)
         return master.grad.numpy()

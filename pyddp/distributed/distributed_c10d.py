@@ -1,7 +1,8 @@
 """torch.distributed's process-group API on pyddp's C core.
 
 Names, argument order, defaults and error types follow torch.distributed (2.x).  The Python
-layer checks arguments and turns arrays into views; the C core (pyddp._C) moves the bytes.
+layer checks arguments and turns arrays into views (pyddp._interop); the backend serving the
+arrays' device (pyddp.distributed._backend: the C core, pyddp._C, for 'cpu') moves the bytes.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from .. import _C
-from . import _arrays, _cluster
-from ._arrays import as_array
+from .. import _C, _interop
+from . import _backend, _cluster
+from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
 DistError = _C.DistError
@@ -31,20 +32,25 @@ DistNetworkError = _C.DistNetworkError
 DistStoreError = _C.DistStoreError
 
 default_pg_timeout = timedelta(minutes=30)
-_BACKENDS = ("cpu", "gloo")
+
+# The C core's reduction operators (pd_redop): pyddp._C exports them (REDUCE_OPS, name -> code);
+# the hand-written copy is only used when it does not.
+_REDUCE_OPS = getattr(_C, "REDUCE_OPS", None) or {
+    "SUM": 0, "AVG": 1, "PRODUCT": 2, "MIN": 3, "MAX": 4, "BAND": 5, "BOR": 6, "BXOR": 7,
+}
 
 
 class ReduceOp(enum.IntEnum):
     """Reduction operators (values match the C core's pd_redop)."""
 
-    SUM = 0
-    AVG = 1
-    PRODUCT = 2
-    MIN = 3
-    MAX = 4
-    BAND = 5
-    BOR = 6
-    BXOR = 7
+    SUM = _REDUCE_OPS["SUM"]
+    AVG = _REDUCE_OPS["AVG"]
+    PRODUCT = _REDUCE_OPS["PRODUCT"]
+    MIN = _REDUCE_OPS["MIN"]
+    MAX = _REDUCE_OPS["MAX"]
+    BAND = _REDUCE_OPS["BAND"]
+    BOR = _REDUCE_OPS["BOR"]
+    BXOR = _REDUCE_OPS["BXOR"]
 
     # torch spells the type ReduceOp.RedOpType
     @classmethod
@@ -61,36 +67,62 @@ ReduceOp.RedOpType = ReduceOp  # type: ignore[attr-defined]
 
 
 class Backend(str):
-    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias)."""
+    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias); "nccl" and "mpi" (registered,
+    not available in this build); those added with ``register_backend``."""
 
     CPU = "cpu"
     GLOO = "gloo"
     NCCL = "nccl"
+    MPI = "mpi"
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
             raise TypeError(f"backend must be a string, got {type(name).__name__}")
         return str.__new__(cls, name.lower())
 
+    @classmethod
+    def register_backend(cls, name, func, extended_api=False, devices=None) -> None:
+        """Register a backend (torch's ``Backend.register_backend``).
+
+        ``func(store, rank, world_size, timeout)`` (``func(backend_options, pg_options)`` with
+        ``extended_api=True``) creates the backend object of one group on this rank; it must
+        implement pyddp's backend interface (``submit``, ``destroy``: see
+        pyddp.distributed._backend).  ``devices``: the device type(s) it serves (default 'cpu'
+        and 'cuda', with a warning).  ``init_process_group(name)`` and ``new_group(backend=name)``
+        then use it, as do 'device:name' strings."""
+        _backend.register_plugin(name, func, extended_api, devices)
+        if not hasattr(cls, name.upper()):
+            setattr(cls, name.upper(), name.lower())
+
 
 # ------------------------------------------------------------------------------------ groups
 
 class ProcessGroup:
-    """A group of ranks with its own connections and progress thread."""
+    """A group of ranks with one backend object per device type it serves (see
+    pyddp.distributed._backend); each collective goes to the backend of its arrays' device."""
 
-    def __init__(self, cpg, ranks, backend, name, timeout):
-        self._cpg = cpg
-        self._rank = cpg.rank
-        self._size = cpg.size
+    def __init__(self, backends, ranks, backend, name, timeout, rank, plan=None):
+        # device type -> backend object, or _backend.Unavailable (named, not in this build)
+        self._backends = dict(backends)
+        self._plan = plan  # device type -> registry entry, for new_group(backend=None)
         self._ranks = list(ranks)  # global ranks, index = group rank
+        self._rank = rank
+        self._size = len(self._ranks)
         self._rank_of = {g: i for i, g in enumerate(self._ranks)}
         self._backend = backend
         self._name = name
         self._timeout = timeout
         self._pending = collections.deque()
         self._lock = threading.Lock()
+        cpu = self._backends.get("cpu")
+        cpu_only = len(self._backends) == 1 and cpu is not None
+        # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
+        self._cpg = None if type(cpu) is _backend.Unavailable else cpu
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups)
-        self._fast = cpg.fast
+        self._fast = getattr(self._cpg, "fast", None)
+        # a CPU-only group sends everything to self._cpg; others choose by device
+        self._on_device = None if cpu_only else self._device_array
+        self._route = None if cpu_only else self._route_arrays
 
     def rank(self) -> int:
         """This process's rank within the group."""
@@ -112,11 +144,12 @@ class ProcessGroup:
     def _submit(self, kind, dtype=0, op=0, root=0, tag=0, count=0, inputs=(), outputs=(),
                 in_splits=None, out_splits=None, timeout=0.0, wait_all=False, name="",
                 result=None, async_op=False, source=False):
-        if self._cpg is None:
+        be = self._cpg if self._route is None else self._route(inputs, outputs, name)
+        if be is None:
             raise DistError(f"{name}: the process group has been destroyed")
-        cw = self._cpg.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
-                              in_splits, out_splits, float(timeout), bool(wait_all), name,
-                              not async_op and not source)
+        cw = be.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
+                       in_splits, out_splits, float(timeout), bool(wait_all), name,
+                       not async_op and not source)
         if cw is None:  # ran to completion on this thread
             return None
         work = Work(cw, result, self if source else None)
@@ -131,16 +164,72 @@ class ProcessGroup:
             work.wait()
         return work
 
+    def _backends_desc(self) -> str:
+        """'cpu:cpu, cuda:nccl (unavailable)': the group's devices and their backends."""
+        out = []
+        for d, e in (self._plan or {}).items():
+            if type(e) is _backend.Unavailable:
+                out.append(f"{d}:{e.entry.name} (unavailable)")
+            else:
+                out.append(f"{d}:{e.name}")
+        return ", ".join(out)
+
+    def _device_array(self, view, name, writable):
+        """A device array given to a collective of a group that is not CPU-only: (view, code)
+        when a backend of the group serves its device, else the error naming both."""
+        be = None if self._backends is None else self._backends.get(view.device)
+        if type(be) is _backend.Unavailable:
+            raise RuntimeError(f"{name} is on device {view.device_str}: {be.entry.reason()}")
+        if be is None:
+            raise ValueError(f"{name} is on device {view.device_str}, which no backend of group "
+                             f"{self._name!r} serves (its backends: {self._backends_desc()})")
+        if view.code is None:
+            raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
+                            f"{', '.join(_interop.DTYPE_NAMES)}")
+        if not view.contiguous:
+            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+        if writable and not view.writable:
+            raise ValueError(f"{name} is read-only; it is an output and must be writable")
+        return view, view.code
+
+    def _route_arrays(self, inputs, outputs, name):
+        """The backend object for one request: the one serving its arrays' device."""
+        backends = self._backends
+        if backends is None:
+            return None
+        device = None
+        for a in (*inputs, *outputs):
+            d = "cpu" if type(a) is np.ndarray else a.device
+            if device is None:
+                device = d
+            elif d != device:
+                raise ValueError(f"{name}: all arrays of one call must be on one device, got "
+                                 f"{device} and {d}")
+        if device is None:  # barrier: no arrays
+            device = "cpu" if "cpu" in backends else next(iter(backends))
+        be = backends.get(device)
+        if be is None or type(be) is _backend.Unavailable:
+            what = be.entry.reason() if be is not None else (
+                f"no backend of group {self._name!r} serves it (its backends: "
+                f"{self._backends_desc()})")
+            raise (RuntimeError if be is not None else ValueError)(
+                f"{name}: the arrays are on device {device}: {what}")
+        return be
+
     @property
     def _transport(self):
         """'shm' (every rank on this host), 'tcp' or 'local' (one rank)."""
-        return None if self._cpg is None else self._cpg.transport
+        return getattr(self._cpg, "transport", None)
 
     def _destroy(self):
         self._fast = None
-        cpg, self._cpg = self._cpg, None
-        if cpg is not None:
-            cpg.destroy()
+        self._cpg = None
+        backends, self._backends = self._backends, None
+        done = set()
+        for b in (backends or {}).values():
+            if type(b) is not _backend.Unavailable and id(b) not in done:
+                done.add(id(b))
+                b.destroy()
         self._pending.clear()
 
     def __repr__(self):
@@ -196,19 +285,24 @@ def is_initialized() -> bool:
     return _world.default_pg is not None
 
 
+def _registered_available(name) -> bool:
+    e = _backend.lookup(name)
+    return e is not None and e.is_available()
+
+
 def is_gloo_available() -> bool:
     """True: the name 'gloo' selects pyddp's own CPU backend."""
-    return True
+    return _registered_available("gloo")
 
 
 def is_nccl_available() -> bool:
     """False: this build has no NCCL (GPU) backend."""
-    return False
+    return _registered_available("nccl")
 
 
 def is_mpi_available() -> bool:
     """False: pyddp has no MPI backend (it starts under mpirun, see the README)."""
-    return False
+    return _registered_available("mpi")
 
 
 def _default_pg() -> ProcessGroup:
@@ -227,7 +321,7 @@ def _resolve(group) -> ProcessGroup | None:
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a ProcessGroup returned by new_group() or None, "
                         f"got {type(group).__name__}")
-    if group._cpg is None:
+    if group._backends is None:
         raise ValueError(f"group {group._name!r} has been destroyed")
     return group
 
@@ -247,7 +341,8 @@ def get_world_size(group=None) -> int:
 
 
 def get_backend(group=None) -> str:
-    """The backend name of ``group`` ('cpu' or 'gloo', as given to init_process_group)."""
+    """The backend name of ``group`` as given to init_process_group or new_group, lower case
+    ('cpu', 'gloo', 'cpu:gloo,cuda:nccl', ...; 'cpu' for the default)."""
     pg = _resolve(group)
     if pg is None:
         raise ValueError("Invalid process group specified: this rank is not a member")
@@ -434,35 +529,13 @@ def _connect_group(store, rank, size, timeout, name):
     return cpg, gen
 
 
-def _parse_backend(backend):
-    if backend is None:
-        return "cpu"
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string or None, got {type(backend).__name__}")
-    b = backend.lower()
-    if ":" in b:  # "cpu:gloo,cuda:nccl"
-        parts = dict(p.split(":", 1) for p in b.split(",") if ":" in p)
-        cpu = parts.get("cpu", "cpu")
-        if cpu not in _BACKENDS:
-            raise ValueError(f"backend {backend!r}: unsupported CPU backend {cpu!r}")
-        return cpu
-    if b in _BACKENDS:
-        return b
-    if b == "nccl":
-        raise RuntimeError("backend 'nccl' needs CUDA and libnccl, which this build does not provide "
-                           "yet; use backend='cpu' (or 'gloo') for CPU arrays")
-    if b == "mpi":
-        raise RuntimeError("backend 'mpi' is not available in pyddp; use 'cpu'")
-    raise ValueError(f"Invalid backend {backend!r}: expected 'cpu' or 'gloo'")
-
-
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None):
     """Initialize the default process group (torch.distributed.init_process_group)."""
     with _world.lock:
         if _world.default_pg is not None:
             raise ValueError("trying to initialize the default process group twice!")
-        bname = _parse_backend(backend)
+        bname, plan = _backend.parse(backend)
         tsec = _timeout_seconds(timeout)
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
@@ -479,11 +552,14 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)
-        cpg, gen = _connect_group(pstore, rank, world_size, tsec, "pg")
-        pg = ProcessGroup(cpg, range(world_size), bname, group_name or "default_pg", tsec)
+        name = group_name or "default_pg"
+        opts = _backend.BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
+                                       range(world_size), pg_options)
+        pg = ProcessGroup(_backend.create(plan, opts), range(world_size), bname, name, tsec,
+                          rank, plan)
         _world.store = store
         _world.owns_store = owns
-        _world.round = gen
+        _world.round = opts.round
         _world.backend = bname
         _world.groups = [pg]
         _world.group_count = 0
@@ -503,7 +579,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     for r in ranks:
         if not 0 <= r < n:
             raise ValueError(f"rank {r} in ranks is out of range [0, {n - 1}]")
-    bname = _parse_backend(backend) if backend is not None else world._backend
+    bname, plan = _backend.parse(backend) if backend is not None else (world._backend, world._plan)
     tsec = _timeout_seconds(timeout) if timeout is not None else world._timeout
     with _world.lock:
         _world.group_count += 1
@@ -512,8 +588,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if me not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
-    cpg, _ = _connect_group(store, ranks.index(me), len(ranks), tsec, "pg")
-    pg = ProcessGroup(cpg, ranks, bname, group_desc or name, tsec)
+    opts = _backend.BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
+                                   group_desc or name, ranks, pg_options)
+    pg = ProcessGroup(_backend.create(plan, opts), ranks, bname, group_desc or name, tsec,
+                      ranks.index(me), plan)
     _world.groups.append(pg)
     return pg
 
@@ -755,8 +833,8 @@ def _group_rank(pg, global_rank, what):
 
 def _check_same(a, code, ref, ref_code, what, ref_what):
     if code != ref_code:
-        raise TypeError(f"{what} has dtype {_arrays.DTYPE_NAMES[code]} but {ref_what} has dtype "
-                        f"{_arrays.DTYPE_NAMES[ref_code]}")
+        raise TypeError(f"{what} has dtype {_interop.DTYPE_NAMES[code]} but {ref_what} has dtype "
+                        f"{_interop.DTYPE_NAMES[ref_code]}")
 
 
 def _list_arg(lst, name):
@@ -765,14 +843,15 @@ def _list_arg(lst, name):
     return lst
 
 
-def _rank_arrays(lst, name, n, ref, ref_code, ref_name, writable):
+def _rank_arrays(pg, lst, name, ref, ref_code, ref_name, writable):
     """Views of a list with one array per rank, each like `ref` (dtype, element count)."""
     _list_arg(lst, name)
+    n = pg.size()
     if len(lst) != n:
         raise ValueError(f"{name} must have one array per rank ({n}), got {len(lst)}")
     out = []
     for i, t in enumerate(lst):
-        a, code = as_array(t, f"{name}[{i}]", writable=writable)
+        a, code = as_array(t, f"{name}[{i}]", writable, pg._on_device)
         _check_same(a, code, ref, ref_code, f"{name}[{i}]", ref_name)
         if a.size != ref.size:
             raise ValueError(f"{name}[{i}] has {a.size} elements but {ref_name} has {ref.size}")
@@ -794,7 +873,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     if pg is None:
         return None
     root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
-    a, code = as_array(tensor, "tensor", writable=True)
+    a, code = as_array(tensor, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_BROADCAST, code, 0, root, 0, a.size, (), (a,),
                            name="broadcast", result=tensor, async_op=async_op), async_op)
 
@@ -818,7 +897,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if pg is None:
         return None
     op = _op_of(op)
-    a, code = as_array(tensor, "tensor", writable=True)
+    a, code = as_array(tensor, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_ALLREDUCE, code, op, 0, 0, a.size, (), (a,),
                            name="all_reduce", result=tensor, async_op=async_op), async_op)
 
@@ -829,7 +908,7 @@ def _all_reduce_as(array, code, op=ReduceOp.SUM, group=None, async_op=False):
     pg = _resolve(group)
     if pg is None:
         return None
-    a, _ = as_array(array, "tensor", writable=True)
+    a, _ = as_array(array, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_ALLREDUCE, code, _op_of(op), 0, 0, a.size, (), (a,),
                            name="all_reduce", result=array, async_op=async_op), async_op)
 
@@ -843,12 +922,12 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
     pg = _resolve(group)
     if pg is None:
         return None
-    a, code = as_array(src, "src", writable=True)
-    d, dcode = as_array(dst, "dst", writable=True)
+    a, code = as_array(src, "src", True, pg._on_device)
+    d, dcode = as_array(dst, "dst", True, pg._on_device)
     if dcode != code or d.size != a.size:
         raise ValueError(f"_all_reduce_into: dst must match src's dtype and size ({a.dtype}, {a.size}), "
                          f"got {d.dtype}, {d.size}")
-    if np.shares_memory(a, d):
+    if np.shares_memory(a, d):  # False for device views (object arrays to NumPy)
         raise ValueError("_all_reduce_into: src and dst must not overlap")
     return _ret(pg._submit(_C.K_ALLREDUCE, code, _op_of(op), 0, 0, a.size, (a,), (d,),
                            name="all_reduce", result=dst, async_op=async_op), async_op)
@@ -862,7 +941,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         return None
     op = _op_of(op)
     root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
-    a, code = as_array(tensor, "tensor", writable=True)
+    a, code = as_array(tensor, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
                            name="reduce", result=tensor, async_op=async_op), async_op)
 
@@ -873,8 +952,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     pg = _resolve(group)
     if pg is None:
         return None
-    a, code = as_array(tensor, "tensor")
-    outs = _rank_arrays(tensor_list, "tensor_list", pg.size(), a, code, "tensor", True)
+    a, code = as_array(tensor, "tensor", False, pg._on_device)
+    outs = _rank_arrays(pg, tensor_list, "tensor_list", a, code, "tensor", True)
     return _ret(pg._submit(_C.K_ALLGATHER, code, 0, 0, 0, a.size, (a,), outs,
                            name="all_gather", result=tensor_list, async_op=async_op), async_op)
 
@@ -890,8 +969,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     pg = _resolve(group)
     if pg is None:
         return None
-    a, code = as_array(input_tensor, "input_tensor")
-    o, oc = as_array(output_tensor, "output_tensor", writable=True)
+    a, code = as_array(input_tensor, "input_tensor", False, pg._on_device)
+    o, oc = as_array(output_tensor, "output_tensor", True, pg._on_device)
     _check_same(o, oc, a, code, "output_tensor", "input_tensor")
     if o.size != a.size * pg.size():
         raise ValueError(f"output_tensor must have world_size * input_tensor.numel() = "
@@ -912,12 +991,12 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     if pg is None:
         return None
     root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
-    a, code = as_array(tensor, "tensor")
+    a, code = as_array(tensor, "tensor", False, pg._on_device)
     outs = ()
     if pg.rank() == root:
         if gather_list is None:
             raise ValueError("gather_list must be given on the destination rank")
-        outs = _rank_arrays(gather_list, "gather_list", pg.size(), a, code, "tensor", True)
+        outs = _rank_arrays(pg, gather_list, "gather_list", a, code, "tensor", True)
     elif gather_list:
         raise ValueError("gather_list must be None or empty on non-destination ranks")
     return _ret(pg._submit(_C.K_GATHER, code, 0, root, 0, a.size, (a,), outs,
@@ -930,12 +1009,12 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     if pg is None:
         return None
     root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
-    o, code = as_array(tensor, "tensor", writable=True)
+    o, code = as_array(tensor, "tensor", True, pg._on_device)
     ins = ()
     if pg.rank() == root:
         if scatter_list is None:
             raise ValueError("scatter_list must be given on the source rank")
-        ins = _rank_arrays(scatter_list, "scatter_list", pg.size(), o, code, "tensor", False)
+        ins = _rank_arrays(pg, scatter_list, "scatter_list", o, code, "tensor", False)
     elif scatter_list:
         raise ValueError("scatter_list must be None or empty on non-source ranks")
     return _ret(pg._submit(_C.K_SCATTER, code, 0, root, 0, o.size, ins, (o,),
@@ -949,8 +1028,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     if pg is None:
         return None
     op = _op_of(op)
-    o, code = as_array(output, "output", writable=True)
-    ins = _rank_arrays(input_list, "input_list", pg.size(), o, code, "output", False)
+    o, code = as_array(output, "output", True, pg._on_device)
+    ins = _rank_arrays(pg, input_list, "input_list", o, code, "output", False)
     return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, ins, (o,),
                            name="reduce_scatter", result=output, async_op=async_op), async_op)
 
@@ -966,8 +1045,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if pg is None:
         return None
     op = _op_of(op)
-    o, code = as_array(output, "output", writable=True)
-    a, ac = as_array(input, "input")
+    o, code = as_array(output, "output", True, pg._on_device)
+    a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
@@ -996,13 +1075,13 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     ins, outs = [], []
     code = None
     for i, t in enumerate(input_tensor_list):
-        a, ac = as_array(t, f"input_tensor_list[{i}]")
+        a, ac = as_array(t, f"input_tensor_list[{i}]", False, pg._on_device)
         if code is None:
             code = ac
         _check_same(a, ac, None, code, f"input_tensor_list[{i}]", "input_tensor_list[0]")
         ins.append(a)
     for i, t in enumerate(output_tensor_list):
-        o, oc = as_array(t, f"output_tensor_list[{i}]", writable=True)
+        o, oc = as_array(t, f"output_tensor_list[{i}]", True, pg._on_device)
         _check_same(o, oc, None, code, f"output_tensor_list[{i}]", "input_tensor_list[0]")
         outs.append(o)
     if ins[pg.rank()].nbytes != outs[pg.rank()].nbytes:
@@ -1013,8 +1092,16 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
                 async_op)
 
 
+def _nbytes_per_row(a) -> int:
+    if a.ndim == 0:
+        return a.itemsize
+    if a.shape[0] == 0:
+        return 0
+    return a.nbytes // a.shape[0]
+
+
 def _splits(splits, arr, n, name, arrname):
-    row = _arrays.nbytes_per_row(arr)
+    row = _nbytes_per_row(arr)
     rows = arr.shape[0] if arr.ndim else 1
     if splits is None or len(splits) == 0:
         if rows % n != 0:
@@ -1039,8 +1126,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if pg is None:
         return None
     n = pg.size()
-    o, code = as_array(output, "output", writable=True)
-    a, ac = as_array(input, "input")
+    o, code = as_array(output, "output", True, pg._on_device)
+    a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
     ins = _splits(input_split_sizes, a, n, "input_split_sizes", "input")
     outs = _splits(output_split_sizes, o, n, "output_split_sizes", "output")
@@ -1074,7 +1161,11 @@ def _shared_array(shape, dtype=np.float32, group=None):
         count *= n
     if pg._cpg is None:
         raise DistError("_shared_array: the process group has been destroyed")
-    buf = pg._cpg.shared_alloc(count * dt.itemsize)
+    alloc = getattr(pg._cpg, "shared_alloc", None)
+    if alloc is None:
+        raise DistError(f"_shared_array: the 'cpu' backend of group {pg._name!r} has no shared "
+                        "memory")
+    buf = alloc(count * dt.itemsize)
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
 
@@ -1112,7 +1203,7 @@ def _p2p(kind, tensor, peer, group, tag, name, writable):
         raise TypeError(f"tag must be an int, got {type(tag).__name__}")
     if not 0 <= int(tag) < 2 ** 31:
         raise ValueError(f"tag must be in [0, 2**31), got {tag}")
-    a, code = as_array(tensor, "tensor", writable=writable)
+    a, code = as_array(tensor, "tensor", writable, pg._on_device)
     if peer is None:
         root = -1
     else:

@@ -15,7 +15,8 @@ from itertools import chain
 
 import numpy as np
 
-from .._kernels import _is_torch, as_array
+from .._interop import is_torch_tensor as _is_torch
+from .._kernels import as_array
 
 __all__ = ["Optimizer", "required"]
 

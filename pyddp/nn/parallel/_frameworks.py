@@ -10,13 +10,7 @@ import contextlib
 
 import numpy as np
 
-
-def is_torch_module(module) -> bool:
-    """True for a torch.nn.Module (checked without importing torch when it is not loaded)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(module, torch.nn.Module)
+from ..._interop import is_torch_module, is_torch_tensor  # noqa: F401  (imported from here)
 
 
 class PyddpAdapter:

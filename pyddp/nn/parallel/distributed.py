@@ -149,7 +149,7 @@ def _to_array(x) -> np.ndarray:
         return x
     if hasattr(x, "_data") and isinstance(x._data, np.ndarray):
         return x._data
-    if type(x).__module__.startswith("torch"):
+    if _frameworks.is_torch_tensor(x):
         return _frameworks.TorchAdapter.array(x)
     return np.asarray(x)
 

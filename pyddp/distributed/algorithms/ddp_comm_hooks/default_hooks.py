@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import distributed_c10d as c10d
-from ..._arrays import BFLOAT16, FLOAT16
+from ...._interop import BFLOAT16, FLOAT16
 
 
 def _group(process_group):

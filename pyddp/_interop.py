@@ -1,0 +1,443 @@
+"""The one adapter between user arrays and pyddp's C core.
+
+Every module that takes arrays from users goes through here: pyddp.distributed's collectives
+(``cpu_array``), the amp and optimizer kernels (``host_array``), DistributedDataParallel and amp
+(``is_torch_tensor`` / ``is_torch_module``).  Nothing here imports torch, CuPy, JAX or a CUDA
+library: torch is recognised through ``sys.modules`` (it is loaded when one of its tensors exists),
+the others through the array protocols.
+
+Recognised, in this order (the common cases first, then mpi4py's order for the rest):
+
+1. ``numpy.ndarray`` (checked with ``type(x) is np.ndarray`` first: the hot path);
+2. pyddp Tensors and anything else holding its memory in an ndarray ``_data``;
+3. ndarray subclasses;
+4. torch tensors (CPU: ``.detach().numpy()`` shares memory; CUDA: described from the tensor);
+5. the buffer protocol (bytearray, memoryview, array.array, ...);
+6. DLPack (``__dlpack__`` / ``__dlpack_device__``): CPU arrays through ``np.from_dlpack``, CUDA
+   arrays (device types 2 and 13) described from ``__cuda_array_interface__`` when the object has
+   one, else from the DLPack capsule itself (read with ctypes, nothing copied);
+7. ``__cuda_array_interface__`` (CuPy, Numba, JAX GPU arrays, ...).
+
+``describe(x)`` returns an ``ArrayView`` for any of them, CPU or CUDA.  ``cpu_array`` and
+``host_array`` return NumPy arrays sharing the memory and raise a clear error naming the argument
+and its device for an array that is not in host memory.  bfloat16 reaches C as a uint16 view of
+the same memory with the dtype code ``BFLOAT16``.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from . import _C
+
+# ================================================================================ dtype table
+# The C core's dtypes (pd_dtype in csrc/kernels/kernels.h).  pyddp._C exports the table
+# (DTYPE_CODES, name -> code); the hand-written copy below is only used when it does not.  This
+# block is the only place in Python that knows these codes (ReduceOp, in
+# pyddp.distributed.distributed_c10d, does the same with _C.REDUCE_OPS).
+
+DTYPE_CODES = dict(getattr(_C, "DTYPE_CODES", None) or {
+    "bool": 0, "int8": 1, "uint8": 2, "int16": 3, "uint16": 4, "int32": 5, "uint32": 6,
+    "int64": 7, "uint64": 8, "float16": 9, "bfloat16": 10, "float32": 11, "float64": 12,
+    "complex64": 13, "complex128": 14,
+})
+
+# code -> name, in code order
+DTYPE_NAMES = [n for n, _ in sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])]
+BOOL, INT8, UINT8, INT16, UINT16, INT32, UINT32, INT64, UINT64 = (
+    DTYPE_CODES[n] for n in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+                             "int64", "uint64"))
+FLOAT16, BFLOAT16, FLOAT32, FLOAT64, COMPLEX64, COMPLEX128 = (
+    DTYPE_CODES[n] for n in ("float16", "bfloat16", "float32", "float64", "complex64",
+                             "complex128"))
+# bytes per element, by name
+ITEMSIZES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+             "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+             "complex64": 8, "complex128": 16}
+# NumPy dtype -> code.  bfloat16 has no NumPy dtype of its own (ml_dtypes.bfloat16 is matched by
+# name): it travels as uint16 with the code BFLOAT16.
+_NP_CODES = {np.dtype(n): c for n, c in DTYPE_CODES.items() if n != "bfloat16"}
+_SUPPORTED = ", ".join(DTYPE_NAMES)
+# DLPack (kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6) and bits -> name
+_DLPACK_DTYPES = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
+                  (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
+                  (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16",
+                  (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool"}
+# ============================================================================ end of the table
+
+
+def dtype_code(dt, name: str = "array") -> int:
+    """The C dtype code of a NumPy dtype (ml_dtypes.bfloat16 included); TypeError otherwise."""
+    dt = np.dtype(dt)
+    code = _NP_CODES.get(dt)
+    if code is None:
+        if dt.name != "bfloat16":
+            raise TypeError(f"{name} has unsupported dtype {dt}; supported: {_SUPPORTED}")
+        code = BFLOAT16
+    return code
+
+
+# ------------------------------------------------------------------------------------ torch
+
+def loaded_torch():
+    """The torch module when something has imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(x) -> bool:
+    """True for a torch.Tensor (nn.Parameter and subclasses included); never imports torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_torch_module(m) -> bool:
+    """True for a torch.nn.Module; never imports torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(m, torch.nn.Module)
+
+
+def _torch_dtype_name(t) -> str:
+    return str(t.dtype).rpartition(".")[2]
+
+
+def _torch_host(t, name, consumer, strict):
+    """(ndarray sharing a CPU torch tensor's memory, dtype code or None); bfloat16 as uint16."""
+    torch = sys.modules["torch"]
+    if t.device.type != "cpu":
+        raise DeviceError(name, str(t.device), consumer, describe(t, name))
+    if strict and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), BFLOAT16
+    return t.numpy(), None
+
+
+# ------------------------------------------------------------------------------------ views
+
+class ArrayView:
+    """What pyddp knows about one array, on any device.
+
+    ``array`` is the NumPy array sharing its memory (host arrays; bfloat16 as a uint16 view) or
+    None (device arrays); ``code`` the C dtype code (None for a dtype the C core does not have,
+    ``dtype`` then names it); ``device`` 'cpu', 'cuda' or another DLPack device name, ``index``
+    its ordinal; ``ptr`` the address of the first element; ``strides`` in bytes (None: C order);
+    ``owner`` the object the memory belongs to, kept alive by this view.
+    """
+
+    __slots__ = ("array", "code", "dtype", "device", "index", "ptr", "shape", "strides",
+                 "nbytes", "writable", "contiguous", "owner")
+
+    def __init__(self, array, code, dtype, device, index, ptr, shape, strides, nbytes,
+                 writable, contiguous, owner):
+        self.array = array
+        self.code = code
+        self.dtype = dtype
+        self.device = device
+        self.index = index
+        self.ptr = ptr
+        self.shape = shape
+        self.strides = strides
+        self.nbytes = nbytes
+        self.writable = writable
+        self.contiguous = contiguous
+        self.owner = owner
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZES.get(self.dtype, 0)
+
+    @property
+    def device_str(self) -> str:
+        return self.device if self.device == "cpu" else f"{self.device}:{self.index}"
+
+    def __repr__(self):
+        return (f"ArrayView({self.dtype}{list(self.shape)} on {self.device_str}, "
+                f"{'' if self.contiguous else 'non-'}contiguous, "
+                f"{'writable' if self.writable else 'read-only'})")
+
+
+class DeviceError(ValueError):
+    """An array that is not in host memory was given where host memory is needed."""
+
+    def __init__(self, name, device, consumer, view=None):
+        self.name = name
+        self.device = device
+        self.view = view
+        super().__init__(f"{name} is on device {device}; {consumer}")
+
+
+# what the CPU paths say about a device array
+CPU_BACKEND = "the 'cpu' backend takes CPU tensors (CUDA tensors need the nccl backend)"
+KERNELS = "pyddp's kernels take CPU tensors"
+
+
+def _c_contiguous(shape, strides, itemsize) -> bool:
+    if strides is None:
+        return True
+    expect = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _host_view(a, owner, code=None):
+    if code is None:
+        code = _NP_CODES.get(a.dtype)
+        if code is None and a.dtype.name == "bfloat16":
+            code, a = BFLOAT16, a.view(np.uint16)
+    name = DTYPE_NAMES[code] if code is not None else str(a.dtype)
+    return ArrayView(a, code, name, "cpu", 0, a.__array_interface__["data"][0], a.shape,
+                     None if a.flags.c_contiguous else a.strides, a.nbytes, a.flags.writeable,
+                     a.flags.c_contiguous, owner)
+
+
+def _device_view(owner, dtype, device, index, ptr, shape, strides, readonly):
+    """A view of memory the host cannot read; strides in bytes or None (C order)."""
+    shape = tuple(int(n) for n in shape)
+    itemsize = ITEMSIZES.get(dtype, 0)
+    strides = None if strides is None else tuple(int(s) for s in strides)
+    n = 1
+    for s in shape:
+        n *= s
+    return ArrayView(None, DTYPE_CODES.get(dtype), dtype, device, int(index), int(ptr), shape,
+                     strides, n * itemsize, not readonly,
+                     _c_contiguous(shape, strides, itemsize), owner)
+
+
+def _torch_device_view(t):
+    dt = _torch_dtype_name(t)
+    size = t.element_size()
+    strides = None if t.is_contiguous() else tuple(s * size for s in t.stride())
+    return _device_view(t, dt, t.device.type, t.device.index or 0, t.data_ptr(), tuple(t.shape),
+                        strides, False)
+
+
+# __array_interface__ / __cuda_array_interface__ typestr -> dtype name
+def _typestr_name(typestr) -> str | None:
+    try:
+        dt = np.dtype(typestr)
+    except TypeError:
+        return None
+    return dt.name if dt.isnative and dt.kind != "V" else None
+
+
+def _cai_view(x, cai):
+    shape = tuple(cai["shape"])
+    ptr, readonly = cai["data"]
+    dt = _typestr_name(cai["typestr"]) or str(cai["typestr"])
+    dev_index = 0
+    # v3 has no device field; the pointer's device comes from the CUDA driver, which we do not load
+    # (torch and CuPy tell it through DLPack when they are asked)
+    dev_fn = getattr(x, "__dlpack_device__", None)
+    if dev_fn is not None:
+        try:
+            dev_index = int(dev_fn()[1])
+        except Exception:  # noqa: BLE001 - the index is informative only
+            pass
+    return _device_view(x, dt, "cuda", dev_index, ptr or 0, shape, cai.get("strides"), readonly)
+
+
+# DLPack device types (dlpack.h)
+_DL_DEVICES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
+               9: "vpi", 10: "rocm", 11: "rocm_host", 12: "ext_dev", 13: "cuda", 14: "oneapi",
+               15: "webgpu", 16: "hexagon", 17: "maia"}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+def _capsule_view(x, capsule):
+    """Describe the tensor inside a DLPack capsule (legacy 'dltensor' or 'dltensor_versioned')
+    without consuming it: the capsule's destructor still frees it."""
+    # our own prototypes: setting ctypes.pythonapi's would change them for everyone
+    is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_IsValid", ctypes.pythonapi))
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    readonly = False
+    if is_valid(capsule, b"dltensor"):
+        # DLManagedTensor starts with its DLTensor
+        t = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))
+    elif is_valid(capsule, b"dltensor_versioned"):
+        # DLManagedTensorVersioned: {DLPackVersion (2 x uint32), manager_ctx, deleter,
+        # uint64 flags, DLTensor}; flag bit 0 is read-only
+        base = get_pointer(capsule, b"dltensor_versioned")
+        ptr = ctypes.sizeof(ctypes.c_void_p)
+        flags = ctypes.c_uint64.from_address(base + 8 + 2 * ptr).value
+        readonly = bool(flags & 1)
+        t = _DLTensor.from_address(base + 8 + 2 * ptr + 8)
+    else:
+        raise TypeError("not a DLPack capsule")
+    ndim = t.ndim
+    shape = tuple(t.shape[i] for i in range(ndim))
+    dt = _DLPACK_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    itemsize = ITEMSIZES.get(dt, 0)
+    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(ndim))
+    dev = _DL_DEVICES.get(t.device.device_type, f"dlpack{t.device.device_type}")
+    return _device_view(x, dt or f"dlpack(code={t.dtype.code}, bits={t.dtype.bits}, "
+                        f"lanes={t.dtype.lanes})", dev, t.device.device_id,
+                        (t.data or 0) + t.byte_offset, shape, strides, readonly)
+
+
+def _buffer_array(x, name):
+    """The ndarray over x's buffer, or None when x has no buffer interface."""
+    try:
+        m = memoryview(x)
+    except TypeError:
+        return None
+    try:
+        return np.asarray(m)
+    except Exception as e:  # noqa: BLE001
+        raise TypeError(f"{name}: cannot read the buffer: {e}") from None
+
+
+def describe(x, name: str = "array") -> ArrayView:
+    """An ArrayView of ``x`` (host or device), sharing its memory; TypeError for what is not an
+    array.  Device arrays are described from their protocols, never copied."""
+    if type(x) is np.ndarray:
+        return _host_view(x, x)
+    d = getattr(x, "_data", None)
+    if isinstance(d, np.ndarray):
+        return _host_view(d, x)
+    if isinstance(x, np.ndarray):
+        return _host_view(x, x)
+    if is_torch_tensor(x):
+        if x.device.type != "cpu":
+            return _torch_device_view(x)
+        a, code = _torch_host(x, name, CPU_BACKEND, False)
+        return _host_view(a, x, code)
+    a = _buffer_array(x, name)
+    if a is not None:
+        return _host_view(a, x)
+    dev_fn = getattr(x, "__dlpack_device__", None)
+    if dev_fn is not None and hasattr(x, "__dlpack__"):
+        dev_type, dev_id = (int(v) for v in dev_fn())
+        if dev_type == 1 or dev_type == 3:  # host memory (3: CUDA pinned host memory)
+            try:
+                a = np.from_dlpack(x)
+            except Exception as e:  # noqa: BLE001 - e.g. bfloat16, which NumPy cannot take
+                if dev_type == 1:
+                    raise TypeError(f"{name}: cannot view this array through DLPack: {e}") from None
+            else:
+                return _host_view(a, x)
+        cai = getattr(x, "__cuda_array_interface__", None) if dev_type in (2, 13) else None
+        if cai is not None:
+            return _cai_view(x, cai)
+        try:
+            capsule = x.__dlpack__()
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"{name}: cannot describe this array through DLPack: {e}") from None
+        return _capsule_view(x, capsule)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _cai_view(x, cai)
+    raise TypeError(
+        f"{name} must be an array (numpy.ndarray, torch CPU tensor, DLPack or buffer object), "
+        f"got {type(x).__name__}")
+
+
+def host_view(x, name: str, consumer: str = CPU_BACKEND, strict: bool = True):
+    """(ndarray sharing ``x``'s host memory, dtype code or None: look it up from the ndarray).
+
+    A device array raises DeviceError (a ValueError) whose message names ``name``, the device and
+    ``consumer``; its ``view`` describes the array."""
+    d = getattr(x, "_data", None)
+    if isinstance(d, np.ndarray):
+        return d, None
+    if isinstance(x, np.ndarray):
+        return x, None
+    if is_torch_tensor(x):
+        return _torch_host(x, name, consumer, strict)
+    v = describe(x, name)
+    if v.array is None:
+        raise DeviceError(name, v.device_str, consumer, v)
+    return v.array, v.code
+
+
+def cpu_array(x, name: str, writable: bool = False, on_device=None):
+    """(C-contiguous ndarray sharing ``x``'s memory, dtype code), as the C collectives take it.
+
+    TypeError or ValueError naming ``name`` for anything else: unsupported objects and dtypes,
+    non-contiguous arrays, read-only outputs, device arrays (DeviceError) unless ``on_device`` is
+    given: then ``on_device(view, name, writable)`` returns what to use for a device array (a
+    process group's dispatch to the backend serving that device) or raises."""
+    if type(x) is np.ndarray:
+        a, code = x, None
+    else:
+        try:
+            a, code = host_view(x, name)
+        except DeviceError as e:
+            if on_device is None or e.view is None:
+                raise
+            return on_device(e.view, name, writable)
+    if code is None:
+        code = _NP_CODES.get(a.dtype)
+        if code is None:
+            code = dtype_code(a.dtype, name)  # bfloat16, or TypeError
+            a = a.view(np.uint16)
+    if not a.flags.c_contiguous:
+        raise ValueError(
+            f"{name} must be C-contiguous (got strides {a.strides} for shape {a.shape})")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} is read-only; it is an output and must be writable")
+    return a, code
+
+
+def host_array(x, name: str = "array") -> np.ndarray:
+    """The ndarray sharing memory with ``x``; bfloat16 comes back as a uint16 view.
+
+    For the amp and optimizer kernels, which check dtypes and contiguity themselves: ``x`` may be
+    anything ``describe`` takes on the host, or an object whose ``__array__`` returns its own
+    memory.  Device arrays raise DeviceError.
+    """
+    # Called for every array of every kernel call: the common cases come first and cheaply.
+    if type(x) is np.ndarray:
+        a = x
+    else:
+        d = getattr(x, "_data", None)
+        if isinstance(d, np.ndarray):
+            a = d
+        elif isinstance(x, np.ndarray):
+            a = x
+        elif is_torch_tensor(x):
+            return _torch_host(x, name, KERNELS, False)[0]
+        else:
+            try:
+                a = host_view(x, name, KERNELS, False)[0]
+            except TypeError:
+                if not hasattr(x, "__array__"):
+                    raise TypeError(f"{name} must be an array or tensor, "
+                                    f"got {type(x).__name__}") from None
+                a = np.asarray(x)
+    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
+        a = a.view(np.uint16)
+    return a

@@ -1,0 +1,246 @@
+"""The backends of pyddp.distributed: a registry of which backend serves which device.
+
+As in torch, where gloo and NCCL are separate backends behind one ProcessGroup, a pyddp
+ProcessGroup holds one backend object per device type ('cpu', 'cuda') and hands each collective
+to the backend serving the device of its arrays.  The collective functions of distributed_c10d
+check the arguments and reduce every call to one request::
+
+    submit(kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
+           timeout, wait_all, name, blocking) -> work or None
+
+``kind`` is a ``pyddp._C.K_*`` code, ``dtype`` a dtype code and ``op`` a ReduceOp value
+(pyddp._interop's tables), ``inputs`` / ``outputs`` tuples of arrays: C-contiguous NumPy arrays
+for the 'cpu' device, ``pyddp._interop.ArrayView`` records (device pointer, shape, dtype,
+strides, index) for the others.  ``submit`` returns None when the operation completed (blocking
+calls), else a work object with ``wait(timeout_seconds_or_None)``, ``is_completed()`` and
+``source_rank()``.  A backend object also has ``destroy()``; optional members are ``fast``
+(``fast(kind, array, arg[, input]) -> bool``: a small blocking collective in one call, False when
+not handled), ``transport``, ``shared_alloc(nbytes)``.  The 'cpu' backend's object is the C
+process group itself (``pyddp._C.ProcessGroup``), which has all of these.
+
+A backend is registered once, by name, with the devices it serves, whether it is available in
+this build (and why not), and a factory ``factory(opts) -> backend object`` called once per group
+and rank; ``opts`` is a ``BackendOptions`` (store, group rank and size, timeout, ...).  Adding a
+backend (nccl, mpi, a bridge to torch.distributed) is one ``register(...)`` call: parsing of
+``init_process_group`` / ``new_group`` backend strings, ``Backend``, ``is_*_available`` and the
+dispatch by device all read the registry.  Users add theirs with torch's
+``Backend.register_backend(name, func, extended_api=False, devices=None)``.
+
+Backend strings, as torch parses them: None (the default: 'cpu', plus 'cuda:nccl' when nccl is
+available), one name ('cpu', 'gloo', 'nccl', 'mpi', a registered one: every device it serves)
+or 'device:name' pairs ('cpu:gloo,cuda:nccl').  A backend that is named but unavailable is an
+error when no named backend is available; otherwise its device is recorded as unavailable and an
+array on that device raises the backend's reason at the call.
+"""
+from __future__ import annotations
+
+import warnings
+
+__all__ = ["BackendEntry", "BackendOptions", "Unavailable", "register", "lookup", "names",
+           "parse", "create"]
+
+
+class BackendEntry:
+    """One registered backend."""
+
+    __slots__ = ("name", "devices", "factory", "extended_api", "_available", "_reason", "aliases")
+
+    def __init__(self, name, devices, factory, available=True, reason=None, aliases=(),
+                 extended_api=False):
+        self.name = name
+        self.devices = tuple(devices)
+        self.factory = factory
+        self.extended_api = extended_api
+        self._available = available
+        self._reason = reason
+        self.aliases = tuple(aliases)
+
+    def is_available(self) -> bool:
+        """Whether this build (and machine) can run the backend."""
+        a = self._available
+        return bool(a() if callable(a) else a)
+
+    def reason(self) -> str:
+        """Why the backend is not available ('' when it is)."""
+        if self.is_available():
+            return ""
+        r = self._reason
+        return (r() if callable(r) else r) or f"backend {self.name!r} is not available"
+
+    def __repr__(self):
+        return f"<pyddp backend {self.name!r} serving {', '.join(self.devices)}>"
+
+
+class BackendOptions:
+    """What a factory gets (the fields of torch's _DistributedBackendOptions).  A factory may set
+    ``round`` (the 'cpu' backend records its rendezvous round there)."""
+
+    __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
+                 "global_ranks_in_group", "pg_options", "round")
+
+    def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
+                 pg_options=None):
+        self.store = store
+        self.group_rank = group_rank
+        self.group_size = group_size
+        self.timeout = timeout  # a timedelta, as torch's
+        self.group_id = group_id
+        self.global_ranks_in_group = list(global_ranks_in_group)
+        self.pg_options = pg_options
+        self.round = 0
+
+
+class Unavailable:
+    """A group's entry for a device whose named backend is not available: an array on that
+    device raises the backend's reason."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry):
+        self.entry = entry
+
+    def __repr__(self):
+        return f"<unavailable backend {self.entry.name!r}>"
+
+
+_registry: dict = {}  # name or alias -> BackendEntry
+
+
+def register(entry: BackendEntry) -> BackendEntry:
+    """Add (or replace) a backend under its name and aliases."""
+    for key in (entry.name, *entry.aliases):
+        _registry[key] = entry
+    return entry
+
+
+def lookup(name: str):
+    """The entry registered under ``name`` (or an alias), or None."""
+    return _registry.get(name.lower())
+
+
+def names() -> list:
+    """Every registered name and alias, in registration order."""
+    return list(_registry)
+
+
+def _invalid(backend) -> ValueError:
+    usable = [n for n, e in _registry.items() if e.is_available()]
+    expected = " or ".join(", ".join(repr(n) for n in usable).rsplit(", ", 1))
+    return ValueError(f"Invalid backend {backend!r}: expected {expected}")
+
+
+def parse(backend):
+    """``(name get_backend() returns, {device: BackendEntry or Unavailable})`` for a backend
+    string (see the module docstring).  Raises ValueError for malformed or unknown names,
+    RuntimeError (the backend's reason) when none of the named backends is available."""
+    if backend is None:
+        plan = {}
+        for device, name in (("cpu", "cpu"), ("cuda", "nccl")):
+            e = _registry.get(name)
+            if e is not None and e.is_available():
+                plan[device] = e
+        return "cpu", plan
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string or None, got {type(backend).__name__}")
+    b = backend.lower()
+    if ":" not in b:
+        e = _registry.get(b)
+        if e is None:
+            raise _invalid(backend)
+        if not e.is_available():
+            raise RuntimeError(e.reason())
+        return b, dict.fromkeys(e.devices, e)
+    plan = {}
+    for pair in b.split(","):
+        parts = pair.split(":")
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise ValueError(f"Invalid device:backend pairing {pair!r} in backend {backend!r}; "
+                             "expected '<device>:<backend>,<device>:<backend>', e.g. "
+                             "'cpu:gloo,cuda:nccl'")
+        device, name = parts[0].strip(), parts[1].strip()
+        if device in plan:
+            raise ValueError(f"Duplicate device type {device!r} in backend {backend!r}")
+        e = _registry.get(name)
+        if e is None:
+            raise _invalid(name)
+        if device not in e.devices:
+            raise ValueError(f"backend {backend!r}: backend {name!r} does not serve device "
+                             f"{device!r} (it serves {', '.join(e.devices)})")
+        plan[device] = e if e.is_available() else Unavailable(e)
+    if all(type(e) is Unavailable for e in plan.values()):
+        raise RuntimeError(next(iter(plan.values())).entry.reason())
+    return b, plan
+
+
+def create(plan, opts: BackendOptions) -> dict:
+    """``{device: backend object or Unavailable}`` for one group: one object per entry (an entry
+    serving several devices is created once); destroys what it made if a factory fails."""
+    made, objs = {}, {}
+    try:
+        for device, e in plan.items():
+            if type(e) is Unavailable:
+                objs[device] = e
+                continue
+            if e.name not in made:
+                obj = e.factory(opts)
+                if not callable(getattr(obj, "submit", None)):
+                    raise TypeError(f"backend {e.name!r}: its factory returned "
+                                    f"{type(obj).__name__}, which has no submit() (see "
+                                    "pyddp.distributed._backend)")
+                made[e.name] = obj
+            objs[device] = made[e.name]
+    except BaseException:
+        for obj in made.values():
+            destroy = getattr(obj, "destroy", None)
+            if destroy is not None:
+                destroy()
+        raise
+    return objs
+
+
+def register_plugin(name, func, extended_api=False, devices=None) -> BackendEntry:
+    """torch's ``Backend.register_backend``: ``func(store, rank, world_size, timeout)`` (a
+    timedelta), or ``func(opts, pg_options)`` with ``extended_api=True``, returns the group's
+    backend object.  ``devices``: a device type or a list of them (default: 'cpu' and 'cuda',
+    with a warning, as torch)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("register_backend: name must be a non-empty string")
+    if not callable(func):
+        raise TypeError("register_backend: func must be callable")
+    if devices is None:
+        warnings.warn(f"Device capability of {name} unspecified, assuming `cpu` and `cuda`. "
+                      "Please specify it via the `devices` argument of `register_backend`.",
+                      stacklevel=3)
+        devices = ("cpu", "cuda")
+    elif isinstance(devices, str):
+        devices = (devices,)
+    if extended_api:
+        def factory(opts):
+            return func(opts, opts.pg_options)
+    else:
+        def factory(opts):
+            return func(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return register(BackendEntry(name.lower(), devices, factory, extended_api=extended_api))
+
+
+# ------------------------------------------------------------------------- built-in backends
+
+def _cpu_factory(opts):
+    from .distributed_c10d import _connect_group
+
+    cpg, opts.round = _connect_group(opts.store, opts.group_rank, opts.group_size,
+                                     opts.timeout.total_seconds(), "pg")
+    return cpg
+
+
+def _unbuilt(opts):  # pragma: no cover - an unavailable backend is never created
+    raise RuntimeError("this backend is not available")
+
+
+register(BackendEntry("cpu", ("cpu",), _cpu_factory, aliases=("gloo",)))
+register(BackendEntry(
+    "nccl", ("cuda",), _unbuilt, available=False,
+    reason="backend 'nccl' needs CUDA and libnccl, which this build does not provide yet; use "
+           "backend='cpu' (or 'gloo') for CPU arrays"))
+register(BackendEntry("mpi", ("cpu", "cuda"), _unbuilt, available=False,
+                      reason="backend 'mpi' is not available in pyddp; use 'cpu'"))
