@@ -49,10 +49,10 @@ DTYPE_SIZES: Final[dict[str, int]]  # bytes per element
 REDUCE_OPS: Final[dict[str, int]]  # "SUM": 0 ... "BXOR": 7 (pd_redop order)
 
 # --------------------------------------------------------------------------- the array adapter
-def describe_array(obj: Any, writable: bool = ...) -> dict[str, Any]:
+def describe_array(obj: Any, writable: bool = ..., dlpack: bool = ...) -> dict[str, Any]:
     """How the C adapter views obj: buffer protocol, then DLPack, then __cuda_array_interface__.
     Keys: via, ptr, nbytes, count, itemsize, dtype, device, device_index, readonly, contiguous,
-    stream."""
+    stream, shape, strides (bytes; None: C order).  dlpack=False skips DLPack."""
 
 def _register_tensor_type(cls: type) -> None:
     """View instances of cls through their ``_data`` array (Python < 3.12 lacks PEP 688)."""

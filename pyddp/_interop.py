@@ -14,8 +14,9 @@ Recognised, in this order (the common cases first, then mpi4py's order for the r
 4. torch tensors (CPU: ``.detach().numpy()`` shares memory; CUDA: described from the tensor);
 5. the buffer protocol (bytearray, memoryview, array.array, ...);
 6. DLPack (``__dlpack__`` / ``__dlpack_device__``): CPU arrays through ``np.from_dlpack``, CUDA
-   arrays (device types 2 and 13) described from ``__cuda_array_interface__`` when the object has
-   one, else from the DLPack capsule itself (read with ctypes, nothing copied);
+   arrays (device types 2 and 13) described by the C adapter (csrc/python/buffers.c) from
+   ``__cuda_array_interface__`` when the object has one, else from its DLPack capsule (nothing
+   copied);
 7. ``__cuda_array_interface__`` (CuPy, Numba, JAX GPU arrays, ...).
 
 ``describe(x)`` returns an ``ArrayView`` for any of them, CPU or CUDA.  ``cpu_array`` and
@@ -25,7 +26,6 @@ the same memory with the dtype code ``BFLOAT16``.
 """
 from __future__ import annotations
 
-import ctypes
 import sys
 
 import numpy as np
@@ -33,16 +33,11 @@ import numpy as np
 from . import _C
 
 # ================================================================================ dtype table
-# The C core's dtypes (pd_dtype in csrc/kernels/kernels.h).  pyddp._C exports the table
-# (DTYPE_CODES, name -> code); the hand-written copy below is only used when it does not.  This
-# block is the only place in Python that knows these codes (ReduceOp, in
-# pyddp.distributed.distributed_c10d, does the same with _C.REDUCE_OPS).
+# The C core's dtypes, as pyddp._C exports them from its table (csrc/kernels/dtype.c): codes in
+# pd_dtype order and sizes.  Everything below derives from them; nothing in Python re-encodes a
+# code (ReduceOp, in pyddp.distributed.distributed_c10d, reads _C.REDUCE_OPS the same way).
 
-DTYPE_CODES = dict(getattr(_C, "DTYPE_CODES", None) or {
-    "bool": 0, "int8": 1, "uint8": 2, "int16": 3, "uint16": 4, "int32": 5, "uint32": 6,
-    "int64": 7, "uint64": 8, "float16": 9, "bfloat16": 10, "float32": 11, "float64": 12,
-    "complex64": 13, "complex128": 14,
-})
+DTYPE_CODES = dict(_C.DTYPE_CODES)
 
 # code -> name, in code order
 DTYPE_NAMES = [n for n, _ in sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])]
@@ -53,18 +48,11 @@ FLOAT16, BFLOAT16, FLOAT32, FLOAT64, COMPLEX64, COMPLEX128 = (
     DTYPE_CODES[n] for n in ("float16", "bfloat16", "float32", "float64", "complex64",
                              "complex128"))
 # bytes per element, by name
-ITEMSIZES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
-             "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-             "complex64": 8, "complex128": 16}
+ITEMSIZES = dict(_C.DTYPE_SIZES)
 # NumPy dtype -> code.  bfloat16 has no NumPy dtype of its own (ml_dtypes.bfloat16 is matched by
 # name): it travels as uint16 with the code BFLOAT16.
 _NP_CODES = {np.dtype(n): c for n, c in DTYPE_CODES.items() if n != "bfloat16"}
 _SUPPORTED = ", ".join(DTYPE_NAMES)
-# DLPack (kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6) and bits -> name
-_DLPACK_DTYPES = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
-                  (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
-                  (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16",
-                  (5, 64): "complex64", (5, 128): "complex128", (6, 8): "bool"}
 # ============================================================================ end of the table
 
 
@@ -230,82 +218,28 @@ def _torch_device_view(t):
                         strides, False)
 
 
-# __array_interface__ / __cuda_array_interface__ typestr -> dtype name
-def _typestr_name(typestr) -> str | None:
+def _c_view(x, name, dlpack=True):
+    """Memory the host may not read (CUDA arrays through DLPack or ``__cuda_array_interface__``),
+    described by the C adapter (csrc/python/buffers.c, the one parser of both protocols).
+    dlpack=False describes from ``__cuda_array_interface__`` alone (no ``__dlpack__`` call, whose
+    producer would synchronise a stream)."""
     try:
-        dt = np.dtype(typestr)
-    except TypeError:
-        return None
-    return dt.name if dt.isnative and dt.kind != "V" else None
-
-
-def _cai_view(x, cai):
-    shape = tuple(cai["shape"])
-    ptr, readonly = cai["data"]
-    dt = _typestr_name(cai["typestr"]) or str(cai["typestr"])
-    dev_index = 0
-    # v3 has no device field; the pointer's device comes from the CUDA driver, which we do not load
-    # (torch and CuPy tell it through DLPack when they are asked)
-    dev_fn = getattr(x, "__dlpack_device__", None)
-    if dev_fn is not None:
-        try:
-            dev_index = int(dev_fn()[1])
-        except Exception:  # noqa: BLE001 - the index is informative only
-            pass
-    return _device_view(x, dt, "cuda", dev_index, ptr or 0, shape, cai.get("strides"), readonly)
-
-
-# DLPack device types (dlpack.h)
-_DL_DEVICES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
-               9: "vpi", 10: "rocm", 11: "rocm_host", 12: "ext_dev", 13: "cuda", 14: "oneapi",
-               15: "webgpu", 16: "hexagon", 17: "maia"}
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-def _capsule_view(x, capsule):
-    """Describe the tensor inside a DLPack capsule (legacy 'dltensor' or 'dltensor_versioned')
-    without consuming it: the capsule's destructor still frees it."""
-    # our own prototypes: setting ctypes.pythonapi's would change them for everyone
-    is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
-        ("PyCapsule_IsValid", ctypes.pythonapi))
-    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-        ("PyCapsule_GetPointer", ctypes.pythonapi))
-    readonly = False
-    if is_valid(capsule, b"dltensor"):
-        # DLManagedTensor starts with its DLTensor
-        t = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))
-    elif is_valid(capsule, b"dltensor_versioned"):
-        # DLManagedTensorVersioned: {DLPackVersion (2 x uint32), manager_ctx, deleter,
-        # uint64 flags, DLTensor}; flag bit 0 is read-only
-        base = get_pointer(capsule, b"dltensor_versioned")
-        ptr = ctypes.sizeof(ctypes.c_void_p)
-        flags = ctypes.c_uint64.from_address(base + 8 + 2 * ptr).value
-        readonly = bool(flags & 1)
-        t = _DLTensor.from_address(base + 8 + 2 * ptr + 8)
-    else:
-        raise TypeError("not a DLPack capsule")
-    ndim = t.ndim
-    shape = tuple(t.shape[i] for i in range(ndim))
-    dt = _DLPACK_DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
-    itemsize = ITEMSIZES.get(dt, 0)
-    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(ndim))
-    dev = _DL_DEVICES.get(t.device.device_type, f"dlpack{t.device.device_type}")
-    return _device_view(x, dt or f"dlpack(code={t.dtype.code}, bits={t.dtype.bits}, "
-                        f"lanes={t.dtype.lanes})", dev, t.device.device_id,
-                        (t.data or 0) + t.byte_offset, shape, strides, readonly)
+        d = _C.describe_array(x, dlpack=dlpack)
+    except (TypeError, ValueError, BufferError) as e:
+        raise TypeError(f"{name}: cannot describe this array: {e}") from None
+    index = d["device_index"]
+    if index < 0:
+        # __cuda_array_interface__ has no device field; the pointer's device comes from the CUDA
+        # driver, which is not loaded here (torch and CuPy tell it through __dlpack_device__)
+        index = 0
+        dev_fn = getattr(x, "__dlpack_device__", None)
+        if dev_fn is not None:
+            try:
+                index = int(dev_fn()[1])
+            except Exception:  # noqa: BLE001 - the index is informative only
+                pass
+    return _device_view(x, d["dtype"], d["device"], index, d["ptr"], d["shape"], d["strides"],
+                        d["readonly"])
 
 
 def _buffer_array(x, name):
@@ -349,17 +283,10 @@ def describe(x, name: str = "array") -> ArrayView:
                     raise TypeError(f"{name}: cannot view this array through DLPack: {e}") from None
             else:
                 return _host_view(a, x)
-        cai = getattr(x, "__cuda_array_interface__", None) if dev_type in (2, 13) else None
-        if cai is not None:
-            return _cai_view(x, cai)
-        try:
-            capsule = x.__dlpack__()
-        except Exception as e:  # noqa: BLE001
-            raise TypeError(f"{name}: cannot describe this array through DLPack: {e}") from None
-        return _capsule_view(x, capsule)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        return _cai_view(x, cai)
+        has_cai = dev_type in (2, 13) and hasattr(x, "__cuda_array_interface__")
+        return _c_view(x, name, dlpack=not has_cai)
+    if hasattr(x, "__cuda_array_interface__"):
+        return _c_view(x, name)
     raise TypeError(
         f"{name} must be an array (numpy.ndarray, torch CPU tensor, DLPack or buffer object), "
         f"got {type(x).__name__}")

@@ -125,3 +125,24 @@ def test_tables():
     assert not k["monitored_barrier"]["shm"] and k["all_to_all"]["splits"]
     assert (k["gather"]["in"], k["gather"]["out"]) == ("one", "root_all")
     assert "_shared_array" not in k and "none" not in k
+
+
+def test_shape_and_strides():
+    a = np.zeros((4, 6), np.float64)
+    d = _C.describe_array(a[:, ::2])
+    assert d["shape"] == (4, 3) and d["strides"] == a[:, ::2].strides
+    d = _C.describe_array(_DL(a[1:, ::3]))
+    assert d["shape"] == (3, 2) and d["strides"] == a[1:, ::3].strides
+    d = _C.describe_array(_CAI(strides=(12, 4)))
+    assert d["shape"] == (2, 3) and d["strides"] == (12, 4)
+    assert _C.describe_array(_CAI())["strides"] is None
+
+
+def test_dlpack_can_be_skipped():
+    class Both(_CAI):
+        def __dlpack__(self, **kw):
+            raise AssertionError("__dlpack__ must not be called")
+
+    assert _C.describe_array(Both(), dlpack=False)["via"] == "cuda_array_interface"
+    with pytest.raises(AssertionError):
+        _C.describe_array(Both())

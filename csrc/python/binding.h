@@ -81,7 +81,9 @@ typedef struct pd_view {
     PyObject *capsule;  /* PD_VIEW_DLPACK*: renamed "used_...", deleter
                            called at release */
     void *managed;      /* its DLManagedTensor[Versioned] */
+    const void *dlt;    /* PD_VIEW_DLPACK*: its DLTensor (shape, strides) */
     PyObject *owner;    /* PD_VIEW_CAI: the exporting object */
+    PyObject *cai;      /* PD_VIEW_CAI: its __cuda_array_interface__ dict */
     int how;            /* PD_VIEW_* */
     char *ptr;
     size_t nbytes;

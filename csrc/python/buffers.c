@@ -260,6 +260,7 @@ dl_fill(pd_view *v, const dl_tensor *t, int readonly)
         return -1;
     }
     v->contiguous = c;
+    v->dlt = t;
     v->nbytes = v->count * v->itemsize;
     v->ptr = (char *)t->data + t->byte_offset;
     v->readonly = readonly;
@@ -412,6 +413,7 @@ view_from_cai(PyObject *obj, PyObject *d, pd_view *v)
     }
     v->how = PD_VIEW_CAI;
     v->owner = Py_NewRef(obj);
+    v->cai = Py_NewRef(d);
     v->ptr = ptr;
     v->itemsize = (size_t)itemsize;
     v->nbytes = v->count * v->itemsize;
@@ -514,6 +516,8 @@ pd_view_release(pd_view *v)
     }
     Py_CLEAR(v->capsule);
     Py_CLEAR(v->owner);
+    Py_CLEAR(v->cai);
+    v->dlt = NULL;
     v->how = PD_VIEW_NONE;
     v->managed = NULL;
 }
@@ -552,33 +556,104 @@ register_tensor_type(PyObject *m, PyObject *cls)
     Py_RETURN_NONE;
 }
 
+/* (shape, strides in bytes or None for C order) of a view, from what its
+ * exporter described. */
+static PyObject *
+shape_strides(const pd_view *v)
+{
+    if (v->how == PD_VIEW_CAI) {
+        PyObject *sh = PyDict_GetItemString(v->cai, "shape");
+        PyObject *st = PyDict_GetItemString(v->cai, "strides");
+        return Py_BuildValue("(OO)", sh, st != NULL ? st : Py_None);
+    }
+    Py_ssize_t ndim;
+    PyObject *shape, *strides = NULL;
+    if (v->how == PD_VIEW_BUFFER) {
+        ndim = v->buf.ndim;
+    }
+    else {
+        ndim = ((const dl_tensor *)v->dlt)->ndim;
+    }
+    shape = PyTuple_New(ndim);
+    if (shape == NULL) {
+        return NULL;
+    }
+    int has_strides = v->how == PD_VIEW_BUFFER
+                          ? v->buf.strides != NULL
+                          : ((const dl_tensor *)v->dlt)->strides != NULL;
+    if (has_strides && (strides = PyTuple_New(ndim)) == NULL) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        long long n, b = 0;
+        if (v->how == PD_VIEW_BUFFER) {
+            n = v->buf.shape != NULL ? (long long)v->buf.shape[i]
+                                     : (long long)v->count;
+            b = has_strides ? (long long)v->buf.strides[i] : 0;
+        }
+        else {
+            const dl_tensor *t = v->dlt;
+            n = (long long)t->shape[i];
+            b = has_strides ? (long long)t->strides[i] * (long long)v->itemsize
+                            : 0;
+        }
+        PyObject *pn = PyLong_FromLongLong(n);
+        if (pn == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(shape, i, pn);
+        if (has_strides) {
+            PyObject *pb = PyLong_FromLongLong(b);
+            if (pb == NULL) {
+                goto fail;
+            }
+            PyTuple_SET_ITEM(strides, i, pb);
+        }
+    }
+    return Py_BuildValue("(NN)", shape, has_strides ? strides : Py_NewRef(Py_None));
+fail:
+    Py_DECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
+}
+
 /* describe_array(obj, writable=False) -> dict: what the adapter sees
  * (tests, and the fuzz targets of the array descriptions). */
 static PyObject *
 describe_array(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"obj", "writable", NULL};
+    static char *kwlist[] = {"obj", "writable", "dlpack", NULL};
     PyObject *obj;
-    int writable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p:describe_array",
-                                     kwlist, &obj, &writable)) {
+    int writable = 0, dlpack = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pp:describe_array",
+                                     kwlist, &obj, &writable, &dlpack)) {
         return NULL;
     }
     pd_view v;
-    if (pd_view_get(pd_get_state(m), obj, writable ? PD_VIEW_WRITABLE : 0,
-                    &v) < 0) {
+    unsigned flags = (writable ? PD_VIEW_WRITABLE : 0) |
+                     (dlpack ? 0 : PD_VIEW_NO_DLPACK);
+    if (pd_view_get(pd_get_state(m), obj, flags, &v) < 0) {
         return NULL;
     }
     static const char *const hows[] = {"none", "buffer", "dlpack",
                                        "dlpack", "cuda_array_interface"};
+    PyObject *ss = shape_strides(&v);
+    if (ss == NULL) {
+        pd_view_release(&v);
+        return NULL;
+    }
     PyObject *r = Py_BuildValue(
-        "{s:s,s:N,s:n,s:n,s:n,s:s,s:s,s:i,s:O,s:O,s:L}", "via", hows[v.how],
+        "{s:s,s:N,s:n,s:n,s:n,s:s,s:s,s:i,s:O,s:O,s:L,s:O,s:O}", "via",
+        hows[v.how],
         "ptr", PyLong_FromVoidPtr(v.ptr), "nbytes", (Py_ssize_t)v.nbytes,
         "count", (Py_ssize_t)v.count, "itemsize", (Py_ssize_t)v.itemsize,
         "dtype", v.dtype >= 0 ? pd_dtype_name((pd_dtype)v.dtype) : "unknown",
         "device", pd_device_name(v.device), "device_index", v.device_index,
         "readonly", v.readonly ? Py_True : Py_False, "contiguous",
-        v.contiguous ? Py_True : Py_False, "stream", v.stream);
+        v.contiguous ? Py_True : Py_False, "stream", v.stream, "shape",
+        PyTuple_GET_ITEM(ss, 0), "strides", PyTuple_GET_ITEM(ss, 1));
+    Py_DECREF(ss);
     pd_view_release(&v);
     return r;
 }
@@ -589,9 +664,13 @@ static PyMethodDef buffer_methods[] = {
      "`_data` array (Python < 3.12 has no PEP 688 buffers)."},
     {"describe_array", (PyCFunction)(void (*)(void))describe_array,
      METH_VARARGS | METH_KEYWORDS,
-     "describe_array(obj, writable=False) -> dict: how the C adapter views "
+     "describe_array(obj, writable=False, dlpack=True) -> dict: how the C "
+     "adapter views obj (dlpack=False: skip DLPack, e.g. to describe a CUDA "
+     "array from its __cuda_array_interface__ without a stream sync) "
+     "\n\n"
      "obj (via, ptr, nbytes, count, itemsize, dtype, device, device_index, "
-     "readonly, contiguous, stream)."},
+     "readonly, contiguous, stream, shape, strides: bytes or None for C "
+     "order)."},
     {NULL, NULL, 0, NULL},
 };
 

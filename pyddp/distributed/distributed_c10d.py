@@ -33,11 +33,8 @@ DistStoreError = _C.DistStoreError
 
 default_pg_timeout = timedelta(minutes=30)
 
-# The C core's reduction operators (pd_redop): pyddp._C exports them (REDUCE_OPS, name -> code);
-# the hand-written copy is only used when it does not.
-_REDUCE_OPS = getattr(_C, "REDUCE_OPS", None) or {
-    "SUM": 0, "AVG": 1, "PRODUCT": 2, "MIN": 3, "MAX": 4, "BAND": 5, "BOR": 6, "BXOR": 7,
-}
+# The C core's reduction operators (pd_redop), as pyddp._C exports them from its table.
+_REDUCE_OPS = _C.REDUCE_OPS
 
 
 class ReduceOp(enum.IntEnum):
