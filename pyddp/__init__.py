@@ -6,21 +6,16 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import _C  # noqa: F401  (fail early if the extension is missing)
 
-# tensors and autograd (pyddp.autograd first: pyddp._tensor imports its engine)
-from . import autograd  # noqa: F401,E402
-from ._tensor import *  # noqa: F401,F403,E402
-from ._tensor import Tensor  # noqa: F401,E402
-from ._autocast import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
-
 # torch's CPU generator and data loading (pyddp.default_generator is torch-compatible mt19937)
 from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
 
 # The rest is imported on first use (PEP 562 __getattr__ below), so that ``import pyddp.distributed``
-# does not load nn, amp, optim, data loading, checkpoints or notebook_launcher: ``pyddp.nn``,
-# ``pyddp.save`` or ``from pyddp import DistributedDataParallel`` import their module then.  (The
-# tensor library above stays eager: pyddp.autograd and pyddp._tensor import each other, and only the
-# order autograd-first works, so a lazy pyddp._tensor reached first from elsewhere would fail.)
+# does not load the tensor library, nn, amp, optim, data loading, checkpoints or notebook_launcher:
+# ``pyddp.zeros``, ``pyddp.nn``, ``pyddp.save`` or ``from pyddp import DistributedDataParallel``
+# import their module then.  Every name of pyddp._tensor.__all__ (Tensor, dtypes, factories, ops)
+# is served from pyddp._tensor.
 _LAZY_SUBMODULES = frozenset({
+    "autograd",     # backward, grad, Function (torch.autograd)
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
@@ -34,9 +29,20 @@ _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     "DistributedSampler": ("utils.data", "DistributedSampler"),
     "DistributedDataParallel": ("nn.parallel", "DistributedDataParallel"),
     "notebook_launcher": ("notebook", "notebook_launcher"),
+    "autocast": ("_autocast", "autocast"),
+    "is_autocast_enabled": ("_autocast", "is_autocast_enabled"),
+    "get_autocast_dtype": ("_autocast", "get_autocast_dtype"),
 }
 
+
+def _tensor_names():
+    return _importlib.import_module(f"{__name__}._tensor").__all__
+
 if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported eagerly
+    from . import autograd  # noqa: F401
+    from ._autocast import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
+    from ._tensor import *  # noqa: F401,F403
+    from ._tensor import Tensor  # noqa: F401
     from . import _kernels, amp, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
     from . import serialization, utils  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
@@ -55,6 +61,8 @@ def __getattr__(name):
     elif name == "__all__":
         # ``from pyddp import *``: every public name, as when they were all imported eagerly.
         return [n for n in __dir__() if not n.startswith("_")]
+    elif not name.startswith("_") and name in _tensor_names():
+        value = getattr(_importlib.import_module(f"{__name__}._tensor"), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -62,7 +70,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY_SUBMODULES | set(_LAZY_ATTRIBUTES))
+    return sorted(set(globals()) | _LAZY_SUBMODULES | set(_LAZY_ATTRIBUTES) | set(_tensor_names()))
 
 
 def manual_seed(seed):

@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Modules that ``import pyddp.distributed`` must not load (each costs import time and none is needed
 # to run collectives).
 HEAVY = ["pyddp.nn", "pyddp.amp", "pyddp.optim", "pyddp.optimizers", "pyddp.notebook",
-         "pyddp.utils.data", "pyddp.serialization", "pyddp.multiprocessing"]
+         "pyddp.utils.data", "pyddp.serialization", "pyddp.multiprocessing", "pyddp._tensor",
+         "pyddp.autograd", "pyddp._autocast"]
 
 # Names pyddp exposes that are imported on first use: (name, module the object lives in).
 LAZY = [
@@ -26,6 +27,9 @@ LAZY = [
     ("save", "pyddp.serialization"), ("load", "pyddp.serialization"),
     ("DataLoader", "pyddp.utils.data"), ("DistributedSampler", "pyddp.utils.data"),
     ("DistributedDataParallel", "pyddp.nn.parallel"), ("notebook_launcher", "pyddp.notebook"),
+    ("autograd", "pyddp.autograd"), ("Tensor", "pyddp._tensor"), ("zeros", "pyddp._tensor._factories"),
+    ("randn", "pyddp._tensor._factories"), ("no_grad", "pyddp._tensor"),
+    ("autocast", "pyddp._autocast"),
 ]
 
 
@@ -85,3 +89,12 @@ def test_star_import_gives_every_public_name():
     for name in ("nn", "amp", "optim", "DistributedDataParallel", "DataLoader", "save", "load",
                  "notebook_launcher", "Tensor", "zeros", "manual_seed", "default_generator"):
         assert name in names
+
+
+def test_autograd_names_resolve_to_the_functions():
+    # pyddp.autograd serves its Tensor-dependent names on first use; gradcheck stays the function
+    # (its submodule of the same name must not shadow it)
+    out = _run("import pyddp.autograd as A, sys; assert 'pyddp._tensor' not in sys.modules; "
+               "g = A.gradcheck; import pyddp.autograd.gradcheck; from pyddp.autograd import gradcheck; "
+               "assert callable(g) and gradcheck is g and A.Variable.__mro__[1] is A.Tensor; print('\"ok\"')")
+    assert out == "ok"
