@@ -317,8 +317,9 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
     peer *pe = &t->peers[p];
     switch (m->type) {
     case CTRL_ABORT:
-        PD_LOG(PD_LOG_WARN, "tcp", "rank %d: abort from rank %d for #%llu: %.*s",
-               t->base.rank, p, (unsigned long long)m->seq, (int)m->len, text);
+        PD_LOG(PD_LOG_WARN, "tcp",
+               "rank %d: abort from rank %d for #%llu: %.*s", t->base.rank, p,
+               (unsigned long long)m->seq, (int)m->len, text);
         if (t->err == PD_OK && m->seq > t->coll_seq) {
             if (t->abort_seq == 0 || m->seq < t->abort_seq) {
                 t->abort_seq = m->seq;
