@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../transport/shm/link_shm.h"
 #include "../transport/tcp/tcp.h"
 #include "../util/log.h"
 
@@ -131,7 +132,7 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
     /* every rank has mapped every segment (or failed): no name stays */
     pd_shm_unlink(shm, st != PD_OK);
     if (st == PD_OK && mine) {
-        st = pd_tcp_use_shm(g->t, shm, local_of);
+        st = pd_shm_use_links(g->t, shm, local_of);
     }
     free(local_of);
     if (st != PD_OK) {

@@ -1,9 +1,11 @@
 /* The transport interface: how a process group moves bytes between ranks.
  *
- * A transport is a struct of function pointers (like NCCL's struct
- * ncclTransport); tcp/ implements it for any host, the shared-memory transport
- * slots in beside it.  The group's progress thread is the only caller, except
- * wake(), which any thread may call.
+ * A transport is a struct of function pointers.  The frame engine
+ * (engine.h) implements it once for every group; it moves each peer's bytes
+ * through that peer's link (link.h, like NCCL's struct ncclTransport),
+ * chosen per peer: a TCP socket (tcp/) for any host, shared-memory rings
+ * (shm/) between ranks of one host.  The group's progress thread is the
+ * only caller, except wake(), which any thread may call.
  *
  * Messages are frames: a 48-byte header (pd_hdr) then nbytes of payload.  The
  * header of every collective frame carries the collective's identity

@@ -1,54 +1,30 @@
-/* TCP transport.
+/* TCP: connection setup, for every group.
  *
- * Every pair of ranks shares two sockets: a data socket that carries frames
- * (header + payload, written with writev straight from the caller's buffer,
- * read straight into the posted buffer) and a control socket for small
- * out-of-band messages (abort, sequence queries, goodbye) that must never
- * queue behind megabytes of data.
- *
- * Frames from one peer arrive in the order that peer sent them.  A frame is
- * read only when a receive from that peer (or from any peer) is posted; a
- * frame that matches no posted receive is parked in the peer's unexpected
- * queue.  Everything else stays in the kernel's socket buffer, which gives
- * flow control for free.  Death of a peer shows up as EOF / POLLRDHUP on its
- * sockets without a preceding goodbye.
- *
- * Between ranks on one host (pd_tcp_use_shm) frames travel through byte
- * rings in shared memory instead of the data socket, with the same framing,
- * matching and ordering; the data socket then only carries one-byte
- * doorbells that wake a peer sleeping in poll() (it still closes when a peer
- * dies), and the control socket stays as it is.
+ * Every pair of ranks shares two sockets: a data socket, the pair's link
+ * for frames (link_tcp.c; replaced by a shared-memory link between ranks on
+ * one host, which keeps the socket for doorbells), and a control socket for
+ * the engine's out-of-band messages (../engine.c).  Both are set up here:
+ * authenticated (PYDDP_SECRET), then a hello with the group token.
  */
 #include "tcp.h"
 
-#include <errno.h>
-#include <stdarg.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include "../../coll/kinds.h"
-#include "../../kernels/kernels.h"
 #include "../../util/auth.h"
 #include "../../util/log.h"
 #include "../../util/net.h"
-#include "../shm/shm.h"
+#include "../engine.h"
+#include "link_tcp.h"
 
 #define HELLO_MAGIC 0x50444448u /* "PDDH" */
-#define CTRL_MAGIC 0x50444443u  /* "PDDC" */
-#define CTRL_MAX 1024
-/* Largest receive low-water mark: well under the 4 MiB socket buffer. */
-#define PD_TCP_LOWAT_MAX (256 << 10)
 
 enum { CH_DATA = 0, CH_CTRL = 1 };
-enum { CTRL_ABORT = 1, CTRL_QUERY = 2, CTRL_REPLY = 3, CTRL_BYE = 4 };
 
 typedef struct hello {
     uint32_t magic;
@@ -58,220 +34,76 @@ typedef struct hello {
     uint64_t token;
 } hello;
 
-typedef struct ctrl_msg {
-    uint32_t magic;
-    uint32_t type;
-    uint32_t status;
-    uint32_t len; /* text bytes that follow */
-    uint64_t seq;
-} ctrl_msg;
-
 _Static_assert(sizeof(hello) == 24, "hello must have no padding");
-_Static_assert(sizeof(ctrl_msg) == 24, "ctrl_msg must have no padding");
 
-typedef struct unexp {
-    pd_hdr hdr;
-    char *data;
-    struct unexp *next;
-} unexp;
-
-typedef struct tcp_peer {
-    int fd;
-    int cfd;
-    pd_req *sq_head, *sq_tail; /* sends in order */
-    pd_req *rq_head, *rq_tail; /* receives posted for this peer, in order */
-    /* the frame being read */
-    pd_hdr ih;
-    size_t ih_off;
-    pd_req *ireq;
-    unexp *iux;
-    size_t ioff;
-    unexp *ux_head, *ux_tail;
-    /* control bytes being read */
-    char cbuf[CTRL_MAX + sizeof(ctrl_msg)];
-    size_t coff;
-    int data_eof;
-    int ctrl_eof;
-    int bye;
-    int gone; /* handled: either left (bye) or fatal */
-    uint64_t reply_seq;
-    int replied;
-    int lowat; /* SO_RCVLOWAT in force (0: the default, 1) */
-    int ring;  /* local index of the peer (frames through shm), else -1 */
-} tcp_peer;
-
-typedef struct tcp_transport {
-    pd_transport base;
-    pd_transport_events ev;
+/* What connecting needs, kept by the engine until the transport closes. */
+typedef struct tcp_mesh {
     int lfd;
-    int wfd;
     char secret[256];
-    tcp_peer *peers;
-    pd_req *any_head, *any_tail;
-    uint64_t coll_seq;
-    pd_hdr coll_id;
-    /* An abort for a collective this rank has not reached yet: it may still
-     * finish the one it is in (all its data was sent), and fails on reaching
-     * that sequence number. */
-    uint64_t abort_seq;
-    pd_status abort_st;
-    char abort_msg[PD_ERRMSG_MAX];
-    uint64_t completed; /* sends completed: progress() must not then sleep */
-    pd_status err;
-    char errmsg[PD_ERRMSG_MAX];
-    struct pollfd *pfds;
-    int *pfd_peer;
-    int *pfd_chan;
-    pd_shm *shm; /* rings to the ranks on this host, or NULL */
-} tcp_transport;
+} tcp_mesh;
 
-static const pd_transport_ops tcp_ops;
-
-/* ------------------------------------------------------------------ errors */
-
-static pd_status
-fail(tcp_transport *t, pd_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Record the transport's first fatal error; later calls keep the first. */
-static pd_status
-fail(tcp_transport *t, pd_status st, const char *fmt, ...)
+static void
+mesh_release(void *state)
 {
-    if (t->err == PD_OK) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(t->errmsg, sizeof(t->errmsg), fmt, ap);
-        va_end(ap);
-        t->err = st;
+    tcp_mesh *m = state;
+    if (m->lfd >= 0) {
+        close(m->lfd);
     }
-    return pd_error(t->err, "%s", t->errmsg);
+    free(m);
 }
-
-static pd_status
-sticky(tcp_transport *t)
-{
-    if (t->err != PD_OK) {
-        return pd_error(t->err, "%s", t->errmsg);
-    }
-    return PD_OK;
-}
-
-/* ------------------------------------------------------------ create/close */
 
 pd_status
 pd_tcp_create(int rank, int size, const char *secret,
               const pd_transport_events *ev, pd_transport **out, int *port_out)
 {
-    pd_status st = PD_OK;
-    tcp_transport *t = calloc(1, sizeof(*t));
-    if (t == NULL) {
+    pd_transport *t;
+    PD_CHECK(pd_engine_create(rank, size, ev, &t));
+    tcp_mesh *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        t->ops->close(t);
         return pd_error(PD_ENOMEM, "tcp transport: out of memory");
     }
-    t->base.ops = &tcp_ops;
-    t->base.rank = rank;
-    t->base.size = size;
-    t->ev = *ev;
-    t->lfd = -1;
-    t->wfd = -1;
+    m->lfd = -1;
     if (secret != NULL) {
-        snprintf(t->secret, sizeof(t->secret), "%s", secret);
+        snprintf(m->secret, sizeof(m->secret), "%s", secret);
     }
-    t->peers = calloc((size_t)size, sizeof(tcp_peer));
-    t->pfds = calloc((size_t)size * 2 + 1, sizeof(struct pollfd));
-    t->pfd_peer = calloc((size_t)size * 2 + 1, sizeof(int));
-    t->pfd_chan = calloc((size_t)size * 2 + 1, sizeof(int));
-    if (t->peers == NULL || t->pfds == NULL || t->pfd_peer == NULL ||
-        t->pfd_chan == NULL) {
-        st = pd_error(PD_ENOMEM, "tcp transport: out of memory");
-        goto fail;
-    }
-    for (int i = 0; i < size; i++) {
-        t->peers[i].fd = -1;
-        t->peers[i].cfd = -1;
-        t->peers[i].ring = -1;
-    }
-    t->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (t->wfd < 0) {
-        st = pd_syserror(PD_ESYS, "eventfd");
-        goto fail;
-    }
+    pd_engine_set_setup(t, m, mesh_release);
     if (size > 1) {
-        PD_CHECK_GOTO(pd_net_listen(NULL, 0, 4 * size + 16, &t->lfd, port_out),
-                      st, fail);
+        pd_status st = pd_net_listen(NULL, 0, 4 * size + 16, &m->lfd,
+                                     port_out);
+        if (st != PD_OK) {
+            t->ops->close(t);
+            return st;
+        }
     }
     else {
         *port_out = 0;
     }
-    *out = &t->base;
+    *out = t;
     return PD_OK;
-fail:
-    tcp_ops.close(&t->base);
-    return st;
 }
 
-static void
-free_unexp(unexp *u)
+/* Hand a connected socket to the engine: the data link or the control
+ * socket of peer p. */
+static pd_status
+install(pd_transport *t, int p, int ch, int fd)
 {
-    while (u != NULL) {
-        unexp *n = u->next;
-        free(u->data);
-        free(u);
-        u = n;
+    if (ch == CH_CTRL) {
+        pd_engine_set_ctrl_fd(t, p, fd);
+        return PD_OK;
     }
+    pd_link *l = NULL;
+    PD_CHECK(pd_tcp_link_new(fd, &l));
+    pd_engine_set_link(t, p, l);
+    return PD_OK;
 }
 
-static void send_ctrl(tcp_transport *t, int peer, uint32_t type,
-                      uint32_t status, uint64_t seq, const char *text);
-
-static void
-tcp_close(pd_transport *base)
+static int
+connected(pd_transport *t, int p, int ch)
 {
-    tcp_transport *t = (tcp_transport *)base;
-    if (t == NULL) {
-        return;
-    }
-    if (t->peers != NULL) {
-        /* Goodbye first, so peers tell a clean exit from a crash; then
-         * half-close data so queued bytes still arrive, drain what the peer
-         * sent us (closing with unread bytes would reset the connection). */
-        for (int p = 0; p < base->size; p++) {
-            tcp_peer *pe = &t->peers[p];
-            if (pe->cfd >= 0 && !pe->ctrl_eof) {
-                send_ctrl(t, p, CTRL_BYE, 0, 0, NULL);
-            }
-        }
-        for (int p = 0; p < base->size; p++) {
-            tcp_peer *pe = &t->peers[p];
-            if (pe->fd >= 0) {
-                shutdown(pe->fd, SHUT_WR);
-                char junk[4096];
-                while (recv(pe->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0) {
-                }
-                close(pe->fd);
-            }
-            if (pe->cfd >= 0) {
-                close(pe->cfd);
-            }
-            free_unexp(pe->ux_head);
-            if (pe->iux != NULL) {
-                free_unexp(pe->iux);
-            }
-        }
-    }
-    if (t->lfd >= 0) {
-        close(t->lfd);
-    }
-    if (t->wfd >= 0) {
-        close(t->wfd);
-    }
-    free(t->peers);
-    free(t->pfds);
-    free(t->pfd_peer);
-    free(t->pfd_chan);
-    free(t);
+    return ch == CH_DATA ? pd_engine_link(t, p) != NULL
+                         : pd_engine_ctrl_fd(t, p) >= 0;
 }
-
-/* ------------------------------------------------------------- mesh setup */
 
 static pd_status
 setup_socket(int fd)
@@ -292,11 +124,11 @@ setup_socket(int fd)
 }
 
 pd_status
-pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
+pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
                uint64_t token, double deadline)
 {
-    tcp_transport *t = (tcp_transport *)base;
-    int rank = base->rank, size = base->size;
+    tcp_mesh *m = pd_engine_setup(t);
+    int rank = t->rank, size = t->size;
     pd_status st = PD_OK;
     int fd = -1;
 
@@ -305,7 +137,7 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
         for (int ch = 0; ch < 2; ch++) {
             PD_CHECK_GOTO(pd_net_connect(hosts[p], ports[p], deadline, &fd),
                           st, fail_conn);
-            PD_CHECK_GOTO(pd_auth_client(fd, t->secret, deadline), st,
+            PD_CHECK_GOTO(pd_auth_client(fd, m->secret, deadline), st,
                           fail_conn);
             hello h = {HELLO_MAGIC, (uint32_t)rank, (uint32_t)ch,
                        (uint32_t)size, token};
@@ -321,13 +153,9 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
                               p);
                 goto fail_conn;
             }
-            if (ch == CH_DATA) {
-                t->peers[p].fd = fd;
-            }
-            else {
-                t->peers[p].cfd = fd;
-            }
+            int cfd = fd;
             fd = -1;
+            PD_CHECK_GOTO(install(t, p, ch, cfd), st, fail_conn);
             continue;
         fail_conn:
             if (fd >= 0) {
@@ -341,13 +169,13 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
     /* Accept every higher rank; drop strangers and stale connections. */
     int need = 2 * (size - 1 - rank);
     while (need > 0) {
-        PD_CHECK_GOTO(pd_net_accept(t->lfd, deadline, &fd), st, fail_acc);
+        PD_CHECK_GOTO(pd_net_accept(m->lfd, deadline, &fd), st, fail_acc);
         /* A stranger gets a short deadline so it cannot stall the mesh. */
         double d = pd_now() + 5.0;
         if (deadline > 0 && deadline < d) {
             d = deadline;
         }
-        if (pd_auth_server(fd, t->secret, d) != PD_OK) {
+        if (pd_auth_server(fd, m->secret, d) != PD_OK) {
             close(fd);
             fd = -1;
             continue;
@@ -361,9 +189,7 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
             fd = -1;
             continue;
         }
-        int *slot = h.channel == CH_DATA ? &t->peers[h.rank].fd
-                                         : &t->peers[h.rank].cfd;
-        if (*slot >= 0) {
+        if (connected(t, (int)h.rank, (int)h.channel)) {
             close(fd);
             fd = -1;
             continue;
@@ -374,19 +200,21 @@ pd_tcp_connect(pd_transport *base, const char *const *hosts, const int *ports,
             fd = -1;
             continue;
         }
-        *slot = fd;
+        int afd = fd;
         fd = -1;
+        PD_CHECK_GOTO(install(t, (int)h.rank, (int)h.channel, afd), st,
+                      fail_acc);
         need--;
     }
     for (int p = 0; p < size; p++) {
         if (p == rank) {
             continue;
         }
-        PD_CHECK(setup_socket(t->peers[p].fd));
-        PD_CHECK(setup_socket(t->peers[p].cfd));
+        PD_CHECK(setup_socket(pd_tcp_link_fd(pd_engine_link(t, p))));
+        PD_CHECK(setup_socket(pd_engine_ctrl_fd(t, p)));
     }
-    close(t->lfd);
-    t->lfd = -1;
+    close(m->lfd);
+    m->lfd = -1;
     PD_LOG(PD_LOG_INFO, "tcp", "rank %d: mesh of %d ranks connected", rank,
            size);
     return PD_OK;
@@ -395,7 +223,7 @@ fail_acc:
         char missing[256] = "";
         size_t off = 0;
         for (int p = rank + 1; p < size; p++) {
-            if (t->peers[p].fd < 0 || t->peers[p].cfd < 0) {
+            if (!connected(t, p, CH_DATA) || !connected(t, p, CH_CTRL)) {
                 int n = snprintf(missing + off, sizeof(missing) - off, "%s%d",
                                  off ? ", " : "", p);
                 if (n < 0 || (size_t)n >= sizeof(missing) - off) {
@@ -410,1052 +238,3 @@ fail_acc:
     return st;
 }
 
-/* ---------------------------------------------------------------- control */
-
-static void
-send_ctrl(tcp_transport *t, int peer, uint32_t type, uint32_t status,
-          uint64_t seq, const char *text)
-{
-    tcp_peer *pe = &t->peers[peer];
-    if (pe->cfd < 0 || pe->ctrl_eof) {
-        return;
-    }
-    char buf[sizeof(ctrl_msg) + CTRL_MAX];
-    size_t len = text ? strnlen(text, CTRL_MAX) : 0;
-    ctrl_msg m = {CTRL_MAGIC, type, status, (uint32_t)len, seq};
-    memcpy(buf, &m, sizeof(m));
-    if (len) {
-        memcpy(buf + sizeof(m), text, len);
-    }
-    /* Control messages are tiny and the control socket is otherwise idle,
-     * so this cannot block for long; bound it anyway. */
-    pd_status st = pd_net_send_all(pe->cfd, buf, sizeof(m) + len,
-                                   pd_now() + 1.0);
-    (void)st;
-}
-
-static void peer_gone(tcp_transport *t, int p);
-
-static void
-handle_ctrl(tcp_transport *t, int p, const ctrl_msg *m, const char *text)
-{
-    tcp_peer *pe = &t->peers[p];
-    switch (m->type) {
-    case CTRL_ABORT:
-        PD_LOG(PD_LOG_WARN, "tcp", "rank %d: abort from rank %d for #%llu: %.*s",
-               t->base.rank, p, (unsigned long long)m->seq, (int)m->len, text);
-        if (t->err == PD_OK && m->seq > t->coll_seq) {
-            if (t->abort_seq == 0 || m->seq < t->abort_seq) {
-                t->abort_seq = m->seq;
-                t->abort_st = (pd_status)m->status;
-                snprintf(t->abort_msg, sizeof(t->abort_msg), "%.*s",
-                         (int)m->len, text);
-            }
-        }
-        else if (t->err == PD_OK) {
-            char msg[PD_ERRMSG_MAX];
-            snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
-            if (t->ev.on_abort != NULL) {
-                t->ev.on_abort(t->ev.ctx, p, (int)m->status, msg);
-            }
-            fail(t, (pd_status)m->status, "%s", msg);
-        }
-        break;
-    case CTRL_QUERY: {
-        uint64_t cur = t->ev.current_seq ? t->ev.current_seq(t->ev.ctx) : 0;
-        send_ctrl(t, p, CTRL_REPLY, 0, cur, NULL);
-        break;
-    }
-    case CTRL_REPLY:
-        pe->reply_seq = m->seq;
-        pe->replied = 1;
-        break;
-    case CTRL_BYE:
-        pe->bye = 1;
-        break;
-    default:
-        break;
-    }
-}
-
-/* Read and handle whatever control messages are waiting. */
-static void
-read_ctrl(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    while (pe->cfd >= 0 && !pe->ctrl_eof) {
-        ssize_t n = recv(pe->cfd, pe->cbuf + pe->coff,
-                         sizeof(pe->cbuf) - pe->coff, MSG_DONTWAIT);
-        if (n == 0) {
-            pe->ctrl_eof = 1;
-            break;
-        }
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                pe->ctrl_eof = 1;
-            }
-            break;
-        }
-        pe->coff += (size_t)n;
-        for (;;) {
-            if (pe->coff < sizeof(ctrl_msg)) {
-                break;
-            }
-            ctrl_msg m;
-            memcpy(&m, pe->cbuf, sizeof(m));
-            if (m.magic != CTRL_MAGIC || m.len > CTRL_MAX) {
-                pe->ctrl_eof = 1; /* garbage: treat as lost */
-                pe->coff = 0;
-                break;
-            }
-            size_t total = sizeof(m) + m.len;
-            if (pe->coff < total) {
-                break;
-            }
-            handle_ctrl(t, p, &m, pe->cbuf + sizeof(m));
-            memmove(pe->cbuf, pe->cbuf + total, pe->coff - total);
-            pe->coff -= total;
-        }
-    }
-}
-
-/* A socket of peer p reported EOF / hang-up / error.  Decide between a
- * clean goodbye (destroy_process_group) and a crash. */
-static void
-peer_gone(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    if (pe->gone) {
-        return;
-    }
-    read_ctrl(t, p);
-    if (!pe->bye && !pe->ctrl_eof) {
-        /* The goodbye travels on the other socket: give it a moment. */
-        struct pollfd pf = {pe->cfd, POLLIN | POLLRDHUP, 0};
-        double until = pd_now() + 0.2;
-        while (!pe->bye && !pe->ctrl_eof) {
-            int ms = (int)((until - pd_now()) * 1000.0);
-            if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
-                break;
-            }
-            read_ctrl(t, p);
-        }
-    }
-    pe->gone = 1;
-    PD_LOG(PD_LOG_INFO, "tcp", "rank %d: rank %d %s", t->base.rank, p,
-           pe->bye ? "left the group" : "vanished without a goodbye");
-    if (!pe->bye) {
-        fail(t, PD_ENETWORK,
-             "rank %d lost its connection to rank %d: rank %d died, was "
-             "killed or closed its sockets without destroy_process_group()",
-             t->base.rank, p, p);
-    }
-}
-
-/* ------------------------------------------------------------ send / recv */
-
-
-static void
-describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
-{
-    if (h->type == PD_FRAME_P2P) {
-        snprintf(buf, len, "send/recv(tag=%d, %zu bytes)", h->tag, nbytes);
-        return;
-    }
-    int kind = h->kind;
-    int reduces = pd_kind_has(kind, PD_KF_REDUCES);
-    int rooted = pd_kind_has(kind, PD_KF_ROOTED);
-    char opbuf[32] = "", rootbuf[32] = "";
-    if (reduces) {
-        snprintf(opbuf, sizeof(opbuf), ", op=%s",
-                 pd_redop_name((pd_redop)h->op));
-    }
-    if (rooted) {
-        snprintf(rootbuf, sizeof(rootbuf), ", root=%d", h->root);
-    }
-    /* all_to_all's per-rank sizes may differ legitimately: show bytes */
-    char countbuf[48];
-    if (pd_kind_has(kind, PD_KF_SPLITS)) {
-        snprintf(countbuf, sizeof(countbuf), "%zu bytes to this pair", nbytes);
-    }
-    else {
-        snprintf(countbuf, sizeof(countbuf), "count=%llu",
-                 (unsigned long long)h->count);
-    }
-    snprintf(buf, len, "%s(dtype=%s, %s%s%s) [sequence number %llu]",
-             pd_kind_name(h->kind), pd_dtype_name((pd_dtype)h->dtype),
-             countbuf, rootbuf, opbuf, (unsigned long long)h->seq);
-}
-
-static pd_status
-mismatch(tcp_transport *t, int p, const pd_hdr *got, const pd_hdr *want,
-         size_t want_len)
-{
-    char a[256], b[256];
-    describe(want, want_len, a, sizeof(a));
-    describe(got, got->nbytes, b, sizeof(b));
-    return fail(t, PD_EMISMATCH,
-                "collective mismatch between ranks: rank %d called %s but "
-                "rank %d called %s",
-                t->base.rank, a, p, b);
-}
-
-/* Does frame header h satisfy receive r?  1 yes, 0 no, -1 mismatch (the
- * frame belongs to the collective r waits for but disagrees with it). */
-static int
-match(const pd_req *r, const pd_hdr *h)
-{
-    const pd_hdr *e = &r->expect;
-    if (h->type != e->type) {
-        return 0;
-    }
-    if (h->type == PD_FRAME_P2P) {
-        if (h->tag != e->tag) {
-            return 0;
-        }
-        return h->nbytes == r->len ? 1 : -1;
-    }
-    if (h->seq != e->seq || h->tag != e->tag) {
-        return 0;
-    }
-    if (h->kind != e->kind || h->dtype != e->dtype || h->op != e->op ||
-        h->root != e->root || h->count != e->count || h->nbytes != r->len) {
-        return -1;
-    }
-    return 1;
-}
-
-static void
-complete_recv(pd_req *r, const pd_hdr *h, int src)
-{
-    r->hdr = *h;
-    r->peer = src;
-    r->state = PD_REQ_DONE;
-}
-
-/* Remove r from a singly linked queue. */
-static void
-unlink_req(pd_req **head, pd_req **tail, pd_req *r)
-{
-    pd_req *prev = NULL;
-    for (pd_req *q = *head; q != NULL; prev = q, q = q->next) {
-        if (q == r) {
-            if (prev) {
-                prev->next = q->next;
-            }
-            else {
-                *head = q->next;
-            }
-            if (*tail == q) {
-                *tail = prev;
-            }
-            q->next = NULL;
-            return;
-        }
-    }
-}
-
-static pd_status
-tcp_post_send(pd_transport *base, pd_req *r)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    PD_CHECK(sticky(t));
-    int p = r->peer;
-    if (p < 0 || p >= base->size || p == base->rank) {
-        return pd_error(PD_EINVAL, "send to invalid rank %d", p);
-    }
-    tcp_peer *pe = &t->peers[p];
-    if (pe->gone || pe->data_eof) {
-        return fail(t, PD_ENETWORK,
-                    "rank %d cannot send to rank %d: rank %d has left the "
-                    "group (destroyed its process group or exited)",
-                    base->rank, p, p);
-    }
-    r->hdr.magic = PD_FRAME_MAGIC;
-    r->hdr.src = (uint32_t)base->rank;
-    r->hdr.nbytes = r->len;
-    r->off = 0;
-    r->state = PD_REQ_POSTED;
-    r->next = NULL;
-    if (pe->sq_tail) {
-        pe->sq_tail->next = r;
-    }
-    else {
-        pe->sq_head = r;
-    }
-    pe->sq_tail = r;
-    return PD_OK;
-}
-
-/* Try to satisfy r from peer p's unexpected queue. */
-static int
-take_unexpected(tcp_transport *t, int p, pd_req *r, pd_status *st)
-{
-    tcp_peer *pe = &t->peers[p];
-    unexp *prev = NULL;
-    for (unexp *u = pe->ux_head; u != NULL; prev = u, u = u->next) {
-        int m = match(r, &u->hdr);
-        if (m == 0) {
-            continue;
-        }
-        if (m < 0) {
-            *st = mismatch(t, p, &u->hdr, &r->expect, r->len);
-            return 1;
-        }
-        if (u->hdr.nbytes) {
-            memcpy(r->buf, u->data, u->hdr.nbytes);
-        }
-        complete_recv(r, &u->hdr, p);
-        if (prev) {
-            prev->next = u->next;
-        }
-        else {
-            pe->ux_head = u->next;
-        }
-        if (pe->ux_tail == u) {
-            pe->ux_tail = prev;
-        }
-        free(u->data);
-        free(u);
-        *st = PD_OK;
-        return 1;
-    }
-    return 0;
-}
-
-static pd_status
-tcp_post_recv(pd_transport *base, pd_req *r)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    PD_CHECK(sticky(t));
-    r->state = PD_REQ_POSTED;
-    r->off = 0;
-    r->next = NULL;
-    pd_status st = PD_OK;
-    if (r->peer < 0) {
-        for (int p = 0; p < base->size; p++) {
-            if (p != base->rank && take_unexpected(t, p, r, &st)) {
-                return st;
-            }
-        }
-        if (t->any_tail) {
-            t->any_tail->next = r;
-        }
-        else {
-            t->any_head = r;
-        }
-        t->any_tail = r;
-        return PD_OK;
-    }
-    int p = r->peer;
-    if (p >= base->size || p == base->rank) {
-        return pd_error(PD_EINVAL, "receive from invalid rank %d", p);
-    }
-    if (take_unexpected(t, p, r, &st)) {
-        return st;
-    }
-    tcp_peer *pe = &t->peers[p];
-    if (pe->gone && pe->data_eof &&
-        !(pe->ring >= 0 && pd_shm_ring_readable(t->shm, pe->ring))) {
-        return fail(t, PD_ENETWORK,
-                    "rank %d cannot receive from rank %d: rank %d has left "
-                    "the group (destroyed its process group or exited)",
-                    base->rank, p, p);
-    }
-    if (pe->rq_tail) {
-        pe->rq_tail->next = r;
-    }
-    else {
-        pe->rq_head = r;
-    }
-    pe->rq_tail = r;
-    return PD_OK;
-}
-
-/* Does something posted need this very peer (not just any peer)? */
-static int
-needs_peer(const tcp_peer *pe)
-{
-    return pe->ih_off > 0 || pe->ireq != NULL || pe->iux != NULL ||
-           pe->rq_head != NULL;
-}
-
-static int
-wants_read(tcp_transport *t, tcp_peer *pe)
-{
-    return pe->ih_off > 0 || pe->ireq != NULL || pe->iux != NULL ||
-           pe->rq_head != NULL || t->any_head != NULL;
-}
-
-/* A frame header from p is complete: find its destination. */
-static pd_status
-route_frame(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    pd_hdr *h = &pe->ih;
-    if (h->magic != PD_FRAME_MAGIC || h->src != (uint32_t)p) {
-        return fail(t, PD_ENETWORK,
-                    "corrupt frame from rank %d (bad magic or source)", p);
-    }
-    if (h->type == PD_FRAME_COLL && h->seq < t->coll_seq) {
-        char a[256];
-        describe(h, h->nbytes, a, sizeof(a));
-        return fail(t, PD_EMISMATCH,
-                    "collective mismatch between ranks: rank %d sent data "
-                    "for %s, which rank %d did not expect (it is at sequence "
-                    "number %llu); the ranks called different collectives",
-                    p, a, t->base.rank, (unsigned long long)t->coll_seq);
-    }
-    if (h->type == PD_FRAME_COLL && h->seq == t->coll_seq) {
-        const pd_hdr *e = &t->coll_id;
-        if (h->kind != e->kind || h->dtype != e->dtype || h->op != e->op ||
-            h->root != e->root || h->count != e->count) {
-            return mismatch(t, p, h, e, h->nbytes);
-        }
-    }
-    for (pd_req *r = pe->rq_head; r != NULL; r = r->next) {
-        int m = match(r, h);
-        if (m < 0) {
-            return mismatch(t, p, h, &r->expect, r->len);
-        }
-        if (m > 0) {
-            unlink_req(&pe->rq_head, &pe->rq_tail, r);
-            pe->ireq = r;
-            pe->ioff = 0;
-            return PD_OK;
-        }
-    }
-    if (h->type == PD_FRAME_P2P) {
-        for (pd_req *r = t->any_head; r != NULL; r = r->next) {
-            int m = match(r, h);
-            if (m < 0) {
-                char a[128];
-                describe(h, h->nbytes, a, sizeof(a));
-                return fail(t, PD_EMISMATCH,
-                            "send/recv size mismatch: rank %d sent %s but "
-                            "rank %d posted a recv of %zu bytes",
-                            p, a, t->base.rank, r->len);
-            }
-            if (m > 0) {
-                unlink_req(&t->any_head, &t->any_tail, r);
-                pe->ireq = r;
-                pe->ioff = 0;
-                return PD_OK;
-            }
-        }
-    }
-    unexp *u = calloc(1, sizeof(*u));
-    if (u == NULL || (h->nbytes && (u->data = malloc(h->nbytes)) == NULL)) {
-        free(u);
-        return fail(t, PD_ENOMEM, "out of memory buffering %llu bytes from "
-                    "rank %d", (unsigned long long)h->nbytes, p);
-    }
-    u->hdr = *h;
-    pe->iux = u;
-    pe->ioff = 0;
-    return PD_OK;
-}
-
-static void
-frame_done(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    if (pe->ireq) {
-        pd_req *r = pe->ireq;
-        complete_recv(r, &pe->ih, p);
-        pe->ireq = NULL;
-    }
-    else if (pe->iux) {
-        unexp *u = pe->iux;
-        if (pe->ux_tail) {
-            pe->ux_tail->next = u;
-        }
-        else {
-            pe->ux_head = u;
-        }
-        pe->ux_tail = u;
-        pe->iux = NULL;
-    }
-    pe->ih_off = 0;
-    pe->ioff = 0;
-}
-
-/* Wake up for a large payload only when a good part of it has arrived, not
- * for every segment: each wakeup costs more than copying 64 KiB. */
-static void
-set_lowat(tcp_peer *pe, size_t want)
-{
-    int v = want > PD_TCP_LOWAT_MAX ? PD_TCP_LOWAT_MAX : (int)want;
-    if (v < 1) {
-        v = 1;
-    }
-    if (v != pe->lowat) {
-        if (setsockopt(pe->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0) {
-            pe->lowat = v;
-        }
-    }
-}
-
-/* One doorbell byte to peer p (which said it sleeps until we move). */
-static void
-ring_doorbell(tcp_peer *pe)
-{
-    char b = 0;
-    ssize_t n = send(pe->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    (void)n; /* a full socket already holds doorbells */
-}
-
-/* recv() from the peer's channel: its socket, or its ring. */
-static ssize_t
-chan_recv(tcp_transport *t, tcp_peer *pe, char *dst, size_t want)
-{
-    if (pe->ring < 0) {
-        return recv(pe->fd, dst, want, 0);
-    }
-    size_t n = pd_shm_ring_read(t->shm, pe->ring, dst, want);
-    if (n == 0) {
-        errno = EAGAIN;
-        return -1;
-    }
-    if (pd_shm_ring_peer_waits(t->shm, pe->ring, 0)) {
-        ring_doorbell(pe);
-    }
-    return (ssize_t)n;
-}
-
-/* sendmsg() to the peer's channel. */
-static ssize_t
-chan_send(tcp_transport *t, tcp_peer *pe, struct iovec *iov, int niov)
-{
-    if (pe->ring < 0) {
-        struct msghdr mh = {0};
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)niov;
-        return sendmsg(pe->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    }
-    size_t total = 0;
-    for (int i = 0; i < niov; i++) {
-        size_t n = pd_shm_ring_write(t->shm, pe->ring, iov[i].iov_base,
-                                     iov[i].iov_len);
-        total += n;
-        if (n < iov[i].iov_len) {
-            break;
-        }
-    }
-    if (total == 0) {
-        errno = EAGAIN;
-        return -1;
-    }
-    if (pd_shm_ring_peer_waits(t->shm, pe->ring, 1)) {
-        ring_doorbell(pe);
-    }
-    return (ssize_t)total;
-}
-
-/* Read as much as is useful from peer p's data socket. */
-static pd_status
-do_read(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    while (wants_read(t, pe)) {
-        char *dst;
-        size_t want;
-        if (pe->ih_off < sizeof(pd_hdr)) {
-            dst = (char *)&pe->ih + pe->ih_off;
-            want = sizeof(pd_hdr) - pe->ih_off;
-        }
-        else {
-            size_t nb = pe->ih.nbytes;
-            dst = (pe->ireq ? pe->ireq->buf : pe->iux->data) + pe->ioff;
-            want = nb - pe->ioff;
-        }
-        ssize_t n = want ? chan_recv(t, pe, dst, want) : 0;
-        if (want && n == 0) {
-            pe->data_eof = 1;
-            peer_gone(t, p);
-            /* A receive from any rank may still be satisfied by another. */
-            if (needs_peer(pe)) {
-                return fail(t, PD_ENETWORK,
-                            "rank %d: connection to rank %d closed while "
-                            "waiting for its data (rank %d exited or "
-                            "destroyed its process group)",
-                            t->base.rank, p, p);
-            }
-            return sticky(t);
-        }
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                return PD_OK;
-            }
-            pe->data_eof = 1;
-            peer_gone(t, p);
-            return fail(t, PD_ENETWORK, "rank %d: receiving from rank %d: %s",
-                        t->base.rank, p, strerror(errno));
-        }
-        if (pe->ih_off < sizeof(pd_hdr)) {
-            pe->ih_off += (size_t)n;
-            if (pe->ih_off == sizeof(pd_hdr)) {
-                PD_CHECK(route_frame(t, p));
-                if (pe->ih.nbytes == 0) {
-                    frame_done(t, p);
-                }
-            }
-        }
-        else {
-            pe->ioff += (size_t)n;
-            if (pe->ioff == pe->ih.nbytes) {
-                frame_done(t, p);
-            }
-        }
-        /* A short read drained the socket: skip the recv that would only
-         * say EAGAIN, and let poll report the next arrival. */
-        if ((size_t)n < want) {
-            return PD_OK;
-        }
-    }
-    return PD_OK;
-}
-
-static pd_status
-do_write(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    while (pe->sq_head != NULL) {
-        pd_req *r = pe->sq_head;
-        struct iovec iov[2];
-        int niov = 0;
-        size_t hl = sizeof(pd_hdr);
-        if (r->off < hl) {
-            iov[niov].iov_base = (char *)&r->hdr + r->off;
-            iov[niov].iov_len = hl - r->off;
-            niov++;
-            if (r->len) {
-                iov[niov].iov_base = r->buf;
-                iov[niov].iov_len = r->len;
-                niov++;
-            }
-        }
-        else {
-            iov[niov].iov_base = r->buf + (r->off - hl);
-            iov[niov].iov_len = r->len - (r->off - hl);
-            niov++;
-        }
-        ssize_t n = chan_send(t, pe, iov, niov);
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                return PD_OK;
-            }
-            int e = errno;
-            peer_gone(t, p);
-            return fail(t, PD_ENETWORK, "rank %d: sending to rank %d: %s",
-                        t->base.rank, p, strerror(e));
-        }
-        size_t asked = 0;
-        for (int i = 0; i < niov; i++) {
-            asked += iov[i].iov_len;
-        }
-        r->off += (size_t)n;
-        if ((size_t)n < asked) {
-            return PD_OK; /* the socket buffer is full: wait for POLLOUT */
-        }
-        if (r->off == hl + r->len) {
-            pe->sq_head = r->next;
-            if (pe->sq_head == NULL) {
-                pe->sq_tail = NULL;
-            }
-            r->next = NULL;
-            r->state = PD_REQ_DONE;
-            t->completed++;
-        }
-    }
-    return PD_OK;
-}
-
-/* Move frames through the rings; returns 1 if anything moved or can move
- * now (the caller must not sleep), else 0 with every wait announced. */
-static int
-ring_progress(tcp_transport *t)
-{
-    int moved = 0;
-    for (int p = 0; p < t->base.size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (pe->ring < 0) {
-            continue;
-        }
-        /* a peer that left may have left frames in the ring: still read */
-        if (wants_read(t, pe) && pd_shm_ring_readable(t->shm, pe->ring)) {
-            (void)do_read(t, p); /* errors are sticky: progress reports */
-            moved = 1;
-        }
-        if (pe->gone) {
-            if (pe->data_eof && needs_peer(pe) &&
-                !pd_shm_ring_readable(t->shm, pe->ring)) {
-                fail(t, PD_ENETWORK,
-                     "rank %d cannot receive from rank %d: rank %d has left "
-                     "the group (destroyed its process group or exited)",
-                     t->base.rank, p, p);
-                return 1;
-            }
-            continue;
-        }
-        if (pe->sq_head != NULL && pd_shm_ring_writable(t->shm, pe->ring)) {
-            (void)do_write(t, p);
-            moved = 1;
-        }
-    }
-    if (moved || t->err != PD_OK) {
-        return 1;
-    }
-    for (int p = 0; p < t->base.size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (pe->ring < 0) {
-            continue;
-        }
-        int data = !pe->gone && wants_read(t, pe);
-        int space = !pe->gone && pe->sq_head != NULL;
-        pd_shm_ring_want(t->shm, pe->ring, data, space);
-        /* the peer may have moved just before seeing the flag */
-        if ((data && pd_shm_ring_readable(t->shm, pe->ring)) ||
-            (space && pd_shm_ring_writable(t->shm, pe->ring))) {
-            moved = 1;
-        }
-    }
-    return moved;
-}
-
-/* Doorbell bytes from ring peer p: read them all; EOF means p is gone. */
-static pd_status
-drain_doorbells(tcp_transport *t, int p)
-{
-    tcp_peer *pe = &t->peers[p];
-    char buf[256];
-    for (;;) {
-        ssize_t n = recv(pe->fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n > 0) {
-            continue;
-        }
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            break;
-        }
-        /* the peer is gone; what it wrote before is still in the ring */
-        pe->data_eof = 1;
-        peer_gone(t, p);
-        if (wants_read(t, pe)) {
-            PD_CHECK(do_read(t, p));
-        }
-        if ((needs_peer(pe) &&
-             !pd_shm_ring_readable(t->shm, pe->ring)) ||
-            pe->sq_head != NULL) {
-            return fail(t, PD_ENETWORK,
-                        "rank %d: connection to rank %d closed while "
-                        "waiting for it (rank %d exited or destroyed its "
-                        "process group)", t->base.rank, p, p);
-        }
-        return sticky(t);
-    }
-    if (wants_read(t, pe)) {
-        PD_CHECK(do_read(t, p));
-    }
-    if (pe->sq_head != NULL) {
-        PD_CHECK(do_write(t, p));
-    }
-    return PD_OK;
-}
-
-pd_status
-pd_tcp_use_shm(pd_transport *base, pd_shm *shm, const int *local_of)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    for (int p = 0; p < base->size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (p == base->rank || local_of[p] < 0) {
-            continue;
-        }
-        if (pe->sq_head != NULL || pe->ih_off > 0 || pe->ireq || pe->iux) {
-            return pd_error(PD_EBACKEND, "rank %d: frames to or from rank %d "
-                            "are in flight: cannot switch to shared memory",
-                            base->rank, p);
-        }
-        if (pe->lowat > 1) {
-            int v = 1;
-            setsockopt(pe->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v));
-            pe->lowat = 1;
-        }
-        pe->ring = local_of[p];
-    }
-    t->shm = shm;
-    return PD_OK;
-}
-
-static pd_status
-tcp_progress(pd_transport *base, int timeout_ms)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    int n = 0;
-    if (t->err != PD_OK) {
-        /* Nothing moves any more, but peers may still ask where we are. */
-        for (int p = 0; p < base->size; p++) {
-            tcp_peer *pe = &t->peers[p];
-            if (p != base->rank && !pe->ctrl_eof && pe->cfd >= 0) {
-                t->pfds[n] = (struct pollfd){pe->cfd, POLLIN, 0};
-                t->pfd_peer[n++] = p;
-            }
-        }
-        t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
-        t->pfd_peer[n++] = -1;
-        if (poll(t->pfds, (nfds_t)n, timeout_ms) > 0) {
-            for (int i = 0; i < n; i++) {
-                if (t->pfds[i].revents && t->pfd_peer[i] >= 0) {
-                    read_ctrl(t, t->pfd_peer[i]);
-                }
-                else if (t->pfds[i].revents) {
-                    uint64_t v;
-                    ssize_t r = read(t->wfd, &v, sizeof(v));
-                    (void)r;
-                }
-            }
-        }
-        return sticky(t);
-    }
-    /* Rings first: move what can move; sleep only when nothing can, after
-     * telling the peers what we wait for (they ring the doorbell). */
-    if (t->shm != NULL && ring_progress(t)) {
-        timeout_ms = 0;
-    }
-    /* Opportunistic writes first: most sends complete without polling.
-     * If one did, the caller may be waiting for exactly that: do not sleep. */
-    uint64_t before = t->completed;
-    for (int p = 0; p < base->size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (p != base->rank && pe->sq_head != NULL && !pe->gone) {
-            PD_CHECK(do_write(t, p));
-        }
-    }
-    if (t->completed != before) {
-        timeout_ms = 0;
-    }
-    int sending = 0;
-    for (int p = 0; p < base->size; p++) {
-        if (p != base->rank && t->peers[p].sq_head != NULL) {
-            sending = 1;
-        }
-    }
-    t->pfds[n] = (struct pollfd){t->wfd, POLLIN, 0};
-    t->pfd_peer[n] = -1;
-    t->pfd_chan[n] = -1;
-    n++;
-    for (int p = 0; p < base->size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (p == base->rank) {
-            continue;
-        }
-        if (!pe->data_eof && pe->fd >= 0 && pe->ring >= 0) {
-            /* doorbells, and the peer's death */
-            t->pfds[n] = (struct pollfd){pe->fd, POLLIN | POLLRDHUP, 0};
-            t->pfd_peer[n] = p;
-            t->pfd_chan[n] = CH_DATA;
-            n++;
-        }
-        else if (!pe->data_eof && pe->fd >= 0) {
-            short ev = 0;
-            if (!pe->gone) {
-                ev |= POLLRDHUP;
-            }
-            if (pe->sq_head) {
-                ev |= POLLOUT;
-            }
-            if (wants_read(t, pe)) {
-                ev |= POLLIN;
-                /* Mid-payload while this rank is also sending (a ring step):
-                 * wake when a good part of the rest is here, and spend the
-                 * time in between on the sends.  A rank that only receives
-                 * reads every segment at once: that keeps the sender's
-                 * window open.  A header may be all that comes: any byte. */
-                int payload = pe->ih_off == sizeof(pd_hdr) &&
-                              (pe->ireq != NULL || pe->iux != NULL);
-                set_lowat(pe, payload && sending ? pe->ih.nbytes - pe->ioff
-                                                 : 1);
-            }
-            if (ev) {
-                t->pfds[n] = (struct pollfd){pe->fd, ev, 0};
-                t->pfd_peer[n] = p;
-                t->pfd_chan[n] = CH_DATA;
-                n++;
-            }
-        }
-        if (!pe->ctrl_eof && pe->cfd >= 0) {
-            t->pfds[n] = (struct pollfd){pe->cfd, POLLIN | POLLRDHUP, 0};
-            t->pfd_peer[n] = p;
-            t->pfd_chan[n] = CH_CTRL;
-            n++;
-        }
-    }
-    int rc;
-    do {
-        rc = poll(t->pfds, (nfds_t)n, timeout_ms);
-    } while (rc < 0 && errno == EINTR);
-    if (rc < 0) {
-        return pd_syserror(PD_ESYS, "poll");
-    }
-    for (int i = 0; i < n && rc > 0; i++) {
-        short re = t->pfds[i].revents;
-        if (re == 0) {
-            continue;
-        }
-        int p = t->pfd_peer[i];
-        if (p < 0) {
-            uint64_t v;
-            ssize_t r = read(t->wfd, &v, sizeof(v));
-            (void)r;
-            continue;
-        }
-        tcp_peer *pe = &t->peers[p];
-        if (t->pfd_chan[i] == CH_CTRL) {
-            read_ctrl(t, p);
-            if (pe->ctrl_eof) {
-                peer_gone(t, p);
-            }
-            continue;
-        }
-        if (pe->ring >= 0) {
-            PD_CHECK(drain_doorbells(t, p));
-            continue;
-        }
-        if (re & (POLLIN | POLLHUP | POLLERR)) {
-            if (wants_read(t, pe)) {
-                PD_CHECK(do_read(t, p));
-            }
-        }
-        if (re & POLLOUT) {
-            PD_CHECK(do_write(t, p));
-        }
-        if ((re & (POLLRDHUP | POLLHUP | POLLERR)) && !pe->gone) {
-            if (!wants_read(t, pe) || (re & (POLLHUP | POLLERR))) {
-                peer_gone(t, p);
-            }
-        }
-    }
-    /* A peer that left cleanly is fatal only if we still need it. */
-    for (int p = 0; p < base->size; p++) {
-        tcp_peer *pe = &t->peers[p];
-        if (p != base->rank && pe->gone && pe->sq_head != NULL) {
-            return fail(t, PD_ENETWORK,
-                        "rank %d cannot send to rank %d: rank %d has left "
-                        "the group", base->rank, p, p);
-        }
-    }
-    return sticky(t);
-}
-
-static void
-tcp_wake(pd_transport *base)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    uint64_t one = 1;
-    ssize_t r = write(t->wfd, &one, sizeof(one));
-    (void)r;
-}
-
-static void
-tcp_abort_peers(pd_transport *base, int status, const char *msg)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    for (int p = 0; p < base->size; p++) {
-        if (p != base->rank) {
-            send_ctrl(t, p, CTRL_ABORT, (uint32_t)status, t->coll_seq, msg);
-        }
-    }
-}
-
-static pd_status
-tcp_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    for (int p = 0; p < base->size; p++) {
-        seqs[p] = UINT64_MAX;
-        t->peers[p].replied = 0;
-        if (p != base->rank && !t->peers[p].gone) {
-            send_ctrl(t, p, CTRL_QUERY, 0, 0, NULL);
-        }
-    }
-    double until = pd_now() + timeout_s;
-    for (;;) {
-        int all = 1;
-        for (int p = 0; p < base->size; p++) {
-            if (p != base->rank && !t->peers[p].gone &&
-                !t->peers[p].replied) {
-                all = 0;
-            }
-        }
-        double left = until - pd_now();
-        if (all || left <= 0) {
-            break;
-        }
-        struct pollfd pf[256];
-        int map[256];
-        int n = 0;
-        for (int p = 0; p < base->size && n < 256; p++) {
-            tcp_peer *pe = &t->peers[p];
-            if (p != base->rank && !pe->replied && !pe->ctrl_eof) {
-                pf[n] = (struct pollfd){pe->cfd, POLLIN, 0};
-                map[n++] = p;
-            }
-        }
-        if (n == 0 || poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) {
-            break;
-        }
-        for (int i = 0; i < n; i++) {
-            if (pf[i].revents) {
-                read_ctrl(t, map[i]);
-            }
-        }
-    }
-    for (int p = 0; p < base->size; p++) {
-        if (t->peers[p].replied) {
-            seqs[p] = t->peers[p].reply_seq;
-        }
-    }
-    return PD_OK;
-}
-
-static void
-tcp_fail(pd_transport *base, int status, const char *msg)
-{
-    fail((tcp_transport *)base, (pd_status)status, "%s", msg);
-}
-
-static void
-tcp_set_coll(pd_transport *base, const pd_hdr *id)
-{
-    tcp_transport *t = (tcp_transport *)base;
-    t->coll_seq = id->seq;
-    t->coll_id = *id;
-    if (t->abort_seq != 0 && id->seq >= t->abort_seq) {
-        fail(t, t->abort_st, "%s", t->abort_msg);
-    }
-}
-
-static const pd_transport_ops tcp_ops = {
-    .name = "tcp",
-    .post_send = tcp_post_send,
-    .post_recv = tcp_post_recv,
-    .progress = tcp_progress,
-    .wake = tcp_wake,
-    .abort_peers = tcp_abort_peers,
-    .query_seqs = tcp_query_seqs,
-    .set_coll = tcp_set_coll,
-    .fail = tcp_fail,
-    .close = tcp_close,
-};

@@ -1,6 +1,8 @@
-/* TCP transport: a full mesh of connections between the ranks of a group,
- * two per pair of ranks (data and control), set up through addresses the
- * group exchanged in the store.  Works within and across hosts. */
+/* TCP: a full mesh of connections between the ranks of a group, two per
+ * pair of ranks (data and control), set up through addresses the group
+ * exchanged in the store; the transport is the frame engine (../engine.h)
+ * with a TCP link (link_tcp.h) to every peer.  Works within and across
+ * hosts. */
 #ifndef PD_TRANSPORT_TCP_H
 #define PD_TRANSPORT_TCP_H
 
@@ -19,12 +21,5 @@ pd_status pd_tcp_create(int rank, int size, const char *secret,
  * group token; strangers are dropped.  hosts/ports are indexed by rank. */
 pd_status pd_tcp_connect(pd_transport *t, const char *const *hosts,
                          const int *ports, uint64_t token, double deadline);
-
-/* Frames to and from the ranks on this host travel through shared-memory
- * rings from now on: local_of[p] is rank p's index in shm, or -1 (TCP).
- * Call when no frame is in flight (right after a barrier). */
-struct pd_shm;
-pd_status pd_tcp_use_shm(pd_transport *t, struct pd_shm *shm,
-                         const int *local_of);
 
 #endif
