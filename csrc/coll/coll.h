@@ -144,6 +144,35 @@ void pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n,
 /* Elements of one bank, rounded down to a multiple of 64 bytes. */
 size_t pd_shm_bank_elems(pd_coll *c, size_t esz);
 
+/* The rounds of a bank-copying shared-memory algorithm.  len units (bytes
+ * or elements) move in rounds of m <= per units, [done, done + m):
+ *   fill the round's chunk into this rank's bank (the first one unless
+ *   resuming: it happened before the interruption); the first sync
+ *   (pd_shm_first_sync_from's src and data) and start, else a sync;
+ *   reduce and a sync; drain the chunk from the peers' banks;
+ * each fill of the next round goes to the other bank, while the peers may
+ * still read the one drained.  Any hook may be NULL (a rank that only
+ * publishes has no drain, one that only reads no fill). */
+typedef struct pd_shm_round_ops {
+    void (*fill)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+    /* after the first sync, before the first drain: check what the peers
+     * published; may set *len (the first fill got m = min(len, per) of the
+     * len passed in) */
+    pd_status (*start)(pd_coll *c, void *ctx, int bank, size_t *len);
+    void (*reduce)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+    void (*drain)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+} pd_shm_round_ops;
+
+pd_status pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx,
+                        size_t len, size_t per, int src, int data);
+
+/* Room for one pointer per rank: stack (PD_SHM_STACK_RANKS entries) when
+ * the group fits, else the heap (NULL, error set: out of memory).  Release
+ * with pd_shm_ptrs_free. */
+#define PD_SHM_STACK_RANKS 16
+char **pd_shm_ptrs(pd_coll *c, char **stack);
+void pd_shm_ptrs_free(char **ptrs, char **stack);
+
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.
  * reduce_scatter: afterwards rank r holds the reduction of logical segment

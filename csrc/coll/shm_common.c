@@ -1,4 +1,5 @@
 /* Helpers shared by the shared-memory algorithms (coll/<collective>_shm.c). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
@@ -98,5 +99,62 @@ pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n, size_t count,
     }
     if (avg && op == PD_AVG) {
         pd_reduce_avg_finish(dt, dst, count, c->size);
+    }
+}
+
+pd_status
+pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx, size_t len,
+              size_t per, int src, int data)
+{
+    size_t done = 0;
+    size_t m = len < per ? len : per;
+    int b = pd_shm_copyin_bank(c);
+    if (!c->resume && ops->fill != NULL) {
+        ops->fill(c, ctx, b, 0, m);
+    }
+    PD_CHECK(pd_shm_first_sync_from(c, src, data));
+    if (ops->start != NULL) {
+        PD_CHECK(ops->start(c, ctx, b, &len));
+        m = len < per ? len : per;
+    }
+    for (;;) {
+        if (ops->reduce != NULL) {
+            ops->reduce(c, ctx, b, done, m);
+            PD_CHECK(pd_shm_next_sync(c));
+        }
+        if (ops->drain != NULL) {
+            ops->drain(c, ctx, b, done, m);
+        }
+        done += m;
+        m = len - done < per ? len - done : per;
+        if (m == 0) {
+            return PD_OK;
+        }
+        b = pd_shm_next_bank(c->shm);
+        if (ops->fill != NULL) {
+            ops->fill(c, ctx, b, done, m);
+        }
+        PD_CHECK(pd_shm_next_sync(c));
+    }
+}
+
+char **
+pd_shm_ptrs(pd_coll *c, char **stack)
+{
+    if (c->size <= PD_SHM_STACK_RANKS) {
+        return stack;
+    }
+    char **p = malloc(sizeof(char *) * (size_t)c->size);
+    if (p == NULL) {
+        pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    }
+    return p;
+}
+
+void
+pd_shm_ptrs_free(char **ptrs, char **stack)
+{
+    if (ptrs != stack) {
+        free(ptrs);
     }
 }
