@@ -66,6 +66,33 @@ pd_status pd_coll_wait_one(pd_coll *c, pd_req *r);
  * does (broadcast, scatter).  Unused requests are marked done. */
 pd_status pd_coll_ring_check(pd_coll *c, pd_req reqs[2], int root_receives);
 
+/* Per-peer buffers of a direct algorithm: peer p's is at[p] (at NULL: one,
+ * the same for every peer), of len[p] bytes (len NULL: each). */
+typedef struct pd_peer_bufs {
+    char *const *at;
+    char *one;
+    const size_t *len;
+    size_t each;
+} pd_peer_bufs;
+
+/* One round in which every rank sends send's block p to every other rank p
+ * and receives recv's block p from it; this rank's own block is copied from
+ * send to recv (where they differ) while the transfers progress
+ * (coll/direct_common.c). */
+pd_status pd_coll_exchange(pd_coll *c, const pd_peer_bufs *send,
+                           const pd_peer_bufs *recv);
+/* One round between the root and every other rank, len bytes each, with the
+ * ring check.  to_root (gather, reduce): the root receives blocks[p] from
+ * every rank p, which sends mine; else (broadcast, scatter) the root sends
+ * blocks[p] to every rank p, which receives into mine.  blocks NULL: mine
+ * for every peer (broadcast); else the root's own block is copied between
+ * mine and blocks[root].  blocks is read at the root only. */
+pd_status pd_coll_rooted(pd_coll *c, int to_root, char **blocks,
+                         char *mine, size_t len);
+/* c->size blocks of bytes each, blocks[p], in one allocation (free() the
+ * array); NULL, error set: out of memory. */
+char **pd_coll_scratch_blocks(pd_coll *c, size_t bytes);
+
 #define PD_TAG(step, chunk) ((int)(((step) << 16) | (chunk)))
 #define PD_TAG_CHECK 0x7fff0000
 
