@@ -6,17 +6,10 @@
 #include "coll.h"
 
 typedef struct allgather {
-    const char *in;
+    char *in; /* first: pd_shm_fill_bytes */
     char **out;
     int stream;
 } allgather;
-
-static void
-fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
-{
-    allgather *x = ctx;
-    memcpy(pd_shm_bank(c->shm, c->rank, b), x->in + done, m);
-}
 
 static void
 drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
@@ -30,13 +23,15 @@ drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     }
 }
 
-static const pd_shm_round_ops ops = {.fill = fill, .drain = drain};
+static const pd_shm_round_ops ops = {.fill = pd_shm_fill_bytes,
+                                     .drain = drain};
 
 pd_status
 pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
 {
     int r = c->rank;
-    allgather x = {in, out, len * (size_t)c->size >= pd_shm_stream_bytes()};
+    allgather x = {(char *)in, out,
+                   len * (size_t)c->size >= pd_shm_stream_bytes()};
     PD_CHECK(pd_shm_rounds(c, &ops, &x, len, pd_shm_bank_size(c->shm), -1,
                            0));
     if (out[r] != in) {

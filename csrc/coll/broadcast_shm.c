@@ -1,21 +1,12 @@
 /* Broadcast through shared memory: the root copies a bank-sized chunk into
  * its bank, one sync, the others copy it out while the root fills its other
  * bank with the next chunk. */
-#include <string.h>
-
 #include "coll.h"
 
 typedef struct bcast {
-    char *buf;
+    char *buf; /* first: pd_shm_fill_bytes */
     int stream;
 } bcast;
-
-static void
-root_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
-{
-    bcast *x = ctx;
-    memcpy(pd_shm_bank(c->shm, c->rank, b), x->buf + done, m);
-}
 
 static void
 leaf_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
@@ -25,7 +16,7 @@ leaf_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
                 x->stream);
 }
 
-static const pd_shm_round_ops root_ops = {.fill = root_fill};
+static const pd_shm_round_ops root_ops = {.fill = pd_shm_fill_bytes};
 static const pd_shm_round_ops leaf_ops = {.drain = leaf_drain};
 
 pd_status

@@ -192,6 +192,10 @@ typedef struct pd_shm_round_ops {
 
 pd_status pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx,
                         size_t len, size_t per, int src, int data);
+/* A fill of bytes for a ctx that starts with the source (char *):
+ * [done, done + m) of it into this rank's bank. */
+void pd_shm_fill_bytes(pd_coll *c, void *ctx, int bank, size_t done,
+                       size_t m);
 
 /* Room for one pointer per rank: stack (PD_SHM_STACK_RANKS entries) when
  * the group fits, else the heap (NULL, error set: out of memory).  Release

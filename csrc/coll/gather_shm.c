@@ -5,17 +5,10 @@
 #include "coll.h"
 
 typedef struct rooted {
+    char *mine;          /* in (gather: pd_shm_fill_bytes) or out (scatter) */
     char *const *blocks; /* the root's: out (gather) or in (scatter) */
-    char *mine;          /* in (gather) or out (scatter) */
     size_t pe;           /* scatter: bytes of one region of the root's bank */
 } rooted;
-
-static void
-gather_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
-{
-    rooted *x = ctx;
-    memcpy(pd_shm_bank(c->shm, c->rank, b), x->mine + done, m);
-}
 
 static void
 gather_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
@@ -29,14 +22,14 @@ gather_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 }
 
 static const pd_shm_round_ops gather_root = {.drain = gather_drain};
-static const pd_shm_round_ops gather_leaf = {.fill = gather_fill};
+static const pd_shm_round_ops gather_leaf = {.fill = pd_shm_fill_bytes};
 
 pd_status
 pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
 {
     int r = c->rank, root = c->id.root;
     size_t per = pd_shm_bank_size(c->shm);
-    rooted x = {out, (char *)in, 0};
+    rooted x = {(char *)in, out, 0};
     /* one round: a leaf waits only for the first other rank to arrive */
     PD_CHECK(pd_shm_rounds(c, r == root ? &gather_root : &gather_leaf, &x,
                            len, per,
@@ -75,7 +68,7 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
 {
     int r = c->rank, root = c->id.root;
     size_t pe = (pd_shm_bank_size(c->shm) / (size_t)c->size) & ~(size_t)63;
-    rooted x = {in, out, pe};
+    rooted x = {out, in, pe};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive */
     PD_CHECK(pd_shm_rounds(

@@ -138,6 +138,13 @@ pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx, size_t len,
     }
 }
 
+void
+pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    char *const *src = ctx;
+    memcpy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
+}
+
 char **
 pd_shm_ptrs(pd_coll *c, char **stack)
 {
