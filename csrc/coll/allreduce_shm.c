@@ -125,20 +125,21 @@ pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out, size_t count,
     size_t per = pd_shm_bank_elems(c, esz);
     size_t bytes = count * esz;
     char *stack[PD_SHM_STACK_RANKS];
-    rounds x = {in, out, pd_shm_ptrs(c, stack), esz,
-                bytes >= 4 * pd_shm_stream_bytes()};
+    rounds x = {in, out, pd_shm_ptrs(c, stack), esz, 0};
     pd_status st;
     if (x.src == NULL) {
         return PD_ENOMEM;
     }
     if (bytes <= SHM_ALLREDUCE_SMALL && count <= per) {
         /* reduce: a leaf waits only for the first other rank to arrive */
-        st = pd_shm_rounds(c, gets ? &small_all : &small_leaf, &x, count,
-                           per, gets ? -1 : PD_SHM_ANY, 0);
+        st = gets ? pd_shm_rounds(c, &small_all, &x, count, per, -1, 0)
+                  : pd_shm_rounds(c, &small_leaf, &x, count, per,
+                                  PD_SHM_ANY, 0);
     }
     else {
-        st = pd_shm_rounds(c, gets ? &large_all : &large_leaf, &x, count,
-                           per, -1, 0);
+        x.stream = bytes >= 4 * pd_shm_stream_bytes();
+        st = gets ? pd_shm_rounds(c, &large_all, &x, count, per, -1, 0)
+                  : pd_shm_rounds(c, &large_leaf, &x, count, per, -1, 0);
     }
     pd_shm_ptrs_free(x.src, stack);
     return st;

@@ -27,8 +27,10 @@ pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
     bcast x = {buf, len >= pd_shm_stream_bytes()};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive (to see one that called something else) */
-    return pd_shm_rounds(
-        c, r == root ? &root_ops : &leaf_ops, &x, len, per,
-        len > per ? -1 : r == root ? pd_shm_publisher_src(c) : root,
-        len <= per && r != root);
+    if (r == root) {
+        return pd_shm_rounds(c, &root_ops, &x, len, per,
+                             len > per ? -1 : pd_shm_publisher_src(c), 0);
+    }
+    return pd_shm_rounds(c, &leaf_ops, &x, len, per, len > per ? -1 : root,
+                         len <= per);
 }

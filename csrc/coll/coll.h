@@ -171,15 +171,15 @@ void pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n,
 /* Elements of one bank, rounded down to a multiple of 64 bytes. */
 size_t pd_shm_bank_elems(pd_coll *c, size_t esz);
 
-/* The rounds of a bank-copying shared-memory algorithm.  len units (bytes
- * or elements) move in rounds of m <= per units, [done, done + m):
- *   fill the round's chunk into this rank's bank (the first one unless
- *   resuming: it happened before the interruption); the first sync
- *   (pd_shm_first_sync_from's src and data) and start, else a sync;
- *   reduce and a sync; drain the chunk from the peers' banks;
- * each fill of the next round goes to the other bank, while the peers may
- * still read the one drained.  Any hook may be NULL (a rank that only
- * publishes has no drain, one that only reads no fill). */
+/* The rounds of a bank-copying shared-memory algorithm: len units (bytes
+ * or elements) move in rounds of m <= per units, [done, done + m).  A
+ * round: fill copies its chunk into this rank's bank (the first round's
+ * before the first sync, not when resuming: that happened before the
+ * interruption); a sync (the first: pd_shm_first_sync_from(c, src, data),
+ * then start); reduce and a sync; drain reads the chunk out of the peers'
+ * banks.  Each round fills the bank the round before did not use: the
+ * peers' reads of it ended before the last sync.  Hooks may be NULL: a
+ * rank that only publishes has no drain, one that only reads no fill. */
 typedef struct pd_shm_round_ops {
     void (*fill)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
     /* after the first sync, before the first drain: check what the peers
@@ -190,8 +190,43 @@ typedef struct pd_shm_round_ops {
     void (*drain)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
 } pd_shm_round_ops;
 
-pd_status pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx,
-                        size_t len, size_t per, int src, int data);
+/* Inline, so that an algorithm's hooks are direct calls the compiler can
+ * inline: the one-round small messages cost what they did before. */
+static inline pd_status
+pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx, size_t len,
+              size_t per, int src, int data)
+{
+    size_t done = 0;
+    size_t m = len < per ? len : per;
+    int b = pd_shm_copyin_bank(c);
+    if (!c->resume && ops->fill != NULL) {
+        ops->fill(c, ctx, b, 0, m);
+    }
+    PD_CHECK(pd_shm_first_sync_from(c, src, data));
+    if (ops->start != NULL) {
+        PD_CHECK(ops->start(c, ctx, b, &len));
+        m = len < per ? len : per;
+    }
+    for (;;) {
+        if (ops->reduce != NULL) {
+            ops->reduce(c, ctx, b, done, m);
+            PD_CHECK(pd_shm_next_sync(c));
+        }
+        if (ops->drain != NULL) {
+            ops->drain(c, ctx, b, done, m);
+        }
+        done += m;
+        m = len - done < per ? len - done : per;
+        if (m == 0) {
+            return PD_OK;
+        }
+        b = pd_shm_next_bank(c->shm);
+        if (ops->fill != NULL) {
+            ops->fill(c, ctx, b, done, m);
+        }
+        PD_CHECK(pd_shm_next_sync(c));
+    }
+}
 /* A fill of bytes for a ctx that starts with the source (char *):
  * [done, done + m) of it into this rank's bank. */
 void pd_shm_fill_bytes(pd_coll *c, void *ctx, int bank, size_t done,

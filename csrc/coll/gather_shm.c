@@ -30,11 +30,13 @@ pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
     int r = c->rank, root = c->id.root;
     size_t per = pd_shm_bank_size(c->shm);
     rooted x = {(char *)in, out, 0};
-    /* one round: a leaf waits only for the first other rank to arrive */
-    PD_CHECK(pd_shm_rounds(c, r == root ? &gather_root : &gather_leaf, &x,
-                           len, per,
-                           len > per || r == root ? -1 : PD_SHM_ANY, 0));
-    if (r == root && out[r] != in) {
+    if (r != root) {
+        /* one round: a leaf waits only for the first other rank to arrive */
+        return pd_shm_rounds(c, &gather_leaf, &x, len, per,
+                             len > per ? -1 : PD_SHM_ANY, 0);
+    }
+    PD_CHECK(pd_shm_rounds(c, &gather_root, &x, len, per, -1, 0));
+    if (out[r] != in) {
         memmove(out[r], in, len);
     }
     return PD_OK;
@@ -71,11 +73,13 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
     rooted x = {out, in, pe};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive */
-    PD_CHECK(pd_shm_rounds(
-        c, r == root ? &scatter_root : &scatter_leaf, &x, len, pe,
-        len > pe ? -1 : r == root ? pd_shm_publisher_src(c) : root,
-        len <= pe && r != root));
-    if (r == root && in[r] != out) {
+    if (r != root) {
+        return pd_shm_rounds(c, &scatter_leaf, &x, len, pe,
+                             len > pe ? -1 : root, len <= pe);
+    }
+    PD_CHECK(pd_shm_rounds(c, &scatter_root, &x, len, pe,
+                           len > pe ? -1 : pd_shm_publisher_src(c), 0));
+    if (in[r] != out) {
         memmove(out, in[r], len);
     }
     return PD_OK;

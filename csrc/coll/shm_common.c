@@ -102,42 +102,6 @@ pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n, size_t count,
     }
 }
 
-pd_status
-pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx, size_t len,
-              size_t per, int src, int data)
-{
-    size_t done = 0;
-    size_t m = len < per ? len : per;
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume && ops->fill != NULL) {
-        ops->fill(c, ctx, b, 0, m);
-    }
-    PD_CHECK(pd_shm_first_sync_from(c, src, data));
-    if (ops->start != NULL) {
-        PD_CHECK(ops->start(c, ctx, b, &len));
-        m = len < per ? len : per;
-    }
-    for (;;) {
-        if (ops->reduce != NULL) {
-            ops->reduce(c, ctx, b, done, m);
-            PD_CHECK(pd_shm_next_sync(c));
-        }
-        if (ops->drain != NULL) {
-            ops->drain(c, ctx, b, done, m);
-        }
-        done += m;
-        m = len - done < per ? len - done : per;
-        if (m == 0) {
-            return PD_OK;
-        }
-        b = pd_shm_next_bank(c->shm);
-        if (ops->fill != NULL) {
-            ops->fill(c, ctx, b, done, m);
-        }
-        PD_CHECK(pd_shm_next_sync(c));
-    }
-}
-
 void
 pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
