@@ -4,6 +4,7 @@
 #define PD_COLL_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "op.h"
 #include "../transport/shm/shm.h"
@@ -236,8 +237,26 @@ void pd_shm_fill_bytes(pd_coll *c, void *ctx, int bank, size_t done,
  * the group fits, else the heap (NULL, error set: out of memory).  Release
  * with pd_shm_ptrs_free. */
 #define PD_SHM_STACK_RANKS 16
-char **pd_shm_ptrs(pd_coll *c, char **stack);
-void pd_shm_ptrs_free(char **ptrs, char **stack);
+static inline char **
+pd_shm_ptrs(pd_coll *c, char **stack)
+{
+    if (c->size <= PD_SHM_STACK_RANKS) {
+        return stack;
+    }
+    char **p = malloc(sizeof(char *) * (size_t)c->size);
+    if (p == NULL) {
+        pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    }
+    return p;
+}
+
+static inline void
+pd_shm_ptrs_free(char **ptrs, char **stack)
+{
+    if (ptrs != stack) {
+        free(ptrs);
+    }
+}
 
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.

@@ -1,5 +1,4 @@
 /* Helpers shared by the shared-memory algorithms (coll/<collective>_shm.c). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
@@ -107,25 +106,4 @@ pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     char *const *src = ctx;
     memcpy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
-}
-
-char **
-pd_shm_ptrs(pd_coll *c, char **stack)
-{
-    if (c->size <= PD_SHM_STACK_RANKS) {
-        return stack;
-    }
-    char **p = malloc(sizeof(char *) * (size_t)c->size);
-    if (p == NULL) {
-        pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
-    }
-    return p;
-}
-
-void
-pd_shm_ptrs_free(char **ptrs, char **stack)
-{
-    if (ptrs != stack) {
-        free(ptrs);
-    }
 }
