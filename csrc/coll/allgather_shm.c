@@ -5,37 +5,37 @@
 
 #include "coll.h"
 
+typedef struct allgather {
+    char *in; /* first: pd_shm_fill_bytes */
+    char **out;
+    int stream;
+} allgather;
+
+static void
+drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    allgather *x = ctx;
+    int n = c->size, r = c->rank;
+    for (int i = 1; i < n; i++) {
+        int p = (r + i) % n;
+        pd_copy_out(x->out[p] + done, pd_shm_bank(c->shm, p, b), m,
+                    x->stream);
+    }
+}
+
+static const pd_shm_round_ops ops = {.fill = pd_shm_fill_bytes,
+                                     .drain = drain};
+
 pd_status
 pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
 {
-    pd_shm *s = c->shm;
-    int n = c->size, r = c->rank;
-    size_t per = pd_shm_bank_size(s);
-    size_t done = 0;
-    size_t m = len < per ? len : per;
-    int stream = len * (size_t)n >= pd_shm_stream_bytes();
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume) {
-        memcpy(pd_shm_bank(s, r, b), in, m);
-    }
-    PD_CHECK(pd_shm_first_sync(c));
-    for (;;) {
-        size_t m2 = len - done - m < per ? len - done - m : per;
-        for (int i = 1; i < n; i++) {
-            int p = (r + i) % n;
-            pd_copy_out(out[p] + done, pd_shm_bank(s, p, b), m, stream);
-        }
-        done += m;
-        if (m2 == 0) {
-            break;
-        }
-        b = pd_shm_next_bank(s);
-        memcpy(pd_shm_bank(s, r, b), in + done, m2);
-        PD_CHECK(pd_shm_next_sync(c));
-        m = m2;
-    }
+    int r = c->rank;
+    allgather x = {(char *)in, out,
+                   len * (size_t)c->size >= pd_shm_stream_bytes()};
+    PD_CHECK(pd_shm_rounds(c, &ops, &x, len, pd_shm_bank_size(c->shm), -1,
+                           0));
     if (out[r] != in) {
-        if (stream && (out[r] + len <= in || in + len <= out[r])) {
+        if (x.stream && (out[r] + len <= in || in + len <= out[r])) {
             pd_copy_out(out[r], in, len, 1);
         }
         else {

@@ -8,7 +8,6 @@
  * small, so the data read in one phase was written moments before by
  * another core and comes from cache.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
@@ -38,81 +37,111 @@ copy_in(char *bank, const char *in, size_t m, int n, int r, size_t esz)
     memcpy(bank + hi * esz, in + hi * esz, (m - hi) * esz);
 }
 
+typedef struct rounds {
+    const char *in;
+    char *out;
+    char **src;
+    size_t esz;
+    int stream;
+} rounds;
+
+/* One round: every rank reduces every bank (in rank order) into its
+ * output. */
+static void
+small_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rounds *x = ctx;
+    memcpy(pd_shm_bank(c->shm, c->rank, b), x->in + done * x->esz,
+           m * x->esz);
+}
+
+static void
+small_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rounds *x = ctx;
+    for (int p = 0; p < c->size; p++) {
+        x->src[p] = pd_shm_bank(c->shm, p, b);
+    }
+    pd_shm_reduce(c, x->out + done * x->esz, x->src, c->size, m, 1);
+}
+
+static const pd_shm_round_ops small_all = {.fill = small_fill,
+                                           .drain = small_drain};
+static const pd_shm_round_ops small_leaf = {.fill = small_fill};
+
+static void
+fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rounds *x = ctx;
+    copy_in(pd_shm_bank(c->shm, c->rank, b), x->in + done * x->esz, m,
+            c->size, c->rank, x->esz);
+}
+
+/* my slice: my input (never copied in) with every peer's bank, into my bank
+ * where the peers fetch it */
+static void
+reduce(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rounds *x = ctx;
+    int n = c->size, r = c->rank;
+    size_t lo, hi;
+    slice(m, n, r, &lo, &hi);
+    x->src[0] = (char *)x->in + (done + lo) * x->esz;
+    for (int i = 1; i < n; i++) {
+        x->src[i] = pd_shm_bank(c->shm, (r + i) % n, b) + lo * x->esz;
+    }
+    pd_shm_reduce(c, pd_shm_bank(c->shm, r, b) + lo * x->esz, x->src, n,
+                  hi - lo, 1);
+}
+
+/* every slice out, starting with the next rank's */
+static void
+drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rounds *x = ctx;
+    int n = c->size, r = c->rank;
+    for (int i = 1; i <= n; i++) {
+        int p = (r + i) % n;
+        size_t lo, hi;
+        slice(m, n, p, &lo, &hi);
+        pd_copy_out(x->out + (done + lo) * x->esz,
+                    pd_shm_bank(c->shm, p, b) + lo * x->esz,
+                    (hi - lo) * x->esz, x->stream);
+    }
+}
+
+static const pd_shm_round_ops large_all = {.fill = fill, .reduce = reduce,
+                                           .drain = drain};
+static const pd_shm_round_ops large_leaf = {.fill = fill, .reduce = reduce};
+
 /* Allreduce (root < 0) or reduce to root: the rounds are the same, only
  * who copies the reduced slices out differs. */
 pd_status
 pd_shm_reduce_rounds(pd_coll *c, const char *in, char *out, size_t count,
                      int root)
 {
-    pd_shm *s = c->shm;
-    int n = c->size, r = c->rank;
-    int gets = root < 0 || r == root; /* this rank receives the result */
+    int gets = root < 0 || c->rank == root; /* this rank gets the result */
     size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
     size_t per = pd_shm_bank_elems(c, esz);
     size_t bytes = count * esz;
-    char *stack[16];
-    char **src = n <= 16 ? stack : malloc(sizeof(char *) * (size_t)n);
-    pd_status st = PD_OK;
-    if (src == NULL) {
-        return pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    char *stack[PD_SHM_STACK_RANKS];
+    rounds x = {in, out, pd_shm_ptrs(c, stack), esz, 0};
+    pd_status st;
+    if (x.src == NULL) {
+        return PD_ENOMEM;
     }
     if (bytes <= SHM_ALLREDUCE_SMALL && count <= per) {
-        int b = pd_shm_copyin_bank(c);
-        if (!c->resume) {
-            memcpy(pd_shm_bank(s, r, b), in, bytes);
-        }
         /* reduce: a leaf waits only for the first other rank to arrive */
-        PD_CHECK_GOTO(pd_shm_first_sync_from(c, gets ? -1 : PD_SHM_ANY, 0),
-                      st, exit);
-        if (gets) {
-            for (int p = 0; p < n; p++) {
-                src[p] = pd_shm_bank(s, p, b);
-            }
-            pd_shm_reduce(c, out, src, n, count, 1);
-        }
-        goto exit;
+        st = gets ? pd_shm_rounds(c, &small_all, &x, count, per, -1, 0)
+                  : pd_shm_rounds(c, &small_leaf, &x, count, per,
+                                  PD_SHM_ANY, 0);
     }
-    size_t done = 0;
-    size_t m = count < per ? count : per;
-    int stream = bytes >= 4 * pd_shm_stream_bytes();
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume) {
-        copy_in(pd_shm_bank(s, r, b), in, m, n, r, esz);
+    else {
+        x.stream = bytes >= 4 * pd_shm_stream_bytes();
+        st = gets ? pd_shm_rounds(c, &large_all, &x, count, per, -1, 0)
+                  : pd_shm_rounds(c, &large_leaf, &x, count, per, -1, 0);
     }
-    PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
-    for (;;) {
-        size_t lo, hi;
-        slice(m, n, r, &lo, &hi);
-        /* my slice: my input (never copied in) with every peer's bank,
-         * into my bank where the peers fetch it */
-        src[0] = (char *)in + (done + lo) * esz;
-        for (int i = 1; i < n; i++) {
-            src[i] = pd_shm_bank(s, (r + i) % n, b) + lo * esz;
-        }
-        pd_shm_reduce(c, pd_shm_bank(s, r, b) + lo * esz, src, n, hi - lo, 1);
-        PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
-        /* every slice out, starting with the next rank's */
-        for (int i = 1; i <= n && gets; i++) {
-            int p = (r + i) % n;
-            slice(m, n, p, &lo, &hi);
-            pd_copy_out(out + (done + lo) * esz,
-                        pd_shm_bank(s, p, b) + lo * esz, (hi - lo) * esz,
-                        stream);
-        }
-        done += m;
-        size_t m2 = count - done < per ? count - done : per;
-        if (m2 == 0) {
-            break;
-        }
-        b = pd_shm_next_bank(s);
-        copy_in(pd_shm_bank(s, r, b), in + done * esz, m2, n, r, esz);
-        PD_CHECK_GOTO(pd_shm_next_sync(c), st, exit);
-        m = m2;
-    }
-exit:
-    if (src != stack) {
-        free(src);
-    }
+    pd_shm_ptrs_free(x.src, stack);
     return st;
 }
 
@@ -131,11 +160,11 @@ shared_rounds(pd_coll *c, char *const *peer, char *out, size_t count)
     int n = c->size, r = c->rank;
     size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
     size_t per = pd_shm_bank_elems(c, esz);
-    char *stack[16];
-    char **src = n <= 16 ? stack : malloc(sizeof(char *) * (size_t)n);
+    char *stack[PD_SHM_STACK_RANKS];
+    char **src = pd_shm_ptrs(c, stack);
     pd_status st = PD_OK;
     if (src == NULL) {
-        return pd_error(PD_ENOMEM, "all_reduce: out of memory");
+        return PD_ENOMEM;
     }
     /* every rank's buffer holds its input */
     PD_CHECK_GOTO(pd_shm_first_sync(c), st, exit);
@@ -175,9 +204,7 @@ shared_rounds(pd_coll *c, char *const *peer, char *out, size_t count)
         prev_m = m;
     }
 exit:
-    if (src != stack) {
-        free(src);
-    }
+    pd_shm_ptrs_free(src, stack);
     return st;
 }
 

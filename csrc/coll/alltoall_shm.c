@@ -10,42 +10,55 @@
 
 #define REGION_HDR 64
 
-static void
-fill(pd_shm *s, int r, int b, int n, size_t pe, char **in,
-     const size_t *in_len, size_t done, int header)
+typedef struct alltoall {
+    char **in;
+    const size_t *in_len;
+    char **out;
+    const size_t *out_len;
+    size_t pe; /* bytes of a region's piece */
+} alltoall;
+
+/* Region of rank to's block in rank from's bank b. */
+static char *
+region(pd_coll *c, const alltoall *x, int from, int b, int to)
 {
-    for (int p = 0; p < n; p++) {
-        if (p == r) {
+    return pd_shm_bank(c->shm, from, b) + (size_t)to * (x->pe + REGION_HDR);
+}
+
+/* [done, done + pe) of every block, clipped to its size; the first round
+ * writes the headers. */
+static void
+fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    alltoall *x = ctx;
+    (void)m;
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) {
             continue;
         }
-        char *reg = pd_shm_bank(s, r, b) + (size_t)p * (pe + REGION_HDR);
-        if (header) {
-            uint64_t total = in_len[p];
+        char *reg = region(c, x, c->rank, b, p);
+        if (done == 0) {
+            uint64_t total = x->in_len[p];
             memcpy(reg, &total, sizeof(total));
         }
-        if (done < in_len[p]) {
-            size_t m = in_len[p] - done < pe ? in_len[p] - done : pe;
-            memcpy(reg + REGION_HDR, in[p] + done, m);
+        if (done < x->in_len[p]) {
+            size_t k = x->in_len[p] - done < x->pe ? x->in_len[p] - done
+                                                    : x->pe;
+            memcpy(reg + REGION_HDR, x->in[p] + done, k);
         }
     }
 }
 
-pd_status
-pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
-                const size_t *out_len)
+/* The rounds run for the largest block of any rank; every block sent here
+ * must have the size expected. */
+static pd_status
+start(pd_coll *c, void *ctx, int b, size_t *len)
 {
-    pd_shm *s = c->shm;
-    int n = c->size, r = c->rank;
-    size_t pe = (pd_shm_bank_size(s) / (size_t)n - REGION_HDR) &
-                ~(size_t)63;
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume) {
-        fill(s, r, b, n, pe, in, in_len, 0, 1);
-    }
-    PD_CHECK(pd_shm_first_sync(c));
+    alltoall *x = ctx;
+    int r = c->rank;
     size_t longest = 0;
-    for (int p = 0; p < n; p++) {
-        uint64_t v = pd_shm_value(s, p, c->id.seq);
+    for (int p = 0; p < c->size; p++) {
+        uint64_t v = pd_shm_value(c->shm, p, c->id.seq);
         if (v > longest) {
             longest = v;
         }
@@ -53,34 +66,47 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
             continue;
         }
         uint64_t total;
-        memcpy(&total, pd_shm_bank(s, p, b) + (size_t)r * (pe + REGION_HDR),
-               sizeof(total));
-        if (total != out_len[p]) {
+        memcpy(&total, region(c, x, p, b, r), sizeof(total));
+        if (total != x->out_len[p]) {
             return pd_error(PD_EMISMATCH,
                             "all_to_all size mismatch: rank %d sends %llu "
                             "bytes to rank %d, which expects %zu bytes",
-                            p, (unsigned long long)total, r, out_len[p]);
+                            p, (unsigned long long)total, r, x->out_len[p]);
         }
     }
-    for (size_t done = 0;;) {
-        for (int i = 1; i < n; i++) {
-            int p = (r + i) % n;
-            if (done < out_len[p]) {
-                size_t m = out_len[p] - done < pe ? out_len[p] - done : pe;
-                memcpy(out[p] + done,
-                       pd_shm_bank(s, p, b) + (size_t)r * (pe + REGION_HDR) +
-                           REGION_HDR,
-                       m);
-            }
+    *len = longest;
+    return PD_OK;
+}
+
+static void
+drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    alltoall *x = ctx;
+    int n = c->size, r = c->rank;
+    (void)m;
+    for (int i = 1; i < n; i++) {
+        int p = (r + i) % n;
+        if (done < x->out_len[p]) {
+            size_t k = x->out_len[p] - done < x->pe ? x->out_len[p] - done
+                                                     : x->pe;
+            memcpy(x->out[p] + done, region(c, x, p, b, r) + REGION_HDR, k);
         }
-        done += pe;
-        if (done >= longest) {
-            break;
-        }
-        b = pd_shm_next_bank(s);
-        fill(s, r, b, n, pe, in, in_len, done, 0);
-        PD_CHECK(pd_shm_next_sync(c));
     }
+}
+
+static const pd_shm_round_ops ops = {.fill = fill, .start = start,
+                                     .drain = drain};
+
+pd_status
+pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
+                const size_t *out_len)
+{
+    int r = c->rank;
+    size_t pe = (pd_shm_bank_size(c->shm) / (size_t)c->size - REGION_HDR) &
+                ~(size_t)63;
+    alltoall x = {in, in_len, out, out_len, pe};
+    /* the length is the longest block, known after the first sync */
+    PD_CHECK(pd_shm_rounds(c, &ops, &x, 0, pe, -1, 0));
     if (in_len[r] != out_len[r]) {
         return pd_error(PD_EINVAL,
                         "all_to_all: rank %d sends itself %zu bytes but "

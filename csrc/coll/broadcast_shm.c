@@ -1,45 +1,36 @@
 /* Broadcast through shared memory: the root copies a bank-sized chunk into
  * its bank, one sync, the others copy it out while the root fills its other
  * bank with the next chunk. */
-#include <string.h>
-
 #include "coll.h"
+
+typedef struct bcast {
+    char *buf; /* first: pd_shm_fill_bytes */
+    int stream;
+} bcast;
+
+static void
+leaf_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    bcast *x = ctx;
+    pd_copy_out(x->buf + done, pd_shm_bank(c->shm, c->id.root, b), m,
+                x->stream);
+}
+
+static const pd_shm_round_ops root_ops = {.fill = pd_shm_fill_bytes};
+static const pd_shm_round_ops leaf_ops = {.drain = leaf_drain};
 
 pd_status
 pd_broadcast_shm(pd_coll *c, char *buf, size_t len)
 {
-    pd_shm *s = c->shm;
     int r = c->rank, root = c->id.root;
-    size_t per = pd_shm_bank_size(s);
-    size_t done = 0;
-    size_t m = len < per ? len : per;
-    int stream = len >= pd_shm_stream_bytes();
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume && r == root) {
-        memcpy(pd_shm_bank(s, root, b), buf, m);
-    }
+    size_t per = pd_shm_bank_size(c->shm);
+    bcast x = {buf, len >= pd_shm_stream_bytes()};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive (to see one that called something else) */
-    PD_CHECK(pd_shm_first_sync_from(
-        c, len > per ? -1 : r == root ? pd_shm_publisher_src(c) : root,
-        len <= per && r != root));
-    for (;;) {
-        size_t m2 = len - done - m < per ? len - done - m : per;
-        int b2 = m2 ? pd_shm_next_bank(s) : b;
-        if (r == root) {
-            if (m2) {
-                memcpy(pd_shm_bank(s, root, b2), buf + done + m, m2);
-            }
-        }
-        else {
-            pd_copy_out(buf + done, pd_shm_bank(s, root, b), m, stream);
-        }
-        done += m;
-        if (m2 == 0) {
-            return PD_OK;
-        }
-        PD_CHECK(pd_shm_next_sync(c));
-        b = b2;
-        m = m2;
+    if (r == root) {
+        return pd_shm_rounds(c, &root_ops, &x, len, per,
+                             len > per ? -1 : pd_shm_publisher_src(c), 0);
     }
+    return pd_shm_rounds(c, &leaf_ops, &x, len, per, len > per ? -1 : root,
+                         len <= per);
 }

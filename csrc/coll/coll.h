@@ -4,6 +4,7 @@
 #define PD_COLL_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "op.h"
 #include "../transport/shm/shm.h"
@@ -65,6 +66,33 @@ pd_status pd_coll_wait_one(pd_coll *c, pd_req *r);
  * only the root receives data (gather, reduce); else everyone but the root
  * does (broadcast, scatter).  Unused requests are marked done. */
 pd_status pd_coll_ring_check(pd_coll *c, pd_req reqs[2], int root_receives);
+
+/* Per-peer buffers of a direct algorithm: peer p's is at[p] (at NULL: one,
+ * the same for every peer), of len[p] bytes (len NULL: each). */
+typedef struct pd_peer_bufs {
+    char *const *at;
+    char *one;
+    const size_t *len;
+    size_t each;
+} pd_peer_bufs;
+
+/* One round in which every rank sends send's block p to every other rank p
+ * and receives recv's block p from it; this rank's own block is copied from
+ * send to recv (where they differ) while the transfers progress
+ * (coll/direct_common.c). */
+pd_status pd_coll_exchange(pd_coll *c, const pd_peer_bufs *send,
+                           const pd_peer_bufs *recv);
+/* One round between the root and every other rank, len bytes each, with the
+ * ring check.  to_root (gather, reduce): the root receives blocks[p] from
+ * every rank p, which sends mine; else (broadcast, scatter) the root sends
+ * blocks[p] to every rank p, which receives into mine.  blocks NULL: mine
+ * for every peer (broadcast); else the root's own block is copied between
+ * mine and blocks[root].  blocks is read at the root only. */
+pd_status pd_coll_rooted(pd_coll *c, int to_root, char **blocks,
+                         char *mine, size_t len);
+/* c->size blocks of bytes each, blocks[p], in one allocation (free() the
+ * array); NULL, error set: out of memory. */
+char **pd_coll_scratch_blocks(pd_coll *c, size_t bytes);
 
 #define PD_TAG(step, chunk) ((int)(((step) << 16) | (chunk)))
 #define PD_TAG_CHECK 0x7fff0000
@@ -143,6 +171,92 @@ void pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n,
                    size_t count, int avg);
 /* Elements of one bank, rounded down to a multiple of 64 bytes. */
 size_t pd_shm_bank_elems(pd_coll *c, size_t esz);
+
+/* The rounds of a bank-copying shared-memory algorithm: len units (bytes
+ * or elements) move in rounds of m <= per units, [done, done + m).  A
+ * round: fill copies its chunk into this rank's bank (the first round's
+ * before the first sync, not when resuming: that happened before the
+ * interruption); a sync (the first: pd_shm_first_sync_from(c, src, data),
+ * then start); reduce and a sync; drain reads the chunk out of the peers'
+ * banks.  Each round fills the bank the round before did not use: the
+ * peers' reads of it ended before the last sync.  Hooks may be NULL: a
+ * rank that only publishes has no drain, one that only reads no fill. */
+typedef struct pd_shm_round_ops {
+    void (*fill)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+    /* after the first sync, before the first drain: check what the peers
+     * published; may set *len (the first fill got m = min(len, per) of the
+     * len passed in) */
+    pd_status (*start)(pd_coll *c, void *ctx, int bank, size_t *len);
+    void (*reduce)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+    void (*drain)(pd_coll *c, void *ctx, int bank, size_t done, size_t m);
+} pd_shm_round_ops;
+
+/* Inline, so that an algorithm's hooks are direct calls the compiler can
+ * inline: the one-round small messages cost what they did before. */
+static inline pd_status
+pd_shm_rounds(pd_coll *c, const pd_shm_round_ops *ops, void *ctx, size_t len,
+              size_t per, int src, int data)
+{
+    size_t done = 0;
+    size_t m = len < per ? len : per;
+    int b = pd_shm_copyin_bank(c);
+    if (!c->resume && ops->fill != NULL) {
+        ops->fill(c, ctx, b, 0, m);
+    }
+    PD_CHECK(pd_shm_first_sync_from(c, src, data));
+    if (ops->start != NULL) {
+        PD_CHECK(ops->start(c, ctx, b, &len));
+        m = len < per ? len : per;
+    }
+    for (;;) {
+        if (ops->reduce != NULL) {
+            ops->reduce(c, ctx, b, done, m);
+            PD_CHECK(pd_shm_next_sync(c));
+        }
+        if (ops->drain != NULL) {
+            ops->drain(c, ctx, b, done, m);
+        }
+        done += m;
+        m = len - done < per ? len - done : per;
+        if (m == 0) {
+            return PD_OK;
+        }
+        b = pd_shm_next_bank(c->shm);
+        if (ops->fill != NULL) {
+            ops->fill(c, ctx, b, done, m);
+        }
+        PD_CHECK(pd_shm_next_sync(c));
+    }
+}
+/* A fill of bytes for a ctx that starts with the source (char *):
+ * [done, done + m) of it into this rank's bank. */
+void pd_shm_fill_bytes(pd_coll *c, void *ctx, int bank, size_t done,
+                       size_t m);
+
+/* Room for one pointer per rank: stack (PD_SHM_STACK_RANKS entries) when
+ * the group fits, else the heap (NULL, error set: out of memory).  Release
+ * with pd_shm_ptrs_free. */
+#define PD_SHM_STACK_RANKS 16
+static inline char **
+pd_shm_ptrs(pd_coll *c, char **stack)
+{
+    if (c->size <= PD_SHM_STACK_RANKS) {
+        return stack;
+    }
+    char **p = malloc(sizeof(char *) * (size_t)c->size);
+    if (p == NULL) {
+        pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    }
+    return p;
+}
+
+static inline void
+pd_shm_ptrs_free(char **ptrs, char **stack)
+{
+    if (ptrs != stack) {
+        free(ptrs);
+    }
+}
 
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.

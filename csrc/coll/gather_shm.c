@@ -4,92 +4,82 @@
 
 #include "coll.h"
 
+typedef struct rooted {
+    char *mine;          /* in (gather: pd_shm_fill_bytes) or out (scatter) */
+    char *const *blocks; /* the root's: out (gather) or in (scatter) */
+    size_t pe;           /* scatter: bytes of one region of the root's bank */
+} rooted;
+
+static void
+gather_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rooted *x = ctx;
+    for (int p = 0; p < c->size; p++) {
+        if (p != c->rank) {
+            memcpy(x->blocks[p] + done, pd_shm_bank(c->shm, p, b), m);
+        }
+    }
+}
+
+static const pd_shm_round_ops gather_root = {.drain = gather_drain};
+static const pd_shm_round_ops gather_leaf = {.fill = pd_shm_fill_bytes};
+
 pd_status
 pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
 {
-    pd_shm *s = c->shm;
-    int n = c->size, r = c->rank, root = c->id.root;
-    size_t per = pd_shm_bank_size(s);
-    size_t done = 0;
-    size_t m = len < per ? len : per;
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume && r != root) {
-        memcpy(pd_shm_bank(s, r, b), in, m);
+    int r = c->rank, root = c->id.root;
+    size_t per = pd_shm_bank_size(c->shm);
+    rooted x = {(char *)in, out, 0};
+    if (r != root) {
+        /* one round: a leaf waits only for the first other rank to arrive */
+        return pd_shm_rounds(c, &gather_leaf, &x, len, per,
+                             len > per ? -1 : PD_SHM_ANY, 0);
     }
-    /* one round: a leaf waits only for the first other rank to arrive */
-    PD_CHECK(pd_shm_first_sync_from(
-        c, len > per || r == root ? -1 : PD_SHM_ANY, 0));
-    for (;;) {
-        size_t m2 = len - done - m < per ? len - done - m : per;
-        int b2 = m2 ? pd_shm_next_bank(s) : b;
-        if (r == root) {
-            for (int p = 0; p < n; p++) {
-                if (p != r) {
-                    memcpy(out[p] + done, pd_shm_bank(s, p, b), m);
-                }
-            }
-        }
-        else if (m2) {
-            memcpy(pd_shm_bank(s, r, b2), in + done + m, m2);
-        }
-        done += m;
-        if (m2 == 0) {
-            break;
-        }
-        PD_CHECK(pd_shm_next_sync(c));
-        b = b2;
-        m = m2;
-    }
-    if (r == root && out[r] != in) {
+    PD_CHECK(pd_shm_rounds(c, &gather_root, &x, len, per, -1, 0));
+    if (out[r] != in) {
         memmove(out[r], in, len);
     }
     return PD_OK;
 }
 
+static void
+scatter_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rooted *x = ctx;
+    for (int p = 0; p < c->size; p++) {
+        if (p != c->rank) {
+            memcpy(pd_shm_bank(c->shm, c->rank, b) + (size_t)p * x->pe,
+                   x->blocks[p] + done, m);
+        }
+    }
+}
+
+static void
+scatter_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    rooted *x = ctx;
+    memcpy(x->mine + done,
+           pd_shm_bank(c->shm, c->id.root, b) + (size_t)c->rank * x->pe, m);
+}
+
+static const pd_shm_round_ops scatter_root = {.fill = scatter_fill};
+static const pd_shm_round_ops scatter_leaf = {.drain = scatter_drain};
+
 pd_status
 pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
 {
-    pd_shm *s = c->shm;
-    int n = c->size, r = c->rank, root = c->id.root;
-    size_t pe = (pd_shm_bank_size(s) / (size_t)n) & ~(size_t)63;
-    size_t done = 0;
-    size_t m = len < pe ? len : pe;
-    int b = pd_shm_copyin_bank(c);
-    if (!c->resume && r == root) {
-        for (int p = 0; p < n; p++) {
-            if (p != r) {
-                memcpy(pd_shm_bank(s, r, b) + (size_t)p * pe, in[p], m);
-            }
-        }
-    }
+    int r = c->rank, root = c->id.root;
+    size_t pe = (pd_shm_bank_size(c->shm) / (size_t)c->size) & ~(size_t)63;
+    rooted x = {out, in, pe};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive */
-    PD_CHECK(pd_shm_first_sync_from(
-        c, len > pe ? -1 : r == root ? pd_shm_publisher_src(c) : root,
-        len <= pe && r != root));
-    for (;;) {
-        size_t m2 = len - done - m < pe ? len - done - m : pe;
-        int b2 = m2 ? pd_shm_next_bank(s) : b;
-        if (r == root) {
-            for (int p = 0; p < n && m2; p++) {
-                if (p != r) {
-                    memcpy(pd_shm_bank(s, r, b2) + (size_t)p * pe,
-                           in[p] + done + m, m2);
-                }
-            }
-        }
-        else {
-            memcpy(out + done, pd_shm_bank(s, root, b) + (size_t)r * pe, m);
-        }
-        done += m;
-        if (m2 == 0) {
-            break;
-        }
-        PD_CHECK(pd_shm_next_sync(c));
-        b = b2;
-        m = m2;
+    if (r != root) {
+        return pd_shm_rounds(c, &scatter_leaf, &x, len, pe,
+                             len > pe ? -1 : root, len <= pe);
     }
-    if (r == root && in[r] != out) {
+    PD_CHECK(pd_shm_rounds(c, &scatter_root, &x, len, pe,
+                           len > pe ? -1 : pd_shm_publisher_src(c), 0));
+    if (in[r] != out) {
         memmove(out, in[r], len);
     }
     return PD_OK;

@@ -1,39 +1,8 @@
 /* Scatter: the root sends block p to rank p. */
-#include <stdlib.h>
-#include <string.h>
-
 #include "coll.h"
 
 pd_status
 pd_scatter_direct(pd_coll *c, char **in, char *out, size_t len)
 {
-    int n = c->size, r = c->rank, root = c->base.root;
-    pd_status st = PD_OK;
-    pd_req *reqs = calloc((size_t)n + 2, sizeof(pd_req));
-    size_t nr = 2;
-    if (reqs == NULL) {
-        return pd_error(PD_ENOMEM, "scatter: out of memory");
-    }
-    PD_CHECK_GOTO(pd_coll_ring_check(c, reqs, 0), st, exit);
-    if (r == root) {
-        for (int p = 0; p < n; p++) {
-            if (p == r) {
-                if (out != in[p]) {
-                    memmove(out, in[p], len);
-                }
-            }
-            else {
-                PD_CHECK_GOTO(pd_coll_send(c, &reqs[nr++], p, 0, in[p], len),
-                              st, exit);
-            }
-        }
-    }
-    else {
-        PD_CHECK_GOTO(pd_coll_recv(c, &reqs[nr++], root, 0, out, len), st,
-                      exit);
-    }
-    st = pd_coll_wait(c, reqs, nr);
-exit:
-    free(reqs);
-    return st;
+    return pd_coll_rooted(c, 0, in, out, len);
 }

@@ -100,3 +100,10 @@ pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n, size_t count,
         pd_reduce_avg_finish(dt, dst, count, c->size);
     }
 }
+
+void
+pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
+{
+    char *const *src = ctx;
+    memcpy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
+}
