@@ -6,7 +6,7 @@
 #define S PD_KF_SHM
 #define P PD_KF_P2P
 
-static const pd_kind_info kinds[PD_NKINDS] = {
+const pd_kind_info pd_kinds[PD_NKINDS] = {
     [PD_K_NONE] = {"none", "NONE", PD_KF_INTERNAL, PD_BLK_NONE, PD_BLK_NONE},
     /* in place: the output is also the root's input */
     [PD_K_BROADCAST] = {"broadcast", "BROADCAST", R | S, PD_BLK_NONE,
@@ -36,28 +36,13 @@ static const pd_kind_info kinds[PD_NKINDS] = {
                         PD_BLK_NONE, PD_BLK_NONE},
 };
 
-static const pd_kind_info unknown = {"unknown", "UNKNOWN", PD_KF_INTERNAL,
+const pd_kind_info pd_kind_unknown = {"unknown", "UNKNOWN", PD_KF_INTERNAL,
                                      PD_BLK_NONE, PD_BLK_NONE};
-
-const pd_kind_info *
-pd_kind_get(int kind)
-{
-    if (kind < 0 || kind >= PD_NKINDS) {
-        return &unknown;
-    }
-    return &kinds[kind];
-}
 
 const char *
 pd_kind_name(int kind)
 {
     return pd_kind_get(kind)->name;
-}
-
-int
-pd_kind_has(int kind, unsigned flag)
-{
-    return (pd_kind_get(kind)->flags & flag) != 0;
 }
 
 int

@@ -53,10 +53,24 @@ typedef struct pd_kind_info {
     unsigned char out; /* pd_blocks of the output side */
 } pd_kind_info;
 
-/* The entry of kind (an "unknown" entry for anything out of range). */
-const pd_kind_info *pd_kind_get(int kind);
+extern const pd_kind_info pd_kinds[PD_NKINDS];
+extern const pd_kind_info pd_kind_unknown;
+
+/* The entry of kind (an "unknown" entry for anything out of range); inline:
+ * the hot paths ask on every call. */
+static inline const pd_kind_info *
+pd_kind_get(int kind)
+{
+    return kind >= 0 && kind < PD_NKINDS ? &pd_kinds[kind] : &pd_kind_unknown;
+}
+
+static inline int
+pd_kind_has(int kind, unsigned flag)
+{
+    return (pd_kind_get(kind)->flags & flag) != 0;
+}
+
 const char *pd_kind_name(int kind);
-int pd_kind_has(int kind, unsigned flag);
 /* Blocks a side (out = 0 input, 1 output) has on this rank. */
 int pd_kind_blocks(int kind, int out, int rank, int root, int size);
 

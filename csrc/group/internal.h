@@ -87,7 +87,12 @@ pd_work *pd_grp_work_new(pd_group *g, const pd_op *op);
 pd_status pd_grp_work_own_blocks(pd_group *g, pd_work *w);
 
 /* progress.c: the sticky error and the progress thread */
-pd_status pd_grp_err(pd_group *g);
+/* The group's sticky error (PD_OK while it works). */
+static inline pd_status
+pd_grp_err(pd_group *g)
+{
+    return (pd_status)atomic_load_explicit(&g->err, memory_order_acquire);
+}
 void pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg);
 void pd_grp_propagate_fatal(pd_group *g);
 void pd_grp_set_fatal(pd_group *g, pd_status st, const char *msg);

@@ -24,11 +24,6 @@
 
 /* ----------------------------------------------------------- group state */
 
-pd_status
-pd_grp_err(pd_group *g)
-{
-    return (pd_status)atomic_load_explicit(&g->err, memory_order_acquire);
-}
 
 /* Make st the group's sticky error (any thread; the first one wins) and tell
  * the ranks on this host through shared memory at once. */

@@ -180,7 +180,7 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         }
     }
 out:
-    if (peer != stack) {
+    if (peer != NULL && peer != stack) {
         free(peer);
     }
     return st;

@@ -75,6 +75,8 @@ enum { PD_VIEW_NONE = 0, PD_VIEW_BUFFER, PD_VIEW_DLPACK, PD_VIEW_DLPACK_V1,
 enum {
     PD_VIEW_WRITABLE = 1u,  /* ask the exporter for a writable buffer */
     PD_VIEW_NO_DLPACK = 2u, /* buffer protocol (and pyddp Tensors) only */
+    PD_VIEW_CONTIGUOUS = 4u, /* the caller takes only C-contiguous memory: a
+                                hint that makes the common case cheaper */
 };
 typedef struct pd_view {
     Py_buffer buf;      /* PD_VIEW_BUFFER */

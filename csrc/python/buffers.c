@@ -220,6 +220,22 @@ view_from_buffer(PyObject *obj, unsigned flags, pd_view *v)
     if (flags & PD_VIEW_WRITABLE) {
         req |= PyBUF_WRITABLE;
     }
+    if ((flags & PD_VIEW_CONTIGUOUS) &&
+        PyObject_GetBuffer(obj, &v->buf,
+                           req | PyBUF_C_CONTIGUOUS) == 0) {
+        /* the exporter vouches for C order: no need to check the strides
+         * (the fast paths' common case) */
+        v->how = PD_VIEW_BUFFER;
+        v->ptr = v->buf.buf;
+        v->nbytes = (size_t)v->buf.len;
+        v->itemsize = v->buf.itemsize > 0 ? (size_t)v->buf.itemsize : 1;
+        v->count = v->nbytes / v->itemsize;
+        v->dtype = pd_dtype_of_format(v->buf.format, v->buf.itemsize);
+        v->readonly = v->buf.readonly != 0;
+        v->contiguous = 1;
+        return 0;
+    }
+    PyErr_Clear();
     int formatted = 1;
     if (PyObject_GetBuffer(obj, &v->buf, req) < 0) {
         /* NumPy cannot describe some dtypes (ml_dtypes' bfloat16) in a

@@ -21,6 +21,7 @@ typedef struct {
     int size;
     long pid; /* creator: a forked child must not touch the parent's thread */
     PyObject *handoffs; /* Works of interrupted inline collectives */
+    pd_module_state *st; /* the defining module's state (the fast path's) */
 } PGObject;
 
 typedef struct {
@@ -277,6 +278,7 @@ PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->pid = (long)getpid();
+    self->st = pd_state_from_type(type);
     self->port = port;
     self->rank = rank;
     self->size = size;
@@ -482,8 +484,9 @@ keep_handoff(PGObject *self, PyObject *w)
 static int
 fast_view(PGObject *self, PyObject *obj, int writable, pd_view *v)
 {
-    if (pd_view_get(pg_state((PyObject *)self), obj,
-                    writable ? PD_VIEW_WRITABLE : 0, v) < 0) {
+    if (pd_view_get(self->st, obj,
+                    PD_VIEW_CONTIGUOUS | (writable ? PD_VIEW_WRITABLE : 0),
+                    v) < 0) {
         PyErr_Clear();
         return 0;
     }
