@@ -2,6 +2,8 @@
 collectives, Backend.register_backend (single-process groups on a HashStore)."""
 import warnings
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
@@ -53,7 +55,8 @@ def registry():
 @pytest.fixture
 def world():
     def init(backend):
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=30))
     yield init
     if dist.is_initialized():
         dist.destroy_process_group()

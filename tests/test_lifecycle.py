@@ -59,7 +59,7 @@ def test_terminate_with_grace_kills_what_ignores_sigterm():
         for p in (polite, stubborn):
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(timeout=10)
     assert left == []
     assert sent == [(polite.pid, signal.SIGTERM), (stubborn.pid, signal.SIGTERM),
                     (stubborn.pid, signal.SIGKILL)]
@@ -84,7 +84,7 @@ def test_wait_until_gone_cut_short():
 
 def test_signal_group_of_a_gone_group():
     p = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
-    p.wait()
+    p.wait(timeout=30)
     assert _lifecycle.signal_group(p.pid, signal.SIGTERM) is False
     q = _sleeper()
     try:
@@ -93,6 +93,7 @@ def test_signal_group_of_a_gone_group():
     finally:
         if q.poll() is None:
             q.kill()
+            q.wait(timeout=10)
 
 
 @linux_only
@@ -126,7 +127,7 @@ def test_die_with_parent():
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=10)
 
 
 def _alive(pid):

@@ -220,30 +220,23 @@ view_from_buffer(PyObject *obj, unsigned flags, pd_view *v)
     if (flags & PD_VIEW_WRITABLE) {
         req |= PyBUF_WRITABLE;
     }
+    /* contiguous: 1 when the exporter vouched for C order (the fast paths'
+     * common case: no stride check), -1 when the strides must tell */
+    int contiguous = -1, formatted = 1;
     if ((flags & PD_VIEW_CONTIGUOUS) &&
-        PyObject_GetBuffer(obj, &v->buf,
-                           req | PyBUF_C_CONTIGUOUS) == 0) {
-        /* the exporter vouches for C order: no need to check the strides
-         * (the fast paths' common case) */
-        v->how = PD_VIEW_BUFFER;
-        v->ptr = v->buf.buf;
-        v->nbytes = (size_t)v->buf.len;
-        v->itemsize = v->buf.itemsize > 0 ? (size_t)v->buf.itemsize : 1;
-        v->count = v->nbytes / v->itemsize;
-        v->dtype = pd_dtype_of_format(v->buf.format, v->buf.itemsize);
-        v->readonly = v->buf.readonly != 0;
-        v->contiguous = 1;
-        return 0;
+        PyObject_GetBuffer(obj, &v->buf, req | PyBUF_C_CONTIGUOUS) == 0) {
+        contiguous = 1;
     }
-    PyErr_Clear();
-    int formatted = 1;
-    if (PyObject_GetBuffer(obj, &v->buf, req) < 0) {
-        /* NumPy cannot describe some dtypes (ml_dtypes' bfloat16) in a
-         * format string: take the bytes, dtype unknown */
+    else {
         PyErr_Clear();
-        formatted = 0;
-        if (PyObject_GetBuffer(obj, &v->buf, req & ~PyBUF_FORMAT) < 0) {
-            return -1;
+        if (PyObject_GetBuffer(obj, &v->buf, req) < 0) {
+            /* NumPy cannot describe some dtypes (ml_dtypes' bfloat16) in a
+             * format string: take the bytes, dtype unknown */
+            PyErr_Clear();
+            formatted = 0;
+            if (PyObject_GetBuffer(obj, &v->buf, req & ~PyBUF_FORMAT) < 0) {
+                return -1;
+            }
         }
     }
     v->how = PD_VIEW_BUFFER;
@@ -254,7 +247,8 @@ view_from_buffer(PyObject *obj, unsigned flags, pd_view *v)
     v->dtype = formatted ? pd_dtype_of_format(v->buf.format, v->buf.itemsize)
                          : -1;
     v->readonly = v->buf.readonly != 0;
-    v->contiguous = PyBuffer_IsContiguous(&v->buf, 'C');
+    v->contiguous = contiguous >= 0 ? contiguous
+                                    : PyBuffer_IsContiguous(&v->buf, 'C');
     return 0;
 }
 
@@ -681,12 +675,10 @@ static PyMethodDef buffer_methods[] = {
     {"describe_array", (PyCFunction)(void (*)(void))describe_array,
      METH_VARARGS | METH_KEYWORDS,
      "describe_array(obj, writable=False, dlpack=True) -> dict: how the C "
-     "adapter views obj (dlpack=False: skip DLPack, e.g. to describe a CUDA "
-     "array from its __cuda_array_interface__ without a stream sync) "
-     "\n\n"
-     "obj (via, ptr, nbytes, count, itemsize, dtype, device, device_index, "
-     "readonly, contiguous, stream, shape, strides: bytes or None for C "
-     "order)."},
+     "adapter views obj (via, ptr, nbytes, count, itemsize, dtype, device, "
+     "device_index, readonly, contiguous, stream, shape, strides: bytes or "
+     "None for C order).  dlpack=False skips DLPack, e.g. to describe a "
+     "CUDA array from its __cuda_array_interface__ without a stream sync."},
     {NULL, NULL, 0, NULL},
 };
 
