@@ -37,6 +37,10 @@ pd_status pd_group_connect(pd_group *g, const char *const *hosts,
                            const int *ports, uint64_t token,
                            const char *const *nodes, int transport);
 
+/* The group's sticky error: PD_OK, or its status with the message copied
+ * into buf (cap bytes).  Any thread; never blocks. */
+pd_status pd_group_error(pd_group *g, char *buf, size_t cap);
+
 /* "shm", "tcp" or "local" (one rank). */
 const char *pd_group_transport(const pd_group *g);
 

@@ -114,11 +114,13 @@ class ArrayView:
     None (device arrays); ``code`` the C dtype code (None for a dtype the C core does not have,
     ``dtype`` then names it); ``device`` 'cpu', 'cuda' or another DLPack device name, ``index``
     its ordinal; ``ptr`` the address of the first element; ``strides`` in bytes (None: C order);
-    ``owner`` the object the memory belongs to, kept alive by this view.
+    ``owner`` the object the memory belongs to, kept alive by this view; ``stream`` the CUDA
+    stream its ``__cuda_array_interface__`` names (None: none); ``name`` the argument it was
+    given as, once a collective has checked it.
     """
 
     __slots__ = ("array", "code", "dtype", "device", "index", "ptr", "shape", "strides",
-                 "nbytes", "writable", "contiguous", "owner")
+                 "nbytes", "writable", "contiguous", "owner", "stream", "name")
 
     def __init__(self, array, code, dtype, device, index, ptr, shape, strides, nbytes,
                  writable, contiguous, owner):
@@ -134,6 +136,8 @@ class ArrayView:
         self.writable = writable
         self.contiguous = contiguous
         self.owner = owner
+        self.stream = None
+        self.name = None
 
     @property
     def size(self) -> int:
@@ -229,17 +233,31 @@ def _c_view(x, name, dlpack=True):
         raise TypeError(f"{name}: cannot describe this array: {e}") from None
     index = d["device_index"]
     if index < 0:
-        # __cuda_array_interface__ has no device field; the pointer's device comes from the CUDA
-        # driver, which is not loaded here (torch and CuPy tell it through __dlpack_device__)
-        index = 0
-        dev_fn = getattr(x, "__dlpack_device__", None)
-        if dev_fn is not None:
-            try:
-                index = int(dev_fn()[1])
-            except Exception:  # noqa: BLE001 - the index is informative only
-                pass
-    return _device_view(x, d["dtype"], d["device"], index, d["ptr"], d["shape"], d["strides"],
-                        d["readonly"])
+        # __cuda_array_interface__ has no device field: __dlpack_device__ tells it (torch, CuPy),
+        # else the CUDA runtime when pyddp.cuda has loaded it
+        index = _pointer_device(x, d["ptr"])
+    # JAX arrays are immutable whatever their protocols say
+    readonly = d["readonly"] or type(x).__module__.split(".", 1)[0] in ("jax", "jaxlib")
+    v = _device_view(x, d["dtype"], d["device"], index, d["ptr"], d["shape"], d["strides"],
+                     readonly)
+    v.stream = d["stream"] or None
+    return v
+
+
+def _pointer_device(x, ptr) -> int:
+    dev_fn = getattr(x, "__dlpack_device__", None)
+    if dev_fn is not None:
+        try:
+            return int(dev_fn()[1])
+        except Exception:  # noqa: BLE001 - fall through to the runtime
+            pass
+    cuda = sys.modules.get("pyddp.cuda")
+    if cuda is not None and cuda._lib.cudart_loaded():
+        try:
+            return int(_C.cuda_pointer_attributes(ptr)[1])
+        except Exception:  # noqa: BLE001 - e.g. a pointer the runtime does not know
+            pass
+    return 0
 
 
 def _buffer_array(x, name):

@@ -25,6 +25,17 @@
 /* ----------------------------------------------------------- group state */
 
 
+pd_status
+pd_group_error(pd_group *g, char *buf, size_t cap)
+{
+    pd_status st = (pd_status)atomic_load_explicit(&g->err,
+                                                    memory_order_acquire);
+    if (st != PD_OK && cap > 0) {
+        snprintf(buf, cap, "%s", g->errmsg);
+    }
+    return st;
+}
+
 /* Make st the group's sticky error (any thread; the first one wins) and tell
  * the ranks on this host through shared memory at once. */
 void

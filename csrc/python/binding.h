@@ -47,6 +47,8 @@ typedef struct pd_module_state {
     PyTypeObject *WorkType;
     PyTypeObject *SharedBufferType;
     PyTypeObject *GeneratorType;     /* random.c */
+    PyTypeObject *NcclCommType;      /* nccl.c */
+    PyTypeObject *NcclWorkType;
     PyObject *TensorType;            /* buffers.c: pyddp.Tensor, or NULL */
     PyObject *str_data;              /* interned "_data" */
 } pd_module_state;
@@ -152,5 +154,7 @@ int pd_py_found_inf(PyObject *obj, const char *fn, pd_fview *v,
                     float **flag);
 int pd_py_inv_scale(PyObject *obj, const char *fn, float *out);
 int pd_random_add_types(PyObject *m, pd_module_state *st);
+/* NcclComm and NcclWork (nccl.c). */
+int pd_nccl_add_types(PyObject *m, pd_module_state *st);
 
 #endif

@@ -1126,7 +1126,20 @@ PG_get_transport(PGObject *self, void *Py_UNUSED(closure))
     return PyUnicode_FromString(pd_group_transport(self->g));
 }
 
+static PyObject *
+PG_get_error(PGObject *self, void *Py_UNUSED(closure))
+{
+    char msg[PD_ERRMSG_MAX];
+    if (self->g == NULL || pd_group_error(self->g, msg, sizeof(msg)) == PD_OK) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(msg);
+}
+
 static PyGetSetDef PG_getset[] = {
+    {"error", (getter)PG_get_error, NULL,
+     "None, or the group's sticky error (a dead peer, a mismatch, ...)",
+     NULL},
     {"transport", (getter)PG_get_transport, NULL,
      "how collectives move: 'shm', 'tcp' or 'local'", NULL},
     {"port", (getter)PG_get_port, NULL, "listening port (before connect)",

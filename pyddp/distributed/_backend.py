@@ -76,10 +76,10 @@ class BackendOptions:
     ``round`` (the 'cpu' backend records its rendezvous round there)."""
 
     __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
-                 "global_ranks_in_group", "pg_options", "round")
+                 "global_ranks_in_group", "pg_options", "round", "device_id")
 
     def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
-                 pg_options=None):
+                 pg_options=None, device_id=None):
         self.store = store
         self.group_rank = group_rank
         self.group_size = group_size
@@ -88,6 +88,7 @@ class BackendOptions:
         self.global_ranks_in_group = list(global_ranks_in_group)
         self.pg_options = pg_options
         self.round = 0
+        self.device_id = device_id  # the CUDA ordinal a group is bound to, or None
 
 
 class Unavailable:

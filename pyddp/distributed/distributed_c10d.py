@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from .. import _C, _interop
-from . import _backend, _cluster
+from . import _backend, _cluster, _staging
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -117,9 +117,18 @@ class ProcessGroup:
         self._cpg = None if type(cpu) is _backend.Unavailable else cpu
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups)
         self._fast = getattr(self._cpg, "fast", None)
-        # a CPU-only group sends everything to self._cpg; others choose by device
-        self._on_device = None if cpu_only else self._device_array
+        # host arrays of a group without a 'cpu' backend (object collectives on an nccl group):
+        # the host group a device backend keeps beside it
+        self._host = self._cpg
+        if self._host is None:
+            self._host = next((b.host for b in self._backends.values()
+                               if getattr(b, "host", None) is not None), None)
+        # a CPU-only group sends everything to self._cpg; others choose by device.  A device
+        # array always goes to _device_array (CUDA arrays given to the 'cpu' backend are staged
+        # through pinned host memory, as torch's gloo does).
+        self._on_device = self._device_array
         self._route = None if cpu_only else self._route_arrays
+        self._staging = False  # set once a CUDA array was staged: outputs are copied back
 
     def rank(self) -> int:
         """This process's rank within the group."""
@@ -147,9 +156,12 @@ class ProcessGroup:
         cw = be.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
                        in_splits, out_splits, float(timeout), bool(wait_all), name,
                        not async_op and not source)
+        after = _staging.copy_back_fn(outputs) if self._staging else None
         if cw is None:  # ran to completion on this thread
+            if after is not None:
+                after()
             return None
-        work = Work(cw, result, self if source else None)
+        work = Work(cw, result, self if source else None, after)
         # The group holds every handle until it completes, so arrays stay alive even when
         # the caller drops an async handle or a blocking wait is interrupted (Ctrl-C).
         with self._lock:
@@ -172,12 +184,14 @@ class ProcessGroup:
         return ", ".join(out)
 
     def _device_array(self, view, name, writable):
-        """A device array given to a collective of a group that is not CPU-only: (view, code)
-        when a backend of the group serves its device, else the error naming both."""
+        """A device array given to a collective: (view, code) when a backend of the group serves
+        its device; a staged host copy for a CUDA array on a group whose only backend for it is
+        'cpu'; else the error naming both."""
         be = None if self._backends is None else self._backends.get(view.device)
         if type(be) is _backend.Unavailable:
             raise RuntimeError(f"{name} is on device {view.device_str}: {be.entry.reason()}")
-        if be is None:
+        stage = be is None and view.device == "cuda" and self._cpg is not None
+        if be is None and not stage:
             raise ValueError(f"{name} is on device {view.device_str}, which no backend of group "
                              f"{self._name!r} serves (its backends: {self._backends_desc()})")
         if view.code is None:
@@ -187,6 +201,10 @@ class ProcessGroup:
             raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
         if writable and not view.writable:
             raise ValueError(f"{name} is read-only; it is an output and must be writable")
+        view.name = name
+        if stage:
+            self._staging = True
+            return _staging.stage(view, writable), view.code
         return view, view.code
 
     def _route_arrays(self, inputs, outputs, name):
@@ -194,16 +212,24 @@ class ProcessGroup:
         backends = self._backends
         if backends is None:
             return None
-        device = None
+        device = named = None
         for a in (*inputs, *outputs):
-            d = "cpu" if type(a) is np.ndarray else a.device
+            d = "cpu" if isinstance(a, np.ndarray) else a.device
             if device is None:
                 device = d
             elif d != device:
-                raise ValueError(f"{name}: all arrays of one call must be on one device, got "
-                                 f"{device} and {d}")
+                v = a if d != "cpu" else named
+                where = (f"{v.name} is on {v.device_str}" if v is not None
+                         else f"an argument is on {d}")
+                raise ValueError(f"{name}: {where} but another argument is on "
+                                 f"{device if d != 'cpu' else 'cpu'}: all arrays of one call "
+                                 "must be on one device")
+            if d != "cpu" and named is None:
+                named = a
         if device is None:  # barrier: no arrays
             device = "cpu" if "cpu" in backends else next(iter(backends))
+        if device == "cpu" and "cpu" not in backends and self._host is not None:
+            return self._host  # host arrays of a device-only group (object collectives)
         be = backends.get(device)
         if be is None or type(be) is _backend.Unavailable:
             what = be.entry.reason() if be is not None else (
@@ -259,6 +285,7 @@ class _World:
         self.group_count = 0
         self.owns_store = False  # the store came from init_method rendezvous
         self.round = 0
+        self.device_id = None  # init_process_group's device_id, inherited by new_group
         self.failing_exit = False  # the program is ending with an uncaught exception
         self.lock = threading.Lock()
 
@@ -526,6 +553,26 @@ def _connect_group(store, rank, size, timeout, name):
     return cpg, gen
 
 
+def _device_index(device_id):
+    """The CUDA ordinal of init_process_group's / new_group's ``device_id`` (an int, 'cuda:N',
+    or a torch.device), or None."""
+    if device_id is None:
+        return None
+    if isinstance(device_id, (int, np.integer)) and not isinstance(device_id, bool):
+        return int(device_id)
+    dtype_, index = getattr(device_id, "type", None), getattr(device_id, "index", None)
+    if dtype_ is None and isinstance(device_id, str):
+        dtype_, _, idx = device_id.partition(":")
+        index = int(idx) if idx.isdigit() else None
+    if dtype_ != "cuda":
+        raise ValueError(f"device_id must be a CUDA device (an int, 'cuda:N' or a torch.device), "
+                         f"got {device_id!r}")
+    if index is None:
+        from .. import cuda
+        index = cuda.current_device()
+    return int(index)
+
+
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None):
     """Initialize the default process group (torch.distributed.init_process_group)."""
@@ -550,14 +597,16 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             owns = True
         pstore = PrefixStore("default_pg", store)
         name = group_name or "default_pg"
+        dev = _device_index(device_id)
         opts = _backend.BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
-                                       range(world_size), pg_options)
+                                       range(world_size), pg_options, dev)
         pg = ProcessGroup(_backend.create(plan, opts), range(world_size), bname, name, tsec,
                           rank, plan)
         _world.store = store
         _world.owns_store = owns
         _world.round = opts.round
         _world.backend = bname
+        _world.device_id = dev
         _world.groups = [pg]
         _world.group_count = 0
         _set_world(pg)
@@ -585,8 +634,9 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if me not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
+    dev = _device_index(device_id) if device_id is not None else _world.device_id
     opts = _backend.BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
-                                   group_desc or name, ranks, pg_options)
+                                   group_desc or name, ranks, pg_options, dev)
     pg = ProcessGroup(_backend.create(plan, opts), ranks, bname, group_desc or name, tsec,
                       ranks.index(me), plan)
     _world.groups.append(pg)
@@ -686,16 +736,17 @@ class Future:
             if self._result is Future._UNSET:
                 raise RuntimeError("Future.value() called before a result was set")
             return self._result
-        if not self._work.is_completed():
+        if not getattr(self._work, "_ordered", False) and not self._work.is_completed():
             raise RuntimeError("Future.value() called before the operation completed")
         self._work.wait()
         return self._value_fn()
 
     def done(self) -> bool:
-        """Whether the result is available."""
+        """Whether the result is available (for CUDA work, as torch's: once launched; reading it
+        orders the caller's stream after the operation)."""
         if self._work is None:
             return self._result is not Future._UNSET
-        return self._work.is_completed()
+        return getattr(self._work, "_ordered", False) or self._work.is_completed()
 
     def set_result(self, result):
         """Complete a Future made with ``Future()``."""
@@ -742,11 +793,14 @@ class _CompletedWork:
 class Work:
     """Handle of an asynchronous collective or point-to-point operation."""
 
-    def __init__(self, cwork, result, pg=None):
+    def __init__(self, cwork, result, pg=None, after=None):
         self._cw = cwork
         self._result = result
         self._pg = pg
         self._exc = None
+        self._after = after  # run once after a successful wait (staged outputs copied back)
+        # a CUDA backend's work: wait() orders the caller's stream, the host does not block
+        self._ordered = getattr(cwork, "stream_ordered", False)
 
     def wait(self, timeout=None) -> bool:
         """Block until the operation finished (``timeout``: seconds or a timedelta); raises the
@@ -759,7 +813,19 @@ class Work:
         except DistError as e:
             self._exc = e
             raise
+        after, self._after = self._after, None
+        if after is not None:
+            after()
         return True
+
+    def synchronize(self):
+        """torch's Work.synchronize(): for CUDA work the caller's current stream waits for the
+        operation; otherwise the same as wait()."""
+        sync = getattr(self._cw, "synchronize", None)
+        if sync is None:
+            self.wait()
+        else:
+            sync()
 
     def is_completed(self) -> bool:
         """Whether the operation has finished, successfully or not (never blocks)."""
@@ -1270,6 +1336,9 @@ def batch_isend_irecv(p2p_op_list):
     """Start every operation of the list; returns their Work handles."""
     if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise TypeError("batch_isend_irecv expects a list of P2POp")
+    batched = _batch_on_device(p2p_op_list)
+    if batched is not None:
+        return batched
     works = []
     for p in p2p_op_list:
         if p.op is isend:
@@ -1277,6 +1346,50 @@ def batch_isend_irecv(p2p_op_list):
         else:
             works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
     return works
+
+
+def _batch_on_device(p2p_op_list):
+    """batch_isend_irecv as one operation of a device backend that batches (NCCL's group call):
+    the Work of the whole batch for each op, as torch's; None when the ops are not all on one
+    such backend."""
+    if not p2p_op_list:
+        return None
+    pg = _resolve(p2p_op_list[0].group)
+    if pg is None or pg._route is None or any(_resolve(p.group) is not pg for p in p2p_op_list):
+        return None
+    ops, be = [], None
+    for i, p in enumerate(p2p_op_list):
+        send = p.op is isend
+        peer = p.peer if p.group_peer is None else _global(p.group, p.group_peer)
+        if peer is None:
+            return None
+        v = describe_device(p.tensor)
+        if v is None:
+            return None
+        a, _ = as_array(p.tensor, f"p2p_op_list[{i}].tensor", not send, pg._on_device)
+        b = pg._backends.get(getattr(a, "device", "cpu"))
+        if getattr(b, "batch_p2p", None) is None or (be is not None and b is not be):
+            return None
+        be = b
+        r = _group_rank(pg, peer, "peer")
+        if r == pg.rank():
+            raise ValueError(f"batch_isend_irecv: p2p_op_list[{i}] has this rank as its peer")
+        ops.append((send, a, r))
+    work = Work(be.batch_p2p(ops), [p.tensor for p in p2p_op_list])
+    with pg._lock:
+        pg._pending.append(work._cw)
+    return [work] * len(ops)
+
+
+def describe_device(x):
+    """An ArrayView of ``x`` when it lives on a device, else None (cheap for host arrays)."""
+    if isinstance(x, np.ndarray) or isinstance(getattr(x, "_data", None), np.ndarray):
+        return None
+    try:
+        v = _interop.describe(x)
+    except TypeError:
+        return None
+    return None if v.device == "cpu" else v
 
 
 # ------------------------------------------------------------------------- object collectives

@@ -1,0 +1,1447 @@
+/* Backend "nccl": one NCCL communicator on one device (_C.NcclComm) and the
+ * handles of the operations it launched (_C.NcclWork).
+ *
+ * Stream rules are torch's ProcessGroupNCCL's.  A communicator owns a
+ * non-blocking stream.  A launch records an event on the caller's stream and
+ * makes the communicator's stream wait for it (no host sync), enqueues the
+ * NCCL calls on the communicator's stream and records the work's end event
+ * there.  NcclWork.wait_stream(s) makes the caller's stream s wait for that
+ * event; NcclWork.synchronize() waits on the host, bounded.
+ *
+ * Never hang: communicators are created non-blocking (ncclCommInitRankConfig
+ * with blocking=0 where NCCL has it), so initialisation and every call that
+ * answers ncclInProgress are polled here with the abort flag and a deadline
+ * checked; abort() (any thread: the Python watchdog's) sets the flag first,
+ * then calls ncclCommAbort, never ncclCommDestroy on a broken communicator.
+ *
+ * The Python layer (pyddp/distributed/_nccl.py) checks arrays, devices and
+ * signatures across ranks; here arrays arrive as device pointers, sizes in
+ * elements (counts) or bytes (splits), and the objects to keep alive until
+ * the work completes. */
+#include "binding.h"
+
+#include "../coll/kinds.h"
+#include "../cuda/cudawrap.h"
+#include "../kernels/kernels.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    pd_module_state *st;
+    const struct pd_cudart *rt;
+    const struct pd_nccl *nc;
+    pthread_mutex_t mu;     /* launches, the event pool, abort, destroy */
+    pd_nccl_comm comm;      /* NULL once aborted or destroyed */
+    pd_cuda_stream stream;
+    pd_cuda_event start;    /* recorded on the caller's stream per launch */
+    pd_cuda_event *pool;    /* free end events */
+    int npool, cappool;
+    void *scratch;          /* 4 device bytes: barrier */
+    int device, rank, size;
+    atomic_int aborted;
+    char reason[PD_ERRMSG_MAX];
+    unsigned long long seq;
+} CommObject;
+
+typedef struct {
+    PyObject_HEAD
+    CommObject *comm;
+    pd_cuda_event end;
+    PyObject *keep;         /* the arrays, until the work completed */
+    unsigned long long seq;
+    double t0;
+    int done;
+} NWorkObject;
+
+/* ------------------------------------------------------------ helpers */
+
+static void
+nap(void)
+{
+    struct timespec ts = {0, 20000}; /* 20 us */
+    nanosleep(&ts, NULL);
+}
+
+static const char *
+nccl_text(const struct pd_nccl *nc, pd_nccl_comm comm, pd_nccl_res r,
+          char *buf, size_t cap)
+{
+    const char *last = nc->GetLastError != NULL ? nc->GetLastError(comm) : NULL;
+    snprintf(buf, cap, "%s%s%s", nc->GetErrorString(r),
+             last != NULL && last[0] ? ": " : "", last != NULL ? last : "");
+    return buf;
+}
+
+static PyObject *
+comm_error(CommObject *c, const char *what, pd_nccl_res r)
+{
+    char buf[PD_ERRMSG_MAX];
+    char text[PD_ERRMSG_MAX];
+    snprintf(buf, sizeof(buf), "%s failed on rank %d (cuda:%d): NCCL error %d: %s",
+             what, c->rank, c->device, r,
+             nccl_text(c->nc, c->comm, r, text, sizeof(text)));
+    return pd_py_set_error(c->st, PD_EBACKEND, buf);
+}
+
+static PyObject *
+cuda_error(pd_module_state *st, const struct pd_cudart *rt, const char *what,
+           pd_cuda_err e)
+{
+    char buf[PD_ERRMSG_MAX];
+    snprintf(buf, sizeof(buf), "%s failed: CUDA error %d (%s): %s", what, e,
+             rt->GetErrorName(e), rt->GetErrorString(e));
+    return pd_py_set_error(st, PD_EBACKEND, buf);
+}
+
+/* Lock c->mu from a thread holding the GIL without stalling the interpreter
+ * while another thread holds it through a long call (ncclCommAbort). */
+static void
+lock_gil_held(CommObject *c)
+{
+    if (pthread_mutex_trylock(&c->mu) != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&c->mu);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static PyObject *
+aborted_error(CommObject *c)
+{
+    return pd_py_set_error(c->st, PD_EBACKEND, c->reason);
+}
+
+/* Poll a non-blocking communicator until it is not ncclInProgress, the
+ * communicator is aborted or the deadline (pd_now() seconds; <= 0: none)
+ * passes (PD_NCCL_TIMEOUT).  GIL released. */
+static pd_nccl_res
+settle(CommObject *c, pd_nccl_comm comm, double deadline)
+{
+    for (int i = 0;; i++) {
+        pd_nccl_res r = PD_NCCL_SUCCESS;
+        pd_nccl_res q = c->nc->CommGetAsyncError(comm, &r);
+        if (q != PD_NCCL_SUCCESS) {
+            return q;
+        }
+        if (r != PD_NCCL_IN_PROGRESS) {
+            return r;
+        }
+        if (atomic_load(&c->aborted)) {
+            return PD_NCCL_INVALID_USAGE;
+        }
+        if (deadline > 0 && pd_now() > deadline) {
+            return PD_NCCL_TIMEOUT;
+        }
+        if (i < 100) {
+            sched_yield();
+        }
+        else {
+            nap();
+        }
+    }
+}
+
+/* The NCCL type and op for a pyddp dtype and ReduceOp, or an error message.
+ * *mult: elements per pyddp element (complex as pairs of reals). */
+static const char *
+nccl_reduction(int dt, int op, int *ndt, int *nop, size_t *mult)
+{
+    static const int types[PD_NDTYPES] = {
+        [PD_BOOL] = PD_NCCL_UINT8,       [PD_INT8] = PD_NCCL_INT8,
+        [PD_UINT8] = PD_NCCL_UINT8,      [PD_INT16] = -1,
+        [PD_UINT16] = -1,                [PD_INT32] = PD_NCCL_INT32,
+        [PD_UINT32] = PD_NCCL_UINT32,    [PD_INT64] = PD_NCCL_INT64,
+        [PD_UINT64] = PD_NCCL_UINT64,    [PD_FLOAT16] = PD_NCCL_FLOAT16,
+        [PD_BFLOAT16] = PD_NCCL_BFLOAT16, [PD_FLOAT32] = PD_NCCL_FLOAT32,
+        [PD_FLOAT64] = PD_NCCL_FLOAT64,  [PD_COMPLEX64] = PD_NCCL_FLOAT32,
+        [PD_COMPLEX128] = PD_NCCL_FLOAT64,
+    };
+    static const int ops[PD_NREDOPS] = {
+        [PD_SUM] = PD_NCCL_SUM, [PD_AVG] = PD_NCCL_AVG,
+        [PD_PRODUCT] = PD_NCCL_PROD, [PD_MIN] = PD_NCCL_MIN,
+        [PD_MAX] = PD_NCCL_MAX, [PD_BAND] = -1, [PD_BOR] = -1, [PD_BXOR] = -1,
+    };
+    if (dt < 0 || dt >= PD_NDTYPES || types[dt] < 0) {
+        return "NCCL has no reductions on this dtype (int16 and uint16 can only "
+               "be broadcast, gathered, scattered or sent)";
+    }
+    if (op < 0 || op >= PD_NREDOPS || ops[op] < 0) {
+        return "NCCL supports ReduceOp SUM, AVG, PRODUCT, MIN and MAX (not "
+               "BAND, BOR or BXOR)";
+    }
+    *ndt = types[dt];
+    *nop = ops[op];
+    *mult = 1;
+    if (dt == PD_COMPLEX64 || dt == PD_COMPLEX128) {
+        if (op != PD_SUM && op != PD_AVG) {
+            return "complex tensors can only be reduced with SUM or AVG";
+        }
+        *mult = 2;
+    }
+    if (dt == PD_BOOL) { /* as torch: logical or / and */
+        if (op == PD_SUM || op == PD_MAX) {
+            *nop = PD_NCCL_MAX;
+        }
+        else if (op == PD_PRODUCT || op == PD_MIN) {
+            *nop = PD_NCCL_MIN;
+        }
+        else {
+            return "bool tensors cannot be reduced with AVG";
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ NcclComm */
+
+static int
+comm_init_stream(CommObject *c, pd_cuda_err *e, const char **what)
+{
+    if ((*e = c->rt->StreamCreateWithFlags(&c->stream,
+                                           PD_CUDA_STREAM_NON_BLOCKING))) {
+        *what = "cudaStreamCreateWithFlags";
+        return -1;
+    }
+    if ((*e = c->rt->EventCreateWithFlags(&c->start,
+                                          PD_CUDA_EVENT_DISABLE_TIMING))) {
+        *what = "cudaEventCreateWithFlags";
+        return -1;
+    }
+    if ((*e = c->rt->Malloc(&c->scratch, 4))) {
+        *what = "cudaMalloc";
+        return -1;
+    }
+    return 0;
+}
+
+static CommObject *
+comm_alloc(PyTypeObject *tp, int device)
+{
+    pd_module_state *st = pd_state_from_type(tp);
+    const struct pd_cudart *rt = pd_cudart_get();
+    const struct pd_nccl *nc = pd_nccl_get();
+    if (rt == NULL || nc == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "NcclComm: libcudart and libnccl are not loaded "
+                        "(pyddp.cuda loads them first)");
+        return NULL;
+    }
+    CommObject *c = (CommObject *)tp->tp_alloc(tp, 0);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->st = st;
+    c->rt = rt;
+    c->nc = nc;
+    c->device = device;
+    pthread_mutex_init(&c->mu, NULL);
+    return c;
+}
+
+/* Create the communicator's stream, then the communicator itself (by `make`)
+ * on `device`, restoring the caller's device.  GIL released. */
+typedef pd_nccl_res (*comm_maker)(CommObject *c, void *ctx, pd_nccl_comm *out);
+
+static PyObject *
+comm_finish_init(CommObject *c, comm_maker make, void *ctx, const char *what)
+{
+    pd_cuda_err e = 0;
+    const char *cwhat = NULL;
+    pd_nccl_res r = PD_NCCL_SUCCESS;
+    int prev = -1;
+    Py_BEGIN_ALLOW_THREADS
+    c->rt->GetDevice(&prev);
+    e = c->rt->SetDevice(c->device);
+    if (e) {
+        cwhat = "cudaSetDevice";
+    }
+    else if (comm_init_stream(c, &e, &cwhat) == 0) {
+        r = make(c, ctx, &c->comm);
+    }
+    if (prev >= 0 && prev != c->device) {
+        c->rt->SetDevice(prev);
+    }
+    Py_END_ALLOW_THREADS
+    if (cwhat != NULL) {
+        cuda_error(c->st, c->rt, cwhat, e);
+        Py_DECREF(c);
+        return NULL;
+    }
+    if (r != PD_NCCL_SUCCESS && r != PD_NCCL_IN_PROGRESS) {
+        comm_error(c, what, r);
+        if (c->comm != NULL) {
+            c->nc->CommAbort(c->comm);
+            c->comm = NULL;
+        }
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+typedef struct {
+    pd_nccl_uid uid;
+    int size, rank;
+} init_args;
+
+static pd_nccl_res
+make_init(CommObject *c, void *ctx, pd_nccl_comm *out)
+{
+    init_args *a = ctx;
+    if (c->nc->CommInitRankConfig != NULL) {
+        pd_nccl_config cfg = pd_nccl_config_init(0);
+        return c->nc->CommInitRankConfig(out, a->size, a->uid, a->rank, &cfg);
+    }
+    return c->nc->CommInitRank(out, a->size, a->uid, a->rank);
+}
+
+static PyObject *
+Comm_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"uid", "size", "rank", "device", NULL};
+    Py_buffer uid;
+    int size, rank, device;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*iii:NcclComm", kwlist,
+                                     &uid, &size, &rank, &device)) {
+        return NULL;
+    }
+    init_args a;
+    if (uid.len != (Py_ssize_t)sizeof(a.uid.internal)) {
+        PyBuffer_Release(&uid);
+        PyErr_Format(PyExc_ValueError,
+                     "NcclComm: uid must be %zu bytes (ncclUniqueId), got %zd",
+                     sizeof(a.uid.internal), uid.len);
+        return NULL;
+    }
+    memcpy(a.uid.internal, uid.buf, sizeof(a.uid.internal));
+    PyBuffer_Release(&uid);
+    if (size < 1 || rank < 0 || rank >= size || device < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "NcclComm: need 0 <= rank < size and device >= 0, got "
+                     "rank %d, size %d, device %d", rank, size, device);
+        return NULL;
+    }
+    a.size = size;
+    a.rank = rank;
+    CommObject *c = comm_alloc(tp, device);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->rank = rank;
+    c->size = size;
+    return comm_finish_init(c, make_init, &a, "ncclCommInitRank");
+}
+
+typedef struct {
+    CommObject *parent;
+    int color, key;
+} split_args;
+
+static pd_nccl_res
+make_split(CommObject *c, void *ctx, pd_nccl_comm *out)
+{
+    split_args *a = ctx;
+    pd_nccl_config cfg = pd_nccl_config_init(0);
+    pthread_mutex_lock(&a->parent->mu);
+    pd_nccl_res r = a->parent->comm == NULL
+        ? PD_NCCL_INVALID_USAGE
+        : c->nc->CommSplit(a->parent->comm, a->color, a->key, out, &cfg);
+    pthread_mutex_unlock(&a->parent->mu);
+    return r;
+}
+
+/* split(color, key, size, rank) -> NcclComm, or None for NCCL_SPLIT_NOCOLOR
+ * (collective over the parent's ranks; size and rank: of the new group). */
+static PyObject *
+Comm_split(CommObject *self, PyObject *args)
+{
+    int color, key, size, rank;
+    if (!PyArg_ParseTuple(args, "iiii:split", &color, &key, &size, &rank)) {
+        return NULL;
+    }
+    if (self->nc->CommSplit == NULL) {
+        PyErr_SetString(PyExc_NotImplementedError,
+                        "this libnccl has no ncclCommSplit");
+        return NULL;
+    }
+    if (atomic_load(&self->aborted)) {
+        return aborted_error(self);
+    }
+    CommObject *c = comm_alloc(Py_TYPE(self), self->device);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->rank = rank;
+    c->size = size;
+    split_args a = {self, color, key};
+    PyObject *res = comm_finish_init(c, make_split, &a, "ncclCommSplit");
+    if (res != NULL && ((CommObject *)res)->comm == NULL) {
+        Py_DECREF(res);  /* NCCL_SPLIT_NOCOLOR: no communicator */
+        Py_RETURN_NONE;
+    }
+    return res;
+}
+
+/* async_error() -> ncclResult_t of ncclCommGetAsyncError (7 while a
+ * non-blocking call is in progress); 3 (internal) once aborted. */
+static PyObject *
+Comm_async_error(CommObject *self, PyObject *Py_UNUSED(ignored))
+{
+    pd_nccl_res r = PD_NCCL_INTERNAL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    if (self->comm != NULL) {
+        pd_nccl_res q = self->nc->CommGetAsyncError(self->comm, &r);
+        if (q != PD_NCCL_SUCCESS) {
+            r = q;
+        }
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
+/* wait_ready(timeout) -> ncclResult_t once no call is in progress (7: the
+ * timeout passed first). */
+static PyObject *
+Comm_wait_ready(CommObject *self, PyObject *arg)
+{
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    pd_nccl_res r = PD_NCCL_INTERNAL;
+    Py_BEGIN_ALLOW_THREADS
+    pd_nccl_comm comm;
+    pthread_mutex_lock(&self->mu);
+    comm = self->comm;
+    pthread_mutex_unlock(&self->mu);
+    if (comm != NULL && !atomic_load(&self->aborted)) {
+        r = settle(self, comm, pd_now() + t);
+        if (r == PD_NCCL_TIMEOUT) {
+            r = PD_NCCL_IN_PROGRESS;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
+static PyObject *
+Comm_error_string(CommObject *self, PyObject *arg)
+{
+    long r = PyLong_AsLong(arg);
+    if (r == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    char text[PD_ERRMSG_MAX];
+    lock_gil_held(self);
+    nccl_text(self->nc, self->comm, (pd_nccl_res)r, text, sizeof(text));
+    pthread_mutex_unlock(&self->mu);
+    return PyUnicode_FromString(text);
+}
+
+/* abort(reason) -> True if this call aborted the communicator (the first
+ * reason is kept).  Any thread; never blocks on the communicator's work. */
+static PyObject *
+Comm_abort(CommObject *self, PyObject *arg)
+{
+    const char *reason = PyUnicode_AsUTF8(arg);
+    if (reason == NULL) {
+        return NULL;
+    }
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&self->aborted, &zero, 1)) {
+        Py_RETURN_FALSE;
+    }
+    snprintf(self->reason, sizeof(self->reason), "%s", reason);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    if (self->comm != NULL) {
+        self->nc->CommAbort(self->comm);
+        self->comm = NULL;
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_TRUE;
+}
+
+static void
+comm_free_resources(CommObject *c)
+{
+    for (int i = 0; i < c->npool; i++) {
+        c->rt->EventDestroy(c->pool[i]);
+    }
+    c->npool = 0;
+    PyMem_RawFree(c->pool);
+    c->pool = NULL;
+    c->cappool = 0;
+    if (c->start != NULL) {
+        c->rt->EventDestroy(c->start);
+        c->start = NULL;
+    }
+    if (c->scratch != NULL && !atomic_load(&c->aborted)) {
+        c->rt->Free(c->scratch);
+    }
+    c->scratch = NULL;
+    if (c->stream != NULL) {
+        c->rt->StreamDestroy(c->stream);
+        c->stream = NULL;
+    }
+}
+
+/* destroy(timeout) -> 'destroyed' or 'aborted': a communicator whose
+ * stream is idle and that reports no error is finalized and destroyed
+ * (bounded by timeout); anything else is aborted. */
+static PyObject *
+Comm_destroy(CommObject *self, PyObject *arg)
+{
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const char *how = "aborted";
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    pd_nccl_comm comm = self->comm;
+    if (comm != NULL) {
+        int clean = self->rt->StreamQuery(self->stream) == PD_CUDA_SUCCESS;
+        pd_nccl_res r = PD_NCCL_SUCCESS;
+        if (clean && self->nc->CommFinalize != NULL) {
+            r = self->nc->CommFinalize(comm);
+            if (r == PD_NCCL_SUCCESS || r == PD_NCCL_IN_PROGRESS) {
+                r = settle(self, comm, pd_now() + t);
+            }
+        }
+        else if (clean) {
+            self->nc->CommGetAsyncError(comm, &r);
+        }
+        if (clean && r == PD_NCCL_SUCCESS) {
+            self->nc->CommDestroy(comm);
+            how = "destroyed";
+        }
+        else {
+            atomic_store(&self->aborted, 1);
+            self->nc->CommAbort(comm);
+        }
+        self->comm = NULL;
+        comm_free_resources(self);
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    if (self->reason[0] == '\0') {
+        snprintf(self->reason, sizeof(self->reason),
+                 "the NCCL communicator of rank %d (cuda:%d) was destroyed",
+                 self->rank, self->device);
+    }
+    atomic_store(&self->aborted, 1);
+    return PyUnicode_FromString(how);
+}
+
+/* ------------------------------------------------------------- launches */
+
+typedef struct {
+    int kind, dtype, op, root;
+    size_t count;          /* elements */
+    size_t itemsize;
+    void **ins, **outs;
+    Py_ssize_t nin, nout;
+    size_t *isplit, *osplit; /* bytes per rank, or NULL */
+    /* batched point-to-point */
+    int np2p;
+    int *p2p_send, *p2p_peer;
+    void **p2p_ptr;
+    size_t *p2p_bytes;
+} launch;
+
+/* Enqueue the NCCL calls of one launch on s.  Returns the NCCL result or
+ * -1 - cudaError for a CUDA call's failure. */
+static pd_nccl_res
+enqueue(CommObject *c, const launch *L, pd_cuda_stream s, const char **what)
+{
+    const struct pd_nccl *nc = c->nc;
+    pd_nccl_comm comm = c->comm;
+    int n = c->size, me = c->rank;
+    size_t bytes = L->count * L->itemsize;
+    int ndt = PD_NCCL_UINT8, nop = PD_NCCL_SUM;
+    size_t mult = 1;
+    pd_nccl_res r = PD_NCCL_SUCCESS;
+    pd_cuda_err e;
+    if (pd_kind_has(L->kind, PD_KF_REDUCES)) {
+        nccl_reduction(L->dtype, L->op, &ndt, &nop, &mult); /* checked */
+    }
+    size_t rcount = L->count * mult;
+#define TRY(call, name)                                                    \
+    do {                                                                   \
+        *what = (name);                                                    \
+        if ((r = (call)) != PD_NCCL_SUCCESS && r != PD_NCCL_IN_PROGRESS) { \
+            goto out;                                                      \
+        }                                                                  \
+    } while (0)
+#define COPY(dst, src, nb)                                                 \
+    do {                                                                   \
+        if ((nb) > 0 && (e = c->rt->MemcpyAsync((dst), (src), (nb),        \
+                                                PD_CUDA_D2D, s))) {        \
+            *what = "cudaMemcpyAsync";                                     \
+            r = -1 - e;                                                    \
+            goto out;                                                      \
+        }                                                                  \
+    } while (0)
+    int grouped = 0;
+    switch (L->kind) {
+    case PD_K_ALLREDUCE:
+        TRY(nc->AllReduce(L->nin ? L->ins[0] : L->outs[0], L->outs[0],
+                          rcount, ndt, nop, comm, s), "ncclAllReduce");
+        break;
+    case PD_K_BROADCAST:
+        TRY(nc->Broadcast(L->outs[0], L->outs[0], bytes, PD_NCCL_UINT8,
+                          L->root, comm, s), "ncclBroadcast");
+        break;
+    case PD_K_REDUCE:
+        TRY(nc->Reduce(L->ins[0], L->outs[0], rcount, ndt, nop, L->root, comm,
+                       s), "ncclReduce");
+        break;
+    case PD_K_BARRIER:
+        TRY(nc->AllReduce(c->scratch, c->scratch, 1, PD_NCCL_FLOAT32,
+                          PD_NCCL_SUM, comm, s), "ncclAllReduce (barrier)");
+        break;
+    case PD_K_SEND:
+        TRY(nc->Send(L->ins[0], bytes, PD_NCCL_UINT8, L->root, comm, s),
+            "ncclSend");
+        break;
+    case PD_K_RECV:
+        TRY(nc->Recv(L->outs[0], bytes, PD_NCCL_UINT8, L->root, comm, s),
+            "ncclRecv");
+        break;
+    case PD_K_ALLGATHER:
+        if (L->nout == 1) {
+            TRY(nc->AllGather(L->ins[0], L->outs[0], bytes, PD_NCCL_UINT8,
+                              comm, s), "ncclAllGather");
+            break;
+        }
+        TRY(nc->GroupStart(), "ncclGroupStart");
+        grouped = 1;
+        for (int p = 0; p < n; p++) {
+            TRY(nc->Broadcast(p == me ? L->ins[0] : L->outs[p], L->outs[p],
+                              bytes, PD_NCCL_UINT8, p, comm, s),
+                "ncclBroadcast (all_gather)");
+        }
+        break;
+    case PD_K_REDUCE_SCATTER:
+        if (L->nin == 1) {
+            TRY(nc->ReduceScatter(L->ins[0], L->outs[0], rcount, ndt, nop,
+                                  comm, s), "ncclReduceScatter");
+            break;
+        }
+        TRY(nc->GroupStart(), "ncclGroupStart");
+        grouped = 1;
+        for (int p = 0; p < n; p++) {
+            TRY(nc->Reduce(L->ins[p], L->outs[0], rcount, ndt, nop, p, comm,
+                           s), "ncclReduce (reduce_scatter)");
+        }
+        break;
+    case PD_K_GATHER:
+    case PD_K_SCATTER: {
+        int gather = L->kind == PD_K_GATHER;
+        TRY(nc->GroupStart(), "ncclGroupStart");
+        grouped = 1;
+        if (me != L->root) {
+            if (gather) {
+                TRY(nc->Send(L->ins[0], bytes, PD_NCCL_UINT8, L->root, comm, s),
+                    "ncclSend (gather)");
+            }
+            else {
+                TRY(nc->Recv(L->outs[0], bytes, PD_NCCL_UINT8, L->root, comm,
+                             s), "ncclRecv (scatter)");
+            }
+            break;
+        }
+        for (int p = 0; p < n; p++) {
+            if (p == me) {
+                COPY(gather ? L->outs[p] : L->outs[0],
+                     gather ? L->ins[0] : L->ins[p], bytes);
+            }
+            else if (gather) {
+                TRY(nc->Recv(L->outs[p], bytes, PD_NCCL_UINT8, p, comm, s),
+                    "ncclRecv (gather)");
+            }
+            else {
+                TRY(nc->Send(L->ins[p], bytes, PD_NCCL_UINT8, p, comm, s),
+                    "ncclSend (scatter)");
+            }
+        }
+        break;
+    }
+    case PD_K_ALLTOALL: {
+        TRY(nc->GroupStart(), "ncclGroupStart");
+        grouped = 1;
+        size_t ioff = 0, ooff = 0;
+        for (int p = 0; p < n; p++) {
+            size_t ib = L->isplit ? L->isplit[p] : bytes;
+            size_t ob = L->osplit ? L->osplit[p] : bytes;
+            char *ip = L->nin == 1 ? (char *)L->ins[0] + ioff : L->ins[p];
+            char *op = L->nout == 1 ? (char *)L->outs[0] + ooff : L->outs[p];
+            ioff += ib;
+            ooff += ob;
+            if (p == me) {
+                COPY(op, ip, ib < ob ? ib : ob);
+                continue;
+            }
+            if (ib > 0) {
+                TRY(nc->Send(ip, ib, PD_NCCL_UINT8, p, comm, s),
+                    "ncclSend (all_to_all)");
+            }
+            if (ob > 0) {
+                TRY(nc->Recv(op, ob, PD_NCCL_UINT8, p, comm, s),
+                    "ncclRecv (all_to_all)");
+            }
+        }
+        break;
+    }
+    case PD_K_NONE: /* batched point-to-point */
+        TRY(nc->GroupStart(), "ncclGroupStart");
+        grouped = 1;
+        for (int i = 0; i < L->np2p; i++) {
+            if (L->p2p_send[i]) {
+                TRY(nc->Send(L->p2p_ptr[i], L->p2p_bytes[i], PD_NCCL_UINT8,
+                             L->p2p_peer[i], comm, s), "ncclSend");
+            }
+            else {
+                TRY(nc->Recv(L->p2p_ptr[i], L->p2p_bytes[i], PD_NCCL_UINT8,
+                             L->p2p_peer[i], comm, s), "ncclRecv");
+            }
+        }
+        break;
+    default:
+        *what = "launch";
+        r = PD_NCCL_INVALID_ARGUMENT;
+        break;
+    }
+out:
+    if (grouped) {
+        pd_nccl_res g = nc->GroupEnd();
+        if (r == PD_NCCL_SUCCESS || r == PD_NCCL_IN_PROGRESS) {
+            *what = "ncclGroupEnd";
+            r = g;
+        }
+    }
+    return r;
+#undef TRY
+#undef COPY
+}
+
+static pd_cuda_event
+pool_get(CommObject *c, pd_cuda_err *e)
+{
+    if (c->npool > 0) {
+        return c->pool[--c->npool];
+    }
+    pd_cuda_event ev = NULL;
+    *e = c->rt->EventCreateWithFlags(&ev, PD_CUDA_EVENT_DISABLE_TIMING);
+    return *e ? NULL : ev;
+}
+
+static void
+pool_put(CommObject *c, pd_cuda_event ev)
+{
+    lock_gil_held(c);
+    if (c->comm != NULL && c->npool == c->cappool) {
+        int cap = c->cappool ? 2 * c->cappool : 16;
+        pd_cuda_event *p = PyMem_RawRealloc(c->pool, sizeof(*p) * cap);
+        if (p != NULL) {
+            c->pool = p;
+            c->cappool = cap;
+        }
+    }
+    if (c->comm != NULL && c->npool < c->cappool) {
+        c->pool[c->npool++] = ev;
+        ev = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (ev != NULL) {
+        c->rt->EventDestroy(ev);
+    }
+}
+
+/* Launch L after the caller's stream (ustream; -1: no ordering) and return
+ * its work handle holding `keep`. */
+static PyObject *
+comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
+{
+    if (atomic_load(&c->aborted)) {
+        return aborted_error(c);
+    }
+    NWorkObject *w = PyObject_GC_New(NWorkObject, c->st->NcclWorkType);
+    if (w == NULL) {
+        return NULL;
+    }
+    w->comm = NULL;
+    w->end = NULL;
+    w->keep = NULL;
+    w->done = 0;
+    pd_nccl_res r = PD_NCCL_SUCCESS;
+    pd_cuda_err e = 0;
+    const char *what = NULL;
+    int closed = 0;
+    int prev = -1;
+    pd_cuda_event end = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&c->mu);
+    if (c->comm == NULL) {
+        closed = 1;
+    }
+    else {
+        c->rt->GetDevice(&prev);
+        if (prev != c->device && (e = c->rt->SetDevice(c->device))) {
+            what = "cudaSetDevice";
+        }
+        else if ((end = pool_get(c, &e)) == NULL) {
+            what = "cudaEventCreateWithFlags";
+        }
+        else if (ustream >= 0 &&
+                 ((e = c->rt->EventRecord(c->start,
+                                          (pd_cuda_stream)(intptr_t)ustream)) ||
+                  (e = c->rt->StreamWaitEvent(c->stream, c->start, 0)))) {
+            what = "ordering after the caller's stream (cudaEventRecord / "
+                   "cudaStreamWaitEvent)";
+        }
+        else {
+            r = enqueue(c, L, c->stream, &what);
+            if (r == PD_NCCL_IN_PROGRESS) {
+                r = settle(c, c->comm, 0);
+            }
+            if (r < 0) {
+                e = -1 - r;
+            }
+            else if (r == PD_NCCL_SUCCESS) {
+                what = NULL;
+                if ((e = c->rt->EventRecord(end, c->stream))) {
+                    what = "cudaEventRecord";
+                }
+            }
+        }
+        if (prev >= 0 && prev != c->device) {
+            c->rt->SetDevice(prev);
+        }
+        c->seq++;
+        w->seq = c->seq;
+    }
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    if (closed) {
+        Py_DECREF(w);
+        return aborted_error(c);
+    }
+    if (what != NULL) {
+        if (end != NULL) {
+            pool_put(c, end);
+        }
+        Py_DECREF(w);
+        if (atomic_load(&c->aborted)) {
+            return aborted_error(c);
+        }
+        if (e) {
+            return cuda_error(c->st, c->rt, what, e);
+        }
+        return comm_error(c, what, r);
+    }
+    Py_INCREF(c);
+    w->comm = c;
+    w->end = end;
+    Py_XINCREF(keep);
+    w->keep = keep;
+    w->t0 = pd_now();
+    PyObject_GC_Track(w);
+    return (PyObject *)w;
+}
+
+/* Pointers of a tuple of ints into a PyMem array. */
+static void **
+ptrs_of(PyObject *t, const char *name, Py_ssize_t *n)
+{
+    if (!PyTuple_Check(t)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple of device pointers",
+                     name);
+        return NULL;
+    }
+    *n = PyTuple_GET_SIZE(t);
+    void **p = PyMem_Calloc(*n ? *n : 1, sizeof(void *));
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        p[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(t, i));
+        if (p[i] == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "%s[%zd] is a null pointer",
+                             name, i);
+            }
+            PyMem_Free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+static size_t *
+splits_of(PyObject *t, const char *name, int n)
+{
+    if (t == Py_None) {
+        return NULL;
+    }
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %d byte counts",
+                     name, n);
+        return NULL;
+    }
+    size_t *s = PyMem_Calloc(n, sizeof(size_t));
+    if (s == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        s[i] = PyLong_AsSize_t(PyTuple_GET_ITEM(t, i));
+        if (s[i] == (size_t)-1 && PyErr_Occurred()) {
+            PyMem_Free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+/* run(kind, dtype, op, root, count, ins, outs, in_splits, out_splits,
+ *     stream, keep) -> NcclWork.  ins/outs: tuples of device pointers laid
+ * out as the CPU backend's (see pyddp.distributed._backend); root: group
+ * rank (the peer for send/recv); splits: bytes per rank or None; stream: the
+ * caller's stream handle (-1: none); keep: held until the work completes. */
+static PyObject *
+Comm_run(CommObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 11 arguments");
+        return NULL;
+    }
+    launch L;
+    memset(&L, 0, sizeof(L));
+    long long ustream;
+    L.kind = PyLong_AsLong(args[0]);
+    L.dtype = PyLong_AsLong(args[1]);
+    L.op = PyLong_AsLong(args[2]);
+    L.root = PyLong_AsLong(args[3]);
+    L.count = PyLong_AsSize_t(args[4]);
+    ustream = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    const pd_kind_info *ki = pd_kind_get(L.kind);
+    if (ki == NULL || pd_kind_has(L.kind, PD_KF_INTERNAL) ||
+        L.kind == PD_K_MONITORED_BARRIER) {
+        PyErr_Format(PyExc_ValueError, "run: kind %d is not an NCCL collective",
+                     L.kind);
+        return NULL;
+    }
+    if (L.dtype < 0 || L.dtype >= PD_NDTYPES) {
+        PyErr_Format(PyExc_ValueError, "run: invalid dtype code %d", L.dtype);
+        return NULL;
+    }
+    L.itemsize = pd_dtype_size((pd_dtype)L.dtype);
+    if (pd_kind_has(L.kind, PD_KF_REDUCES)) {
+        int a, b;
+        size_t m;
+        const char *why = nccl_reduction(L.dtype, L.op, &a, &b, &m);
+        if (why != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s on %s: %s", pd_kind_name(L.kind),
+                         pd_dtype_name((pd_dtype)L.dtype), why);
+            return NULL;
+        }
+    }
+    if ((pd_kind_has(L.kind, PD_KF_ROOTED)) &&
+        (L.root < 0 || L.root >= self->size)) {
+        PyErr_Format(PyExc_ValueError, "%s: rank %d out of range [0, %d)",
+                     pd_kind_name(L.kind), L.root, self->size);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    L.ins = ptrs_of(args[5], "ins", &L.nin);
+    if (L.ins == NULL) {
+        return NULL;
+    }
+    L.outs = ptrs_of(args[6], "outs", &L.nout);
+    if (L.outs == NULL) {
+        goto done;
+    }
+    L.isplit = splits_of(args[7], "in_splits", self->size);
+    if (L.isplit == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    L.osplit = splits_of(args[8], "out_splits", self->size);
+    if (L.osplit == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    /* the layouts the launch reads (the Python layer builds them) */
+    {
+        Py_ssize_t n = self->size;
+        int ok = 1;
+        switch (L.kind) {
+        case PD_K_ALLREDUCE: case PD_K_BROADCAST: case PD_K_RECV:
+            ok = L.nout == 1;
+            break;
+        case PD_K_REDUCE:
+            ok = L.nin == 1 && L.nout == 1;
+            break;
+        case PD_K_SEND:
+            ok = L.nin == 1;
+            break;
+        case PD_K_ALLGATHER:
+            ok = L.nin == 1 && (L.nout == 1 || L.nout == n);
+            break;
+        case PD_K_REDUCE_SCATTER:
+            ok = L.nout == 1 && (L.nin == 1 || L.nin == n);
+            break;
+        case PD_K_GATHER:
+            ok = L.nin == 1 && (self->rank == L.root ? L.nout == n : 1);
+            break;
+        case PD_K_SCATTER:
+            ok = L.nout == 1 && (self->rank == L.root ? L.nin == n : 1);
+            break;
+        case PD_K_ALLTOALL:
+            ok = (L.nin == 1 || L.nin == n) && (L.nout == 1 || L.nout == n) &&
+                 L.isplit != NULL && L.osplit != NULL;
+            break;
+        default:
+            break;
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError,
+                         "run: %s got %zd inputs and %zd outputs",
+                         pd_kind_name(L.kind), L.nin, L.nout);
+            goto done;
+        }
+    }
+    res = comm_launch(self, &L, ustream, args[10]);
+done:
+    PyMem_Free(L.ins);
+    PyMem_Free(L.outs);
+    PyMem_Free(L.isplit);
+    PyMem_Free(L.osplit);
+    return res;
+}
+
+/* run_p2p(ops, stream, keep) -> NcclWork: one NCCL group of sends and
+ * receives; ops: tuple of (is_send, device pointer, nbytes, peer). */
+static PyObject *
+Comm_run_p2p(CommObject *self, PyObject *args)
+{
+    PyObject *ops, *keep;
+    long long ustream;
+    if (!PyArg_ParseTuple(args, "O!LO:run_p2p", &PyTuple_Type, &ops, &ustream,
+                          &keep)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(ops);
+    if (n < 1 || n > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "run_p2p: ops must hold 1 or more "
+                        "operations");
+        return NULL;
+    }
+    launch L;
+    memset(&L, 0, sizeof(L));
+    L.kind = PD_K_NONE;
+    L.np2p = (int)n;
+    L.p2p_send = PyMem_Calloc(n, sizeof(int));
+    L.p2p_peer = PyMem_Calloc(n, sizeof(int));
+    L.p2p_ptr = PyMem_Calloc(n, sizeof(void *));
+    L.p2p_bytes = PyMem_Calloc(n, sizeof(size_t));
+    PyObject *res = NULL;
+    if (!L.p2p_send || !L.p2p_peer || !L.p2p_ptr || !L.p2p_bytes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyTuple_GET_ITEM(ops, i);
+        PyObject *ptr;
+        if (!PyTuple_Check(o) ||
+            !PyArg_ParseTuple(o, "pOni", &L.p2p_send[i], &ptr, &L.p2p_bytes[i],
+                              &L.p2p_peer[i])) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "run_p2p: each op must be "
+                                "(is_send, pointer, nbytes, peer)");
+            }
+            goto done;
+        }
+        L.p2p_ptr[i] = PyLong_AsVoidPtr(ptr);
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        if (L.p2p_peer[i] < 0 || L.p2p_peer[i] >= self->size) {
+            PyErr_Format(PyExc_ValueError, "run_p2p: peer %d out of range "
+                         "[0, %d)", L.p2p_peer[i], self->size);
+            goto done;
+        }
+    }
+    res = comm_launch(self, &L, ustream, keep);
+done:
+    PyMem_Free(L.p2p_send);
+    PyMem_Free(L.p2p_peer);
+    PyMem_Free(L.p2p_ptr);
+    PyMem_Free(L.p2p_bytes);
+    return res;
+}
+
+static int
+Comm_traverse(CommObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static void
+Comm_dealloc(CommObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    /* Dropped without destroy(): abort (never blocks), as torch's
+     * ProcessGroupNCCL does for a communicator that is not shut down. */
+    if (self->comm != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        atomic_store(&self->aborted, 1);
+        self->nc->CommAbort(self->comm);
+        self->comm = NULL;
+        comm_free_resources(self);
+        Py_END_ALLOW_THREADS
+    }
+    else if (self->rt != NULL) {
+        comm_free_resources(self);
+    }
+    pthread_mutex_destroy(&self->mu);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *
+Comm_get_int(CommObject *self, void *which)
+{
+    switch ((int)(intptr_t)which) {
+    case 0:
+        return PyLong_FromLong(self->rank);
+    case 1:
+        return PyLong_FromLong(self->size);
+    case 2:
+        return PyLong_FromLong(self->device);
+    case 3:
+        return PyLong_FromVoidPtr(self->stream);
+    default:
+        return PyLong_FromUnsignedLongLong(self->seq);
+    }
+}
+
+static PyObject *
+Comm_get_reason(CommObject *self, void *Py_UNUSED(closure))
+{
+    if (!atomic_load(&self->aborted)) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(self->reason);
+}
+
+static PyGetSetDef Comm_getset[] = {
+    {"rank", (getter)Comm_get_int, NULL, "rank in the communicator",
+     (void *)0},
+    {"size", (getter)Comm_get_int, NULL, "ranks in the communicator",
+     (void *)1},
+    {"device", (getter)Comm_get_int, NULL, "CUDA device ordinal", (void *)2},
+    {"stream", (getter)Comm_get_int, NULL,
+     "the communicator's stream (cudaStream_t as an int)", (void *)3},
+    {"seq", (getter)Comm_get_int, NULL, "operations launched", (void *)4},
+    {"abort_reason", (getter)Comm_get_reason, NULL,
+     "None, or why the communicator was aborted or destroyed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Comm_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Comm_run, METH_FASTCALL,
+     "run(kind, dtype, op, root, count, ins, outs, in_splits, out_splits, "
+     "stream, keep) -> NcclWork"},
+    {"run_p2p", (PyCFunction)Comm_run_p2p, METH_VARARGS,
+     "run_p2p(ops, stream, keep) -> NcclWork: one group of sends/receives"},
+    {"split", (PyCFunction)Comm_split, METH_VARARGS,
+     "split(color, key, size, rank) -> NcclComm or None (ncclCommSplit)"},
+    {"async_error", (PyCFunction)Comm_async_error, METH_NOARGS,
+     "ncclCommGetAsyncError's result (7: a call is in progress)"},
+    {"wait_ready", (PyCFunction)Comm_wait_ready, METH_O,
+     "wait_ready(timeout) -> result once no call is in progress (7: timed "
+     "out)"},
+    {"error_string", (PyCFunction)Comm_error_string, METH_O,
+     "error_string(result) -> NCCL's text with its last error message"},
+    {"abort", (PyCFunction)Comm_abort, METH_O,
+     "abort(reason) -> bool: ncclCommAbort, from any thread; later calls "
+     "raise DistBackendError(reason)"},
+    {"destroy", (PyCFunction)Comm_destroy, METH_O,
+     "destroy(timeout) -> 'destroyed' or 'aborted'"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Comm_slots[] = {
+    {Py_tp_new, Comm_new},
+    {Py_tp_dealloc, Comm_dealloc},
+    {Py_tp_traverse, Comm_traverse},
+    {Py_tp_methods, Comm_methods},
+    {Py_tp_getset, Comm_getset},
+    {Py_tp_doc, "NcclComm(uid, size, rank, device): one NCCL communicator "
+                "with its own stream (created non-blocking)."},
+    {0, NULL},
+};
+
+static PyType_Spec Comm_spec = {
+    .name = "pyddp._C.NcclComm",
+    .basicsize = sizeof(CommObject),
+    .flags = PD_TPFLAGS_GC,
+    .slots = Comm_slots,
+};
+
+/* ------------------------------------------------------------- NcclWork */
+
+static void
+work_finish(NWorkObject *w)
+{
+    w->done = 1;
+    Py_CLEAR(w->keep);
+}
+
+/* 1 done, 0 running, -1 failed (the communicator was aborted; no exception
+ * set), -2 a CUDA error (exception set). */
+static int
+work_query(NWorkObject *w)
+{
+    if (w->done) {
+        return atomic_load(&w->comm->aborted) && w->done == 2 ? -1 : 1;
+    }
+    CommObject *c = w->comm;
+    if (atomic_load(&c->aborted)) {
+        w->done = 2;
+        Py_CLEAR(w->keep);
+        return -1;
+    }
+    pd_cuda_err e = c->rt->EventQuery(w->end);
+    if (e == PD_CUDA_SUCCESS) {
+        work_finish(w);
+        return 1;
+    }
+    if (e == PD_CUDA_ERR_NOT_READY) {
+        return 0;
+    }
+    c->rt->GetLastError(); /* clear the sticky-free error */
+    cuda_error(c->st, c->rt, "cudaEventQuery", e);
+    return -2;
+}
+
+static PyObject *
+NWork_query(NWorkObject *self, PyObject *Py_UNUSED(ignored))
+{
+    int q = work_query(self);
+    if (q == -2) {
+        return NULL;
+    }
+    return PyLong_FromLong(q);
+}
+
+/* wait_stream(stream): make the caller's stream wait for this work. */
+static PyObject *
+NWork_wait_stream(NWorkObject *self, PyObject *arg)
+{
+    long long s = PyLong_AsLongLong(arg);
+    if (s == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    CommObject *c = self->comm;
+    int q = work_query(self);
+    if (q == -1) {
+        return aborted_error(c);
+    }
+    if (q != 0) {
+        if (q == -2) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    pd_cuda_err e;
+    int prev = -1;
+    Py_BEGIN_ALLOW_THREADS
+    c->rt->GetDevice(&prev);
+    if (prev != c->device) {
+        c->rt->SetDevice(c->device);
+    }
+    e = c->rt->StreamWaitEvent((pd_cuda_stream)(intptr_t)s, self->end, 0);
+    if (prev >= 0 && prev != c->device) {
+        c->rt->SetDevice(prev);
+    }
+    Py_END_ALLOW_THREADS
+    if (e) {
+        return cuda_error(c->st, c->rt, "cudaStreamWaitEvent", e);
+    }
+    Py_RETURN_NONE;
+}
+
+/* synchronize(timeout) -> query result after waiting on the host at most
+ * timeout seconds (< 0: until done or aborted); Ctrl-C is seen. */
+static PyObject *
+NWork_synchronize(NWorkObject *self, PyObject *arg)
+{
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    double deadline = t < 0 ? -1.0 : pd_now() + t;
+    for (;;) {
+        int q = work_query(self);
+        if (q != 0) {
+            return q == -2 ? NULL : PyLong_FromLong(q);
+        }
+        double slice_end = pd_now() + 0.05;
+        if (deadline >= 0 && deadline < slice_end) {
+            slice_end = deadline;
+        }
+        CommObject *c = self->comm;
+        pd_cuda_err e = PD_CUDA_ERR_NOT_READY;
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; pd_now() < slice_end && !atomic_load(&c->aborted); i++) {
+            e = c->rt->EventQuery(self->end);
+            if (e != PD_CUDA_ERR_NOT_READY) {
+                break;
+            }
+            if (i < 50) {
+                sched_yield();
+            }
+            else {
+                nap();
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (e != PD_CUDA_ERR_NOT_READY || atomic_load(&c->aborted)) {
+            continue;
+        }
+        if (deadline >= 0 && pd_now() >= deadline) {
+            return PyLong_FromLong(0);
+        }
+        if (PyErr_CheckSignals() < 0) {
+            return NULL;
+        }
+    }
+}
+
+static PyObject *
+NWork_get(NWorkObject *self, void *which)
+{
+    switch ((int)(intptr_t)which) {
+    case 0:
+        return PyLong_FromUnsignedLongLong(self->seq);
+    case 1:
+        return PyFloat_FromDouble(self->t0);
+    default:
+        return PyLong_FromVoidPtr(self->end);
+    }
+}
+
+static int
+NWork_traverse(NWorkObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->comm);
+    Py_VISIT(self->keep);
+    return 0;
+}
+
+static int
+NWork_clear(NWorkObject *self)
+{
+    Py_CLEAR(self->keep);
+    return 0;
+}
+
+static void
+NWork_dealloc(NWorkObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->comm != NULL && self->end != NULL) {
+        /* A running work's arrays stay alive with the group's own list
+         * (pyddp/distributed/_nccl.py); the event may be re-recorded. */
+        pool_put(self->comm, self->end);
+    }
+    Py_CLEAR(self->keep);
+    Py_CLEAR(self->comm);
+    PyObject_GC_Del(self);
+    Py_DECREF(tp);
+}
+
+static PyGetSetDef NWork_getset[] = {
+    {"seq", (getter)NWork_get, NULL, "the launch's sequence number", (void *)0},
+    {"t0", (getter)NWork_get, NULL, "launch time (pyddp's monotonic clock)",
+     (void *)1},
+    {"event", (getter)NWork_get, NULL, "the end event (cudaEvent_t as an int)",
+     (void *)2},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef NWork_methods[] = {
+    {"query", (PyCFunction)NWork_query, METH_NOARGS,
+     "1 done, 0 running, -1 failed (communicator aborted)"},
+    {"wait_stream", (PyCFunction)NWork_wait_stream, METH_O,
+     "wait_stream(stream): the stream waits for the work (no host block)"},
+    {"synchronize", (PyCFunction)NWork_synchronize, METH_O,
+     "synchronize(timeout) -> query() after waiting on the host"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot NWork_slots[] = {
+    {Py_tp_dealloc, NWork_dealloc},
+    {Py_tp_traverse, NWork_traverse},
+    {Py_tp_clear, NWork_clear},
+    {Py_tp_methods, NWork_methods},
+    {Py_tp_getset, NWork_getset},
+    {Py_tp_doc, "An operation launched on an NcclComm's stream."},
+    {0, NULL},
+};
+
+static PyType_Spec NWork_spec = {
+    .name = "pyddp._C.NcclWork",
+    .basicsize = sizeof(NWorkObject),
+    .flags = PD_TPFLAGS_GC,
+    .slots = NWork_slots,
+};
+
+static PyObject *
+module_pd_now(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(pd_now());
+}
+
+static PyMethodDef nccl_functions[] = {
+    {"monotonic", module_pd_now, METH_NOARGS,
+     "pyddp's monotonic clock in seconds (NcclWork.t0's)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+pd_nccl_add_types(PyObject *m, pd_module_state *st)
+{
+    st->NcclCommType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Comm_spec,
+                                                                NULL);
+    if (st->NcclCommType == NULL ||
+        PyModule_AddObjectRef(m, "NcclComm", (PyObject *)st->NcclCommType) < 0) {
+        return -1;
+    }
+    st->NcclWorkType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &NWork_spec,
+                                                                NULL);
+    if (st->NcclWorkType == NULL ||
+        PyModule_AddObjectRef(m, "NcclWork", (PyObject *)st->NcclWorkType) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(m, nccl_functions);
+}

@@ -1,0 +1,385 @@
+"""Backend "nccl": pyddp's collectives on CUDA arrays through NCCL (see pyddp.distributed._backend
+for the interface every backend object has).
+
+One backend object per process group and rank.  It holds:
+
+- one NCCL communicator per CUDA device (``pyddp._C.NcclComm``), created at the first collective
+  on that device (or at init when ``device_id`` is given) from a unique id that rank 0 publishes
+  in the group's store;
+- a companion host group (pyddp's own C process group over shared memory or TCP) that never moves
+  array data: it compares every collective's signature across ranks before NCCL sees it (so a
+  mismatch raises on every rank instead of hanging or corrupting memory), notices dead peers,
+  and carries object collectives;
+- a watchdog thread that polls the oldest running work of each communicator, NCCL's asynchronous
+  error and the host group's health, and aborts the communicators (ncclCommAbort, never destroy on
+  a broken one) on a timeout, an NCCL error or a dead peer.  The waiting call, or the next one,
+  raises DistBackendError naming the operation, its sequence number, the group and its ranks.
+
+Stream rules are torch's ProcessGroupNCCL's: the communicator's stream waits (an event, no host
+sync) for the caller's current stream, and ``Work.wait()`` makes the caller's current stream wait
+for the collective's end; the host blocks only in barrier(), with ``Work.wait(timeout)`` or under
+``TORCH_NCCL_BLOCKING_WAIT=1`` / ``PYDDP_NCCL_BLOCKING_WAIT=1``.  The caller's current stream is
+torch's for torch tensors, CuPy's for CuPy arrays, and otherwise the stream an array's
+``__cuda_array_interface__`` names (the legacy default stream when it names none).
+
+Environment: ``PYDDP_NCCL_CHECK=0`` turns the signature check off; ``NCCL_*`` variables reach
+NCCL unchanged.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+
+import numpy as np
+
+from .. import _C
+
+_K_ALLGATHER, _K_ALLTOALL, _K_BARRIER = _C.K_ALLGATHER, _C.K_ALLTOALL, _C.K_BARRIER
+_K_SEND, _K_RECV = _C.K_SEND, _C.K_RECV
+_KIND_NAMES = {v["code"]: k for k, v in _C.KINDS.items()}
+_DTYPE_NAMES = {v: k for k, v in _C.DTYPE_CODES.items()}
+_OP_NAMES = {v: k for k, v in _C.REDUCE_OPS.items()}
+_SIG = 8  # int64 fields of a signature: seq, kind, dtype, op, root, count, 0, 0
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _env_flag(*names) -> bool:
+    return any(os.environ.get(n, "").strip().lower() in _TRUE for n in names)
+
+
+def _describe(sig) -> str:
+    """'all_reduce(count=4, float32, op=SUM)' for one signature row."""
+    kind = int(sig[1])
+    name = _KIND_NAMES.get(kind, f"kind {kind}")
+    if kind == _K_BARRIER:
+        return "barrier()"
+    parts = [f"count={int(sig[5])}", _DTYPE_NAMES.get(int(sig[2]), f"dtype {int(sig[2])}")]
+    info = _C.KINDS.get(name, {})
+    if info.get("reduces"):
+        parts.append(f"op={_OP_NAMES.get(int(sig[3]), int(sig[3]))}")
+    if info.get("rooted"):
+        parts.append(f"root={int(sig[4])}")
+    if kind == _K_ALLTOALL:
+        parts = [_DTYPE_NAMES.get(int(sig[2]), "")]
+    return f"{name}({', '.join(parts)})"
+
+
+def _argname(view) -> str:
+    return getattr(view, "name", None) or "an array"
+
+
+# ------------------------------------------------------------------------ the caller's stream
+
+def _stream_family(view):
+    """A function returning the caller's current stream for arrays like ``view`` (an int
+    cudaStream_t; 0 is the legacy default stream)."""
+    owner = view.owner
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(owner, torch.Tensor):
+        dev = owner.device
+        return lambda: torch.cuda.current_stream(dev).cuda_stream
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(owner, cupy.ndarray):
+        return lambda: cupy.cuda.get_current_stream().ptr
+    s = view.stream or 0
+    return lambda: s
+
+
+_LEGACY = lambda: 0  # noqa: E731 - barrier and other calls without arrays
+
+
+# ---------------------------------------------------------------------------------- works
+
+class NcclWork:
+    """The handle pyddp.distributed.Work wraps for an NCCL operation."""
+
+    __slots__ = ("be", "comm", "w", "desc", "stream_fn", "peer")
+    stream_ordered = True  # wait() orders the caller's stream; the host does not block
+
+    def __init__(self, be, comm, w, desc, stream_fn, peer=-1):
+        self.be = be
+        self.comm = comm
+        self.w = w
+        self.desc = desc
+        self.stream_fn = stream_fn
+        self.peer = peer
+
+    def wait(self, timeout=None) -> bool:
+        """Make the caller's current stream wait for the operation (torch's Work.wait()); with a
+        timeout, or in blocking-wait mode, wait on the host, bounded, and raise on failure."""
+        if timeout is None and not self.be.blocking_wait:
+            self.w.wait_stream(self.stream_fn())  # raises the abort reason
+            return True
+        return self.synchronize_host(self.be.timeout if timeout is None else timeout)
+
+    def synchronize(self):
+        """torch's Work.synchronize(): the current stream waits for the operation."""
+        self.w.wait_stream(self.stream_fn())
+
+    def synchronize_host(self, timeout) -> bool:
+        q = self.w.synchronize(float(timeout))
+        if q == 0:
+            self.be._fail(self.be._timeout_message(self))
+            q = -1
+        if q < 0:
+            raise _C.DistBackendError(self.comm.abort_reason or "NCCL operation failed")
+        return True
+
+    def is_completed(self) -> bool:
+        return self.w.query() != 0
+
+    def source_rank(self) -> int:
+        return self.peer
+
+
+# --------------------------------------------------------------------------------- backend
+
+class NcclBackend:
+    """The 'cuda' device's backend object of one group (see the module docstring)."""
+
+    transport = "nccl"
+
+    def __init__(self, opts, cuda):
+        from .distributed_c10d import _connect_group
+
+        self.rank = opts.group_rank
+        self.size = opts.group_size
+        self.ranks = list(opts.global_ranks_in_group)
+        self.name = str(opts.group_id)
+        self.timeout = opts.timeout.total_seconds()
+        self.store = opts.store
+        self._cuda = cuda
+        self.device_id = getattr(opts, "device_id", None)
+        self.check = os.environ.get("PYDDP_NCCL_CHECK", "1").strip() != "0"
+        self.blocking_wait = _env_flag("TORCH_NCCL_BLOCKING_WAIT", "PYDDP_NCCL_BLOCKING_WAIT")
+        self.comms = {}        # device -> NcclComm
+        self.pending = {}      # NcclComm -> deque of NcclWork, oldest first
+        self.lock = threading.RLock()
+        self.error = None      # the first fatal error: later calls raise it
+        self.seq = 0           # signature-checked operations
+        self.ncomm = 0
+        self._sig = np.zeros(_SIG, np.int64)
+        self._sigs = np.zeros((self.size, _SIG), np.int64)
+        self.host, self.round = _connect_group(self.store, self.rank, self.size, self.timeout,
+                                               "nccl")
+        opts.round = self.round
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
+                                          daemon=True)
+        self._watchdog.start()
+        if self.device_id is not None:
+            self._comm(self.device_id)
+
+    def __repr__(self):
+        return f"<pyddp nccl backend of group {self.name!r} rank {self.rank} of {self.size}>"
+
+    # -------------------------------------------------------------------- communicators
+    def _where(self) -> str:
+        return f"group {self.name!r} (ranks {self.ranks})"
+
+    def _comm(self, device):
+        """The communicator on ``device``, created now (collective over the group) if needed."""
+        c = self.comms.get(device)
+        if c is not None:
+            return c
+        with self.lock:
+            c = self.comms.get(device)
+            if c is not None:
+                return c
+            self.ncomm += 1
+            key = f"nccl/{self.round}/uid/{self.ncomm}"
+            if self.rank == 0:
+                uid = _C.nccl_unique_id()
+                self.store.set(key, uid)
+            else:
+                uid = bytes(self.store.get(key))
+            try:
+                c = _C.NcclComm(uid, self.size, self.rank, device)
+            except _C.DistBackendError as e:
+                raise _C.DistBackendError(self._advice(str(e), device)) from None
+            r = c.wait_ready(self.timeout)
+            if r != 0:
+                text = c.error_string(r) if r != 7 else ""
+                c.abort("initialisation failed")
+                if r == 7:
+                    raise _C.DistBackendError(
+                        f"NCCL communicator of {self._where()} on cuda:{device}: not every rank "
+                        f"joined within the timeout ({self.timeout:g} s); rank {self.rank} waited")
+                raise _C.DistBackendError(self._advice(
+                    f"ncclCommInitRank failed on rank {self.rank} (cuda:{device}) of "
+                    f"{self._where()}: NCCL error {r}: {text}", device))
+            self.comms[device] = c
+            self.pending[c] = collections.deque()
+            return c
+
+    @staticmethod
+    def _advice(msg, device) -> str:
+        if "Duplicate GPU" in msg or "duplicate GPU" in msg:
+            msg += (f"; two ranks of this communicator are on one GPU (cuda:{device}): call "
+                    "pyddp.cuda.set_device(local_rank) (or torch.cuda.set_device) before the first "
+                    "collective, or pass device_id to init_process_group; NCCL 2.30 and later "
+                    "also allow several ranks per GPU with NCCL_MULTI_RANK_GPU_ENABLE=1")
+        return msg
+
+    def _device_of(self, views, name):
+        first = None
+        for v in views:
+            if first is None:
+                first = v
+            elif v.index != first.index:
+                raise ValueError(f"{name}: {_argname(v)} is on cuda:{v.index} but "
+                                 f"{_argname(first)} is on cuda:{first.index}: all arrays of one "
+                                 "call must be on one device")
+        if first is None:
+            return self.device_id if self.device_id is not None else _C.cuda_get_device()
+        if self.device_id is not None and first.index != self.device_id:
+            raise ValueError(f"{name}: {_argname(first)} is on cuda:{first.index} but group "
+                             f"{self.name!r} uses cuda:{self.device_id} (its device_id)")
+        return first.index
+
+    # ------------------------------------------------------------------------- failures
+    def _fail(self, msg):
+        """Record ``msg`` as the group's error and abort every communicator."""
+        with self.lock:
+            if self.error is None:
+                self.error = msg
+            comms = list(self.comms.values())
+        for c in comms:
+            c.abort(msg)
+
+    def _timeout_message(self, work) -> str:
+        return (f"Watchdog caught collective operation timeout: {work.desc} on {self._where()}, "
+                f"rank {self.rank}, ran for {_C.monotonic() - work.w.t0:.3g} s (timeout "
+                f"{self.timeout:g} s); a rank did not reach it, died or is stuck")
+
+    def _watch(self):
+        interval = float(os.environ.get("PYDDP_NCCL_WATCHDOG_INTERVAL", "0.05"))
+        while not self._stop.wait(interval):
+            try:
+                self._poll()
+            except Exception as e:  # noqa: BLE001 - the watchdog must keep watching
+                self._fail(f"NCCL watchdog of {self._where()} failed: {e!r}")
+
+    def _poll(self):
+        if self.error is not None:
+            return
+        herr = self.host.error if self.host is not None else None
+        if herr is not None:
+            self._fail(f"NCCL backend of {self._where()}, rank {self.rank}: {herr}")
+            return
+        now = _C.monotonic()
+        for c, pend in list(self.pending.items()):
+            r = c.async_error()
+            if r not in (0, 7):
+                self._fail(f"NCCL communicator of {self._where()} on cuda:{c.device}, rank "
+                           f"{self.rank}, reported an asynchronous error: NCCL error {r}: "
+                           f"{c.error_string(r)}")
+                return
+            while pend and pend[0].w.query() != 0:
+                pend.popleft()
+            if pend and now - pend[0].w.t0 > self.timeout:
+                self._fail(self._timeout_message(pend[0]))
+                return
+
+    def _raise_if_failed(self):
+        if self.error is not None:
+            raise _C.DistBackendError(self.error)
+
+    # ---------------------------------------------------------------- signature check
+    def _check(self, kind, dtype, op, root, count, name):
+        """Compare this call's signature with every rank's before NCCL sees it."""
+        self.seq += 1
+        sig, sigs = self._sig, self._sigs
+        sig[:] = (self.seq, kind, dtype, op, root, count, 0, 0)
+        try:
+            if not self.host.fast(_K_ALLGATHER, sigs, 0, sig):
+                self.host.submit(_K_ALLGATHER, _C.DTYPE_CODES["int64"], 0, 0, 0, _SIG, (sig,),
+                                 (sigs,), None, None, self.timeout, False,
+                                 f"{name} (signature check)", True)
+        except _C.DistError as e:
+            msg = f"{name} (#{self.seq}) on {self._where()}, rank {self.rank}: {e}"
+            self._fail(msg)
+            raise _C.DistBackendError(msg) from None
+        if (sigs != sig).any():
+            rows = [f"rank {self.ranks[r]} called {_describe(sigs[r])} as operation "
+                    f"#{int(sigs[r][0])}" for r in range(self.size)]
+            msg = (f"mismatched collectives on {self._where()}: " + "; ".join(rows) +
+                   " (every rank must call the same collectives in the same order, with the "
+                   "same counts, dtypes, ops and roots)")
+            self._fail(msg)
+            raise _C.DistBackendError(msg)
+
+    # ------------------------------------------------------------------------ submit
+    def submit(self, kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
+               timeout, wait_all, name, blocking):
+        self._raise_if_failed()
+        views = (*inputs, *outputs)
+        dev = self._device_of(views, name)
+        comm = self.comms.get(dev) or self._comm(dev)
+        stream_fn = _stream_family(views[0]) if views else _LEGACY
+        if kind == _K_ALLTOALL:
+            if in_splits is None:
+                in_splits = tuple(v.nbytes for v in inputs)
+            if out_splits is None:
+                out_splits = tuple(v.nbytes for v in outputs)
+        if kind == _K_RECV and root < 0:
+            raise ValueError(f"{name}: backend 'nccl' cannot receive from any source; give src")
+        if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
+            self._check(kind, dtype, op, root, count, name)
+        ustream = stream_fn() if views else -1
+        try:
+            w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
+                         tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
+                         (inputs, outputs))
+        except _C.DistBackendError:
+            self._raise_if_failed()
+            raise
+        desc = f"{name} (#{comm.seq}, {count} x {_DTYPE_NAMES.get(dtype, dtype)})"
+        work = NcclWork(self, comm, w, desc, stream_fn, root if kind == _K_RECV else -1)
+        self.pending[comm].append(work)
+        if kind == _K_BARRIER:  # torch's NCCL barrier blocks the host until it is done
+            work.synchronize_host(self.timeout)
+        return work
+
+    def batch_p2p(self, ops, name="batch_isend_irecv"):
+        """One NCCL group of sends and receives: ops = [(is_send, view, peer)]; one work each."""
+        self._raise_if_failed()
+        views = tuple(v for _, v, _ in ops)
+        dev = self._device_of(views, name)
+        comm = self.comms.get(dev) or self._comm(dev)
+        stream_fn = _stream_family(views[0])
+        w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
+                         views)
+        work = NcclWork(self, comm, w, f"{name} (#{comm.seq}, {len(ops)} operations)",
+                        stream_fn)
+        self.pending[comm].append(work)
+        return work
+
+    # ----------------------------------------------------------------------- shutdown
+    def destroy(self):
+        self._stop.set()
+        if self._watchdog.is_alive() and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=5)
+        with self.lock:
+            comms, self.comms = list(self.comms.values()), {}
+            self.pending = {}
+        for c in comms:
+            c.destroy(min(self.timeout, 10.0))
+        host, self.host = self.host, None
+        if host is not None:
+            host.destroy()
+
+
+def create(opts):
+    """The factory registered for backend 'nccl'."""
+    from .. import cuda
+
+    cuda._lib.load_nccl()  # raises with every place it looked
+    n, err = _C.cuda_device_count()
+    if n == 0:
+        raise RuntimeError(f"backend 'nccl' needs a CUDA device, but none is visible "
+                           f"(cudaGetDeviceCount: error {err}); "
+                           "use backend='gloo' (or 'cpu') on a machine without a GPU")
+    return NcclBackend(opts, cuda)

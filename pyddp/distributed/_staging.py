@@ -1,0 +1,63 @@
+"""CUDA arrays on the 'cpu' backend: staged through pinned host memory, as torch's gloo does.
+
+A CUDA array given to a group whose only backend for it is 'cpu' is copied into a pinned host
+buffer on the caller's current stream (the stream is synchronised: the collective reads the copy
+on the host), the collective runs on that buffer, and an output is copied back on the same
+stream once the operation completed (at once for a blocking call, at ``Work.wait()`` for an
+async one), the host buffer kept until the copy finished.  Jobs without NCCL, and ranks sharing
+one GPU, work this way, at host-memory speed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _C, _interop
+
+_D2H, _H2D = 2, 1
+
+
+class Staged(np.ndarray):
+    """A pinned host copy of a CUDA array; ``_pd_stage`` = (view, stream, pinned buffer)."""
+
+    _pd_stage = None
+
+
+def _np_dtype(code):
+    name = _interop.DTYPE_NAMES[code]
+    return np.dtype(np.uint16 if name == "bfloat16" else name)
+
+
+def stage(view, writable):
+    """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller)."""
+    from ..cuda import _lib
+    from ._nccl import _stream_family
+
+    _lib.load_cudart()  # raises saying where it looked
+    stream = _stream_family(view)()
+    buf = _C.cuda_host_alloc(max(view.nbytes, 1))
+    host = np.frombuffer(buf, dtype=np.uint8, count=view.nbytes)
+    a = host.view(_np_dtype(view.code)).reshape(view.shape).view(Staged)
+    if view.nbytes:
+        _C.cuda_memcpy_async(a.ctypes.data, view.ptr, view.nbytes, _D2H, stream)
+        _C.cuda_stream_synchronize(stream)
+    a._pd_stage = (view, stream, buf) if writable else None
+    return a
+
+
+def copy_back_fn(outputs):
+    """A function copying the staged outputs among ``outputs`` back to their CUDA arrays, or
+    None when there are none."""
+    staged = [a for a in outputs if type(a) is Staged and a._pd_stage is not None]
+    if not staged:
+        return None
+
+    def copy_back():
+        streams = set()
+        for a in staged:
+            view, stream, _ = a._pd_stage
+            if view.nbytes:
+                _C.cuda_memcpy_async(view.ptr, a.ctypes.data, view.nbytes, _H2D, stream)
+                streams.add(stream)
+        for s in streams:  # the pinned buffers must outlive the copies
+            _C.cuda_stream_synchronize(s)
+    return copy_back
