@@ -15,6 +15,8 @@ extra_compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra", "-Wno-unused-parame
                       # lets sqrtf vectorise (kernels/optim.c); nothing reads errno from libm
                       "-fno-math-errno"]
 extra_link_args = ["-pthread"]
+# csrc/cuda/loader.c opens libcudart and libnccl with dlopen (in libdl before glibc 2.34)
+libraries = ["dl"]
 # PYDDP_SANITIZE=address,undefined builds an instrumented extension (see README).
 san = os.environ.get("PYDDP_SANITIZE")
 if san:
@@ -31,6 +33,7 @@ setup(
             include_dirs=["csrc"],
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
+            libraries=libraries,
         )
     ],
 )

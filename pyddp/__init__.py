@@ -20,6 +20,7 @@ _LAZY_SUBMODULES = frozenset({
     "optim",        # pyddp.optim.SGD as torch.optim
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
     "nn", "utils", "serialization", "notebook", "distributed", "multiprocessing", "_kernels",
+    "cuda",         # torch.cuda's device queries (loads libcudart on first call, not on import)
 })
 _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     # checkpoints (torch.save / torch.load)
@@ -43,7 +44,7 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._autocast import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
     from ._tensor import *  # noqa: F401,F403
     from ._tensor import Tensor  # noqa: F401
-    from . import _kernels, amp, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
+    from . import _kernels, amp, cuda, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
     from . import serialization, utils  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401

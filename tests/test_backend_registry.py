@@ -11,7 +11,8 @@ import pyddp.distributed as dist
 from pyddp import _C
 from pyddp.distributed import _backend, distributed_c10d as c10d
 
-NCCL_MSG = "needs CUDA and libnccl"
+NCCL_MSG = "backend 'nccl' is not available"
+MISSING = "pyddp could not load libnccl (the loader's report)"
 
 
 class FakeCuda:
@@ -53,6 +54,17 @@ def registry():
 
 
 @pytest.fixture
+def no_libnccl(monkeypatch):
+    """A machine without libnccl, whatever this one has: the loader raises its report."""
+    from pyddp.cuda import _lib
+
+    def missing():
+        raise RuntimeError(MISSING)
+
+    monkeypatch.setattr(_lib, "load_nccl", missing)
+
+
+@pytest.fixture
 def world():
     def init(backend):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
@@ -62,18 +74,43 @@ def world():
         dist.destroy_process_group()
 
 
-def test_registry_entries():
+def test_registry_entries(no_libnccl):
     cpu = _backend.lookup("cpu")
     assert _backend.lookup("gloo") is cpu and _backend.lookup("GLOO") is cpu
     assert cpu.devices == ("cpu",) and cpu.is_available() and cpu.reason() == ""
     nccl, mpi = _backend.lookup("nccl"), _backend.lookup("mpi")
-    assert nccl.devices == ("cuda",) and not nccl.is_available() and NCCL_MSG in nccl.reason()
+    assert nccl.devices == ("cuda",) and not nccl.is_available()
+    assert NCCL_MSG in nccl.reason() and MISSING in nccl.reason()
     assert not mpi.is_available() and "not available in pyddp" in mpi.reason()
     assert dist.is_gloo_available() and not dist.is_nccl_available()
     assert not dist.is_mpi_available()
 
 
-def test_parse():
+def test_nccl_available_when_libnccl_loads():
+    # whatever this machine has: is_nccl_available() is what the loader says, no GPU needed
+    from pyddp.cuda import _lib
+
+    try:
+        _lib.load_nccl()
+        loads, reason = True, ""
+    except RuntimeError as e:
+        loads, reason = False, str(e)
+    assert dist.is_nccl_available() is loads and _backend.lookup("nccl").is_available() is loads
+    assert reason in _backend.lookup("nccl").reason()
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_default_backend_adds_nccl_only_with_a_gpu(monkeypatch, gpu):
+    from pyddp.cuda import _lib
+
+    monkeypatch.setattr(_lib, "load_nccl", lambda: ("libnccl.so.2", 23203))
+    monkeypatch.setattr(_backend, "_has_gpu", lambda: gpu)
+    cpu, nccl = _backend.lookup("cpu"), _backend.lookup("nccl")
+    assert _backend.parse(None) == ("cpu", {"cpu": cpu, "cuda": nccl} if gpu else {"cpu": cpu})
+    assert _backend.parse("nccl") == ("nccl", {"cuda": nccl})
+
+
+def test_parse(no_libnccl):
     cpu = _backend.lookup("cpu")
     assert _backend.parse(None) == ("cpu", {"cpu": cpu})
     assert _backend.parse("gloo") == ("gloo", {"cpu": cpu})
@@ -102,7 +139,7 @@ def test_parse():
         _backend.parse(3)
 
 
-def test_init_errors_as_before(world):
+def test_init_errors_as_before(world, no_libnccl):
     for b, exc, msg in (("nccl", RuntimeError, NCCL_MSG), ("mpi", RuntimeError, "mpi"),
                         ("no-such-backend", ValueError, "no-such-backend")):
         with pytest.raises(exc, match=msg):
@@ -112,7 +149,7 @@ def test_init_errors_as_before(world):
 
 @pytest.mark.parametrize("backend,name", [(None, "cpu"), ("cpu", "cpu"), ("gloo", "gloo"),
                                           ("GLOO", "gloo")])
-def test_cpu_only_group(world, backend, name):
+def test_cpu_only_group(world, no_libnccl, backend, name):
     world(backend)
     pg = c10d._default_pg()
     assert dist.get_backend() == name and set(pg._backends) == {"cpu"}
@@ -128,7 +165,7 @@ def test_cpu_only_group(world, backend, name):
         dist.all_gather([FakeCuda()], np.zeros(4, np.float32))
 
 
-def test_cpu_gloo_cuda_nccl(world):
+def test_cpu_gloo_cuda_nccl(world, no_libnccl):
     world("cpu:gloo,cuda:nccl")
     assert dist.get_backend() == "cpu:gloo,cuda:nccl"
     pg = c10d._default_pg()
@@ -140,7 +177,7 @@ def test_cpu_gloo_cuda_nccl(world):
     dist.barrier(group=pg)
     assert np.array_equal(a, np.arange(4.0))
     with pytest.raises(RuntimeError,
-                       match=f"tensor is on device cuda:0: backend 'nccl' {NCCL_MSG}"):
+                       match=f"tensor is on device cuda:0: {NCCL_MSG}"):
         dist.all_reduce(FakeCuda())
     with pytest.raises(RuntimeError, match=NCCL_MSG):
         dist.broadcast(FakeCuda(), 0)

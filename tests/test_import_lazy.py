@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # to run collectives).
 HEAVY = ["pyddp.nn", "pyddp.amp", "pyddp.optim", "pyddp.optimizers", "pyddp.notebook",
          "pyddp.utils.data", "pyddp.serialization", "pyddp.multiprocessing", "pyddp._tensor",
-         "pyddp.autograd", "pyddp._autocast"]
+         "pyddp.autograd", "pyddp._autocast", "pyddp.cuda"]
 
 # Names pyddp exposes that are imported on first use: (name, module the object lives in).
 LAZY = [
@@ -23,7 +23,7 @@ LAZY = [
     ("optimizers", "pyddp.optimizers"), ("utils", "pyddp.utils"),
     ("serialization", "pyddp.serialization"), ("notebook", "pyddp.notebook"),
     ("distributed", "pyddp.distributed"), ("multiprocessing", "pyddp.multiprocessing"),
-    ("_kernels", "pyddp._kernels"),
+    ("_kernels", "pyddp._kernels"), ("cuda", "pyddp.cuda"),
     ("save", "pyddp.serialization"), ("load", "pyddp.serialization"),
     ("DataLoader", "pyddp.utils.data"), ("DistributedSampler", "pyddp.utils.data"),
     ("DistributedDataParallel", "pyddp.nn.parallel"), ("notebook_launcher", "pyddp.notebook"),

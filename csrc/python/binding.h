@@ -26,14 +26,15 @@ PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *value)
 }
 #endif
 
-/* Heap types that hold Python objects: garbage-collected, and immutable
- * where the interpreter supports it (3.10+), as CPython's _bz2module. */
+/* Heap types are immutable where the interpreter supports it (3.10+), as
+ * CPython's _bz2module; those that hold Python objects are also
+ * garbage-collected (PD_TPFLAGS_GC). */
 #ifdef Py_TPFLAGS_IMMUTABLETYPE
-#define PD_TPFLAGS_GC \
-    (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE)
+#define PD_TPFLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE)
 #else
-#define PD_TPFLAGS_GC (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC)
+#define PD_TPFLAGS Py_TPFLAGS_DEFAULT
 #endif
+#define PD_TPFLAGS_GC (PD_TPFLAGS | Py_TPFLAGS_HAVE_GC)
 
 typedef struct pd_module_state {
     PyObject *DistError;         /* RuntimeError subclass */
@@ -47,6 +48,7 @@ typedef struct pd_module_state {
     PyTypeObject *WorkType;
     PyTypeObject *SharedBufferType;
     PyTypeObject *GeneratorType;     /* random.c */
+    PyTypeObject *PinnedBufferType;  /* cuda.c */
     PyTypeObject *NcclCommType;      /* nccl.c */
     PyTypeObject *NcclWorkType;
     PyObject *TensorType;            /* buffers.c: pyddp.Tensor, or NULL */
@@ -154,6 +156,8 @@ int pd_py_found_inf(PyObject *obj, const char *fn, pd_fview *v,
                     float **flag);
 int pd_py_inv_scale(PyObject *obj, const char *fn, float *out);
 int pd_random_add_types(PyObject *m, pd_module_state *st);
+/* CUDA runtime and NCCL loading and queries, PinnedBuffer (cuda.c). */
+int pd_cuda_add_functions(PyObject *m, pd_module_state *st);
 /* NcclComm and NcclWork (nccl.c). */
 int pd_nccl_add_types(PyObject *m, pd_module_state *st);
 

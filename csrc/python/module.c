@@ -97,7 +97,8 @@ pd_exec(PyObject *m)
         return -1;
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
-        pd_random_add_types(m, st) < 0 || pd_nccl_add_types(m, st) < 0) {
+        pd_random_add_types(m, st) < 0 || pd_cuda_add_functions(m, st) < 0 ||
+        pd_nccl_add_types(m, st) < 0) {
         return -1;
     }
     return 0;
@@ -118,6 +119,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->WorkType);
     Py_VISIT(st->SharedBufferType);
     Py_VISIT(st->GeneratorType);
+    Py_VISIT(st->PinnedBufferType);
     Py_VISIT(st->NcclCommType);
     Py_VISIT(st->NcclWorkType);
     Py_VISIT(st->TensorType);
@@ -139,6 +141,7 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->WorkType);
     Py_CLEAR(st->SharedBufferType);
     Py_CLEAR(st->GeneratorType);
+    Py_CLEAR(st->PinnedBufferType);
     Py_CLEAR(st->NcclCommType);
     Py_CLEAR(st->NcclWorkType);
     Py_CLEAR(st->TensorType);

@@ -475,16 +475,10 @@ static PyType_Slot Generator_slots[] = {
     {0, NULL},
 };
 
-#ifdef Py_TPFLAGS_IMMUTABLETYPE
-#define GEN_TPFLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE)
-#else
-#define GEN_TPFLAGS Py_TPFLAGS_DEFAULT
-#endif
-
 static PyType_Spec Generator_spec = {
     .name = "pyddp._C.Generator",
     .basicsize = sizeof(GeneratorObject),
-    .flags = GEN_TPFLAGS,
+    .flags = PD_TPFLAGS,
     .slots = Generator_slots,
 };
 

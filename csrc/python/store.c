@@ -711,30 +711,24 @@ static PyType_Slot HashStore_slots[] = {
 
 /* ---------------------------------------------------------- registration */
 
-#ifdef Py_TPFLAGS_IMMUTABLETYPE
-#define STORE_TPFLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE)
-#else
-#define STORE_TPFLAGS Py_TPFLAGS_DEFAULT
-#endif
-
 static PyType_Spec TCPStore_spec = {
     .name = "pyddp._C.TCPStore",
     .basicsize = sizeof(StoreObject),
-    .flags = STORE_TPFLAGS,
+    .flags = PD_TPFLAGS,
     .slots = TCPStore_slots,
 };
 
 static PyType_Spec FileStore_spec = {
     .name = "pyddp._C.FileStore",
     .basicsize = sizeof(StoreObject),
-    .flags = STORE_TPFLAGS,
+    .flags = PD_TPFLAGS,
     .slots = FileStore_slots,
 };
 
 static PyType_Spec HashStore_spec = {
     .name = "pyddp._C.HashStore",
     .basicsize = sizeof(StoreObject),
-    .flags = STORE_TPFLAGS,
+    .flags = PD_TPFLAGS,
     .slots = HashStore_slots,
 };
 

@@ -27,8 +27,9 @@ dispatch by device all read the registry.  Users add theirs with torch's
 ``Backend.register_backend(name, func, extended_api=False, devices=None)``.
 
 Backend strings, as torch parses them: None (the default: 'cpu', plus 'cuda:nccl' when nccl is
-available), one name ('cpu', 'gloo', 'nccl', 'mpi', a registered one: every device it serves)
-or 'device:name' pairs ('cpu:gloo,cuda:nccl').  A backend that is named but unavailable is an
+available and CUDA sees a GPU: torch too picks nccl by default only on a machine with one), one
+name ('cpu', 'gloo', 'nccl', 'mpi', a registered one: every device it serves) or 'device:name'
+pairs ('cpu:gloo,cuda:nccl').  A backend that is named but unavailable is an
 error when no named backend is available; otherwise its device is recorded as unavailable and an
 array on that device raises the backend's reason at the call.
 """
@@ -124,6 +125,12 @@ def names() -> list:
     return list(_registry)
 
 
+def _has_gpu() -> bool:
+    from .. import cuda
+
+    return cuda.is_available()
+
+
 def _invalid(backend) -> ValueError:
     usable = [n for n, e in _registry.items() if e.is_available()]
     expected = " or ".join(", ".join(repr(n) for n in usable).rsplit(", ", 1))
@@ -138,7 +145,7 @@ def parse(backend):
         plan = {}
         for device, name in (("cpu", "cpu"), ("cuda", "nccl")):
             e = _registry.get(name)
-            if e is not None and e.is_available():
+            if e is not None and e.is_available() and (device != "cuda" or _has_gpu()):
                 plan[device] = e
         return "cpu", plan
     if not isinstance(backend, str):
@@ -238,10 +245,27 @@ def _unbuilt(opts):  # pragma: no cover - an unavailable backend is never create
     raise RuntimeError("this backend is not available")
 
 
+def _nccl_error():
+    """Why libnccl cannot be used (None when it loads), from pyddp.cuda's loader."""
+    from ..cuda import _lib
+
+    try:
+        _lib.load_nccl()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _nccl_factory(opts):
+    from ._nccl import create
+
+    return create(opts)
+
+
 register(BackendEntry("cpu", ("cpu",), _cpu_factory, aliases=("gloo",)))
 register(BackendEntry(
-    "nccl", ("cuda",), _unbuilt, available=False,
-    reason="backend 'nccl' needs CUDA and libnccl, which this build does not provide yet; use "
-           "backend='cpu' (or 'gloo') for CPU arrays"))
+    "nccl", ("cuda",), _nccl_factory, available=lambda: _nccl_error() is None,
+    reason=lambda: f"backend 'nccl' is not available (use backend='cpu' or 'gloo' for CPU "
+                   f"arrays): {_nccl_error()}"))
 register(BackendEntry("mpi", ("cpu", "cuda"), _unbuilt, available=False,
                       reason="backend 'mpi' is not available in pyddp; use 'cpu'"))

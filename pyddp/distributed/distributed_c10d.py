@@ -320,7 +320,8 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """False: this build has no NCCL (GPU) backend."""
+    """Whether the 'nccl' backend can be used: libnccl (NCCL 2.18 or later) loads; see
+    pyddp.cuda._lib for where pyddp looks.  As torch's, this does not need a GPU."""
     return _registered_available("nccl")
 
 

@@ -1,0 +1,167 @@
+"""``pyddp.cuda``: what distributed scripts use of ``torch.cuda``.
+
+is_available, device_count, current_device, set_device, synchronize, the ``device`` context
+manager, manual_seed(_all), is_initialized and ``nccl.version()``.  libcudart is loaded on the
+first call that needs it (see ``pyddp.cuda._lib`` for where pyddp looks); importing this module
+loads nothing.  Without CUDA (no libcudart, no driver, no GPU) the questions answer as torch's
+CPU build does, without raising: ``is_available()`` is False and ``device_count()`` 0;
+``current_device``, ``set_device`` and ``synchronize`` raise ``CudaUnavailableError``, which is
+both an AssertionError (what torch's CPU build raises) and a RuntimeError (what its CUDA build
+raises on a machine without a GPU), with the reason.
+"""
+from __future__ import annotations
+
+from .. import _C
+from . import _lib, nccl  # nccl loads libnccl only when asked
+
+__all__ = ["CudaUnavailableError", "is_available", "device_count", "current_device",
+           "set_device", "synchronize", "device", "manual_seed", "manual_seed_all",
+           "is_initialized", "nccl"]
+
+
+class CudaUnavailableError(RuntimeError, AssertionError):
+    """CUDA is not usable here: no libcudart, no NVIDIA driver, or no GPU.  An AssertionError
+    as torch's CPU build raises ("Torch not compiled with CUDA enabled") and a RuntimeError as
+    its CUDA build raises without a GPU."""
+
+
+_initialized = False
+
+
+def _why_unavailable():
+    """None when CUDA has a device, else why not."""
+    try:
+        info = _lib.load_cudart()
+    except RuntimeError as e:
+        return str(e)
+    count, err = _C.cuda_device_count()
+    if count > 0:
+        return None
+    if err == 0:
+        return "cudaGetDeviceCount found no device"
+    runtime, driver = info["runtime_version"], info["driver_version"]
+    what = f"cudaGetDeviceCount: {_C.cuda_error_string(err)}"
+    if driver == 0:
+        return f"{what}: no NVIDIA driver on this machine"
+    if driver < runtime:
+        return (f"{what}: the NVIDIA driver supports CUDA {_lib.cuda_version_str(driver)}, older "
+                f"than the CUDA runtime {_lib.cuda_version_str(runtime)} pyddp loaded from "
+                f"{info['path']}; update the driver, or install the runtime and NCCL wheels of "
+                "the driver's CUDA (e.g. pip install nvidia-cuda-runtime-cu12 nvidia-nccl-cu12)")
+    return what
+
+
+def _require():
+    global _initialized
+    if not _initialized:
+        why = _why_unavailable()
+        if why is not None:
+            raise CudaUnavailableError(f"pyddp.cuda: CUDA is not available: {why}")
+        _initialized = True
+
+
+def is_available() -> bool:
+    """Whether CUDA can be used: libcudart loads and sees at least one GPU.  Never raises."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """The number of GPUs CUDA sees (0 without libcudart, driver or GPU).  Never raises."""
+    try:
+        _lib.load_cudart()
+    except RuntimeError:
+        return 0
+    return _C.cuda_device_count()[0]
+
+
+def is_initialized() -> bool:
+    """Whether pyddp has initialised CUDA (a call that needed a GPU found one)."""
+    return _initialized
+
+
+def _device_index(dev, optional: bool) -> int:
+    """torch.cuda's ``_get_device_index``: the index of an int, 'cuda:N', torch.device('cuda', N)
+    or pyddp.cuda.device; 'cuda' or None give -1 (the current device) when ``optional``."""
+    if isinstance(dev, device):
+        return dev.idx
+    if isinstance(dev, int):
+        return dev
+    if isinstance(dev, str):
+        kind, sep, index = dev.partition(":")
+        if not kind or (sep and not index.isdigit()):
+            raise ValueError(f"Invalid device string: {dev!r} (expected 'cuda' or 'cuda:<index>')")
+        idx = int(index) if index else None
+    elif dev is not None and hasattr(dev, "type") and hasattr(dev, "index"):
+        kind, idx = str(dev.type), dev.index
+    elif dev is None:
+        kind, idx = "cuda", None
+    else:
+        raise ValueError("Expected a torch.device with a specified index or an integer, "
+                         f"but got:{dev}")
+    if kind != "cuda":
+        raise ValueError(f"Expected a cuda device, but got: {dev}")
+    if idx is None:
+        if not optional:
+            raise ValueError("Expected a torch.device with a specified index or an integer, "
+                             f"but got:{dev}")
+        return -1
+    return int(idx)
+
+
+def current_device() -> int:
+    """The index of the current GPU (cudaGetDevice)."""
+    _require()
+    return _C.cuda_get_device()
+
+
+def set_device(device) -> None:
+    """Select the current GPU: an int, 'cuda:N', or a torch.device (anything with ``.type`` and
+    ``.index``).  A negative index does nothing, as in torch."""
+    idx = _device_index(device, optional=False)
+    if idx >= 0:
+        _require()
+        _C.cuda_set_device(idx)
+
+
+class device:
+    """Context manager that makes ``device`` the current GPU inside its block (torch.cuda.device):
+    an int, 'cuda:N', a torch.device; a negative index, None or 'cuda' change nothing."""
+
+    def __init__(self, device):
+        self.idx = _device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = -1
+        if self.idx >= 0:
+            _require()
+            self.prev_idx = _C.cuda_get_device()
+            if self.prev_idx != self.idx:
+                _C.cuda_set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.prev_idx >= 0 and self.prev_idx != self.idx:
+            _C.cuda_set_device(self.prev_idx)
+        return False
+
+
+_device = device  # for the functions whose argument is named `device`
+
+
+def synchronize(device=None) -> None:
+    """Wait for all work on a GPU (the current one by default) to finish."""
+    _require()
+    with _device(device):
+        _C.cuda_synchronize()
+
+
+def manual_seed(seed) -> None:
+    """torch.cuda.manual_seed: pyddp draws no random numbers on the GPU (the arrays' own library,
+    CuPy or torch, does), so this only checks that ``seed`` is an int-like value; it is accepted,
+    with or without CUDA, so that ported scripts run unchanged."""
+    int(seed)
+
+
+def manual_seed_all(seed) -> None:
+    """torch.cuda.manual_seed_all: as :func:`manual_seed`."""
+    int(seed)
