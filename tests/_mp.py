@@ -182,15 +182,20 @@ def _child(fn, rank, world_size, args, env, init, backend, init_kwargs, q, paren
 
 
 def run_outcomes(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, init=True, backend="cpu",
-                 init_kwargs=None, env=None, rank_env=None, port=None, expect_death=()):
+                 init_kwargs=None, env=None, rank_env=None, port=None, expect_death=(),
+                 start_method="fork"):
     """Run fn(rank, world_size, *args) in world_size forked processes; return one RankOutcome per rank.
 
     Never raises for what a rank did (the caller inspects the outcomes); raises AssertionError (after
     killing every child) when a rank neither reports nor dies within timeout seconds, or when a rank
     reported but does not exit. Ranks in expect_death may die without reporting; a rank that dies
     unexpectedly is reported as died (exitcode set), not waited for.
+
+    start_method="spawn" starts each child in a fresh interpreter (fn must then be importable by
+    name): for what a forked child would inherit from this process, such as CUDA libraries that
+    load once per process.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     q = ctx.Queue()
     port = free_port() if port is None else port
     procs = []

@@ -82,7 +82,7 @@ static PyObject *
 comm_error(CommObject *c, const char *what, pd_nccl_res r)
 {
     char buf[PD_ERRMSG_MAX];
-    char text[PD_ERRMSG_MAX];
+    char text[PD_ERRMSG_MAX / 2];
     snprintf(buf, sizeof(buf), "%s failed on rank %d (cuda:%d): NCCL error %d: %s",
              what, c->rank, c->device, r,
              nccl_text(c->nc, c->comm, r, text, sizeof(text)));

@@ -26,7 +26,7 @@ import threading
 
 from .. import _C
 
-__all__ = ["cudart_candidates", "nccl_candidates", "load_cudart", "load_nccl",
+__all__ = ["cudart_candidates", "nccl_candidates", "load_cudart", "load_nccl", "cudart_loaded",
            "nccl_version_tuple", "cuda_version_str"]
 
 _MIN_NCCL = "2.18"
@@ -187,6 +187,12 @@ def load_nccl() -> tuple:
     listing every step of the search and what to pip install; a library older than NCCL 2.18
     is refused with its version and path."""
     return _load(_NCCL)
+
+
+def cudart_loaded() -> bool:
+    """Whether libcudart has been loaded successfully in this process (never loads it)."""
+    o = _outcomes.get(_CUDART.name)
+    return o is not None and o[0] == "ok"
 
 
 def nccl_version_tuple(code: int) -> tuple:

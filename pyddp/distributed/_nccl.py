@@ -377,9 +377,8 @@ def create(opts):
     from .. import cuda
 
     cuda._lib.load_nccl()  # raises with every place it looked
-    n, err = _C.cuda_device_count()
-    if n == 0:
-        raise RuntimeError(f"backend 'nccl' needs a CUDA device, but none is visible "
-                           f"(cudaGetDeviceCount: error {err}); "
+    why = cuda._why_unavailable()
+    if why is not None:
+        raise RuntimeError(f"backend 'nccl' needs a CUDA device, but none is usable ({why}); "
                            "use backend='gloo' (or 'cpu') on a machine without a GPU")
     return NcclBackend(opts, cuda)

@@ -1,0 +1,499 @@
+"""Backend "nccl" on CUDA arrays, run without a GPU against the test-only stand-ins for libcudart and
+libnccl in tests/fakecuda (device memory in host memory, streams as worker threads, NCCL across
+processes through shared memory, hangs until ncclCommAbort as real NCCL).  What runs here is
+pyddp's own code: loading, the array adapter on CUDA memory, stream ordering, Work, the signature
+check, the watchdog, abort, dispatch by device and staging.  Every rank is a fresh interpreter
+(spawn): CUDA libraries load once per process, and the pytest process may have loaded the real
+ones.  tests/gpu/ runs the same paths on a real GPU.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fakecuda
+from _mp import run, run_outcomes
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is in the test extra
+    ml_dtypes = None
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _env(devices=2, **kw):
+    return fakecuda.env(devices=devices, **kw)
+
+
+def _spawn(fn, n, *args, env=None, timeout=90, **kw):
+    return run(fn, n, *args, init=False, env=env or _env(), timeout=timeout, start_method="spawn",
+               **kw)
+
+
+def _outcomes(fn, n, *args, env=None, timeout=90, **kw):
+    return run_outcomes(fn, n, *args, init=False, env=env or _env(), timeout=timeout,
+                        start_method="spawn", **kw)
+
+
+def _init(rank, backend="nccl", device=None, **kw):
+    import pyddp.cuda as cuda
+    import pyddp.distributed as dist
+
+    cuda.set_device(rank % 2 if device is None else device)
+    dist.init_process_group(backend, **kw)
+    return dist
+
+
+def _dev(a, rank, **kw):
+    if ml_dtypes is not None and np.asarray(a).dtype == ml_dtypes.bfloat16:
+        kw.setdefault("protocol", "dlpack")
+    return fakecuda.DeviceArray(a, device=rank % 2, **kw)
+
+
+# --------------------------------------------------------------------------- every collective
+
+_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16"]
+
+
+def _np_dtype(name):
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def _all_collectives(rank, n, dtypes):
+    dist = _init(rank)
+    bad = []
+
+    def check(what, got, want):
+        got = np.asarray(got, dtype=np.float64)
+        want = np.asarray(want, dtype=np.float64)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-2, atol=1e-2):
+            bad.append(f"rank {rank} {what}: got {got.tolist()} want {want.tolist()}")
+
+    for name in dtypes:
+        dt = _np_dtype(name)
+        base = [(np.arange(6) % 3 + r + 1).astype(dt) for r in range(n)]
+        mine = base[rank]
+        f64 = [b.astype(np.float64) for b in base]
+        for op, ref in ((dist.ReduceOp.SUM, np.sum), (dist.ReduceOp.PRODUCT, np.prod),
+                        (dist.ReduceOp.MIN, np.min), (dist.ReduceOp.MAX, np.max)):
+            x = _dev(mine, rank)
+            dist.all_reduce(x, op=op)
+            check(f"{name} all_reduce {op.name}", x.numpy(), ref(np.stack(f64), axis=0))
+        if name.startswith(("float", "bfloat")):
+            x = _dev(mine, rank)
+            dist.all_reduce(x, op=dist.ReduceOp.AVG)
+            check(f"{name} all_reduce AVG", x.numpy(), np.mean(np.stack(f64), axis=0))
+        x = _dev(mine, rank)
+        dist.broadcast(x, src=n - 1)
+        check(f"{name} broadcast", x.numpy(), f64[n - 1])
+        x = _dev(mine, rank)
+        dist.reduce(x, dst=0)
+        check(f"{name} reduce", x.numpy(), sum(f64) if rank == 0 else f64[rank])
+        outs = [_dev(np.zeros(6, dt), rank) for _ in range(n)]
+        dist.all_gather(outs, _dev(mine, rank))
+        for r in range(n):
+            check(f"{name} all_gather[{r}]", outs[r].numpy(), f64[r])
+        o = _dev(np.zeros(6 * n, dt), rank)
+        dist.all_gather_into_tensor(o, _dev(mine, rank))
+        check(f"{name} all_gather_into_tensor", o.numpy(), np.concatenate(f64))
+        full = [np.concatenate([b] * n) for b in base]  # rank r's input: n chunks of base[r]
+        o = _dev(np.zeros(6, dt), rank)
+        dist.reduce_scatter_tensor(o, _dev(full[rank], rank))
+        check(f"{name} reduce_scatter_tensor", o.numpy(), sum(f64))
+        o = _dev(np.zeros(6, dt), rank)
+        dist.reduce_scatter(o, [_dev(mine, rank) for _ in range(n)])
+        check(f"{name} reduce_scatter", o.numpy(), sum(f64))
+        ins = [_dev(np.full(2, 10 * rank + j, dt), rank) for j in range(n)]
+        outs = [_dev(np.zeros(2, dt), rank) for _ in range(n)]
+        dist.all_to_all(outs, ins)
+        for j in range(n):
+            check(f"{name} all_to_all[{j}]", outs[j].numpy(), np.full(2, 10 * j + rank))
+        # all_to_all_single with uneven splits: rank r sends j+1 rows to rank j
+        send = np.concatenate([np.full(j + 1, 10 * rank + j) for j in range(n)]).astype(dt)
+        recv = _dev(np.zeros(n * (rank + 1), dt), rank)
+        dist.all_to_all_single(recv, _dev(send, rank), output_split_sizes=[rank + 1] * n,
+                               input_split_sizes=[j + 1 for j in range(n)])
+        want = np.concatenate([np.full(rank + 1, 10 * j + rank) for j in range(n)])
+        check(f"{name} all_to_all_single", recv.numpy(), want)
+        gl = [_dev(np.zeros(6, dt), rank) for _ in range(n)] if rank == 0 else None
+        dist.gather(_dev(mine, rank), gl, dst=0)
+        if rank == 0:
+            for r in range(n):
+                check(f"{name} gather[{r}]", gl[r].numpy(), f64[r])
+        o = _dev(np.zeros(6, dt), rank)
+        dist.scatter(o, [_dev(b, rank) for b in base] if rank == 1 else None, src=1)
+        check(f"{name} scatter", o.numpy(), f64[rank])
+        # point to point around a ring
+        right, left = (rank + 1) % n, (rank - 1) % n
+        o = _dev(np.zeros(6, dt), rank)
+        works = [dist.isend(_dev(mine, rank), right), dist.irecv(o, left)]
+        for w in works:
+            w.wait()
+        check(f"{name} isend/irecv", o.numpy(), f64[left])
+        o = _dev(np.zeros(6, dt), rank)
+        ops = [dist.P2POp(dist.isend, _dev(mine, rank), right),
+               dist.P2POp(dist.irecv, o, left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check(f"{name} batch_isend_irecv", o.numpy(), f64[left])
+    dist.barrier()
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank})
+    if objs != [{"rank": r} for r in range(n)]:
+        bad.append(f"rank {rank} all_gather_object: {objs}")
+    lst = [rank, "x"] if rank == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    if lst != [1, "x"]:
+        bad.append(f"rank {rank} broadcast_object_list: {lst}")
+    dist.destroy_process_group()
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_and_dtype(n):
+    dtypes = [d for d in _DTYPES if d != "bfloat16" or ml_dtypes is not None]
+    if n == 3:  # three ranks on two devices: two share one GPU
+        env = _env(NCCL_MULTI_RANK_GPU_ENABLE=1)
+        dtypes = ["float32", "int64", "float16"]
+    else:
+        env = _env()
+    for bad in _spawn(_all_collectives, n, dtypes, env=env, timeout=150):
+        assert bad == []
+
+
+def _world_one(rank, n):
+    dist = _init(rank)
+    x = _dev(np.arange(4, dtype=np.float32), rank)
+    dist.all_reduce(x)
+    o = _dev(np.zeros(4, np.float32), rank)
+    dist.all_gather_into_tensor(o, x)
+    dist.barrier()
+    dist.destroy_process_group()
+    return x.numpy().tolist(), o.numpy().tolist()
+
+
+def test_world_size_one():
+    [(x, o)] = _spawn(_world_one, 1)
+    assert x == o == [0.0, 1.0, 2.0, 3.0]
+
+
+# ------------------------------------------------------------------------------------ streams
+
+def _stream_order(rank, n):
+    dist = _init(rank)
+    s = fakecuda.Stream(device=rank % 2)
+    x = _dev(np.zeros(4, np.float32), rank, stream=s)
+    s.sleep(400)  # a slow kernel on the caller's stream, then it writes the input
+    s.copy_from(np.full(4, rank + 1, np.float32), x)
+    t0 = time.monotonic()
+    work = dist.all_reduce(x, async_op=True)
+    launch = time.monotonic() - t0
+    running = not work.is_completed()
+    t0 = time.monotonic()
+    work.wait()  # the caller's stream waits; the host does not
+    waited = time.monotonic() - t0
+    fut = work.get_future()
+    got = x.numpy()  # read on the caller's stream: after the collective
+    done = work.is_completed()
+    value = fut.wait()
+    dist.destroy_process_group()
+    return launch, running, waited, got.tolist(), done, value[0] is x
+
+
+def test_stream_ordering_without_host_sync():
+    for launch, running, waited, got, done, same in _spawn(_stream_order, 2):
+        assert launch < 0.3 and waited < 0.3  # neither call waited for the 400 ms kernel
+        assert running  # the collective had not run when all_reduce returned
+        assert got == [3.0] * 4  # it saw the value the slow kernel wrote, and the reader saw it
+        assert done and same
+
+
+def _dlpack_stream(rank, n):
+    dist = _init(rank)
+    s = fakecuda.Stream(device=rank % 2)
+    x = _dev(np.full(3, rank + 1.0, np.float32), rank, stream=s, protocol="dlpack")
+    dist.all_reduce(x)  # DLPack names no stream of its own: the legacy default stream waits
+    fakecuda.Stream.legacy(rank % 2).synchronize()
+    got = x.numpy().tolist()
+    dist.destroy_process_group()
+    return got, x.dlpack_streams
+
+
+def test_dlpack_arrays():
+    for got, streams in _spawn(_dlpack_stream, 2):
+        assert got == [3.0] * 3 and streams  # taken through DLPack (no CAI on these arrays)
+
+
+# ------------------------------------------------------------------------------ never hang
+
+def _mismatch(rank, n):
+    dist = _init(rank)
+    x = _dev(np.ones(4 if rank == 0 else 8, np.float32), rank)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return str(e), time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+def test_mismatched_collectives_raise_on_every_rank():
+    for msg, took in _spawn(_mismatch, 2):
+        assert msg is not None and "mismatched collectives" in msg
+        assert "count=4" in msg and "count=8" in msg and "rank 1" in msg
+        assert took < 1.0
+
+
+def _kind_mismatch(rank, n):
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    try:
+        if rank == 0:
+            dist.all_reduce(x)
+        else:
+            dist.broadcast(x, src=0)
+    except dist.DistBackendError as e:
+        msg = str(e)
+    else:
+        msg = None
+    try:  # the group stays failed
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        again = str(e)
+    else:
+        again = None
+    return msg, again
+
+
+def test_mismatched_kind_and_group_failed_after():
+    for msg, again in _spawn(_kind_mismatch, 2):
+        assert "all_reduce(" in msg and "broadcast(" in msg
+        assert again is not None and "mismatched" in again
+
+
+def _timeout(rank, n, check):
+    from datetime import timedelta
+
+    dist = _init(rank, timeout=timedelta(seconds=2))
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)  # one that works
+    if rank == 1:
+        time.sleep(5)  # skips the next collective
+        return None, 0.0
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return str(e), time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_timeout_names_the_operation(check):
+    # check=0: the signature check is off, so NCCL itself hangs and the watchdog aborts it
+    env = _env(PYDDP_NCCL_CHECK=check, PYDDP_NCCL_BLOCKING_WAIT=1)
+    outs = _spawn(_timeout, 2, check, env=env)
+    msg, took = outs[0]
+    assert msg is not None, outs
+    assert "all_reduce" in msg and "default_pg" in msg, msg
+    assert 1.5 < took < 6.0
+    if check == "0":
+        assert "Watchdog caught collective operation timeout" in msg and "#2" in msg
+
+
+def _dead_peer(rank, n):
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+        x.numpy()
+        dist.all_reduce(x)  # the next call raises if the last one was aborted
+    except dist.DistBackendError as e:
+        return str(e), time.monotonic() - t0
+    return None, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_dead_peer_raises_naming_it(check):
+    outs = _outcomes(_dead_peer, 2, env=_env(PYDDP_NCCL_CHECK=check), expect_death=(1,))
+    assert outs[0].ok, outs[0].describe()
+    msg, took = outs[0].value
+    assert msg is not None and "rank 1" in msg, msg
+    assert took < 5.0
+
+
+def _async_error(rank, n):
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    try:
+        for _ in range(5):
+            dist.all_reduce(x)
+            x.numpy()
+            time.sleep(0.2)
+    except dist.DistBackendError as e:
+        return str(e)
+    return None
+
+
+def test_async_nccl_error_aborts():
+    outs = _spawn(_async_error, 2, env=_env(FAKENCCL_ASYNC_ERROR_AFTER=2))
+    for msg in outs:
+        assert msg is not None and "asynchronous error" in msg, msg
+
+
+def _destroy_hung(rank, n):
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    if rank == 0:
+        dist.all_reduce(x, async_op=True)  # rank 1 never joins
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    return time.monotonic() - t0
+
+
+def test_destroy_never_hangs():
+    for took in _spawn(_destroy_hung, 2, env=_env(PYDDP_NCCL_CHECK=0)):
+        assert took < 12.0
+
+
+def _same_gpu(rank, n):
+    import pyddp.cuda as cuda
+    import pyddp.distributed as dist
+
+    cuda.set_device(0)
+    dist.init_process_group("nccl")
+    x = _dev(np.ones(2, np.float32), 0)
+    try:
+        dist.all_reduce(x)
+    except dist.DistBackendError as e:
+        return str(e)
+    out = x.numpy().tolist()
+    dist.destroy_process_group()
+    return out
+
+
+def test_duplicate_gpu_says_what_to_do():
+    for msg in _spawn(_same_gpu, 2):
+        assert "Duplicate GPU" in msg and "set_device(local_rank)" in msg, msg
+    for out in _spawn(_same_gpu, 2, env=_env(NCCL_MULTI_RANK_GPU_ENABLE=1)):
+        assert out == [2.0, 2.0]
+
+
+# ------------------------------------------------------------------------------ bad arrays
+
+def _bad_arrays(rank, n):
+    dist = _init(rank, device_id=rank % 2)
+    errs = {}
+
+    def grab(key, fn):
+        try:
+            fn()
+        except (TypeError, ValueError, RuntimeError) as e:
+            errs[key] = f"{type(e).__name__}: {e}"
+
+    other = fakecuda.DeviceArray(np.ones(2, np.float32), device=(rank + 1) % 2)
+    grab("wrong_device", lambda: dist.all_reduce(other))
+    grab("cpu_vs_cuda", lambda: dist.all_gather_into_tensor(
+        np.zeros(4, np.float32), _dev(np.ones(2, np.float32), rank)))
+    grab("strided", lambda: dist.all_reduce(
+        _dev(np.ones((2, 2), np.float32), rank, strides=(16, 4))))
+    grab("readonly", lambda: dist.all_reduce(_dev(np.ones(2, np.float32), rank, readonly=True)))
+    grab("int16_sum", lambda: dist.all_reduce(_dev(np.ones(2, np.int16), rank)))
+    grab("band", lambda: dist.all_reduce(_dev(np.ones(2, np.int32), rank),
+                                         op=dist.ReduceOp.BAND))
+    grab("any_source", lambda: dist.recv(_dev(np.ones(2, np.float32), rank)))
+    # int16 is fine where nothing is reduced
+    y = _dev(np.full(2, rank + 5, np.int16), rank)
+    dist.broadcast(y, src=0)
+    ok = y.numpy().tolist()
+    dist.destroy_process_group()
+    return errs, ok
+
+
+def test_bad_arrays_raise_clear_errors():
+    for errs, ok in _spawn(_bad_arrays, 2):
+        assert ok == [5, 5]
+        assert "cuda:" in errs["wrong_device"] and "device_id" in errs["wrong_device"]
+        assert errs["wrong_device"].startswith("ValueError: all_reduce: tensor is on cuda:")
+        m = errs["cpu_vs_cuda"]
+        assert m.startswith("ValueError") and "input_tensor is on cuda:" in m and "cpu" in m, m
+        assert "contiguous" in errs["strided"]
+        assert "read-only" in errs["readonly"]
+        assert errs["int16_sum"].startswith("TypeError") and "int16" in errs["int16_sum"]
+        assert errs["band"].startswith("TypeError") and "BAND" in errs["band"]
+        assert "any source" in errs["any_source"]
+
+
+# -------------------------------------------------------------------- dispatch and staging
+
+def _mixed(rank, n, backend):
+    dist = _init(rank, backend=backend)
+    h = np.full(3, rank + 1.0)
+    dist.all_reduce(h)  # host array: the cpu backend
+    d = _dev(np.full(3, rank + 1.0, np.float32), rank)
+    w = dist.all_reduce(d, async_op=True)
+    w.wait()
+    sub = dist.new_group([0, 1])
+    e = _dev(np.full(2, 10.0 * (rank + 1), np.float32), rank)
+    dist.all_reduce(e, group=sub)
+    ranks = dist.get_process_group_ranks(sub)
+    be = dist.get_backend()
+    dist.destroy_process_group()
+    return h.tolist(), d.numpy().tolist(), e.numpy().tolist(), ranks, be
+
+
+@pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", None])
+def test_dispatch_by_device(backend):
+    for h, d, e, ranks, be in _spawn(_mixed, 2, backend):
+        assert h == [3.0] * 3 and d == [3.0] * 3 and e == [30.0] * 2 and ranks == [0, 1]
+
+
+def _staged(rank, n):
+    dist = _init(rank, backend="gloo")
+    s = fakecuda.Stream(device=rank % 2)
+    x = _dev(np.zeros(4, np.float32), rank, stream=s)
+    s.sleep(200)
+    s.copy_from(np.full(4, rank + 1, np.float32), x)
+    dist.all_reduce(x)  # staged: copied to the host on x's stream, reduced, copied back
+    o = _dev(np.zeros(8, np.float32), rank)
+    w = dist.all_gather_into_tensor(o, x, async_op=True)
+    w.wait()
+    dist.destroy_process_group()
+    return x.numpy().tolist(), o.numpy().tolist()
+
+
+def test_cpu_backend_stages_cuda_arrays():
+    for x, o in _spawn(_staged, 2):
+        assert x == [3.0] * 4 and o == [3.0] * 8
+
+
+# ------------------------------------------------------------------------ real libraries
+
+def test_init_nccl_without_gpu_fails_fast_and_clearly():
+    """The real libcudart / libnccl wheels on this GPU-less machine: a clear error in < 1 s."""
+    code = ("import time, pyddp.distributed as dist\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    dist.init_process_group('nccl', init_method='tcp://127.0.0.1:0', rank=0, "
+            "world_size=1)\n"
+            "except RuntimeError as e:\n"
+            "    print(round(time.monotonic() - t, 3)); print(e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYDDP_", "FAKECUDA"))}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    took, msg = r.stdout.split("\n", 1)
+    if "CUDA device" not in msg:
+        pytest.skip(f"this machine's CUDA libraries answer differently: {msg.strip()}")
+    assert float(took) < 1.0
+    assert "backend 'nccl' needs a CUDA device" in msg and "gloo" in msg
