@@ -18,15 +18,15 @@ Each peer runs in its own processes, one after the other. Ranks sharing a GPU ge
 which NCCL allows from 2.30 on; a peer whose NCCL is older (or refuses) is skipped with a note.
 
 Method (as nccl-tests): float32, in place for allreduce and broadcast (root 0); size is the whole array
-(allgather's output, reduce_scatter's input). Per size: one check against NumPy with rank-dependent data (a
-wrong result is marked "!"), warm-up calls, then --batches timed batches: the ranks line up (a one-element
-allreduce and a device synchronize), then k back-to-back calls between two CUDA events recorded on the
-current stream (k = --iters, fewer above --budget-bytes / k bytes). A batch's time per call is its elapsed
-time / k on the slowest rank; the table shows the median over batches, algbw = size / time and busbw =
-algbw x factor (allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1; one rank: busbw =
-algbw), and the ratios pyddp/torch and pyddp/cupy of busbw (above 1: pyddp is faster) and of time (below 1:
-pyddp is faster). Under the tables the targets are checked: busbw at least 0.97x torch's from 64 MiB on,
-and the smallest size's time at most torch's.
+(allgather's output, reduce_scatter's input). Per size: one check against NumPy with rank-dependent data (a wrong
+result is marked "!"), warm-up calls, then --batches timed batches: the ranks line up (a one-element allreduce and
+a device synchronize), then k back-to-back calls between two CUDA events recorded on the current stream (k =
+--iters, fewer where k calls would move more than --budget-bytes). A batch's time per call is its elapsed time / k
+on the slowest rank; the table shows the median over batches, algbw = size / time and busbw = algbw x factor
+(allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1; one rank: busbw = algbw), and the ratios
+pyddp/torch and pyddp/cupy of busbw (above 1: pyddp is faster) and of time (below 1: pyddp is faster). Under the
+tables the targets are checked: busbw at least 0.97x torch's from 64 MiB on, and the smallest size's time at most
+torch's.
 
 Without a CUDA device it prints why and exits 0.
 """

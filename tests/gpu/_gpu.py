@@ -9,6 +9,7 @@ pyddp.cuda, and a process group of `backend` initialised (timeout pg_timeout s) 
 arrays is a TorchArrays or CupyArrays: NumPy in and out, streams, a spin kernel, a strided array.
 """
 import functools
+import importlib
 import json
 import os
 import subprocess
@@ -250,6 +251,10 @@ def _rank_main(rank, ws, fn, lib, backend, devices, pg_timeout, args):
 
 
 def _launch(runner, fn, ws, lib, backend, args, timeout, pg_timeout):
+    try:  # once here rather than in every forked rank; importing torch does not initialise CUDA
+        importlib.import_module("torch")
+    except ImportError:
+        pass
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # a JAX test must not take the GPU's memory
     if uses_nccl(backend) and ws > machine()["devices"]:
         env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
