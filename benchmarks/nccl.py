@@ -602,6 +602,10 @@ def main(argv=None):
 
     print(f"# pyddp NCCL benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"# command: {shlex.join([os.path.basename(sys.executable)] + sys.argv)}")
+    env = sorted(f"{k}={v}" for k, v in os.environ.items()
+                 if k.startswith(("NCCL_", "TORCH_NCCL_", "PYDDP_")) and k != "PYDDP_SECRET")
+    if env:
+        print(f"# environment: {' '.join(env)}")
     try:
         found = run_probe(timeout=180)
     except RuntimeError as e:

@@ -39,20 +39,18 @@ def _bad_arrays_child(rank, ws, arrays, backend):
     problems = []
     _expect_error(problems, "all_reduce of a non-contiguous array", lambda: dist.all_reduce(arrays.strided(8)),
                   ValueError, ["tensor", "contiguous"])
-    host = np.zeros(8, np.float32)
-    dev_out = arrays.to_device(np.zeros(8 * ws, np.float32))
-    _expect_error(problems, "all_gather_into_tensor(CUDA output, NumPy input)",
-                  lambda: dist.all_gather_into_tensor(dev_out, host), ARRAY_ERRORS,
-                  ["input_tensor|output_tensor", "cpu", "cuda"])
-    _expect_error(problems, "all_gather_into_tensor(NumPy output, CUDA input)",
-                  lambda: dist.all_gather_into_tensor(np.zeros(8 * ws, np.float32), arrays.to_device(host)),
-                  ARRAY_ERRORS, ["input_tensor|output_tensor", "cpu", "cuda"])
-    _expect_error(problems, "all_gather(CUDA list, NumPy tensor)",
-                  lambda: dist.all_gather([arrays.to_device(host) for _ in range(ws)], host), ARRAY_ERRORS,
-                  ["tensor", "cpu", "cuda"])
-    if backend == "nccl":
-        _expect_error(problems, "all_reduce of a NumPy array on a nccl-only group",
-                      lambda: dist.all_reduce(np.zeros(4, np.float32)), ARRAY_ERRORS, ["cpu"])
+    if backend != "cpu":  # (the cpu backend stages CUDA arrays through host memory: it may mix them)
+        host = np.zeros(8, np.float32)
+        dev_out = arrays.to_device(np.zeros(8 * ws, np.float32))
+        _expect_error(problems, "all_gather_into_tensor(CUDA output, NumPy input)",
+                      lambda: dist.all_gather_into_tensor(dev_out, host), ARRAY_ERRORS,
+                      ["input_tensor|output_tensor", "cpu", "cuda"])
+        _expect_error(problems, "all_gather_into_tensor(NumPy output, CUDA input)",
+                      lambda: dist.all_gather_into_tensor(np.zeros(8 * ws, np.float32), arrays.to_device(host)),
+                      ARRAY_ERRORS, ["input_tensor|output_tensor", "cpu", "cuda"])
+        _expect_error(problems, "all_gather(CUDA list, NumPy tensor)",
+                      lambda: dist.all_gather([arrays.to_device(host) for _ in range(ws)], host), ARRAY_ERRORS,
+                      ["tensor", "cpu", "cuda"])
     # the group still works after refusing them
     x = arrays.to_device(np.ones(4, np.float32))
     dist.all_reduce(x)
@@ -62,11 +60,27 @@ def _bad_arrays_child(rank, ws, arrays, backend):
 
 
 @pytest.mark.parametrize("ws", [1, 2])
-@pytest.mark.parametrize("backend", ["nccl", "cpu"])
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "cpu"])
 @pytest.mark.parametrize("lib", LIBS)
 def test_bad_arrays_raise_naming_the_argument(lib, backend, ws):
+    """Non-contiguous arrays; CPU and CUDA arrays in one call, where NCCL serves the CUDA ones."""
     need(lib, backend, ws)
     problems = [p for per_rank in gpu_run(_bad_arrays_child, ws, lib, backend, backend) for p in per_rank]
+    assert not problems, "\n".join(problems)
+
+
+def _numpy_on_nccl_child(rank, ws, arrays):
+    problems = []
+    _expect_error(problems, "all_reduce of a NumPy array on a group whose only backend is nccl",
+                  lambda: dist.all_reduce(np.zeros(4, np.float32)), ARRAY_ERRORS, ["cpu"])
+    return problems
+
+
+def test_numpy_array_on_an_nccl_only_group_raises_as_torch():
+    """torch raises for a CPU tensor given to a ProcessGroupNCCL-only group ("no backend for device cpu")."""
+    lib = any_lib()
+    need(lib, "nccl", 1)
+    (problems,) = gpu_run(_numpy_on_nccl_child, 1, lib, "nccl")
     assert not problems, "\n".join(problems)
 
 

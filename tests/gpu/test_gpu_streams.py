@@ -110,8 +110,13 @@ def test_work_is_completed_synchronize_and_future(lib, backend, ws):
     need(lib, backend, ws)
     problems = []
     for rank, r in enumerate(gpu_run(_work_child, ws, lib, backend)):
-        if r["early"] or r["fut_early"]:
-            problems.append(f"rank {rank}: done before the stream reached the collective: {r}")
+        if r["early"]:
+            problems.append(f"rank {rank}: is_completed() was True before the stream reached the collective")
+        # torch: a NCCL work's future is done once launched (reading it orders the caller's stream); with
+        # host staging it is done when the host part is
+        if r["fut_early"] != (backend == "nccl"):
+            problems.append(f"rank {rank}: get_future().done() was {r['fut_early']} right after the launch, "
+                            f"behind a busy stream")
         if not r["completed"]:
             problems.append(f"rank {rank}: is_completed() still False 10 s after synchronize() and a stream sync")
         if r["value"] != "list of 1" or r["value_wrong"]:
