@@ -144,48 +144,28 @@ def peer_env(peer):
     return {"PYDDP_TRANSPORT": "tcp"} if peer == "pyddp-tcp" else {}
 
 
-def run_peer(peer, args, sizes, tmpdir):
-    """Run one library's workers; returns (result dict or None, note or '')."""
-    out = os.path.join(tmpdir, f"{peer}.json")
-    wargs = [sys.executable, WORKER, "--impl", IMPL[peer], "--ops", ",".join(args.ops),
-             "--sizes", ",".join(str(s) for s in sizes), "--iters", str(args.iters),
-             "--budget-bytes", str(args.budget_bytes), "--out", out]
-    if peer == "pyddp" and "allreduce" in args.ops:
-        wargs.append("--shm-buffer")
+def launch(cmds, tmpdir, tag, timeout):
+    """Run each (argv, env) of cmds as its own process (own session, output to a log in tmpdir) until all
+    exit, one fails (the others are killed then: they would wait for it) or timeout seconds pass.
+
+    Returns (return codes, timed_out, tail): tail holds the last 1500 characters of every distinct log."""
     logs = []
     procs = []
+    timed_out = False
     try:
-        if peer == "mpi":
-            cmd = ["mpirun", "-np", str(args.nproc), "--oversubscribe", "--allow-run-as-root",
-                   "--bind-to", "none"] + wargs
-            env = worker_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                              "OMPI_MCA_rmaps_base_oversubscribe": "1"})
-            log = open(os.path.join(tmpdir, f"{peer}.log"), "w+")
+        for i, (argv, env) in enumerate(cmds):
+            log = open(os.path.join(tmpdir, f"{tag}.{i}.log"), "w+")
             logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
-        else:
-            port = free_port()
-            for rank in range(args.nproc):
-                env = worker_env({"RANK": str(rank), "LOCAL_RANK": str(rank),
-                                  "WORLD_SIZE": str(args.nproc), "LOCAL_WORLD_SIZE": str(args.nproc),
-                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **peer_env(peer)})
-                log = open(os.path.join(tmpdir, f"{peer}.{rank}.log"), "w+")
-                logs.append(log)
-                procs.append(subprocess.Popen(wargs, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-        deadline = time.monotonic() + args.timeout
-        timed_out = False
-        failed = []
+        deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed:
+            if any(p.poll() not in (None, 0) for p in procs):
                 break  # the other ranks would wait on the dead one: stop them (below)
             if time.monotonic() > deadline:
                 timed_out = True
                 break
             time.sleep(0.05)
-        failed = [p for p in procs if p.poll() not in (None, 0)]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -202,6 +182,29 @@ def run_peer(peer, args, sizes, tmpdir):
             seen.add(text)
             tail += text + "\n"
         log.close()
+    return [p.returncode for p in procs], timed_out, tail
+
+
+def run_peer(peer, args, sizes, tmpdir):
+    """Run one library's workers; returns (result dict or None, note or '')."""
+    out = os.path.join(tmpdir, f"{peer}.json")
+    wargs = [sys.executable, WORKER, "--impl", IMPL[peer], "--ops", ",".join(args.ops),
+             "--sizes", ",".join(str(s) for s in sizes), "--iters", str(args.iters),
+             "--budget-bytes", str(args.budget_bytes), "--out", out]
+    if peer == "pyddp" and "allreduce" in args.ops:
+        wargs.append("--shm-buffer")
+    if peer == "mpi":
+        cmds = [(["mpirun", "-np", str(args.nproc), "--oversubscribe", "--allow-run-as-root",
+                  "--bind-to", "none"] + wargs,
+                 worker_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                             "OMPI_MCA_rmaps_base_oversubscribe": "1"}))]
+    else:
+        port = free_port()
+        cmds = [(wargs, worker_env({"RANK": str(rank), "LOCAL_RANK": str(rank),
+                                    "WORLD_SIZE": str(args.nproc), "LOCAL_WORLD_SIZE": str(args.nproc),
+                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **peer_env(peer)}))
+                for rank in range(args.nproc)]
+    codes, timed_out, tail = launch(cmds, tmpdir, peer, args.timeout)
     result = None
     if os.path.exists(out):
         with open(out) as f:
@@ -209,9 +212,8 @@ def run_peer(peer, args, sizes, tmpdir):
     note = ""
     if timed_out:
         note = f"timed out after {args.timeout:.0f} s"
-    elif failed or result is None:
-        codes = sorted({p.returncode for p in procs})
-        note = f"exited with status {codes}"
+    elif any(codes) or result is None:
+        note = f"exited with status {sorted(set(codes))}"
     if note and tail:
         note += "; last output:\n    " + tail.strip().replace("\n", "\n    ")
     if result and result.get("errors") and not note:
