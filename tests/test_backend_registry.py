@@ -153,13 +153,14 @@ def test_cpu_only_group(world, no_libnccl, backend, name):
     world(backend)
     pg = c10d._default_pg()
     assert dist.get_backend() == name and set(pg._backends) == {"cpu"}
-    assert pg._route is None and pg._on_device is None and pg._fast is not None
+    # device arrays go to _device_array: CUDA arrays are staged where CUDA works
+    assert pg._route is None and pg._on_device == pg._device_array and pg._fast is not None
     assert isinstance(pg._cpg, _C.ProcessGroup)
     a = np.arange(3.0)
     dist.all_reduce(a)
     dist.all_reduce(a, group=pg, async_op=True).wait()
     with pytest.raises(ValueError, match=r"tensor is on device cuda:0; the 'cpu' backend takes "
-                                         r"CPU tensors \(CUDA tensors need the nccl backend\)"):
+                                         r"CPU tensors \(CUDA tensors need the nccl backend, or CUDA working here"):
         dist.all_reduce(FakeCuda())
     with pytest.raises(ValueError, match="tensor_list\\[0\\] is on device cuda:0"):
         dist.all_gather([FakeCuda()], np.zeros(4, np.float32))

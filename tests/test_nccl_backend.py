@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fakecuda
-from _mp import run, run_outcomes
+from _mp import free_port, run, run_outcomes
 
 try:
     import ml_dtypes
@@ -354,6 +354,7 @@ def test_async_nccl_error_aborts():
 def _destroy_hung(rank, n):
     dist = _init(rank)
     x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)
     if rank == 0:
         dist.all_reduce(x, async_op=True)  # rank 1 never joins
     t0 = time.monotonic()
@@ -484,8 +485,8 @@ def test_init_nccl_without_gpu_fails_fast_and_clearly():
     code = ("import time, pyddp.distributed as dist\n"
             "t = time.monotonic()\n"
             "try:\n"
-            "    dist.init_process_group('nccl', init_method='tcp://127.0.0.1:0', rank=0, "
-            "world_size=1)\n"
+            f"    dist.init_process_group('nccl', init_method='tcp://127.0.0.1:{free_port()}', "
+            "rank=0, world_size=1)\n"
             "except RuntimeError as e:\n"
             "    print(round(time.monotonic() - t, 3)); print(e)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYDDP_", "FAKECUDA"))}

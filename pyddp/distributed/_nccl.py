@@ -199,7 +199,15 @@ class NcclBackend:
                 c = _C.NcclComm(uid, self.size, self.rank, device)
             except _C.DistBackendError as e:
                 raise _C.DistBackendError(self._advice(str(e), device)) from None
-            r = c.wait_ready(self.timeout)
+            deadline = _C.monotonic() + self.timeout
+            r = c.wait_ready(0.05)
+            while r == 7 and _C.monotonic() < deadline:
+                herr = self.host.error  # a rank that died while the others wait here
+                if herr is not None:
+                    c.abort(herr)
+                    raise _C.DistBackendError(
+                        f"NCCL communicator of {self._where()} on cuda:{device}: {herr}")
+                r = c.wait_ready(0.05)
             if r != 0:
                 text = c.error_string(r) if r != 7 else ""
                 c.abort("initialisation failed")

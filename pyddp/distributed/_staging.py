@@ -27,12 +27,17 @@ def _np_dtype(code):
     return np.dtype(np.uint16 if name == "bfloat16" else name)
 
 
-def stage(view, writable):
-    """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller)."""
-    from ..cuda import _lib
+def stage(view, name, writable):
+    """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller);
+    DeviceError naming ``name`` where CUDA does not work in this process."""
+    from .. import cuda
     from ._nccl import _stream_family
 
-    _lib.load_cudart()  # raises saying where it looked
+    why = cuda._why_unavailable()
+    if why is not None:
+        raise _interop.DeviceError(name, view.device_str, (
+            "the 'cpu' backend takes CPU tensors (CUDA tensors need the nccl backend, or CUDA "
+            f"working here to be staged through host memory: {why})"), view)
     stream = _stream_family(view)()
     buf = _C.cuda_host_alloc(max(view.nbytes, 1))
     host = np.frombuffer(buf, dtype=np.uint8, count=view.nbytes)

@@ -204,7 +204,7 @@ class ProcessGroup:
         view.name = name
         if stage:
             self._staging = True
-            return _staging.stage(view, writable), view.code
+            return _staging.stage(view, name, writable), view.code
         return view, view.code
 
     def _route_arrays(self, inputs, outputs, name):
