@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS_DIR = os.path.dirname(HERE)  # what a subprocess that imports fakecuda needs on sys.path
 SOURCES = ("fakecuda.h", "fake_cudart.c", "fake_nccl.c")
 CUDART = "libcudart.so.13"
+_CUDART_FILE = "libpyddp_fakecudart.so"
 NCCL = "libnccl.so.2"
 _CFLAGS = ["-std=c11", "-shared", "-fPIC", "-pthread", "-O1", "-g", "-Wall", "-Wextra"]
 
@@ -69,13 +70,17 @@ def build():
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=root)
     try:
-        nccl_links = [os.path.join(tmp, CUDART), "-Wl,-rpath,$ORIGIN", "-lm"]  # one set of streams
-        for lib, src, extra in ((CUDART, "fake_cudart.c", []), (NCCL, "fake_nccl.c", nccl_links)):
+        # The fake libnccl needs the fake libcudart (one set of streams) under a soname of its own: a
+        # process that has loaded the real libcudart.so.13 would otherwise satisfy the dependency with it.
+        # libcudart.so.13 is a link to that file, so a dlopen by either path gives the same library.
+        nccl_links = [os.path.join(tmp, _CUDART_FILE), "-Wl,-rpath,$ORIGIN", "-lm"]
+        for lib, src, extra in ((_CUDART_FILE, "fake_cudart.c", []), (NCCL, "fake_nccl.c", nccl_links)):
             cmd = [*cc, *_CFLAGS, f"-Wl,-soname,{lib}", os.path.join(HERE, src), "-o", os.path.join(tmp, lib),
                    *extra]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode:
                 raise RuntimeError(f"building the fake CUDA libraries failed: {' '.join(cmd)}\n{r.stderr}")
+        os.symlink(_CUDART_FILE, os.path.join(tmp, CUDART))
         try:
             os.rename(tmp, out)  # atomic: a folder that exists is complete
         except OSError:
