@@ -449,8 +449,9 @@ def _mixed(rank, n, backend):
     dist.all_reduce(e, group=sub)
     ranks = dist.get_process_group_ranks(sub)
     be = dist.get_backend()
+    out = h.tolist(), d.numpy().tolist(), e.numpy().tolist(), ranks, be
     dist.destroy_process_group()
-    return h.tolist(), d.numpy().tolist(), e.numpy().tolist(), ranks, be
+    return out
 
 
 @pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", None])
@@ -498,3 +499,60 @@ def test_init_nccl_without_gpu_fails_fast_and_clearly():
         pytest.skip(f"this machine's CUDA libraries answer differently: {msg.strip()}")
     assert float(took) < 1.0
     assert "backend 'nccl' needs a CUDA device" in msg and "gloo" in msg
+
+
+# ------------------------------------------------------------------- groups and lifetimes
+
+def _subgroups(rank, n):
+    dist = _init(rank)
+    x = _dev(np.full(2, rank + 1.0, np.float32), rank)
+    dist.all_reduce(x)  # the default group's communicator exists: new_group splits it
+    sub = dist.new_group([0, 2])
+    split = sub is not dist.GroupMember.NON_GROUP_MEMBER and bool(sub._backends["cuda"].comms)
+    y = _dev(np.full(2, rank + 1.0, np.float32), rank)
+    if sub is not dist.GroupMember.NON_GROUP_MEMBER:
+        dist.all_reduce(y, group=sub)
+    other = dist.new_group([1, 2], use_local_synchronization=False)
+    z = _dev(np.full(2, 10.0 * (rank + 1), np.float32), rank)
+    dist.all_reduce(z, group=other)  # a non-member returns at once
+    try:
+        dist.all_reduce(np.ones(2))  # a host array on an nccl-only group: as torch, an error
+        host = None
+    except ValueError as e:
+        host = str(e)
+    dist.destroy_process_group()
+    return x.numpy().tolist(), split, y.numpy().tolist(), z.numpy().tolist(), host
+
+
+def test_new_group_splits_the_communicator():
+    outs = _spawn(_subgroups, 3, env=_env(NCCL_MULTI_RANK_GPU_ENABLE=1))
+    for rank, (x, split, y, z, host) in enumerate(outs):
+        assert x == [6.0, 6.0]
+        assert split == (rank != 1)
+        assert y == ([4.0, 4.0] if rank != 1 else [2.0, 2.0])
+        assert z == ([50.0, 50.0] if rank != 0 else [10.0, 10.0])
+        assert host is not None and "device cpu" in host and "cuda:nccl" in host, host
+
+
+def _keepalive(rank, n):
+    import gc
+
+    dist = _init(rank)
+    s = fakecuda.Stream(device=rank % 2)
+    x = _dev(np.full(4, rank + 1.0, np.float32), rank, stream=s)
+    out = _dev(np.zeros(8, np.float32), rank, stream=s)
+    release = s.hold()  # the caller's stream is busy: the collective cannot run yet
+    w = dist.all_gather_into_tensor(out, x, async_op=True)
+    del x  # the work keeps its input alive until it completed
+    gc.collect()
+    release.set()
+    w.wait()
+    got = out.numpy().tolist()
+    dist.barrier()
+    dist.destroy_process_group()
+    return got
+
+
+def test_inputs_stay_alive_until_the_work_completes():
+    for got in _spawn(_keepalive, 2):
+        assert got == [1.0] * 4 + [2.0] * 4

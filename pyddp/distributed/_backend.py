@@ -77,7 +77,7 @@ class BackendOptions:
     ``round`` (the 'cpu' backend records its rendezvous round there)."""
 
     __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
-                 "global_ranks_in_group", "pg_options", "round", "device_id")
+                 "global_ranks_in_group", "pg_options", "round", "device_id", "split_from")
 
     def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
                  pg_options=None, device_id=None):
@@ -90,6 +90,8 @@ class BackendOptions:
         self.pg_options = pg_options
         self.round = 0
         self.device_id = device_id  # the CUDA ordinal a group is bound to, or None
+        self.split_from = None  # new_group: the default group's backend object for this device,
+        # when it can split its communicators (every rank of the default group calls its split())
 
 
 class Unavailable:

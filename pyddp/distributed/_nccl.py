@@ -169,6 +169,11 @@ class NcclBackend:
         self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
                                           daemon=True)
         self._watchdog.start()
+        parent = getattr(opts, "split_from", None)
+        if parent is not None:
+            for dev, c in parent.split(self.rank, self.size).items():
+                self.comms[dev] = c
+                self.pending[c] = collections.deque()
         if self.device_id is not None:
             self._comm(self.device_id)
 
@@ -230,6 +235,30 @@ class NcclBackend:
                     "collective, or pass device_id to init_process_group; NCCL 2.30 and later "
                     "also allow several ranks per GPU with NCCL_MULTI_RANK_GPU_ENABLE=1")
         return msg
+
+    def split(self, rank, size):
+        """ncclCommSplit of each of this group's communicators, collective over its ranks: a
+        member of the new group (``rank`` of ``size``) gets {device: NcclComm}, the others
+        (rank None) take part and get {}.  Nothing when this libnccl has no ncclCommSplit."""
+        out = {}
+        with self.lock:
+            items = list(self.comms.items())
+        for dev, c in items:
+            try:
+                child = (c.split(0, rank, size, rank) if rank is not None
+                         else c.split(-1, 0, 1, 0))  # NCCL_SPLIT_NOCOLOR
+            except NotImplementedError:
+                return out
+            r = c.wait_ready(self.timeout)
+            if child is not None:
+                r = r or child.wait_ready(self.timeout)
+                if r != 0:
+                    child.abort("ncclCommSplit failed")
+                    raise _C.DistBackendError(
+                        f"ncclCommSplit of {self._where()} on cuda:{dev} failed: NCCL error {r}: "
+                        f"{c.error_string(r) if r != 7 else 'not every rank joined in time'}")
+                out[dev] = child
+        return out
 
     def _device_of(self, views, name):
         first = None
@@ -334,16 +363,17 @@ class NcclBackend:
                 out_splits = tuple(v.nbytes for v in outputs)
         if kind == _K_RECV and root < 0:
             raise ValueError(f"{name}: backend 'nccl' cannot receive from any source; give src")
-        if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
-            self._check(kind, dtype, op, root, count, name)
         ustream = stream_fn() if views else -1
-        try:
-            w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
-                         tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
-                         (inputs, outputs))
-        except _C.DistBackendError:
-            self._raise_if_failed()
-            raise
+        with self.lock:  # one call at a time: the signature buffers, and the same order on NCCL
+            if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
+                self._check(kind, dtype, op, root, count, name)
+            try:
+                w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
+                             tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
+                             (inputs, outputs))
+            except _C.DistBackendError:
+                self._raise_if_failed()
+                raise
         desc = f"{name} (#{comm.seq}, {count} x {_DTYPE_NAMES.get(dtype, dtype)})"
         work = NcclWork(self, comm, w, desc, stream_fn, root if kind == _K_RECV else -1)
         self.pending[comm].append(work)
@@ -367,6 +397,13 @@ class NcclBackend:
 
     # ----------------------------------------------------------------------- shutdown
     def destroy(self):
+        """Let running work finish (bounded: a few seconds), then destroy each communicator, or
+        abort it when it is still busy or broken; never hangs."""
+        deadline = _C.monotonic() + min(self.timeout, 5.0)
+        if self.error is None:
+            for pend in list(self.pending.values()):
+                if pend:
+                    pend[-1].w.synchronize(max(0.0, deadline - _C.monotonic()))
         self._stop.set()
         if self._watchdog.is_alive() and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import collections
 import enum
+import functools
 import io
 import os
 import pickle
@@ -228,8 +229,9 @@ class ProcessGroup:
                 named = a
         if device is None:  # barrier: no arrays
             device = "cpu" if "cpu" in backends else next(iter(backends))
-        if device == "cpu" and "cpu" not in backends and self._host is not None:
-            return self._host  # host arrays of a device-only group (object collectives)
+        if device == "cpu" and "cpu" not in backends and self._host is not None and \
+                getattr(_objects, "active", False):
+            return self._host  # the pickles of an object collective on a device-only group
         be = backends.get(device)
         if be is None or type(be) is _backend.Unavailable:
             what = be.entry.reason() if be is not None else (
@@ -632,12 +634,21 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         _world.group_count += 1
         name = f"pg{_world.group_count}"
     me = world.rank()
+    # A device backend that splits its communicators (NCCL's ncclCommSplit) does it with every
+    # rank of the default group taking part, members or not.
+    parent = (world._backends or {}).get("cuda")
+    if use_local_synchronization or plan.get("cuda") is not (world._plan or {}).get("cuda") or \
+            not callable(getattr(parent, "split", None)):
+        parent = None
     if me not in ranks:
+        if parent is not None:
+            parent.split(None, None)
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
     dev = _device_index(device_id) if device_id is not None else _world.device_id
     opts = _backend.BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
                                    group_desc or name, ranks, pg_options, dev)
+    opts.split_from = parent
     pg = ProcessGroup(_backend.create(plan, opts), ranks, bname, group_desc or name, tsec,
                       ranks.index(me), plan)
     _world.groups.append(pg)
@@ -1395,6 +1406,23 @@ def describe_device(x):
 
 # ------------------------------------------------------------------------- object collectives
 
+_objects = threading.local()  # .active: an object collective runs on this thread
+
+
+def _object_collective(fn):
+    """Object collectives move their pickles in host arrays, on a device-only group (nccl) too:
+    through the host group its backend keeps (torch moves them through the device instead)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        outer = getattr(_objects, "active", False)
+        _objects.active = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _objects.active = outer
+    return wrapper
+
+
 def _pickle(obj) -> np.ndarray:
     buf = io.BytesIO()
     pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
@@ -1405,6 +1433,7 @@ def _unpickle(a: np.ndarray):
     return pickle.loads(a.tobytes())
 
 
+@_object_collective
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
     """Replace the items of ``object_list`` on every rank with those of rank ``src`` (any picklable
     objects; the lists must have equal lengths)."""
@@ -1439,6 +1468,7 @@ def _gather_blobs(obj, pg, group):
     return sizes, m, padded
 
 
+@_object_collective
 def all_gather_object(object_list, obj, group=None):
     """Fill ``object_list`` (world_size items) with every rank's picklable ``obj``, on every rank."""
     pg = _resolve(group)
@@ -1454,6 +1484,7 @@ def all_gather_object(object_list, obj, group=None):
         object_list[i] = _unpickle(out[i * m:i * m + int(sizes[i])])
 
 
+@_object_collective
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
     """Collect every rank's picklable ``obj`` into ``object_gather_list`` on rank ``dst`` (None
     elsewhere)."""
@@ -1475,6 +1506,7 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
             object_gather_list[i] = _unpickle(outs[i][:int(sizes[i])])
 
 
+@_object_collective
 def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
                         group=None, group_src=None):
     """Rank ``src`` sends ``scatter_object_input_list[i]`` to rank i, which receives it in
