@@ -95,16 +95,23 @@ _LEGACY = lambda: 0  # noqa: E731 - barrier and other calls without arrays
 class NcclWork:
     """The handle pyddp.distributed.Work wraps for an NCCL operation."""
 
-    __slots__ = ("be", "comm", "w", "desc", "stream_fn", "peer")
+    __slots__ = ("be", "comm", "w", "what", "stream_fn", "peer")
     stream_ordered = True  # wait() orders the caller's stream; the host does not block
 
-    def __init__(self, be, comm, w, desc, stream_fn, peer=-1):
+    def __init__(self, be, comm, w, what, stream_fn, peer=-1):
         self.be = be
         self.comm = comm
         self.w = w
-        self.desc = desc
+        self.what = what  # (name, count, dtype code): described only when something fails
         self.stream_fn = stream_fn
         self.peer = peer
+
+    @property
+    def desc(self) -> str:
+        name, count, dtype = self.what
+        if count is None:
+            return f"{name} (#{self.w.seq})"
+        return f"{name} (#{self.w.seq}, {count} x {_DTYPE_NAMES.get(dtype, dtype)})"
 
     def wait(self, timeout=None) -> bool:
         """Make the caller's current stream wait for the operation (torch's Work.wait()); with a
@@ -374,8 +381,8 @@ class NcclBackend:
             except _C.DistBackendError:
                 self._raise_if_failed()
                 raise
-        desc = f"{name} (#{comm.seq}, {count} x {_DTYPE_NAMES.get(dtype, dtype)})"
-        work = NcclWork(self, comm, w, desc, stream_fn, root if kind == _K_RECV else -1)
+        work = NcclWork(self, comm, w, (name, count, dtype), stream_fn,
+                        root if kind == _K_RECV else -1)
         self.pending[comm].append(work)
         if kind == _K_BARRIER:  # torch's NCCL barrier blocks the host until it is done
             work.synchronize_host(self.timeout)
@@ -390,8 +397,7 @@ class NcclBackend:
         stream_fn = _stream_family(views[0])
         w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
                          views)
-        work = NcclWork(self, comm, w, f"{name} (#{comm.seq}, {len(ops)} operations)",
-                        stream_fn)
+        work = NcclWork(self, comm, w, (f"{name} ({len(ops)} operations)", None, None), stream_fn)
         self.pending[comm].append(work)
         return work
 

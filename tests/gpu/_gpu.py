@@ -1,9 +1,9 @@
 """Helpers of the GPU tests: what this machine has, CUDA arrays behind one interface, and a launcher.
 
 machine() asks a child process (once per session) what torch, CuPy and pyddp see: the pytest process itself
-never touches CUDA, because the ranks are forked from it and CUDA does not survive a fork.
+never needs CUDA: the ranks are fresh interpreters (spawn), since CUDA does not survive a fork.
 
-gpu_run(fn, ws, lib, backend, *args) runs fn(rank, ws, arrays, *args) on ws forked ranks (tests/_mp.py), each
+gpu_run(fn, ws, lib, backend, *args) runs fn(rank, ws, arrays, *args) on ws spawned ranks (tests/_mp.py), each
 with its GPU selected (rank % devices) in the array library and, for the backends that use NCCL, in
 pyddp.cuda, and a process group of `backend` initialised (timeout pg_timeout s) and destroyed around fn.
 arrays is a TorchArrays or CupyArrays: NumPy in and out, streams, a spin kernel, a strided array.
@@ -258,8 +258,10 @@ def _launch(runner, fn, ws, lib, backend, args, timeout, pg_timeout):
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # a JAX test must not take the GPU's memory
     if uses_nccl(backend) and ws > machine()["devices"]:
         env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    # spawn: a fresh interpreter per rank, so a CUDA runtime this process initialised (another test
+    # module asking pyddp.cuda or torch.cuda) never reaches a rank through fork
     return runner(_rank_main, ws, fn, lib, backend, machine()["devices"], pg_timeout, args, init=False,
-                  env=env, timeout=timeout)
+                  env=env, timeout=timeout, start_method="spawn")
 
 
 def gpu_run(fn, ws, lib, backend, *args, timeout=240, pg_timeout=60):
