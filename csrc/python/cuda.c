@@ -97,8 +97,47 @@ int_arg(PyObject *o, const char *fn, const char *name, int *out)
 
 /* ------------------------------------------------------------- loading */
 
-/* The candidate paths as file-system bytes (kept alive in *keep) and a
- * PyMem_Malloc'ed array of their char pointers. */
+/* What a loader call takes: the candidate paths as file-system bytes (kept
+ * alive by keep), a PyMem_Malloc'ed array of their char pointers, and the
+ * buffers the loader writes its report and the loaded path into. */
+typedef struct {
+    PyObject *keep;
+    const char **paths;
+    int n;
+    char *report; /* LOAD_REPORT_CAP bytes, then path: LOAD_PATH_CAP */
+    char *path;
+} load_args;
+
+static void
+load_args_free(load_args *a)
+{
+    Py_CLEAR(a->keep);
+    PyMem_Free(a->paths);
+    PyMem_Free(a->report);
+    a->paths = NULL;
+    a->report = NULL;
+}
+
+static int paths_arg(PyObject *seq, const char *fn, PyObject **keep,
+                     const char ***out, int *n);
+
+static int
+load_args_get(PyObject *seq, const char *fn, load_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    if (paths_arg(seq, fn, &a->keep, &a->paths, &a->n) < 0) {
+        return -1;
+    }
+    a->report = PyMem_Malloc(LOAD_REPORT_CAP + LOAD_PATH_CAP);
+    if (a->report == NULL) {
+        load_args_free(a);
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->path = a->report + LOAD_REPORT_CAP;
+    return 0;
+}
+
 static int
 paths_arg(PyObject *seq, const char *fn, PyObject **keep, const char ***out,
           int *n)
@@ -166,82 +205,60 @@ load_error(const char *report)
 static PyObject *
 cuda_load(PyObject *module, PyObject *arg)
 {
-    PyObject *keep;
-    const char **paths;
-    int n;
-    if (paths_arg(arg, "_cuda_load", &keep, &paths, &n) < 0) {
+    load_args a;
+    if (load_args_get(arg, "_cuda_load", &a) < 0) {
         return NULL;
     }
-    char *report = PyMem_Malloc(LOAD_REPORT_CAP + LOAD_PATH_CAP);
-    if (report == NULL) {
-        Py_DECREF(keep);
-        PyMem_Free(paths);
-        return PyErr_NoMemory();
-    }
-    char *path = report + LOAD_REPORT_CAP;
     const struct pd_cudart *rt;
     int runtime = 0, driver = 0;
     pd_cuda_err e1 = PD_CUDA_SUCCESS, e2 = PD_CUDA_SUCCESS;
     Py_BEGIN_ALLOW_THREADS
-    rt = pd_cudart_load(paths, n, report, LOAD_REPORT_CAP, path);
+    rt = pd_cudart_load(a.paths, a.n, a.report, LOAD_REPORT_CAP, a.path);
     if (rt != NULL) {
         e1 = rt->RuntimeGetVersion(&runtime);
         e2 = rt->DriverGetVersion(&driver); /* 0 without a driver */
     }
     Py_END_ALLOW_THREADS
-    Py_DECREF(keep);
-    PyMem_Free(paths);
     PyObject *ret = NULL;
     if (rt == NULL) {
-        load_error(report);
+        load_error(a.report);
     } else if (e1 != PD_CUDA_SUCCESS) {
         cuda_error(rt, "cudaRuntimeGetVersion", e1);
     } else if (e2 != PD_CUDA_SUCCESS) {
         cuda_error(rt, "cudaDriverGetVersion", e2);
     } else {
-        PyObject *p = PyUnicode_DecodeFSDefault(path);
+        PyObject *p = PyUnicode_DecodeFSDefault(a.path);
         if (p != NULL) {
             ret = Py_BuildValue("{sNsisi}", "path", p, "runtime_version",
                                 runtime, "driver_version", driver);
         }
     }
-    PyMem_Free(report);
+    load_args_free(&a);
     return ret;
 }
 
 static PyObject *
 nccl_load(PyObject *module, PyObject *arg)
 {
-    PyObject *keep;
-    const char **paths;
-    int n;
-    if (paths_arg(arg, "_nccl_load", &keep, &paths, &n) < 0) {
+    load_args a;
+    if (load_args_get(arg, "_nccl_load", &a) < 0) {
         return NULL;
     }
-    char *report = PyMem_Malloc(LOAD_REPORT_CAP + LOAD_PATH_CAP);
-    if (report == NULL) {
-        Py_DECREF(keep);
-        PyMem_Free(paths);
-        return PyErr_NoMemory();
-    }
-    char *path = report + LOAD_REPORT_CAP;
     const struct pd_nccl *nc;
     int version = 0;
     Py_BEGIN_ALLOW_THREADS
-    nc = pd_nccl_load(paths, n, report, LOAD_REPORT_CAP, path, &version);
+    nc = pd_nccl_load(a.paths, a.n, a.report, LOAD_REPORT_CAP, a.path, &version);
     Py_END_ALLOW_THREADS
-    Py_DECREF(keep);
-    PyMem_Free(paths);
     PyObject *ret = NULL;
     if (nc == NULL) {
-        load_error(report);
+        load_error(a.report);
     } else {
-        PyObject *p = PyUnicode_DecodeFSDefault(path);
+        PyObject *p = PyUnicode_DecodeFSDefault(a.path);
         if (p != NULL) {
             ret = Py_BuildValue("(Ni)", p, version);
         }
     }
-    PyMem_Free(report);
+    load_args_free(&a);
     return ret;
 }
 
