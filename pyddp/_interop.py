@@ -338,6 +338,18 @@ def cpu_array(x, name: str, writable: bool = False, on_device=None):
     if type(x) is np.ndarray:
         a, code = x, None
     else:
+        if on_device is not None:  # CUDA arrays straight to the device path (no exceptions)
+            if is_torch_tensor(x):
+                if x.is_cuda:
+                    return on_device(_torch_device_view(x), name, writable)
+            elif getattr(type(x), "__cuda_array_interface__", None) is not None and \
+                    not hasattr(x, "__array_interface__"):
+                try:
+                    v = _c_view(x, name, dlpack=False)
+                except TypeError:  # the class has the attribute, this object does not
+                    v = None
+                if v is not None and v.device != "cpu":
+                    return on_device(v, name, writable)
         try:
             a, code = host_view(x, name)
         except DeviceError as e:

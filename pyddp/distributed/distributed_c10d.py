@@ -116,8 +116,12 @@ class ProcessGroup:
         cpu_only = len(self._backends) == 1 and cpu is not None
         # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
         self._cpg = None if type(cpu) is _backend.Unavailable else cpu
-        # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups)
-        self._fast = getattr(self._cpg, "fast", None)
+        # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
+        # CPU-only groups: in a group with a device backend the attempt would cost every device
+        # array an export (torch's __dlpack__ also orders streams) before it is turned down.
+        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable
+                          for d, b in self._backends.items())
+        self._fast = None if device_live else getattr(self._cpg, "fast", None)
         # host arrays of a group without a 'cpu' backend (object collectives on an nccl group):
         # the host group a device backend keeps beside it
         self._host = self._cpg
