@@ -418,16 +418,16 @@ Comm_wait_ready(CommObject *self, PyObject *arg)
     }
     pd_nccl_res r = PD_NCCL_INTERNAL;
     Py_BEGIN_ALLOW_THREADS
-    pd_nccl_comm comm;
+    /* Under mu, so abort() (which sets the flag settle() polls, then takes
+     * mu) never frees the communicator while it is polled here. */
     pthread_mutex_lock(&self->mu);
-    comm = self->comm;
-    pthread_mutex_unlock(&self->mu);
-    if (comm != NULL && !atomic_load(&self->aborted)) {
-        r = settle(self, comm, pd_now() + t);
+    if (self->comm != NULL && !atomic_load(&self->aborted)) {
+        r = settle(self, self->comm, pd_now() + t);
         if (r == PD_NCCL_TIMEOUT) {
             r = PD_NCCL_IN_PROGRESS;
         }
     }
+    pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(r);
 }
