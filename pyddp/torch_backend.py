@@ -138,6 +138,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         super().__init__(rank, size)
         self._timeout = _seconds(timeout) or 1800.0
         self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME)
+        self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
 
@@ -179,7 +180,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             bool(wait_all), name, blocking)
         except _C.DistError as e:
             raise _torch_error(e) from None
-        return Work(() if cw is None else (cw,), result, self, source)
+        work = Work(() if cw is None else (cw,), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _many(self, works, result):
         """One Work for several submitted ones (coalesced calls)."""
@@ -261,6 +265,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
+    all_gather_single = _allgather_base
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         works = []
@@ -275,6 +281,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                                       name="allgather_into_tensor",
                                       blocking=self._blocking(opts) and len(inputs) == 1))
         return self._many(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
@@ -310,7 +318,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
@@ -324,6 +334,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                                       count=b.size, name="reduce_scatter_tensor",
                                       blocking=self._blocking(opts) and len(inputs) == 1))
         return self._many(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts or dist.AllToAllOptions()
@@ -393,6 +405,15 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag=0):
         return self._p2p(_C.K_RECV, tensors, -1, tag, "recv")
+
+    # ----------------------------------------------------------------- coalescing
+
+    def _start_coalescing(self, device=None):
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return self._many(works, [t for w in works for t in w._result])
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -114,7 +115,7 @@ def _collectives(rank, world_size):
             def red(g, x=x, rop=rop):
                 t = x.clone()
                 dist.reduce(t, dst=n - 1, op=rop, group=g)
-                return [t]
+                return [t] if rank == n - 1 else []  # gloo leaves partial sums elsewhere
 
             both(f"reduce {dtype} {op}", red)
 
@@ -305,7 +306,7 @@ def _ddp(rank, world_size, backend):
             x = x * 2
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-    params = [p.detach().clone() for p in model.parameters()]
+    params = [p.detach().numpy().copy() for p in model.parameters()]  # no torch shared memory
     dist.destroy_process_group()
     return params
 
@@ -315,9 +316,9 @@ def test_torch_ddp_same_as_gloo():
     ref = run(_ddp, 2, "gloo", init=False, timeout=120)
     for r in range(2):
         for a, b in zip(mine[r], ref[r]):
-            assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     for a, b in zip(mine[0], mine[1]):
-        assert torch.equal(a, b)
+        np.testing.assert_array_equal(a, b)
 
 
 def _mismatch(rank, world_size):
