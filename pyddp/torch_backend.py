@@ -1,0 +1,446 @@
+"""pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp".
+
+Then an unchanged torch script runs its collectives on pyddp's C core (shared memory on one
+host, TCP across hosts)::
+
+    import torch.distributed as dist
+    import pyddp.torch_backend  # noqa: F401
+    dist.init_process_group("pyddp")
+
+torch 2.13 cannot subclass its C++ ``Backend`` from Python (no constructor is bound), so the
+creator returns a ``torch.distributed.ProcessGroup`` subclass, which torch uses as the whole
+group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's Python API and its
+C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call; each maps to one
+request of pyddp's C process group (``submit``, see pyddp.distributed._backend).  CPU tensors are
+used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
+C work handle); ``get_future()`` completes from a watcher thread once the work finishes.
+pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
+``torch.distributed.DistBackendError``.
+
+Importing this module imports torch; ``import pyddp`` alone never does.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from . import _C, _interop
+from .distributed.distributed_c10d import _connect_group
+
+__all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
+
+BACKEND_NAME = "pyddp"
+_OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
+
+
+def _seconds(t):
+    """A torch timeout (timedelta, or None) in seconds; None for none or torch's kNoTimeout (0)."""
+    if t is None:
+        return None
+    s = t.total_seconds() if isinstance(t, timedelta) else float(t)
+    return s if s > 0 else None
+
+
+def _torch_error(e):
+    err = dist.DistBackendError(str(e))
+    err.__cause__ = e
+    return err
+
+
+def _array(t, name, writable):
+    """(NumPy view of a CPU tensor, dtype code); no copy."""
+    return _interop.cpu_array(t, name, writable)
+
+
+def _op(reduce_op, what):
+    op = getattr(reduce_op, "op", reduce_op)  # ReduceOp object -> RedOpType
+    name = getattr(op, "name", str(op)).rpartition(".")[2]
+    code = _OPS.get(name)
+    if code is None:
+        raise ValueError(f"{what}: reduce op {name} is not supported by the pyddp backend "
+                         f"(supported: {', '.join(_OPS)})")
+    return code
+
+
+class Work(dist._Work):
+    """A pyddp work handle (one or more C works) as a torch Work."""
+
+    def __init__(self, cworks, result, pg, source=False):
+        super().__init__()
+        self._cws = cworks  # C works still to wait for (empty: done on the caller's thread)
+        self._result = result  # the list of output tensors the future yields
+        self._pg = pg
+        self._source = source
+        self._fut = None
+
+    def _wait(self, timeout):
+        try:
+            for cw in self._cws:
+                cw.wait(timeout)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+
+    def wait(self, timeout=None):
+        self._wait(_seconds(timeout))
+        return True
+
+    def is_completed(self):
+        return all(cw.is_completed() for cw in self._cws)
+
+    def is_success(self):
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        if not self.is_completed():
+            return None
+        try:
+            self._wait(0)
+        except dist.DistBackendError as e:
+            return e
+        return None
+
+    def result(self):
+        self.wait()
+        return list(self._result)
+
+    def _source_rank(self):
+        return self._cws[0].source_rank()
+
+    source_rank = _source_rank
+
+    def get_future(self):
+        if self._fut is None:
+            self._fut = Future()
+            if self.is_completed():
+                self._complete()
+            else:
+                self._pg._watch(self)
+        return self._fut
+
+    def _complete(self):
+        try:
+            self._wait(None)
+        except dist.DistBackendError as e:
+            self._fut.set_exception(e)
+        else:
+            self._fut.set_result(list(self._result))
+
+
+class ProcessGroupPyddp(dist.ProcessGroup):
+    """One rank's member of a torch process group whose collectives run on pyddp's C core."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._timeout = _seconds(timeout) or 1800.0
+        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME)
+        self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
+        self._q = None  # works whose futures the watcher completes, in submission order
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    @property
+    def transport(self):
+        """'shm', 'tcp' or 'local' (pyddp's C group)."""
+        return self._cpg.transport
+
+    def _watch(self, work):
+        with self._lock:
+            if self._q is None:
+                self._q = queue.SimpleQueue()
+                threading.Thread(target=self._watcher, args=(self._q,), daemon=True,
+                                 name="pyddp-torch-futures").start()
+            self._q.put(work)
+
+    @staticmethod
+    def _watcher(q):
+        while True:
+            work = q.get()
+            if work is None:
+                return
+            work._complete()
+
+    def _submit(self, kind, code, arrays_in, arrays_out, result, *, op=0, root=0, tag=0,
+                count=0, in_splits=None, out_splits=None, name="", blocking=False,
+                timeout=0.0, wait_all=False, source=False):
+        cpg = self._cpg
+        if cpg is None:
+            raise dist.DistBackendError(f"{name}: the pyddp process group has been destroyed")
+        try:
+            cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
+                            tuple(arrays_out), in_splits, out_splits, float(timeout),
+                            bool(wait_all), name, blocking)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        work = Work(() if cw is None else (cw,), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _many(self, works, result):
+        """One Work for several submitted ones (coalesced calls)."""
+        return Work(tuple(cw for w in works for cw in w._cws), result, self)
+
+    @staticmethod
+    def _blocking(opts):
+        return not getattr(opts, "asyncOp", True)
+
+    # --------------------------------------------------------------- collectives
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        op = _op(opts.reduceOp, "allreduce")
+        works = []
+        for i, t in enumerate(tensors):
+            a, code = _array(t, f"tensors[{i}]", True)
+            works.append(self._submit(_C.K_ALLREDUCE, code, (), (a,), None, op=op, count=a.size,
+                                      name="allreduce",
+                                      blocking=self._blocking(opts) and len(tensors) == 1))
+        return self._many(works, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        works = []
+        for i, t in enumerate(tensors):
+            a, code = _array(t, f"tensors[{i}]", True)
+            works.append(self._submit(_C.K_BROADCAST, code, (), (a,), None, root=opts.rootRank,
+                                      count=a.size, name="broadcast",
+                                      blocking=self._blocking(opts) and len(tensors) == 1))
+        return self._many(works, tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op = _op(opts.reduceOp, "reduce")
+        a, code = _array(self._one(tensors, "reduce"), "tensor", True)
+        return self._submit(_C.K_REDUCE, code, (a,), (a,), tensors, op=op, root=opts.rootRank,
+                            count=a.size, name="reduce", blocking=self._blocking(opts))
+
+    @staticmethod
+    def _one(tensors, what):
+        if len(tensors) != 1:
+            raise ValueError(f"{what}: the pyddp backend takes one tensor per call, "
+                             f"got {len(tensors)}")
+        return tensors[0]
+
+    def _rank_list(self, lst, t, what, name, writable):
+        """(view of t, its code, views of lst: one tensor per rank, each like t)."""
+        a, code = _array(t, "tensor", not writable)
+        if len(lst) != self.size():
+            raise ValueError(f"{what}: {name} must have one tensor per rank ({self.size()}), "
+                             f"got {len(lst)}")
+        arrays = []
+        for i, o in enumerate(lst):
+            b, oc = _array(o, f"{name}[{i}]", writable)
+            if oc != code or b.size != a.size:
+                raise ValueError(f"{what}: {name}[{i}] must match the tensor's dtype and "
+                                 f"size ({t.dtype}, {a.size}), got {o.dtype}, {b.size}")
+            arrays.append(b)
+        return a, code, arrays
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        works = []
+        for outs, t in zip(output_tensors, input_tensors):
+            a, code, arrays = self._rank_list(outs, t, "allgather", "output_tensors", True)
+            works.append(self._submit(_C.K_ALLGATHER, code, (a,), arrays, None, count=a.size,
+                                      name="allgather",
+                                      blocking=self._blocking(opts) and len(input_tensors) == 1))
+        return self._many(works, output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        works = []
+        for o, t in zip(outputs, inputs):
+            a, code = _array(t, "input_tensor", False)
+            b, oc = _array(o, "output_tensor", True)
+            if oc != code or b.size != a.size * self.size():
+                raise ValueError(f"allgather_into_tensor: output_tensor must have the input's "
+                                 f"dtype and world_size * {a.size} elements, got {o.dtype}, "
+                                 f"{b.size}")
+            works.append(self._submit(_C.K_ALLGATHER, code, (a,), (b,), None, count=a.size,
+                                      name="allgather_into_tensor",
+                                      blocking=self._blocking(opts) and len(inputs) == 1))
+        return self._many(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        t = self._one(input_tensors, "gather")
+        if self.rank() == opts.rootRank:
+            a, code, arrays = self._rank_list(self._one(output_tensors, "gather"), t, "gather",
+                                              "gather_list", True)
+        else:
+            (a, code), arrays = _array(t, "input_tensor", False), ()
+        return self._submit(_C.K_GATHER, code, (a,), arrays, output_tensors, root=opts.rootRank,
+                            count=a.size, name="gather", blocking=self._blocking(opts))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        o = self._one(output_tensors, "scatter")
+        if self.rank() == opts.rootRank:
+            b, code, arrays = self._rank_list(self._one(input_tensors, "scatter"), o, "scatter",
+                                              "scatter_list", False)
+        else:
+            (b, code), arrays = _array(o, "tensor", True), ()
+        return self._submit(_C.K_SCATTER, code, arrays, (b,), output_tensors, root=opts.rootRank,
+                            count=b.size, name="scatter", blocking=self._blocking(opts))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _op(opts.reduceOp, "reduce_scatter")
+        o = self._one(output_tensors, "reduce_scatter")
+        ins = self._one(input_tensors, "reduce_scatter")
+        b, code, arrays = self._rank_list(ins, o, "reduce_scatter", "input_list", False)
+        return self._submit(_C.K_REDUCE_SCATTER, code, arrays, (b,), output_tensors, op=op,
+                            count=b.size, name="reduce_scatter", blocking=self._blocking(opts))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        works = []
+        for o, t in zip(outputs, inputs):
+            a, code = _array(t, "input", False)
+            b, oc = _array(o, "output", True)
+            if oc != code or a.size != b.size * self.size():
+                raise ValueError(f"reduce_scatter_tensor: input must have the output's dtype "
+                                 f"and world_size * {b.size} elements, got {t.dtype}, {a.size}")
+            works.append(self._submit(_C.K_REDUCE_SCATTER, code, (a,), (b,), None, op=op,
+                                      count=b.size, name="reduce_scatter_tensor",
+                                      blocking=self._blocking(opts) and len(inputs) == 1))
+        return self._many(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        b, code = _array(output, "output", True)
+        a, ic = _array(input, "input", False)
+        if ic != code:
+            raise TypeError(f"all_to_all_single: input has dtype {input.dtype} but output has "
+                            f"{output.dtype}")
+        n = self.size()
+
+        def splits(sizes, t, what):
+            row = t.element_size() * (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 1)
+            rows = t.shape[0] if t.dim() else 1
+            if not sizes:
+                if rows % n:
+                    raise ValueError(f"all_to_all_single: {what} has {rows} rows, not divisible "
+                                     f"by world size {n}")
+                return tuple([rows // n * row] * n)
+            if len(sizes) != n or sum(sizes) != rows:
+                raise ValueError(f"all_to_all_single: {what}_split_sizes {list(sizes)} must have "
+                                 f"{n} entries adding up to {rows}")
+            return tuple(int(s) * row for s in sizes)
+
+        ins = splits(input_split_sizes, input, "input")
+        outs = splits(output_split_sizes, output, "output")
+        return self._submit(_C.K_ALLTOALL, code, (a,), (b,), [output], in_splits=ins,
+                            out_splits=outs, name="all_to_all_single",
+                            blocking=self._blocking(opts))
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
+        outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]
+        code = ins[0][1]
+        if any(c != code for _, c in ins + outs):
+            raise TypeError("all_to_all: every tensor must have one dtype")
+        return self._submit(_C.K_ALLTOALL, code, [a for a, _ in ins], [b for b, _ in outs],
+                            output_tensors, name="all_to_all", blocking=self._blocking(opts))
+
+    def barrier(self, opts=None):
+        blocking = self._blocking(opts) if opts is not None else False
+        return self._submit(_C.K_BARRIER, 0, (), (), [], name="barrier", blocking=blocking)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier naming the ranks that did not arrive within ``timeout`` (torch's
+        ``dist.monitored_barrier`` accepts only gloo groups; call this method directly)."""
+        t = _seconds(timeout) or self._timeout
+        self._submit(_C.K_MONITORED_BARRIER, 0, (), (), [], timeout=t, wait_all=wait_all_ranks,
+                     name="monitored_barrier", blocking=True).wait()
+
+    # ----------------------------------------------------------------- p2p
+
+    def _p2p(self, kind, tensors, peer, tag, name):
+        t = self._one(tensors, name)
+        a, code = _array(t, "tensor", kind == _C.K_RECV)
+        ins, outs = ((a,), ()) if kind == _C.K_SEND else ((), (a,))
+        return self._submit(kind, code, ins, outs, tensors, root=peer, tag=int(tag),
+                            count=a.size, name=name, source=True)
+
+    def send(self, tensors, dst, tag=0):
+        return self._p2p(_C.K_SEND, tensors, dst, tag, "send")
+
+    def recv(self, tensors, src, tag=0):
+        return self._p2p(_C.K_RECV, tensors, src, tag, "recv")
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._p2p(_C.K_RECV, tensors, -1, tag, "recv")
+
+    # ----------------------------------------------------------------- coalescing
+
+    def _start_coalescing(self, device=None):
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return self._many(works, [t for w in works for t in w._result])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _destroy(self):
+        cpg, self._cpg = self._cpg, None
+        if cpg is not None:
+            cpg.destroy()
+        with self._lock:
+            if self._q is not None:
+                self._q.put(None)
+
+    def shutdown(self):
+        self._destroy()
+
+    def abort(self):
+        self._destroy()
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:
+            pass
+
+
+def _create(store, rank, world_size, timeout):
+    return ProcessGroupPyddp(store, rank, world_size, timeout)
+
+
+if BACKEND_NAME.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
