@@ -145,6 +145,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # ------------------------------------------------------------------ plumbing
 
     def getBackendName(self):
+        """The backend's name, "pyddp" (torch's ProcessGroup.getBackendName)."""
         return BACKEND_NAME
 
     @property

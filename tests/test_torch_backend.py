@@ -200,11 +200,11 @@ def _p2p_objects_async(rank, world_size):
         got = []
         for _ in range(world_size - 1):
             b = torch.zeros(2, dtype=torch.int64)
-            src = dist.recv(b)
+            src = dist.recv(b, tag=7)  # its own tag: the batch below also sends to rank 0
             got.append((src, b.tolist()))
         out["any"] = sorted(got)
     else:
-        dist.send(torch.tensor([rank, rank * 10]), 0)
+        dist.send(torch.tensor([rank, rank * 10]), 0, tag=7)
     # batch_isend_irecv
     ops = [dist.P2POp(dist.isend, t.clone(), nxt), dist.P2POp(dist.irecv, r, prv)]
     for w in dist.batch_isend_irecv(ops):
