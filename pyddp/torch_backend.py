@@ -198,15 +198,13 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         coalescing, a busy group, a tensor NumPy cannot view: the caller submits instead)."""
         if self._fast is None or self._coalesced is not None or opts is None or opts.asyncOp:
             return None
-        try:
-            a = tensor.numpy()  # no copy; refuses bfloat16, tensors needing grad, devices
-            if input is None:
-                done = self._fast(kind, a, arg)
-            else:
-                done = self._fast(kind, a, arg, input.numpy())
+        try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
+            arrays = (tensor.numpy(),) if input is None else (tensor.numpy(), input.numpy())
         except (TypeError, RuntimeError):
             return None
-        except _C.DistError as e:
+        try:
+            done = self._fast(kind, arrays[0], arg, *arrays[1:])
+        except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
             raise _torch_error(e) from None
         return Work((), [tensor], self) if done else None
 

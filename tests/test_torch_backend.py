@@ -5,6 +5,7 @@ default group on "pyddp" and a gloo group over the same ranks, run the same call
 compare (gloo is the reference; where gloo refuses a dtype or op, a reduction computed locally
 with torch is).
 """
+import gc
 import os
 import signal
 import time
@@ -307,6 +308,8 @@ def _ddp(rank, world_size, backend):
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
     params = [p.detach().numpy().copy() for p in model.parameters()]  # no torch shared memory
+    del opt, ddp  # the reducer goes while its group lives (see test_torch_backend_training.py)
+    gc.collect()
     dist.destroy_process_group()
     return params
 

@@ -5,6 +5,7 @@ inputs), and ZeroRedundancyOptimizer end with the same parameters on "pyddp" as 
 group starts from every init_method (env://, tcp://, file://, store=); a torchrun-launched script
 trains on "pyddp".  Real rank processes (tests/_mp.py), a timeout on every wait.
 """
+import gc
 import os
 import subprocess
 import sys
@@ -85,6 +86,10 @@ def _train(rank, world_size, backend, mode):
     else:
         momenta = None
     params = [p.detach().numpy().copy() for p in model.parameters()]  # no torch shared memory
+    # DDP's reducer is freed while its group lives: freed after destroy_process_group (when
+    # this frame is left), it now and then hangs in torch's C++ (seen with gloo and with pyddp)
+    del opt, ddp, joinables
+    gc.collect()
     dist.destroy_process_group()
     return params, momenta
 
