@@ -166,6 +166,7 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print("RESULT", json.dumps({"rank": rank, "world": world, "backend": dist.get_backend(),
                                 "params": flat.tolist()}), flush=True)
+    del opt, ddp  # torch DDP freed before its group (see _train)
     dist.destroy_process_group()
 """)
 
