@@ -27,6 +27,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future
 
 from . import _C, _interop
@@ -36,6 +37,10 @@ __all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
 
 BACKEND_NAME = "pyddp"
 _OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
+# torch's RedOpType -> pyddp op code (the blocking fast path looks the op up with no string work)
+_OP_CODES = {t: _OPS[n] for n, t in _c10d.ReduceOp.RedOpType.__members__.items() if n in _OPS}
+_K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
+_K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 
 
 def _seconds(t):
@@ -138,6 +143,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         super().__init__(rank, size)
         self._timeout = _seconds(timeout) or 1800.0
         self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME)
+        # the C group's inline path for small blocking collectives (False: not taken)
+        self._fast = getattr(self._cpg, "fast", None)
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
@@ -186,6 +193,22 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
+    def _inline(self, opts, kind, tensor, arg, input=None):
+        """Run a blocking collective (torch passes ``opts.asyncOp`` False) on this thread through
+        the C group's fast path; a finished Work, or None when that path does not take it (async,
+        coalescing, a busy group, a tensor NumPy cannot view: the caller submits instead)."""
+        if self._fast is None or self._coalesced is not None or opts is None or opts.asyncOp:
+            return None
+        try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
+            arrays = (tensor.numpy(),) if input is None else (tensor.numpy(), input.numpy())
+        except (TypeError, RuntimeError):
+            return None
+        try:
+            done = self._fast(kind, arrays[0], arg, *arrays[1:])
+        except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
+            raise _torch_error(e) from None
+        return Work((), [tensor], self) if done else None
+
     def _many(self, works, result):
         """One Work for several submitted ones (coalesced calls)."""
         return Work(tuple(cw for w in works for cw in w._cws), result, self)
@@ -197,7 +220,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # --------------------------------------------------------------- collectives
 
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+        if len(tensors) == 1 and opts is not None:
+            work = self._inline(opts, _K_ALLREDUCE, tensors[0], _OP_CODES.get(opts.reduceOp.op, -1))
+            if work is not None:
+                return work
+        opts = opts or _c10d.AllreduceOptions()
         op = _op(opts.reduceOp, "allreduce")
         works = []
         for i, t in enumerate(tensors):
@@ -208,11 +235,15 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
+        opts = opts or _c10d.AllreduceCoalescedOptions()
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
+        if len(tensors) == 1 and opts is not None:
+            work = self._inline(opts, _K_BROADCAST, tensors[0], opts.rootRank)
+            if work is not None:
+                return work
+        opts = opts or _c10d.BroadcastOptions()
         works = []
         for i, t in enumerate(tensors):
             a, code = _array(t, f"tensors[{i}]", True)
@@ -222,7 +253,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
+        opts = opts or _c10d.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
         a, code = _array(self._one(tensors, "reduce"), "tensor", True)
         return self._submit(_C.K_REDUCE, code, (a,), (a,), tensors, op=op, root=opts.rootRank,
@@ -251,7 +282,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return a, code, arrays
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         works = []
         for outs, t in zip(output_tensors, input_tensors):
             a, code, arrays = self._rank_list(outs, t, "allgather", "output_tensors", True)
@@ -269,7 +300,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        if len(outputs) == 1 == len(inputs) and opts is not None:
+            work = self._inline(opts, _K_ALLGATHER, outputs[0], 0, inputs[0])
+            if work is not None:
+                return work
+        opts = opts or _c10d.AllgatherOptions()
         works = []
         for o, t in zip(outputs, inputs):
             a, code = _array(t, "input_tensor", False)
@@ -286,7 +321,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
+        opts = opts or _c10d.GatherOptions()
         t = self._one(input_tensors, "gather")
         if self.rank() == opts.rootRank:
             a, code, arrays = self._rank_list(self._one(output_tensors, "gather"), t, "gather",
@@ -297,7 +332,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=a.size, name="gather", blocking=self._blocking(opts))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
+        opts = opts or _c10d.ScatterOptions()
         o = self._one(output_tensors, "scatter")
         if self.rank() == opts.rootRank:
             b, code, arrays = self._rank_list(self._one(input_tensors, "scatter"), o, "scatter",
@@ -308,7 +343,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter")
         o = self._one(output_tensors, "reduce_scatter")
         ins = self._one(input_tensors, "reduce_scatter")
@@ -322,7 +357,12 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        if len(outputs) == 1 == len(inputs) and opts is not None:
+            work = self._inline(opts, _K_REDUCE_SCATTER, outputs[0],
+                                _OP_CODES.get(opts.reduceOp.op, -1), inputs[0])
+            if work is not None:
+                return work
+        opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
         for o, t in zip(outputs, inputs):
@@ -339,7 +379,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         b, code = _array(output, "output", True)
         a, ic = _array(input, "input", False)
         if ic != code:
@@ -369,7 +409,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
         outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]
         code = ins[0][1]
@@ -379,6 +419,13 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             output_tensors, name="all_to_all", blocking=self._blocking(opts))
 
     def barrier(self, opts=None):
+        if opts is not None and self._fast is not None and self._coalesced is None \
+                and not opts.asyncOp:
+            try:
+                if self._fast(_K_BARRIER, None, 0):
+                    return Work((), [], self)
+            except _C.DistError as e:
+                raise _torch_error(e) from None
         blocking = self._blocking(opts) if opts is not None else False
         return self._submit(_C.K_BARRIER, 0, (), (), [], name="barrier", blocking=blocking)
 
@@ -419,7 +466,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # ------------------------------------------------------------------ lifecycle
 
     def _destroy(self):
-        cpg, self._cpg = self._cpg, None
+        cpg, self._cpg, self._fast = self._cpg, None, None
         if cpg is not None:
             cpg.destroy()
         with self._lock:

@@ -188,3 +188,30 @@ def test_rounds_are_merged_by_the_median_of_their_medians():
     assert r["median_us"] == 3.0 and r["min_us"] == 0.5 and r["iters"] == 30 and r["rounds"] == 3
     assert r["correct"] is False  # one wrong round marks the row
     assert mod.merge_rounds(rounds[:1]) is rounds[0]
+
+
+@pytest.mark.timeout(180)
+def test_torch_backend_quick_table():
+    """benchmarks/torch_backend.py, tiny: both tables with every row, correct results."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "torch_backend.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--coll-sizes", "4,4K", "--sizes", "0.27M", "--rounds", "1",
+         "--steps", "2", "--iters", "5", "--timeout", "150"],
+        cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=170,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "WRONG RESULT" not in proc.stdout and "deprecated" not in out, out
+    num = r"([0-9.]+)"
+    rows = re.findall(rf"^\| (\w+) \| ([0-9]+ \w+) \| {num} \| {num} \| {num} \| {num} \| {num}x \|$",
+                      proc.stdout, re.M)
+    assert [r[0] for r in rows] == [op for op in OPS for _ in range(2)], out
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows), out
+    ddp_rows = re.findall(r"^\| 0.27M \(0.27M\) \| (.+?) \| ([0-9.]+) \| ([0-9.]+) \|$", proc.stdout,
+                          re.M)
+    assert [r[0] for r in ddp_rows] == ["torch plain", "torch DDP (gloo)", "torch DDP (pyddp)",
+                                        "torch DDP (pyddp), no-op comm hook"], out
+    assert float(ddp_rows[0][2]) == 1.0, out
+    assert re.search(r"^target allreduce 4 B: pyddp [0-9.]+ us \(<= 10\) -> (met|NOT met)$",
+                     proc.stdout, re.M), out

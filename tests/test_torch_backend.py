@@ -5,6 +5,7 @@ default group on "pyddp" and a gloo group over the same ranks, run the same call
 compare (gloo is the reference; where gloo refuses a dtype or op, a reduction computed locally
 with torch is).
 """
+import gc
 import os
 import signal
 import time
@@ -307,6 +308,8 @@ def _ddp(rank, world_size, backend):
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
     params = [p.detach().numpy().copy() for p in model.parameters()]  # no torch shared memory
+    del opt, ddp  # the reducer goes while its group lives (see test_torch_backend_training.py)
+    gc.collect()
     dist.destroy_process_group()
     return params
 
@@ -372,3 +375,54 @@ def test_import_twice_is_harmless():
     importlib.reload(tb)
     assert "PYDDP" in dist.Backend._plugins
     assert dist.Backend.PYDDP == "pyddp"
+
+
+def _inline_path(rank, world_size):
+    """Blocking small collectives run inline (the C group's fast path: no submitted work);
+    async calls, bfloat16 and tensors needing grad take the general path; both give gloo's
+    results."""
+    dist = _init(rank, world_size)
+    gloo = dist.new_group(backend="gloo")
+    pg = dist.group.WORLD
+    submitted = []
+    submit = pg._submit
+
+    def counting(*a, **k):
+        submitted.append(k.get("name"))
+        return submit(*a, **k)
+
+    pg._submit = counting
+    out = {}
+    for g in (None, gloo):
+        x = torch.arange(5, dtype=torch.float32) + rank
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=g)
+        b = torch.arange(3, dtype=torch.int64) * (rank + 1)
+        dist.broadcast(b, src=world_size - 1, group=g)
+        ag = torch.zeros(2 * world_size, dtype=torch.int32)
+        dist.all_gather_into_tensor(ag, torch.tensor([rank, 7], dtype=torch.int32), group=g)
+        rs = torch.zeros(2, dtype=torch.float64)
+        dist.reduce_scatter_tensor(rs, torch.arange(2.0 * world_size, dtype=torch.float64) + rank,
+                                   group=g)
+        dist.barrier(group=g)
+        out["gloo" if g else "pyddp"] = [t.tolist() for t in (x, b, ag, rs)]
+        if g is None:
+            out["inline_submitted"] = list(submitted)
+    x = torch.ones(4)
+    dist.all_reduce(x, async_op=True).wait()
+    bf = torch.ones(4, dtype=torch.bfloat16)
+    dist.all_reduce(bf)
+    w = torch.ones(4, requires_grad=True)
+    dist.all_reduce(w)  # a leaf needing grad: Tensor.numpy() refuses it, the general path not
+    out["general"] = list(submitted[len(out["inline_submitted"]):])
+    out["values"] = [x.tolist(), bf.float().tolist(), w.detach().tolist()]
+    dist.destroy_process_group()
+    return out
+
+
+def test_blocking_small_collectives_run_inline():
+    res = run(_inline_path, 2, init=False, timeout=90)
+    for out in res:
+        assert out["pyddp"] == out["gloo"]
+        assert out["inline_submitted"] == [], out["inline_submitted"]
+        assert out["general"] == ["allreduce"] * 3, out["general"]
+        assert out["values"] == [[2.0] * 4] * 3
