@@ -338,6 +338,15 @@ def _mismatch_child(rank, ws, case):
     except Exception as e:
         res = dict(_exc_info(e), elapsed=time.monotonic() - t0)
         res["is_dist_error"] = isinstance(e, dist.DistError)
+    if res["type"] is None and case == "src":
+        # A broadcast's root publishes its data and may return before a rank that also thinks it
+        # is the root has looked: the mismatch then reaches it as the group's error at its next
+        # call, at once (the group is failed), never as a hang or a wrong result.
+        try:
+            dist.barrier()
+        except Exception as e:  # noqa: BLE001
+            res = dict(_exc_info(e), elapsed=time.monotonic() - t0, deferred=True)
+            res["is_dist_error"] = isinstance(e, dist.DistError)
     time.sleep(1.0)  # let every rank see the mismatch before this one tears its group down
     return res
 
