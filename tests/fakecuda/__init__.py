@@ -54,6 +54,7 @@ NCCL_DTYPES = {np.dtype(t): code for code, t in enumerate(
 if BFLOAT16 is not None:
     NCCL_DTYPES[BFLOAT16] = 9
 SUM, PROD, MAX, MIN, AVG = range(5)
+HOLD_LIMIT = 60.0  # seconds a Stream.hold() blocks at most
 
 
 def build():
@@ -324,9 +325,10 @@ class Stream:
 
     def hold(self):
         """Block this stream (a kernel that runs until released) until the returned threading.Event
-        is set; set it before the process ends."""
+        is set; set it before the process ends.  Bounded: after HOLD_LIMIT seconds the stream goes on
+        by itself, so a test that forgets to release it fails instead of hanging."""
         gate = threading.Event()
-        cb = HOST_FN(lambda _: gate.wait())
+        cb = HOST_FN(lambda _: gate.wait(HOLD_LIMIT))
         with self._on():
             cuda_call("cudaLaunchHostFunc", self.handle, cb, None)
         self._hold(cb)
