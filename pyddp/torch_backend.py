@@ -38,7 +38,12 @@ __all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
 BACKEND_NAME = "pyddp"
 _OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
 # torch's RedOpType -> pyddp op code (the blocking fast path looks the op up with no string work)
-_OP_CODES = {t: _OPS[n] for n, t in _c10d.ReduceOp.RedOpType.__members__.items() if n in _OPS}
+# (indexed by RedOpType.value: reading the enum's int is cheaper than hashing the enum)
+_OP_CODES = [-1] * (1 + max(t.value for t in _c10d.ReduceOp.RedOpType.__members__.values()))
+for _n, _t in _c10d.ReduceOp.RedOpType.__members__.items():
+    if _n in _OPS:
+        _OP_CODES[_t.value] = _OPS[_n]
+_OP_CODES = tuple(_OP_CODES)
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 
@@ -145,6 +150,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME)
         # the C group's inline path for small blocking collectives (False: not taken)
         self._fast = getattr(self._cpg, "fast", None)
+        self._done = Work((), [], self)  # what a blocking call done inline returns (_finished)
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
@@ -194,20 +200,28 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return work
 
     def _inline(self, opts, kind, tensor, arg, input=None):
-        """Run a blocking collective (torch passes ``opts.asyncOp`` False) on this thread through
-        the C group's fast path; a finished Work, or None when that path does not take it (async,
-        coalescing, a busy group, a tensor NumPy cannot view: the caller submits instead)."""
-        if self._fast is None or self._coalesced is not None or opts is None or opts.asyncOp:
-            return None
+        """Run a blocking collective (torch's Python API passes ``opts.asyncOp`` False and waits
+        for the Work only when one is returned) on this thread through the C group's fast path.
+        True when done: the method then returns the group's finished Work (one object reused,
+        so a blocking call allocates nothing; torch's Python API only waits on it).
+        False when that path does not take it (async, coalescing, a busy group, a tensor NumPy
+        cannot view): the caller submits instead."""
+        if self._fast is None or self._coalesced is not None or opts.asyncOp:
+            return False
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
-            arrays = (tensor.numpy(),) if input is None else (tensor.numpy(), input.numpy())
+            a = tensor.numpy()
+            b = None if input is None else input.numpy()
         except (TypeError, RuntimeError):
-            return None
+            return False
         try:
-            done = self._fast(kind, arrays[0], arg, *arrays[1:])
+            return self._fast(kind, a, arg) if b is None else self._fast(kind, a, arg, b)
         except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
             raise _torch_error(e) from None
-        return Work((), [tensor], self) if done else None
+
+    def _finished(self, result):
+        done = self._done
+        done._result = result
+        return done
 
     def _many(self, works, result):
         """One Work for several submitted ones (coalesced calls)."""
@@ -220,10 +234,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # --------------------------------------------------------------- collectives
 
     def allreduce(self, tensors, opts=None):
-        if len(tensors) == 1 and opts is not None:
-            work = self._inline(opts, _K_ALLREDUCE, tensors[0], _OP_CODES.get(opts.reduceOp.op, -1))
-            if work is not None:
-                return work
+        if opts is not None and len(tensors) == 1 and self._inline(
+                opts, _K_ALLREDUCE, tensors[0], _OP_CODES[opts.reduceOp.op.value]):
+            return self._finished(tensors)
         opts = opts or _c10d.AllreduceOptions()
         op = _op(opts.reduceOp, "allreduce")
         works = []
@@ -239,10 +252,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        if len(tensors) == 1 and opts is not None:
-            work = self._inline(opts, _K_BROADCAST, tensors[0], opts.rootRank)
-            if work is not None:
-                return work
+        if opts is not None and len(tensors) == 1 and self._inline(
+                opts, _K_BROADCAST, tensors[0], opts.rootRank):
+            return self._finished(tensors)
         opts = opts or _c10d.BroadcastOptions()
         works = []
         for i, t in enumerate(tensors):
@@ -300,10 +312,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        if len(outputs) == 1 == len(inputs) and opts is not None:
-            work = self._inline(opts, _K_ALLGATHER, outputs[0], 0, inputs[0])
-            if work is not None:
-                return work
+        if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
+                opts, _K_ALLGATHER, outputs[0], 0, inputs[0]):
+            return self._finished(outputs)
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for o, t in zip(outputs, inputs):
@@ -357,11 +368,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        if len(outputs) == 1 == len(inputs) and opts is not None:
-            work = self._inline(opts, _K_REDUCE_SCATTER, outputs[0],
-                                _OP_CODES.get(opts.reduceOp.op, -1), inputs[0])
-            if work is not None:
-                return work
+        if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
+                opts, _K_REDUCE_SCATTER, outputs[0], _OP_CODES[opts.reduceOp.op.value],
+                inputs[0]):
+            return self._finished(outputs)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
@@ -423,7 +433,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 and not opts.asyncOp:
             try:
                 if self._fast(_K_BARRIER, None, 0):
-                    return Work((), [], self)
+                    return self._finished([])
             except _C.DistError as e:
                 raise _torch_error(e) from None
         blocking = self._blocking(opts) if opts is not None else False
