@@ -155,11 +155,44 @@ def _to_array(x) -> np.ndarray:
 
 
 class _JoinState:
-    def __init__(self, ddp, divide_by_initial_world_size, throw):
+    def __init__(self, ddp, divide_by_initial_world_size, throw, generic=False):
         self.ddp = ddp
         self.divide_initial = divide_by_initial_world_size
         self.throw = throw
         self.active = True
+        self.generic = generic  # inside pyddp.distributed.algorithms.join.Join
+
+
+def _join_mod():
+    from ...distributed.algorithms import join
+    return join
+
+
+class _DDPJoinHook:
+    """DistributedDataParallel's JoinHook for the generic ``Join([ddp, ...])`` context: a joined
+    rank shadows one forward and backward per main_hook, then takes the model of a rank that
+    joined last (post_hook)."""
+
+    def __init__(self, ddp, divide_by_initial_world_size=True):
+        self._ddp = ddp
+        self._state = _JoinState(ddp, divide_by_initial_world_size, False, generic=True)
+
+    def _join_enter(self, enable):
+        if enable:
+            if self._ddp._join is not None:
+                raise RuntimeError("DistributedDataParallel join contexts cannot be nested")
+            self._ddp._join = self._state
+
+    def _join_exit(self):
+        if self._ddp._join is self._state:
+            self._ddp._join = None
+            self._ddp._div = float(self._ddp._world)
+
+    def main_hook(self):
+        self._ddp._join_shadow_step(install_grads=True)
+
+    def post_hook(self, is_last_joiner):
+        self._ddp._join_finish(is_last_joiner)
 
 
 class _DDPJoin:
@@ -402,6 +435,8 @@ class _DDPCore:
         sync = self._ad.grad_enabled() and self.require_backward_grad_sync
         join = self._join
         if join is not None:
+            if join.generic:
+                _join_mod().Join.notify_join_context(self)
             self._join_notify(active=True)
         if sync or join is not None:
             self._maybe_rebuild()
@@ -627,6 +662,22 @@ class _DDPCore:
 
     # -------------------------------------------------------------------------------- join
 
+    def join_hook(self, **kwargs):
+        """The JoinHook of this model for ``pyddp.distributed.algorithms.join.Join``
+        (``divide_by_initial_world_size`` as in ``join()``)."""
+        divide = kwargs.get("divide_by_initial_world_size", True)
+        return _DDPJoinHook(self, divide)
+
+    @property
+    def join_device(self):
+        """The device of the join context's collectives (the CPU)."""
+        return "cpu"
+
+    @property
+    def join_process_group(self):
+        """The process group the model reduces over."""
+        return self.process_group
+
     def _join_notify(self, active):
         """One allreduce of every rank's "still active" flag; returns the number of active ranks."""
         flags = np.zeros(self._world, dtype=np.int32)
@@ -650,35 +701,59 @@ class _DDPCore:
 
     def _join_shadow_loop(self, st):
         last_joiner = True
-        while True:
-            n = self._join_notify(active=False)
-            if n == 0:
-                break
+        while self._join_shadow_step():
             last_joiner = False
-            self._maybe_rebuild()
-            if self.broadcast_buffers and self._buffers_list:
-                self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
-            if not self._join_sync_flag(False):
-                continue
-            # the others reduce their buckets: add zeros to each, in bucket order
-            for b in self._buckets:
-                b.buffer[...] = 0
-                if self._comm_hook is not None:
-                    b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-                else:
-                    op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
-                    b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
-            for b in self._buckets:
-                self._wait_bucket(b)
-            if self.find_unused_parameters or self.static_graph:
-                dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
-                                group=self.process_group)
-            self._iters += 1
+        self._join_finish(last_joiner)
+
+    def _join_shadow_step(self, install_grads=False):
+        """One iteration of a joined rank: match the others' forward and backward collectives.
+        Returns False (having done nothing more) when no rank is active any more. With
+        ``install_grads`` the reduced gradients become this rank's ``param.grad`` (as torch's
+        join hook does, so that an optimizer stepping here sees the others' average)."""
+        n = self._join_notify(active=False)
+        if n == 0:
+            return False
+        self._maybe_rebuild()
+        if self.broadcast_buffers and self._buffers_list:
+            self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
+        if not self._join_sync_flag(False):
+            return True
+        # the others reduce their buckets: add zeros to each, in bucket order
+        for b in self._buckets:
+            b.buffer[...] = 0
+            if self._comm_hook is not None:
+                b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
+            else:
+                op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
+                b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
+        for b in self._buckets:
+            self._wait_bucket(b)
+        used = None
+        if self.find_unused_parameters or self.static_graph:
+            used = np.zeros(len(self._params), dtype=np.int32)
+            dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
+        if install_grads:
+            for i, p in enumerate(self._params):
+                if used is None or used[i]:
+                    self._ad.set_grad(p, np.array(self._views[i]))
+        self._iters += 1
+        return True
+
+    def _join_finish(self, last_joiner):
         # every rank is done: the model of a rank that joined last becomes everyone's
         who = np.array([self._rank if last_joiner else -1], dtype=np.int64)
         dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
         self._sync_params_and_buffers(int(who[0]))
         self._div = float(self._world)
+
+
+def _register_joinable():
+    _join_mod().Joinable.register(_DDPCore)
+    # outside any Join context (torch's disabled _JoinConfig)
+    _DDPCore._join_config = _join_mod()._JoinConfig.construct_disabled_join_config()
+
+
+_register_joinable()
 
 
 def _overlap_default(pg) -> bool:
