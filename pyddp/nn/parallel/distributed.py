@@ -189,7 +189,7 @@ class _DDPJoinHook:
             self._ddp._div = float(self._ddp._world)
 
     def main_hook(self):
-        self._ddp._join_shadow_step(install_grads=True)
+        self._ddp._join_shadow_step()
 
     def post_hook(self, is_last_joiner):
         self._ddp._join_finish(is_last_joiner)
@@ -705,11 +705,10 @@ class _DDPCore:
             last_joiner = False
         self._join_finish(last_joiner)
 
-    def _join_shadow_step(self, install_grads=False):
-        """One iteration of a joined rank: match the others' forward and backward collectives.
-        Returns False (having done nothing more) when no rank is active any more. With
-        ``install_grads`` the reduced gradients become this rank's ``param.grad`` (as torch's
-        join hook does, so that an optimizer stepping here sees the others' average)."""
+    def _join_shadow_step(self):
+        """One iteration of a joined rank: match the others' forward and backward collectives
+        (this rank's ``param.grad`` stay as they are, as with torch's join hook). Returns False
+        (having done nothing more) when no rank is active any more."""
         n = self._join_notify(active=False)
         if n == 0:
             return False
@@ -728,14 +727,9 @@ class _DDPCore:
                 b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
         for b in self._buckets:
             self._wait_bucket(b)
-        used = None
         if self.find_unused_parameters or self.static_graph:
-            used = np.zeros(len(self._params), dtype=np.int32)
-            dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
-        if install_grads:
-            for i, p in enumerate(self._params):
-                if used is None or used[i]:
-                    self._ad.set_grad(p, np.array(self._views[i]))
+            dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
+                            group=self.process_group)
         self._iters += 1
         return True
 
