@@ -32,7 +32,7 @@ import numpy as np
 from ... import _C
 from ... import distributed as dist
 from ...distributed import distributed_c10d as c10d
-from . import _frameworks
+from . import _apex_ddp, _frameworks
 
 __all__ = ["DistributedDataParallel"]
 
@@ -232,6 +232,8 @@ class _DDPJoin:
 class _DDPCore:
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
 
+    _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size sets every bucket's
+
     def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
                   gradient_as_bucket_view, static_graph):
@@ -308,7 +310,7 @@ class _DDPCore:
         self._overlap = _overlap_default(pg)
 
         n = len(self._params)
-        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
         self._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in self._arrays],
                                             [a.dtype for a in self._arrays], limits))
         self._hook_handles = [ad.post_accumulate_hook(p, self._make_hook(i))
@@ -489,7 +491,7 @@ class _DDPCore:
             return
         if [i for b in self._buckets for i in b.params] == order.tolist():
             return
-        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
         self._build_buckets(_assign_buckets(order.tolist(), [a.nbytes for a in self._arrays],
                                             [a.dtype for a in self._arrays], limits))
 
@@ -642,12 +644,26 @@ class _DDPCore:
         finally:
             self.require_backward_grad_sync = old
 
+    def disable_allreduce(self):
+        """apex's name: backward stops reducing gradients (like ``no_sync``) until
+        ``enable_allreduce()``."""
+        self.require_backward_grad_sync = False
+
+    def enable_allreduce(self):
+        """apex's name: backward reduces gradients again."""
+        self.require_backward_grad_sync = True
+
     def register_comm_hook(self, state, hook):
         """Replace the bucket allreduce by ``hook(state, bucket) -> Future`` (once, before training).
 
         With a hook the gradients are not pre-divided by the world size: the hook averages (as
         torch's allreduce_hook does). The future's value (a tensor or [tensor]) becomes the bucket.
         """
+        if getattr(self, "_apex", None) is not None and self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook cannot be combined with apex's "
+                               "delay_allreduce, gradient_average, gradient_predivide_factor, "
+                               "allreduce_always_fp32, retain_allreduce_buffers or "
+                               "num_allreduce_streams (they reduce through their own hook)")
         if self._comm_hook is not None:
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         if not callable(hook):
@@ -779,13 +795,18 @@ class DistributedDataParallel(metaclass=abc.ABCMeta):
     def __new__(cls, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
                 init_sync=True, process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                 check_reduction=False, gradient_as_bucket_view=False, static_graph=False, **kwargs):
+        # apex.parallel.DistributedDataParallel's keyword arguments (see _apex_ddp)
+        bucket_cap_mb, apex = _apex_ddp.parse(kwargs, bucket_cap_mb)
         if kwargs:
             unknown = ", ".join(sorted(kwargs))
             raise TypeError(f"DistributedDataParallel got unexpected keyword argument(s): {unknown}")
         impl = _torch_impl() if _frameworks.is_torch_module(module) else _pyddp_impl()
-        return impl(module, device_ids, output_device, dim, broadcast_buffers, init_sync,
-                    process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
-                    gradient_as_bucket_view, static_graph)
+        ddp = impl(module, device_ids, output_device, dim, broadcast_buffers, init_sync,
+                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
+                   gradient_as_bucket_view, static_graph)
+        if apex is not None:
+            _apex_ddp.install(ddp, apex)
+        return ddp
 
 
 _impls = {}
