@@ -257,3 +257,26 @@ def test_convert_syncbn_model_as_apex():
     np.testing.assert_array_equal(m[1].weight.numpy(), 2.0)  # ... and copies weight and bias
     with pytest.raises(TypeError, match="pyddp.nn.Module"):
         convert_syncbn_model(torch.nn.BatchNorm1d(2))
+
+
+def _reducer_rank(rank, world):
+    import pyddp
+    import pyddp.nn as nn
+    from pyddp.nn.parallel import Reducer
+
+    pyddp.manual_seed(rank)  # different weights per rank: the module Reducer broadcasts rank 0's
+    m = nn.Linear(3, 2)
+    red = Reducer(m)
+    m(pyddp.full((4, 3), float(rank + 1))).sum().backward()
+    red.reduce()
+    g = pyddp.tensor(np.full(5, float(rank), dtype=np.float64))
+    Reducer([g]).reduce()
+    return m.weight.numpy().copy(), m.weight.grad.numpy().copy(), g.numpy().copy()
+
+
+def test_apex_reducer():
+    out = run(_reducer_rank, 3, timeout=120)
+    for w, gw, g in out:
+        np.testing.assert_array_equal(w, out[0][0])
+        np.testing.assert_allclose(gw, np.full((2, 3), 4.0 * (1 + 2 + 3) / 3), rtol=1e-6)
+        np.testing.assert_array_equal(g, np.full(5, 1.0))
