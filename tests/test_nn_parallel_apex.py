@@ -49,6 +49,8 @@ def _apex_rank(rank, world, kwargs):
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
     for p, w in zip(model.parameters(), weights):
         p.numpy()[...] = w
+    if kwargs.get("allreduce_trigger_params") == "2.weight":
+        kwargs = dict(kwargs, allreduce_trigger_params=[model[2].weight])
     ddp = DDP(model, **kwargs)
     calls = []
     real = dist.all_reduce
@@ -71,7 +73,8 @@ def _apex_rank(rank, world, kwargs):
         bufs = [b.numpy() for b in ddp.allreduce_buffers]
         retained = all(any(np.shares_memory(p.grad.numpy(), b) for b in bufs)
                        for p in model.parameters())
-    return grads, early[0], len(calls), ddp.bucket_bytes_cap, retained
+    buckets = [list(b.params) for b in ddp._buckets]
+    return grads, early[0], len(calls), ddp.bucket_bytes_cap, retained, buckets
 
 
 CASES = {
@@ -82,6 +85,7 @@ CASES = {
     "delay": ({"delay_allreduce": True, "message_size": 8}, 1.0),
     "retain_streams": ({"retain_allreduce_buffers": True, "num_allreduce_streams": 2,
                         "message_size": 8, "prof": False}, 1.0),
+    "triggers": ({"allreduce_trigger_params": "2.weight", "gradient_average": False}, None),
 }
 
 
@@ -98,7 +102,7 @@ def test_apex_ddp_arguments(world):
         out = [o[name] for o in outs]
         want_scale = world if scale is None else (scale if name != "predivide_sum" else
                                                   world * scale)
-        for r, (grads, early, total, cap, retained) in enumerate(out):
+        for r, (grads, early, total, cap, retained, buckets) in enumerate(out):
             for g, m in zip(grads, mean):
                 np.testing.assert_allclose(g, m * want_scale, rtol=1e-12, atol=1e-14,
                                            err_msg=f"{name} rank {r}")
@@ -107,6 +111,8 @@ def test_apex_ddp_arguments(world):
                 assert cap == 8 * 4
             if name == "retain_streams":
                 assert retained is True
+            if name == "triggers":  # reverse order: 2.bias, 2.weight | 0.bias, 0.weight
+                assert buckets == [[3, 2], [1, 0]], buckets
         if name == "sum":
             assert out[0][1] >= 1  # without delay, buckets were reduced during backward
 

@@ -9,8 +9,9 @@ reduces float16/bfloat16 buckets in float32; ``retain_allreduce_buffers`` keeps 
 buckets in ``ddp.allreduce_buffers`` with the gradients as views of them; ``message_size``
 (elements) sets the bucket size (``message_size * 4`` bytes); ``num_allreduce_streams`` /
 ``allreduce_communicators`` spread the buckets over that many process groups in turn;
-``allreduce_trigger_params`` and ``prof`` are accepted (bucket boundaries stay by size; CUDA
-profiling ranges do not apply on the CPU). The combinations apex refuses raise its errors.
+``allreduce_trigger_params`` cuts the buckets after each of those parameters (in the order
+gradients are expected: reverse parameter order; message_size is then ignored, as in apex) and
+``prof`` is accepted (CUDA profiling ranges do not apply on the CPU). The combinations apex refuses raise its errors.
 """
 from __future__ import annotations
 
@@ -130,6 +131,8 @@ def install(ddp, opts):
         ddp._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in ddp._arrays],
                                            [a.dtype for a in ddp._arrays],
                                            [ddp.bucket_bytes_cap, ddp.bucket_bytes_cap]))
+    if opts.trigger_params is not None:
+        _trigger_buckets(ddp, opts.trigger_params)
     if opts.streams > 1:
         if opts.communicators:
             opts.groups = list(opts.communicators[0])
@@ -220,3 +223,20 @@ def _queue_retain(ddp, opts):
         ddp._ad.queue_callback(after)
     except RuntimeError:  # not inside a backward (a joined rank shadowing the others)
         opts._queued_iter = None
+
+
+def _trigger_buckets(ddp, trigger_params):
+    """apex's allreduce_trigger_params: a bucket (per dtype) closes as soon as a trigger
+    parameter's gradient is in it; the buckets are kept (no rebuild by size later)."""
+    ids = {id(p) for p in trigger_params}
+    done, open_ = [], {}
+    for i in range(len(ddp._params) - 1, -1, -1):
+        dt = ddp._arrays[i].dtype
+        cur = open_.setdefault(dt, [])
+        cur.append(i)
+        if id(ddp._params[i]) in ids:
+            done.append(cur)
+            open_[dt] = []
+    done.extend(c for c in open_.values() if c)
+    ddp._build_buckets(done)
+    ddp._rebuilt = True

@@ -232,7 +232,7 @@ class _DDPJoin:
 class _DDPCore:
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
 
-    _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size sets every bucket's
+    _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size: no smaller first bucket
 
     def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
