@@ -33,7 +33,7 @@ from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm
                    isinf, isnan, log, log1p, log_softmax, logsumexp, matmul, max, maximum, mean,
                    min, minimum, mm, mul, neg, outer, permute, pow, relu, reshape, round, rsqrt,
                    sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
-                   swapaxes, tanh, transpose, unsqueeze, var, where)
+                   swapaxes, tanh, transpose, tril, triu, unsqueeze, var, where)
 
 # the internal API, importable from here too (as before the split)
 from ..autograd._graph import Node, _edge  # noqa: F401
@@ -54,7 +54,7 @@ __all__ = [
     "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum", "minimum", "pow", "add", "sub",
     "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
     "split", "chunk", "all", "any", "logsumexp", "swapaxes", "default_generator", "sign", "floor",
-    "ceil", "round", "outer",
+    "ceil", "round", "outer", "tril", "triu",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
 ]

@@ -896,6 +896,26 @@ class Tensor:
         """Elements where mask is True replaced by value."""
         return where(mask, _as_t(value, self), self)
 
+    def tril(self, diagonal=0):
+        """The lower triangle of the last two dimensions (pyddp.tril)."""
+        return tril(self, diagonal)
+
+    def triu(self, diagonal=0):
+        """The upper triangle of the last two dimensions (pyddp.triu)."""
+        return triu(self, diagonal)
+
+    def tril_(self, diagonal=0):
+        """In-place lower triangle."""
+        _check_inplace(self)
+        self._data[...] = tril(self.detach(), diagonal)._data
+        return self
+
+    def triu_(self, diagonal=0):
+        """In-place upper triangle."""
+        _check_inplace(self)
+        self._data[...] = triu(self.detach(), diagonal)._data
+        return self
+
     # --- unary math -----------------------------------------------------------------------------
     def exp(self):
         """e ** self."""
@@ -1279,4 +1299,5 @@ from ._ops import (_cast, _getitem, _ip_binary, _setitem, abs, add, all, amax, a
                    argmax, argmin, ceil, chunk, clamp, cos, div, exp, expm1, flatten, floor, log,
                    log1p, log_softmax, matmul, max, maximum, mean, min, minimum, mul, neg, permute,
                    pow, relu, reshape, round, rsqrt, sigmoid, sign, sin, softmax, split, sqrt,
-                   square, squeeze, std, sub, sum, tanh, transpose, unsqueeze, var, where)
+                   square, squeeze, std, sub, sum, tanh, transpose, tril, triu, unsqueeze, var,
+                   where)

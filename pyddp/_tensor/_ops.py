@@ -17,7 +17,7 @@ __all__ = [
     "permute", "transpose", "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum",
     "minimum", "pow", "add", "sub", "mul", "div", "allclose", "equal", "isfinite", "isnan",
     "isinf", "log1p", "expm1", "square", "split", "chunk", "all", "any", "logsumexp", "swapaxes",
-    "sign", "floor", "ceil", "round", "outer",
+    "sign", "floor", "ceil", "round", "outer", "tril", "triu",
 ]
 
 
@@ -834,3 +834,34 @@ def _logsumexp_method(self, dim, keepdim=False):
 
 
 Tensor.logsumexp = _logsumexp_method
+
+
+# ----------------------------------------------------------------------------------------------
+# triangular parts
+
+def _tri(x, diagonal, lower, name):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}(): argument 'input' must be Tensor, not {type(x).__name__}")
+    if x.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    if isinstance(diagonal, (bool, np.bool_)) or not isinstance(diagonal, (int, np.integer)):
+        raise TypeError(f"{name}(): argument 'diagonal' must be int, not {type(diagonal).__name__}")
+    n, m = x.shape[-2], x.shape[-1]
+    keep = np.tri(n, m, k=int(diagonal), dtype=bool) if lower else \
+        ~np.tri(n, m, k=int(diagonal) - 1, dtype=bool)
+    out = np.where(keep, x._data, np.zeros((), dtype=x._data.dtype))
+
+    def bw(g):
+        return (np.where(keep, g, np.zeros((), dtype=g.dtype)),)
+    return _mk(out, "TrilBackward0" if lower else "TriuBackward0", bw, (x,), saves=False)
+
+
+def tril(input, diagonal=0):
+    """The lower triangle of the last two dimensions (the rest zero); ``diagonal`` > 0 keeps
+    diagonals above the main one, < 0 drops some below it."""
+    return _tri(input, diagonal, True, "tril")
+
+
+def triu(input, diagonal=0):
+    """The upper triangle of the last two dimensions (the rest zero)."""
+    return _tri(input, diagonal, False, "triu")

@@ -39,10 +39,12 @@ def is_optimizer(o) -> bool:
 
 def is_ddp(m):
     """The name of the data-parallel wrapper ``m`` is, or None."""
-    from ..nn.parallel import DistributedDataParallel
+    from ..nn.parallel import DataParallel, DistributedDataParallel
 
     if isinstance(m, DistributedDataParallel):
         return "pyddp.nn.parallel.DistributedDataParallel"
+    if isinstance(m, DataParallel):
+        return "pyddp.nn.parallel.DataParallel"
     torch = _torch()
     if torch is not None:
         if isinstance(m, torch.nn.parallel.DistributedDataParallel):

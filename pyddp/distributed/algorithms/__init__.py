@@ -1,2 +1,2 @@
-"""pyddp.distributed.algorithms: DDP communication hooks and Join (torch's module paths)."""
-from .join import Join  # noqa: F401
+"""pyddp.distributed.algorithms: DDP communication hooks and the generic Join (torch's paths)."""
+from .join import Join, Joinable, JoinHook  # noqa: F401

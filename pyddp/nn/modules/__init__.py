@@ -5,7 +5,8 @@ from .conv import Conv2d  # noqa: F401
 from .batchnorm import BatchNorm1d, BatchNorm2d, SyncBatchNorm  # noqa: F401
 from .normalization import LayerNorm  # noqa: F401
 from .sparse import Embedding  # noqa: F401
-from .dropout import Dropout  # noqa: F401
+from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d  # noqa: F401
+from .attention import MultiheadAttention  # noqa: F401
 from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
 from .flatten import Flatten  # noqa: F401
@@ -16,7 +17,7 @@ from .loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss 
 __all__ = [
     "Module", "Identity", "Linear", "Conv2d", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm",
     "LayerNorm",
-    "Embedding", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
+    "Embedding", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "MultiheadAttention", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Sequential", "ModuleList",
     "ModuleDict", "ParameterList", "ParameterDict", "CrossEntropyLoss", "NLLLoss", "MSELoss",
     "L1Loss", "BCEWithLogitsLoss",

@@ -2,7 +2,7 @@
 from .. import functional as F
 from .module import Module
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
 
 
 class _DropoutNd(Module):
@@ -27,3 +27,29 @@ class Dropout(_DropoutNd):
     def forward(self, input):
         """Apply dropout (only when ``self.training``)."""
         return F.dropout(input, self.p, self.training, self.inplace)
+
+
+class Dropout1d(_DropoutNd):
+    """Zero entire channels of (N, C, L) or (C, L) input with probability ``p`` (training only),
+    scaling the rest by 1/(1-p) (torch.nn.Dropout1d)."""
+
+    def forward(self, input):
+        """Channel-wise dropout (only when ``self.training``)."""
+        return F.dropout1d(input, self.p, self.training, self.inplace)
+
+
+class Dropout2d(_DropoutNd):
+    """Zero entire channels of (N, C, H, W) input with probability ``p`` (torch.nn.Dropout2d)."""
+
+    def forward(self, input):
+        """Channel-wise dropout (only when ``self.training``)."""
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
+class Dropout3d(_DropoutNd):
+    """Zero entire channels of (N, C, D, H, W) or (C, D, H, W) input with probability ``p``
+    (torch.nn.Dropout3d)."""
+
+    def forward(self, input):
+        """Channel-wise dropout (only when ``self.training``)."""
+        return F.dropout3d(input, self.p, self.training, self.inplace)

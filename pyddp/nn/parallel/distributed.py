@@ -32,7 +32,7 @@ import numpy as np
 from ... import _C
 from ... import distributed as dist
 from ...distributed import distributed_c10d as c10d
-from . import _frameworks
+from . import _apex_ddp, _frameworks
 
 __all__ = ["DistributedDataParallel"]
 
@@ -155,11 +155,44 @@ def _to_array(x) -> np.ndarray:
 
 
 class _JoinState:
-    def __init__(self, ddp, divide_by_initial_world_size, throw):
+    def __init__(self, ddp, divide_by_initial_world_size, throw, generic=False):
         self.ddp = ddp
         self.divide_initial = divide_by_initial_world_size
         self.throw = throw
         self.active = True
+        self.generic = generic  # inside pyddp.distributed.algorithms.join.Join
+
+
+def _join_mod():
+    from ...distributed.algorithms import join
+    return join
+
+
+class _DDPJoinHook:
+    """DistributedDataParallel's JoinHook for the generic ``Join([ddp, ...])`` context: a joined
+    rank shadows one forward and backward per main_hook, then takes the model of a rank that
+    joined last (post_hook)."""
+
+    def __init__(self, ddp, divide_by_initial_world_size=True):
+        self._ddp = ddp
+        self._state = _JoinState(ddp, divide_by_initial_world_size, False, generic=True)
+
+    def _join_enter(self, enable):
+        if enable:
+            if self._ddp._join is not None:
+                raise RuntimeError("DistributedDataParallel join contexts cannot be nested")
+            self._ddp._join = self._state
+
+    def _join_exit(self):
+        if self._ddp._join is self._state:
+            self._ddp._join = None
+            self._ddp._div = float(self._ddp._world)
+
+    def main_hook(self):
+        self._ddp._join_shadow_step()
+
+    def post_hook(self, is_last_joiner):
+        self._ddp._join_finish(is_last_joiner)
 
 
 class _DDPJoin:
@@ -198,6 +231,8 @@ class _DDPJoin:
 
 class _DDPCore:
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
+
+    _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size: no smaller first bucket
 
     def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
@@ -275,7 +310,7 @@ class _DDPCore:
         self._overlap = _overlap_default(pg)
 
         n = len(self._params)
-        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
         self._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in self._arrays],
                                             [a.dtype for a in self._arrays], limits))
         self._hook_handles = [ad.post_accumulate_hook(p, self._make_hook(i))
@@ -402,6 +437,8 @@ class _DDPCore:
         sync = self._ad.grad_enabled() and self.require_backward_grad_sync
         join = self._join
         if join is not None:
+            if join.generic:
+                _join_mod().Join.notify_join_context(self)
             self._join_notify(active=True)
         if sync or join is not None:
             self._maybe_rebuild()
@@ -454,7 +491,7 @@ class _DDPCore:
             return
         if [i for b in self._buckets for i in b.params] == order.tolist():
             return
-        limits = [_DEFAULT_FIRST_BUCKET_BYTES, self.bucket_bytes_cap]
+        limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
         self._build_buckets(_assign_buckets(order.tolist(), [a.nbytes for a in self._arrays],
                                             [a.dtype for a in self._arrays], limits))
 
@@ -607,12 +644,26 @@ class _DDPCore:
         finally:
             self.require_backward_grad_sync = old
 
+    def disable_allreduce(self):
+        """apex's name: backward stops reducing gradients (like ``no_sync``) until
+        ``enable_allreduce()``."""
+        self.require_backward_grad_sync = False
+
+    def enable_allreduce(self):
+        """apex's name: backward reduces gradients again."""
+        self.require_backward_grad_sync = True
+
     def register_comm_hook(self, state, hook):
         """Replace the bucket allreduce by ``hook(state, bucket) -> Future`` (once, before training).
 
         With a hook the gradients are not pre-divided by the world size: the hook averages (as
         torch's allreduce_hook does). The future's value (a tensor or [tensor]) becomes the bucket.
         """
+        if getattr(self, "_apex", None) is not None and self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook cannot be combined with apex's "
+                               "delay_allreduce, gradient_average, gradient_predivide_factor, "
+                               "allreduce_always_fp32, retain_allreduce_buffers or "
+                               "num_allreduce_streams (they reduce through their own hook)")
         if self._comm_hook is not None:
             raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         if not callable(hook):
@@ -626,6 +677,22 @@ class _DDPCore:
         return _DDPJoin(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
     # -------------------------------------------------------------------------------- join
+
+    def join_hook(self, **kwargs):
+        """The JoinHook of this model for ``pyddp.distributed.algorithms.join.Join``
+        (``divide_by_initial_world_size`` as in ``join()``)."""
+        divide = kwargs.get("divide_by_initial_world_size", True)
+        return _DDPJoinHook(self, divide)
+
+    @property
+    def join_device(self):
+        """The device of the join context's collectives (the CPU)."""
+        return "cpu"
+
+    @property
+    def join_process_group(self):
+        """The process group the model reduces over."""
+        return self.process_group
 
     def _join_notify(self, active):
         """One allreduce of every rank's "still active" flag; returns the number of active ranks."""
@@ -650,35 +717,53 @@ class _DDPCore:
 
     def _join_shadow_loop(self, st):
         last_joiner = True
-        while True:
-            n = self._join_notify(active=False)
-            if n == 0:
-                break
+        while self._join_shadow_step():
             last_joiner = False
-            self._maybe_rebuild()
-            if self.broadcast_buffers and self._buffers_list:
-                self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
-            if not self._join_sync_flag(False):
-                continue
-            # the others reduce their buckets: add zeros to each, in bucket order
-            for b in self._buckets:
-                b.buffer[...] = 0
-                if self._comm_hook is not None:
-                    b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-                else:
-                    op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
-                    b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
-            for b in self._buckets:
-                self._wait_bucket(b)
-            if self.find_unused_parameters or self.static_graph:
-                dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
-                                group=self.process_group)
-            self._iters += 1
+        self._join_finish(last_joiner)
+
+    def _join_shadow_step(self):
+        """One iteration of a joined rank: match the others' forward and backward collectives
+        (this rank's ``param.grad`` stay as they are, as with torch's join hook). Returns False
+        (having done nothing more) when no rank is active any more."""
+        n = self._join_notify(active=False)
+        if n == 0:
+            return False
+        self._maybe_rebuild()
+        if self.broadcast_buffers and self._buffers_list:
+            self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
+        if not self._join_sync_flag(False):
+            return True
+        # the others reduce their buckets: add zeros to each, in bucket order
+        for b in self._buckets:
+            b.buffer[...] = 0
+            if self._comm_hook is not None:
+                b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
+            else:
+                op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
+                b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
+        for b in self._buckets:
+            self._wait_bucket(b)
+        if self.find_unused_parameters or self.static_graph:
+            dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
+                            group=self.process_group)
+        self._iters += 1
+        return True
+
+    def _join_finish(self, last_joiner):
         # every rank is done: the model of a rank that joined last becomes everyone's
         who = np.array([self._rank if last_joiner else -1], dtype=np.int64)
         dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
         self._sync_params_and_buffers(int(who[0]))
         self._div = float(self._world)
+
+
+def _register_joinable():
+    _join_mod().Joinable.register(_DDPCore)
+    # outside any Join context (torch's disabled _JoinConfig)
+    _DDPCore._join_config = _join_mod()._JoinConfig.construct_disabled_join_config()
+
+
+_register_joinable()
 
 
 def _overlap_default(pg) -> bool:
@@ -710,13 +795,18 @@ class DistributedDataParallel(metaclass=abc.ABCMeta):
     def __new__(cls, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
                 init_sync=True, process_group=None, bucket_cap_mb=None, find_unused_parameters=False,
                 check_reduction=False, gradient_as_bucket_view=False, static_graph=False, **kwargs):
+        # apex.parallel.DistributedDataParallel's keyword arguments (see _apex_ddp)
+        bucket_cap_mb, apex = _apex_ddp.parse(kwargs, bucket_cap_mb)
         if kwargs:
             unknown = ", ".join(sorted(kwargs))
             raise TypeError(f"DistributedDataParallel got unexpected keyword argument(s): {unknown}")
         impl = _torch_impl() if _frameworks.is_torch_module(module) else _pyddp_impl()
-        return impl(module, device_ids, output_device, dim, broadcast_buffers, init_sync,
-                    process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
-                    gradient_as_bucket_view, static_graph)
+        ddp = impl(module, device_ids, output_device, dim, broadcast_buffers, init_sync,
+                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
+                   gradient_as_bucket_view, static_graph)
+        if apex is not None:
+            _apex_ddp.install(ddp, apex)
+        return ddp
 
 
 _impls = {}

@@ -1,0 +1,81 @@
+"""apex.parallel's SyncBatchNorm and convert_syncbn_model (the target of apex's porting row).
+
+``pyddp.nn.parallel.SyncBatchNorm`` is pyddp.nn.SyncBatchNorm (statistics over the whole process
+group, exact also when ranks hold different batch sizes) with apex's constructor and forward:
+``channel_last`` (channels in the last dimension), ``fuse_relu`` and the residual ``z`` of
+``forward(input, z=None)``: ``relu(bn(input) + z)``.
+"""
+from __future__ import annotations
+
+from ..modules.batchnorm import SyncBatchNorm as _TorchSyncBatchNorm
+from ..modules.batchnorm import _BatchNorm
+from ..modules.module import Module
+from ..._tensor import Tensor
+
+__all__ = ["SyncBatchNorm", "convert_syncbn_model"]
+
+
+class SyncBatchNorm(_TorchSyncBatchNorm):
+    """apex.parallel.SyncBatchNorm on pyddp: ``SyncBatchNorm(num_features, eps=1e-5,
+    momentum=0.1, affine=True, track_running_stats=True, process_group=None,
+    channel_last=False, fuse_relu=False)``."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, channel_last=False,
+                 fuse_relu=False):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         process_group)
+        self.channel_last = bool(channel_last)
+        self.fuse_relu = bool(fuse_relu)
+
+    def _specify_process_group(self, process_group):
+        self.process_group = process_group
+
+    def _specify_channel_last(self, channel_last):
+        self.channel_last = channel_last
+
+    def forward(self, input, z=None):
+        """Batch norm with group-wide statistics (training); then ``+ z`` and ReLU when asked."""
+        if not isinstance(input, Tensor):
+            raise TypeError(f"SyncBatchNorm: input must be a pyddp Tensor, got "
+                            f"{type(input).__name__}")
+        last = self.channel_last and input.ndim > 2
+        # (N, *spatial, C) -> (N, C, *spatial), keeping the spatial order
+        x = input.permute(0, input.ndim - 1, *range(1, input.ndim - 1)) if last else input
+        out = super().forward(x)
+        if last:
+            out = out.permute(0, *range(2, input.ndim), 1)
+        if z is not None:
+            if tuple(z.shape) != tuple(out.shape):
+                raise ValueError(f"SyncBatchNorm: z must have the shape of the output "
+                                 f"{list(out.shape)}, got {list(z.shape)}")
+            out = out + z
+        if self.fuse_relu:
+            out = out.relu()
+        return out
+
+
+def convert_syncbn_model(module, process_group=None, channel_last=False):
+    """Replace every BatchNorm layer of ``module`` by apex's SyncBatchNorm (as apex does: running
+    statistics shared, weight and bias copied into the new layer); returns the converted module."""
+    if not isinstance(module, Module):
+        raise TypeError(f"convert_syncbn_model: module must be a pyddp.nn.Module, got "
+                        f"{type(module).__name__}")
+    mod = module
+    if isinstance(module, _BatchNorm):
+        mod = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group, channel_last=channel_last)
+        mod.running_mean = module.running_mean
+        mod.running_var = module.running_var
+        mod.num_batches_tracked = module.num_batches_tracked
+        if module.affine:
+            mod.weight._data[...] = module.weight._data
+            if module.bias is not None:
+                mod.bias._data[...] = module.bias._data
+            else:
+                mod.bias = None
+        mod.training = module.training
+    for name, child in module.named_children():
+        mod.add_module(name, convert_syncbn_model(child, process_group=process_group,
+                                                  channel_last=channel_last))
+    return mod
