@@ -133,8 +133,11 @@ def analyse_group(files):
         states = ", ".join(f"rank {name(r)} {x['state']}" + (f" ({x['status']})" if x['status']
                                                              else "")
                            for r, x in sorted(stuck.items()))
-        lines.append(f"  every rank entered collective #{top} {_desc(e)}; not completed: "
-                     f"{states}")
+        who = "every rank" if not missing else _ranks(by_rank)
+        lines.append(f"  {who} entered collective #{top} {_desc(e)}; not completed: {states}")
+        if missing:
+            lines.append(f"  -> {_ranks([name(r) for r in missing])} wrote no record: look there "
+                         "first (it died, or left the group)")
         return lines, problem
     if top:
         lines.append(f"  every rank completed collectives up to #{top}; no divergence")
