@@ -103,7 +103,7 @@ def main(argv=None):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                     else "")
-        cmd = [sys.executable, "-m", "pyddp.run", "--nproc-per-node", "2", __file__,
+        cmd = [sys.executable, "-m", "pyddp.run", "--standalone", "--nproc-per-node", "2", __file__,
                "--worker", out, "--rounds", str(args.rounds), "--iters", str(args.iters)]
         subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
         with open(out) as f:

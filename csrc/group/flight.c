@@ -43,7 +43,12 @@ pd_fr_init(pd_fr *fr, size_t cap)
     pthread_mutex_init(&fr->mu, NULL);
     fr->tl_tid = -1;
     if (cap > 0) {
-        fr->e = calloc(cap, sizeof(pd_fr_entry));
+        /* committed now (malloc + memset, not calloc's lazily mapped
+         * pages): the ring's memory does not creep up as it fills */
+        fr->e = malloc(cap * sizeof(pd_fr_entry));
+        if (fr->e != NULL) {
+            memset(fr->e, 0, cap * sizeof(pd_fr_entry));
+        }
         if (fr->e == NULL) {
             return pd_error(PD_ENOMEM, "flight recorder: out of memory for "
                             "%zu entries", cap);
