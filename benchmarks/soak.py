@@ -71,9 +71,12 @@ def _threads():
 
 
 def _shm_entries():
+    """/dev/shm entries of this job's groups (other jobs on the machine do not count)."""
+    from pyddp.distributed import _observe
+
+    prefixes = tuple(_observe.shm_prefixes())
     try:
-        uid = os.getuid()
-        return sum(1 for e in os.scandir("/dev/shm") if e.stat().st_uid == uid)
+        return sum(1 for e in os.scandir("/dev/shm") if e.name.startswith(prefixes))
     except OSError:
         return -1
 

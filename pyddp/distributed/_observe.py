@@ -194,6 +194,12 @@ def dump(cpg, path=None, reason="on demand"):
     return os.fspath(path)
 
 
+def shm_prefixes():
+    """The /dev/shm name prefixes of this process's groups' segments ("pyddp.<token>.")."""
+    with _lock:
+        return [f"pyddp.{tok & (2**64 - 1):016x}." for (_, tok, _, _, _) in _labels.values()]
+
+
 def live_groups():
     with _lock:
         return [(k, g) for k, g in _groups.items()]
