@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "coll/op.h"
+#include "group/flight.h"
 #include "util/status.h"
 
 typedef struct pd_group pd_group;
@@ -70,6 +71,18 @@ pd_status pd_group_submit(pd_group *g, const pd_op *op, pd_work **out);
  * destroyed"), say goodbye to peers and free everything.  Accepts NULL and
  * half-built groups. */
 void pd_group_destroy(pd_group *g);
+
+/* The flight recorder (group/flight.h): a copy of the records, oldest
+ * first (at most cap; their number); where to dump them when the group
+ * fails, with the JSON object the file carries; a dump now (path NULL: the
+ * configured one); this group's timeline track. */
+size_t pd_group_flight_capacity(pd_group *g);
+size_t pd_group_flight_records(pd_group *g, pd_fr_entry *out, size_t cap);
+pd_status pd_group_flight_configure(pd_group *g, const char *path,
+                                    const char *meta);
+pd_status pd_group_flight_dump(pd_group *g, const char *path,
+                               const char *reason);
+void pd_group_set_timeline_track(pd_group *g, int tid);
 
 int pd_group_rank(const pd_group *g);
 int pd_group_size(const pd_group *g);

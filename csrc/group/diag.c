@@ -1,4 +1,5 @@
-/* Diagnostics: which ranks a timed-out collective waited for. */
+/* Diagnostics: which ranks a timed-out collective waited for; the group's
+ * flight-recorder accessors (group.h). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -60,4 +61,36 @@ pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeou
              g->rank, op->name, (unsigned long long)seq, timeout, never,
              os ? "; ranks that did not answer: [" : "", silent,
              os ? "]" : "");
+}
+
+/* ------------------------------------------------------ flight recorder */
+
+size_t
+pd_group_flight_capacity(pd_group *g)
+{
+    return g->fr.cap;
+}
+
+size_t
+pd_group_flight_records(pd_group *g, pd_fr_entry *out, size_t cap)
+{
+    return pd_fr_snapshot(&g->fr, out, cap);
+}
+
+pd_status
+pd_group_flight_configure(pd_group *g, const char *path, const char *meta)
+{
+    return pd_fr_configure(&g->fr, path, meta);
+}
+
+pd_status
+pd_group_flight_dump(pd_group *g, const char *path, const char *reason)
+{
+    return pd_fr_dump(&g->fr, path, reason, 0);
+}
+
+void
+pd_group_set_timeline_track(pd_group *g, int tid)
+{
+    g->fr.tl_tid = tid;
 }

@@ -12,6 +12,7 @@
 #include "../group.h"
 #include "../transport/shm/shm.h"
 #include "../transport/transport.h"
+#include "flight.h"
 
 /* How long a waiter polls before sleeping on its condition variable, when
  * the host has a core for every rank on it (oversubscribed: never). */
@@ -32,6 +33,8 @@ struct pd_work {
     uint64_t seq;      /* resume: the sequence number already taken */
     int resume;        /* an interrupted inline collective to finish */
     void *owned;       /* block arrays copied for a resumed collective */
+    struct pd_group *g;
+    uint64_t fr_id;    /* its flight-recorder record (0: none) */
     struct pd_work *next;
 };
 
@@ -62,6 +65,7 @@ struct pd_group {
     atomic_int err_claim;
     _Atomic int err;
     char errmsg[PD_ERRMSG_MAX];
+    pd_fr fr;          /* the flight recorder */
 };
 
 /* Buffers in the group's shared memory: allreduce without the copy-in. */

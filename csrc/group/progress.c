@@ -52,6 +52,12 @@ pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
     if (g->shm != NULL) {
         pd_shm_abort(g->shm, st, g->errmsg);
     }
+    char reason[PD_ERRMSG_MAX + 48];
+    snprintf(reason, sizeof(reason), "group failed (%s): %s",
+             pd_status_name(st), g->errmsg);
+    if (pd_fr_dump(&g->fr, NULL, reason, 1) != PD_OK) {
+        PD_LOG(PD_LOG_WARN, "group", "rank %d: %s", g->rank, pd_errmsg());
+    }
 }
 
 /* Progress thread: stop the transport, tell every peer, fail p2p work. */
@@ -150,6 +156,7 @@ run_work(pd_group *g, pd_work *w)
     }
     w->deadline = pd_now() + timeout;
     if (op->kind == PD_K_SEND || op->kind == PD_K_RECV) {
+        pd_fr_start(&g->fr, w->fr_id, 0);
         pd_req *r = &w->req;
         memset(r, 0, sizeof(*r));
         r->peer = op->root;
@@ -186,6 +193,7 @@ run_work(pd_group *g, pd_work *w)
     }
 
     uint64_t seq = w->seq ? w->seq : ++g->seq; /* handed over: taken */
+    pd_fr_start(&g->fr, w->fr_id, seq);
     run_ctx x = {g, 1, 0.0, NULL, NULL};
     int published = 0;
     pd_status st = pd_grp_run_collective(&x, op, seq, w->resume, w->deadline,
@@ -195,6 +203,8 @@ run_work(pd_group *g, pd_work *w)
         return;
     }
     if (st != PD_OK) {
+        pd_fr_end(&g->fr, w->fr_id, st); /* before the dump that set_fatal
+                                            writes */
         pd_grp_set_fatal(g, st, pd_errmsg());
         pd_grp_work_complete(w, pd_grp_err(g), g->errmsg);
         return;
@@ -303,6 +313,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
         double timeout = op->timeout > 0 ? op->timeout : g->timeout;
         double deadline = pd_now() + timeout;
         uint64_t seq = ++g->seq;
+        uint64_t fr_id = pd_fr_add(&g->fr, op, seq, g->size);
         run_ctx x = {g, 0, 0.0, interrupted, ictx};
         int published = 0;
         st = pd_grp_run_collective(&x, op, seq, 0, deadline, &published);
@@ -319,6 +330,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
                 /* published: resume after the first bump; else all again */
                 w->resume = published;
                 w->seq = seq;
+                w->fr_id = fr_id; /* ends when the progress thread ends it */
                 pthread_mutex_lock(&g->mu);
                 w->next = g->qh;
                 g->qh = w;
@@ -335,6 +347,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
             }
             st = pd_error(PD_ENOMEM, "%s: out of memory", op->name);
         }
+        pd_fr_end(&g->fr, fr_id, st);
         if (st != PD_OK && st != PD_ECLOSED) {
             char msg[PD_ERRMSG_MAX];
             snprintf(msg, sizeof(msg), "%s", pd_errmsg());
@@ -367,6 +380,7 @@ pd_group_submit(pd_group *g, const pd_op *op, pd_work **out)
     if (w == NULL) {
         return pd_error(PD_ENOMEM, "%s: out of memory", op->name);
     }
+    w->fr_id = pd_fr_add(&g->fr, op, 0, g->size);
     pthread_mutex_lock(&g->mu);
     if (g->qt) {
         g->qt->next = w;

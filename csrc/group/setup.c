@@ -32,6 +32,11 @@ pd_group_create(int rank, int size, double timeout_s, const char *secret,
     if (g == NULL) {
         return pd_error(PD_ENOMEM, "process group: out of memory");
     }
+    if (pd_fr_init(&g->fr, pd_fr_default_capacity()) != PD_OK) {
+        pd_fr_free(&g->fr);
+        free(g);
+        return pd_error(PD_ENOMEM, "process group: out of memory");
+    }
     g->rank = rank;
     g->size = size;
     g->timeout = timeout_s > 0 ? timeout_s : 1800.0;
@@ -246,6 +251,7 @@ pd_group_destroy(pd_group *g)
     }
     pd_shm_close(g->lshm);
     pthread_mutex_destroy(&g->mu);
+    pd_fr_free(&g->fr);
     free(g);
 }
 

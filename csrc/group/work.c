@@ -15,6 +15,7 @@
 void
 pd_grp_work_complete(pd_work *w, pd_status st, const char *msg)
 {
+    pd_fr_end(&w->g->fr, w->fr_id, st);
     pthread_mutex_lock(&w->mu);
     w->status = st;
     if (st != PD_OK) {
@@ -107,6 +108,7 @@ pd_grp_work_new(pd_group *g, const pd_op *op)
     w->op = *op;
     w->src = -1;
     w->spin_s = g->spin_s;
+    w->g = g;
     pthread_mutex_init(&w->mu, NULL);
     if (pd_cond_init_monotonic(&w->cv, op->name) != PD_OK) {
         pthread_mutex_destroy(&w->mu);

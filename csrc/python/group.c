@@ -10,8 +10,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../coll/kinds.h"
 #include "../group.h"
+#include "../kernels/kernels.h"
 #include "binding.h"
+
+#include <structmember.h>
 
 typedef struct {
     PyObject_HEAD
@@ -22,6 +26,7 @@ typedef struct {
     long pid; /* creator: a forked child must not touch the parent's thread */
     PyObject *handoffs; /* Works of interrupted inline collectives */
     pd_module_state *st; /* the defining module's state (the fast path's) */
+    PyObject *weakrefs; /* weak references (the flight recorder's registry) */
 } PGObject;
 
 typedef struct {
@@ -322,6 +327,9 @@ PG_dealloc(PGObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     pg_destroy(self);
     Py_CLEAR(self->handoffs);
     tp->tp_free((PyObject *)self);
@@ -1136,6 +1144,95 @@ PG_get_error(PGObject *self, void *Py_UNUSED(closure))
     return PyUnicode_FromString(msg);
 }
 
+/* ------------------------------------------------------ flight recorder */
+
+static PyObject *
+fr_entry_dict(const pd_fr_entry *e)
+{
+    return Py_BuildValue(
+        "{s:K,s:K,s:s,s:s,s:s,s:s,s:i,s:K,s:K,s:s,s:s,s:d,s:d,s:d}", "id",
+        (unsigned long long)e->id, "seq", (unsigned long long)e->seq, "name",
+        e->name, "kind", pd_kind_name(e->kind), "dtype",
+        pd_dtype_name((pd_dtype)e->dtype), "op",
+        pd_redop_name((pd_redop)e->op), "root", (int)e->root, "count",
+        (unsigned long long)e->count, "bytes", (unsigned long long)e->bytes,
+        "state", pd_fr_state_name(e->state), "status",
+        e->state >= PD_FR_COMPLETED ? pd_status_name((pd_status)e->status)
+                                    : "",
+        "t_enqueued", e->t_enqueued, "t_started", e->t_started, "t_ended",
+        e->t_ended);
+}
+
+static PyObject *
+PG_flight_records(PGObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    size_t cap = pd_group_flight_capacity(self->g);
+    pd_fr_entry *buf = cap ? PyMem_Malloc(cap * sizeof(pd_fr_entry)) : NULL;
+    if (cap && buf == NULL) {
+        return PyErr_NoMemory();
+    }
+    size_t n = cap ? pd_group_flight_records(self->g, buf, cap) : 0;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list != NULL && i < n; i++) {
+        PyObject *d = fr_entry_dict(&buf[i]);
+        if (d == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    PyMem_Free(buf);
+    return list;
+}
+
+static PyObject *
+PG_flight_configure(PGObject *self, PyObject *args)
+{
+    const char *path = NULL, *meta = NULL;
+    if (!PyArg_ParseTuple(args, "zz:flight_recorder_configure", &path,
+                          &meta) ||
+        pg_check(self) < 0) {
+        return NULL;
+    }
+    pd_status st = pd_group_flight_configure(self->g, path, meta);
+    if (st != PD_OK) {
+        return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PG_flight_dump(PGObject *self, PyObject *args)
+{
+    const char *path = NULL, *reason = "on demand";
+    if (!PyArg_ParseTuple(args, "z|s:flight_recorder_dump", &path, &reason) ||
+        pg_check(self) < 0) {
+        return NULL;
+    }
+    pd_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pd_group_flight_dump(self->g, path, reason);
+    Py_END_ALLOW_THREADS
+    if (st != PD_OK) {
+        return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PG_set_timeline_track(PGObject *self, PyObject *arg)
+{
+    long tid = PyLong_AsLong(arg);
+    if ((tid == -1 && PyErr_Occurred()) || pg_check(self) < 0) {
+        return NULL;
+    }
+    pd_group_set_timeline_track(self->g, (int)tid);
+    Py_RETURN_NONE;
+}
+
 static PyGetSetDef PG_getset[] = {
     {"error", (getter)PG_get_error, NULL,
      "None, or the group's sticky error (a dead peer, a mismatch, ...)",
@@ -1159,12 +1256,31 @@ static PyMethodDef PG_methods[] = {
      "here if the group is idle."},
     {"submit", (PyCFunction)(void (*)(void))PG_submit,
      METH_VARARGS | METH_KEYWORDS, "submit an operation; returns a Work."},
+    {"flight_records", (PyCFunction)PG_flight_records, METH_NOARGS,
+     "flight_records() -> list of dicts: the flight recorder's records, "
+     "oldest first."},
+    {"flight_recorder_configure", (PyCFunction)PG_flight_configure,
+     METH_VARARGS,
+     "flight_recorder_configure(path, meta_json): dump there when the "
+     "group fails (None: nowhere)."},
+    {"flight_recorder_dump", (PyCFunction)PG_flight_dump, METH_VARARGS,
+     "flight_recorder_dump(path=None, reason='on demand'): write the "
+     "records as JSON now."},
+    {"set_timeline_track", (PyCFunction)PG_set_timeline_track, METH_O,
+     "set_timeline_track(tid): this group's track in the timeline."},
     {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,
      "stop the progress thread, say goodbye to peers, free everything."},
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef PG_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(PGObject, weakrefs), READONLY,
+     NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyType_Slot PG_slots[] = {
+    {Py_tp_members, PG_members},
     {Py_tp_new, PG_new},
     {Py_tp_dealloc, PG_dealloc},
     {Py_tp_traverse, PG_traverse},

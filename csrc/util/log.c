@@ -18,7 +18,7 @@ read_env(void)
 {
     const char *v = getenv("PYDDP_DEBUG");
     if (v != NULL) {
-        if (strcasecmp(v, "TRACE") == 0) {
+        if (strcasecmp(v, "TRACE") == 0 || strcasecmp(v, "DETAIL") == 0) {
             threshold = PD_LOG_TRACE;
         }
         else if (strcasecmp(v, "INFO") == 0) {

@@ -1,6 +1,6 @@
 /* Logging by subsystem, off by default.
  *
- * PYDDP_DEBUG=WARN|INFO|TRACE turns it on (read once, here);
+ * PYDDP_DEBUG=WARN|INFO|TRACE (DETAIL = TRACE) turns it on (read once, here);
  * PYDDP_DEBUG_SUBSYS=group,tcp,store limits it to some subsystems.
  * Lines go to stderr as "pyddp <pid> <LEVEL> <subsys>: <message>".
  */

@@ -131,6 +131,8 @@ class Agent:
         port = cfg.master_port or free_port()
         logs = _Logs(cfg, need_files=self._need_files())
         self._guardian = Guardian()
+        if cfg.timeline:
+            os.makedirs(cfg.timeline, exist_ok=True)
         if not logs.keep:
             self._guardian.remove_on_exit(logs.root)
         try:
@@ -157,6 +159,23 @@ class Agent:
         finally:
             self._guardian.close()
             logs.close()
+            if cfg.timeline:
+                self._merge_timeline()
+
+    def _merge_timeline(self):
+        from ..tools import timeline
+
+        try:
+            done = timeline.merge_dir(self.cfg.timeline)
+        except (OSError, ValueError) as e:
+            self.note(f"--timeline: could not merge the ranks' timelines: {e}")
+            return
+        if done is None:
+            self.note(f"--timeline: no rank wrote a timeline into {self.cfg.timeline}")
+        else:
+            path, ranks, n = done
+            self.note(f"timeline of ranks {', '.join(map(str, ranks))} ({n} events): {path} "
+                      "(open it in https://ui.perfetto.dev)")
 
     def _secret(self) -> str:
         """One secret per job; several nodes must share it, so it must come from outside then."""

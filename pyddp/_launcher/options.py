@@ -44,6 +44,7 @@ class LaunchConfig:
     target: str                    # the script path, module name or executable
     script_args: List[str] = field(default_factory=list)
     local_rank_arg: Optional[str] = None  # pyddp.launch: "--local_rank" or "--local-rank" to pass
+    timeline: Optional[str] = None  # --timeline DIR: per-rank traces there, merged at the end
 
     @property
     def world_size(self) -> int:
@@ -103,6 +104,9 @@ def add_launcher_arguments(parser):
          help="accepted for torchrun compatibility; workers always start as fresh interpreters")
     _opt(parser, "--log-dir", default=None,
          help="directory for the workers' log and error files (<log-dir>/<run-id>_<x>/attempt_<n>/<local rank>/)")
+    _opt(parser, "--timeline", default=None,
+         help="write a Chrome / Perfetto trace of every rank's collectives and DDP events into "
+              "this directory (PYDDP_TIMELINE), merged into DIR/timeline.json when the job ends")
     _opt(parser, "--redirects", "-r", default="0",
          help="send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, "
               "or per local rank, e.g. 0:1,1:2")
@@ -307,6 +311,10 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
     if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         parser.error(f"argument --log-dir: {log_dir!r} exists and is not a directory")
 
+    timeline = args.timeline
+    if timeline is not None and os.path.exists(timeline) and not os.path.isdir(timeline):
+        parser.error(f"argument --timeline: {timeline!r} exists and is not a directory")
+
     return LaunchConfig(
         prog=prog,
         nnodes=nnodes,
@@ -326,4 +334,5 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
         target=target,
         script_args=list(args.training_script_args),
         local_rank_arg=local_rank_arg,
+        timeline=timeline,
     )

@@ -63,6 +63,8 @@ def worker_env(cfg, local_rank, restart, master_port, secret, error_file, omp_th
     })
     if omp_threads is not None:
         env["OMP_NUM_THREADS"] = str(omp_threads)
+    if cfg.timeline:
+        env["PYDDP_TIMELINE"] = os.path.join(os.path.abspath(cfg.timeline), "")
     return env
 
 

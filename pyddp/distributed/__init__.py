@@ -57,3 +57,10 @@ from .distributed_c10d import (  # noqa: F401
     send,
 )
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+from ._observe import (  # noqa: F401
+    DebugLevel,
+    get_debug_level,
+    set_debug_level,
+    set_debug_level_from_env,
+)
+from . import flight_recorder  # noqa: F401,E402

@@ -239,7 +239,7 @@ def _cpu_factory(opts):
     from .distributed_c10d import _connect_group
 
     cpg, opts.round = _connect_group(opts.store, opts.group_rank, opts.group_size,
-                                     opts.timeout.total_seconds(), "pg")
+                                     opts.timeout.total_seconds(), "pg", label=opts.group_id)
     return cpg
 
 

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from .. import _C, _interop
-from . import _backend, _cluster, _staging
+from . import _backend, _cluster, _observe, _staging
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -122,6 +122,8 @@ class ProcessGroup:
         device_live = any(d != "cpu" and type(b) is not _backend.Unavailable
                           for d, b in self._backends.items())
         self._fast = None if device_live else getattr(self._cpg, "fast", None)
+        if _observe._level >= _observe.DebugLevel.DETAIL:
+            self._fast = None  # DETAIL logs every call: all go through _submit
         # host arrays of a group without a 'cpu' backend (object collectives on an nccl group):
         # the host group a device backend keeps beside it
         self._host = self._cpg
@@ -158,6 +160,9 @@ class ProcessGroup:
         be = self._cpg if self._route is None else self._route(inputs, outputs, name)
         if be is None:
             raise DistError(f"{name}: the process group has been destroyed")
+        if _observe._level >= _observe.DebugLevel.DETAIL:
+            _observe.log_collective(self._name, name, _observe.dtype_name(dtype), inputs,
+                                    outputs, async_op)
         cw = be.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
                        in_splits, out_splits, float(timeout), bool(wait_all), name,
                        not async_op and not source)
@@ -526,8 +531,9 @@ def _node_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def _connect_group(store, rank, size, timeout, name):
+def _connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     """Create this rank's member of a group and connect it to the others through `store`.
+    ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
 
     Returns (C process group, round number)."""
     # Several rounds may use the same store (init, destroy, init again): the counter gives
@@ -557,6 +563,14 @@ def _connect_group(store, rank, size, timeout, name):
     except BaseException:
         cpg.destroy()
         raise
+    if size > 1:
+        hostsn = len(set(nodes))
+        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+               if transport else
+               f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
+    else:
+        why = "one rank"
+    _observe.attach(cpg, label or name, rank, size, token, backend, why)
     return cpg, gen
 
 

@@ -1,0 +1,84 @@
+/* The flight recorder: each group keeps its last N operations in a ring
+ * (sequence number, kind, sizes, dtype, state, timestamps), as torch's NCCL
+ * flight recorder does.  Written by the thread that enqueues an operation
+ * and by the one that runs it (one small mutex); read by Python
+ * (ProcessGroup.flight_records) and written to a file when the group fails
+ * or times out (pd_fr_dump), so that the files of all ranks tell which rank
+ * diverged, on which collective (python -m pyddp.tools.flight_recorder).
+ *
+ * The same events feed the timeline (util/timeline.h) when it is on. */
+#ifndef PD_GROUP_FLIGHT_H
+#define PD_GROUP_FLIGHT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../coll/op.h"
+#include "../util/status.h"
+
+enum {
+    PD_FR_ENQUEUED = 0,
+    PD_FR_STARTED = 1,
+    PD_FR_COMPLETED = 2,
+    PD_FR_FAILED = 3
+};
+
+typedef struct pd_fr_entry {
+    uint64_t id;      /* record number, from 1; 0: an empty slot */
+    uint64_t seq;     /* the collective's sequence number (0: p2p, or not
+                         started yet) */
+    uint64_t count;
+    uint64_t bytes;
+    double t_enqueued; /* wall clock, seconds since the epoch; 0: unset */
+    double t_started;
+    double t_ended;
+    int32_t root;
+    int32_t status;   /* pd_status when it ended */
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t state;
+    char name[40];
+} pd_fr_entry;
+
+typedef struct pd_fr {
+    pthread_mutex_t mu;
+    size_t cap;       /* 0: off */
+    uint64_t next;    /* the last record number handed out */
+    pd_fr_entry *e;
+    char *dump_path;  /* where pd_fr_dump writes on failure (NULL: nowhere) */
+    char *meta;       /* a JSON object the dump carries (rank, group, ...) */
+    int dumped;
+    /* timeline: this group's track, when the timeline is on */
+    int tl_pid;
+    int tl_tid;
+} pd_fr;
+
+/* Capacity from PYDDP_FLIGHT_RECORDER_SIZE (else TORCH_FR_BUFFER_SIZE, else
+ * 2000); 0 turns the recorder off. */
+size_t pd_fr_default_capacity(void);
+pd_status pd_fr_init(pd_fr *fr, size_t cap);
+void pd_fr_free(pd_fr *fr);
+
+/* A new record for op (state enqueued, or started when seq != 0); its
+ * number, 0 when the recorder is off. */
+uint64_t pd_fr_add(pd_fr *fr, const pd_op *op, uint64_t seq, int size);
+/* The record id started running as collective seq (0: p2p). */
+void pd_fr_start(pd_fr *fr, uint64_t id, uint64_t seq);
+/* The record id ended with st. */
+void pd_fr_end(pd_fr *fr, uint64_t id, pd_status st);
+
+/* Copy the records, oldest first, into out (at most cap); their number. */
+size_t pd_fr_snapshot(pd_fr *fr, pd_fr_entry *out, size_t cap);
+
+/* Where to dump on failure, and the JSON object the file carries. */
+pd_status pd_fr_configure(pd_fr *fr, const char *path, const char *meta);
+/* Write the records as JSON to path (NULL: the configured path; nothing
+ * when none).  reason: why (a short string).  once: only the first time. */
+pd_status pd_fr_dump(pd_fr *fr, const char *path, const char *reason,
+                     int once);
+
+const char *pd_fr_state_name(int state);
+
+#endif

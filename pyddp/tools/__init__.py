@@ -1,0 +1,2 @@
+"""Command-line tools: ``python -m pyddp.tools.flight_recorder DIR``, ``python -m
+pyddp.tools.timeline``."""
