@@ -31,6 +31,7 @@ from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future
 
 from . import _C, _interop
+from .distributed import _observe
 from .distributed.distributed_c10d import _connect_group
 
 __all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
@@ -147,9 +148,13 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._timeout = _seconds(timeout) or 1800.0
-        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME)
-        # the C group's inline path for small blocking collectives (False: not taken)
+        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
+                                      label="torch", backend=BACKEND_NAME)
+        # the C group's inline path for small blocking collectives (False: not taken); not at
+        # debug level DETAIL, which logs every call from _submit
         self._fast = getattr(self._cpg, "fast", None)
+        if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
+            self._fast = None
         self._done = Work((), [], self)  # what a blocking call done inline returns (_finished)
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
@@ -188,6 +193,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         cpg = self._cpg
         if cpg is None:
             raise dist.DistBackendError(f"{name}: the pyddp process group has been destroyed")
+        if _observe._level >= _observe.DebugLevel.DETAIL:
+            _observe.log_collective("torch", name, _observe.dtype_name(code), arrays_in,
+                                    arrays_out, not blocking)
         try:
             cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
                             tuple(arrays_out), in_splits, out_splits, float(timeout),
