@@ -273,3 +273,22 @@ def test_merge_tolerates_a_file_cut_short(tmp_path):
 
 def test_timeline_off_by_default():
     assert not _C.timeline_enabled()
+
+
+def test_plot_draws_a_png(tmp_path):
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("matplotlib's C++ extensions do not run under the preloaded ASan runtime")
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "group g"}},
+        {"name": "all_reduce", "cat": "collective", "ph": "X", "pid": 0, "tid": 1, "ts": 10.0,
+         "dur": 5.0},
+        {"name": "backward", "cat": "backward", "ph": "X", "pid": 1, "tid": 1000, "ts": 12.0,
+         "dur": 9.0}]}))
+    out = tl_tool.plot(str(trace), str(tmp_path / "t.png"))
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no spans"):
+        (tmp_path / "e.json").write_text("[]")
+        tl_tool.plot(str(tmp_path / "e.json"), str(tmp_path / "e.png"))
