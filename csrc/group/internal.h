@@ -43,6 +43,7 @@ struct pd_group {
     int size;
     double timeout;
     double spin_s;
+    int progress_nospin; /* the progress thread's shm waits never spin */
     pd_transport *t;
     pthread_t thr;
     int thr_started;

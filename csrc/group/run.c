@@ -105,6 +105,7 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         c.waiter.check = pd_grp_shm_check;
         c.waiter.interrupted = x->interrupted ? shm_interrupted : NULL;
         c.waiter.ctx = x;
+        c.waiter.nospin = x->on_progress && g->progress_nospin;
         c.id.seq = seq;
         c.id.count = c.base.count;
         c.id.kind = c.base.kind;

@@ -180,6 +180,18 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int spin = ncpu > 0 && local <= ncpu;
     g->spin_s = spin ? PD_WAIT_SPIN_S : 0.0;
+    /* Work on the progress thread is asynchronous: the caller's thread is
+     * likely computing meanwhile (DDP's backward pass).  Without a core to
+     * spare for each rank's two busy threads, a busy-polling progress thread
+     * takes the core from the computation: it sleeps instead.
+     * PYDDP_PROGRESS_SPIN=1/0 forces it either way. */
+    const char *ps = getenv("PYDDP_PROGRESS_SPIN");
+    if (ps != NULL && (ps[0] == '0' || ps[0] == '1') && ps[1] == '\0') {
+        g->progress_nospin = ps[0] == '0';
+    }
+    else {
+        g->progress_nospin = !(ncpu > 0 && 2L * local <= ncpu);
+    }
     if (transport == PD_TRANSPORT_SHM && local != g->size) {
         return pd_error(PD_EINVAL,
                         "PYDDP_TRANSPORT=shm needs every rank on one host, "

@@ -100,7 +100,7 @@ alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
     id.kind = PD_K_SHM_ALLOC;
     id.count = len;
     run_ctx x = {g, 0, 0.0, NULL, NULL};
-    pd_shm_waiter w = {pd_now() + g->timeout, pd_grp_shm_check, NULL, &x};
+    pd_shm_waiter w = {pd_now() + g->timeout, pd_grp_shm_check, NULL, &x, 0};
     /* after an eager collective (a broadcast root that did not wait for
      * every rank): let everyone enter it first, as every collective does,
      * so the identity read below is of this allocation, not of a lagging

@@ -125,7 +125,7 @@ static void
 child_sync(int rank, int n, uint64_t token)
 {
     pd_shm *s = setup(rank, n, token);
-    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL, 0};
     for (uint64_t i = 1; i <= 2000; i++) {
         pd_shm_ident id = ident(i, 10);
         int b = pd_shm_next_bank(s);
@@ -159,7 +159,7 @@ static void
 child_mismatch(int rank, int n, uint64_t token)
 {
     pd_shm *s = setup(rank, n, token);
-    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL, 0};
     for (uint64_t i = 1; i <= 5; i++) {
         pd_shm_ident id = ident(i, i == 5 && rank == n - 1 ? 20 : 10);
         pd_shm_enter(s, &id, 0);
@@ -191,7 +191,7 @@ child_timeout(int rank, int n, uint64_t token)
 {
     pd_shm *s = setup(rank, n, token);
     if (rank == 0) {
-        pd_shm_waiter w = {pd_now() + 0.3, NULL, NULL, NULL};
+        pd_shm_waiter w = {pd_now() + 0.3, NULL, NULL, NULL, 0};
         double t0 = pd_now();
         T_ST(pd_shm_sync(s, &w), PD_ETIMEOUT);
         T_MSG_HAS("local rank 1");
@@ -214,7 +214,7 @@ child_abort(int rank, int n, uint64_t token)
 {
     pd_shm *s = setup(rank, n, token);
     if (rank == 0) {
-        pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL};
+        pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL, 0};
         double t0 = pd_now();
         T_ST(pd_shm_sync(s, &w), PD_ENETWORK);
         T_MSG_HAS("boom from rank 1");

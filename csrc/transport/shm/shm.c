@@ -470,7 +470,8 @@ wait_peer(pd_shm *s, int p, uint32_t target, const pd_shm_waiter *w,
     if (reached(atomic_load_explicit(word, memory_order_acquire), target)) {
         return PD_OK;
     }
-    double spin = s->spin ? SPIN_BUSY_S : source ? SPIN_EAGER_S : 0.0;
+    int busy = s->spin && !w->nospin;
+    double spin = busy ? SPIN_BUSY_S : source ? SPIN_EAGER_S : 0.0;
     if (spin > 0) {
         double end = pd_now() + spin;
         for (;;) {
@@ -487,8 +488,9 @@ wait_peer(pd_shm *s, int p, uint32_t target, const pd_shm_waiter *w,
             }
         }
     }
-    if (!s->spin) {
-        /* give the core to the ranks we wait for, a few times */
+    if (!busy) {
+        /* give the core to the ranks we wait for (or to this rank's own
+         * computing thread), a few times */
         for (int i = 0; i < YIELDS; i++) {
             sched_yield();
             if (reached(atomic_load_explicit(word, memory_order_acquire),
@@ -567,7 +569,8 @@ pd_shm_sync(pd_shm *s, const pd_shm_waiter *w)
 static pd_status
 wait_any(pd_shm *s, uint32_t target, const pd_shm_waiter *w)
 {
-    double until = pd_now() + (s->spin ? SPIN_BUSY_S : SPIN_EAGER_S);
+    double until = pd_now() + (s->spin && !w->nospin ? SPIN_BUSY_S
+                                                    : SPIN_EAGER_S);
     do {
         for (int i = 1; i < s->size; i++) {
             int p = (s->rank + s->size - i) % s->size;

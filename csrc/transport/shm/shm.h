@@ -79,6 +79,10 @@ typedef struct pd_shm_waiter {
      * the wait returns PD_EINTR.  May be NULL. */
     int (*interrupted)(void *ctx);
     void *ctx;
+    /* 1: never busy-poll in this wait, whatever the segment's mode (the
+     * progress thread on a host with no core to spare: the caller's thread
+     * is computing on the core it would burn) */
+    int nospin;
 } pd_shm_waiter;
 
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
