@@ -21,6 +21,8 @@ _LAZY_SUBMODULES = frozenset({
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
     "nn", "utils", "serialization", "notebook", "distributed", "multiprocessing", "_kernels",
     "cuda",         # torch.cuda's device queries (loads libcudart on first call, not on import)
+    "accelerator",  # torch.accelerator (CUDA through pyddp.cuda, else torch's CPU-build answers)
+    "backends",     # torch.backends.cudnn's switches
 })
 _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     # checkpoints (torch.save / torch.load)
@@ -44,7 +46,8 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._autocast import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
     from ._tensor import *  # noqa: F401,F403
     from ._tensor import Tensor  # noqa: F401
-    from . import _kernels, amp, cuda, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
+    from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
+    from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
     from . import serialization, utils  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401

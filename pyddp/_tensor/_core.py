@@ -540,7 +540,10 @@ class Tensor:
         for a in args:
             if isinstance(a, Tensor):
                 dt = a.dtype
-            elif isinstance(a, str) or type(a).__name__ == "device":
+            elif isinstance(a, builtins.bool):   # non_blocking / copy given positionally
+                continue
+            elif isinstance(a, (str, builtins.int)) and not isinstance(a, builtins.bool) or \
+                    type(a).__name__ == "device":
                 _check_device(a)
             elif a is not None:
                 try:
@@ -598,9 +601,10 @@ class Tensor:
         """self (tensors live on the CPU)."""
         return self
 
-    def cuda(self, *args, **kwargs):
-        """Not available: pyddp tensors live on the CPU."""
-        raise RuntimeError("pyddp tensors live on the CPU; there is no CUDA device")
+    def cuda(self, device=None, non_blocking=False, memory_format=None):
+        """Raises as torch's CPU build does (an AssertionError, here also a RuntimeError):
+        pyddp tensors live on the CPU."""
+        raise _cuda_error("Tensor.cuda()")
 
     def clone(self, memory_format=None):
         """A copy in the graph."""
@@ -1170,10 +1174,32 @@ def _rebuild(data, requires_grad):
     return _new(data, requires_grad)
 
 
+def _cuda_error(what):
+    """What torch's CPU build raises for a CUDA tensor (an AssertionError, "Torch not compiled
+    with CUDA enabled"): pyddp.cuda.CudaUnavailableError, an AssertionError and a RuntimeError."""
+    from ..cuda import CudaUnavailableError
+    return CudaUnavailableError(
+        f"{what}: pyddp tensors live on the CPU, CUDA is not available to them (torch's CPU "
+        "build says 'Torch not compiled with CUDA enabled'); keep GPU data in torch, CuPy or "
+        "JAX arrays, which pyddp's collectives take in place")
+
+
 def _check_device(d):
-    s = str(d)
-    if not (s == "cpu" or s.startswith("cpu:")):
-        raise RuntimeError(f"pyddp tensors live on the CPU; cannot move to device {s!r}")
+    """Accept a CPU device ('cpu', 'cpu:0', device('cpu'), torch.device('cpu')); raise what
+    torch's CPU build raises for the others."""
+    if isinstance(d, builtins.bool) or not isinstance(d, (str, builtins.int)) and \
+            not hasattr(d, "type"):
+        raise TypeError(f"device must be a str, an int or a device, got {type(d).__name__}")
+    if isinstance(d, builtins.int):   # an accelerator's index, as torch.device(0)
+        raise RuntimeError("Cannot access accelerator device when none is available "
+                           f"(device {d}: pyddp tensors live on the CPU)")
+    s = str(d) if isinstance(d, str) else str(getattr(d, "type", d))
+    kind = s.split(":", 1)[0]
+    if kind == "cpu":
+        return
+    if kind == "cuda":
+        raise _cuda_error(f"cannot place a pyddp tensor on device {str(d)!r}")
+    raise RuntimeError(f"pyddp tensors live on the CPU; cannot move to device {str(d)!r}")
 
 
 def is_tensor(x):
