@@ -1078,6 +1078,10 @@ class Tensor:
 
     reshape_as = view_as
 
+    def ravel(self):
+        """The elements as one dimension (a view when possible), as torch.ravel."""
+        return self.reshape(-1)
+
     def flatten(self, start_dim=0, end_dim=-1):
         """Merge dims start_dim..end_dim."""
         return flatten(self, start_dim, end_dim)
