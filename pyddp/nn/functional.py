@@ -749,3 +749,10 @@ try:
     __all__ += list(_loss_all)
 except ImportError:  # not written yet
     pass
+
+# A NumPy array where a Tensor is expected: torch's TypeError, not an AttributeError (the losses
+# and embedding take arrays and convert them).
+from ._argcheck import require_tensors as _require_tensors  # noqa: E402
+
+_require_tensors(globals(), [n for n in __all__ if globals()[n].__module__ == __name__]
+                 + ["softmax", "log_softmax"], Tensor, exempt=("embedding",))
