@@ -424,15 +424,9 @@ class Tensor:
         return self._data.tolist()
 
     def __repr__(self):
-        body = np.array2string(self._data, separator=", ", prefix="tensor(")
-        extra = ""
-        if self._data.dtype not in (_F32, int64, bool):
-            extra += f", dtype=pyddp.{self._data.dtype.name}"
-        if self.grad_fn is not None:
-            extra += f", grad_fn=<{self.grad_fn.name()}>"
-        elif self._requires_grad:
-            extra += ", requires_grad=True"
-        return f"tensor({body}{extra})"
+        """torch's format (precision, sci mode, summarisation: pyddp.set_printoptions)."""
+        from ._str import tensor_repr
+        return tensor_repr(self)
 
     __hash__ = object.__hash__
 
@@ -788,6 +782,61 @@ class Tensor:
     __isub__ = sub_
     __imul__ = mul_
     __itruediv__ = div_
+
+    def equal(self, other):
+        """True when ``other`` has the same shape and elements (torch.equal)."""
+        return equal(self, other)
+
+    def set_(self, source=None, storage_offset=0, size=None, stride=None):
+        """Make this tensor share ``source``'s memory (torch's Tensor.set_): ``set_()`` empties it,
+        ``set_(t)`` takes t's array, shape and strides, ``set_(t, offset, size, stride)`` a view of
+        t's (contiguous) elements from ``offset`` with that size and stride (in elements).
+        Returns self."""
+        _check_inplace(self)
+        if source is None:
+            if storage_offset or size is not None or stride is not None:
+                raise TypeError("set_(): storage_offset, size and stride need a source")
+            self._data = np.empty((0,), dtype=self._data.dtype)
+            return self
+        if not isinstance(source, Tensor):
+            raise TypeError("set_(): argument 'source' must be Tensor, not "
+                            f"{type(source).__name__}")
+        if source._data.dtype != self._data.dtype:
+            raise RuntimeError(f"Could not set tensor of type {source._data.dtype} to a tensor "
+                               f"of type {self._data.dtype}")
+        if size is None:
+            if storage_offset or stride is not None:
+                raise TypeError("set_(): storage_offset and stride need a size")
+            self._data = source._data
+            return self
+        size = tuple(_pyint(n) for n in size)
+        if builtins.any(n < 0 for n in size) or _pyint(storage_offset) < 0:
+            raise RuntimeError(f"set_(): negative size {list(size)} or storage_offset "
+                               f"{storage_offset}")
+        if stride is None:
+            stride, acc = [], 1
+            for n in reversed(size):
+                stride.insert(0, acc)
+                acc *= builtins.max(n, 1)
+        stride = tuple(_pyint(s) for s in stride)
+        if len(stride) != len(size):
+            raise RuntimeError(f"mismatch in length of strides and shape: {len(stride)} and "
+                               f"{len(size)}")
+        if not source._data.flags.c_contiguous:
+            raise RuntimeError("set_(source, storage_offset, size, stride): source must be "
+                               "contiguous (its elements are the storage)")
+        flat = source._data.reshape(-1)
+        last = storage_offset + builtins.sum((n - 1) * s for n, s in zip(size, stride)) \
+            if builtins.all(size) else storage_offset - 1
+        if last >= flat.size or builtins.any(s < 0 for s in stride):
+            raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage "
+                               f"offset {storage_offset} are out of bounds for storage of "
+                               f"{flat.size} elements")
+        item = flat.itemsize
+        self._data = np.lib.stride_tricks.as_strided(
+            flat[storage_offset:] if flat.size > storage_offset else flat[:0], shape=size,
+            strides=tuple(s * item for s in stride))
+        return self
 
     def zero_(self):
         """Fill with zeros in place."""
@@ -1305,8 +1354,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 
 # Tensor's methods call these; they import this module, so they come last.
 from ._factories import empty, full, ones, tensor, zeros  # noqa: E402
-from ._ops import (_cast, _getitem, _ip_binary, _setitem, abs, add, all, amax, amin, any,  # noqa: E402
-                   argmax, argmin, ceil, chunk, clamp, cos, div, exp, expm1, flatten, floor, log,
-                   log1p, log_softmax, matmul, max, maximum, mean, min, minimum, mul, neg, permute,
-                   pow, relu, reshape, round, rsqrt, sigmoid, sign, sin, softmax, split, sqrt,
-                   square, squeeze, std, sub, sum, tanh, transpose, unsqueeze, var, where)
+from ._ops import (_cast, _getitem, _ip_binary, _setitem, abs, add, all, amax, amin,  # noqa: E402
+                   any, argmax, argmin, ceil, chunk, clamp, cos, div, equal, exp, expm1,
+                   flatten, floor, log, log1p, log_softmax, matmul, max, maximum, mean,
+                   min, minimum, mul, neg, permute, pow, relu, reshape, round, rsqrt,
+                   sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, std, sub, sum,
+                   tanh, transpose, unsqueeze, var, where)

@@ -163,7 +163,7 @@ def randint(low, high=None, size=None, dtype=None, generator=None, device=None,
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} "
                            f">= to={high}")
     dt = _dtype(dtype) or int64
-    if dt.kind not in "biuf" and not _is_float_dtype(dt):
+    if dt.kind == "c" or (dt.kind not in "biuf" and not _is_float_dtype(dt)):
         raise RuntimeError("check_random_bounds handles only integral, floating-point and "
                            "boolean types")
     if dt.kind in "iu" and (low < np.iinfo(dt).min or high - 1 > np.iinfo(dt).max):
