@@ -145,7 +145,7 @@ MODULES = [
     (lambda: nn.Linear(8, 2), X2), (lambda: nn.Conv2d(3, 2, 3), X4),
     (lambda: nn.MaxPool2d(2), X4), (lambda: nn.AvgPool2d(2), X4),
     (lambda: nn.AdaptiveAvgPool2d(1), X4), (lambda: nn.BatchNorm1d(8), X2),
-    (lambda: nn.BatchNorm2d(3), X4), (lambda: nn.LayerNorm(8), X2),
+    (lambda: nn.BatchNorm2d(3), X4), (lambda: nn.SyncBatchNorm(3), X4), (lambda: nn.LayerNorm(8), X2),
     (lambda: nn.Dropout(0.0), X2), (lambda: nn.ReLU(), X2), (lambda: nn.GELU(), X2),
     (lambda: nn.Tanh(), X2), (lambda: nn.Sigmoid(), X2), (lambda: nn.Softmax(1), X2),
     (lambda: nn.LogSoftmax(1), X2), (lambda: nn.Flatten(), X4), (lambda: nn.Identity(), X2),
