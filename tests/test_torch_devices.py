@@ -176,3 +176,57 @@ def test_cpu_devices_accepted():
     assert pyddp.zeros(2, device=torch.device("cpu")).device == "cpu"
     with pytest.raises(TypeError, match="device"):
         pyddp.zeros(2, device=1.5)
+
+
+_WITH_GPUS = r"""
+import json, warnings
+import pyddp, pyddp.accelerator as acc, pyddp.distributed as dist
+out = {}
+def err(f):
+    try:
+        return ["ok", repr(f())]
+    except Exception as e:
+        return [type(e).__name__, isinstance(e, AssertionError), str(e)]
+out["avail"] = [acc.is_available(), repr(acc.current_accelerator()), acc.device_count(),
+                repr(acc.current_accelerator(check_available=True))]
+acc.set_device_index(1)
+out["idx1"] = [acc.current_device_index(), pyddp.cuda.current_device()]
+acc.set_device_index("cuda:0")
+out["idx0"] = acc.current_device_index()
+acc.set_device_index(-1)
+out["neg"] = acc.current_device_index()
+out["cpu"] = err(lambda: acc.set_device_index("cpu"))
+out["noidx"] = err(lambda: acc.set_device_index("cuda"))
+out["sync"] = err(acc.synchronize)
+out["backend0"] = dist.get_default_backend_for_device(0)
+out["to0"] = err(lambda: pyddp.zeros(2).to(0))
+out["cuda"] = err(lambda: pyddp.zeros(2).cuda())
+print(json.dumps(out))
+"""
+
+
+def test_accelerator_with_gpus_answers_as_torch_cuda_build():
+    """With (fake) GPUs: CUDA is the accelerator, device indices go through pyddp.cuda, and pyddp's
+    own tensors still refuse to move there."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler for the CUDA stand-in")
+    import fakecuda
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    env.update(fakecuda.env(devices=2))
+    r = subprocess.run([sys.executable, "-c", _WITH_GPUS], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["avail"] == [True, "device(type='cuda')", 2, "device(type='cuda')"]
+    assert out["idx1"] == [1, 1] and out["idx0"] == 0 and out["neg"] == 0
+    assert out["cpu"] == ["ValueError", False, "cpu doesn't match the current accelerator cuda."]
+    assert out["noidx"][0] == "ValueError" and "specified index" in out["noidx"][2]
+    assert out["sync"] == ["ok", "None"] and out["backend0"] == "nccl"
+    for key in ("to0", "cuda"):
+        assert out[key][:2] == ["CudaUnavailableError", True] and "CUDA" in out[key][2]

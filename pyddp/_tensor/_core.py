@@ -1244,6 +1244,9 @@ def _check_device(d):
             not hasattr(d, "type"):
         raise TypeError(f"device must be a str, an int or a device, got {type(d).__name__}")
     if isinstance(d, builtins.int):   # an accelerator's index, as torch.device(0)
+        from .. import accelerator
+        if accelerator.is_available():
+            raise _cuda_error(f"cannot place a pyddp tensor on device {d}")
         raise RuntimeError("Cannot access accelerator device when none is available "
                            f"(device {d}: pyddp tensors live on the CPU)")
     s = str(d) if isinstance(d, str) else str(getattr(d, "type", d))
