@@ -77,7 +77,7 @@ def test_cuda_answers_as_torch_cpu_build():
                  "reset_accumulated_memory_stats"):
         assert getattr(pc, name)() is None
         assert pc.max_memory_allocated() == 0
-    for name in ("current_device", "synchronize"):
+    for name in ("current_device", "synchronize", "init"):
         vp, vt = _same(getattr(pc, name), getattr(tc, name))
         assert "CUDA" in str(vp)
     with pytest.raises(AssertionError):

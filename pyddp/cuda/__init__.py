@@ -18,7 +18,7 @@ from . import _lib, nccl  # nccl loads libnccl only when asked
 
 __all__ = ["CudaUnavailableError", "is_available", "device_count", "current_device",
            "set_device", "synchronize", "device", "manual_seed", "manual_seed_all",
-           "is_initialized", "nccl", "seed", "seed_all", "is_bf16_supported", "empty_cache",
+           "is_initialized", "init", "nccl", "seed", "seed_all", "is_bf16_supported", "empty_cache",
            "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
            "memory_cached", "max_memory_cached", "memory_stats", "reset_peak_memory_stats",
            "reset_max_memory_allocated", "reset_max_memory_cached",
@@ -83,6 +83,11 @@ def device_count() -> int:
 def is_initialized() -> bool:
     """Whether pyddp has initialised CUDA (a call that needed a GPU found one)."""
     return _initialized
+
+
+def init() -> None:
+    """Initialise CUDA now (torch.cuda.init): raises CudaUnavailableError without a GPU."""
+    _require()
 
 
 def _device_index(dev, optional: bool) -> int:
