@@ -230,3 +230,28 @@ def test_accelerator_with_gpus_answers_as_torch_cuda_build():
     assert out["sync"] == ["ok", "None"] and out["backend0"] == "nccl"
     for key in ("to0", "cuda"):
         assert out[key][:2] == ["CudaUnavailableError", True] and "CUDA" in out[key][2]
+
+
+def test_cuda_matmul_switches():
+    import pyddp.backends.cuda as pcuda
+    tm, pm = torch.backends.cuda.matmul, pcuda.matmul
+    assert pcuda.is_built() is torch.backends.cuda.is_built() is False
+    names = ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+             "allow_bf16_reduced_precision_reduction")
+    saved = {n: getattr(tm, n) for n in names}
+    try:
+        for n in names:
+            assert getattr(pm, n) == getattr(tm, n), n
+            for value in (not saved[n], saved[n]):
+                setattr(pm, n, value)
+                setattr(tm, n, value)
+                assert getattr(pm, n) == getattr(tm, n) == value
+            for bad in (1, "x"):
+                vp, vt = _same(lambda: setattr(pm, n, bad), lambda: setattr(tm, n, bad))
+                assert str(vp) == str(vt)
+        vp, vt = _same(lambda: pm.nope, lambda: tm.nope)
+        assert str(vp) == str(vt)
+    finally:
+        for n, v in saved.items():
+            setattr(tm, n, v)
+            setattr(pm, n, v)

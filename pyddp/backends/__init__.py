@@ -1,4 +1,4 @@
-"""``pyddp.backends``: torch.backends' switches that training scripts set (``cudnn``)."""
-from . import cudnn  # noqa: F401
+"""``pyddp.backends``: torch.backends' switches that training scripts set (``cudnn``, ``cuda.matmul``)."""
+from . import cuda, cudnn  # noqa: F401
 
-__all__ = ["cudnn"]
+__all__ = ["cuda", "cudnn"]
