@@ -7,7 +7,7 @@
 The model, the loss and the forward/backward passes are torch's (CPU); pyddp supplies the rest:
 ``pyddp.distributed`` (process group over shared memory), ``pyddp.nn.parallel.DistributedDataParallel``
 (gradient buckets allreduced while torch's backward runs, found through torch's post-accumulate-grad
-hooks), ``pyddp.utils.data.DistributedSampler`` + ``DataLoader`` (NumPy batches, torch's indices bit for
+hooks), ``pyddp.utils.data.DistributedSampler`` + ``DataLoader`` (pyddp Tensor batches, torch's indices bit for
 bit), ``pyddp.optimizers.FusedAdam`` updating the torch parameters in place, and, with --opt-level,
 apex-style mixed precision from ``pyddp.amp``.  Needs torch (``pip install torch==2.13.0``) and the
 digits of scikit-learn (or the bundled copy in examples/data).
@@ -95,7 +95,7 @@ def main():
         model.train()
         stats = np.zeros(2)
         for x, y in loader:
-            x, y = torch.from_numpy(x), torch.from_numpy(y)
+            x, y = torch.from_numpy(x.numpy()), torch.from_numpy(y.numpy())  # pyddp -> torch, no copy
             loss = criterion(model(x).float(), y)
             optimizer.zero_grad()
             if amp is not None:

@@ -132,10 +132,9 @@ def evaluate(model, test_set, rank, world, batch_size=256):
     stats = np.zeros(3, dtype=np.float64)  # loss sum, correct, count
     with pyddp.no_grad():
         for x, y in DataLoader(part, batch_size=batch_size, shuffle=False):
-            logits = model(pyddp.from_numpy(x))
-            stats[0] += float(F.cross_entropy(logits.float(), pyddp.from_numpy(y),
-                                              reduction="sum").item())
-            stats[1] += int((logits.argmax(1).numpy() == y).sum())
+            logits = model(x)          # the loader yields pyddp Tensors, as torch's yields tensors
+            stats[0] += float(F.cross_entropy(logits.float(), y, reduction="sum").item())
+            stats[1] += int((logits.argmax(1) == y).sum())
             stats[2] += len(y)
     dist.all_reduce(stats)
     model.train()
@@ -244,7 +243,6 @@ def main(argv=None):
             batches = progress(loader, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False,
                                dynamic_ncols=True, mininterval=0.5)  # on stderr
         for images, labels in batches:
-            images, labels = pyddp.from_numpy(images), pyddp.from_numpy(labels)
             output = model(images)
             loss = criterion(output.float(), labels)
             optimizer.zero_grad()

@@ -4,7 +4,25 @@ __version__ = "0.1.0"
 import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from . import _C  # noqa: F401  (fail early if the extension is missing)
+try:
+    from . import _C  # noqa: F401  (fail early if the extension is missing)
+except ImportError as _e:
+    # NumPy's kind of message for the usual cause: Python started in a checkout (its directory is
+    # first on sys.path) that was installed with a non-editable ``pip install .``, so this source
+    # copy, which has no compiled extension, hides the installed one.
+    import os as _os
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if _os.path.exists(_os.path.join(_os.path.dirname(_here), "setup.py")):
+        _built = [f for f in _os.listdir(_here) if f.startswith("_C.") and f != "_C.pyi"]
+        _why = f"it failed to load: {_e}" if _built else "there is none"
+        raise ImportError(
+            f"pyddp's compiled extension pyddp._C could not be imported from {_here} ({_why}).\n"
+            "You are importing pyddp from its source directory, which has not been built in place "
+            "(a non-editable 'pip install .' puts the extension into site-packages only). Either "
+            "build it in place: 'python setup.py build_ext --inplace' (or 'pip install -e .') "
+            "in the checkout, or run Python and pytest from another directory to use the "
+            "installed pyddp.", name="pyddp._C", path=_here) from None
+    raise
 
 # torch's CPU generator and data loading (pyddp.default_generator is torch-compatible mt19937)
 from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
@@ -21,6 +39,8 @@ _LAZY_SUBMODULES = frozenset({
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
     "nn", "utils", "serialization", "notebook", "distributed", "multiprocessing", "_kernels",
     "cuda",         # torch.cuda's device queries (loads libcudart on first call, not on import)
+    "accelerator",  # torch.accelerator (CUDA through pyddp.cuda, else torch's CPU-build answers)
+    "backends",     # torch.backends.cudnn's switches
 })
 _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     # checkpoints (torch.save / torch.load)
@@ -44,7 +64,8 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._autocast import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
     from ._tensor import *  # noqa: F401,F403
     from ._tensor import Tensor  # noqa: F401
-    from . import _kernels, amp, cuda, distributed, multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
+    from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
+    from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
     from . import serialization, utils  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401

@@ -217,15 +217,19 @@ def _check_n(n, name="n"):
     return n
 
 
-def randperm(n, *, generator=None, dtype=np.int64):
+def randperm(n, *, generator=None, dtype=np.int64, device=None):
     """``torch.randperm(n, generator=generator)`` as a NumPy array.
 
     The values are identical to torch's CPU randperm for the same generator
     state (forward Fisher-Yates with 32-bit draws for n < 214,748,364,
     inside-out Fisher-Yates with 64-bit draws above), and the generator
     advances by the same number of draws.  Computed in C with the GIL
-    released.  dtype (default int64) is the result's dtype.
+    released.  dtype (default int64) is the result's dtype; ``device`` a CPU device or None
+    (a CUDA device raises as in torch's CPU build).
     """
+    if device is not None:
+        from ._tensor._core import _check_device
+        _check_device(device)
     n = _check_n(n)
     g = _gen(generator)
     out = np.empty(n, dtype=np.int64)

@@ -119,13 +119,17 @@ def test_collate_matches_torch_semantics():
         [Point(1, 2.0), Point(3, 4.0)], [(1, "x"), (2, "y")],
         [[np.int16(1), 2.0], [np.int16(3), 4.0]],
         [np.str_("p"), np.str_("q")], [np.arange(4.0).reshape(2, 2)] * 3,
+        [1, 2.5], [True, 2], [np.float16(1), np.float16(2)], [np.bool_(True)] * 2,
+        [np.array(1.5), np.array(2.5)], [np.arange(3, dtype=np.uint16)] * 2,
+        [np.complex64(1j)] * 2, [b"x", b"y"], [{"k": (1, [2.0, np.int8(3)])}] * 2,
+        [collections.OrderedDict(a=np.float32(1), b="s")] * 2,
     ]
 
     def to_np(v):
         if isinstance(v, torch.Tensor):
             return v.numpy()
         if isinstance(v, dict):
-            return {k: to_np(x) for k, x in v.items()}
+            return type(v)((k, to_np(x)) for k, x in v.items())
         if isinstance(v, tuple) and hasattr(v, "_fields"):
             return type(v)(*(to_np(x) for x in v))
         if isinstance(v, (list, tuple)):
@@ -133,9 +137,9 @@ def test_collate_matches_torch_semantics():
         return v
 
     def same(a, b):
-        if isinstance(b, np.ndarray):
-            assert isinstance(a, np.ndarray)
-            assert a.dtype == b.dtype and np.array_equal(a, b)
+        if isinstance(b, np.ndarray):   # a torch tensor's values: a pyddp Tensor of that dtype
+            assert isinstance(a, pyddp.Tensor), type(a)
+            assert a.dtype == b.dtype and np.array_equal(a.numpy(), b)
         elif isinstance(b, dict):
             assert type(a) is type(b) and a.keys() == b.keys()
             for k in b:
@@ -156,7 +160,8 @@ def test_collate_matches_torch_semantics():
     with pytest.raises(TypeError, match="default_collate: batch must contain"):
         default_collate([object(), object()])
     for bad in ([np.array(["a"]), np.array(["b"])],
-                [np.array([None]), np.array([None])]):
+                [np.array([None]), np.array([None])], [None, None], [1j, 2j],
+                [np.datetime64(1, "s")] * 2):
         with pytest.raises(TypeError) as pe:
             default_collate(bad)
         with pytest.raises(TypeError) as te:

@@ -24,6 +24,7 @@ LAZY = [
     ("serialization", "pyddp.serialization"), ("notebook", "pyddp.notebook"),
     ("distributed", "pyddp.distributed"), ("multiprocessing", "pyddp.multiprocessing"),
     ("_kernels", "pyddp._kernels"), ("cuda", "pyddp.cuda"),
+    ("accelerator", "pyddp.accelerator"), ("backends", "pyddp.backends"),
     ("save", "pyddp.serialization"), ("load", "pyddp.serialization"),
     ("DataLoader", "pyddp.utils.data"), ("DistributedSampler", "pyddp.utils.data"),
     ("DistributedDataParallel", "pyddp.nn.parallel"), ("notebook_launcher", "pyddp.notebook"),

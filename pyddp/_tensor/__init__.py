@@ -27,6 +27,7 @@ from ._dtypes import (bfloat16, bool, complex64, complex128, device, double, flo
 from ._factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
                          linspace, ones, ones_like, rand, rand_like, randint, randn, randn_like,
                          randperm, tensor, zeros, zeros_like)
+from ._str import set_printoptions
 from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm, cat, ceil, chunk,
                    clamp, clip, concat, cos, div, equal, exp, expm1, flatten, floor, isfinite,
@@ -54,7 +55,7 @@ __all__ = [
     "squeeze", "unsqueeze", "softmax", "log_softmax", "maximum", "minimum", "pow", "add", "sub",
     "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
     "split", "chunk", "all", "any", "logsumexp", "swapaxes", "default_generator", "sign", "floor",
-    "ceil", "round", "outer", "tril", "triu",
+    "ceil", "round", "outer", "tril", "triu", "set_printoptions",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
 ]

@@ -424,15 +424,9 @@ class Tensor:
         return self._data.tolist()
 
     def __repr__(self):
-        body = np.array2string(self._data, separator=", ", prefix="tensor(")
-        extra = ""
-        if self._data.dtype not in (_F32, int64, bool):
-            extra += f", dtype=pyddp.{self._data.dtype.name}"
-        if self.grad_fn is not None:
-            extra += f", grad_fn=<{self.grad_fn.name()}>"
-        elif self._requires_grad:
-            extra += ", requires_grad=True"
-        return f"tensor({body}{extra})"
+        """torch's format (precision, sci mode, summarisation: pyddp.set_printoptions)."""
+        from ._str import tensor_repr
+        return tensor_repr(self)
 
     __hash__ = object.__hash__
 
@@ -540,7 +534,10 @@ class Tensor:
         for a in args:
             if isinstance(a, Tensor):
                 dt = a.dtype
-            elif isinstance(a, str) or type(a).__name__ == "device":
+            elif isinstance(a, builtins.bool):   # non_blocking / copy given positionally
+                continue
+            elif isinstance(a, (str, builtins.int)) and not isinstance(a, builtins.bool) or \
+                    type(a).__name__ == "device":
                 _check_device(a)
             elif a is not None:
                 try:
@@ -598,9 +595,10 @@ class Tensor:
         """self (tensors live on the CPU)."""
         return self
 
-    def cuda(self, *args, **kwargs):
-        """Not available: pyddp tensors live on the CPU."""
-        raise RuntimeError("pyddp tensors live on the CPU; there is no CUDA device")
+    def cuda(self, device=None, non_blocking=False, memory_format=None):
+        """Raises as torch's CPU build does (an AssertionError, here also a RuntimeError):
+        pyddp tensors live on the CPU."""
+        raise _cuda_error("Tensor.cuda()")
 
     def clone(self, memory_format=None):
         """A copy in the graph."""
@@ -784,6 +782,61 @@ class Tensor:
     __isub__ = sub_
     __imul__ = mul_
     __itruediv__ = div_
+
+    def equal(self, other):
+        """True when ``other`` has the same shape and elements (torch.equal)."""
+        return equal(self, other)
+
+    def set_(self, source=None, storage_offset=0, size=None, stride=None):
+        """Make this tensor share ``source``'s memory (torch's Tensor.set_): ``set_()`` empties it,
+        ``set_(t)`` takes t's array, shape and strides, ``set_(t, offset, size, stride)`` a view of
+        t's (contiguous) elements from ``offset`` with that size and stride (in elements).
+        Returns self."""
+        _check_inplace(self)
+        if source is None:
+            if storage_offset or size is not None or stride is not None:
+                raise TypeError("set_(): storage_offset, size and stride need a source")
+            self._data = np.empty((0,), dtype=self._data.dtype)
+            return self
+        if not isinstance(source, Tensor):
+            raise TypeError("set_(): argument 'source' must be Tensor, not "
+                            f"{type(source).__name__}")
+        if source._data.dtype != self._data.dtype:
+            raise RuntimeError(f"Could not set tensor of type {source._data.dtype} to a tensor "
+                               f"of type {self._data.dtype}")
+        if size is None:
+            if storage_offset or stride is not None:
+                raise TypeError("set_(): storage_offset and stride need a size")
+            self._data = source._data
+            return self
+        size = tuple(_pyint(n) for n in size)
+        if builtins.any(n < 0 for n in size) or _pyint(storage_offset) < 0:
+            raise RuntimeError(f"set_(): negative size {list(size)} or storage_offset "
+                               f"{storage_offset}")
+        if stride is None:
+            stride, acc = [], 1
+            for n in reversed(size):
+                stride.insert(0, acc)
+                acc *= builtins.max(n, 1)
+        stride = tuple(_pyint(s) for s in stride)
+        if len(stride) != len(size):
+            raise RuntimeError(f"mismatch in length of strides and shape: {len(stride)} and "
+                               f"{len(size)}")
+        if not source._data.flags.c_contiguous:
+            raise RuntimeError("set_(source, storage_offset, size, stride): source must be "
+                               "contiguous (its elements are the storage)")
+        flat = source._data.reshape(-1)
+        last = storage_offset + builtins.sum((n - 1) * s for n, s in zip(size, stride)) \
+            if builtins.all(size) else storage_offset - 1
+        if last >= flat.size or builtins.any(s < 0 for s in stride):
+            raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage "
+                               f"offset {storage_offset} are out of bounds for storage of "
+                               f"{flat.size} elements")
+        item = flat.itemsize
+        self._data = np.lib.stride_tricks.as_strided(
+            flat[storage_offset:] if flat.size > storage_offset else flat[:0], shape=size,
+            strides=tuple(s * item for s in stride))
+        return self
 
     def zero_(self):
         """Fill with zeros in place."""
@@ -1094,6 +1147,10 @@ class Tensor:
 
     reshape_as = view_as
 
+    def ravel(self):
+        """The elements as one dimension (a view when possible), as torch.ravel."""
+        return self.reshape(-1)
+
     def flatten(self, start_dim=0, end_dim=-1):
         """Merge dims start_dim..end_dim."""
         return flatten(self, start_dim, end_dim)
@@ -1190,10 +1247,35 @@ def _rebuild(data, requires_grad):
     return _new(data, requires_grad)
 
 
+def _cuda_error(what):
+    """What torch's CPU build raises for a CUDA tensor (an AssertionError, "Torch not compiled
+    with CUDA enabled"): pyddp.cuda.CudaUnavailableError, an AssertionError and a RuntimeError."""
+    from ..cuda import CudaUnavailableError
+    return CudaUnavailableError(
+        f"{what}: pyddp tensors live on the CPU, CUDA is not available to them (torch's CPU "
+        "build says 'Torch not compiled with CUDA enabled'); keep GPU data in torch, CuPy or "
+        "JAX arrays, which pyddp's collectives take in place")
+
+
 def _check_device(d):
-    s = str(d)
-    if not (s == "cpu" or s.startswith("cpu:")):
-        raise RuntimeError(f"pyddp tensors live on the CPU; cannot move to device {s!r}")
+    """Accept a CPU device ('cpu', 'cpu:0', device('cpu'), torch.device('cpu')); raise what
+    torch's CPU build raises for the others."""
+    if isinstance(d, builtins.bool) or not isinstance(d, (str, builtins.int)) and \
+            not hasattr(d, "type"):
+        raise TypeError(f"device must be a str, an int or a device, got {type(d).__name__}")
+    if isinstance(d, builtins.int):   # an accelerator's index, as torch.device(0)
+        from .. import accelerator
+        if accelerator.is_available():
+            raise _cuda_error(f"cannot place a pyddp tensor on device {d}")
+        raise RuntimeError("Cannot access accelerator device when none is available "
+                           f"(device {d}: pyddp tensors live on the CPU)")
+    s = str(d) if isinstance(d, str) else str(getattr(d, "type", d))
+    kind = s.split(":", 1)[0]
+    if kind == "cpu":
+        return
+    if kind == "cuda":
+        raise _cuda_error(f"cannot place a pyddp tensor on device {str(d)!r}")
+    raise RuntimeError(f"pyddp tensors live on the CPU; cannot move to device {str(d)!r}")
 
 
 def is_tensor(x):
@@ -1295,9 +1377,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 
 # Tensor's methods call these; they import this module, so they come last.
 from ._factories import empty, full, ones, tensor, zeros  # noqa: E402
-from ._ops import (_cast, _getitem, _ip_binary, _setitem, abs, add, all, amax, amin, any,  # noqa: E402
-                   argmax, argmin, ceil, chunk, clamp, cos, div, exp, expm1, flatten, floor, log,
-                   log1p, log_softmax, matmul, max, maximum, mean, min, minimum, mul, neg, permute,
-                   pow, relu, reshape, round, rsqrt, sigmoid, sign, sin, softmax, split, sqrt,
-                   square, squeeze, std, sub, sum, tanh, transpose, tril, triu, unsqueeze, var,
-                   where)
+from ._ops import (_cast, _getitem, _ip_binary, _setitem, abs, add, all, amax, amin,  # noqa: E402
+                   any, argmax, argmin, ceil, chunk, clamp, cos, div, equal, exp, expm1,
+                   flatten, floor, log, log1p, log_softmax, matmul, max, maximum, mean,
+                   min, minimum, mul, neg, permute, pow, relu, reshape, round, rsqrt,
+                   sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, std, sub, sum,
+                   tanh, transpose, tril, triu, unsqueeze, var, where)

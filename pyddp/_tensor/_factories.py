@@ -8,7 +8,7 @@ import numpy as np
 from .._random import _np_gen
 from .. import _random
 from ._core import Tensor, _check_device, _new, _to_array
-from ._dtypes import _F32, _F64, _dtype, _pybool, _pyint, bool, int64
+from ._dtypes import _F32, _F64, _dtype, _is_float_dtype, _pybool, _pyint, bool, int64
 from ._grad_mode import _st
 
 
@@ -86,7 +86,9 @@ def full(size, fill_value, dtype=None, device=None, requires_grad=False):
                     else (tuple(size),), dtype, requires_grad, device)
 
 
-def _like(fn, t, dtype, requires_grad):
+def _like(fn, t, dtype, requires_grad, device=None):
+    if device is not None:
+        _check_device(device)
     r = _new(fn(t.shape, _dtype(dtype) or t.dtype))
     if requires_grad:
         r.requires_grad = True
@@ -95,22 +97,22 @@ def _like(fn, t, dtype, requires_grad):
 
 def zeros_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """zeros shaped like t."""
-    return _like(np.zeros, t, dtype, requires_grad)
+    return _like(np.zeros, t, dtype, requires_grad, device)
 
 
 def ones_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """ones shaped like t."""
-    return _like(np.ones, t, dtype, requires_grad)
+    return _like(np.ones, t, dtype, requires_grad, device)
 
 
 def empty_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """uninitialised, shaped like t."""
-    return _like(np.empty, t, dtype, requires_grad)
+    return _like(np.empty, t, dtype, requires_grad, device)
 
 
 def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
     """filled with fill_value, shaped like t."""
-    return _like(lambda s, d: np.full(s, fill_value, d), t, dtype, requires_grad)
+    return _like(lambda s, d: np.full(s, fill_value, d), t, dtype, requires_grad, device)
 
 
 def _rand_arr(kind, shape, dt, generator):
@@ -132,27 +134,53 @@ def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
                     device)
 
 
-def randn_like(t, dtype=None, requires_grad=False):
+def randn_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """randn shaped like t."""
-    return _like(lambda s, d: _rand_arr("n", s, d, None), t, dtype, requires_grad)
+    return _like(lambda s, d: _rand_arr("n", s, d, None), t, dtype, requires_grad, device)
 
 
-def rand_like(t, dtype=None, requires_grad=False):
+def rand_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """rand shaped like t."""
-    return _like(lambda s, d: _rand_arr("u", s, d, None), t, dtype, requires_grad)
+    return _like(lambda s, d: _rand_arr("u", s, d, None), t, dtype, requires_grad, device)
 
 
-def randint(low, high=None, size=None, dtype=None, generator=None, device=None):
-    """Integers in [low, high) (int64)."""
-    if high is None:
+def randint(low, high=None, size=None, dtype=None, generator=None, device=None,
+            requires_grad=False):
+    """Integers in [low, high), int64 unless ``dtype`` says otherwise (a float dtype gives
+    integer-valued floats, as in torch).  ``randint(high, size)`` draws from [0, high)."""
+    if device is not None:
+        _check_device(device)
+    if size is None:
+        if high is None or isinstance(high, (_pyint, np.integer)):
+            raise TypeError("randint() missing required argument 'size' (a tuple of ints)")
+        low, high, size = 0, low, high
+    elif high is None:
         low, high = 0, low
-    return _new(_np_gen(generator).integers(low, high, size=tuple(size),
-                                            dtype=_dtype(dtype) or int64))
+    if isinstance(size, (_pyint, np.integer)):
+        raise TypeError(f"randint(): argument 'size' must be a tuple of ints, not "
+                        f"{type(size).__name__}")
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} "
+                           f">= to={high}")
+    dt = _dtype(dtype) or int64
+    if dt.kind == "c" or (dt.kind not in "biuf" and not _is_float_dtype(dt)):
+        raise RuntimeError("check_random_bounds handles only integral, floating-point and "
+                           "boolean types")
+    if dt.kind in "iu" and (low < np.iinfo(dt).min or high - 1 > np.iinfo(dt).max):
+        which = "from" if low < np.iinfo(dt).min else "to - 1"
+        raise RuntimeError(f"{which} is out of bounds for {dt.name}")
+    a = _np_gen(generator).integers(low, high, size=tuple(size), dtype=np.int64)
+    t = _new(a.astype(dt, copy=False))
+    if requires_grad:
+        t.requires_grad = True
+    return t
 
 
 def randperm(n, dtype=None, generator=None, device=None):
     """A random permutation of range(n) (int64): torch's values for the default generator or a
     pyddp.Generator (as ``pyddp.randperm``), NumPy's permutation for a numpy.random.Generator."""
+    if device is not None:
+        _check_device(device)
     dt = _dtype(dtype) or int64
     if isinstance(generator, np.random.Generator):
         return _new(generator.permutation(n).astype(dt))
@@ -161,6 +189,8 @@ def randperm(n, dtype=None, generator=None, device=None):
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
     """Evenly spaced values in [start, end) (int64 for ints, float32 for floats)."""
+    if device is not None:
+        _check_device(device)
     if end is None:
         start, end = 0, start
     dt = _dtype(dtype)
@@ -175,6 +205,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
 
 def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
     """steps values from start to end inclusive."""
+    if device is not None:
+        _check_device(device)
     t = _new(np.linspace(start, end, steps).astype(_dtype(dtype) or _st.default))
     if requires_grad:
         t.requires_grad = True
@@ -183,6 +215,8 @@ def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
 
 def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     """Identity matrix."""
+    if device is not None:
+        _check_device(device)
     t = _new(np.eye(n, m, dtype=_dtype(dtype) or _st.default))
     if requires_grad:
         t.requires_grad = True

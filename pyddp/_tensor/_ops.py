@@ -561,9 +561,16 @@ def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return _pybool(np.allclose(np.asarray(a), np.asarray(b), rtol, atol, equal_nan))
 
 
-def equal(a, b):
-    """Same shape and elements."""
-    return a.shape == b.shape and _pybool(np.array_equal(a._data, b._data))
+def equal(input, other):
+    """True when both Tensors have the same shape and elements (torch.equal: dtypes may differ,
+    NaN equals nothing)."""
+    for pos, (name, v) in enumerate((("input", input), ("other", other)), 1):
+        if not isinstance(v, Tensor):
+            what = type(v).__name__ if type(v).__module__ == "builtins" else \
+                f"{type(v).__module__}.{type(v).__qualname__}"
+            raise TypeError(f"equal(): argument '{name}' (position {pos}) must be Tensor, not "
+                            f"{what}")
+    return input.shape == other.shape and _pybool(np.array_equal(input._data, other._data))
 
 
 # ----------------------------------------------------------------------------------------------

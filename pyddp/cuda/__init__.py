@@ -1,7 +1,9 @@
 """``pyddp.cuda``: what distributed scripts use of ``torch.cuda``.
 
 is_available, device_count, current_device, set_device, synchronize, the ``device`` context
-manager, manual_seed(_all), is_initialized and ``nccl.version()``.  libcudart is loaded on the
+manager, manual_seed(_all), seed(_all), is_initialized, is_bf16_supported, the caching allocator's
+statistics (memory_allocated, max_memory_allocated, memory_reserved, ..., empty_cache,
+reset_peak_memory_stats) and ``nccl.version()``.  libcudart is loaded on the
 first call that needs it (see ``pyddp.cuda._lib`` for where pyddp looks); importing this module
 loads nothing.  Without CUDA (no libcudart, no driver, no GPU) the questions answer as torch's
 CPU build does, without raising: ``is_available()`` is False and ``device_count()`` 0;
@@ -16,7 +18,11 @@ from . import _lib, nccl  # nccl loads libnccl only when asked
 
 __all__ = ["CudaUnavailableError", "is_available", "device_count", "current_device",
            "set_device", "synchronize", "device", "manual_seed", "manual_seed_all",
-           "is_initialized", "nccl"]
+           "is_initialized", "init", "nccl", "seed", "seed_all", "is_bf16_supported", "empty_cache",
+           "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+           "memory_cached", "max_memory_cached", "memory_stats", "reset_peak_memory_stats",
+           "reset_max_memory_allocated", "reset_max_memory_cached",
+           "reset_accumulated_memory_stats"]
 
 
 class CudaUnavailableError(RuntimeError, AssertionError):
@@ -77,6 +83,11 @@ def device_count() -> int:
 def is_initialized() -> bool:
     """Whether pyddp has initialised CUDA (a call that needed a GPU found one)."""
     return _initialized
+
+
+def init() -> None:
+    """Initialise CUDA now (torch.cuda.init): raises CudaUnavailableError without a GPU."""
+    _require()
 
 
 def _device_index(dev, optional: bool) -> int:
@@ -165,3 +176,85 @@ def manual_seed(seed) -> None:
 def manual_seed_all(seed) -> None:
     """torch.cuda.manual_seed_all: as :func:`manual_seed`."""
     int(seed)
+
+
+def seed() -> None:
+    """torch.cuda.seed: as :func:`manual_seed`, nothing to seed (returns None, as torch)."""
+
+
+def seed_all() -> None:
+    """torch.cuda.seed_all: as :func:`seed`."""
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """False: pyddp computes nothing on the GPU (torch's CPU build answers False too)."""
+    return False
+
+
+# The caching allocator's statistics.  pyddp allocates no device memory through a caching
+# allocator (CUDA arrays belong to torch, CuPy or JAX, which count their own), so these answer
+# as torch's CPU build does: 0 bytes, empty stats, and the resets and empty_cache do nothing.
+# (torch's CPU build raises AttributeError from its internals for the reset_* functions; here they
+# are harmless, so that benchmark scripts calling them run.)  ``device`` is accepted and ignored,
+# as torch ignores it while CUDA is not initialised.
+
+def memory_stats(device=None) -> dict:
+    """An empty OrderedDict (no allocation was made through a caching allocator)."""
+    import collections
+    return collections.OrderedDict()
+
+
+def memory_allocated(device=None) -> int:
+    """0: bytes held by tensors through pyddp's caching allocator (it has none)."""
+    return 0
+
+
+def max_memory_allocated(device=None) -> int:
+    """0: the peak of :func:`memory_allocated`."""
+    return 0
+
+
+def memory_reserved(device=None) -> int:
+    """0: bytes reserved by pyddp's caching allocator (it has none)."""
+    return 0
+
+
+def max_memory_reserved(device=None) -> int:
+    """0: the peak of :func:`memory_reserved`."""
+    return 0
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated name of :func:`memory_reserved` (a FutureWarning, as torch's)."""
+    import warnings
+    warnings.warn("`torch.cuda.memory_cached` has been renamed to `torch.cuda.memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Deprecated name of :func:`max_memory_reserved` (a FutureWarning, as torch's)."""
+    import warnings
+    warnings.warn("`torch.cuda.max_memory_cached` has been renamed to "
+                  "`torch.cuda.max_memory_reserved`", FutureWarning, stacklevel=2)
+    return max_memory_reserved(device)
+
+
+def empty_cache() -> None:
+    """Nothing cached, nothing to release."""
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Nothing to reset (no statistics are kept)."""
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Nothing to reset."""
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """Nothing to reset."""
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Nothing to reset."""

@@ -56,6 +56,7 @@ from .distributed_c10d import (  # noqa: F401
     scatter_object_list,
     send,
 )
+from ._compat import get_default_backend_for_device, reduce_op  # noqa: F401
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
 from ._observe import (  # noqa: F401
     DebugLevel,

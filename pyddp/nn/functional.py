@@ -1067,3 +1067,10 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
     if not batched:
         w = w.squeeze(0)
     return out, w
+
+# A NumPy array where a Tensor is expected: torch's TypeError, not an AttributeError (the losses
+# and embedding take arrays and convert them).
+from ._argcheck import require_tensors as _require_tensors  # noqa: E402
+
+_require_tensors(globals(), [n for n in __all__ if globals()[n].__module__ == __name__]
+                 + ["softmax", "log_softmax"], Tensor, exempt=("embedding",))

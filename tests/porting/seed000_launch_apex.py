@@ -44,7 +44,6 @@ def full_loss():
 
 def train(loader):
     for image, text in loader:
-        image, text = torch.from_numpy(image), torch.from_numpy(text)
         loss = ((img_encoder(image) - text_encoder(text)) ** 2).mean()
         optimizer.zero_grad()
         with amp.scale_loss(loss, optimizer) as scaled_loss:

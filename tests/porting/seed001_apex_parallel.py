@@ -46,8 +46,8 @@ model = DistributedDataParallel(model, device_ids=[gpu])
 for epoch in range(5):
    train_sampler.set_epoch(epoch)  # SEED BUG: without set_epoch every epoch sees the same order
    for batch_idx, (data, target) in enumerate(train_loader):
-      images = torch.from_numpy(data)  # PORT: data.cuda(non_blocking=True) -> torch.from_numpy: pyddp batches are NumPy arrays on the CPU (SEED BUG: `images` was never assigned)
-      target = torch.from_numpy(target)  # PORT: target.cuda(non_blocking=True) -> torch.from_numpy: pyddp batches are NumPy arrays on the CPU
+      images = data.to('cpu', non_blocking=True)  # PORT: data.cuda(non_blocking=True) -> .to('cpu', ...): no GPU, Tensor.cuda() raises as in torch's CPU build (SEED BUG: `images` was never assigned)
+      target = target.to('cpu', non_blocking=True)  # PORT: target.cuda(non_blocking=True) -> .to('cpu', ...): no GPU, Tensor.cuda() raises as in torch's CPU build
       output = model(images)
       loss = criterion(output, target)
       optimizer.zero_grad()

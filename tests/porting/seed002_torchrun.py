@@ -115,7 +115,7 @@ for epoch in range(args.epochs):
 
     # normal training procedure
     for idx, (inputs, labels) in enumerate(train_loader):
-        inputs, labels = torch.from_numpy(inputs), torch.from_numpy(labels)  # PORT: .to(device) -> torch.from_numpy: pyddp batches are NumPy arrays
+        inputs, labels = inputs.to(device), labels.to(device)
         outputs = model(inputs)
         loss = criterion(outputs, labels)
         optimizer.zero_grad()
@@ -140,7 +140,7 @@ with torch.no_grad():
         # some test operations
         # do not need to change your original test code
         inputs, labels = data
-        correct += int((model(torch.from_numpy(inputs)).argmax(1).numpy() == labels).sum())
+        correct += int((model(inputs).argmax(1) == labels).sum())
         total += len(labels)
 print(f"rank {rank}: test accuracy {correct / total:.4f}", flush=True)
 dist.destroy_process_group()

@@ -217,6 +217,9 @@ class SyncBatchNorm(_BatchNorm):
         self.process_group = process_group
 
     def _check_input_dim(self, input):
+        if not isinstance(input, Tensor):   # torch's TypeError, not an AttributeError below
+            raise TypeError("batch_norm(): argument 'input' (position 1) must be Tensor, not "
+                            f"{type(input).__module__}.{type(input).__qualname__}")
         nd = len(input.shape)
         if nd < 2:
             raise ValueError(f"expected at least 2D input (got {nd}D input)")

@@ -1,9 +1,10 @@
-"""pyddp.utils.data: torch.utils.data for NumPy arrays.
+"""pyddp.utils.data: torch.utils.data for NumPy data, yielding pyddp Tensors.
 
 DistributedSampler (torch's indices bit for bit, computed in C), the other
 samplers, datasets and a DataLoader with worker processes.  See
 pyddp/utils/data/dataloader.py and README.md, "Data loading".
 """
+from . import _utils  # noqa: F401  (torch's layout: pyddp.utils.data._utils.collate)
 from ._collate import default_collate, default_convert
 from ._worker import WorkerInfo, get_worker_info
 from .dataloader import DataLoader

@@ -46,14 +46,14 @@ class DataLoader:
 
     Arguments as torch.utils.data.DataLoader: dataset, batch_size=1,
     shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
-    collate_fn=None (default_collate: NumPy batches), pin_memory=False,
+    collate_fn=None (default_collate: pyddp Tensor batches), pin_memory=False,
     drop_last=False, timeout=0, worker_init_fn=None,
     multiprocessing_context=None, generator=None, and keyword-only
     prefetch_factor=None (2 with workers), persistent_workers=False,
     pin_memory_device="", in_order=True.
 
     pin_memory (and pin_memory_device) are accepted for compatibility and
-    have no effect: NumPy arrays live in ordinary host memory, and pyddp
+    have no effect: pyddp Tensors live in ordinary host memory, and pyddp
     copies to a GPU, if at all, elsewhere.
 
     Each iterator draws a 63-bit base seed from generator (or the default

@@ -1,0 +1,3 @@
+"""torch.utils.data._utils's layout: ``collate`` (default_collate, default_convert, collate and
+the per-type functions of ``default_collate_fn_map``)."""
+from . import collate  # noqa: F401
