@@ -160,6 +160,26 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         """'shm', 'tcp' or 'local' (pyddp's C group)."""
         return self._cpg.transport
 
+    # torch's ProcessGroup keeps its name and description in its registered C++ backends; this
+    # group registers none (it is the whole group), so it keeps them itself: DeviceMesh (FSDP2,
+    # DTensor) and torch's group registry read ``group_name``.
+    def _set_group_name(self, name):
+        self._group_name = str(name)
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = str(desc)
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "undefined")
+
     def _watch(self, work):
         with self._lock:
             if self._q is None:
