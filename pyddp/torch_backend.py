@@ -41,6 +41,7 @@ _OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
 _OP_CODES = {t: _OPS[n] for n, t in _c10d.ReduceOp.RedOpType.__members__.items() if n in _OPS}
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
+_PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 
 
 def _seconds(t):
@@ -59,7 +60,41 @@ def _torch_error(e):
 
 def _array(t, name, writable):
     """(NumPy view of a CPU tensor, dtype code); no copy."""
-    return _interop.cpu_array(t, name, writable)
+    return _interop.cpu_array(t, name, writable, on_device=_on_device)
+
+
+def _on_device(view, name, writable):
+    """(device view, dtype code) for a CUDA tensor (or an object exposing
+    ``__cuda_array_interface__``): ``_submit`` sends requests on such views to pyddp's NCCL
+    backend (``ProcessGroupPyddp._nccl_backend``)."""
+    if view.device != "cuda":
+        raise ValueError(f"{name} is on device {view.device_str}; the pyddp backend serves "
+                         "'cpu' and 'cuda'")
+    if view.code is None:
+        raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
+                        f"{', '.join(_interop.DTYPE_NAMES)}")
+    if not view.contiguous:
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    if writable and not view.writable:
+        raise ValueError(f"{name} is read-only; it is an output and must be writable")
+    view.name = name
+    return view, view.code
+
+
+def _on_cuda(arrays_in, arrays_out, name):
+    """True when a request's arrays are CUDA views, False when they are host arrays; ValueError
+    for a mix."""
+    cuda = host = None
+    for a in (*arrays_in, *arrays_out):
+        if type(a) is _interop.ArrayView:
+            cuda = a
+        else:
+            host = a
+    if cuda is not None and host is not None:
+        raise ValueError(f"{name}: {cuda.name or 'an argument'} is on {cuda.device_str} but "
+                         "another argument is on cpu: all tensors of one call must be on one "
+                         "device")
+    return cuda is not None
 
 
 def _op(reduce_op, what):
@@ -202,6 +237,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         cpg = self._cpg
         if cpg is None:
             raise dist.DistBackendError(f"{name}: the pyddp process group has been destroyed")
+        if (arrays_in or arrays_out) and _on_cuda(arrays_in, arrays_out, name):
+            return self._submit_cuda(kind, code, arrays_in, arrays_out, result, op=op, root=root,
+                                     tag=tag, count=count, in_splits=in_splits,
+                                     out_splits=out_splits, name=name, blocking=blocking,
+                                     timeout=timeout, wait_all=wait_all, source=source)
         try:
             cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
                             tuple(arrays_out), in_splits, out_splits, float(timeout),
@@ -218,6 +258,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         the C group's fast path; a finished Work, or None when that path does not take it (async,
         coalescing, a busy group, a tensor NumPy cannot view: the caller submits instead)."""
         if self._fast is None or self._coalesced is not None or opts is None or opts.asyncOp:
+            return None
+        if not isinstance(tensor, torch.Tensor):  # e.g. a CUDA array: numpy() would be a copy
             return None
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
             arrays = (tensor.numpy(),) if input is None else (tensor.numpy(), input.numpy())
@@ -244,6 +286,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             work = self._inline(opts, _K_ALLREDUCE, tensors[0], _OP_CODES.get(opts.reduceOp.op, -1))
             if work is not None:
                 return work
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_sum("allreduce", opts, tensors, tensors, self.allreduce)
         opts = opts or _c10d.AllreduceOptions()
         op = _op(opts.reduceOp, "allreduce")
         works = []
@@ -273,6 +317,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def reduce(self, tensors, opts=None):
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_sum("reduce", opts, tensors, tensors, self.reduce)
         opts = opts or _c10d.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
         a, code = _array(self._one(tensors, "reduce"), "tensor", True)
@@ -363,6 +409,12 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
+                      for lst in input_tensors]
+            return self._premul_sum("reduce_scatter", opts, None, None,
+                                    lambda _, o: self.reduce_scatter(output_tensors, scaled, o),
+                                    keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter")
         o = self._one(output_tensors, "reduce_scatter")
@@ -382,6 +434,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                                 _OP_CODES.get(opts.reduceOp.op, -1), inputs[0])
             if work is not None:
                 return work
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
+            return self._premul_sum(
+                "reduce_scatter_tensor", opts, None, None,
+                lambda _, o: self.reduce_scatter_single_coalesced(outputs, scaled, o), keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
@@ -483,9 +540,104 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         return self._many(works, [t for w in works for t in w._result])
 
+    # ------------------------------------------------ ReduceOp.PREMUL_SUM (NCCL's premul sum)
+
+    @staticmethod
+    def _premul_factor(opts, what, t):
+        """The factor of a PREMUL_SUM op (``dist._make_nccl_premul_sum(factor)``, or
+        ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 builds it); floating-point tensors only."""
+        if not t.is_floating_point():
+            raise TypeError(f"{what}: ReduceOp.PREMUL_SUM needs floating-point tensors, got "
+                            f"{t.dtype}")
+        factor = opts.reduceOp.factor
+        if factor is None:
+            raise ValueError(f"{what}: ReduceOp.PREMUL_SUM without a factor")
+        return factor
+
+    def _premul_copy(self, t, opts, what):
+        """factor * t, a new tensor (the caller's input stays as it was)."""
+        return t * self._premul_factor(opts, what, t)
+
+    @staticmethod
+    def _sum_opts(opts):
+        """``opts`` (any reducing options type) with ReduceOp.SUM, same timeout and asyncOp."""
+        new = type(opts)()
+        new.reduceOp = dist.ReduceOp.SUM
+        for f in ("rootRank", "rootTensor", "timeout", "asyncOp"):
+            if hasattr(opts, f):
+                setattr(new, f, getattr(opts, f))
+        return new
+
+    def _premul_sum(self, what, opts, tensors, result, call, keep=None):
+        """PREMUL_SUM as NCCL computes it: sum over ranks of factor * input.  In-place
+        collectives (allreduce, reduce) scale the tensor first; the others get scaled copies
+        (``keep``: held by the Work until it completes)."""
+        if tensors is not None:
+            factors = [self._premul_factor(opts, what, t) for t in tensors]
+            with torch.no_grad():
+                for t, f in zip(tensors, factors):
+                    t.mul_(f)
+        work = call(tensors, self._sum_opts(opts))
+        work._premul_keep = keep
+        return work
+
+    # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
+
+    def _nccl_backend(self, name):
+        """pyddp's NCCL backend for this group (pyddp.distributed._nccl.NcclBackend over the
+        torch store the group was created with), created at the first CUDA collective (every
+        rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
+        be = self.__dict__.get("_nccl")
+        if be is not None:
+            return be
+        with self._lock:
+            be = self.__dict__.get("_nccl")
+            if be is not None:
+                return be
+            store = self.__dict__.get("_store")
+            if store is None:
+                raise dist.DistBackendError(
+                    f"{name}: this pyddp group has no store to start its NCCL backend from "
+                    "(create it through torch.distributed.init_process_group/new_group)")
+            from .distributed import _backend, _nccl
+
+            try:
+                ranks = dist.get_process_group_ranks(self)
+            except (RuntimeError, ValueError, KeyError):  # not registered with torch
+                ranks = range(self.size())
+            gname = self.__dict__.get("_group_name") or "pyddp"
+            opts = _backend.BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
+                                           self.size(), timedelta(seconds=self._timeout),
+                                           gname, ranks)
+            try:
+                be = _nccl.create(opts)
+            except (RuntimeError, OSError) as e:
+                raise dist.DistBackendError(
+                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
+                    f"could not start: {e}") from e
+            self._nccl = be
+            return be
+
+    def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
+                     in_splits, out_splits, name, blocking, timeout, wait_all, source):
+        be = self._nccl_backend(name)
+        try:
+            nw = be.submit(kind, code, op, root, tag, count, tuple(arrays_in), tuple(arrays_out),
+                           in_splits, out_splits, float(timeout), bool(wait_all), name,
+                           blocking)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        work = Work(() if nw is None else (nw,), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
     # ------------------------------------------------------------------ lifecycle
 
     def _destroy(self):
+        nccl = self.__dict__.pop("_nccl", None)
+        if nccl is not None:
+            nccl.destroy()
         cpg, self._cpg, self._fast = self._cpg, None, None
         if cpg is not None:
             cpg.destroy()
@@ -507,8 +659,56 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
 
 def _create(store, rank, world_size, timeout):
-    return ProcessGroupPyddp(store, rank, world_size, timeout)
+    pg = ProcessGroupPyddp(store, rank, world_size, timeout)
+    pg._store = store  # the NCCL backend of CUDA tensors starts from it (_nccl_backend)
+    return pg
 
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    # "cuda" too: with "pyddp" or "cpu:pyddp,cuda:nccl" torch stops at this creator (a
+    # ProcessGroup subclass is the whole group), and CUDA tensors run on pyddp's NCCL backend
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+
+
+# ------------------------------------------------------------------ torch's monitored_barrier
+# torch.distributed.monitored_barrier raises "only implemented for GLOO backend" for any group
+# whose backend string is not "gloo" (``get_backend(group) != Backend.GLOO``: nothing a process
+# group object exposes changes that).  pyddp's C core has its own monitored barrier (naming the
+# ranks that did not arrive, all of them with wait_all_ranks=True), so this module wraps torch's
+# function: a call on a ProcessGroupPyddp group runs it; every other call goes to torch's own
+# function unchanged.  Installed once (importing this module again keeps the wrapper); code that
+# bound ``monitored_barrier`` by name before importing pyddp.torch_backend keeps torch's.
+_c10d_py = dist.distributed_c10d
+
+
+def _pyddp_group_of(group):
+    """The ProcessGroupPyddp a torch API call on ``group`` would use, or None."""
+    if group is None or group is dist.GroupMember.WORLD:
+        if not dist.is_initialized():
+            return None
+        group = _c10d_py._get_default_group()
+    return group if isinstance(group, ProcessGroupPyddp) else None
+
+
+def _wrap_monitored_barrier(torch_fn):
+    import functools
+
+    @functools.wraps(torch_fn)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = _pyddp_group_of(group)
+        if pg is None:
+            return torch_fn(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            timeout = timedelta(seconds=timeout)
+        if timeout is not None:
+            _c10d_py._check_valid_timeout(timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._pyddp_torch_fn = torch_fn
+    return monitored_barrier
+
+
+if not hasattr(_c10d_py.monitored_barrier, "_pyddp_torch_fn"):
+    _c10d_py.monitored_barrier = _wrap_monitored_barrier(_c10d_py.monitored_barrier)
+if getattr(dist, "monitored_barrier", None) is not _c10d_py.monitored_barrier:
+    dist.monitored_barrier = _c10d_py.monitored_barrier
