@@ -464,9 +464,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             f"{output.dtype}")
         n = self.size()
 
-        def splits(sizes, t, what):
-            row = t.element_size() * (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 1)
-            rows = t.shape[0] if t.dim() else 1
+        def splits(sizes, v, what):  # v: the NumPy array or CUDA view (torch-free: any array)
+            dims = tuple(v.shape)
+            row = v.itemsize * (v.size // dims[0] if dims and dims[0] else 1)
+            rows = dims[0] if dims else 1
             if not sizes:
                 if rows % n:
                     raise ValueError(f"all_to_all_single: {what} has {rows} rows, not divisible "
@@ -477,8 +478,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                                  f"{n} entries adding up to {rows}")
             return tuple(int(s) * row for s in sizes)
 
-        ins = splits(input_split_sizes, input, "input")
-        outs = splits(output_split_sizes, output, "output")
+        ins = splits(input_split_sizes, a, "input")
+        outs = splits(output_split_sizes, b, "output")
         return self._submit(_C.K_ALLTOALL, code, (a,), (b,), [output], in_splits=ins,
                             out_splits=outs, name="all_to_all_single",
                             blocking=self._blocking(opts))
