@@ -153,7 +153,8 @@ def _divide_factor_child(rank, world_size):
 
 def test_fsdp2_gradient_divide_factor_uses_premul_sum():
     for rank, grads in enumerate(run(_divide_factor_child, 2, init=False, timeout=120)):
-        assert grads["gloo refused"] and "PREMUL_SUM" in grads["gloo refused"], grads["gloo refused"]
+        refused = grads["gloo refused"]
+        assert refused and "PREMUL_SUM" in refused, refused
         for i, (mine, ref) in enumerate(zip(grads["pyddp"], grads["gloo"])):
             assert np.abs(ref).max() > 0
             assert np.allclose(mine, ref * 2 / 4, rtol=1e-5, atol=1e-7), \
