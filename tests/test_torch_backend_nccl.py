@@ -59,6 +59,9 @@ def _cpu_and_cuda_child(rank, n):
         o = torch.zeros(3 * n)
         dist.all_gather_into_tensor(o, torch.full((3,), float(rank)), group=g)
         check(f"cpu all_gather_into_tensor {g}", o.numpy(), np.repeat(np.arange(n), 3))
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank})  # torch picks cpu for objects on this group
+    check("all_gather_object", [o["rank"] for o in objs], np.arange(n))
     out["nccl_after_cpu"] = pg.__dict__.get("_nccl") is not None  # lazily: not yet
     out["comms_after_cpu"] = fakecuda.comm_count()
 
