@@ -287,7 +287,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             if work is not None:
                 return work
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
-            return self._premul_sum("allreduce", opts, tensors, tensors, self.allreduce)
+            return self._premul_sum("allreduce", opts, tensors, self.allreduce)
         opts = opts or _c10d.AllreduceOptions()
         op = _op(opts.reduceOp, "allreduce")
         works = []
@@ -318,7 +318,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
-            return self._premul_sum("reduce", opts, tensors, tensors, self.reduce)
+            return self._premul_reduce(tensors, opts)
         opts = opts or _c10d.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
         a, code = _array(self._one(tensors, "reduce"), "tensor", True)
@@ -412,7 +412,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
                       for lst in input_tensors]
-            return self._premul_sum("reduce_scatter", opts, None, None,
+            return self._premul_sum("reduce_scatter", opts, None,
                                     lambda _, o: self.reduce_scatter(output_tensors, scaled, o),
                                     keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
@@ -437,7 +437,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
             return self._premul_sum(
-                "reduce_scatter_tensor", opts, None, None,
+                "reduce_scatter_tensor", opts, None,
                 lambda _, o: self.reduce_scatter_single_coalesced(outputs, scaled, o), keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
@@ -569,10 +569,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 setattr(new, f, getattr(opts, f))
         return new
 
-    def _premul_sum(self, what, opts, tensors, result, call, keep=None):
-        """PREMUL_SUM as NCCL computes it: sum over ranks of factor * input.  In-place
-        collectives (allreduce, reduce) scale the tensor first; the others get scaled copies
-        (``keep``: held by the Work until it completes)."""
+    def _premul_sum(self, what, opts, tensors, call, keep=None):
+        """PREMUL_SUM as NCCL computes it: sum over ranks of factor * input.  allreduce (in
+        place) scales its tensors first; the others pass scaled copies (``keep``: held by the
+        Work)."""
         if tensors is not None:
             factors = [self._premul_factor(opts, what, t) for t in tensors]
             with torch.no_grad():
@@ -580,6 +580,19 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                     t.mul_(f)
         work = call(tensors, self._sum_opts(opts))
         work._premul_keep = keep
+        return work
+
+    def _premul_reduce(self, tensors, opts):
+        """reduce with PREMUL_SUM: a scaled copy in, the tensor out (written on the root only;
+        the other ranks' tensors stay as they were, as with NCCL)."""
+        t = self._one(tensors, "reduce")
+        scaled = self._premul_copy(t, opts, "reduce")
+        a, code = _array(scaled, "tensor", False)
+        b, _ = _array(t, "tensor", True)
+        work = self._submit(_C.K_REDUCE, code, (a,), (b,), tensors, op=_OPS["SUM"],
+                            root=opts.rootRank, count=a.size, name="reduce",
+                            blocking=self._blocking(opts))
+        work._premul_keep = scaled
         return work
 
     # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend

@@ -13,7 +13,7 @@ def _child(rank, ws, devices):
     import torch
     import torch.distributed as dist
 
-    import pyddp.torch_backend  # noqa: F401
+    import pyddp.torch_backend  # noqa: F401  (registers "pyddp")
 
     dev = torch.device("cuda", rank % devices)
     torch.cuda.set_device(dev)
