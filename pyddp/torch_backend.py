@@ -171,6 +171,31 @@ class Work(dist._Work):
             self._fut.set_result(list(self._result))
 
 
+class _CudaHandle:
+    """An NCCL work (pyddp.distributed._nccl.NcclWork) as Work holds it.  ``wait()`` on the
+    submitting thread orders that thread's current stream after the operation (torch's NCCL
+    rule: no host block); on another thread (the future watcher, whose current stream is
+    unrelated to the caller's) it waits on the host, bounded by the group's timeout, so a
+    future completes only once its tensors hold the result."""
+
+    __slots__ = ("nw", "tid")
+
+    def __init__(self, nw):
+        self.nw = nw
+        self.tid = threading.get_ident()
+
+    def wait(self, timeout=None):
+        if timeout is None and threading.get_ident() != self.tid:
+            return self.nw.synchronize_host(self.nw.be.timeout)
+        return self.nw.wait(timeout)
+
+    def is_completed(self):
+        return self.nw.is_completed()
+
+    def source_rank(self):
+        return self.nw.source_rank()
+
+
 class ProcessGroupPyddp(dist.ProcessGroup):
     """One rank's member of a torch process group whose collectives run on pyddp's C core."""
 
@@ -641,7 +666,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                            blocking)
         except _C.DistError as e:
             raise _torch_error(e) from None
-        work = Work(() if nw is None else (nw,), result, self, source)
+        work = Work(() if nw is None else (_CudaHandle(nw),), result, self, source)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -5,6 +5,8 @@ ProcessGroupPyddp's methods (what torch's API calls) with fakecuda arrays exposi
 ``__cuda_array_interface__``.  Every rank is a fresh interpreter (spawn).  tests/gpu/ runs real
 torch CUDA tensors on "cpu:pyddp,cuda:nccl".
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,18 @@ def _cpu_and_cuda_child(rank, n):
     fut = pg.allreduce([x], asy).get_future()
     fut.wait()
     check("allreduce future", x.numpy(), sum(base))
+    # the future completes once the result is there: the caller's stream held, it waits
+    s = fakecuda.Stream(rank)
+    x = fakecuda.DeviceArray(mine, device=rank, stream=s)
+    release = s.hold()  # the collective cannot start before this stream's work
+    try:
+        fut = pg.allreduce([x], asy).get_future()
+        time.sleep(0.5)
+        out["future_done_while_held"] = fut.done()
+    finally:
+        release.set()
+    fut.wait()
+    check("allreduce future after a held stream", x.numpy(), sum(base))
     try:  # one call, two devices: named, not run
         pg._allgather_base(_dev(np.zeros(2 * n, np.float32), rank), torch.zeros(2))
         bad.append("a call mixing a CUDA array and a CPU tensor did not raise")
@@ -162,3 +176,4 @@ def test_cpu_pyddp_cuda_nccl_routes_cuda_arrays_to_pyddps_nccl(n):
         assert "all tensors of one call must be on one device" in out["mixed"], out["mixed"]
         assert "all_reduce" in out["mismatch"] or "allreduce" in out["mismatch"], out["mismatch"]
         assert out["comms_after_destroy"] == 0
+        assert out["future_done_while_held"] is False
