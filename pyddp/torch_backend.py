@@ -563,6 +563,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._coalesced = []
 
     def _end_coalescing(self, device=None):
+        self._flush_cuda_p2p()
         works, self._coalesced = self._coalesced or [], None
         return self._many(works, [t for w in works for t in w._result])
 
@@ -660,6 +661,16 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
                      in_splits, out_splits, name, blocking, timeout, wait_all, source):
         be = self._nccl_backend(name)
+        if self._coalesced is not None and kind in (_C.K_SEND, _C.K_RECV):
+            # batch_isend_irecv: NCCL must see the batch's sends and receives as one group
+            # (ncclGroupStart/End) or a ring of them can wait on each other; they run at
+            # _end_coalescing, and this Work gets the group's handle then
+            work = Work((), result, self, source)
+            view = (arrays_in or arrays_out)[0]
+            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root,
+                                                               work))
+            self._coalesced.append(work)
+            return work
         try:
             nw = be.submit(kind, code, op, root, tag, count, tuple(arrays_in), tuple(arrays_out),
                            in_splits, out_splits, float(timeout), bool(wait_all), name,
@@ -670,6 +681,20 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _flush_cuda_p2p(self):
+        """Run the CUDA sends and receives gathered since _start_coalescing as one NCCL group."""
+        ops = self.__dict__.pop("_cuda_p2p", None)
+        if not ops:
+            return
+        be = self._nccl_backend("batch_isend_irecv")
+        try:
+            nw = be.batch_p2p([(is_send, view, peer) for is_send, view, peer, _ in ops])
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        handle = (_CudaHandle(nw),)
+        for _, _, _, work in ops:
+            work._cws = handle
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -123,6 +123,15 @@ def _cpu_and_cuda_child(rank, n):
     for w in works:
         w.wait()
     check("send/recv", o.numpy(), base[left])
+    # batch_isend_irecv (torch coalesces it): one NCCL group, large enough to need it
+    big = [np.arange(1 << 16, dtype=np.float32) + r for r in range(n)]
+    o = _dev(np.zeros(1 << 16, np.float32), rank)
+    pg._start_coalescing()
+    pg.send([_dev(big[rank], rank)], right, 0)
+    pg.recv([o], left, 0)
+    pg._end_coalescing().wait()
+    check("coalesced send/recv", o.numpy()[:8], big[left][:8])
+    out["coalesced_ring"] = bool(np.array_equal(o.numpy(), big[left]))
     # asynchronous, with a future
     x = _dev(mine, rank)
     asy = dist_mod.AllreduceOptions()
@@ -177,3 +186,4 @@ def test_cpu_pyddp_cuda_nccl_routes_cuda_arrays_to_pyddps_nccl(n):
         assert "all_reduce" in out["mismatch"] or "allreduce" in out["mismatch"], out["mismatch"]
         assert out["comms_after_destroy"] == 0
         assert out["future_done_while_held"] is False
+        assert out["coalesced_ring"]
