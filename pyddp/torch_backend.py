@@ -196,6 +196,35 @@ class _CudaHandle:
         return self.nw.source_rank()
 
 
+class _DeferredP2P:
+    """A CUDA send or receive not given to NCCL yet (see ProcessGroupPyddp._submit_cuda): asked
+    anything, it runs the group's waiting sends and receives first."""
+
+    __slots__ = ("pg", "real", "peer")
+
+    def __init__(self, pg, peer):
+        self.pg = pg
+        self.real = None  # the _CudaHandle of the NCCL group it ran in
+        self.peer = peer
+
+    def _handle(self):
+        if self.real is None:
+            self.pg._flush_cuda_p2p()
+        if self.real is None:
+            raise dist.DistBackendError("send/recv: the pyddp process group was destroyed "
+                                        "before this operation ran")
+        return self.real
+
+    def wait(self, timeout=None):
+        return self._handle().wait(timeout)
+
+    def is_completed(self):
+        return self._handle().is_completed()
+
+    def source_rank(self):
+        return self.peer
+
+
 class ProcessGroupPyddp(dist.ProcessGroup):
     """One rank's member of a torch process group whose collectives run on pyddp's C core."""
 
@@ -661,16 +690,24 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
                      in_splits, out_splits, name, blocking, timeout, wait_all, source):
         be = self._nccl_backend(name)
-        if self._coalesced is not None and kind in (_C.K_SEND, _C.K_RECV):
-            # batch_isend_irecv: NCCL must see the batch's sends and receives as one group
-            # (ncclGroupStart/End) or a ring of them can wait on each other; they run at
-            # _end_coalescing, and this Work gets the group's handle then
-            work = Work((), result, self, source)
+        if kind in (_C.K_SEND, _C.K_RECV):
+            # NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End)
+            # or a ring of them waits on itself; torch's batch_isend_irecv coalesces only on a
+            # plain ProcessGroup (``type(group) is ProcessGroup``), so on this group it issues
+            # them one by one.  They wait here and run as one NCCL group at the first wait() or
+            # is_completed() of any of them, the next CUDA collective, _end_coalescing or
+            # destroy.
+            if kind == _C.K_RECV and root < 0:
+                raise ValueError(f"{name}: CUDA tensors (NCCL) cannot be received from any "
+                                 "source; give src")
+            d = _DeferredP2P(self, root if kind == _C.K_RECV else -1)
             view = (arrays_in or arrays_out)[0]
-            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root,
-                                                               work))
-            self._coalesced.append(work)
+            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root, d))
+            work = Work((d,), result, self, source)
+            if self._coalesced is not None:
+                self._coalesced.append(work)
             return work
+        self._flush_cuda_p2p()
         try:
             nw = be.submit(kind, code, op, root, tag, count, tuple(arrays_in), tuple(arrays_out),
                            in_splits, out_splits, float(timeout), bool(wait_all), name,
@@ -683,7 +720,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return work
 
     def _flush_cuda_p2p(self):
-        """Run the CUDA sends and receives gathered since _start_coalescing as one NCCL group."""
+        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
         ops = self.__dict__.pop("_cuda_p2p", None)
         if not ops:
             return
@@ -692,15 +729,20 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             nw = be.batch_p2p([(is_send, view, peer) for is_send, view, peer, _ in ops])
         except _C.DistError as e:
             raise _torch_error(e) from None
-        handle = (_CudaHandle(nw),)
-        for _, _, _, work in ops:
-            work._cws = handle
+        handle = _CudaHandle(nw)
+        for _, _, _, d in ops:
+            d.real = handle
 
     # ------------------------------------------------------------------ lifecycle
 
     def _destroy(self):
-        nccl = self.__dict__.pop("_nccl", None)
+        nccl = self.__dict__.get("_nccl")
         if nccl is not None:
+            try:  # sends and receives never waited for still reach the peers
+                self._flush_cuda_p2p()
+            except (dist.DistBackendError, ValueError):
+                pass
+            self.__dict__.pop("_nccl", None)
             nccl.destroy()
         cpg, self._cpg, self._fast = self._cpg, None, None
         if cpg is not None:

@@ -117,21 +117,29 @@ def _cpu_and_cuda_child(rank, n):
     pg.alltoall_base(recv, _dev(send, rank), [rank + 1] * n, [j + 1 for j in range(n)]).wait()
     check("alltoall_base", recv.numpy(),
           np.concatenate([np.full(rank + 1, 10 * j + rank) for j in range(n)]))
+    # a ring of sends and receives, large enough that NCCL must see them as one group: as
+    # torch's batch_isend_irecv issues them on this group (one by one), and coalesced
     right, left = (rank + 1) % n, (rank - 1) % n
-    o = _dev(np.zeros(6, np.float32), rank)
-    works = [pg.send([_dev(mine, rank)], right, 0), pg.recv([o], left, 0)]
+    big = [np.arange(1 << 16, dtype=np.float32) + r for r in range(n)]
+    o = _dev(np.zeros(1 << 16, np.float32), rank)
+    works = [pg.send([_dev(big[rank], rank)], right, 0), pg.recv([o], left, 0)]
     for w in works:
         w.wait()
-    check("send/recv", o.numpy(), base[left])
-    # batch_isend_irecv (torch coalesces it): one NCCL group, large enough to need it
-    big = [np.arange(1 << 16, dtype=np.float32) + r for r in range(n)]
+    out["ring"] = bool(np.array_equal(o.numpy(), big[left]))
     o = _dev(np.zeros(1 << 16, np.float32), rank)
     pg._start_coalescing()
     pg.send([_dev(big[rank], rank)], right, 0)
     pg.recv([o], left, 0)
     pg._end_coalescing().wait()
-    check("coalesced send/recv", o.numpy()[:8], big[left][:8])
     out["coalesced_ring"] = bool(np.array_equal(o.numpy(), big[left]))
+    o = _dev(np.zeros(6, np.float32), rank)  # blocking, in order: rank 0 sends first
+    if rank == 0:
+        pg.send([_dev(mine, rank)], right, 0).wait()
+        pg.recv([o], left, 0).wait()
+    else:
+        pg.recv([o], left, 0).wait()
+        pg.send([_dev(mine, rank)], right, 0).wait()
+    check("send/recv in order", o.numpy(), base[left])
     # asynchronous, with a future
     x = _dev(mine, rank)
     asy = dist_mod.AllreduceOptions()
@@ -186,4 +194,4 @@ def test_cpu_pyddp_cuda_nccl_routes_cuda_arrays_to_pyddps_nccl(n):
         assert "all_reduce" in out["mismatch"] or "allreduce" in out["mismatch"], out["mismatch"]
         assert out["comms_after_destroy"] == 0
         assert out["future_done_while_held"] is False
-        assert out["coalesced_ring"]
+        assert out["ring"] and out["coalesced_ring"]
