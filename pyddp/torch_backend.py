@@ -17,6 +17,13 @@ C work handle); ``get_future()`` completes from a watcher thread once the work f
 pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
 ``torch.distributed.DistBackendError``.
 
+Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
+whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
+backend (pyddp.distributed._nccl), started over the group's torch store at the first CUDA call.
+ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier`` accepts only
+gloo groups, so importing this module wraps it once: calls on a pyddp group run pyddp's, all
+others torch's own function.
+
 Importing this module imports torch; ``import pyddp`` alone never does.
 """
 from __future__ import annotations

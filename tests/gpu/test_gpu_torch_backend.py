@@ -67,6 +67,14 @@ def _child(rank, ws, devices):
                 else:
                     dist.recv(o, peer)
             check("send/recv", o, base[peer])
+        # torch's batch_isend_irecv: one by one on this group, one NCCL group in pyddp
+        right, left = (rank + 1) % ws, (rank - 1) % ws
+        big = torch.arange(1 << 20, device=dev, dtype=torch.float32) + rank
+        o = torch.zeros(1 << 20, device=dev)
+        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, big, right),
+                                         dist.P2POp(dist.irecv, o, left)]):
+            r.wait()
+        check("batch_isend_irecv", o[:8], np.arange(8) + left)
     torch.cuda.synchronize()
     dist.monitored_barrier(timeout=timedelta(seconds=60))
     kind = type(dist.group.WORLD).__name__
