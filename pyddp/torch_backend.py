@@ -17,6 +17,13 @@ C work handle); ``get_future()`` completes from a watcher thread once the work f
 pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
 ``torch.distributed.DistBackendError``.
 
+Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
+whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
+backend (pyddp.distributed._nccl), started over the group's torch store at the first CUDA call.
+ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier`` accepts only
+gloo groups, so importing this module wraps it once: calls on a pyddp group run pyddp's, all
+others torch's own function.
+
 Importing this module imports torch; ``import pyddp`` alone never does.
 """
 from __future__ import annotations
@@ -47,6 +54,7 @@ for _n, _t in _c10d.ReduceOp.RedOpType.__members__.items():
 _OP_CODES = tuple(_OP_CODES)
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
+_PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 
 
 def _seconds(t):
@@ -65,7 +73,41 @@ def _torch_error(e):
 
 def _array(t, name, writable):
     """(NumPy view of a CPU tensor, dtype code); no copy."""
-    return _interop.cpu_array(t, name, writable)
+    return _interop.cpu_array(t, name, writable, on_device=_on_device)
+
+
+def _on_device(view, name, writable):
+    """(device view, dtype code) for a CUDA tensor (or an object exposing
+    ``__cuda_array_interface__``): ``_submit`` sends requests on such views to pyddp's NCCL
+    backend (``ProcessGroupPyddp._nccl_backend``)."""
+    if view.device != "cuda":
+        raise ValueError(f"{name} is on device {view.device_str}; the pyddp backend serves "
+                         "'cpu' and 'cuda'")
+    if view.code is None:
+        raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
+                        f"{', '.join(_interop.DTYPE_NAMES)}")
+    if not view.contiguous:
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    if writable and not view.writable:
+        raise ValueError(f"{name} is read-only; it is an output and must be writable")
+    view.name = name
+    return view, view.code
+
+
+def _on_cuda(arrays_in, arrays_out, name):
+    """True when a request's arrays are CUDA views, False when they are host arrays; ValueError
+    for a mix."""
+    cuda = host = None
+    for a in (*arrays_in, *arrays_out):
+        if type(a) is _interop.ArrayView:
+            cuda = a
+        else:
+            host = a
+    if cuda is not None and host is not None:
+        raise ValueError(f"{name}: {cuda.name or 'an argument'} is on {cuda.device_str} but "
+                         "another argument is on cpu: all tensors of one call must be on one "
+                         "device")
+    return cuda is not None
 
 
 def _op(reduce_op, what):
@@ -142,6 +184,60 @@ class Work(dist._Work):
             self._fut.set_result(list(self._result))
 
 
+class _CudaHandle:
+    """An NCCL work (pyddp.distributed._nccl.NcclWork) as Work holds it.  ``wait()`` on the
+    submitting thread orders that thread's current stream after the operation (torch's NCCL
+    rule: no host block); on another thread (the future watcher, whose current stream is
+    unrelated to the caller's) it waits on the host, bounded by the group's timeout, so a
+    future completes only once its tensors hold the result."""
+
+    __slots__ = ("nw", "tid")
+
+    def __init__(self, nw):
+        self.nw = nw
+        self.tid = threading.get_ident()
+
+    def wait(self, timeout=None):
+        if timeout is None and threading.get_ident() != self.tid:
+            return self.nw.synchronize_host(self.nw.be.timeout)
+        return self.nw.wait(timeout)
+
+    def is_completed(self):
+        return self.nw.is_completed()
+
+    def source_rank(self):
+        return self.nw.source_rank()
+
+
+class _DeferredP2P:
+    """A CUDA send or receive not given to NCCL yet (see ProcessGroupPyddp._submit_cuda): asked
+    anything, it runs the group's waiting sends and receives first."""
+
+    __slots__ = ("pg", "real", "peer")
+
+    def __init__(self, pg, peer):
+        self.pg = pg
+        self.real = None  # the _CudaHandle of the NCCL group it ran in
+        self.peer = peer
+
+    def _handle(self):
+        if self.real is None:
+            self.pg._flush_cuda_p2p()
+        if self.real is None:
+            raise dist.DistBackendError("send/recv: the pyddp process group was destroyed "
+                                        "before this operation ran")
+        return self.real
+
+    def wait(self, timeout=None):
+        return self._handle().wait(timeout)
+
+    def is_completed(self):
+        return self._handle().is_completed()
+
+    def source_rank(self):
+        return self.peer
+
+
 class ProcessGroupPyddp(dist.ProcessGroup):
     """One rank's member of a torch process group whose collectives run on pyddp's C core."""
 
@@ -171,6 +267,26 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         """'shm', 'tcp' or 'local' (pyddp's C group)."""
         return self._cpg.transport
 
+    # torch's ProcessGroup keeps its name and description in its registered C++ backends; this
+    # group registers none (it is the whole group), so it keeps them itself: DeviceMesh (FSDP2,
+    # DTensor) and torch's group registry read ``group_name``.
+    def _set_group_name(self, name):
+        self._group_name = str(name)
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = str(desc)
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "undefined")
+
     def _watch(self, work):
         with self._lock:
             if self._q is None:
@@ -196,6 +312,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if _observe._level >= _observe.DebugLevel.DETAIL:
             _observe.log_collective("torch", name, _observe.dtype_name(code), arrays_in,
                                     arrays_out, not blocking)
+        if (arrays_in or arrays_out) and _on_cuda(arrays_in, arrays_out, name):
+            return self._submit_cuda(kind, code, arrays_in, arrays_out, result, op=op, root=root,
+                                     tag=tag, count=count, in_splits=in_splits,
+                                     out_splits=out_splits, name=name, blocking=blocking,
+                                     timeout=timeout, wait_all=wait_all, source=source)
         try:
             cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
                             tuple(arrays_out), in_splits, out_splits, float(timeout),
@@ -213,8 +334,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         True when done: the method then returns the group's finished Work (one object reused,
         so a blocking call allocates nothing; torch's Python API only waits on it).
         False when that path does not take it (async, coalescing, a busy group, a tensor NumPy
-        cannot view): the caller submits instead."""
+        cannot view, a CUDA array): the caller submits instead."""
         if self._fast is None or self._coalesced is not None or opts.asyncOp:
+            return False
+        if not isinstance(tensor, torch.Tensor):  # e.g. a CUDA array: numpy() would be a copy
             return False
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
             a = tensor.numpy()
@@ -245,6 +368,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if opts is not None and len(tensors) == 1 and self._inline(
                 opts, _K_ALLREDUCE, tensors[0], _OP_CODES[opts.reduceOp.op.value]):
             return self._finished(tensors)
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_sum("allreduce", opts, tensors, self.allreduce)
         opts = opts or _c10d.AllreduceOptions()
         op = _op(opts.reduceOp, "allreduce")
         works = []
@@ -273,6 +398,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def reduce(self, tensors, opts=None):
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_reduce(tensors, opts)
         opts = opts or _c10d.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
         a, code = _array(self._one(tensors, "reduce"), "tensor", True)
@@ -362,6 +489,12 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
+                      for lst in input_tensors]
+            return self._premul_sum("reduce_scatter", opts, None,
+                                    lambda _, o: self.reduce_scatter(output_tensors, scaled, o),
+                                    keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter")
         o = self._one(output_tensors, "reduce_scatter")
@@ -380,6 +513,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 opts, _K_REDUCE_SCATTER, outputs[0], _OP_CODES[opts.reduceOp.op.value],
                 inputs[0]):
             return self._finished(outputs)
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
+            return self._premul_sum(
+                "reduce_scatter_tensor", opts, None,
+                lambda _, o: self.reduce_scatter_single_coalesced(outputs, scaled, o), keep=scaled)
         opts = opts or _c10d.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
@@ -405,9 +543,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             f"{output.dtype}")
         n = self.size()
 
-        def splits(sizes, t, what):
-            row = t.element_size() * (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 1)
-            rows = t.shape[0] if t.dim() else 1
+        def splits(sizes, v, what):  # v: the NumPy array or CUDA view (torch-free: any array)
+            dims = tuple(v.shape)
+            row = v.itemsize * (v.size // dims[0] if dims and dims[0] else 1)
+            rows = dims[0] if dims else 1
             if not sizes:
                 if rows % n:
                     raise ValueError(f"all_to_all_single: {what} has {rows} rows, not divisible "
@@ -418,8 +557,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                                  f"{n} entries adding up to {rows}")
             return tuple(int(s) * row for s in sizes)
 
-        ins = splits(input_split_sizes, input, "input")
-        outs = splits(output_split_sizes, output, "output")
+        ins = splits(input_split_sizes, a, "input")
+        outs = splits(output_split_sizes, b, "output")
         return self._submit(_C.K_ALLTOALL, code, (a,), (b,), [output], in_splits=ins,
                             out_splits=outs, name="all_to_all_single",
                             blocking=self._blocking(opts))
@@ -478,12 +617,158 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._coalesced = []
 
     def _end_coalescing(self, device=None):
+        self._flush_cuda_p2p()
         works, self._coalesced = self._coalesced or [], None
         return self._many(works, [t for w in works for t in w._result])
+
+    # ------------------------------------------------ ReduceOp.PREMUL_SUM (NCCL's premul sum)
+
+    @staticmethod
+    def _premul_factor(opts, what, t):
+        """The factor of a PREMUL_SUM op (``dist._make_nccl_premul_sum(factor)``, or
+        ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 builds it); floating-point tensors only."""
+        if not t.is_floating_point():
+            raise TypeError(f"{what}: ReduceOp.PREMUL_SUM needs floating-point tensors, got "
+                            f"{t.dtype}")
+        factor = opts.reduceOp.factor
+        if factor is None:
+            raise ValueError(f"{what}: ReduceOp.PREMUL_SUM without a factor")
+        return factor
+
+    def _premul_copy(self, t, opts, what):
+        """factor * t, a new tensor (the caller's input stays as it was)."""
+        return t * self._premul_factor(opts, what, t)
+
+    @staticmethod
+    def _sum_opts(opts):
+        """``opts`` (any reducing options type) with ReduceOp.SUM, same timeout and asyncOp."""
+        new = type(opts)()
+        new.reduceOp = dist.ReduceOp.SUM
+        for f in ("rootRank", "rootTensor", "timeout", "asyncOp"):
+            if hasattr(opts, f):
+                setattr(new, f, getattr(opts, f))
+        return new
+
+    def _premul_sum(self, what, opts, tensors, call, keep=None):
+        """PREMUL_SUM as NCCL computes it: sum over ranks of factor * input.  allreduce (in
+        place) scales its tensors first; the others pass scaled copies (``keep``: held by the
+        Work)."""
+        if tensors is not None:
+            factors = [self._premul_factor(opts, what, t) for t in tensors]
+            with torch.no_grad():
+                for t, f in zip(tensors, factors):
+                    t.mul_(f)
+        work = call(tensors, self._sum_opts(opts))
+        work._premul_keep = keep
+        return work
+
+    def _premul_reduce(self, tensors, opts):
+        """reduce with PREMUL_SUM: a scaled copy in, the tensor out (written on the root only;
+        the other ranks' tensors stay as they were, as with NCCL)."""
+        t = self._one(tensors, "reduce")
+        scaled = self._premul_copy(t, opts, "reduce")
+        a, code = _array(scaled, "tensor", False)
+        b, _ = _array(t, "tensor", True)
+        work = self._submit(_C.K_REDUCE, code, (a,), (b,), tensors, op=_OPS["SUM"],
+                            root=opts.rootRank, count=a.size, name="reduce",
+                            blocking=self._blocking(opts))
+        work._premul_keep = scaled
+        return work
+
+    # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
+
+    def _nccl_backend(self, name):
+        """pyddp's NCCL backend for this group (pyddp.distributed._nccl.NcclBackend over the
+        torch store the group was created with), created at the first CUDA collective (every
+        rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
+        be = self.__dict__.get("_nccl")
+        if be is not None:
+            return be
+        with self._lock:
+            be = self.__dict__.get("_nccl")
+            if be is not None:
+                return be
+            store = self.__dict__.get("_store")
+            if store is None:
+                raise dist.DistBackendError(
+                    f"{name}: this pyddp group has no store to start its NCCL backend from "
+                    "(create it through torch.distributed.init_process_group/new_group)")
+            from .distributed import _backend, _nccl
+
+            try:
+                ranks = dist.get_process_group_ranks(self)
+            except (RuntimeError, ValueError, KeyError):  # not registered with torch
+                ranks = range(self.size())
+            gname = self.__dict__.get("_group_name") or "pyddp"
+            opts = _backend.BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
+                                           self.size(), timedelta(seconds=self._timeout),
+                                           gname, ranks)
+            try:
+                be = _nccl.create(opts)
+            except (RuntimeError, OSError) as e:
+                raise dist.DistBackendError(
+                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
+                    f"could not start: {e}") from e
+            self._nccl = be
+            return be
+
+    def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
+                     in_splits, out_splits, name, blocking, timeout, wait_all, source):
+        be = self._nccl_backend(name)
+        if kind in (_C.K_SEND, _C.K_RECV):
+            # NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End)
+            # or a ring of them waits on itself; torch's batch_isend_irecv coalesces only on a
+            # plain ProcessGroup (``type(group) is ProcessGroup``), so on this group it issues
+            # them one by one.  They wait here and run as one NCCL group at the first wait() or
+            # is_completed() of any of them, the next CUDA collective, _end_coalescing or
+            # destroy.
+            if kind == _C.K_RECV and root < 0:
+                raise ValueError(f"{name}: CUDA tensors (NCCL) cannot be received from any "
+                                 "source; give src")
+            d = _DeferredP2P(self, root if kind == _C.K_RECV else -1)
+            view = (arrays_in or arrays_out)[0]
+            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root, d))
+            work = Work((d,), result, self, source)
+            if self._coalesced is not None:
+                self._coalesced.append(work)
+            return work
+        self._flush_cuda_p2p()
+        try:
+            nw = be.submit(kind, code, op, root, tag, count, tuple(arrays_in), tuple(arrays_out),
+                           in_splits, out_splits, float(timeout), bool(wait_all), name,
+                           blocking)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        work = Work(() if nw is None else (_CudaHandle(nw),), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _flush_cuda_p2p(self):
+        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
+        ops = self.__dict__.pop("_cuda_p2p", None)
+        if not ops:
+            return
+        be = self._nccl_backend("batch_isend_irecv")
+        try:
+            nw = be.batch_p2p([(is_send, view, peer) for is_send, view, peer, _ in ops])
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        handle = _CudaHandle(nw)
+        for _, _, _, d in ops:
+            d.real = handle
 
     # ------------------------------------------------------------------ lifecycle
 
     def _destroy(self):
+        nccl = self.__dict__.get("_nccl")
+        if nccl is not None:
+            try:  # sends and receives never waited for still reach the peers
+                self._flush_cuda_p2p()
+            except (dist.DistBackendError, ValueError):
+                pass
+            self.__dict__.pop("_nccl", None)
+            nccl.destroy()
         cpg, self._cpg, self._fast = self._cpg, None, None
         if cpg is not None:
             cpg.destroy()
@@ -505,8 +790,56 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
 
 def _create(store, rank, world_size, timeout):
-    return ProcessGroupPyddp(store, rank, world_size, timeout)
+    pg = ProcessGroupPyddp(store, rank, world_size, timeout)
+    pg._store = store  # the NCCL backend of CUDA tensors starts from it (_nccl_backend)
+    return pg
 
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    # "cuda" too: with "pyddp" or "cpu:pyddp,cuda:nccl" torch stops at this creator (a
+    # ProcessGroup subclass is the whole group), and CUDA tensors run on pyddp's NCCL backend
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+
+
+# ------------------------------------------------------------------ torch's monitored_barrier
+# torch.distributed.monitored_barrier raises "only implemented for GLOO backend" for any group
+# whose backend string is not "gloo" (``get_backend(group) != Backend.GLOO``: nothing a process
+# group object exposes changes that).  pyddp's C core has its own monitored barrier (naming the
+# ranks that did not arrive, all of them with wait_all_ranks=True), so this module wraps torch's
+# function: a call on a ProcessGroupPyddp group runs it; every other call goes to torch's own
+# function unchanged.  Installed once (importing this module again keeps the wrapper); code that
+# bound ``monitored_barrier`` by name before importing pyddp.torch_backend keeps torch's.
+_c10d_py = dist.distributed_c10d
+
+
+def _pyddp_group_of(group):
+    """The ProcessGroupPyddp a torch API call on ``group`` would use, or None."""
+    if group is None or group is dist.GroupMember.WORLD:
+        if not dist.is_initialized():
+            return None
+        group = _c10d_py._get_default_group()
+    return group if isinstance(group, ProcessGroupPyddp) else None
+
+
+def _wrap_monitored_barrier(torch_fn):
+    import functools
+
+    @functools.wraps(torch_fn)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = _pyddp_group_of(group)
+        if pg is None:
+            return torch_fn(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            timeout = timedelta(seconds=timeout)
+        if timeout is not None:
+            _c10d_py._check_valid_timeout(timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._pyddp_torch_fn = torch_fn
+    return monitored_barrier
+
+
+if not hasattr(_c10d_py.monitored_barrier, "_pyddp_torch_fn"):
+    _c10d_py.monitored_barrier = _wrap_monitored_barrier(_c10d_py.monitored_barrier)
+if getattr(dist, "monitored_barrier", None) is not _c10d_py.monitored_barrier:
+    dist.monitored_barrier = _c10d_py.monitored_barrier
