@@ -56,4 +56,4 @@ from .distributed_c10d import (  # noqa: F401
     scatter_object_list,
     send,
 )
-from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+from .store import FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore  # noqa: F401
