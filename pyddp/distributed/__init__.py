@@ -31,6 +31,9 @@ from .distributed_c10d import (  # noqa: F401
     gather,
     gather_object,
     get_backend,
+    get_pg_count,
+    is_backend_available,
+    supports_complex,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
@@ -57,3 +60,13 @@ from .distributed_c10d import (  # noqa: F401
     send,
 )
 from .store import FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore  # noqa: F401
+
+
+def __getattr__(name):
+    # torch.distributed.GradBucket: the class comm hooks receive (pyddp's DDP defines it;
+    # imported on first use so that importing pyddp.distributed stays light).
+    if name == "GradBucket":
+        from ..nn.parallel.distributed import GradBucket
+
+        return GradBucket
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
