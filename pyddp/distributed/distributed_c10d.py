@@ -729,6 +729,25 @@ def destroy_process_group(group=None):
         _world.groups.remove(group)
 
 
+def _exit_timeout(default: float) -> float:
+    """PYDDP_EXIT_TIMEOUT in seconds (>= 0; 0: do not wait), or ``default`` when unset; a value
+    that is not a non-negative number is reported and replaced by the default."""
+    raw = os.environ.get("PYDDP_EXIT_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        import warnings
+
+        warnings.warn(f"PYDDP_EXIT_TIMEOUT must be a number of seconds >= 0, got {raw!r}; "
+                      f"using {default:g}", RuntimeWarning, stacklevel=3)
+        return default
+    return seconds
+
+
 def _release_store(store, rank, size, rnd):
     """Shut down a store this job created, without stranding the other ranks.
 
@@ -741,11 +760,16 @@ def _release_store(store, rank, size, rnd):
     pstore = PrefixStore(f"default_pg/pg/{rnd}", store)
     # A rank dying of an uncaught exception does not wait for the others to check out: they may
     # be blocked in a collective it will never join (the launcher waits for its exit status).
-    default = "0.2" if _world.failing_exit else "5"
-    limit = timedelta(seconds=float(os.environ.get("PYDDP_EXIT_TIMEOUT", default)))
+    default = 0.2 if _world.failing_exit else 5.0
+    seconds = _exit_timeout(default)
+    limit = timedelta(seconds=seconds)
     try:
         if pstore.add("exit", 1) == size:
             pstore.set("exit_done", b"1")
+        if seconds == 0:
+            # PYDDP_EXIT_TIMEOUT=0: check out without waiting for the others (a store timeout of
+            # 0 would mean "no limit", and an exit must never wait forever).
+            return
         if rank == 0:
             pstore.wait(["exit_done"], limit)
         else:
