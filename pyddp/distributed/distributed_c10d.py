@@ -976,9 +976,12 @@ _TORCH_TYPE_NAMES = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
-def _check_reduce_op(code, op, name, value_error=False):
-    """torch's (gloo's) refusals of a reduction op for a dtype, with its exception types:
-    bitwise ops on floating types, AVG on integers and bool, and only SUM / AVG on complex."""
+def _check_reduce_op(a, code, op, name, value_error=False):
+    """torch's (gloo's) refusals of a reduction op for the dtype of a host array, with its
+    exception types: bitwise ops on floating types, AVG on integers and bool, and only SUM / AVG
+    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend."""
+    if type(a) is not np.ndarray:
+        return
     dname = _interop.DTYPE_NAMES[code]
     if dname.startswith("complex"):
         if op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -1110,7 +1113,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return None
     op = _op_of(op)
     a, code = as_array(tensor, "tensor", True, pg._on_device)
-    _check_reduce_op(code, op, "all_reduce", value_error=True)
+    _check_reduce_op(a, code, op, "all_reduce", value_error=True)
     return _ret(pg._submit(_C.K_ALLREDUCE, code, op, 0, 0, a.size, (), (a,),
                            name="all_reduce", result=tensor, async_op=async_op), async_op)
 
@@ -1155,7 +1158,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     op = _op_of(op)
     root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
-    _check_reduce_op(code, op, "reduce")
+    _check_reduce_op(a, code, op, "reduce")
     return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
                            name="reduce", result=tensor, async_op=async_op), async_op)
 
@@ -1246,7 +1249,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     op = _op_of(op)
     o, code = as_array(output, "output", True, pg._on_device)
     ins = _rank_arrays(pg, input_list, "input_list", o, code, "output", False)
-    _check_reduce_op(code, op, "reduce_scatter")
+    _check_reduce_op(o, code, op, "reduce_scatter")
     return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, ins, (o,),
                            name="reduce_scatter", result=output, async_op=async_op), async_op)
 
@@ -1265,7 +1268,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     o, code = as_array(output, "output", True, pg._on_device)
     a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
-    _check_reduce_op(code, op, "all_reduce")  # torch's message names all_reduce here too
+    _check_reduce_op(a, code, op, "all_reduce")  # torch's message names all_reduce here too
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
                          f"elements, got {a.size}")
