@@ -368,3 +368,17 @@ def test_dataloader_timeout_raises_at_the_timeout():
         next(it)
     assert time.monotonic() - t0 < 2.5
     it._shutdown_workers()
+
+
+def test_exit_timeout_values(monkeypatch):
+    from pyddp.distributed.distributed_c10d import _exit_timeout
+
+    monkeypatch.delenv("PYDDP_EXIT_TIMEOUT", raising=False)
+    assert _exit_timeout(5.0) == 5.0
+    for raw, want in (("0", 0.0), ("2.5", 2.5), (" ", 5.0)):
+        monkeypatch.setenv("PYDDP_EXIT_TIMEOUT", raw)
+        assert _exit_timeout(5.0) == want, raw
+    for raw in ("-1", "soon", "nan", "inf"):
+        monkeypatch.setenv("PYDDP_EXIT_TIMEOUT", raw)
+        with pytest.warns(RuntimeWarning, match="PYDDP_EXIT_TIMEOUT"):
+            assert _exit_timeout(5.0) == 5.0, raw
