@@ -423,7 +423,7 @@ def get_process_group_ranks(group) -> list:
 def get_global_rank(group, group_rank: int) -> int:
     """The global rank of ``group_rank`` in ``group`` (also on a rank outside the group)."""
     ranks = _group_ranks(group)
-    if isinstance(group_rank, bool) or not isinstance(group_rank, int) or \
+    if isinstance(group_rank, bool) or not isinstance(group_rank, (int, np.integer)) or \
             not 0 <= group_rank < len(ranks):
         raise ValueError(f"Group rank {group_rank} is not part of group {_group_label(group)}")
     return ranks[group_rank]
