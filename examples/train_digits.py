@@ -24,6 +24,7 @@ The defaults (12 epochs, FusedAdam lr 3e-3 with cosine decay, 64 images per step
 98.9% test accuracy; with 2 ranks on a 2-core machine the training takes 3-8 s.
 """
 import argparse
+import math
 import os
 import socket
 import sys
@@ -210,7 +211,14 @@ def main(argv=None):
         if amp is not None and ckpt.get("amp") is not None:
             amp.load_state_dict(ckpt["amp"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        scheduler.T_max = args.epochs  # the schedule ends at this run's --epochs
+        # The schedule now ends at this run's --epochs.  The saved learning rate may already be
+        # the end of the old schedule (0 after all its epochs), and cosine steps only scale the
+        # current rate: put it where the longer cosine schedule stands at this epoch.
+        scheduler.T_max = args.epochs
+        t = min(scheduler.last_epoch, args.epochs)
+        for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = scheduler.eta_min + (base_lr - scheduler.eta_min) * \
+                (1 + math.cos(math.pi * t / args.epochs)) / 2
         start_epoch = int(ckpt["epoch"]) + 1
         history.update({k: list(v) for k, v in ckpt["history"].items() if k != "world_size"})
         if is_main:

@@ -50,16 +50,23 @@ def large_count(name):
 
 
 def op_valid(name, op):
-    """The ops pyddp defines for a dtype: bitwise only on bool/integers, no MIN/MAX on complex,
-    no AVG on bool."""
+    """The ops pyddp.distributed accepts for a host array's dtype, as torch's gloo backend:
+    bitwise only on bool/integers, only SUM and AVG on complex, AVG only on floating types."""
     k = kind(name)
     if op in ("BAND", "BOR", "BXOR"):
         return k in ("bool", "int", "uint")
-    if op in ("MIN", "MAX"):
-        return k != "complex"
+    if k == "complex":
+        return op in ("SUM", "AVG")
     if op == "AVG":
-        return k != "bool"
+        return k not in ("bool", "int", "uint")
     return True
+
+
+def op_error(name, op, coll):
+    """The exception type torch's gloo backend raises for an op op_valid refuses."""
+    if kind(name) == "complex" and op not in ("SUM", "AVG") and coll == "all_reduce":
+        return ValueError
+    return RuntimeError
 
 
 def input_kind(name, op):

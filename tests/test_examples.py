@@ -119,6 +119,9 @@ def test_train_digits_resume_under_launch(digits_run, tmp_path):
     assert after["epoch"] == 12 and len(after["history"]["test_acc"]) == 13
     assert after["history"]["test_acc"][:12] == before["history"]["test_acc"]
     assert after["optimizer"]["state"][0]["step"] > before["optimizer"]["state"][0]["step"]
+    # the 13th epoch trained (the finished 12-epoch cosine schedule had left lr at 0)
+    assert any(not np.array_equal(np.asarray(after["model"][k]), np.asarray(v))
+               for k, v in before["model"].items()), out
 
 
 def test_train_digits_single_process_sgd(tmp_path):

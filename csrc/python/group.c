@@ -486,6 +486,27 @@ keep_handoff(PGObject *self, PyObject *w)
     PyErr_Restore(exc_type, exc, tb);
 }
 
+
+/* Whether the fast path may run reduction op on dtype dt: valid for the
+ * kernels and allowed by torch's CPU (gloo) rules, which also refuse AVG on
+ * integers and bool and PRODUCT on complex.  Refused pairs take the Python
+ * path, which raises torch's errors. */
+static int
+fast_op_ok(int dt, long arg)
+{
+    if (arg < 0 || arg >= PD_NREDOPS ||
+        pd_redop_check((pd_dtype)dt, (pd_redop)arg) != PD_OK) {
+        return 0;
+    }
+    if (arg == PD_AVG && dt >= PD_BOOL && dt <= PD_UINT64) {
+        return 0;
+    }
+    if (arg == PD_PRODUCT && (dt == PD_COMPLEX64 || dt == PD_COMPLEX128)) {
+        return 0;
+    }
+    return 1;
+}
+
 /* A view the fast path can run on: CPU memory, C-contiguous, a known
  * dtype, writable when it is an output.  0 (nothing held) otherwise: the
  * Python layer then takes the general path and explains what is wrong. */
@@ -530,7 +551,7 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
              big == small * (size_t)n &&
              (kind == PD_K_ALLGATHER ||
               (arg >= 0 && arg < PD_NREDOPS &&
-               pd_redop_check((pd_dtype)dt, (pd_redop)arg) == PD_OK));
+               fast_op_ok(dt, arg)));
     if (ok) {
         blocks = n <= 16 ? stack : PyMem_Malloc(sizeof(char *) * (size_t)n);
         ok = blocks != NULL;
@@ -644,7 +665,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
         int dt = v.dtype;
         if ((kind == PD_K_ALLREDUCE &&
              (arg < 0 || arg >= PD_NREDOPS ||
-              pd_redop_check((pd_dtype)dt, (pd_redop)arg) != PD_OK)) ||
+              !fast_op_ok(dt, arg))) ||
             (kind == PD_K_BROADCAST && (arg < 0 || arg >= self->size))) {
             pd_view_release(&v);
             Py_RETURN_FALSE;

@@ -189,10 +189,12 @@ typedef struct {
     uint8_t *out;      /* get, compare_set: malloc'd by the store */
     size_t outlen;
     char addr[128];    /* local_addr */
+    char **ks;         /* list_keys: malloc'd by the store */
+    size_t nks;
 } store_call;
 
 /* What a method returns on success. */
-enum { RET_NONE, RET_BYTES, RET_INT, RET_BOOL, RET_STR };
+enum { RET_NONE, RET_BYTES, RET_INT, RET_BOOL, RET_STR, RET_LIST };
 
 /* A method: how to parse its arguments and which core call to make.
  * args names what each parameter (in kwlist order) is: k a key, v a value
@@ -320,6 +322,21 @@ store_run(PyObject *self, const store_method *m, PyObject *args,
         return PyBool_FromLong(c.flag);
     case RET_STR:
         return PyUnicode_FromString(c.addr);
+    case RET_LIST: {
+        PyObject *l = PyList_New((Py_ssize_t)c.nks);
+        for (size_t i = 0; l != NULL && i < c.nks; i++) {
+            PyObject *k = PyUnicode_DecodeUTF8(c.ks[i],
+                                               (Py_ssize_t)strlen(c.ks[i]),
+                                               "surrogateescape");
+            if (k == NULL) {
+                Py_CLEAR(l);
+                break;
+            }
+            PyList_SET_ITEM(l, (Py_ssize_t)i, k);
+        }
+        pd_store_free_keys(c.ks, c.nks);
+        return l;
+    }
     default:
         Py_RETURN_NONE;
     }
@@ -377,6 +394,19 @@ call_num_keys(store_call *c)
 }
 
 static pd_status
+call_append(store_call *c)
+{
+    return pd_store_append(c->s, c->key, c->val[0].buf,
+                           (size_t)c->val[0].len);
+}
+
+static pd_status
+call_list_keys(store_call *c)
+{
+    return pd_store_list_keys(c->s, &c->ks, &c->nks);
+}
+
+static pd_status
 call_local_addr(store_call *c)
 {
     return pd_tcp_store_local_addr(c->s, c->addr, sizeof(c->addr));
@@ -418,6 +448,8 @@ STORE_METHOD(wait, "O|O:wait", "Lt", RET_NONE, "keys", "timeout_s")
 STORE_METHOD(check, "O:check", "L", RET_BOOL, "keys")
 STORE_METHOD(delete_key, "O:delete_key", "k", RET_BOOL, "key")
 STORE_NOARGS_METHOD(num_keys, RET_INT)
+STORE_METHOD(append, "OO:append", "kv", RET_NONE, "key", "value")
+STORE_NOARGS_METHOD(list_keys, RET_LIST)
 STORE_NOARGS_METHOD(local_addr, RET_STR)
 STORE_NOARGS_METHOD(ping, RET_NONE)
 
@@ -485,6 +517,11 @@ Store_dealloc(PyObject *self)
      "delete_key(key) -> bool: whether the key existed."},                   \
     {"num_keys", Store_num_keys, METH_NOARGS,                                \
      "num_keys() -> int: keys in the store, internal ones included."},       \
+    {"append", (PyCFunction)(void (*)(void))Store_append,                   \
+     METH_VARARGS | METH_KEYWORDS,                                           \
+     "append(key, value): append value to key's value (created empty)."},    \
+    {"list_keys", Store_list_keys, METH_NOARGS,                              \
+     "list_keys() -> list of str: the user keys present."},                  \
     {"set_timeout", Store_set_timeout, METH_O,                               \
      "set_timeout(seconds): the default timeout (0: none)."}
 

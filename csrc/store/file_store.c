@@ -467,8 +467,10 @@ fs_delete_key(pd_store *s, const char *key, int *deleted)
             pd_kv_entry *e = pd_kvmap_find(&f->cache, k, strlen(k));
             if (e != NULL && e->present) {
                 st = fs_append(f, 'D', k, NULL, 0);
-                *deleted = st == PD_OK;
             }
+            /* torch's FileStore answers true whether or not the key
+             * existed. */
+            *deleted = st == PD_OK;
         }
         fs_unlock(f);
     }
@@ -485,6 +487,62 @@ fs_num_keys(pd_store *s, int64_t *out)
     pd_status st = fs_sync_shared(f);
     if (st == PD_OK) {
         *out = (int64_t)f->cache.npresent;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return st;
+}
+
+static pd_status
+fs_append_value(pd_store *s, const char *key, const void *val, size_t n)
+{
+    file_store *f = fs_of(s);
+    char *k = user_key(key);
+    if (k == NULL) {
+        return oom(f);
+    }
+    pthread_mutex_lock(&f->mu);
+    pd_status st = fs_lock(f, LOCK_EX);
+    if (st != PD_OK) {
+        goto out;
+    }
+    PD_CHECK_GOTO(fs_refresh(f), st, unlock);
+    pd_kv_entry *e = pd_kvmap_find(&f->cache, k, strlen(k));
+    size_t cur = (e != NULL && e->present) ? e->vallen : 0;
+    if (cur > PD_STORE_MAX_VALUE - n) {
+        st = pd_error(PD_EINVAL, "FileStore.append: the value of key '%s' "
+                      "would exceed the limit of %zu bytes", key,
+                      PD_STORE_MAX_VALUE);
+        goto unlock;
+    }
+    uint8_t *nv = malloc(cur + n + 1);
+    if (nv == NULL) {
+        st = oom(f);
+        goto unlock;
+    }
+    if (cur > 0) {
+        memcpy(nv, e->val, cur);
+    }
+    if (n > 0) {
+        memcpy(nv + cur, val, n);
+    }
+    st = fs_append(f, 'S', k, nv, cur + n);
+    free(nv);
+unlock:
+    fs_unlock(f);
+out:
+    pthread_mutex_unlock(&f->mu);
+    free(k);
+    return st;
+}
+
+static pd_status
+fs_list_keys(pd_store *s, char ***keys, size_t *n)
+{
+    file_store *f = fs_of(s);
+    pthread_mutex_lock(&f->mu);
+    pd_status st = fs_sync_shared(f);
+    if (st == PD_OK) {
+        st = pd_kvmap_list(&f->cache, USER_PREFIX, keys, n);
     }
     pthread_mutex_unlock(&f->mu);
     return st;
@@ -528,6 +586,8 @@ static const pd_store_ops file_ops = {
     .check = fs_check,
     .delete_key = fs_delete_key,
     .num_keys = fs_num_keys,
+    .append = fs_append_value,
+    .list_keys = fs_list_keys,
     .destroy = fs_destroy,
 };
 

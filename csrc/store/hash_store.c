@@ -179,6 +179,30 @@ hs_num_keys(pd_store *s, int64_t *out)
     return PD_OK;
 }
 
+static pd_status
+hs_append(pd_store *s, const char *key, const void *val, size_t n)
+{
+    hash_store *h = hs_of(s);
+    pd_kv_entry *changed = NULL;
+    pthread_mutex_lock(&h->mu);
+    pd_status st = pd_kv_append(&h->map, key, strlen(key), val, n, &changed);
+    if (changed != NULL) {
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return st;
+}
+
+static pd_status
+hs_list_keys(pd_store *s, char ***keys, size_t *n)
+{
+    hash_store *h = hs_of(s);
+    pthread_mutex_lock(&h->mu);
+    pd_status st = pd_kvmap_list(&h->map, NULL, keys, n);
+    pthread_mutex_unlock(&h->mu);
+    return st;
+}
+
 static void
 hs_destroy(pd_store *s)
 {
@@ -203,6 +227,8 @@ static const pd_store_ops hash_ops = {
     .check = hs_check,
     .delete_key = hs_delete_key,
     .num_keys = hs_num_keys,
+    .append = hs_append,
+    .list_keys = hs_list_keys,
     .destroy = hs_destroy,
 };
 

@@ -1,4 +1,5 @@
 #include "kvmap.h"
+#include "store.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -311,5 +312,79 @@ pd_kv_compare_set(pd_kvmap *m, const char *key, size_t keylen,
     *res = e->val;
     *reslen = e->vallen;
     *changed = e;
+    return PD_OK;
+}
+
+pd_status
+pd_kv_append(pd_kvmap *m, const char *key, size_t keylen, const void *val,
+             size_t n, pd_kv_entry **changed)
+{
+    pd_kv_entry *e = pd_kvmap_find(m, key, keylen);
+    size_t cur = (e != NULL && e->present) ? e->vallen : 0;
+    *changed = NULL;
+    if (n > PD_STORE_MAX_VALUE || cur > PD_STORE_MAX_VALUE - n) {
+        return pd_error(PD_EINVAL, "append: the value of key '%s' would exceed "
+                        "the limit of %zu bytes", key, PD_STORE_MAX_VALUE);
+    }
+    uint8_t *nv = malloc(cur + n + 1);
+    if (nv == NULL) {
+        return pd_error(PD_ENOMEM, "append: out of memory");
+    }
+    if (cur > 0) {
+        memcpy(nv, e->val, cur);
+    }
+    if (n > 0) {
+        memcpy(nv + cur, val, n);
+    }
+    if (e == NULL) {
+        pd_status st = pd_kvmap_get_or_add(m, key, keylen, &e);
+        if (st != PD_OK) {
+            free(nv);
+            return st;
+        }
+    }
+    pd_status st = pd_kvmap_store(m, e, nv, cur + n);
+    free(nv);
+    if (st != PD_OK) {
+        if (!e->present && e->aux == NULL) {
+            pd_kvmap_remove(m, e);
+        }
+        return st;
+    }
+    *changed = e;
+    return PD_OK;
+}
+
+pd_status
+pd_kvmap_list(const pd_kvmap *m, const char *prefix, char ***out, size_t *n)
+{
+    size_t plen = prefix != NULL ? strlen(prefix) : 0;
+    size_t cnt = 0;
+    char **ks = calloc(m->npresent ? m->npresent : 1, sizeof(*ks));
+    *out = NULL;
+    *n = 0;
+    if (ks == NULL) {
+        return pd_error(PD_ENOMEM, "list_keys: out of memory");
+    }
+    for (size_t b = 0; b < m->nbuckets; b++) {
+        for (pd_kv_entry *e = m->buckets[b]; e != NULL; e = e->next) {
+            if (!e->present || cnt == m->npresent ||
+                (plen > 0 && (e->keylen < plen ||
+                              memcmp(e->key, prefix, plen) != 0))) {
+                continue;
+            }
+            size_t kl = e->keylen - plen;
+            ks[cnt] = malloc(kl + 1);
+            if (ks[cnt] == NULL) {
+                pd_store_free_keys(ks, cnt);
+                return pd_error(PD_ENOMEM, "list_keys: out of memory");
+            }
+            memcpy(ks[cnt], e->key + plen, kl);
+            ks[cnt][kl] = '\0';
+            cnt++;
+        }
+    }
+    *out = ks;
+    *n = cnt;
     return PD_OK;
 }

@@ -65,6 +65,16 @@ pd_status pd_kv_compare_set(pd_kvmap *m, const char *key, size_t keylen,
                             const uint8_t **res, size_t *reslen,
                             pd_kv_entry **changed);
 
+/* append: the value of key becomes its current value (empty when missing)
+ * followed by val; *changed = e (to wake its waiters). */
+pd_status pd_kv_append(pd_kvmap *m, const char *key, size_t keylen,
+                       const void *val, size_t n, pd_kv_entry **changed);
+/* The keys of the present entries whose key starts with skip_prefix (NULL:
+ * all), with that prefix removed: a malloc'd array of *n malloc'd strings
+ * (free with pd_store_free_keys); entries in table order. */
+pd_status pd_kvmap_list(const pd_kvmap *m, const char *prefix, char ***out,
+                        size_t *n);
+
 /* A heap copy of n bytes plus a NUL, for values handed to callers. */
 pd_status pd_kv_dup(const void *p, size_t n, uint8_t **out);
 

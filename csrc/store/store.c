@@ -44,6 +44,32 @@ pd_store_set(pd_store *s, const char *key, const void *val, size_t n)
 }
 
 pd_status
+pd_store_append(pd_store *s, const char *key, const void *val, size_t n)
+{
+    PD_CHECK(check_key(s, key));
+    if (val == NULL && n > 0) {
+        return pd_error(PD_EINVAL, "%s.append: NULL value", s->ops->name);
+    }
+    if (n > PD_STORE_MAX_VALUE) {
+        return pd_error(PD_EINVAL, "%s.append: value of %zu bytes for key "
+                        "'%s' exceeds the limit of %zu bytes", s->ops->name, n,
+                        key, PD_STORE_MAX_VALUE);
+    }
+    return s->ops->append(s, key, val, n);
+}
+
+pd_status
+pd_store_list_keys(pd_store *s, char ***keys, size_t *n)
+{
+    if (s == NULL) {
+        return pd_error(PD_EINVAL, "store: NULL store");
+    }
+    *keys = NULL;
+    *n = 0;
+    return s->ops->list_keys(s, keys, n);
+}
+
+pd_status
 pd_store_get(pd_store *s, const char *key, uint8_t **val, size_t *n)
 {
     return pd_store_get_timeout(s, key, PD_STORE_DEFAULT_TIMEOUT, val, n);

@@ -15,6 +15,8 @@
  *   check        1 when every key exists, without waiting.
  *   delete_key   1 when the key existed.
  *   num_keys     keys present, internal ones included (as torch counts them).
+ *   append       the value becomes the current one (empty if missing) + val.
+ *   list_keys    the user keys present (internal ones left out).
  *
  * Timeouts are in seconds: > 0 a limit, 0 (or less) no limit.  The *_timeout
  * variants accept PD_STORE_DEFAULT_TIMEOUT to use the store's own timeout.
@@ -55,6 +57,11 @@ typedef struct pd_store_ops {
                        int *out);
     pd_status (*delete_key)(pd_store *s, const char *key, int *deleted);
     pd_status (*num_keys)(pd_store *s, int64_t *out);
+    /* Value of key becomes its current value (empty if missing) + val. */
+    pd_status (*append)(pd_store *s, const char *key, const void *val,
+                        size_t n);
+    /* The user keys present: malloc'd array of malloc'd strings. */
+    pd_status (*list_keys)(pd_store *s, char ***keys, size_t *n);
     void (*destroy)(pd_store *s);
 } pd_store_ops;
 
@@ -82,6 +89,10 @@ pd_status pd_store_check(pd_store *s, const char *const *keys, size_t nkeys,
                          int *out);
 pd_status pd_store_delete_key(pd_store *s, const char *key, int *deleted);
 pd_status pd_store_num_keys(pd_store *s, int64_t *out);
+pd_status pd_store_append(pd_store *s, const char *key, const void *val,
+                          size_t n);
+/* *keys: free with pd_store_free_keys(*keys, *n). */
+pd_status pd_store_list_keys(pd_store *s, char ***keys, size_t *n);
 void pd_store_set_timeout(pd_store *s, double timeout);
 double pd_store_timeout(const pd_store *s);
 /* Accepts NULL. */

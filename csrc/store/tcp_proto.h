@@ -16,6 +16,9 @@
  *   DELETE k -> u8        NUM_KEYS -> i64        PING -> -
  *   CANCEL u32 seq -> -   (drop this connection's parked GET/WAIT that
  *                          was sent with that seq)
+ *   APPEND k v -> -       (value becomes current value, or empty, + v)
+ *   LIST prefix -> bytes  (u32 n, n*str: the present keys that start with
+ *                          prefix, prefix removed)
  *
  * Several threads may share a connection, and parked requests are answered
  * late, so replies come in any order: the client matches them to requests
@@ -42,6 +45,9 @@ enum {
     PD_TS_NUM_KEYS,
     PD_TS_PING,
     PD_TS_CANCEL,
+    PD_TS_APPEND,
+    PD_TS_LIST,
+    PD_TS_LAST = PD_TS_LIST,
 };
 
 /* Request header: u8 cmd + u32 seq; response header: u8 status + u32 seq. */

@@ -565,6 +565,66 @@ ts_num_keys(pd_store *s, int64_t *out)
     return ts_simple(ts_of(s), PD_TS_NUM_KEYS, "num_keys", out);
 }
 
+static pd_status
+ts_append(pd_store *s, const char *key, const void *val, size_t n)
+{
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_APPEND, "append");
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    pd_wbuf_bytes(&r.b, val, n);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    return ts_req_end(&r);
+}
+
+static pd_status
+ts_list_keys(pd_store *s, char ***keys, size_t *n)
+{
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_LIST, "list_keys");
+    pd_wbuf_str(&r.b, "", USER_PREFIX);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    size_t blen;
+    const uint8_t *blob = pd_rbuf_bytes(&r.rd, &blen);
+    pd_rbuf rd = {.p = blob, .n = blen, .off = 0, .bad = r.rd.bad};
+    uint32_t cnt = pd_rbuf_u32(&rd);
+    pd_status st = PD_OK;
+    char **ks = NULL;
+    size_t got = 0;
+    if (!rd.bad && cnt <= blen / 5) {
+        ks = calloc(cnt ? cnt : 1, sizeof(*ks));
+        if (ks == NULL) {
+            st = pd_error(PD_ENOMEM, "TCPStore.list_keys: out of memory");
+        }
+        for (; st == PD_OK && got < cnt; got++) {
+            size_t kl;
+            const char *k = pd_rbuf_str(&rd, &kl);
+            if (rd.bad) {
+                break;
+            }
+            ks[got] = malloc(kl + 1);
+            if (ks[got] == NULL) {
+                st = pd_error(PD_ENOMEM, "TCPStore.list_keys: out of memory");
+                break;
+            }
+            memcpy(ks[got], k, kl + 1);
+        }
+    } else {
+        rd.bad = 1;
+    }
+    r.rd.bad |= rd.bad || rd.off != rd.n;
+    pd_status est = ts_req_end(&r);
+    if (st == PD_OK) {
+        st = est;
+    }
+    if (st != PD_OK) {
+        pd_store_free_keys(ks, got);
+        return st;
+    }
+    *keys = ks;
+    *n = got;
+    return PD_OK;
+}
+
 static void
 ts_destroy(pd_store *s)
 {
@@ -598,6 +658,8 @@ static const pd_store_ops tcp_ops = {
     .check = ts_check,
     .delete_key = ts_delete_key,
     .num_keys = ts_num_keys,
+    .append = ts_append,
+    .list_keys = ts_list_keys,
     .destroy = ts_destroy,
 };
 

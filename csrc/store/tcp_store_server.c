@@ -287,6 +287,7 @@ typedef struct srv_reply {
     int64_t num;    /* U8, I64 */
     const void *p;  /* BYTES */
     size_t n;
+    void *owned;    /* freed once the reply is queued */
 } srv_reply;
 
 static srv_reply
@@ -424,6 +425,7 @@ static const struct {
     [PD_TS_WAIT] = {"K", 0},   [PD_TS_CHECK] = {"K", 0},
     [PD_TS_DELETE] = {"s", 0}, [PD_TS_NUM_KEYS] = {"", 0},
     [PD_TS_PING] = {"", 1},    [PD_TS_CANCEL] = {"u", 0},
+    [PD_TS_APPEND] = {"sb", 0}, [PD_TS_LIST] = {"s", 0},
 };
 
 /* -1: malformed; -2: out of memory. */
@@ -553,6 +555,36 @@ run_request(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
         return rep_num(REP_U8, e != NULL ? pd_kvmap_unset(&srv->map, e) : 0);
     case PD_TS_NUM_KEYS:
         return rep_num(REP_I64, (int64_t)srv->map.npresent);
+    case PD_TS_APPEND:
+        st = pd_kv_append(&srv->map, a->key, a->klen, a->b[0], a->blen[0],
+                          &e);
+        if (st != PD_OK) {
+            return rep_error(st);
+        }
+        notify(srv, e);
+        return rep_num(REP_EMPTY, 0);
+    case PD_TS_LIST: {
+        char **ks;
+        size_t nk;
+        st = pd_kvmap_list(&srv->map, a->key, &ks, &nk);
+        if (st != PD_OK) {
+            return rep_error(st);
+        }
+        pd_wbuf b = {0};
+        pd_wbuf_u32(&b, (uint32_t)nk);
+        for (size_t i = 0; i < nk; i++) {
+            pd_wbuf_str(&b, "", ks[i]);
+        }
+        pd_store_free_keys(ks, nk);
+        if (b.oom) {
+            pd_wbuf_free(&b);
+            return rep_error(pd_error(PD_ENOMEM, "TCPStore server: out of "
+                                      "memory listing keys"));
+        }
+        srv_reply r = rep_bytes(b.p, b.len);
+        r.owned = b.p;
+        return r;
+    }
     case PD_TS_CANCEL:
         for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
             if (w->seq == a->u32) {
@@ -577,7 +609,7 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
     srv_args a;
     srv_reply rep;
 
-    if (cmd < PD_TS_SET || cmd > PD_TS_CANCEL) {
+    if (cmd < PD_TS_SET || cmd > PD_TS_LAST) {
         return -1;
     }
     memset(&a, 0, sizeof(a));
@@ -593,6 +625,7 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
         return -1;
     }
     reply(srv, c, seq, rep);
+    free(rep.owned);
     return 0;
 }
 

@@ -31,6 +31,9 @@ from .distributed_c10d import (  # noqa: F401
     gather,
     gather_object,
     get_backend,
+    get_pg_count,
+    is_backend_available,
+    supports_complex,
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
@@ -57,7 +60,7 @@ from .distributed_c10d import (  # noqa: F401
     send,
 )
 from ._compat import get_default_backend_for_device, reduce_op  # noqa: F401
-from .store import FileStore, HashStore, PrefixStore, Store, TCPStore  # noqa: F401
+from .store import FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore  # noqa: F401
 from ._observe import (  # noqa: F401
     DebugLevel,
     get_debug_level,
@@ -65,3 +68,13 @@ from ._observe import (  # noqa: F401
     set_debug_level_from_env,
 )
 from . import flight_recorder  # noqa: F401,E402
+
+
+def __getattr__(name):
+    # torch.distributed.GradBucket: the class comm hooks receive (pyddp's DDP defines it;
+    # imported on first use so that importing pyddp.distributed stays light).
+    if name == "GradBucket":
+        from ..nn.parallel.distributed import GradBucket
+
+        return GradBucket
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -298,6 +298,8 @@ class _World:
         self.round = 0
         self.device_id = None  # init_process_group's device_id, inherited by new_group
         self.failing_exit = False  # the program is ending with an uncaught exception
+        self.pg_count = 0  # get_pg_count(): groups named so far, the default group included
+        self.non_member_ranks = None  # ranks of the latest group this rank is not a member of
         self.lock = threading.Lock()
 
 
@@ -339,6 +341,22 @@ def is_nccl_available() -> bool:
 def is_mpi_available() -> bool:
     """False: pyddp has no MPI backend (it starts under mpirun, see the README)."""
     return _registered_available("mpi")
+
+
+def is_backend_available(backend: str) -> bool:
+    """Whether ``backend`` ("gloo", "nccl", "cpu:gloo,cuda:nccl", a registered name; any case)
+    can be used here, as torch answers."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    b = backend.lower()
+    names = [part.split(":", 1)[1] for part in b.split(",")] if ":" in b else [b]
+    return all(_registered_available(name.strip()) for name in names)
+
+
+def get_pg_count() -> int:
+    """The number of process groups created (the default group included; 0 before
+    init_process_group), as torch counts them: every rank counts every new_group call."""
+    return _world.pg_count if _world.default_pg is not None else 0
 
 
 def _default_pg() -> ProcessGroup:
@@ -385,32 +403,51 @@ def get_backend(group=None) -> str:
     return pg._backend
 
 
-def get_process_group_ranks(group) -> list:
-    """The global ranks of ``group``'s members, in group-rank order."""
+def _group_ranks(group) -> list:
+    """Global ranks of ``group``'s members in group-rank order; these are known on every rank,
+    members or not (as torch answers on a rank outside the group)."""
+    if group is None or group is GroupMember.WORLD:
+        return list(_default_pg()._ranks)
+    if group is GroupMember.NON_GROUP_MEMBER:
+        # torch keeps the ranks of the latest group this rank is not a member of under its
+        # NON_GROUP_MEMBER value, and answers with them.
+        if _world.non_member_ranks is None:
+            raise ValueError(f"Group {group!r} is not registered, please create group with "
+                             "new_group")
+        return list(_world.non_member_ranks)
     pg = _resolve(group)
-    if pg is None:
-        raise ValueError("this rank is not a member of the group")
     return list(pg._ranks)
 
 
+def get_process_group_ranks(group) -> list:
+    """The global ranks of ``group``'s members, in group-rank order (also on a rank outside the
+    group, as torch)."""
+    return _group_ranks(group)
+
+
 def get_global_rank(group, group_rank: int) -> int:
-    """The global rank of ``group_rank`` in ``group``."""
-    pg = _resolve(group)
-    if pg is None:
-        raise ValueError("this rank is not a member of the group")
-    if not 0 <= group_rank < pg.size():
-        raise ValueError(f"group_rank {group_rank} is out of range [0, {pg.size() - 1}]")
-    return pg._ranks[group_rank]
+    """The global rank of ``group_rank`` in ``group`` (also on a rank outside the group)."""
+    ranks = _group_ranks(group)
+    if isinstance(group_rank, bool) or not isinstance(group_rank, (int, np.integer)) or \
+            not 0 <= group_rank < len(ranks):
+        raise ValueError(f"Group rank {group_rank} is not part of group {_group_label(group)}")
+    return ranks[group_rank]
 
 
 def get_group_rank(group, global_rank: int) -> int:
-    """The rank in ``group`` of the process whose global rank is ``global_rank``."""
-    pg = _resolve(group)
-    if pg is None:
-        raise ValueError("this rank is not a member of the group")
-    if global_rank not in pg._rank_of:
-        raise ValueError(f"global rank {global_rank} is not part of group {pg._name!r}")
-    return pg._rank_of[global_rank]
+    """The rank in ``group`` of the process whose global rank is ``global_rank`` (also on a rank
+    outside the group)."""
+    ranks = _group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {_group_label(group)}")
+    return ranks.index(global_rank)
+
+
+def _group_label(group) -> str:
+    if group is None or group is GroupMember.WORLD:
+        return "the default group"
+    name = getattr(group, "_name", None)
+    return repr(name) if name is not None else repr(group)
 
 
 # -------------------------------------------------------------------------------- rendezvous
@@ -630,17 +667,23 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.device_id = dev
         _world.groups = [pg]
         _world.group_count = 0
+        _world.pg_count = 1
+        _world.non_member_ranks = None
         _set_world(pg)
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
-              use_local_synchronization=False, group_desc=None, device_id=None):
-    """Create a subgroup.  Every rank of the default group must call it, in the same order."""
+              use_local_synchronization=False, group_desc=None, device_id=None, sort_ranks=True):
+    """Create a subgroup.  Every rank of the default group must call it, in the same order.
+    Group ranks follow the sorted global ranks, or the order of ``ranks`` with
+    ``sort_ranks=False`` (as torch)."""
     world = _default_pg()
     n = world.size()
     if ranks is None:
         ranks = list(range(n))
-    ranks = sorted(int(r) for r in ranks)
+    ranks = [int(r) for r in ranks]
+    if sort_ranks:
+        ranks.sort()
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"ranks contains duplicates: {ranks}")
     for r in ranks:
@@ -658,9 +701,12 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if use_local_synchronization or plan.get("cuda") is not (world._plan or {}).get("cuda") or \
             not callable(getattr(parent, "split", None)):
         parent = None
+    if not use_local_synchronization:
+        _world.pg_count += 1
     if me not in ranks:
         if parent is not None:
             parent.split(None, None)
+        _world.non_member_ranks = list(ranks)
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
     dev = _device_index(device_id) if device_id is not None else _world.device_id
@@ -685,6 +731,8 @@ def destroy_process_group(group=None):
             _release_store(store, world.rank(), world.size(), _world.round)
         del store
         _set_world(None)
+        _world.pg_count = 0
+        _world.non_member_ranks = None
         return
     if group is GroupMember.NON_GROUP_MEMBER:
         return
@@ -693,6 +741,25 @@ def destroy_process_group(group=None):
     group._destroy()
     if group in _world.groups:
         _world.groups.remove(group)
+
+
+def _exit_timeout(default: float) -> float:
+    """PYDDP_EXIT_TIMEOUT in seconds (>= 0; 0: do not wait), or ``default`` when unset; a value
+    that is not a non-negative number is reported and replaced by the default."""
+    raw = os.environ.get("PYDDP_EXIT_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        import warnings
+
+        warnings.warn(f"PYDDP_EXIT_TIMEOUT must be a number of seconds >= 0, got {raw!r}; "
+                      f"using {default:g}", RuntimeWarning, stacklevel=3)
+        return default
+    return seconds
 
 
 def _release_store(store, rank, size, rnd):
@@ -707,11 +774,16 @@ def _release_store(store, rank, size, rnd):
     pstore = PrefixStore(f"default_pg/pg/{rnd}", store)
     # A rank dying of an uncaught exception does not wait for the others to check out: they may
     # be blocked in a collective it will never join (the launcher waits for its exit status).
-    default = "0.2" if _world.failing_exit else "5"
-    limit = timedelta(seconds=float(os.environ.get("PYDDP_EXIT_TIMEOUT", default)))
+    default = 0.2 if _world.failing_exit else 5.0
+    seconds = _exit_timeout(default)
+    limit = timedelta(seconds=seconds)
     try:
         if pstore.add("exit", 1) == size:
             pstore.set("exit_done", b"1")
+        if seconds == 0:
+            # PYDDP_EXIT_TIMEOUT=0: check out without waiting for the others (a store timeout of
+            # 0 would mean "no limit", and an exit must never wait forever).
+            return
         if rank == 0:
             pstore.wait(["exit_done"], limit)
         else:
@@ -912,6 +984,70 @@ def _op_of(op) -> ReduceOp:
                          f"got {op!r}") from None
 
 
+_TORCH_TYPE_NAMES = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "Short",
+                     "uint16": "UInt16", "int32": "Int", "uint32": "UInt32", "int64": "Long",
+                     "uint64": "UInt64"}
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+def _check_reduce_op(a, code, op, name, value_error=False):
+    """torch's (gloo's) refusals of a reduction op for the dtype of a host array, with its
+    exception types: bitwise ops on floating types, AVG on integers and bool, and only SUM / AVG
+    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend."""
+    if type(a) is not np.ndarray:
+        return
+    dname = _interop.DTYPE_NAMES[code]
+    if dname.startswith("complex"):
+        if op not in (ReduceOp.SUM, ReduceOp.AVG):
+            msg = f"{name} does not support RedOpType.{op.name} on complex tensors"
+            raise (ValueError if value_error else RuntimeError)(msg)
+        return
+    if dname in _TORCH_TYPE_NAMES:
+        if op is ReduceOp.AVG:
+            raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                               f"{_TORCH_TYPE_NAMES[dname]}")
+    elif op in _BITWISE:
+        raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
+
+
+def supports_complex(reduceOp) -> bool:  # noqa: N803 (torch's name)
+    """Whether ``reduceOp`` may reduce complex tensors (SUM and AVG), as torch answers."""
+    try:
+        op = _op_of(reduceOp)
+    except ValueError:
+        return True
+    return op not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT) + _BITWISE
+
+
+def _shape_str(shape) -> str:
+    return "(" + ", ".join(str(int(d)) for d in shape) + ")"
+
+
+def _check_gather_shape(output_tensor, input_tensor, n):
+    """torch (gloo) splits the output of all_gather_into_tensor with torch.chunk(output, n) and
+    requires every chunk to have the input's shape: output is (n * d0, d1, ...)."""
+    oshape = getattr(output_tensor, "shape", None)
+    ishape = getattr(input_tensor, "shape", None)
+    if oshape is None or ishape is None:
+        return
+    oshape, ishape = tuple(oshape), tuple(ishape)
+    if ishape and oshape == (n * ishape[0],) + ishape[1:]:
+        return
+    if not oshape:
+        raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+    d0 = oshape[0]
+    chunk = -(-d0 // n) if d0 else 0
+    count = -(-d0 // chunk) if chunk else n
+    if count != n:
+        raise RuntimeError(f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
+                           f"(expected length {n}, got {count})")
+    for i in range(n):
+        got = (min(chunk, d0 - i * chunk),) + oshape[1:] if chunk else oshape
+        if got != ishape:
+            raise RuntimeError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
+                               f"(expected {_shape_str(ishape)}, got {_shape_str(got)})")
+
+
 def _group_rank(pg, global_rank, what):
     if not isinstance(global_rank, (int, np.integer)) or isinstance(global_rank, bool):
         raise TypeError(f"{what} must be an int rank, got {type(global_rank).__name__}")
@@ -991,6 +1127,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return None
     op = _op_of(op)
     a, code = as_array(tensor, "tensor", True, pg._on_device)
+    _check_reduce_op(a, code, op, "all_reduce", value_error=True)
     return _ret(pg._submit(_C.K_ALLREDUCE, code, op, 0, 0, a.size, (), (a,),
                            name="all_reduce", result=tensor, async_op=async_op), async_op)
 
@@ -1035,6 +1172,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     op = _op_of(op)
     root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
+    _check_reduce_op(a, code, op, "reduce")
     return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
                            name="reduce", result=tensor, async_op=async_op), async_op)
 
@@ -1056,12 +1194,14 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     times as many elements), on every rank."""
     if group is None and not async_op:
         pg = _world.default_pg
-        if pg is not None and pg._fast is not None and \
-                pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
-            return None
+        if pg is not None and pg._fast is not None:
+            _check_gather_shape(output_tensor, input_tensor, pg.size())
+            if pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
+                return None
     pg = _resolve(group)
     if pg is None:
         return None
+    _check_gather_shape(output_tensor, input_tensor, pg.size())
     a, code = as_array(input_tensor, "input_tensor", False, pg._on_device)
     o, oc = as_array(output_tensor, "output_tensor", True, pg._on_device)
     _check_same(o, oc, a, code, "output_tensor", "input_tensor")
@@ -1123,6 +1263,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     op = _op_of(op)
     o, code = as_array(output, "output", True, pg._on_device)
     ins = _rank_arrays(pg, input_list, "input_list", o, code, "output", False)
+    _check_reduce_op(o, code, op, "reduce_scatter")
     return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, ins, (o,),
                            name="reduce_scatter", result=output, async_op=async_op), async_op)
 
@@ -1141,6 +1282,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     o, code = as_array(output, "output", True, pg._on_device)
     a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
+    _check_reduce_op(a, code, op, "all_reduce")  # torch's message names all_reduce here too
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
                          f"elements, got {a.size}")
@@ -1262,9 +1404,16 @@ def _shared_array(shape, dtype=np.float32, group=None):
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
 
-def barrier(group=None, async_op=False, device_ids=None):
+def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
-    ignored)."""
+    ignored); ``timeout`` (a timedelta) replaces the group's timeout for this call."""
+    if timeout is not None:
+        pg = _resolve(group)
+        if pg is None:
+            return None
+        t = _timeout_seconds(timeout)
+        return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op),
+                    async_op)
     if group is None and not async_op:
         pg = _world.default_pg
         if pg is not None and pg._fast is not None and pg._fast(_K_BARRIER, None, 0):

@@ -28,6 +28,7 @@ import datetime
 import operator
 import os
 import threading
+import time
 import weakref
 from typing import List, Optional, Union
 
@@ -44,9 +45,22 @@ __all__ = [
     "DistBackendError",
     "DistNetworkError",
     "DistStoreError",
+    "QueueEmptyError",
 ]
 
 _DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
+
+# Keys under which stores keep their queues (left out of list_keys).
+_QUEUE_PREFIX = "__pyddp_queue__/"
+# A compare_set expected value no stored head ever equals (heads are
+# "<count> <hex nonce>"): compare_set with it reads a key without waiting.
+_NEVER = b"\x00never"
+
+
+class QueueEmptyError(DistStoreError):
+    """Raised by ``queue_pop(key, block=False)`` on an empty queue (torch's
+    ``torch.distributed.QueueEmptyError``)."""
+
 
 Value = Union[str, bytes, bytearray, memoryview]
 
@@ -166,16 +180,154 @@ class Store:
         _seconds(timeout)
         self._timeout = timeout
 
+    def append(self, key: str, value: Value) -> None:
+        """Append ``value`` to the value of ``key`` (a missing key starts empty)."""
+        raise NotImplementedError(f"{type(self).__name__}.append")
+
+    def list_keys(self) -> List[str]:
+        """The keys in the store (the store's internal keys left out)."""
+        raise NotImplementedError(f"{type(self).__name__}.list_keys")
+
+    def has_extended_api(self) -> bool:
+        """Whether the store offers torch's extended API (queues), as torch answers."""
+        return False
+
+    def clone(self) -> "Store":
+        """A new object on the same underlying store, for use from another thread."""
+        raise NotImplementedError(f"{type(self).__name__}.clone")
+
+    def queue_push(self, key: str, value: Value) -> None:
+        """Push ``value`` onto the queue ``key``."""
+        raise NotImplementedError("queue support is not implemented.")
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        """Pop the oldest value of queue ``key``; waits up to the store's timeout
+        (``block=True``) or raises ``QueueEmptyError`` when it is empty."""
+        raise NotImplementedError("queue support is not implemented.")
+
+    def queue_len(self, key: str) -> int:
+        """The number of values in the queue ``key``."""
+        raise NotImplementedError("queue support is not implemented.")
+
+    def barrier(self, key: str, world_size: int,
+                timeout: Optional[datetime.timedelta] = None) -> None:
+        """Block until ``world_size`` callers have called ``barrier`` with ``key``
+        (up to ``timeout``, default the store's); ``DistStoreError`` otherwise."""
+        key = _check_key(key)
+        world_size = _check_int(world_size, "world_size")
+        if world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size}")
+        seconds = _seconds(timeout if timeout is not None else self.timeout)
+        last = f"{key}/last_member"
+        if self.add(f"{key}/num_members", 1) == world_size:
+            self.set(last, "<val_ignored>")
+        try:
+            self.wait([last], datetime.timedelta(seconds=seconds))
+        except DistStoreError:
+            raise DistStoreError(
+                f"barrier timeout after {int(seconds * 1000)}ms, key: {key}"
+            ) from None
+
     @property
     def timeout(self) -> datetime.timedelta:
         """The default timeout of get and wait (a timedelta)."""
         return getattr(self, "_timeout", _DEFAULT_TIMEOUT)
 
 
+class _QueueMixin:
+    """torch's store queues over set/add/compare_set/wait (TCPStore, HashStore).
+
+    Queue ``key`` keeps a counter of pushes (``.../tail``), one key per item
+    and a head ``"<pops> <nonce>"``.  A pop claims the next item by
+    compare_set of the head to a value with its own nonce, so exactly one
+    caller gets each item, from any number of processes.
+    """
+
+    def _qkey(self, key: str, part: str) -> str:
+        return f"{_QUEUE_PREFIX}{_check_key(key)}/{part}"
+
+    def _qstate(self, key: str):
+        cur = self.compare_set(self._qkey(key, "head"), _NEVER, _NEVER)
+        if cur == _NEVER:
+            cur = b""
+        head = int(cur.split(b" ", 1)[0]) if cur else 0
+        tail = self.add(self._qkey(key, "tail"), 0)
+        return cur, head, tail
+
+    def queue_push(self, key: str, value: Value) -> None:
+        value = _check_value(value)
+        n = self.add(self._qkey(key, "tail"), 1)
+        self.set(self._qkey(key, str(n)), value)
+
+    def queue_len(self, key: str) -> int:
+        _, head, tail = self._qstate(key)
+        return max(tail - head, 0)
+
+    def _try_pop(self, key: str):
+        """(value, None) when an item was taken; (None, next_slot) when empty."""
+        while True:
+            cur, head, tail = self._qstate(key)
+            if tail <= head:
+                return None, head + 1
+            new = f"{head + 1} {os.urandom(8).hex()}".encode()
+            if self.compare_set(self._qkey(key, "head"), cur, new) == new:
+                item = self._qkey(key, str(head + 1))
+                value = self.get(item)
+                self.delete_key(item)
+                return value, None
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        key = _check_key(key)
+        value, slot = self._try_pop(key)
+        if value is not None:
+            return value
+        if not block:
+            raise QueueEmptyError("queue is empty")
+        seconds = self.timeout.total_seconds()
+        deadline = None if seconds <= 0 else time.monotonic() + seconds
+        while True:
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                raise DistStoreError(
+                    f"wait timeout after {int(seconds * 1000)}ms, keys: /{key}")
+            try:
+                # Bounded slices: another popper may take (and delete) the
+                # awaited item first, and then the next slot is the one to watch.
+                self.wait([self._qkey(key, str(slot))], datetime.timedelta(seconds=left))
+            except DistStoreError:
+                pass
+            value, slot = self._try_pop(key)
+            if value is not None:
+                return value
+
+    def has_extended_api(self) -> bool:
+        return True
+
+
 class _CStore(Store):
     """A Store whose operations run in a C store object (self._c)."""
 
     _c = None
+
+    def append(self, key: str, value: Value) -> None:
+        self._c.append(_check_key(key), _check_value(value))
+
+    def list_keys(self) -> List[str]:
+        return [k for k in self._c.list_keys() if not k.startswith(_QUEUE_PREFIX)]
+
+    def multi_set(self, keys: List[str], values: List[Value]) -> None:
+        keys = _check_keys(keys)
+        values = list(values)
+        if len(keys) != len(values):
+            # torch's TCPStore message (its other stores abort the process).
+            raise DistStoreError("multiSet keys and values vectors must be of same size")
+        for k, v in zip(keys, values):
+            self.set(k, v)
+
+    def _clone_sharing(self):
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
 
     def set(self, key: str, value: Value) -> None:
         self._c.set(_check_key(key), _check_value(value))
@@ -230,7 +382,7 @@ _tenants: "dict[int, weakref.ref]" = {}
 _tenants_lock = threading.Lock()
 
 
-class TCPStore(_CStore):
+class TCPStore(_QueueMixin, _CStore):
     """A TCP key-value store: the master runs the server (one thread in this
     process, listening on all interfaces), every instance is a client.
 
@@ -316,6 +468,16 @@ class TCPStore(_CStore):
         address by which peers on the server's network can reach this host."""
         return self._c.local_addr()
 
+    def clone(self) -> "TCPStore":
+        """A new client connection to the same server, with this store's timeout."""
+        other = object.__new__(TCPStore)
+        Store.__init__(other)
+        other._use_libuv = self._use_libuv
+        other._holder = self._holder
+        other._c = _C.TCPStore(self.host, self.port, None, False, self._c.timeout,
+                               False, job_secret(), -1)
+        return other
+
     def __repr__(self) -> str:
         return f"TCPStore(host={self.host!r}, port={self.port})"
 
@@ -344,16 +506,25 @@ class FileStore(_CStore):
         """The file the store lives in."""
         return self._c.path
 
+    def clone(self) -> "FileStore":
+        """Another object on the same store (pyddp's stores are thread-safe; the
+        clone shares this one's file handle and timeout)."""
+        return self._clone_sharing()
+
     def __repr__(self) -> str:
         return f"FileStore({self.path!r})"
 
 
-class HashStore(_CStore):
+class HashStore(_QueueMixin, _CStore):
     """An in-memory store for the threads of one process."""
 
     def __init__(self) -> None:
         super().__init__()
         self._c = _C.HashStore(_seconds(_DEFAULT_TIMEOUT))
+
+    def clone(self) -> "HashStore":
+        """Another object on the same keys (and timeout)."""
+        return self._clone_sharing()
 
     def __repr__(self) -> str:
         return "HashStore()"
@@ -370,7 +541,6 @@ class PrefixStore(Store):
             raise TypeError(f"store must be a pyddp Store, not {type(store).__name__}")
         self._prefix = prefix
         self._store = store
-        self._timeout = store.timeout
 
     @property
     def underlying_store(self) -> Store:
@@ -408,6 +578,43 @@ class PrefixStore(Store):
     def num_keys(self) -> int:
         # As torch: the count of the whole underlying store.
         return self._store.num_keys()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """As torch: sets the timeout of the underlying store."""
+        self._store.set_timeout(timeout)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self._store.timeout
+
+    def append(self, key: str, value: Value) -> None:
+        self._store.append(self._k(key), value)
+
+    def multi_get(self, keys: List[str]) -> List[bytes]:
+        return self._store.multi_get([self._k(k) for k in _check_keys(keys)])
+
+    def multi_set(self, keys: List[str], values: List[Value]) -> None:
+        self._store.multi_set([self._k(k) for k in _check_keys(keys)], values)
+
+    def list_keys(self) -> List[str]:
+        """The keys under this prefix, prefix removed (as torch)."""
+        p = self._prefix + "/"
+        return [k[len(p):] for k in self._store.list_keys() if k.startswith(p)]
+
+    def has_extended_api(self) -> bool:
+        return self._store.has_extended_api()
+
+    def clone(self) -> "PrefixStore":
+        return PrefixStore(self._prefix, self._store.clone())
+
+    def queue_push(self, key: str, value: Value) -> None:
+        self._store.queue_push(self._k(key), value)
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        return self._store.queue_pop(self._k(key), block)
+
+    def queue_len(self, key: str) -> int:
+        return self._store.queue_len(self._k(key))
 
     def __repr__(self) -> str:
         return f"PrefixStore({self._prefix!r}, {self._store!r})"

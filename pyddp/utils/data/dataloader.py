@@ -424,7 +424,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._timeout > 0:
             ok, item = self._try_get_data(self._timeout)
             if not ok:
-                self._shutdown_workers()
+                # As torch: raise at once; the workers are shut down with the
+                # iterator (shutting them down first took seconds).
                 raise RuntimeError(
                     f"DataLoader timed out after {self._timeout} seconds")
         else:
