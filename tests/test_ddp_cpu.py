@@ -425,9 +425,9 @@ def _kept_grads_child(rank, ws):
     pyddp.manual_seed(0)
     m = _Net().double()
     ddp = DDP(m)
-    X, Y = _data(ws, 4)
+    X, Y = _data(ws, 5)
     kept, snap, reused = None, None, []
-    for s in range(4):
+    for s in range(5):
         _zero(ddp.parameters())
         mine = slice(rank * B, (rank + 1) * B)
         F.mse_loss(ddp(pyddp.tensor(X[s, mine])), pyddp.tensor(Y[s, mine])).backward()
@@ -435,10 +435,10 @@ def _kept_grads_child(rank, ws):
         assert len(bufs) == 1 and all(np.shares_memory(p.grad.numpy(), bufs[0]) for p in m.parameters())
         reused.append(id(bufs[0]))
         del bufs
-        if s == 1:
-            kept = [p.grad for p in m.parameters()]           # the caller keeps step 1's gradients
+        if s == 2:
+            kept = [p.grad for p in m.parameters()]           # the caller keeps step 2's gradients
             snap = [g.numpy().copy() for g in kept]
-        elif s > 1:
+        elif s > 2:
             for g, c in zip(kept, snap):
                 np.testing.assert_array_equal(g.numpy(), c)  # untouched by later steps
         _sgd(ddp.parameters())
@@ -448,4 +448,4 @@ def _kept_grads_child(rank, ws):
 def test_gradients_kept_by_the_caller_are_never_overwritten_by_the_next_step():
     for ids in run(_kept_grads_child, 2):
         # one bucket, rebuilt once (second step), then the same shared array for every step
-        assert ids[1] == ids[2] == ids[3], ids
+        assert ids[1] == ids[2] == ids[3] == ids[4], ids

@@ -17,7 +17,8 @@ from pyddp.nn.parallel import DistributedDataParallel as DDP
 from _mp import free_port, run
 
 B = 4
-STEPS = ("none", "zero", "no_sync", "assigned", "kept", "none")
+STEPS = ("none", "zero", "no_sync", "none", "kept", "assigned", "none")
+KEPT, ASSIGNED = STEPS.index("kept"), STEPS.index("assigned")
 
 
 # ------------------------------------------------------------------------------ pyddp.nn models
@@ -244,4 +245,4 @@ def test_torch_grads_are_bucket_views_and_equal_torch_ddp_on_gloo(tmp_path):
             for s in range(len(STEPS)):
                 assert z[f"{mine}_shared{s}"].all()
                 assert z[f"{mine}_view{s}"].all(), (nk, s)   # .grad lies inside a bucket
-            assert z[f"{mine}_kept4"].all() and z[f"{mine}_own3"].all()
+            assert z[f"{mine}_kept{KEPT}"].all() and z[f"{mine}_own{ASSIGNED}"].all()

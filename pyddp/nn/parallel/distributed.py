@@ -540,8 +540,11 @@ class _DDPCore:
                 # accumulated (or computed) straight into the slot: nothing to copy
                 if scale:
                     np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
-                if self._wrefs[i] is None:
-                    self._wrefs[i] = weakref.ref(ad.grad_tensor(self._params[i]))
+                t = ad.grad_tensor(self._params[i])  # (a new one when linear computed into the slot)
+                w = self._wrefs[i]
+                if w is None or w() is not t:
+                    self._wrefs[i] = weakref.ref(t)
+                del t
             else:
                 g = ad.grad_array(self._params[i])
                 self._reclaim(i)
