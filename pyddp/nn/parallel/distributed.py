@@ -374,7 +374,6 @@ class _DDPCore:
         # gradients that are views of the old buckets move into the new ones
         moving = [] if old_ptr is None else \
             [i for i, p in enumerate(self._params) if ad.grad_ptr(p) == old_ptr[i]]
-        self._slot = {i: j for b in buckets for j, i in enumerate(b.params)}
         self._buckets = buckets
         self._bucket_of = bucket_of
         self._views = views
