@@ -220,6 +220,20 @@ for name, impl in (("pyddp", DDP), ("torch", TorchDDP)):
         for j, p in enumerate(params):
             res[f"{{tag}}_p{{j}}"] = p.detach().numpy().copy()
         del ddp, opt
+# find_unused_parameters, gradients never zeroed: a layer used by every rank, by none, by rank 1 only
+for name, impl in (("pyddp", DDP), ("torch", TorchDDP)):
+    torch.manual_seed(0)
+    m = torch.nn.ModuleDict(dict(a=torch.nn.Linear(6, 3), b=torch.nn.Linear(3, 3))).double()
+    ddp = impl(m, find_unused_parameters=True)
+    for s, users in enumerate(((0, 1), (), (1,), (0, 1), ())):
+        def fwd(x):
+            h = m["a"](x)
+            return m["b"](h) if rank in users else h
+        m.forward = fwd
+        torch.nn.functional.mse_loss(ddp(X[s, mine]), Y[s, mine]).backward()
+        for j, p in enumerate(m.parameters()):
+            res[f"unused_{{name}}_g{{s}}_{{j}}"] = np.full(1, np.nan) if p.grad is None else p.grad.numpy().copy()
+    del ddp
 np.savez(os.path.join({out!r}, f"rank{{rank}}.npz"), **res)
 tdist.destroy_process_group()
 dist.destroy_process_group()
@@ -246,3 +260,8 @@ def test_torch_grads_are_bucket_views_and_equal_torch_ddp_on_gloo(tmp_path):
                 assert z[f"{mine}_shared{s}"].all()
                 assert z[f"{mine}_view{s}"].all(), (nk, s)   # .grad lies inside a bucket
             assert z[f"{mine}_kept{KEPT}"].all() and z[f"{mine}_own{ASSIGNED}"].all()
+        keys = [k[len("unused_torch"):] for k in z.files if k.startswith("unused_torch")]
+        assert len(keys) == 4 * 5
+        for k in keys:
+            np.testing.assert_allclose(z["unused_pyddp" + k], z["unused_torch" + k], rtol=1e-10,
+                                       atol=1e-12, err_msg=k)

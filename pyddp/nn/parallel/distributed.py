@@ -522,19 +522,31 @@ class _DDPCore:
         view = self._views[i]
         b = self._buckets[self._bucket_of[i]]
         ad = self._ad
-        ours = ad.grad_ptr(self._params[i]) == self._vptr[i]
+        gp = ad.grad_ptr(self._params[i])
+        ours = gp == self._vptr[i]
+        # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in the
+        # same pass as the sum); otherwise (join with divide_by_initial_world_size=False) the
+        # gradient is scaled here. Comm hooks get it unscaled.
+        scale = self._comm_hook is None and not self._avg
         if not used:
-            if ours:  # kept as it is should no rank use the parameter (_finalize_backward)
+            # as torch: a gradient the parameter already has (from earlier steps) goes in, else zeros
+            if ours:  # restored should no rank use the parameter (_finalize_backward)
                 self._saved[i] = view.copy()
+                if scale:
+                    np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
+            elif gp:
+                g = ad.grad_array(self._params[i])
+                self._reclaim(i)
+                if scale:
+                    np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+                else:
+                    np.copyto(view, g)
+                del g
             else:
                 self._reclaim(i)
-            view[...] = 0
+                view[...] = 0
         else:
             self._used_local[i] = 1
-            # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in
-            # the same pass as the sum); otherwise (join with divide_by_initial_world_size=False)
-            # the gradient is scaled here. Comm hooks get it unscaled.
-            scale = self._comm_hook is None and not self._avg
             if ours:
                 # accumulated (or computed) straight into the slot: nothing to copy
                 if scale:
