@@ -44,12 +44,12 @@ def _pyddp_scenario(model, ddp, X, Y, rows, on_step=None):
     params = list(model.parameters())
     grads, k = [], 0
 
-    def fb(sync=True):
+    def fb():
         nonlocal k
         F.mse_loss(ddp(pyddp.tensor(X[k, rows])), pyddp.tensor(Y[k, rows])).backward()
         k += 1
-    for s, kind in enumerate(STEPS):
-        kept = None
+    for kind in STEPS:
+        kept = mine = None
         if kind in ("none", "kept"):
             if kind == "kept":
                 kept = [(p.grad, p.grad.numpy().copy()) for p in params]
@@ -71,7 +71,7 @@ def _pyddp_scenario(model, ddp, X, Y, rows, on_step=None):
         fb()
         grads.append([p.grad.numpy().copy() for p in params])
         if on_step is not None:
-            on_step(kind, params, kept, locals().get("mine"))
+            on_step(kind, params, kept, mine)
         with pyddp.no_grad():
             for p in params:
                 p.numpy()[...] -= 0.1 * p.grad.numpy()
