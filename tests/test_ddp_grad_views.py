@@ -139,7 +139,8 @@ def _holder_child(rank, ws):
             F.mse_loss(ddp(pyddp.tensor(X[s])), pyddp.tensor(Y[s])).backward()
         caught.append([str(x.message) for x in w if issubclass(x.category, RuntimeWarning)])
         if s == 1:
-            held = m.fc1.weight.grad.numpy()  # noqa: F841  (kept alive across the next step)
+            held = m.fc1.weight.grad.numpy()  # kept alive across the next step
+    del held
     return caught
 
 
