@@ -415,30 +415,30 @@ def test_gradients_computed_into_the_buckets_equal_full_batch_training(gv, set_t
         # second use adds in) while they have no .grad: every step with set_to_none, else the first
         assert claims == ([6, 6, 6] if set_to_none else [6, 0, 0]), claims
         for step in aliases:
-            # gradient_as_bucket_view: every .grad is a view of a bucket; otherwise none is
-            assert all(step) if gv else not any(step), aliases
+            # with or without gradient_as_bucket_view, every .grad is a view of its bucket
+            assert all(step), aliases
 
 
 def _kept_grads_child(rank, ws):
-    """The reduced gradients' array is reused by the next step only once no .grad refers to it:
-    gradients a caller keeps from one step are never overwritten by the next."""
+    """Every .grad is a view of its bucket, yet gradients a caller keeps from one step (across
+    zero_grad's set_to_none) are never overwritten by the next: they get memory of their own."""
     pyddp.manual_seed(0)
     m = _Net().double()
     ddp = DDP(m)
-    X, Y = _data(ws, 4)
+    X, Y = _data(ws, 5)
     kept, snap, reused = None, None, []
-    for s in range(4):
+    for s in range(5):
         _zero(ddp.parameters())
         mine = slice(rank * B, (rank + 1) * B)
         F.mse_loss(ddp(pyddp.tensor(X[s, mine])), pyddp.tensor(Y[s, mine])).backward()
-        bases = [p.grad.numpy().base for p in m.parameters()]
-        assert bases[0] is not None and all(b is bases[0] for b in bases)  # one array per bucket
-        reused.append(id(bases[0]))
-        del bases
-        if s == 1:
-            kept = [p.grad for p in m.parameters()]           # the caller keeps step 1's gradients
+        bufs = [b.buffer for b in ddp._buckets]
+        assert len(bufs) == 1 and all(np.shares_memory(p.grad.numpy(), bufs[0]) for p in m.parameters())
+        reused.append(id(bufs[0]))
+        del bufs
+        if s == 2:
+            kept = [p.grad for p in m.parameters()]           # the caller keeps step 2's gradients
             snap = [g.numpy().copy() for g in kept]
-        elif s > 1:
+        elif s > 2:
             for g, c in zip(kept, snap):
                 np.testing.assert_array_equal(g.numpy(), c)  # untouched by later steps
         _sgd(ddp.parameters())
@@ -447,5 +447,5 @@ def _kept_grads_child(rank, ws):
 
 def test_gradients_kept_by_the_caller_are_never_overwritten_by_the_next_step():
     for ids in run(_kept_grads_child, 2):
-        # step 2 cannot reuse step 1's array (kept); step 3 reuses step 2's (dropped by zero_grad)
-        assert ids[2] != ids[1] and ids[3] == ids[2], ids
+        # one bucket, rebuilt once (second step), then the same shared array for every step
+        assert ids[1] == ids[2] == ids[3] == ids[4], ids

@@ -1144,7 +1144,8 @@ def _all_reduce_as(array, code, op=ReduceOp.SUM, group=None, async_op=False):
 
 
 def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
-    """all_reduce of ``src`` with the result written to ``dst`` (internal; DistributedDataParallel).
+    """all_reduce of ``src`` with the result written to ``dst`` (internal; DistributedDataParallel
+    reduces its buckets in place now, their slots being the .grads).
 
     ``src`` is left holding partial results.  When it is a ``_shared_array`` the reduction reads
     every rank's buffer in place and writes this rank's result straight into ``dst``, saving the

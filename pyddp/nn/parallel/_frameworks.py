@@ -29,9 +29,26 @@ class PyddpAdapter:
 
     @staticmethod
     def set_grad(p, arr):
+        """Make ``arr`` (no copy) the parameter's gradient; returns the tensor now in ``.grad``."""
         from ..._tensor import Tensor
 
-        p.grad = Tensor(arr)
+        t = p.grad = Tensor(arr)
+        return t
+
+    @staticmethod
+    def grad_ptr(p) -> int:
+        """Address of the gradient's first element, 0 without one."""
+        g = p._grad
+        return 0 if g is None else g._data.__array_interface__["data"][0]
+
+    @staticmethod
+    def grad_tensor(p):
+        return p._grad
+
+    @staticmethod
+    def evacuate(t):
+        """Give a gradient tensor DDP handed out memory of its own (same values)."""
+        t._data = t._data.copy()
 
     @staticmethod
     def wrap(arr):
@@ -101,7 +118,21 @@ class TorchAdapter:
 
     @staticmethod
     def set_grad(p, arr):
-        p.grad = TorchAdapter.wrap(arr)
+        t = p.grad = TorchAdapter.wrap(arr)
+        return t
+
+    @staticmethod
+    def grad_ptr(p) -> int:
+        g = p.grad
+        return 0 if g is None else g.data_ptr()
+
+    @staticmethod
+    def grad_tensor(p):
+        return p.grad
+
+    @staticmethod
+    def evacuate(t):
+        t.data = t.detach().clone()
 
     @staticmethod
     def wrap(arr):

@@ -9,15 +9,23 @@ How a step runs:
 * forward: a rank that did not finish the previous reduction raises torch's "Expected to have
   finished reduction in the prior iteration ..." error; buckets are rebuilt once (second
   iteration) in the order gradients became ready on rank 0; buffers are broadcast from rank 0.
-* backward: the hook of each parameter fires when its gradient is final; the gradient is copied
-  into its bucket scaled by 1/world_size (or the gradient already *is* the bucket view, with
-  gradient_as_bucket_view=True). A bucket whose gradients are all in is allreduced at once on the
-  process group's progress thread, in bucket order on every rank, while backward goes on.
-* end of backward (an autograd callback): the remaining buckets are waited for and the averaged
-  values written back into ``param.grad``.
+* backward: the hook of each parameter fires when its gradient is final. After the first
+  reducing iteration ``param.grad`` *is* a view of the parameter's slot in its bucket, so autograd
+  accumulates straight into the bucket (set_to_none=False, no_sync) or pyddp.nn's linear computes
+  into it (offer_grad_dest); only a gradient elsewhere (a fresh one after zero_grad(set_to_none=True)
+  on a torch model, or one the user assigned) is copied in, and ``.grad`` becomes the slot's view.
+  A bucket whose gradients are all in is allreduced in place at once (on the progress thread when
+  the host has a spare core), in bucket order on every rank, while backward goes on.
+* end of backward (an autograd callback): the remaining buckets are waited for; the averaged
+  gradients are already in ``param.grad``, nothing is copied back.
 
 When every rank of the group is on this host the buckets live in the group's shared memory, so the
 allreduce reduces straight from them without a copy-in.
+
+A gradient DDP handed out is never overwritten behind a holder's back: before a step writes a slot
+whose previous ``.grad`` is still referenced elsewhere (the caller kept it, then zero_grad set
+``.grad`` to None), that tensor gets memory of its own (same values); an array or view taken from it
+that still points into the bucket draws a warning.
 """
 from __future__ import annotations
 
@@ -26,10 +34,10 @@ import contextlib
 import os
 import sys
 import warnings
+import weakref
 
 import numpy as np
 
-from ... import _C
 from ... import distributed as dist
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
@@ -39,8 +47,6 @@ __all__ = ["DistributedDataParallel"]
 _DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
 _DEFAULT_BUCKET_CAP_MB = 25
 _BROADCAST_COALESCE_BYTES = 250 * 1024 * 1024
-# dtypes _C.cast_ copies as they are (bfloat16 arrays of ml_dtypes go through NumPy)
-_C_COPY = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 _UNFINISHED_MSG = (
     "Expected to have finished reduction in the prior iteration before starting a new one. This error "
@@ -90,7 +96,7 @@ def _assign_buckets(order, nbytes, dtypes, limits):
 
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
-                 "offsets", "result", "spare", "in_place")
+                 "offsets")
 
     def __init__(self, index, params, dtype, buffer, views, offsets, shared):
         self.index = index
@@ -103,17 +109,6 @@ class _Bucket:
         self.future = None
         self.shared = shared
         self.offsets = offsets      # per parameter: its first element in buffer
-        self.result = buffer        # where the reduced gradients are (see DDP._launch)
-        self.spare = None           # the last iteration's result array, reused once unreferenced
-        self.in_place = 0           # parameters whose gradient was computed into the bucket
-
-    def result_view(self, j):
-        """The reduced gradient of the bucket's j-th parameter."""
-        v = self.views[j]
-        if self.result is self.buffer:
-            return v
-        o = self.offsets[j]
-        return self.result[o:o + v.size].reshape(v.shape)
 
 
 class GradBucket:
@@ -296,6 +291,7 @@ class _DDPCore:
         self._join = None
         self._expect_hooks = False
         self._dests_offered = False
+        self._warned_held = False
         self._hook_seen = False
         self._unfinished = None
         self._ready = [False] * len(self._params)
@@ -408,17 +404,24 @@ class _DDPCore:
                 views[i] = v
                 bucket_of[i] = bi
             buckets.append(_Bucket(bi, list(idxs), dt, buf, vs, offs, shared))
-        self._slot = {i: j for b in buckets for j, i in enumerate(b.params)}
+        ad = self._ad
+        old_ptr = getattr(self, "_vptr", None)
+        # gradients that are views of the old buckets move into the new ones
+        moving = [] if old_ptr is None else \
+            [i for i, p in enumerate(self._params) if ad.grad_ptr(p) == old_ptr[i]]
         self._buckets = buckets
         self._bucket_of = bucket_of
         self._views = views
-        if self.gradient_as_bucket_view:
-            # gradients that exist now move into the buckets and become views of them
-            for i, p in enumerate(self._params):
-                g = self._ad.grad_array(p)
-                if g is not None:
-                    np.copyto(views[i], g)
-                    self._ad.set_grad(p, views[i])
+        self._vptr = [_ptr(v) if v.size else -1 for v in views]
+        # per parameter, the array handed out as its .grad's memory (a view of its slot; only that
+        # object, so sys.getrefcount tells whether anything still refers to it) and a weak
+        # reference to the tensor wrapping it
+        self._marks = [v.view() for v in views]
+        self._wrefs = [None] * len(views)
+        self._saved = {}
+        for i in moving:
+            np.copyto(views[i], ad.grad_array(self._params[i]))
+            self._install(i)
         del old
 
     # ----------------------------------------------------------------------------- forward
@@ -453,13 +456,55 @@ class _DDPCore:
         self._offer_grad_dests(sync)
 
     def _offer_grad_dests(self, sync):
-        """In a reducing iteration, offer every parameter its bucket view as the array to compute
-        its gradient into (pyddp.nn: linear does), which saves copying it into the bucket."""
-        if not self._ad.offers_grad_dest or (not sync and not self._dests_offered):
+        """In a reducing iteration, offer every parameter without a gradient its bucket slot as the
+        array to compute its gradient into (pyddp.nn: linear does), which saves copying it there."""
+        ad = self._ad
+        if not ad.offers_grad_dest or (not sync and not self._dests_offered):
             return
         self._dests_offered = sync
-        for p, v in zip(self._params, self._views):
-            self._ad.offer_grad_dest(p, v if sync else None)
+        for i, p in enumerate(self._params):
+            if sync and ad.grad_ptr(p) == 0:
+                self._reclaim(i)
+                ad.offer_grad_dest(p, self._marks[i])
+            else:
+                ad.offer_grad_dest(p, None)
+
+    # ------------------------------------------------------------- gradients as bucket views
+
+    def _install(self, i):
+        """Make parameter i's .grad the view of its bucket slot."""
+        t = self._ad.set_grad(self._params[i], self._marks[i])
+        self._wrefs[i] = weakref.ref(t)
+
+    def _held(self, i) -> bool:
+        """Whether the .grad handed out for slot i is still referenced (by anything but DDP)."""
+        w = self._wrefs[i]
+        return sys.getrefcount(self._marks[i]) > 2 or (w is not None and w() is not None)
+
+    def _reclaim(self, i):
+        """Before slot i is written while parameter i's .grad is not its view: a .grad handed out
+        earlier and still held (kept by the caller across zero_grad(set_to_none=True)) gets memory
+        of its own, so the holder never sees it change."""
+        if not self._held(i):
+            return
+        ad = self._ad
+        ad.offer_grad_dest(self._params[i], None)  # DDP's own offer is no holder
+        if not self._held(i):
+            return
+        w = self._wrefs[i]
+        t = w() if w is not None else None
+        if t is not None:
+            ad.evacuate(t)
+        del t
+        self._wrefs[i] = None
+        if sys.getrefcount(self._marks[i]) > 2 and not self._warned_held:
+            self._warned_held = True
+            warnings.warn(
+                f"DistributedDataParallel: an array or view sharing memory with an earlier .grad of "
+                f"parameter {self._param_names[i]!r} is still referenced; that gradient is a view of "
+                "DDP's bucket, which this backward overwrites (copy a gradient you keep, e.g. "
+                "with .clone(), before the next step)", RuntimeWarning, stacklevel=2)
+        self._marks[i] = self._views[i].view()  # what was handed out stays with its holder
 
     def _reset_iteration(self):
         self._avg = self._comm_hook is None and self._div == float(self._world)
@@ -471,10 +516,6 @@ class _DDPCore:
             b.pending = len(b.params)
             b.work = None
             b.future = None
-            if b.result is not b.buffer:
-                b.spare = b.result
-            b.result = b.buffer
-            b.in_place = 0
 
     def _maybe_rebuild(self):
         """Once, at the second iteration: rebuild buckets in the order rank 0's gradients were ready."""
@@ -508,33 +549,59 @@ class _DDPCore:
                 f"Expected to mark a variable ready only once. Parameter {i} ({self._param_names[i]!r}) "
                 "has been marked as ready twice. This means that multiple autograd engine hooks have "
                 "fired for this particular parameter during this iteration.")
-        self._mark_ready(i, self._ad.grad_array(self._params[i]))
+        self._mark_ready(i, True)
 
-    def _mark_ready(self, i, g):
+    def _mark_ready(self, i, used):
+        """Parameter i's gradient is final (``used``: its hook fired) and goes into its slot."""
         self._ready[i] = True
         if not self._rebuilt:
             self._ready_order.append(i)
         view = self._views[i]
         b = self._buckets[self._bucket_of[i]]
-        if g is None:
-            view[...] = 0
-            b.in_place += 1
-        else:
-            self._used_local[i] = 1
-            # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in
-            # the same pass as the sum) and the gradient is only copied; otherwise (join with
-            # divide_by_initial_world_size=False) it is scaled here. Comm hooks get it unscaled.
-            scale = self._comm_hook is None and not self._avg
-            if _same_memory(g, view):
-                b.in_place += 1
+        ad = self._ad
+        gp = ad.grad_ptr(self._params[i])
+        ours = gp == self._vptr[i]
+        # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in the
+        # same pass as the sum); otherwise (join with divide_by_initial_world_size=False) the
+        # gradient is scaled here. Comm hooks get it unscaled.
+        scale = self._comm_hook is None and not self._avg
+        if not used:
+            # as torch: a gradient the parameter already has (from earlier steps) goes in, else zeros
+            if ours:  # restored should no rank use the parameter (_finalize_backward)
+                self._saved[i] = view.copy()
                 if scale:
                     np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
-            elif scale:
-                np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+            elif gp:
+                g = ad.grad_array(self._params[i])
+                self._reclaim(i)
+                if scale:
+                    np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+                else:
+                    np.copyto(view, g)
+                del g
             else:
-                np.copyto(view, g)
-            if self.gradient_as_bucket_view and not _same_memory(g, view):
-                self._ad.set_grad(self._params[i], view)
+                self._reclaim(i)
+                view[...] = 0
+        else:
+            self._used_local[i] = 1
+            if ours:
+                # accumulated (or computed) straight into the slot: nothing to copy
+                if scale:
+                    np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
+                t = ad.grad_tensor(self._params[i])  # (a new one when linear computed into the slot)
+                w = self._wrefs[i]
+                if w is None or w() is not t:
+                    self._wrefs[i] = weakref.ref(t)
+                del t
+            else:
+                g = ad.grad_array(self._params[i])
+                self._reclaim(i)
+                if scale:
+                    np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+                else:
+                    np.copyto(view, g)
+                del g
+                self._install(i)
         b.pending -= 1
         if b.pending == 0:
             self._launch_ready_buckets()
@@ -550,18 +617,8 @@ class _DDPCore:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
         else:
             op = dist.ReduceOp.AVG if self._avg else dist.ReduceOp.SUM
-            if b.shared and not self.gradient_as_bucket_view and b.in_place == len(b.params):
-                # every gradient was computed into the bucket (pyddp.nn's linear) and needs an array
-                # of its own: the reduction writes them there straight from the ranks' shared
-                # buckets, no copy back out of the bucket. The last iteration's array is reused
-                # when no gradient refers to it any more (zero_grad(set_to_none=True)).
-                spare, b.spare = b.spare, None
-                b.result = spare if spare is not None and sys.getrefcount(spare) <= 2 \
-                    else np.empty_like(b.buffer)
-                del spare
-                b.work = c10d._all_reduce_into(b.buffer, b.result, op=op, group=self.process_group,
-                                               async_op=self._overlap)
-            elif self._overlap:
+            # in place: the bucket's slots are the parameters' .grad
+            if self._overlap:
                 b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
             else:
                 dist.all_reduce(b.buffer, op=op, group=self.process_group)
@@ -571,7 +628,7 @@ class _DDPCore:
             if self.find_unused_parameters or self.static_graph:
                 for i, r in enumerate(self._ready):
                     if not r:
-                        self._mark_ready(i, None)
+                        self._mark_ready(i, False)
             else:
                 self._unfinished = [i for i, r in enumerate(self._ready) if not r]
                 self._expect_hooks = False
@@ -583,39 +640,17 @@ class _DDPCore:
         if self.find_unused_parameters or self.static_graph:
             used = self._used_local.copy()
             dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
-        ad = self._ad
-        dsts, srcs = [], []  # write-backs done by one C call, GIL released
-        for i, p in enumerate(self._params):
-            if used is not None and not used[i]:
-                continue  # unused on every rank: the gradient stays as it was
-            view = self._views[i]
-            g = ad.grad_array(p)
-            if self.gradient_as_bucket_view:
-                if g is None or not _same_memory(g, view):
-                    ad.set_grad(p, view)
-                continue
-            b = self._buckets[self._bucket_of[i]]
-            res = b.result_view(self._slot[i])
-            if g is None or _same_memory(g, view):
-                # no gradient, or one computed straight into the bucket (offer_grad_dest): the
-                # reduced one in an array of its own (never the bucket, which the next step reuses)
-                if res is not view:
-                    ad.set_grad(p, res)
-                    continue
-                own = np.empty_like(view)
-                ad.set_grad(p, own)
-                if view.dtype in _C_COPY:
-                    dsts.append(own)
-                    srcs.append(view)
-                else:
-                    np.copyto(own, view)
-            elif g.dtype == res.dtype and g.dtype in _C_COPY and g.flags.c_contiguous:
-                dsts.append(g)
-                srcs.append(res)
-            else:
-                np.copyto(g, res)
-        if dsts:
-            _C.cast_(dsts, srcs)
+        saved, self._saved = self._saved, {}
+        if used is not None:
+            # the gradients computed here are views of their slots already; a parameter this rank
+            # did not use gets the averaged gradient unless no rank used it, when it stays as it was
+            ad = self._ad
+            for i in np.flatnonzero(self._used_local == 0).tolist():
+                if not used[i]:
+                    if i in saved:
+                        self._views[i][...] = saved[i]
+                elif ad.grad_ptr(self._params[i]) != self._vptr[i]:
+                    self._install(i)
         self._iters += 1
 
     def _wait_bucket(self, b):
@@ -715,6 +750,13 @@ class _DDPCore:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
         return bool(flag[0])
 
+    def _grads_out_of_buckets(self):
+        ad = self._ad
+        for i, p in enumerate(self._params):
+            if ad.grad_ptr(p) == self._vptr[i]:
+                ad.set_grad(p, self._views[i].copy())
+            self._reclaim(i)
+
     def _join_shadow_loop(self, st):
         last_joiner = True
         while self._join_shadow_step():
@@ -733,7 +775,9 @@ class _DDPCore:
             self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
         if not self._join_sync_flag(False):
             return True
-        # the others reduce their buckets: add zeros to each, in bucket order
+        # the others reduce their buckets: add zeros to each, in bucket order (this rank's
+        # gradients stay as they are, as in torch: those that are bucket views move out first)
+        self._grads_out_of_buckets()
         for b in self._buckets:
             b.buffer[...] = 0
             if self._comm_hook is not None:
