@@ -292,3 +292,41 @@ def test_plot_draws_a_png(tmp_path):
     with pytest.raises(ValueError, match="no spans"):
         (tmp_path / "e.json").write_text("[]")
         tl_tool.plot(str(tmp_path / "e.json"), str(tmp_path / "e.png"))
+
+
+_DDP_SCRIPT = textwrap.dedent("""
+    import pyddp, pyddp.nn as nn, pyddp.distributed as dist
+    from pyddp.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("cpu")
+    pyddp.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)),
+                bucket_cap_mb=0.005)
+    opt = pyddp.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(pyddp.randn(8, 32)).sum().backward()
+        opt.step()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(300)
+def test_timeline_has_ddp_bucket_and_backward_events(tmp_path):
+    d = tmp_path / "tl"
+    res = _launch(tmp_path, _DDP_SCRIPT, args=("--timeline", str(d)))
+    assert res.returncode == 0, res.stderr
+    with open(d / "timeline.json") as f:
+        events = json.load(f)["traceEvents"]
+    for pid in (0, 1):
+        mine = [e for e in events if e["pid"] == pid]
+        back = [e for e in mine if e.get("cat") == "backward"]
+        assert len(back) == 3 and all(e["dur"] > 0 for e in back)
+        spans = [e for e in mine if e.get("cat") == "ddp" and e["ph"] == "X"]
+        ready = [e for e in mine if e.get("cat") == "ddp" and e["ph"] == "i"]
+        nb = len({e["args"]["bucket"] for e in spans})
+        assert nb >= 1 and len(spans) == len(ready) == 3 * nb
+        assert all(e["tid"] == _observe.TRACK_DDP for e in spans + back)
+        # each bucket's allreduce lies within its backward pass
+        for e in spans:
+            b = next(x for x in back if x["args"]["iteration"] == e["args"]["iteration"])
+            assert b["ts"] <= e["ts"] + 1 and e["ts"] + e["dur"] <= b["ts"] + b["dur"] + 1

@@ -38,7 +38,9 @@ import weakref
 
 import numpy as np
 
+from ... import _C
 from ... import distributed as dist
+from ...distributed import _observe
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
 
@@ -96,7 +98,7 @@ def _assign_buckets(order, nbytes, dtypes, limits):
 
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
-                 "offsets")
+                 "offsets", "t_launch")
 
     def __init__(self, index, params, dtype, buffer, views, offsets, shared):
         self.index = index
@@ -109,6 +111,7 @@ class _Bucket:
         self.future = None
         self.shared = shared
         self.offsets = offsets      # per parameter: its first element in buffer
+        self.t_launch = 0.0         # timeline: when its allreduce started (wall clock)
 
 
 class GradBucket:
@@ -507,6 +510,8 @@ class _DDPCore:
         self._marks[i] = self._views[i].view()  # what was handed out stays with its holder
 
     def _reset_iteration(self):
+        # the timeline (PYDDP_TIMELINE), asked once per iteration: off, the hooks pay nothing
+        self._tl = _C.timeline_enabled()
         self._avg = self._comm_hook is None and self._div == float(self._world)
         self._hook_seen = False
         self._ready = [False] * len(self._params)
@@ -544,6 +549,8 @@ class _DDPCore:
         if not self._hook_seen:
             self._hook_seen = True
             self._ad.queue_callback(self._finalize_backward)
+            if getattr(self, "_tl", False):
+                self._tl_backward = _C.wall()
         if self._ready[i]:
             raise RuntimeError(
                 f"Expected to mark a variable ready only once. Parameter {i} ({self._param_names[i]!r}) "
@@ -613,6 +620,11 @@ class _DDPCore:
             self._next_bucket += 1
 
     def _launch(self, b):
+        if getattr(self, "_tl", False):
+            b.t_launch = _C.wall()
+            _observe.timeline_instant(f"bucket {b.index} ready", "ddp",
+                                      {"bucket": b.index, "params": len(b.params),
+                                       "bytes": int(b.buffer.nbytes)})
         if self._comm_hook is not None:
             b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
         else:
@@ -622,6 +634,14 @@ class _DDPCore:
                 b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
             else:
                 dist.all_reduce(b.buffer, op=op, group=self.process_group)
+                self._tl_bucket_done(b)
+
+    def _tl_bucket_done(self, b):
+        if getattr(self, "_tl", False) and b.t_launch:
+            _observe.timeline_span(f"bucket {b.index} allreduce", "ddp", b.t_launch, _C.wall(),
+                                   {"bucket": b.index, "bytes": int(b.buffer.nbytes),
+                                    "iteration": self._iters})
+            b.t_launch = 0.0
 
     def _finalize_backward(self):
         if not all(self._ready):
@@ -636,6 +656,7 @@ class _DDPCore:
         self._expect_hooks = False
         for b in self._buckets:
             self._wait_bucket(b)
+            self._tl_bucket_done(b)
         used = None
         if self.find_unused_parameters or self.static_graph:
             used = self._used_local.copy()
@@ -651,6 +672,10 @@ class _DDPCore:
                         self._views[i][...] = saved[i]
                 elif ad.grad_ptr(self._params[i]) != self._vptr[i]:
                     self._install(i)
+        if getattr(self, "_tl", False) and getattr(self, "_tl_backward", 0.0):
+            _observe.timeline_span("backward (first gradient ready to all reduced)", "backward",
+                                   self._tl_backward, _C.wall(), {"iteration": self._iters})
+            self._tl_backward = 0.0
         self._iters += 1
 
     def _wait_bucket(self, b):
