@@ -147,6 +147,8 @@ def analyse_group(files):
 
 
 def analyse(files):
+    """(lines, problem): the report on every group found in files (load()'s result), and whether
+    it found a divergence, a rank behind, a missing rank or a collective that did not complete."""
     groups = collections.OrderedDict()
     for f in files:
         key = (f["meta"].get("group_id"), f["meta"].get("group"))
@@ -160,6 +162,7 @@ def analyse(files):
 
 
 def main(argv=None):
+    """The command line (see the module's docstring); returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m pyddp.tools.flight_recorder",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -117,6 +117,7 @@ def plot(trace, out, start_ms=None, span_ms=None):
 
 
 def main(argv=None):
+    """The command line: ``merge`` and ``plot`` (see the module's docstring); the exit status."""
     ap = argparse.ArgumentParser(prog="python -m pyddp.tools.timeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
