@@ -144,7 +144,8 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
         char msg[PD_ERRMSG_MAX];
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
         pd_shm_close(shm);
-        return pd_error(st, "setting up shared memory between the ranks: %s",
+        return pd_error(st, "setting up shared memory between the ranks: %s "
+                        "(PYDDP_TRANSPORT=tcp runs without shared memory)",
                         msg);
     }
     g->lshm = shm;
