@@ -308,6 +308,7 @@ main(void)
         return 1;
     }
     printf("test_group\n");
+    fflush(stdout); /* not again in every forked rank */
     T_RUN(test_busy_shm);
     T_RUN(test_busy_tcp);
     T_RUN(test_timeout_shm);
