@@ -20,6 +20,7 @@
 #include "group.h"
 #include "pd_test.h"
 #include "util/sync.h"
+#include "util/timeline.h"
 
 #define MAXR 4
 
@@ -103,6 +104,12 @@ watch_main(void *arg)
         (void)pd_group_error(w->g, msg, sizeof(msg));
         (void)pd_group_flight_records(w->g, rec, 16);
         (void)pd_group_transport(w->g);
+        if (pd_tl_enabled()) {
+            pd_tl_event("watch", "test", 'i', pd_wall() * 1e6, 0, 1, NULL);
+        }
+        if (w->reads % 50 == 0) {
+            (void)pd_group_flight_dump(w->g, NULL, "test");
+        }
         w->reads++;
         usleep(100);
     }
@@ -111,10 +118,29 @@ watch_main(void *arg)
 
 enum { NWORK = 8, ROUNDS = 6 };
 
+typedef struct {
+    pd_work *w;
+    pd_status st;
+} waiter;
+
+static void *
+wait_main(void *arg)
+{
+    waiter *x = arg;
+    x->st = pd_work_wait(x->w, 20.0);
+    return NULL;
+}
+
 static void
 child_busy(int rank, int n, int transport)
 {
+    char tl[64], fr[64];
+    snprintf(tl, sizeof(tl), "/tmp/pd_test_group_tl.%d.%d", (int)getpid(), rank);
+    snprintf(fr, sizeof(fr), "/tmp/pd_test_group_fr.%d.%d", (int)getpid(), rank);
+    T_OK(pd_tl_open(tl, rank, "test_group"));
     pd_group *g = connect_group(rank, n, transport, 30.0);
+    pd_group_set_timeline_track(g, 2);
+    T_OK(pd_group_flight_configure(g, fr, "{}"));
     watcher w = {g, 0, 0};
     pthread_t thr;
     T_CHECK(pthread_create(&thr, NULL, watch_main, &w) == 0);
@@ -132,7 +158,15 @@ child_busy(int rank, int n, int transport)
             pd_op op = allreduce_op(buf[i], count, &in[i], &out[i], &len[i]);
             T_OK(pd_group_submit(g, &op, &wk[i]));
         }
+        /* another thread waits on the first one too */
+        waiter x = {wk[0], PD_OK};
+        pthread_t wt;
+        T_CHECK(pthread_create(&wt, NULL, wait_main, &x) == 0);
         for (int i = NWORK - 1; i >= 0; i--) {
+            if (i == 0) {
+                pthread_join(wt, NULL);
+                T_OK(x.st);
+            }
             T_OK(pd_work_wait(wk[i], 20.0));
             T_CHECK(pd_work_done(wk[i]));
             pd_work_release(wk[i]);
@@ -169,6 +203,9 @@ child_busy(int rank, int n, int transport)
     pthread_join(thr, NULL);
     T_CHECK(w.reads > 0);
     pd_group_destroy(g);
+    pd_tl_close();
+    unlink(tl);
+    unlink(fr);
 }
 
 /* The last rank never joins the second collective: the others' work fails
@@ -189,11 +226,24 @@ child_timeout(int rank, int n, int transport)
     T_OK(pd_work_wait(h, 20.0));
     pd_work_release(h);
     if (rank != n - 1) {
-        T_OK(pd_group_submit(g, &op, &h));
-        pd_status st = pd_work_wait(h, 20.0);
+        pd_status st;
+        h = NULL;
+        if (!pd_group_inline(g, &op, NULL, NULL, &st, &h)) {
+            T_OK(pd_group_submit(g, &op, &h));
+            st = pd_work_wait(h, 20.0);
+        }
         T_CHECK(st != PD_OK);
         char msg[512];
         T_CHECK(pd_group_error(g, msg, sizeof(msg)) != PD_OK);
+        T_CHECK(strstr(msg, "2") != NULL); /* names the missing rank */
+        if (h != NULL) {
+            pd_work_release(h);
+        }
+        /* the group is broken: the next collective fails at once */
+        double t0 = pd_now();
+        T_OK(pd_group_submit(g, &op, &h));
+        T_CHECK(pd_work_wait(h, 20.0) != PD_OK);
+        T_CHECK(pd_now() - t0 < 5.0);
         pd_work_release(h);
     }
     barrier(n);
@@ -204,18 +254,6 @@ child_timeout(int rank, int n, int transport)
 
 /* Work still queued when the group is destroyed fails, never hangs; a
  * thread waiting on it wakes. */
-typedef struct {
-    pd_work *w;
-    pd_status st;
-} waiter;
-
-static void *
-wait_main(void *arg)
-{
-    waiter *x = arg;
-    x->st = pd_work_wait(x->w, 20.0);
-    return NULL;
-}
 
 static void
 child_destroy_busy(int rank, int n, int transport)
