@@ -27,6 +27,9 @@ from _mp import run, run_outcomes
 
 WS = 3
 
+# a hard limit per test on top of every wait's own deadline
+pytestmark = pytest.mark.timeout(120)
+
 
 def _exc_info(e):
     return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "msg": str(e)}
