@@ -45,6 +45,11 @@ pd_status pd_group_error(pd_group *g, char *buf, size_t cap);
 /* "shm", "tcp" or "local" (one rank). */
 const char *pd_group_transport(const pd_group *g);
 
+/* Why the group fell back to TCP because a rank could not set up shared
+ * memory (its /dev/shm full or unwritable; PYDDP_TRANSPORT unset), or
+ * NULL when it did not. */
+const char *pd_group_shm_fallback(const pd_group *g);
+
 /* Run a blocking collective on the calling thread when the group is idle
  * and the message is small (shared memory only).  Returns 0 when it did not
  * (submit it instead), else 1 with its status in *out.  interrupted(ictx) is

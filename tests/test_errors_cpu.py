@@ -577,13 +577,14 @@ def _port_in_use_child(rank, ws):
     return {"type": None}
 
 
-def test_master_port_in_use_raises_dist_network_error_with_address_and_port():
+@pytest.mark.parametrize("ws", [2, 3])
+def test_master_port_in_use_raises_dist_network_error_with_address_and_port(ws):
     squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen(16)
         port = squatter.getsockname()[1]
-        res = run(_port_in_use_child, 2, init=False, port=port, timeout=60)
+        res = run(_port_in_use_child, ws, init=False, port=port, timeout=60)
     finally:
         squatter.close()
     r0 = res[0]
@@ -594,8 +595,14 @@ def test_master_port_in_use_raises_dist_network_error_with_address_and_port():
     assert any(h in r0["msg"] for h in ("127.0.0.1", "localhost", "0.0.0.0", "::")), \
         f"message lacks the address: {r0['msg']!r}"
     assert r0["elapsed"] < 10, f"rank 0 took {r0['elapsed']:.1f} s"
-    assert res[1]["type"] is not None, "rank 1 joined a group whose store never started"
-    assert res[1]["is_dist"], f"rank 1 raised {res[1]['type']}: {res[1]['msg']}"
+    for rank in range(1, ws):
+        r = res[rank]
+        assert r["type"] is not None, f"rank {rank} joined a group whose store never started"
+        assert r["is_dist"], f"rank {rank} raised {r['type']}: {r['msg']}"
+        # the squatter accepts but never speaks: the client names it and gives up at the timeout
+        assert f"127.0.0.1:{port}" in r["msg"] and "another program" in r["msg"], \
+            f"rank {rank}: message does not name the port and the likely cause: {r['msg']!r}"
+        assert r["elapsed"] < 12, f"rank {rank} took {r['elapsed']:.1f} s with timeout=4 s"
 
 
 # ----------------------------------------------------------------------------------------------

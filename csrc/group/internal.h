@@ -55,6 +55,9 @@ struct pd_group {
     pd_shm *shm;       /* every rank on this host: shared memory */
     pd_shm *lshm;      /* the ranks on this host (frames through rings) */
     uint64_t token;    /* the group's random id (segment names) */
+    /* why shared memory could not be set up and collectives use TCP
+     * (PYDDP_TRANSPORT unset), or "" */
+    char shm_fallback[PD_ERRMSG_MAX];
     struct shm_buf *bufs;
     uint64_t nbufs;
     /* the thread that runs collectives (progress or inline caller) */

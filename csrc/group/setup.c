@@ -54,22 +54,57 @@ pd_group_create(int rank, int size, double timeout_s, const char *secret,
     return PD_OK;
 }
 
-/* A barrier over the transport, before the progress thread runs (shared
- * memory setup).  Uses a sequence number like any collective. */
+/* Every rank's verdict on a step of the shared-memory setup (ok: it went
+ * well here), gathered over the transport so that all ranks take the same
+ * way: *first_bad is the first rank whose step failed, or -1.  Uses a
+ * sequence number like any collective. */
 static pd_status
-setup_barrier(pd_group *g)
+setup_agree(pd_group *g, int ok, int *first_bad)
 {
+    int n = g->size;
+    int32_t *flags = calloc((size_t)n, sizeof(int32_t));
+    char **blocks = calloc((size_t)n, sizeof(char *));
+    size_t *lens = calloc((size_t)n, sizeof(size_t));
+    if (flags == NULL || blocks == NULL || lens == NULL) {
+        free(flags);
+        free(blocks);
+        free(lens);
+        return pd_error(PD_ENOMEM, "process group: out of memory");
+    }
+    for (int p = 0; p < n; p++) {
+        blocks[p] = (char *)&flags[p];
+        lens[p] = sizeof(int32_t);
+    }
+    int32_t mine = ok ? 1 : 0;
+    char *in = (char *)&mine;
     pd_op op;
     memset(&op, 0, sizeof(op));
-    op.kind = PD_K_BARRIER;
+    op.kind = PD_K_ALLGATHER;
+    op.dtype = PD_INT32;
+    op.count = 1;
+    op.in = &in;
+    op.out = blocks;
+    op.in_len = lens;
+    op.out_len = lens;
+    op.nblocks = n;
     snprintf(op.name, sizeof(op.name), "init_process_group");
     run_ctx x = {g, 1, 0.0, NULL, NULL};
     pd_shm *shm = g->shm;
     g->shm = NULL; /* not usable yet */
     int published = 0;
-    pd_status st = pd_grp_run_collective(&x, &op, ++g->seq, 0, pd_now() + g->timeout,
-                                  &published);
+    pd_status st = pd_grp_run_collective(&x, &op, ++g->seq, 0,
+                                         pd_now() + g->timeout, &published);
     g->shm = shm;
+    *first_bad = -1;
+    for (int p = 0; st == PD_OK && p < n; p++) {
+        if (flags[p] != 1) {
+            *first_bad = p;
+            break;
+        }
+    }
+    free(flags);
+    free(blocks);
+    free(lens);
     return st;
 }
 
@@ -84,11 +119,16 @@ node_tag(const char *id)
 }
 
 /* Shared memory among the ranks of each host: segments (created, mapped by
- * every local rank between two group-wide barriers, then unlinked), frames
- * between local ranks through rings, and, when every rank is on this host,
- * the shared-memory collectives.  Every rank takes part in the barriers. */
+ * every local rank between two group-wide agreements, then unlinked),
+ * frames between local ranks through rings, and, when every rank is on this
+ * host, the shared-memory collectives.  Every rank takes part in the
+ * agreements, so a rank whose /dev/shm is full or unwritable makes every
+ * rank take the same way: TCP for everything (logged; the reason kept for
+ * pd_group_shm_fallback), or, with PYDDP_TRANSPORT=shm (forced), an error on
+ * every rank naming it. */
 static pd_status
-setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
+setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id,
+          int forced)
 {
     int n = g->size, nlocal = 0, mylocal = -1, shared = 0;
     int *local_of = malloc(sizeof(int) * (size_t)n);
@@ -117,41 +157,71 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id)
     }
     int mine = nlocal >= 2;
     pd_shm *shm = NULL;
-    pd_status st = PD_OK, st2;
+    pd_status st = PD_OK, st_net;
+    char why[PD_ERRMSG_MAX / 2] = ""; /* this rank's failure */
+    int bad = -1;
     if (mine) {
         st = pd_shm_create(mylocal, nlocal, token, node_tag(id[g->rank]), spin,
                            &shm);
+        if (st != PD_OK) {
+            snprintf(why, sizeof(why), "%s", pd_errmsg());
+        }
     }
-    /* every rank reports through the barrier, so a failed creation on one
-     * rank fails init on all of them instead of leaving them waiting */
-    st2 = setup_barrier(g);
-    if (st == PD_OK && st2 != PD_OK) {
-        st = st2;
+    st_net = setup_agree(g, st == PD_OK, &bad);
+    if (st_net == PD_OK && bad < 0) {
+        if (mine) {
+            st = pd_shm_attach(shm);
+            if (st != PD_OK) {
+                snprintf(why, sizeof(why), "%s", pd_errmsg());
+            }
+        }
+        st_net = setup_agree(g, st == PD_OK, &bad);
     }
-    if (st == PD_OK && mine) {
-        st = pd_shm_attach(shm);
+    if (st_net != PD_OK) {
+        snprintf(why, sizeof(why), "%s", pd_errmsg());
     }
-    if (st == PD_OK) {
-        st = setup_barrier(g);
-    }
-    /* every rank has mapped every segment (or failed): no name stays */
-    pd_shm_unlink(shm, st != PD_OK);
-    if (st == PD_OK && mine) {
-        st = pd_shm_use_links(g->t, shm, local_of);
+    /* every rank has mapped every segment (or gives up): no name stays */
+    pd_shm_unlink(shm, st_net != PD_OK || bad >= 0);
+    if (st_net == PD_OK && bad < 0 && mine) {
+        st_net = pd_shm_use_links(g->t, shm, local_of);
+        if (st_net != PD_OK) {
+            snprintf(why, sizeof(why), "%s", pd_errmsg());
+        }
     }
     free(local_of);
-    if (st != PD_OK) {
-        char msg[PD_ERRMSG_MAX];
-        snprintf(msg, sizeof(msg), "%s", pd_errmsg());
+    if (st_net != PD_OK) {
+        /* the transport failed (a peer died, a timeout): no agreement */
         pd_shm_close(shm);
-        return pd_error(st, "setting up shared memory between the ranks: %s",
-                        msg);
+        return pd_error(st_net, "setting up shared memory between the ranks: "
+                        "%s", why);
+    }
+    if (bad >= 0) {
+        pd_shm_close(shm);
+        shm = NULL;
+        char cause[PD_ERRMSG_MAX / 2];
+        if (bad == g->rank) {
+            snprintf(cause, sizeof(cause), "%s", why);
+        }
+        else {
+            snprintf(cause, sizeof(cause), "rank %d's %s says why", bad,
+                     forced ? "error" : "warning");
+        }
+        if (forced) {
+            return pd_error(PD_ESYS, "PYDDP_TRANSPORT=shm, but rank %d could "
+                            "not set up shared memory: %s (unset "
+                            "PYDDP_TRANSPORT to fall back to TCP)", bad,
+                            cause);
+        }
+        snprintf(g->shm_fallback, sizeof(g->shm_fallback),
+                 "rank %d could not set up shared memory (%s): collectives "
+                 "use TCP", bad, cause);
+        PD_LOG(PD_LOG_WARN, "group", "rank %d: %s", g->rank, g->shm_fallback);
     }
     g->lshm = shm;
-    if (nlocal == n) {
+    if (shm != NULL && nlocal == n) {
         g->shm = shm;
     }
-    /* the setup barriers are not the user's collectives: numbering starts
+    /* the setup agreements are not the user's collectives: numbering starts
      * over (all their frames have arrived) */
     g->seq = 0;
     pd_hdr none;
@@ -200,7 +270,7 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
     }
     if (g->size > 1 && transport != PD_TRANSPORT_TCP) {
         g->token = token;
-        PD_CHECK(setup_shm(g, token, spin, id));
+        PD_CHECK(setup_shm(g, token, spin, id, transport == PD_TRANSPORT_SHM));
     }
     PD_LOG(PD_LOG_INFO, "group",
            "rank %d of %d connected (%d ranks on this host, transport %s, "
@@ -213,6 +283,12 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
     }
     g->thr_started = 1;
     return PD_OK;
+}
+
+const char *
+pd_group_shm_fallback(const pd_group *g)
+{
+    return g->shm_fallback[0] ? g->shm_fallback : NULL;
 }
 
 const char *

@@ -1156,6 +1156,16 @@ PG_get_transport(PGObject *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+PG_get_shm_fallback(PGObject *self, void *Py_UNUSED(closure))
+{
+    const char *why = self->g != NULL ? pd_group_shm_fallback(self->g) : NULL;
+    if (why == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(why);
+}
+
+static PyObject *
 PG_get_error(PGObject *self, void *Py_UNUSED(closure))
 {
     char msg[PD_ERRMSG_MAX];
@@ -1260,6 +1270,9 @@ static PyGetSetDef PG_getset[] = {
      NULL},
     {"transport", (getter)PG_get_transport, NULL,
      "how collectives move: 'shm', 'tcp' or 'local'", NULL},
+    {"shm_fallback", (getter)PG_get_shm_fallback, NULL,
+     "None, or why shared memory could not be set up (collectives use TCP)",
+     NULL},
     {"port", (getter)PG_get_port, NULL, "listening port (before connect)",
      NULL},
     {"rank", (getter)PG_get_rank, NULL, "this rank", NULL},

@@ -319,7 +319,14 @@ ts_call(tcp_store *t, pd_wbuf *req, uint32_t seq, const char *what,
     }
     pthread_mutex_lock(&t->mu);
     if (t->broken) {
-        st = ts_broken_error(t);
+        /* broken by an earlier call: say which call this is, and that the
+         * connection broke before it */
+        const char *m = t->broken_msg;
+        if (strncmp(m, "TCPStore: ", 10) == 0) {
+            m += 10;
+        }
+        st = pd_error(PD_ENETWORK, "TCPStore.%s: %s (earlier; a broken "
+                      "connection is not reopened)", what, m);
         pthread_mutex_unlock(&t->mu);
         return st;
     }

@@ -536,7 +536,8 @@ client_io(int fd, void *buf, size_t n, int sending, double deadline,
     if (st == PD_ETIMEOUT) {
         return pd_error(PD_EAUTH,
                         "authentication with server %s failed: handshake timed "
-                        "out while waiting for %s", pn, what);
+                        "out while waiting for %s (is another program, not a "
+                        "pyddp store or rank, listening there?)", pn, what);
     }
     if (st == PD_ENETWORK) {
         char cause[PD_ERRMSG_MAX];

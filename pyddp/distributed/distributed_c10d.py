@@ -605,6 +605,11 @@ def _connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
                if transport else
                f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
+        if cpg.shm_fallback:
+            # a full or unwritable /dev/shm somewhere: the job runs, slower, and says why
+            why = cpg.shm_fallback
+            _observe.log.warning("[rank %d] group %s: %s", _observe._global_rank(rank), label or name,
+                                 cpg.shm_fallback)
     else:
         why = "one rank"
     _observe.attach(cpg, label or name, rank, size, token, backend, why)

@@ -104,6 +104,27 @@ pd_shm_stream_bytes(void)
     return cached;
 }
 
+/* Fault injection for the tests (tests/test_chaos.py): PYDDP_TEST_SHM_FAIL
+ * = ENOSPC makes allocating this rank's segment fail as on a full /dev/shm,
+ * EACCES makes creating it fail as on an unwritable one.  The real /dev/shm
+ * is never touched.  Returns the errno to fail with at `stage` ("open" or
+ * "alloc"), else 0. */
+static int
+test_shm_fail(const char *stage)
+{
+    const char *e = getenv("PYDDP_TEST_SHM_FAIL");
+    if (e == NULL || !*e) {
+        return 0;
+    }
+    if (strcmp(e, "ENOSPC") == 0) {
+        return strcmp(stage, "alloc") == 0 ? ENOSPC : 0;
+    }
+    if (strcmp(e, "EACCES") == 0) {
+        return strcmp(stage, "open") == 0 ? EACCES : 0;
+    }
+    return 0;
+}
+
 static void
 seg_name(char *buf, size_t len, uint64_t token, uint32_t node, int rank)
 {
@@ -206,14 +227,20 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     pd_shm_sweep_stale("/dev/shm");
     char name[64];
     seg_name(name, sizeof(name), token, node, rank);
-    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    int inject = test_shm_fail("open");
+    int fd = inject ? (errno = inject, -1)
+                    : shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
-        return pd_syserror(PD_ESYS, "shm_open(%s)", name);
+        return pd_syserror(PD_ESYS, "creating shared memory segment %s in "
+                           "/dev/shm: shm_open", name);
     }
     s->linked = 1;
     /* allocate the pages now: a full /dev/shm fails here, not with SIGBUS
      * in the middle of a collective */
-    int e = posix_fallocate(fd, 0, (off_t)s->seg_bytes);
+    int e = test_shm_fail("alloc");
+    if (e == 0) {
+        e = posix_fallocate(fd, 0, (off_t)s->seg_bytes);
+    }
     if (e != 0) {
         errno = e;
         pd_status st = pd_syserror(

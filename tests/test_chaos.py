@@ -1,0 +1,409 @@
+"""Chaos on 3 real rank processes: what a long job meets, with the error and the time it took asserted.
+
+- a rank stopped (SIGSTOP): the others' collective times out, naming it;
+- the rank hosting the TCP store killed (SIGKILL): everyone else errors within 5 s, collective and store;
+- /dev/shm full or unwritable on one rank (fault injection, PYDDP_TEST_SHM_FAIL; the real /dev/shm is
+  untouched): every rank falls back to TCP with a warning naming it, or, with PYDDP_TRANSPORT=shm,
+  fails with an error naming it;
+- a peer slowed 10x (sleeping, or stopped 90% of the time): every result right, no spurious timeout;
+- the launcher killed (SIGKILL, SIGTERM) mid-job: no worker left, no /dev/shm entry of the job left.
+
+(A rank killed outright and a MASTER_PORT already in use are in test_errors_cpu.py / test_launch_run.py.)
+"""
+import multiprocessing as mp
+import os
+import re
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pyddp.distributed as dist
+from _launch import alive, assert_all_gone, finish, launcher_env, start, wait_for, write_script
+from _mp import run, run_outcomes
+
+WS = 3
+
+# a hard limit per test on top of every wait's own deadline
+pytestmark = pytest.mark.timeout(120)
+
+
+def _exc_info(e):
+    return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "msg": str(e)}
+
+
+def _check_sum(rank, ws, n=16):
+    a = np.full(n, rank + 1.0, dtype=np.float32)
+    dist.all_reduce(a)
+    expect = ws * (ws + 1) / 2
+    assert np.all(a == expect), f"rank {rank}: all_reduce gave {a[:4]}, expected {expect}"
+
+
+def _pids():
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, os.getpid())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. a rank stopped with SIGSTOP
+
+
+def _sigstop_child(rank, ws, victim):
+    pids = _pids()
+    _check_sum(rank, ws)
+    dist.barrier()
+    if rank == victim:
+        time.sleep(2.0)            # stopped during this sleep by rank 0; continued after the others fail
+        t0 = time.monotonic()
+        done = 0
+        try:
+            # The first may still complete, with the right sum (_check_sum checks it): every peer's
+            # contribution was already in shared memory when they gave up. The next cannot.
+            for _ in range(2):
+                _check_sum(rank, ws)
+                done += 1
+            return {"type": None, "done": done}
+        except Exception as e:
+            return dict(_exc_info(e), elapsed=time.monotonic() - t0, done=done)
+    if rank == 0:
+        os.kill(pids[victim], signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        for _ in range(50):   # its contribution to a collective might already be out: one may complete
+            _check_sum(rank, ws)
+        out = {"type": None}
+    except Exception as e:
+        out = dict(_exc_info(e), is_backend=isinstance(e, dist.DistBackendError))
+    out["elapsed"] = time.monotonic() - t0
+    time.sleep(0.5)            # every survivor has its error
+    if rank == 0:
+        os.kill(pids[victim], signal.SIGCONT)
+    return out
+
+
+def test_a_stopped_rank_makes_the_others_time_out_naming_it():
+    victim = 2
+    t0 = time.monotonic()
+    outs = run_outcomes(_sigstop_child, WS, victim, timeout=60,
+                        init_kwargs={"timeout": timedelta(seconds=3)}, env={"PYDDP_EXIT_TIMEOUT": "0.5"})
+    total = time.monotonic() - t0
+    problems = []
+    for o in outs:
+        if not o.ok:
+            problems.append(o.describe())
+            continue
+        r = o.value
+        if o.rank == victim:
+            # continued after the others gave up: its next collective fails, it does not hang
+            if r["type"] is None:
+                problems.append(f"rank {victim}: two all_reduces succeeded after its peers had failed")
+            elif r["elapsed"] > 10:
+                problems.append(f"rank {victim}: took {r['elapsed']:.1f} s to fail after SIGCONT")
+            continue
+        if r["type"] is None:
+            problems.append(f"rank {o.rank}: 50 all_reduces completed with rank {victim} stopped")
+            continue
+        if not r["is_backend"]:
+            problems.append(f"rank {o.rank}: raised {r['type']}, not DistBackendError: {r['msg']}")
+        if not 2.5 <= r["elapsed"] <= 12:
+            problems.append(f"rank {o.rank}: raised after {r['elapsed']:.2f} s with timeout=3 s")
+        if not re.search(rf"rank.{{0,60}}?(?<![\d.]){victim}(?![\d.])", r["msg"], re.I | re.S):
+            problems.append(f"rank {o.rank}: message does not name the stopped rank {victim}: {r['msg']!r}")
+        if "timed out" not in r["msg"].lower() and "timeout" not in r["msg"].lower():
+            problems.append(f"rank {o.rank}: message does not say it timed out: {r['msg']!r}")
+    assert not problems, "\n".join(problems)
+    assert total < 40, f"the job took {total:.1f} s"
+    print(f"chaos SIGSTOP: survivors raised after {[round(o.value['elapsed'], 2) for o in outs]} s "
+          f"(timeout 3 s)")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. the rank hosting the TCP store killed
+
+
+def _store_host_killed_child(rank, ws, killed_at):
+    store = dist.distributed_c10d._world.store
+    store.set(f"hello/{rank}", str(rank))
+    _check_sum(rank, ws)
+    dist.barrier()
+    if rank == 0:
+        time.sleep(0.3)       # the others are waiting in their next all_reduce
+        killed_at.value = time.time()
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = {}
+    try:
+        for _ in range(1000):
+            _check_sum(rank, ws)
+        out["coll"] = {"type": None}
+    except Exception as e:
+        out["coll"] = dict(_exc_info(e), at=time.time(), is_dist=isinstance(e, dist.DistError))
+    for what, op in (("get", lambda: store.get(f"hello/{rank}")), ("set", lambda: store.set("x", "1")),
+                     ("add", lambda: store.add("n", 1))):
+        t0 = time.monotonic()
+        try:
+            op()
+            out[what] = {"type": None}
+        except Exception as e:
+            out[what] = dict(_exc_info(e), is_dist=isinstance(e, dist.DistError))
+        out[what]["elapsed"] = time.monotonic() - t0
+    return out
+
+
+def test_killing_the_store_host_makes_every_other_rank_fail_within_5_s():
+    killed_at = mp.get_context("fork").Value("d", 0.0)
+    outs = run_outcomes(_store_host_killed_child, WS, killed_at, expect_death={0}, timeout=60,
+                        init_kwargs={"timeout": timedelta(seconds=60)}, env={"PYDDP_EXIT_TIMEOUT": "0.5"})
+    assert outs[0].died and outs[0].exitcode == -signal.SIGKILL, outs[0].describe()
+    assert killed_at.value > 0
+    problems = []
+    for o in outs[1:]:
+        if not o.ok:
+            problems.append(o.describe())
+            continue
+        coll = o.value["coll"]
+        if coll["type"] is None:
+            problems.append(f"rank {o.rank}: 1000 all_reduces completed without rank 0")
+        else:
+            delay = coll["at"] - killed_at.value
+            if not coll["is_dist"]:
+                problems.append(f"rank {o.rank}: collective raised {coll['type']}: {coll['msg']}")
+            if delay > 5:
+                problems.append(f"rank {o.rank}: the collective failed {delay:.2f} s after the kill")
+            if not re.search(r"(rank|peer)\D{0,3}0\b", coll["msg"], re.I):
+                problems.append(f"rank {o.rank}: message does not name rank 0: {coll['msg']!r}")
+        for what in ("get", "set", "add"):
+            r = o.value[what]
+            if r["type"] is None:
+                problems.append(f"rank {o.rank}: store.{what} succeeded with the store's host dead")
+            elif not r["is_dist"]:
+                problems.append(f"rank {o.rank}: store.{what} raised {r['type']}, not a DistError: {r['msg']}")
+            elif what != "get" and f"TCPStore.{what}" not in r["msg"]:
+                # the connection broke in the get: a later call names itself, not the get alone
+                problems.append(f"rank {o.rank}: store.{what}'s error does not name it: {r['msg']!r}")
+            elif "127.0.0.1:" not in r["msg"]:
+                problems.append(f"rank {o.rank}: store.{what}'s error does not name the server: {r['msg']!r}")
+            if r["elapsed"] > 5:
+                problems.append(f"rank {o.rank}: store.{what} took {r['elapsed']:.2f} s")
+    assert not problems, "\n".join(problems)
+    print(f"chaos store host SIGKILL: collectives failed "
+          f"{[round(o.value['coll']['at'] - killed_at.value, 3) for o in outs[1:]]} s after the kill, "
+          f"store.get {[round(o.value['get']['elapsed'], 3) for o in outs[1:]]} s")
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. /dev/shm full or unwritable on one rank
+
+
+def _shm_fail_child(rank, ws):
+    import io
+    import logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logging.getLogger("pyddp").addHandler(handler)
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("cpu", timeout=timedelta(seconds=20))
+    except Exception as e:
+        return dict(_exc_info(e), elapsed=time.monotonic() - t0, is_dist=isinstance(e, dist.DistError))
+    finally:
+        logging.getLogger("pyddp").removeHandler(handler)
+    try:
+        for _ in range(3):
+            _check_sum(rank, ws, n=1 << 12)
+        out = [None] * ws
+        dist.all_gather_object(out, rank)
+        assert out == list(range(ws))
+        return {"type": None, "elapsed": time.monotonic() - t0, "log": stream.getvalue(),
+                "transport": dist.distributed_c10d._default_pg()._cpg.transport}
+    finally:
+        dist.destroy_process_group()
+
+
+def _job_shm_entries():
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("pyddp.")}
+    except OSError:
+        return set()
+
+
+FAULTS = [("ENOSPC", "No space left on device"), ("EACCES", "Permission denied")]
+
+
+@pytest.mark.parametrize("fault,text", FAULTS)
+def test_dev_shm_full_or_unwritable_falls_back_to_tcp_with_a_warning(fault, text):
+    bad = 1
+    res = run(_shm_fail_child, WS, init=False, rank_env={bad: {"PYDDP_TEST_SHM_FAIL": fault}}, timeout=60)
+    problems = []
+    for rank, r in enumerate(res):
+        if r["type"] is not None:
+            problems.append(f"rank {rank}: raised {r['type']} instead of falling back to TCP: {r['msg']}")
+            continue
+        if r["transport"] != "tcp":
+            problems.append(f"rank {rank}: transport {r['transport']!r}, expected the fall back to 'tcp'")
+        if r["elapsed"] > 15:
+            problems.append(f"rank {rank}: took {r['elapsed']:.1f} s")
+        log = r["log"]
+        if f"rank {bad} could not set up shared memory" not in log or "use TCP" not in log:
+            problems.append(f"rank {rank}: no warning naming rank {bad} and the fall back: {log!r}")
+        if rank == bad and (text not in log or "/dev/shm" not in log):
+            problems.append(f"rank {bad}: the warning does not give the cause ({text}, /dev/shm): {log!r}")
+    assert not problems, "\n".join(problems)
+    print(f"chaos /dev/shm {fault}: TCP fall back, init + 3 all_reduces in "
+          f"{max(r['elapsed'] for r in res):.2f} s")
+
+
+def test_dev_shm_unusable_with_pyddp_transport_shm_is_a_clear_error_on_every_rank():
+    bad = 2
+    res = run(_shm_fail_child, WS, init=False, env={"PYDDP_TRANSPORT": "shm"},
+              rank_env={bad: {"PYDDP_TEST_SHM_FAIL": "ENOSPC"}}, timeout=60)
+    problems = []
+    for rank, r in enumerate(res):
+        if r["type"] is None:
+            problems.append(f"rank {rank}: init succeeded with PYDDP_TRANSPORT=shm and no shm on rank {bad}")
+            continue
+        msg = r["msg"]
+        if not r["is_dist"]:
+            problems.append(f"rank {rank}: raised {r['type']}, not a DistError: {msg}")
+        if r["elapsed"] > 15:
+            problems.append(f"rank {rank}: took {r['elapsed']:.1f} s to fail")
+        if f"rank {bad} could not set up shared memory" not in msg or "PYDDP_TRANSPORT" not in msg:
+            problems.append(f"rank {rank}: message does not name rank {bad} and the way out: {msg!r}")
+    if "No space left on device" not in res[bad].get("msg", ""):
+        problems.append(f"rank {bad}: message does not give the cause: {res[bad].get('msg')!r}")
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. a peer slowed 10x
+
+
+ITERS = 12
+FAST_PAUSE = 0.02
+DUTY_ITERS = 40
+
+
+def _slow_peer_child(rank, ws, slow, mode):
+    pids = _pids()
+    stop = threading.Event()
+    cycler = None
+    cycles = [0]
+    if mode == "duty_cycle" and rank == 0:
+        def cycle():  # the slow rank runs 10% of the time: stopped 90 ms of every 100 ms
+            while not stop.is_set():
+                cycles[0] += 1
+                os.kill(pids[slow], signal.SIGSTOP)
+                time.sleep(0.09)
+                os.kill(pids[slow], signal.SIGCONT)
+                time.sleep(0.01)
+        cycler = threading.Thread(target=cycle, daemon=True)
+        cycler.start()
+    t0 = time.monotonic()
+    rng = np.random.default_rng(1234)      # same sizes on every rank
+    bad = []
+    try:
+        for i in range(ITERS if mode == "sleep" else DUTY_ITERS):
+            n = int(rng.integers(1, 1 << 16))
+            a = np.full(n, rank + i, dtype=np.float64)
+            dist.all_reduce(a)
+            if not np.all(a == sum(r + i for r in range(ws))):
+                bad.append(("all_reduce", i))
+            outs = [np.empty(n, dtype=np.int32) for _ in range(ws)]
+            dist.all_gather(outs, np.full(n, rank * 100 + i, dtype=np.int32))
+            if any(not np.all(outs[r] == r * 100 + i) for r in range(ws)):
+                bad.append(("all_gather", i))
+            b = np.full(n, i if rank == slow else -1, dtype=np.float32)
+            dist.broadcast(b, src=slow)
+            if not np.all(b == i):
+                bad.append(("broadcast", i))
+            if mode == "sleep":
+                time.sleep(FAST_PAUSE * (10 if rank == slow else 1))
+    finally:
+        stop.set()
+        if cycler is not None:
+            cycler.join(5)
+            os.kill(pids[slow], signal.SIGCONT)
+    return {"bad": bad, "elapsed": time.monotonic() - t0, "cycles": cycles[0]}
+
+
+@pytest.mark.parametrize("mode", ["sleep", "duty_cycle"])
+def test_a_peer_slowed_10x_gives_right_results_and_no_spurious_timeout(mode):
+    slow = 2
+    res = run(_slow_peer_child, WS, slow, mode, init_kwargs={"timeout": timedelta(seconds=3)}, timeout=90)
+    problems = [f"rank {r}: wrong results {v['bad']}" for r, v in enumerate(res) if v["bad"]]
+    # sleep: the job runs at the slow rank's pace (ITERS x 0.2 s); the duty cycle: 10% of the time for it.
+    limit = ITERS * FAST_PAUSE * 10 + 10 if mode == "sleep" else 30
+    for r, v in enumerate(res):
+        if v["elapsed"] > limit:
+            problems.append(f"rank {r}: the rounds took {v['elapsed']:.1f} s (limit {limit:.0f} s)")
+    if mode == "duty_cycle" and res[0]["cycles"] < 3:
+        problems.append(f"the slow rank was stopped only {res[0]['cycles']} times")
+    if mode == "sleep":
+        floor = ITERS * FAST_PAUSE * 10 * 0.9
+        if res[0]["elapsed"] < floor:   # the fast ranks did wait for the slow one
+            problems.append(f"rank 0 finished in {res[0]['elapsed']:.2f} s, before the slow rank could")
+    assert not problems, "\n".join(problems)
+    print(f"chaos slow peer ({mode}): {ITERS if mode == 'sleep' else DUTY_ITERS} rounds in {max(v['elapsed'] for v in res):.2f} s")
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. the launcher killed mid-job
+
+
+JOB_SCRIPT = r"""
+import os, re, sys, time
+import numpy as np
+import pyddp.distributed as dist
+dist.init_process_group("cpu")
+rank = dist.get_rank()
+tokens = set()
+with open("/proc/self/maps") as f:
+    for line in f:
+        m = re.search(r"/dev/shm/(pyddp\.[0-9a-f]{16})\.", line)
+        if m:
+            tokens.add(m.group(1))
+a = np.ones(1 << 14, dtype=np.float32)
+dist.all_reduce(a)
+with open(os.path.join(sys.argv[1], f"pid{rank}.tmp"), "w") as f:
+    f.write(f"{os.getpid()} {' '.join(sorted(tokens))}")
+os.rename(os.path.join(sys.argv[1], f"pid{rank}.tmp"), os.path.join(sys.argv[1], f"pid{rank}"))
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:          # mid-job: collectives until killed
+    a[:] = 1
+    dist.all_reduce(a)
+    assert a[0] == dist.get_world_size()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_launcher_mid_job_leaves_no_worker_and_no_shm(tmp_path, sig):
+    script = write_script(tmp_path, "job.py", JOB_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = start(["--nproc-per-node", WS, script, out], env=launcher_env(PYDDP_RUN_GRACE="3"))
+    try:
+        wait_for(lambda: len([n for n in os.listdir(out) if not n.endswith(".tmp")]) == WS, 60,
+                 "the workers to run collectives")
+        infos = [(out / f"pid{r}").read_text().split() for r in range(WS)]
+        pids = [int(i[0]) for i in infos]
+        tokens = {t for i in infos for t in i[1:]}
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rc, _, err = finish(proc, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == -sig, err
+    assert tokens, "the workers mapped no pyddp shared memory (expected the shm transport on one host)"
+    assert_all_gone(pids, timeout=10)
+    gone = time.monotonic() - t0
+    assert gone < 10, f"workers took {gone:.1f} s to go"
+    left = sorted(n for n in _job_shm_entries() if any(n.startswith(t + ".") for t in tokens))
+    assert not left, f"/dev/shm entries of the job remain: {left}"
+    assert not any(alive(p) for p in pids)
+    print(f"chaos launcher {sig.name}: every worker gone {gone:.2f} s after the signal")
