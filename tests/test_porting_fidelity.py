@@ -3,6 +3,7 @@
 tests) run under mp.spawn, pyddp-run and pyddp.launch with only their imports changed, and print what
 torch prints for the same script."""
 import glob
+import importlib.util
 import os
 import re
 import subprocess
@@ -32,7 +33,8 @@ def _torch_version_of(path, dest):
 
 def test_fidelity_files_exist():
     assert [os.path.basename(f) for f in FILES] == ["fidelity_spawn_store.py",
-                                                   "fidelity_torchrun_errors.py"]
+                                                   "fidelity_torchrun_errors.py",
+                                                   "fidelity_zero_join_mha.py"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)
@@ -85,3 +87,27 @@ def test_errors_script_under_launchers(tmp_path, launcher):
     assert lines == [f"rank {r}: avg True gather True errors RuntimeError,RuntimeError,ValueError,"
                      "RuntimeError store DistStoreError True loader RuntimeError True"
                      for r in (0, 1)], out
+
+
+def _mha_lines(stdout):
+    return sorted(re.findall(r"rank \d: device .*?DataParallel keys \S+", stdout))
+
+
+def test_zero_join_attention_script_prints_what_torch_prints(tmp_path):
+    """ZeroRedundancyOptimizer + Join with uneven inputs, MultiheadAttention with a causal mask,
+    LayerNorm, Embedding, Dropout1d, default-collated DataLoader batches, clip_grad_norm_,
+    parameters_to_vector, DataParallel keys and the no-GPU housekeeping, under mp.spawn on 2
+    ranks: the same lines as torch's run of the same script."""
+    script = os.path.join(PORTING, "fidelity_zero_join_mha.py")
+    ours, out = _run([script, "2"], tmp_path, MASTER_PORT=str(_free_port()))
+    lines = _mha_lines(ours)
+    assert len(lines) == 2, out
+    assert lines[0].startswith("rank 0: device cpu; accelerator False; backend gloo; cudnn True; "
+                               "batch list Tensor int64 (2, 6); steps 2 clip norm finite True; "
+                               "parameters identical on all ranks: True; zero state groups 1"), out
+    assert "steps 3" in lines[1] and "module.attn.in_proj_bias" in lines[1], out
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: the comparison with torch's output is skipped")
+    theirs, tout = _run([_torch_version_of(script, tmp_path / "torch_version.py"), "2"], tmp_path,
+                        MASTER_PORT=str(_free_port()))
+    assert lines == _mha_lines(theirs), out + tout
