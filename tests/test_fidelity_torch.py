@@ -150,7 +150,17 @@ def _store_queue_across_ranks(rank, world_size, port):
     s.barrier("popped", world_size)
     keys = sorted(s.list_keys())
     log = s.get("log")
-    s.barrier("end", world_size)  # the server (rank 0) outlives every other rank's calls
+    # the server (rank 0) must outlive every other rank's calls: the others check out once their
+    # last call returned, and rank 0 waits for them before it exits (a barrier alone is not
+    # enough: its last arriver returns while the others still wait for its answer)
+    s.barrier("end", world_size)
+    if rank == 0:
+        deadline = time.monotonic() + 30
+        while s.add("checked_out", 0) < world_size - 1:
+            assert time.monotonic() < deadline, "the other ranks never checked out"
+            time.sleep(0.01)
+    else:
+        s.add("checked_out", 1)
     return mine, keys, log, late
 
 

@@ -164,8 +164,8 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
         ddp(x).pow(2).mean().backward()
         opt.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    print("RESULT", json.dumps({"rank": rank, "world": world, "backend": dist.get_backend(),
-                                "params": flat.tolist()}), flush=True)
+    print("RESULT " + json.dumps({"rank": rank, "world": world, "backend": dist.get_backend(),
+                                  "params": flat.tolist()}), flush=True)
     del opt, ddp  # torch DDP freed before its group (see _train)
     dist.destroy_process_group()
 """)
@@ -204,8 +204,14 @@ def test_torchrun_script(tmp_path):
         pytest.fail(f"torchrun did not finish in 150 s:\n{e.stdout}\n{e.stderr}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    results = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    # the ranks share one stdout: a line's text and its newline may be written apart, so the
+    # results are read by position, not by line
+    dec, found, pos = json.JSONDecoder(), [], proc.stdout.find('{"rank": ')
+    while pos >= 0:
+        obj, end = dec.raw_decode(proc.stdout, pos)
+        found.append(obj)
+        pos = proc.stdout.find('{"rank": ', end)
+    results = sorted(found, key=lambda r: r["rank"])
     assert [(r["rank"], r["world"], r["backend"]) for r in results] == \
         [(0, 2, "pyddp"), (1, 2, "pyddp")], out
     want = _plain_reference()
