@@ -93,7 +93,7 @@ pd_exec(PyObject *m)
         return -1;
     }
     if (pd_group_add_types(m, st) < 0 || pd_tables_add(m, st) < 0 ||
-        pd_buffers_add(m, st) < 0) {
+        pd_buffers_add(m, st) < 0 || pd_fuzz_add(m) < 0) {
         return -1;
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
