@@ -322,14 +322,20 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
 {
     peer *pe = &t->peers[p];
     switch (m->type) {
-    case CTRL_ABORT:
+    case CTRL_ABORT: {
+        /* the status is the peer's word: a failure code, never "ok" (which
+         * would fail nothing) nor one this build does not know */
+        pd_status ast = m->status > (uint32_t)PD_OK &&
+                                m->status < (uint32_t)PD_NSTATUS
+                            ? (pd_status)m->status
+                            : PD_EBACKEND;
         PD_LOG(PD_LOG_WARN, "tcp",
                "rank %d: abort from rank %d for #%llu: %.*s", t->base.rank, p,
                (unsigned long long)m->seq, (int)m->len, text);
         if (t->err == PD_OK && m->seq > t->coll_seq) {
             if (t->abort_seq == 0 || m->seq < t->abort_seq) {
                 t->abort_seq = m->seq;
-                t->abort_st = (pd_status)m->status;
+                t->abort_st = ast;
                 snprintf(t->abort_msg, sizeof(t->abort_msg), "%.*s",
                          (int)m->len, text);
             }
@@ -338,11 +344,12 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
             char msg[PD_ERRMSG_MAX];
             snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
             if (t->ev.on_abort != NULL) {
-                t->ev.on_abort(t->ev.ctx, p, (int)m->status, msg);
+                t->ev.on_abort(t->ev.ctx, p, (int)ast, msg);
             }
-            fail(t, (pd_status)m->status, "%s", msg);
+            fail(t, ast, "%s", msg);
         }
         break;
+    }
     case CTRL_QUERY: {
         uint64_t cur = t->ev.current_seq ? t->ev.current_seq(t->ev.ctx) : 0;
         send_ctrl(t, p, CTRL_REPLY, 0, cur, NULL);
