@@ -56,7 +56,10 @@ outcome(pd_status s)
     if (s == PD_OK) {
         return Py_BuildValue("(iO)", 0, Py_None);
     }
-    return Py_BuildValue("(is)", (int)s, pd_errmsg());
+    const char *m = pd_errmsg();
+    return Py_BuildValue("(iN)", (int)s,
+                         PyUnicode_DecodeUTF8(m, (Py_ssize_t)strlen(m),
+                                              "replace"));
 }
 
 /* _fuzz_shm(ctrl, rings, ident, mode, readlen, writelen) -> dict */
@@ -91,7 +94,7 @@ fuzz_shm(PyObject *m, PyObject *args)
     pd_shm_ident id = {.seq = seq, .count = count, .aux = aux,
                        .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
                        .op = (uint8_t)op, .pad = 0, .root = root};
-    pd_shm_waiter w = {.deadline = pd_now() + 0.002, .check = NULL,
+    pd_shm_waiter w = {.deadline = pd_now(), .check = NULL,
                        .interrupted = NULL, .ctx = NULL};
     char *buf = calloc(1, (size_t)(readlen > writelen ? readlen : writelen)
                               + 1);

@@ -56,7 +56,16 @@ pd_py_set_error(pd_module_state *st, pd_status s, const char *msg)
         exc = st->DistError;
         break;
     }
-    PyErr_SetString(exc, msg);
+    /* Messages may quote bytes from another process (a peer's abort text):
+     * invalid UTF-8 is replaced, never turned into a UnicodeDecodeError in
+     * place of the error itself. */
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg),
+                                          "replace");
+    if (text == NULL) {
+        return NULL;
+    }
+    PyErr_SetObject(exc, text);
+    Py_DECREF(text);
     return NULL;
 }
 

@@ -150,6 +150,8 @@ def test_one(data):
                 pass
             took = time.monotonic() - t0
             assert took < OP_TIMEOUT + 5, f"the second receive took {took:.1f} s"
+            err = peer.pg.error   # the group's sticky error, as text (a peer's bytes in it)
+            assert err is None or isinstance(err, str)
     finally:
         peer.close()
 
