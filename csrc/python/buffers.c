@@ -508,6 +508,11 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
 void
 pd_view_release(pd_view *v)
 {
+    /* A view is often released on an error path: the producer's deleter and
+     * the objects' destructors may run Python code, which must not see (nor
+     * clobber) the pending exception. */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
     switch (v->how) {
     case PD_VIEW_BUFFER:
         PyBuffer_Release(&v->buf);
@@ -535,6 +540,12 @@ pd_view_release(pd_view *v)
     v->dlt = NULL;
     v->how = PD_VIEW_NONE;
     v->managed = NULL;
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(NULL); /* a deleter that raised: report it */
+    }
+    if (et != NULL) {
+        PyErr_Restore(et, ev, tb);
+    }
 }
 
 const char *
