@@ -234,7 +234,7 @@ class FakeRank1:
 
 def main(test_one, every=None, every_n=200):
     """Run `test_one(data: bytes)` under atheris with the command line's libFuzzer flags
-    (-atheris_runs=N, -max_total_time=S, a corpus directory, ...).  `every()` runs every
+    (-runs=N, -max_total_time=S, a corpus directory, ...).  `every()` runs every
     `every_n` inputs and after the first (the liveness and memory checks).  libFuzzer ends the
     process itself and prints "Done N runs in S second(s)"."""
     import atheris

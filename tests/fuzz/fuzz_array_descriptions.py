@@ -17,7 +17,7 @@ product of the shape, both within Py_ssize_t), everything else is a clean ValueE
 TypeError / OverflowError; no crash (ASan + UBSan in CI: no signed overflow, no pointer
 overflow).
 
-    python tests/fuzz/fuzz_array_descriptions.py -atheris_runs=20000
+    python tests/fuzz/fuzz_array_descriptions.py -runs=20000
 """
 import ctypes
 import math

@@ -14,7 +14,7 @@ Three modes, chosen by the input:
   that is accepting its peers, then the real rank 1 (this process) connects: the group must
   still connect (strangers are dropped), within its timeout.
 
-    python tests/fuzz/fuzz_handshake.py -atheris_runs=2000
+    python tests/fuzz/fuzz_handshake.py -runs=2000
 """
 import datetime
 import os

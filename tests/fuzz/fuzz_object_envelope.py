@@ -15,7 +15,7 @@ secret get here); the fuzzer's bytes go to a restricted unpickler that refuses e
 (so a mutated pickle cannot run code on the fuzzing machine), which is the one difference from
 the real path.
 
-    python tests/fuzz/fuzz_object_envelope.py -atheris_runs=20000
+    python tests/fuzz/fuzz_object_envelope.py -runs=20000
 """
 import io
 import os

@@ -10,7 +10,7 @@ rank 1 as the data source), the per-op value, ring reads and writes of up to 4 r
 Checked: no crash (ASan in CI: no access outside the segments), clean messages, a ring never
 reads or writes more than one ring's worth whatever the peer's counters say.
 
-    python tests/fuzz/fuzz_shm.py -atheris_runs=20000
+    python tests/fuzz/fuzz_shm.py -runs=20000
 """
 import os
 import struct

@@ -7,7 +7,7 @@ bytes), then closes.  The client call (get, set, add, compare_set, check, wait, 
 num_keys) must return or raise a clean DistError / ValueError, never crash or wait past its
 timeout, and a frame length alone must not make it allocate (virtual memory stays flat).
 
-    python tests/fuzz/fuzz_store_client.py -atheris_runs=2000
+    python tests/fuzz/fuzz_store_client.py -runs=2000
 """
 import datetime
 import os

@@ -8,7 +8,7 @@ timeout).  Checked: no crash, every reply is a well-formed frame, no allocation 
 length field (virtual memory stays flat), no descriptor leak, and every 200 inputs a fresh real
 client's set/get still works.
 
-    python tests/fuzz/fuzz_store_server.py -atheris_runs=5000
+    python tests/fuzz/fuzz_store_server.py -runs=5000
     python tests/fuzz/fuzz_store_server.py -max_total_time=600 [corpus_dir]
 """
 import datetime

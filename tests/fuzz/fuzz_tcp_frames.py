@@ -12,7 +12,7 @@ Rank 0 runs a receive (from rank 1 or any rank) or a broadcast from rank 1.  It 
 group's error is sticky (the next call fails at once); and a header's nbytes alone must not
 make it allocate (virtual memory stays flat).
 
-    python tests/fuzz/fuzz_tcp_frames.py -atheris_runs=500
+    python tests/fuzz/fuzz_tcp_frames.py -runs=500
 """
 import os
 import socket
