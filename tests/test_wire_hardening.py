@@ -42,7 +42,9 @@ def test_store_server_does_not_allocate_a_claimed_frame(no_secret):
         before = P.vm_kib()
         # a frame header claiming 1 GiB (within the protocol's limit), then 5 bytes
         s.sendall(struct.pack("<I", GIB) + struct.pack("<BI", P.SET, 1))
-        time.sleep(0.5)
+        time.sleep(0.2)
+        s.sendall(b"x" * 100)   # the server reads again, knowing the claimed length
+        time.sleep(0.3)
         assert _grown_mib(before) < 256
     finally:
         s.close()
