@@ -188,7 +188,7 @@ ts_read_replies(tcp_store *t, ts_slot *mine, double deadline)
          * length field alone never allocates a gigabyte. */
         while (st == PD_OK && t->rx_got < t->rx_len) {
             if (t->rx_got == t->rx_cap) {
-                size_t cap = t->rx_cap > RX_CHUNK ? 2 * t->rx_cap : RX_CHUNK;
+                size_t cap = t->rx_cap >= RX_CHUNK ? 2 * t->rx_cap : RX_CHUNK;
                 cap = cap < t->rx_len ? cap : t->rx_len;
                 uint8_t *p = realloc(t->rx, cap);
                 if (p == NULL) {
