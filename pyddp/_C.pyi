@@ -54,6 +54,15 @@ def describe_array(obj: Any, writable: bool = ..., dlpack: bool = ...) -> dict[s
     Keys: via, ptr, nbytes, count, itemsize, dtype, device, device_index, readonly, contiguous,
     stream, shape, strides (bytes; None: C order).  dlpack=False skips DLPack."""
 
+# --------------------------------------------------------- fuzz target support (tests/fuzz/)
+def _fuzz_shm(ctrl: bytes, rings: bytes, ident: tuple[int, int, int, int, int, int, int],
+              mode: int, readlen: int, writelen: int, /) -> dict[str, Any]:
+    """Run rank 0's shared-memory code (identity check, sync, value, rings) on what an in-process
+    rank 1 published: its control block and ring counters overwritten with the given bytes."""
+def _fuzz_shm_sizes() -> dict[str, int]:
+    """Byte sizes for _fuzz_shm: ctrl (control block), ring_ctl (one ring's counters), ring,
+    errmsg."""
+
 def _register_tensor_type(cls: type) -> None:
     """View instances of cls through their ``_data`` array (Python < 3.12 lacks PEP 688)."""
 

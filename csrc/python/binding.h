@@ -114,6 +114,8 @@ void pd_view_release(pd_view *v);
 int pd_dtype_of_format(const char *f, Py_ssize_t itemsize);
 const char *pd_device_name(int device);
 int pd_buffers_add(PyObject *m, pd_module_state *st);
+/* The fuzz targets' entry points (fuzz.c). */
+int pd_fuzz_add(PyObject *m);
 
 /* Type registration hooks (each file owns its types). Return 0 / -1. */
 int pd_store_add_types(PyObject *m, pd_module_state *st);

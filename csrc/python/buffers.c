@@ -194,20 +194,21 @@ shape_info(int ndim, const int64_t *shape, const int64_t *strides,
            size_t *count)
 {
     size_t n = 1;
-    int64_t expect = 1;
+    uint64_t expect = 1; /* unsigned: a huge shape wraps, never overflows */
     int contiguous = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         if (shape[i] < 0) {
             return -1;
         }
-        if (strides != NULL && shape[i] != 1 && strides[i] != expect) {
+        if (strides != NULL && shape[i] != 1 &&
+            (strides[i] < 0 || (uint64_t)strides[i] != expect)) {
             contiguous = 0;
         }
         if (shape[i] != 0 && n > SIZE_MAX / (size_t)shape[i]) {
             return -1;
         }
         n *= (size_t)shape[i];
-        expect *= shape[i] ? shape[i] : 1;
+        expect *= shape[i] ? (uint64_t)shape[i] : 1;
     }
     *count = n;
     return n == 0 ? 1 : contiguous;
@@ -264,7 +265,9 @@ dl_fill(pd_view *v, const dl_tensor *t, int readonly)
         return -1;
     }
     int c = shape_info(t->ndim, t->shape, t->strides, &v->count);
-    if (c < 0 || (v->itemsize && v->count > SIZE_MAX / v->itemsize)) {
+    /* sizes are Py_ssize_t to Python: no array has 2**63 bytes */
+    if (c < 0 || v->count > (size_t)PY_SSIZE_T_MAX ||
+        (v->itemsize && v->count > (size_t)PY_SSIZE_T_MAX / v->itemsize)) {
         PyErr_SetString(PyExc_ValueError,
                         "invalid DLPack tensor: negative or overflowing shape");
         return -1;
@@ -272,7 +275,9 @@ dl_fill(pd_view *v, const dl_tensor *t, int readonly)
     v->contiguous = c;
     v->dlt = t;
     v->nbytes = v->count * v->itemsize;
-    v->ptr = (char *)t->data + t->byte_offset;
+    /* integer arithmetic: a byte_offset past the end must not be pointer
+     * overflow (UB) before anyone checks the pointer */
+    v->ptr = (void *)((uintptr_t)t->data + (uintptr_t)t->byte_offset);
     v->readonly = readonly;
     return 0;
 }
@@ -416,7 +421,7 @@ view_from_cai(PyObject *obj, PyObject *d, pd_view *v)
         return -1;
     }
     int c = shape_info((int)ndim, sh, have_strides ? st : NULL, &v->count);
-    if (c < 0 || v->count > SIZE_MAX / (size_t)itemsize) {
+    if (c < 0 || v->count > (size_t)PY_SSIZE_T_MAX / (size_t)itemsize) {
         PyErr_SetString(PyExc_ValueError,
                         "invalid __cuda_array_interface__: shape");
         return -1;
@@ -503,6 +508,11 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
 void
 pd_view_release(pd_view *v)
 {
+    /* A view is often released on an error path: the producer's deleter and
+     * the objects' destructors may run Python code, which must not see (nor
+     * clobber) the pending exception. */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
     switch (v->how) {
     case PD_VIEW_BUFFER:
         PyBuffer_Release(&v->buf);
@@ -530,6 +540,12 @@ pd_view_release(pd_view *v)
     v->dlt = NULL;
     v->how = PD_VIEW_NONE;
     v->managed = NULL;
+    if (PyErr_Occurred()) {
+        PyErr_WriteUnraisable(NULL); /* a deleter that raised: report it */
+    }
+    if (et != NULL) {
+        PyErr_Restore(et, ev, tb);
+    }
 }
 
 const char *
@@ -605,8 +621,14 @@ shape_strides(const pd_view *v)
         else {
             const dl_tensor *t = v->dlt;
             n = (long long)t->shape[i];
-            b = has_strides ? (long long)t->strides[i] * (long long)v->itemsize
-                            : 0;
+            if (has_strides &&
+                __builtin_mul_overflow((long long)t->strides[i],
+                                       (long long)v->itemsize, &b)) {
+                PyErr_SetString(PyExc_ValueError,
+                                "invalid DLPack tensor: a stride in bytes "
+                                "overflows 64 bits");
+                goto fail;
+            }
         }
         PyObject *pn = PyLong_FromLongLong(n);
         if (pn == NULL) {

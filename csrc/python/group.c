@@ -1172,7 +1172,8 @@ PG_get_error(PGObject *self, void *Py_UNUSED(closure))
     if (self->g == NULL || pd_group_error(self->g, msg, sizeof(msg)) == PD_OK) {
         Py_RETURN_NONE;
     }
-    return PyUnicode_FromString(msg);
+    /* may quote a peer's abort text: any bytes */
+    return PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
 }
 
 /* ------------------------------------------------------ flight recorder */

@@ -56,7 +56,16 @@ pd_py_set_error(pd_module_state *st, pd_status s, const char *msg)
         exc = st->DistError;
         break;
     }
-    PyErr_SetString(exc, msg);
+    /* Messages may quote bytes from another process (a peer's abort text):
+     * invalid UTF-8 is replaced, never turned into a UnicodeDecodeError in
+     * place of the error itself. */
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg),
+                                          "replace");
+    if (text == NULL) {
+        return NULL;
+    }
+    PyErr_SetObject(exc, text);
+    Py_DECREF(text);
     return NULL;
 }
 
@@ -93,7 +102,7 @@ pd_exec(PyObject *m)
         return -1;
     }
     if (pd_group_add_types(m, st) < 0 || pd_tables_add(m, st) < 0 ||
-        pd_buffers_add(m, st) < 0) {
+        pd_buffers_add(m, st) < 0 || pd_fuzz_add(m) < 0) {
         return -1;
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||

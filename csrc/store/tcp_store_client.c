@@ -41,6 +41,8 @@
 #define INIT_KEY "init/"
 /* Time allowed to send a CANCEL after a timed-out wait. */
 #define CANCEL_GRACE 5.0
+/* First allocation for a reply body; larger ones grow as they arrive. */
+#define RX_CHUNK ((size_t)64 << 10)
 
 /* A request waiting for its reply. */
 typedef struct ts_slot {
@@ -72,7 +74,8 @@ typedef struct tcp_store {
     uint8_t hdr[4];
     size_t hdr_got;
     uint8_t *rx;
-    size_t rx_len;
+    size_t rx_len;  /* the frame's body length */
+    size_t rx_cap;  /* allocated: grows with what arrived, up to rx_len */
     size_t rx_got;
     pd_tcp_server *server;
 } tcp_store;
@@ -174,17 +177,29 @@ ts_read_replies(tcp_store *t, ts_slot *mine, double deadline)
                 if (blen < PD_TS_HDR || blen > PD_TS_MAX_FRAME) {
                     st = pd_error(PD_ENETWORK, "malformed reply of %zu bytes",
                                   blen);
-                } else if ((t->rx = malloc(blen)) == NULL) {
-                    st = pd_error(PD_ENETWORK, "out of memory for a reply of "
-                                  "%zu bytes", blen);
                 } else {
                     t->rx_len = blen;
+                    t->rx_cap = 0;
                     t->rx_got = 0;
                 }
             }
         }
-        if (st == PD_OK) {
-            st = ts_read_some(t, t->rx, t->rx_len, &t->rx_got, deadline);
+        /* The buffer grows as the body arrives (at most doubling), so a
+         * length field alone never allocates a gigabyte. */
+        while (st == PD_OK && t->rx_got < t->rx_len) {
+            if (t->rx_got == t->rx_cap) {
+                size_t cap = t->rx_cap >= RX_CHUNK ? 2 * t->rx_cap : RX_CHUNK;
+                cap = cap < t->rx_len ? cap : t->rx_len;
+                uint8_t *p = realloc(t->rx, cap);
+                if (p == NULL) {
+                    st = pd_error(PD_ENETWORK, "out of memory for a reply of "
+                                  "%zu bytes", t->rx_len);
+                    break;
+                }
+                t->rx = p;
+                t->rx_cap = cap;
+            }
+            st = ts_read_some(t, t->rx, t->rx_cap, &t->rx_got, deadline);
         }
         pthread_mutex_lock(&t->mu);
         if (st != PD_OK) {
@@ -196,7 +211,7 @@ ts_read_replies(tcp_store *t, ts_slot *mine, double deadline)
         size_t len = t->rx_len;
         uint32_t seq = pd_rd32(body + 1);
         t->rx = NULL;
-        t->rx_len = t->rx_got = t->hdr_got = 0;
+        t->rx_len = t->rx_cap = t->rx_got = t->hdr_got = 0;
         ts_slot *s = t->slots;
         while (s != NULL && s->seq != seq) {
             s = s->next;

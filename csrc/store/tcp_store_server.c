@@ -633,11 +633,16 @@ handle_request(pd_tcp_server *srv, srv_conn *c, const uint8_t *body,
 static void
 conn_read(pd_tcp_server *srv, srv_conn *c)
 {
+    /* Room for a large frame grows as its bytes arrive (at most doubling
+     * what came), never ahead of them: a length field alone (up to
+     * PD_TS_MAX_FRAME) allocates nothing big. */
     size_t want = SRV_READ_CHUNK;
     if (c->inlen >= 4) {
         size_t flen = 4 + (size_t)pd_rd32(c->in);
         if (flen > c->inlen && flen - c->inlen > want) {
-            want = flen - c->inlen;
+            size_t left = flen - c->inlen;
+            want = c->inlen > want ? c->inlen : want;
+            want = want < left ? want : left;
         }
     }
     if (c->incap - c->inlen < want) {

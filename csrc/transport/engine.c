@@ -51,8 +51,14 @@ _Static_assert(sizeof(ctrl_msg) == 24, "ctrl_msg must have no padding");
 typedef struct unexp {
     pd_hdr hdr;
     char *data;
+    size_t cap; /* allocated: grows as the payload arrives */
     struct unexp *next;
 } unexp;
+
+/* First allocation for an unexpected frame's payload: the rest grows as the
+ * bytes arrive (at most doubling), so a header's nbytes alone never
+ * allocates more than this. */
+#define UX_CHUNK ((size_t)1 << 20)
 
 typedef struct peer {
     pd_link *link; /* frames */
@@ -316,14 +322,20 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
 {
     peer *pe = &t->peers[p];
     switch (m->type) {
-    case CTRL_ABORT:
+    case CTRL_ABORT: {
+        /* the status is the peer's word: a failure code, never "ok" (which
+         * would fail nothing) nor one this build does not know */
+        pd_status ast = m->status > (uint32_t)PD_OK &&
+                                m->status < (uint32_t)PD_NSTATUS
+                            ? (pd_status)m->status
+                            : PD_EBACKEND;
         PD_LOG(PD_LOG_WARN, "tcp",
                "rank %d: abort from rank %d for #%llu: %.*s", t->base.rank, p,
                (unsigned long long)m->seq, (int)m->len, text);
         if (t->err == PD_OK && m->seq > t->coll_seq) {
             if (t->abort_seq == 0 || m->seq < t->abort_seq) {
                 t->abort_seq = m->seq;
-                t->abort_st = (pd_status)m->status;
+                t->abort_st = ast;
                 snprintf(t->abort_msg, sizeof(t->abort_msg), "%.*s",
                          (int)m->len, text);
             }
@@ -332,11 +344,12 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
             char msg[PD_ERRMSG_MAX];
             snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
             if (t->ev.on_abort != NULL) {
-                t->ev.on_abort(t->ev.ctx, p, (int)m->status, msg);
+                t->ev.on_abort(t->ev.ctx, p, (int)ast, msg);
             }
-            fail(t, (pd_status)m->status, "%s", msg);
+            fail(t, ast, "%s", msg);
         }
         break;
+    }
     case CTRL_QUERY: {
         uint64_t cur = t->ev.current_seq ? t->ev.current_seq(t->ev.ctx) : 0;
         send_ctrl(t, p, CTRL_REPLY, 0, cur, NULL);
@@ -724,12 +737,14 @@ route_frame(engine *t, int p)
         }
     }
     unexp *u = calloc(1, sizeof(*u));
-    if (u == NULL || (h->nbytes && (u->data = malloc(h->nbytes)) == NULL)) {
+    size_t first = h->nbytes < UX_CHUNK ? (size_t)h->nbytes : UX_CHUNK;
+    if (u == NULL || (first && (u->data = malloc(first)) == NULL)) {
         free(u);
         return fail(t, PD_ENOMEM, "out of memory buffering %llu bytes from "
                     "rank %d", (unsigned long long)h->nbytes, p);
     }
     u->hdr = *h;
+    u->cap = first;
     pe->iux = u;
     pe->ioff = 0;
     return PD_OK;
@@ -771,10 +786,25 @@ do_read(engine *t, int p)
             dst = (char *)&pe->ih + pe->ih_off;
             want = sizeof(pd_hdr) - pe->ih_off;
         }
+        else if (pe->ireq) {
+            dst = pe->ireq->buf + pe->ioff;
+            want = pe->ih.nbytes - pe->ioff;
+        }
         else {
-            size_t nb = pe->ih.nbytes;
-            dst = (pe->ireq ? pe->ireq->buf : pe->iux->data) + pe->ioff;
-            want = nb - pe->ioff;
+            unexp *u = pe->iux;
+            if (pe->ioff == u->cap) {
+                size_t nb = pe->ih.nbytes;
+                size_t cap = u->cap < nb / 2 ? 2 * u->cap : nb;
+                char *np = realloc(u->data, cap);
+                if (np == NULL) {
+                    return fail(t, PD_ENOMEM, "out of memory buffering %zu "
+                                "bytes from rank %d", nb, p);
+                }
+                u->data = np;
+                u->cap = cap;
+            }
+            dst = u->data + pe->ioff;
+            want = u->cap - pe->ioff;
         }
         ssize_t n = want ? pe->link->ops->read(pe->link, dst, want) : 0;
         if (want && n == 0) {

@@ -1606,6 +1606,51 @@ def _unpickle(a: np.ndarray):
     return pickle.loads(a.tobytes())
 
 
+# The envelope of an object collective: the pickles' sizes (int64, from the sending ranks), then
+# the bytes.  The sizes are checked before anything is allocated from them; the bytes of each
+# object are then exactly the size its sender announced.  What pickle itself runs is trusted, as
+# in torch: only ranks that know the job secret (PYDDP_SECRET) reach this point.
+_MAX_OBJECT_BYTES = 1 << 40  # no pickle of a real object comes near a terabyte
+
+
+def _envelope_sizes(sizes, what, senders):
+    """The announced pickle sizes as Python ints; a DistError naming the sender for a negative
+    size or a total beyond _MAX_OBJECT_BYTES (a corrupt or mismatched collective)."""
+    out = [int(x) for x in np.asarray(sizes, dtype=np.int64).reshape(-1)]
+    total = 0
+    for i, n in enumerate(out):
+        total += max(n, 0)
+        if n < 0 or total > _MAX_OBJECT_BYTES:
+            raise DistError(f"{what}: rank {senders(i)} announced a pickle of {n} bytes for "
+                            f"object {i} (sizes must be in [0, {_MAX_OBJECT_BYTES}] in all); "
+                            f"the ranks called different object collectives or the data is "
+                            f"corrupt")
+    return out
+
+
+def _unpickle_concat(data: np.ndarray, sizes, what):
+    """Objects pickled back to back in `data` (broadcast_object_list)."""
+    if sum(sizes) != data.size:
+        raise DistError(f"{what}: {data.size} bytes of pickles received, the sizes announce "
+                        f"{sum(sizes)}")
+    objs, off = [], 0
+    for n in sizes:
+        objs.append(_unpickle(data[off:off + n]))
+        off += n
+    return objs
+
+
+def _unpickle_rows(rows, sizes, what):
+    """One object at the start of each row (padded to the longest: all_gather_object,
+    gather_object, scatter_object_list)."""
+    objs = []
+    for i, (row, n) in enumerate(zip(rows, sizes)):
+        if n > row.size:
+            raise DistError(f"{what}: object {i} announced {n} bytes but {row.size} arrived")
+        objs.append(_unpickle(row[:n]))
+    return objs
+
+
 @_object_collective
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
     """Replace the items of ``object_list`` on every rank with those of rank ``src`` (any picklable
@@ -1621,13 +1666,14 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
         blobs = [_pickle(o) for o in object_list]
         sizes[:] = [b.size for b in blobs]
     broadcast(sizes, group=group, group_src=root)
-    data = np.concatenate(blobs) if me == root and blobs else np.zeros(int(sizes.sum()), np.uint8)
+    if me == root:
+        data = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
+    else:
+        ns = _envelope_sizes(sizes, "broadcast_object_list", lambda i: root)
+        data = np.zeros(sum(ns), np.uint8)
     broadcast(data, group=group, group_src=root)
     if me != root:
-        off = 0
-        for i, s in enumerate(sizes):
-            object_list[i] = _unpickle(data[off:off + s])
-            off += int(s)
+        object_list[:] = _unpickle_concat(data, ns, "broadcast_object_list")
 
 
 def _gather_blobs(obj, pg, group):
@@ -1635,7 +1681,8 @@ def _gather_blobs(obj, pg, group):
     n = pg.size()
     sizes = np.zeros(n, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([blob.size], dtype=np.int64), group=group)
-    m = int(sizes.max()) if n else 0
+    sizes = _envelope_sizes(sizes, "object collective", lambda i: i)
+    m = max(sizes) if n else 0
     padded = np.zeros(m, dtype=np.uint8)
     padded[:blob.size] = blob
     return sizes, m, padded
@@ -1653,8 +1700,7 @@ def all_gather_object(object_list, obj, group=None):
     sizes, m, padded = _gather_blobs(obj, pg, group)
     out = np.zeros(m * pg.size(), dtype=np.uint8)
     all_gather_into_tensor(out, padded, group=group)
-    for i in range(pg.size()):
-        object_list[i] = _unpickle(out[i * m:i * m + int(sizes[i])])
+    object_list[:] = _unpickle_rows(out.reshape(pg.size(), m), sizes, "all_gather_object")
 
 
 @_object_collective
@@ -1675,8 +1721,7 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     outs = [np.zeros(m, dtype=np.uint8) for _ in range(pg.size())] if me == root else None
     gather(padded, outs, group=group, group_dst=root)
     if me == root:
-        for i in range(pg.size()):
-            object_gather_list[i] = _unpickle(outs[i][:int(sizes[i])])
+        object_gather_list[:] = _unpickle_rows(outs, sizes, "gather_object")
 
 
 @_object_collective
@@ -1702,7 +1747,8 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         blobs = [_pickle(o) for o in scatter_object_input_list]
         sizes[:] = [b.size for b in blobs]
     broadcast(sizes, group=group, group_src=root)
-    m = int(sizes.max())
+    sizes = _envelope_sizes(sizes, "scatter_object_list", lambda i: root)
+    m = max(sizes)
     ins = None
     if me == root:
         ins = []
@@ -1712,4 +1758,4 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
             ins.append(p)
     out = np.zeros(m, dtype=np.uint8)
     scatter(out, ins, group=group, group_src=root)
-    scatter_object_output_list[0] = _unpickle(out[:int(sizes[me])])
+    scatter_object_output_list[0] = _unpickle_rows([out], [sizes[me]], "scatter_object_list")[0]

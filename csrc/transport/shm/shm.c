@@ -743,7 +743,11 @@ pd_shm_ring_write(pd_shm *s, int d, const void *buf, size_t len)
     uint64_t head = atomic_load_explicit(&mine->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&rctl(s, d, s->rank)->tail,
                                          memory_order_acquire);
-    size_t space = PD_SHM_RING_BYTES - (size_t)(head - tail);
+    /* tail is the peer's word: a value behind or past what was written
+     * (a corrupt or hostile peer) must not send the copy out of the ring */
+    uint64_t used = head - tail;
+    size_t space = used <= PD_SHM_RING_BYTES
+                       ? PD_SHM_RING_BYTES - (size_t)used : 0;
     size_t n = len < space ? len : space;
     if (n == 0) {
         return 0;
@@ -764,7 +768,10 @@ pd_shm_ring_read(pd_shm *s, int p, void *buf, size_t len)
     uint64_t tail = atomic_load_explicit(&mine->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&rctl(s, p, s->rank)->head,
                                          memory_order_acquire);
-    size_t avail = (size_t)(head - tail);
+    /* head is the peer's word: never read more than one ring's worth */
+    uint64_t used = head - tail;
+    size_t avail = used <= PD_SHM_RING_BYTES ? (size_t)used
+                                             : PD_SHM_RING_BYTES;
     size_t n = len < avail ? len : avail;
     if (n == 0) {
         return 0;
@@ -858,4 +865,34 @@ pd_shm_wake_all(pd_shm *s)
             futex(&pd_shm_ctrl_of(s, p)->step, FUTEX_WAKE, INT_MAX, NULL);
         }
     }
+}
+
+/* ---------------------------------------------------------------- fuzzing */
+
+void
+pd_shm_fuzz_sizes(size_t *ctrl, size_t *ring_ctl_bytes, size_t *ring_bytes)
+{
+    *ctrl = sizeof(pd_shm_ctrl);
+    *ring_ctl_bytes = sizeof(ring_ctl);
+    *ring_bytes = PD_SHM_RING_BYTES;
+}
+
+void
+pd_shm_fuzz_publish(pd_shm *s, int p, const void *ctrl, size_t ctrl_len,
+                    const void *rings, size_t rings_len)
+{
+    /* this rank starts over: no step taken, nothing read or written */
+    memset(s->base[s->rank], 0, sizeof(pd_shm_ctrl));
+    memset((void *)rctl(s, s->rank, 0), 0,
+           (size_t)s->size * sizeof(ring_ctl));
+    s->step = 0;
+    s->bank = 0;
+    s->unchecked = 0;
+    memset(&s->cur, 0, sizeof(s->cur));
+    /* the peer's words: whatever the bytes say */
+    size_t cb = sizeof(pd_shm_ctrl), rb = (size_t)s->size * sizeof(ring_ctl);
+    memset(s->base[p], 0, cb);
+    memcpy(s->base[p], ctrl, ctrl_len < cb ? ctrl_len : cb);
+    memset((void *)rctl(s, p, 0), 0, rb);
+    memcpy((void *)rctl(s, p, 0), rings, rings_len < rb ? rings_len : rb);
 }

@@ -180,4 +180,14 @@ void pd_shm_leave(pd_shm *s);
 /* Wake every waiter sleeping on any rank's step (our own threads too). */
 void pd_shm_wake_all(pd_shm *s);
 
+/* Fuzzing support (tests/fuzz/fuzz_shm.py, through _C._fuzz_shm): the sizes
+ * of the control block, of one ring's counters and of one ring; and
+ * pd_shm_fuzz_publish, which resets this rank's words and overwrites what
+ * peer p publishes (its control block, then its ring counters, as laid out
+ * in its segment) with bytes, as a corrupt or hostile peer could. */
+void pd_shm_fuzz_sizes(size_t *ctrl, size_t *ring_ctl_bytes,
+                       size_t *ring_bytes);
+void pd_shm_fuzz_publish(pd_shm *s, int p, const void *ctrl, size_t ctrl_len,
+                         const void *rings, size_t rings_len);
+
 #endif
