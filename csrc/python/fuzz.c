@@ -148,10 +148,10 @@ fuzz_shm_sizes(PyObject *m, PyObject *noargs)
 
 static PyMethodDef fuzz_methods[] = {
     {"_fuzz_shm", fuzz_shm, METH_VARARGS,
-     "_fuzz_shm(ctrl, rings, (seq, count, aux, kind, dtype, op, root), mode, "
-     "readlen, writelen) -> dict: run rank 0's shared-memory code on what a "
-     "peer published (fuzz target support; mode 0: sync with all, 1: with "
-     "any, 2: with rank 1 as the data source)."},
+     "_fuzz_shm(ctrl, rings, ident, mode, readlen, writelen) -> dict: run "
+     "rank 0's shared-memory code on what a peer published (fuzz target "
+     "support; ident: (seq, count, aux, kind, dtype, op, root); mode 0: sync "
+     "with all, 1: with any, 2: with rank 1 as the data source)."},
     {"_fuzz_shm_sizes", fuzz_shm_sizes, METH_NOARGS,
      "_fuzz_shm_sizes() -> dict: ctrl, ring_ctl, ring, errmsg byte sizes."},
     {NULL, NULL, 0, NULL},
