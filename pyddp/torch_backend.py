@@ -252,6 +252,12 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
             self._fast = None
         self._done = Work((), [], self)  # what a blocking call done inline returns (_finished)
+        # Asynchronous allreduces issued during a backward pass (torch DDP's bucket hooks) run on
+        # the calling thread when this host has no core to spare for the progress thread: there
+        # it would only take turns with backward on the same core, and the ranks' progress threads,
+        # each descheduled in turn, would step through the collective's sync points out of phase
+        # (pyddp's own DDP decides the same way; PYDDP_DDP_OVERLAP=0/1 overrides).
+        self._backward_inline = self._fast is not None and not _overlap_default(self)
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
@@ -335,7 +341,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         so a blocking call allocates nothing; torch's Python API only waits on it).
         False when that path does not take it (async, coalescing, a busy group, a tensor NumPy
         cannot view, a CUDA array): the caller submits instead."""
-        if self._fast is None or self._coalesced is not None or opts.asyncOp:
+        if self._fast is None or self._coalesced is not None or (
+                opts.asyncOp and not (self._backward_inline and _graph_task_id() >= 0)):
             return False
         if not isinstance(tensor, torch.Tensor):  # e.g. a CUDA array: numpy() would be a copy
             return False
@@ -367,7 +374,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if opts is not None and len(tensors) == 1 and self._inline(
                 opts, _K_ALLREDUCE, tensors[0], _OP_CODES[opts.reduceOp.op.value]):
-            return self._finished(tensors)
+            # an asynchronous call done inline (during backward) gets a Work of its own: its
+            # caller keeps it and asks for its future
+            return Work((), list(tensors), self) if opts.asyncOp else self._finished(tensors)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             return self._premul_sum("allreduce", opts, tensors, self.allreduce)
         opts = opts or _c10d.AllreduceOptions()
@@ -787,6 +796,23 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             self._destroy()
         except Exception:
             pass
+
+
+_graph_task_id = torch._C._current_graph_task_id  # >= 0 inside a backward pass
+
+
+def _overlap_default(pg):
+    """Whether asynchronous work gets a core of its own here (see ProcessGroupPyddp.__init__)."""
+    from .nn.parallel.distributed import _overlap_default as ddp_overlap
+
+    class _View:  # what pyddp's DDP decision reads from a group
+        _transport = pg.transport
+
+        @staticmethod
+        def size():
+            return pg.size()
+
+    return ddp_overlap(_View)
 
 
 def _create(store, rank, world_size, timeout):
