@@ -101,7 +101,7 @@ def _records_after_calls(rank, world_size):
     x = np.arange(6, dtype=np.float64)
     dist.all_reduce(x)
     w = dist.all_reduce(np.ones(3, np.int32), op=dist.ReduceOp.MAX, async_op=True)
-    w.wait()
+    w.wait(60)
     dist.broadcast(x, 1)
     if rank == 0:
         dist.send(np.ones(5, np.float32), 1)

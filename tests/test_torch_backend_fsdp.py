@@ -3,6 +3,7 @@ torch backend, against gloo in the same job (where gloo refuses, against torch c
 
 Real rank processes (tests/_mp.py), a timeout on every wait.
 """
+import datetime
 import time
 
 import numpy as np
@@ -181,7 +182,7 @@ def _premul_child(rank, world_size):
             dist.all_reduce(x, op=op)
             res[f"all_reduce {key}"] = x
             x = (torch.arange(6) + rank).to(dtype)
-            dist.all_reduce(x, op=op, async_op=True).wait()
+            dist.all_reduce(x, op=op, async_op=True).wait(datetime.timedelta(seconds=60))
             res[f"all_reduce async {key}"] = x
             x = (torch.arange(6) + rank).to(dtype)
             dist.reduce(x, dst=n - 1, op=op)

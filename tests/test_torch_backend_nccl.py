@@ -5,6 +5,7 @@ ProcessGroupPyddp's methods (what torch's API calls) with fakecuda arrays exposi
 ``__cuda_array_interface__``.  Every rank is a fresh interpreter (spawn).  tests/gpu/ runs real
 torch CUDA tensors on "cpu:pyddp,cuda:nccl".
 """
+import datetime
 import time
 
 import numpy as np
@@ -76,45 +77,45 @@ def _cpu_and_cuda_child(rank, n):
                     (dist.ReduceOp.AVG, np.mean)):
         x = _dev(mine, rank)
         sync.reduceOp = op
-        pg.allreduce([x], sync).wait()
+        pg.allreduce([x], sync).wait(datetime.timedelta(seconds=60))
         check(f"allreduce {op}", x.numpy(), ref(np.stack(base), axis=0))
     out["nccl"] = type(pg.__dict__.get("_nccl")).__name__
     out["comms"] = fakecuda.comm_count()
     x = _dev(mine, rank)
     opts = dist_mod.BroadcastOptions()
     opts.rootRank = n - 1
-    pg.broadcast([x], opts).wait()
+    pg.broadcast([x], opts).wait(datetime.timedelta(seconds=60))
     check("broadcast", x.numpy(), base[n - 1])
     x = _dev(mine, rank)
     opts = dist_mod.ReduceOptions()
     opts.rootRank = 0
-    pg.reduce([x], opts).wait()
+    pg.reduce([x], opts).wait(datetime.timedelta(seconds=60))
     if rank == 0:
         check("reduce", x.numpy(), sum(base))
     outs = [_dev(np.zeros(6, np.float32), rank) for _ in range(n)]
-    pg.allgather([outs], [_dev(mine, rank)]).wait()
+    pg.allgather([outs], [_dev(mine, rank)]).wait(datetime.timedelta(seconds=60))
     for r in range(n):
         check(f"allgather[{r}]", outs[r].numpy(), base[r])
     o = _dev(np.zeros(6 * n, np.float32), rank)
     ag = dist_mod.AllgatherOptions()
     ag.asyncOp = False
-    pg._allgather_base(o, _dev(mine, rank), ag).wait()
+    pg._allgather_base(o, _dev(mine, rank), ag).wait(datetime.timedelta(seconds=60))
     check("_allgather_base", o.numpy(), np.concatenate(base))
     o = _dev(np.zeros(6 * n, np.float32), rank)
     w = pg.allgather_into_tensor_coalesced([o], [_dev(mine, rank)])
-    w.wait()
+    w.wait(datetime.timedelta(seconds=60))
     check("allgather_into_tensor_coalesced", o.numpy(), np.concatenate(base))
     o = _dev(np.zeros(6, np.float32), rank)
     rs = dist_mod.ReduceScatterOptions()
     rs.asyncOp = False
-    pg._reduce_scatter_base(o, _dev(np.concatenate([mine] * n), rank), rs).wait()
+    pg._reduce_scatter_base(o, _dev(np.concatenate([mine] * n), rank), rs).wait(datetime.timedelta(seconds=60))
     check("_reduce_scatter_base", o.numpy(), sum(base))
     o = _dev(np.zeros(6, np.float32), rank)
-    pg.reduce_scatter([o], [[_dev(mine, rank) for _ in range(n)]]).wait()
+    pg.reduce_scatter([o], [[_dev(mine, rank) for _ in range(n)]]).wait(datetime.timedelta(seconds=60))
     check("reduce_scatter", o.numpy(), sum(base))
     send = np.concatenate([np.full(j + 1, 10 * rank + j) for j in range(n)]).astype(np.float32)
     recv = _dev(np.zeros(n * (rank + 1), np.float32), rank)
-    pg.alltoall_base(recv, _dev(send, rank), [rank + 1] * n, [j + 1 for j in range(n)]).wait()
+    pg.alltoall_base(recv, _dev(send, rank), [rank + 1] * n, [j + 1 for j in range(n)]).wait(datetime.timedelta(seconds=60))
     check("alltoall_base", recv.numpy(),
           np.concatenate([np.full(rank + 1, 10 * j + rank) for j in range(n)]))
     # a ring of sends and receives, large enough that NCCL must see them as one group: as
@@ -124,21 +125,21 @@ def _cpu_and_cuda_child(rank, n):
     o = _dev(np.zeros(1 << 16, np.float32), rank)
     works = [pg.send([_dev(big[rank], rank)], right, 0), pg.recv([o], left, 0)]
     for w in works:
-        w.wait()
+        w.wait(datetime.timedelta(seconds=60))
     out["ring"] = bool(np.array_equal(o.numpy(), big[left]))
     o = _dev(np.zeros(1 << 16, np.float32), rank)
     pg._start_coalescing()
     pg.send([_dev(big[rank], rank)], right, 0)
     pg.recv([o], left, 0)
-    pg._end_coalescing().wait()
+    pg._end_coalescing().wait(datetime.timedelta(seconds=60))
     out["coalesced_ring"] = bool(np.array_equal(o.numpy(), big[left]))
     o = _dev(np.zeros(6, np.float32), rank)  # blocking, in order: rank 0 sends first
     if rank == 0:
-        pg.send([_dev(mine, rank)], right, 0).wait()
-        pg.recv([o], left, 0).wait()
+        pg.send([_dev(mine, rank)], right, 0).wait(datetime.timedelta(seconds=60))
+        pg.recv([o], left, 0).wait(datetime.timedelta(seconds=60))
     else:
-        pg.recv([o], left, 0).wait()
-        pg.send([_dev(mine, rank)], right, 0).wait()
+        pg.recv([o], left, 0).wait(datetime.timedelta(seconds=60))
+        pg.send([_dev(mine, rank)], right, 0).wait(datetime.timedelta(seconds=60))
     check("send/recv in order", o.numpy(), base[left])
     # asynchronous, with a future
     x = _dev(mine, rank)
@@ -166,7 +167,7 @@ def _cpu_and_cuda_child(rank, n):
         out["mixed"] = str(e)
     x = _dev(np.ones(4 + rank, np.float32), rank)  # a different count on every rank
     try:
-        pg.allreduce([x], sync).wait()
+        pg.allreduce([x], sync).wait(datetime.timedelta(seconds=60))
         bad.append("a mismatched CUDA allreduce returned")
     except dist.DistBackendError as e:
         out["mismatch"] = str(e)

@@ -110,7 +110,7 @@ def test_unexpected_frame_does_not_allocate_its_claimed_size():
         peer.ctrl.close()
         peer.data.close()
         with pytest.raises(DistError):
-            w.wait()   # rank 1 vanished in the middle of the 16 GiB frame
+            w.wait(30)   # rank 1 vanished in the middle of the 16 GiB frame
     finally:
         peer.close()
 
@@ -125,7 +125,7 @@ def test_peer_abort_with_any_status_fails_the_group(status):
         peer.ctrl.sendall(P.ctrl_msg(1, status, 0, b"boom \xff\xfe"))
         t0 = time.monotonic()
         with pytest.raises(DistError) as e:
-            w.wait()
+            w.wait(30)
         assert time.monotonic() - t0 < 5
         assert "boom \ufffd\ufffd" in str(e.value)
         assert "boom" in peer.pg.error

@@ -97,7 +97,7 @@ def build_ctrl(fdp):
 def run(pg, args):
     w = pg.submit(*args, None, None, OP_TIMEOUT, False, "fuzz", True)
     if w is not None:   # it did not complete on this thread: wait for it, as the API does
-        w.wait()
+        w.wait(OP_TIMEOUT * 4)
 
 
 @atheris.instrument_func

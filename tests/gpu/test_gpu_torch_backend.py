@@ -33,7 +33,7 @@ def _child(rank, ws, devices):
         dist.all_reduce(x)
         check(f"{dtype} all_reduce", x, sum(base))
         x = mine.clone()
-        dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True).wait()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True).wait(timedelta(seconds=60))
         check(f"{dtype} all_reduce MAX async", x, np.max(base, axis=0))
         x = mine.clone()
         dist.broadcast(x, src=ws - 1)
@@ -73,7 +73,7 @@ def _child(rank, ws, devices):
         o = torch.zeros(1 << 20, device=dev)
         for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, big, right),
                                          dist.P2POp(dist.irecv, o, left)]):
-            r.wait()
+            r.wait(timedelta(seconds=60))
         check("batch_isend_irecv", o[:8], np.arange(8) + left)
     torch.cuda.synchronize()
     dist.monitored_barrier(timeout=timedelta(seconds=60))
