@@ -184,6 +184,14 @@ class Work(dist._Work):
             self._fut.set_result(list(self._result))
 
 
+class _Done(Work):
+    """The Work of a blocking call completed inline (one object per group, reused): torch's
+    Python API calls its ``wait()`` after every blocking collective, so that is a bare return."""
+
+    def wait(self, timeout=None):
+        return True
+
+
 class _CudaHandle:
     """An NCCL work (pyddp.distributed._nccl.NcclWork) as Work holds it.  ``wait()`` on the
     submitting thread orders that thread's current stream after the operation (torch's NCCL
@@ -251,7 +259,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._fast = getattr(self._cpg, "fast", None)
         if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
             self._fast = None
-        self._done = Work((), [], self)  # what a blocking call done inline returns (_finished)
+        self._done = _Done((), [], self)  # what a blocking call done inline returns (_finished)
         # Asynchronous allreduces issued during a backward pass (torch DDP's bucket hooks) run on
         # the calling thread when this host has no core to spare for the progress thread: there
         # it would only take turns with backward on the same core, and the ranks' progress threads,
