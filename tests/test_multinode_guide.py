@@ -8,6 +8,8 @@
   MASTER_PORT, WORLD_SIZE, RANK, and PET_* for pyddp-run) and runs the command of
   examples/cluster/kubeflow_pytorchjob.yaml; then pods running pyddp-run with two ranks each.
 - pyddp-run --nnodes=2 --rdzv_backend=c10d started by hand on each host.
+- mpirun -H host0:2,host1:2 from the first host, Open MPI reaching the second through its rsh agent
+  (a stand-in for ssh that enters the other namespace).
 
 Needs root and iproute2 (``ip netns``); skipped otherwise (the fixture is test_multihost_netns's).
 """
@@ -55,6 +57,18 @@ for k, h in enumerate(hosts):
     procs.append(subprocess.Popen(["ip", "netns", "exec", netns[h], *args], env=env))
 codes = [p.wait() for p in procs]
 sys.exit(next((c for c in codes if c), 0))
+"""
+
+
+# ssh HOST COMMAND as Open MPI's rsh launcher calls it: COMMAND in the namespace of HOST
+FAKE_SSH = r"""#!/bin/bash
+while [[ "$1" == -* ]]; do shift; done
+host=$1; shift
+for kv in ${FAKE_SSH_NETNS//,/ }; do
+    if [[ "${kv%%=*}" == "$host" ]]; then exec ip netns exec "${kv#*=}" /bin/sh -c "$*"; fi
+done
+echo "fake ssh: unknown host $host" >&2
+exit 255
 """
 
 
@@ -176,3 +190,29 @@ def test_pyddp_run_on_two_hosts(two_hosts, tmp_path, how):  # noqa: F811
         assert rc == 0, f"node {node}:\n{out}"
     assert " 4 ranks" in results[0][1], results[0][1]
     assert _accuracy(results[0][1]) > 0.5
+
+
+@pytest.mark.timeout(300)
+def test_mpirun_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
+    """mpirun -H host0:2,host1:2 -x MASTER_ADDR -x PYDDP_SECRET python train.py, Open MPI's own
+    launcher reaching the second host through its rsh agent (a stand-in for ssh)."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI's mpirun is not installed")
+    h1, h2 = two_hosts
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    env = _base_env(tmp_path)
+    env.update(PYDDP_SECRET="mpirun-two-hosts", MASTER_ADDR=HOSTS[0],
+               FAKE_SSH_NETNS=f"{HOSTS[0]}={h1},{HOSTS[1]}={h2}")
+    argv = ["ip", "netns", "exec", h1, "mpirun", "--allow-run-as-root", "--oversubscribe",
+            "--mca", "plm_rsh_agent", str(ssh), "-H", f"{HOSTS[0]}:2,{HOSTS[1]}:2", "-n", "4",
+            "-x", "MASTER_ADDR", "-x", "PYDDP_SECRET", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+            sys.executable, os.path.join(ROOT, "examples", "train_digits.py"),
+            *_train_args(tmp_path, "mpirun")]
+    (rc, out), = _run_all([(argv, env)])
+    assert rc == 0, out
+    assert " 4 ranks" in out, out
+    assert _accuracy(out) > 0.5
