@@ -181,6 +181,9 @@ pd_coll_run_shm(pd_coll *c, const pd_op *op)
 {
     size_t esz = pd_dtype_size(op->dtype);
     size_t len = op->count * esz;
+    /* single copies by cross-memory attach from pd_cma_threshold() bytes
+     * (per rank's block; all_to_all decides after its first sync) */
+    int cma = pd_cma_use(c, len);
     switch (op->kind) {
     case PD_K_ALLREDUCE: {
         if (c->inshm != NULL) {
@@ -190,20 +193,27 @@ pd_coll_run_shm(pd_coll *c, const pd_op *op)
                        : pd_allreduce_shm_into(c, c->inshm, op->out[0],
                                                op->count);
         }
-        return pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
+        return cma ? pd_allreduce_cma(c, op->in[0], op->out[0], op->count)
+                   : pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
     }
     case PD_K_REDUCE:
-        return pd_reduce_shm(c, op->in[0], op->out[0], op->count);
+        return cma ? pd_reduce_cma(c, op->in[0], op->out[0], op->count)
+                   : pd_reduce_shm(c, op->in[0], op->out[0], op->count);
     case PD_K_REDUCE_SCATTER:
-        return pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
+        return cma ? pd_reduce_scatter_cma(c, op->in, op->out[0], op->count)
+                   : pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
     case PD_K_BROADCAST:
-        return pd_broadcast_shm(c, op->out[0], len);
+        return cma ? pd_broadcast_cma(c, op->out[0], len)
+                   : pd_broadcast_shm(c, op->out[0], len);
     case PD_K_ALLGATHER:
-        return pd_allgather_shm(c, op->in[0], op->out, len);
+        return cma ? pd_allgather_cma(c, op->in[0], op->out, len)
+                   : pd_allgather_shm(c, op->in[0], op->out, len);
     case PD_K_GATHER:
-        return pd_gather_shm(c, op->in[0], len, op->out);
+        return cma ? pd_gather_cma(c, op->in[0], len, op->out)
+                   : pd_gather_shm(c, op->in[0], len, op->out);
     case PD_K_SCATTER:
-        return pd_scatter_shm(c, op->in, op->out[0], len);
+        return cma ? pd_scatter_cma(c, op->in, op->out[0], len)
+                   : pd_scatter_shm(c, op->in, op->out[0], len);
     case PD_K_ALLTOALL:
         return pd_alltoall_shm(c, op->in, op->in_len, op->out, op->out_len);
     case PD_K_BARRIER:
