@@ -166,3 +166,22 @@ def test_a_rank_killed_during_single_copies_is_named_within_seconds(kind):
         elapsed, msg = o.value
         assert elapsed < 6.0, o.value
         assert "rank 1" in msg, msg
+
+
+def _threshold_mismatch_child(rank, ws):
+    a = np.ones(1 << 18, np.float32)  # 1 MiB: single copies on one rank, the banks on the other
+    try:
+        dist.broadcast(a, src=0)
+    except dist.DistError as e:
+        return str(e)
+    return None
+
+
+def test_ranks_with_different_thresholds_fail_clearly_instead_of_misreading_a_bank():
+    outs = run_outcomes(_threshold_mismatch_child, 2,
+                        env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None},
+                        rank_env={0: {"PYDDP_CMA_THRESHOLD": "64K"}, 1: {"PYDDP_CMA_THRESHOLD": "4M"}},
+                        timeout=60)
+    for o in outs:
+        assert o.ok, o
+        assert o.value is not None and "PYDDP_CMA_THRESHOLD" in o.value, o.value

@@ -749,7 +749,8 @@ pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
                 return pd_error(PD_EMISMATCH,
                                 "collective mismatch between ranks: rank %d "
                                 "and rank %d called %s with different "
-                                "shared-memory buffers or split sizes",
+                                "shared-memory buffers or split sizes, or "
+                                "another PYDDP_CMA_THRESHOLD",
                                 s->rank, p, a);
             }
             return pd_error(PD_EMISMATCH,
