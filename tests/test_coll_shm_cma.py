@@ -185,3 +185,19 @@ def test_ranks_with_different_thresholds_fail_clearly_instead_of_misreading_a_ba
     for o in outs:
         assert o.ok, o
         assert o.value is not None and "PYDDP_CMA_THRESHOLD" in o.value, o.value
+
+
+def _fallback_child(rank, ws):
+    pg = _pg()
+    x = np.arange(1 << 20, dtype=np.float32) + rank
+    dist.all_reduce(x)
+    want = sum(np.arange(1 << 20, dtype=np.float32) + r for r in range(ws))
+    return pg._transport, pg._single_copy, bool(np.array_equal(x, want))
+
+
+def test_a_rank_whose_kernel_refuses_makes_every_rank_fall_back_to_the_banks():
+    # rank 1's probe fails as under Yama's ptrace_scope: every rank uses the banks, and says so at INFO
+    outs = run(_fallback_child, 3, env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None,
+                                         "PYDDP_CMA_THRESHOLD": "0"},
+               rank_env={1: {"PYDDP_TEST_CMA_FAIL": "EPERM"}})
+    assert outs == [("shm", False, True)] * 3, outs

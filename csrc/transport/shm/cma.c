@@ -117,6 +117,13 @@ pd_cma_probe(pd_shm *s)
         do {
             n = process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0);
         } while (n < 0 && errno == EINTR);
+        /* fault injection for the tests: the kernel refusing, as under
+         * Yama's ptrace_scope 2 */
+        const char *inject = getenv("PYDDP_TEST_CMA_FAIL");
+        if (inject != NULL && strcmp(inject, "EPERM") == 0) {
+            n = -1;
+            errno = EPERM;
+        }
         if (n < 0) {
             int e = errno;
             return pd_error(PD_ESYS,
