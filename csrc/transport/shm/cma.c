@@ -28,9 +28,11 @@ pd_cma_threshold(void)
 {
     static size_t cached = (size_t)-1;
     if (cached == (size_t)-1) {
-        /* measured on 2 ranks (README, Benchmarks): below this the two
-         * system calls and the extra sync cost more than the second copy */
-        size_t v = (size_t)256 << 10;
+        /* measured on 2 ranks, A/B with PYDDP_CMA=0 (load ~3 on 2 cores):
+         * single copies 1.0-1.3x slower at 64 and 256 KiB (the system
+         * calls, the page pinning, a second sync), 1.4-3.3x faster at
+         * 1 MiB, 2.7-14x from 4 MiB */
+        size_t v = (size_t)512 << 10;
         const char *e = getenv("PYDDP_CMA_THRESHOLD");
         if (e != NULL && *e) {
             char *end;
