@@ -122,8 +122,9 @@ def test_every_collective_matches_numpy_with_single_copies_off():
     assert res == [_expected(counts)] * 2, res
 
 
-def test_the_default_threshold_mixes_both_paths():
-    # unset: small messages through the banks, large ones with one copy, in one job
+def test_the_default_thresholds_mix_both_paths():
+    # unset: each collective's own threshold (all_reduce from 512 KiB, gather/scatter from 16 MiB blocks,
+    # the others always the banks), in one job
     counts = [100, 70_000, 1 << 20]
     res = run(_every_collective_child, 2, True, counts,
               env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": None},
@@ -155,7 +156,7 @@ def _killed_child(rank, ws, kind):
 @pytest.mark.parametrize("kind", ["broadcast", "all_reduce", "all_gather"])
 def test_a_rank_killed_during_single_copies_is_named_within_seconds(kind):
     outs = run_outcomes(_killed_child, 3, kind,
-                        env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": None},
+                        env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": "1M"},
                         init_kwargs={"timeout": __import__("datetime").timedelta(seconds=60)},
                         timeout=90, expect_death=(1,))
     for o in outs:

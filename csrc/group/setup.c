@@ -123,9 +123,9 @@ setup_cma(pd_group *g)
     PD_CHECK(setup_agree(g, st == PD_OK, &bad));
     pd_shm_set_cma(g->shm, bad < 0);
     if (bad < 0) {
-        PD_LOG(PD_LOG_INFO, "group", "rank %d: messages from %zu bytes move "
+        PD_LOG(PD_LOG_INFO, "group", "rank %d: large messages can move "
                "with one copy between the ranks (cross-memory attach)",
-               g->rank, pd_cma_threshold());
+               g->rank);
     }
     else if (bad == g->rank) {
         PD_LOG(PD_LOG_INFO, "group", "rank %d: no cross-memory attach (%s): "

@@ -26,13 +26,10 @@ pd_cma_wanted(void)
 size_t
 pd_cma_threshold(void)
 {
-    static size_t cached = (size_t)-1;
-    if (cached == (size_t)-1) {
-        /* measured on 2 ranks, A/B with PYDDP_CMA=0 (load ~3 on 2 cores):
-         * single copies 1.0-1.3x slower at 64 and 256 KiB (the system
-         * calls, the page pinning, a second sync), 1.4-3.3x faster at
-         * 1 MiB, 2.7-14x from 4 MiB */
-        size_t v = (size_t)512 << 10;
+    static size_t cached = 0;
+    static int read = 0;
+    if (!read) {
+        size_t v = PD_CMA_DEFAULT;
         const char *e = getenv("PYDDP_CMA_THRESHOLD");
         if (e != NULL && *e) {
             char *end;
@@ -43,9 +40,10 @@ pd_cma_threshold(void)
             else if (*end == 'M' || *end == 'm') {
                 x <<= 20;
             }
-            v = (size_t)x;
+            v = x < PD_CMA_DEFAULT ? (size_t)x : PD_CMA_DEFAULT - 1;
         }
         cached = v;
+        read = 1;
     }
     return cached;
 }

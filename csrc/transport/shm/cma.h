@@ -9,7 +9,8 @@
  * back to the banks unless every rank succeeded.
  *
  * PYDDP_CMA=0 turns it off; PYDDP_CMA_THRESHOLD (bytes, "256K", "1M") is the
- * smallest message that uses it (read once, here).
+ * smallest message that uses it in every collective (read once, here);
+ * unset, each collective's measured threshold (coll/select.c).
  */
 #ifndef PD_CMA_H
 #define PD_CMA_H
@@ -21,7 +22,10 @@
 
 /* 0 when PYDDP_CMA=0 (forced off), else 1. */
 int pd_cma_wanted(void);
-/* Messages of at least this many bytes use single copies. */
+/* PYDDP_CMA_THRESHOLD: messages of at least this many bytes use single
+ * copies, whatever the collective; PD_CMA_DEFAULT when unset (each
+ * collective's own threshold then, coll/select.c). */
+#define PD_CMA_DEFAULT ((size_t)-1)
 size_t pd_cma_threshold(void);
 
 /* Read every peer's probe word.  PD_OK: every read returned the word the
