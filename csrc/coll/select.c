@@ -179,11 +179,11 @@ pd_coll_run(pd_coll *c, const pd_op *op)
 /* Single copies by cross-memory attach (coll/<collective>_cma.c) from these
  * sizes (one rank's block) unless PYDDP_CMA_THRESHOLD sets one for all.
  * Measured on 2 ranks, float32, benchmarks/collectives.py against the banks
- * (--rounds 3, load ~2 on the 2 cores; README, Benchmarks): all_reduce 1.1-3.5x
- * faster from 1 MiB, 0.95x at 256 KiB; gather and scatter 2.2-2.7x faster
- * at 32 MiB blocks but 2-6x slower at 2-8 MiB blocks; broadcast, all_gather,
- * reduce, reduce_scatter and all_to_all 1.2-6x slower from 1 to 16 MiB and
- * no faster at 64 MiB, so they keep the banks.  (With the cores shared by
+ * (--rounds 3, load ~2 on the 2 cores; README, Benchmarks): all_reduce
+ * 2.5-3.5x faster at 1-16 MiB, 1.07x at 64 MiB; gather and scatter 2.2-2.7x
+ * faster at 32 MiB blocks but 2-6x slower at 0.5-8 MiB blocks; broadcast,
+ * all_gather, reduce, reduce_scatter and all_to_all 1.2-6x slower from 1 to
+ * 64 MiB (all_to_all at 64 MiB: equal), so they keep the banks.  (With the cores shared by
  * other jobs, load 3-11, single copies were 2-25x faster from 1 MiB for every
  * collective: two syncs instead of one per 256 KiB round.) */
 size_t
