@@ -25,21 +25,32 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce", "gather", "scatter", "alltoall")
+# The collectives that split the array into one block per rank.
+BLOCKED = ("allgather", "reduce_scatter", "gather", "scatter", "alltoall")
 
 
 def counts_for(op, nbytes, world):
     """Element counts (input, output) of a float32 collective whose whole array is about nbytes.
 
-    As nccl-tests: the size is the whole array (allgather's output, reduce_scatter's input), rounded
-    down to a multiple of the world size for the two that split it, never below one element per rank.
+    As nccl-tests: the size is the whole array (allgather's and gather's output, reduce_scatter's and
+    scatter's input, each rank's all_to_all buffer), rounded down to a multiple of the world size for
+    those that split it, never below one element per rank.
     """
     count = max(1, nbytes // 4)
-    if op in ("allgather", "reduce_scatter"):
+    if op in BLOCKED:
         count = max(1, count // world) * world
         part = count // world
-        return (part, count) if op == "allgather" else (count, part)
+        if op in ("allgather", "gather"):
+            return part, count
+        if op in ("reduce_scatter", "scatter"):
+            return count, part
     return count, count
+
+
+def whole_bytes(op, n_in, n_out):
+    """The size a table row shows (see counts_for)."""
+    return 4 * (n_out if op in ("allgather", "gather") else n_in)
 
 
 def iterations(nbytes, max_iters, budget_bytes):
@@ -90,6 +101,18 @@ class PyddpImpl(Impl):
     def reduce_scatter(self, a, out):
         self.dist.reduce_scatter_tensor(out, a, op=self.dist.ReduceOp.SUM)
 
+    def reduce(self, a, out):
+        self.dist.reduce(a, dst=0, op=self.dist.ReduceOp.SUM)
+
+    def gather(self, a, out):
+        self.dist.gather(a, list(out.reshape(self.world, -1)) if self.rank == 0 else None, dst=0)
+
+    def scatter(self, a, out):
+        self.dist.scatter(out, list(a.reshape(self.world, -1)) if self.rank == 0 else None, src=0)
+
+    def alltoall(self, a, out):
+        self.dist.all_to_all_single(out, a)
+
     def barrier(self):
         self.dist.barrier()
 
@@ -131,6 +154,18 @@ class GlooImpl(Impl):
     def reduce_scatter(self, a, out):
         self.dist.reduce_scatter_tensor(out, a, op=self.dist.ReduceOp.SUM)
 
+    def reduce(self, a, out):
+        self.dist.reduce(a, dst=0, op=self.dist.ReduceOp.SUM)
+
+    def gather(self, a, out):
+        self.dist.gather(a, list(out.view(self.world, -1).unbind(0)) if self.rank == 0 else None, dst=0)
+
+    def scatter(self, a, out):
+        self.dist.scatter(out, list(a.view(self.world, -1).unbind(0)) if self.rank == 0 else None, src=0)
+
+    def alltoall(self, a, out):
+        self.dist.all_to_all_single(out, a)
+
     def barrier(self):
         self.dist.barrier()
 
@@ -169,6 +204,21 @@ class MpiImpl(Impl):
     def reduce_scatter(self, a, out):
         self.comm.Reduce_scatter_block(a, out, op=self.MPI.SUM)
 
+    def reduce(self, a, out):
+        if self.rank == 0:
+            self.comm.Reduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM, root=0)
+        else:
+            self.comm.Reduce(a, None, op=self.MPI.SUM, root=0)
+
+    def gather(self, a, out):
+        self.comm.Gather(a, out if self.rank == 0 else None, root=0)
+
+    def scatter(self, a, out):
+        self.comm.Scatter(a if self.rank == 0 else None, out, root=0)
+
+    def alltoall(self, a, out):
+        self.comm.Alltoall(a, out)
+
     def barrier(self):
         self.comm.Barrier()
 
@@ -201,6 +251,20 @@ def check(impl, op, a, out):
     elif op == "allgather":
         got = out
         want = np.concatenate([base + r + 1 for r in range(world)])
+    elif op == "reduce":  # the root's result; the others' arrays are unspecified (as torch says)
+        got = want = a
+        if rank == 0:
+            want = base * world + world * (world + 1) / 2
+    elif op == "gather":
+        got = want = out
+        if rank == 0:
+            want = np.concatenate([base + r + 1 for r in range(world)])
+    elif op == "scatter":
+        got, want = out, (base + 1)[rank * n_out:(rank + 1) * n_out]
+    elif op == "alltoall":
+        part = n_in // world
+        got = out
+        want = np.concatenate([(base + s + 1)[rank * part:(rank + 1) * part] for s in range(world)])
     else:
         got = out
         full = base * world + world * (world + 1) / 2
@@ -218,8 +282,8 @@ def run_op(impl, op, sizes, args, make=None):
     for nbytes in sizes:
         n_in, n_out = counts_for(op, nbytes, impl.world)
         a = make(n_in)
-        # allreduce and broadcast work in place and ignore out (a 1-element array)
-        out = make(n_out) if op in ("allgather", "reduce_scatter") else np.zeros(1, dtype=np.float32)
+        # allreduce, broadcast and reduce work in place and ignore out (a 1-element array)
+        out = make(n_out) if op in BLOCKED else np.zeros(1, dtype=np.float32)
         ok = check(impl, op, a, out)
         ta, tout = impl.wrap(a), impl.wrap(out)
         fn = getattr(impl, op)
@@ -235,10 +299,10 @@ def run_op(impl, op, sizes, args, make=None):
             fn(ta, tout)
             times[i] = clock() - t0
         times = impl.max_over_ranks(times)
-        whole = (n_out if op == "allgather" else n_in) * 4
+        whole = whole_bytes(op, n_in, n_out)
         rows.append({
             "bytes": whole,
-            "count": n_in if op != "allgather" else n_out,
+            "count": whole // 4,
             "iters": iters,
             "median_us": float(np.median(times) * 1e6),
             "min_us": float(times.min() * 1e6),

@@ -10,7 +10,7 @@ Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters 
 benchmarks/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
-reduce_scatter_tensor) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
+reduce_scatter_tensor, reduce, gather, scatter, alltoall = all_to_all_single; root 0) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
 of that many bytes (memcpy GB/s), then per library the median time (us), algbw and busbw (GB/s), then time
 ratios (gloo/pyddp, mpi/pyddp, gloo/pyddp-tcp: > 1, pyddp is faster) and, for allreduce, pyddp's algbw as a
 fraction of memcpy (pyddp/memcpy, shm-buf/memcpy).
@@ -52,9 +52,8 @@ DEFAULT_PLOT = os.path.join(HERE, "collectives.png")
 
 if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will use (also when imported)
     sys.path.insert(0, HERE)
-from bench_worker import counts_for  # noqa: E402
+from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
 
-OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 PEERS = ("pyddp", "pyddp-tcp", "gloo", "mpi")
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
 COLUMNS = ("pyddp", "pyddp-shm", "pyddp-tcp", "gloo", "mpi")
@@ -73,7 +72,7 @@ TARGETS = ((("mpi", "pyddp"), 1.5), (("gloo", "pyddp"), 4.0), ("pyddp", 0.4), ("
 def busbw_factor(op, n):
     if op == "allreduce":
         return 2.0 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter"):
+    if op in ("allgather", "reduce_scatter", "gather", "scatter", "alltoall"):
         return (n - 1) / n
     return 1.0
 
@@ -262,7 +261,7 @@ def row_sizes(ops, sizes, world):
     for op in ops:
         for n in sizes:
             n_in, n_out = counts_for(op, n, world)
-            out.add(4 * (n_out if op == "allgather" else n_in))
+            out.add(whole_bytes(op, n_in, n_out))
     return sorted(out)
 
 

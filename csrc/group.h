@@ -45,6 +45,10 @@ pd_status pd_group_error(pd_group *g, char *buf, size_t cap);
 /* "shm", "tcp" or "local" (one rank). */
 const char *pd_group_transport(const pd_group *g);
 
+/* 1: large shared-memory collectives move with one copy between the ranks
+ * (cross-memory attach, transport/shm/cma.h); 0: through the banks. */
+int pd_group_single_copy(const pd_group *g);
+
 /* Why the group fell back to TCP because a rank could not set up shared
  * memory (its /dev/shm full or unwritable; PYDDP_TRANSPORT unset), or
  * NULL when it did not. */

@@ -2,7 +2,14 @@
  * destination: a 64-byte header with the whole block's size (checked by
  * the receiver against what it expects) and a piece of the block.  Every
  * rank publishes its largest block with its identity, so all ranks agree on
- * the number of rounds. */
+ * the number of rounds.
+ *
+ * From pd_cma_threshold() bytes (the longest block of any rank, known after
+ * the first sync) the header also carries the block's address and the
+ * receivers read the blocks straight from the senders' buffers by
+ * cross-memory attach (one copy instead of two); a rank that knows before
+ * the first sync (its own longest block is that long) copies no piece into
+ * its bank. */
 #include <stdint.h>
 #include <string.h>
 
@@ -16,6 +23,8 @@ typedef struct alltoall {
     char **out;
     const size_t *out_len;
     size_t pe; /* bytes of a region's piece */
+    int cma;   /* single copies (decided in start) */
+    int skip;  /* the first fill copies no piece: cma is certain */
 } alltoall;
 
 /* Region of rank to's block in rank from's bank b. */
@@ -39,9 +48,11 @@ fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
         char *reg = region(c, x, c->rank, b, p);
         if (done == 0) {
             uint64_t total = x->in_len[p];
+            uint64_t addr = (uint64_t)(uintptr_t)x->in[p];
             memcpy(reg, &total, sizeof(total));
+            memcpy(reg + sizeof(total), &addr, sizeof(addr));
         }
-        if (done < x->in_len[p]) {
+        if (done < x->in_len[p] && !x->skip) {
             size_t k = x->in_len[p] - done < x->pe ? x->in_len[p] - done
                                                     : x->pe;
             memcpy(reg + REGION_HDR, x->in[p] + done, k);
@@ -75,6 +86,18 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
         }
     }
     *len = longest;
+    if (pd_cma_use(c, longest)) {
+        x->cma = 1;
+        *len = 0; /* no rounds */
+        for (int i = 1; i < c->size; i++) {
+            int p = (r + i) % c->size;
+            uint64_t addr;
+            memcpy(&addr, region(c, x, p, b, r) + sizeof(uint64_t),
+                   sizeof(addr));
+            PD_CHECK(pd_cma_read(c->shm, p, x->out[p], addr, x->out_len[p],
+                                 c->op->name));
+        }
+    }
     return PD_OK;
 }
 
@@ -84,6 +107,9 @@ drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     alltoall *x = ctx;
     int n = c->size, r = c->rank;
     (void)m;
+    if (x->cma) {
+        return;
+    }
     for (int i = 1; i < n; i++) {
         int p = (r + i) % n;
         if (done < x->out_len[p]) {
@@ -104,7 +130,11 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
     int r = c->rank;
     size_t pe = (pd_shm_bank_size(c->shm) / (size_t)c->size - REGION_HDR) &
                 ~(size_t)63;
-    alltoall x = {in, in_len, out, out_len, pe};
+    size_t mine = 0;
+    for (int p = 0; p < c->size; p++) {
+        mine = in_len[p] > mine ? in_len[p] : mine;
+    }
+    alltoall x = {in, in_len, out, out_len, pe, 0, pd_cma_use(c, mine)};
     /* the length is the longest block, known after the first sync */
     PD_CHECK(pd_shm_rounds(c, &ops, &x, 0, pe, -1, 0));
     if (in_len[r] != out_len[r]) {
@@ -115,5 +145,5 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
     if (out[r] != in[r]) {
         memmove(out[r], in[r], in_len[r]);
     }
-    return PD_OK;
+    return x.cma ? pd_cma_end(c) : PD_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "op.h"
+#include "../transport/shm/cma.h"
 #include "../transport/shm/shm.h"
 #include "../transport/transport.h"
 
@@ -257,6 +258,78 @@ pd_shm_ptrs_free(char **ptrs, char **stack)
         free(ptrs);
     }
 }
+
+/* Single-copy algorithms (coll/<collective>_cma.c, helpers in
+ * coll/cma_common.c): the ranks publish their buffers' addresses in their
+ * banks, one sync, bytes move by cross-memory attach straight between the
+ * user buffers, one sync.  For messages of pd_cma_threshold() bytes and up
+ * when the group's probe succeeded. */
+int pd_cma_use(pd_coll *c, size_t bytes);
+/* The default threshold of a collective kind (coll/select.c): bytes of one
+ * rank's block; PD_CMA_DEFAULT: never. */
+size_t pd_coll_cma_threshold(int kind);
+/* Rank p's published table in bank b: words PD_CMA_IN(n, q) (its input,
+ * block q), PD_CMA_LEN(n, q) (a length), PD_CMA_OUT(n, q) (its output). */
+#define PD_CMA_IN(n, q) ((size_t)(q))
+#define PD_CMA_LEN(n, q) ((size_t)(n) + (size_t)(q))
+#define PD_CMA_OUT(n, q) (2 * (size_t)(n) + (size_t)(q))
+uint64_t *pd_cma_table(pd_coll *c, int p, int b);
+/* What this rank publishes: in[q] (in_each) or in[0] for every q, in_len,
+ * out likewise; NULL: nothing. */
+typedef struct pd_cma_pub {
+    char *const *in;
+    int in_each;
+    const size_t *in_len;
+    char *const *out;
+    int out_each;
+} pd_cma_pub;
+/* Publish (not when resuming) and the first sync; *bank: the tables'. */
+pd_status pd_cma_begin(pd_coll *c, const pd_cma_pub *pub, int *bank);
+/* The last sync: nobody touches this rank's buffers any more. */
+pd_status pd_cma_end(pd_coll *c);
+/* One rank's share of a reduction: count elements, its own at mine, peer
+ * p's at from[p] (its address space); the result into res (this rank's;
+ * may alias mine) or, res NULL, a scratch chunk; then written to to[p] in
+ * peer p where to is set and to[p] != 0.  Chunked through the cache. */
+typedef struct pd_cma_red {
+    const char *mine;
+    const uint64_t *from;
+    char *res;
+    const uint64_t *to;
+} pd_cma_red;
+pd_status pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count);
+/* Room for one address per rank (as pd_shm_ptrs). */
+static inline uint64_t *
+pd_cma_addrs(pd_coll *c, uint64_t *stack)
+{
+    if (c->size <= PD_SHM_STACK_RANKS) {
+        return stack;
+    }
+    uint64_t *p = calloc((size_t)c->size, sizeof(uint64_t));
+    if (p == NULL) {
+        pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
+    }
+    return p;
+}
+
+static inline void
+pd_cma_addrs_free(uint64_t *a, uint64_t *stack)
+{
+    if (a != stack) {
+        free(a);
+    }
+}
+
+pd_status pd_broadcast_cma(pd_coll *c, char *buf, size_t len);
+pd_status pd_allgather_cma(pd_coll *c, const char *in, char **out,
+                           size_t len);
+pd_status pd_gather_cma(pd_coll *c, const char *in, size_t len, char **out);
+pd_status pd_scatter_cma(pd_coll *c, char **in, char *out, size_t len);
+pd_status pd_allreduce_cma(pd_coll *c, const char *in, char *out,
+                           size_t count);
+pd_status pd_reduce_cma(pd_coll *c, const char *in, char *out, size_t count);
+pd_status pd_reduce_scatter_cma(pd_coll *c, char **in, char *out,
+                                size_t count);
 
 /* Ring building blocks over per-rank segments (seg[p], seglen[p] bytes).
  * Physical segment of logical index L is (L + rot) mod size.

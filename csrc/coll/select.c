@@ -176,11 +176,38 @@ pd_coll_run(pd_coll *c, const pd_op *op)
     }
 }
 
+/* Single copies by cross-memory attach (coll/<collective>_cma.c) from these
+ * sizes (one rank's block) unless PYDDP_CMA_THRESHOLD sets one for all.
+ * Measured on 2 ranks, float32, benchmarks/collectives.py against the banks
+ * (--rounds 3, load ~2 on the 2 cores; README, Benchmarks): all_reduce
+ * 2.5-3.5x faster at 1-16 MiB, 1.07x at 64 MiB; gather and scatter 2.2-2.7x
+ * faster at 32 MiB blocks but 2-6x slower at 0.5-8 MiB blocks; broadcast,
+ * all_gather, reduce, reduce_scatter and all_to_all 1.2-6x slower from 1 to
+ * 64 MiB (all_to_all at 64 MiB: equal), so they keep the banks.  (With the cores shared by
+ * other jobs, load 3-11, single copies were 2-25x faster from 1 MiB for every
+ * collective: two syncs instead of one per 256 KiB round.) */
+size_t
+pd_coll_cma_threshold(int kind)
+{
+    switch (kind) {
+    case PD_K_ALLREDUCE:
+        return (size_t)512 << 10;
+    case PD_K_GATHER:
+    case PD_K_SCATTER:
+        return (size_t)16 << 20;
+    default:
+        return PD_CMA_DEFAULT;
+    }
+}
+
 pd_status
 pd_coll_run_shm(pd_coll *c, const pd_op *op)
 {
     size_t esz = pd_dtype_size(op->dtype);
     size_t len = op->count * esz;
+    /* single copies by cross-memory attach from pd_cma_threshold() bytes
+     * (per rank's block; all_to_all decides after its first sync) */
+    int cma = pd_cma_use(c, len);
     switch (op->kind) {
     case PD_K_ALLREDUCE: {
         if (c->inshm != NULL) {
@@ -190,20 +217,27 @@ pd_coll_run_shm(pd_coll *c, const pd_op *op)
                        : pd_allreduce_shm_into(c, c->inshm, op->out[0],
                                                op->count);
         }
-        return pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
+        return cma ? pd_allreduce_cma(c, op->in[0], op->out[0], op->count)
+                   : pd_allreduce_shm(c, op->in[0], op->out[0], op->count);
     }
     case PD_K_REDUCE:
-        return pd_reduce_shm(c, op->in[0], op->out[0], op->count);
+        return cma ? pd_reduce_cma(c, op->in[0], op->out[0], op->count)
+                   : pd_reduce_shm(c, op->in[0], op->out[0], op->count);
     case PD_K_REDUCE_SCATTER:
-        return pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
+        return cma ? pd_reduce_scatter_cma(c, op->in, op->out[0], op->count)
+                   : pd_reduce_scatter_shm(c, op->in, op->out[0], op->count);
     case PD_K_BROADCAST:
-        return pd_broadcast_shm(c, op->out[0], len);
+        return cma ? pd_broadcast_cma(c, op->out[0], len)
+                   : pd_broadcast_shm(c, op->out[0], len);
     case PD_K_ALLGATHER:
-        return pd_allgather_shm(c, op->in[0], op->out, len);
+        return cma ? pd_allgather_cma(c, op->in[0], op->out, len)
+                   : pd_allgather_shm(c, op->in[0], op->out, len);
     case PD_K_GATHER:
-        return pd_gather_shm(c, op->in[0], len, op->out);
+        return cma ? pd_gather_cma(c, op->in[0], len, op->out)
+                   : pd_gather_shm(c, op->in[0], len, op->out);
     case PD_K_SCATTER:
-        return pd_scatter_shm(c, op->in, op->out[0], len);
+        return cma ? pd_scatter_cma(c, op->in, op->out[0], len)
+                   : pd_scatter_shm(c, op->in, op->out[0], len);
     case PD_K_ALLTOALL:
         return pd_alltoall_shm(c, op->in, op->in_len, op->out, op->out_len);
     case PD_K_BARRIER:

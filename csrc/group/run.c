@@ -138,6 +138,12 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
             /* ranks must agree on the path: buffer id and offset */
             c.id.aux = (sb->id << 40) ^ (uint64_t)off ^ 1;
         }
+        else if (pd_shm_cma(g->shm)) {
+            /* ranks must agree on when single copies start: a rank with
+             * another PYDDP_CMA_THRESHOLD would read a bank as addresses */
+            c.id.aux = ((uint64_t)pd_cma_threshold() << 1) ^
+                       0xc3a0000000000000ull;
+        }
         st = PD_OK;
         if (!resume) {
             /* after an eager collective: everyone entered it, alike */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../transport/shm/cma.h"
 #include "../transport/shm/link_shm.h"
 #include "../transport/tcp/tcp.h"
 #include "../util/log.h"
@@ -106,6 +107,36 @@ setup_agree(pd_group *g, int ok, int *first_bad)
     free(blocks);
     free(lens);
     return st;
+}
+
+/* Single copies by cross-memory attach (transport/shm/cma.h) when every
+ * rank can read every other's memory; else the banks, said once at INFO. */
+static pd_status
+setup_cma(pd_group *g)
+{
+    char why[PD_ERRMSG_MAX / 2] = "";
+    pd_status st = pd_cma_probe(g->shm);
+    if (st != PD_OK) {
+        snprintf(why, sizeof(why), "%s", pd_errmsg());
+    }
+    int bad = -1;
+    PD_CHECK(setup_agree(g, st == PD_OK, &bad));
+    pd_shm_set_cma(g->shm, bad < 0);
+    if (bad < 0) {
+        PD_LOG(PD_LOG_INFO, "group", "rank %d: large messages can move "
+               "with one copy between the ranks (cross-memory attach)",
+               g->rank);
+    }
+    else if (bad == g->rank) {
+        PD_LOG(PD_LOG_INFO, "group", "rank %d: no cross-memory attach (%s): "
+               "large messages copy through shared memory", g->rank, why);
+    }
+    else {
+        PD_LOG(PD_LOG_INFO, "group", "rank %d: no cross-memory attach (rank "
+               "%d cannot use it): large messages copy through shared memory",
+               g->rank, bad);
+    }
+    return PD_OK;
 }
 
 static uint32_t
@@ -220,6 +251,7 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id,
     g->lshm = shm;
     if (shm != NULL && nlocal == n) {
         g->shm = shm;
+        PD_CHECK(setup_cma(g));
     }
     /* the setup agreements are not the user's collectives: numbering starts
      * over (all their frames have arrived) */
@@ -298,6 +330,12 @@ pd_group_transport(const pd_group *g)
            : g->shm != NULL   ? "shm"
            : g->lshm != NULL  ? "shm+tcp"
                               : "tcp";
+}
+
+int
+pd_group_single_copy(const pd_group *g)
+{
+    return g->shm != NULL && pd_shm_cma(g->shm);
 }
 
 void

@@ -1156,6 +1156,12 @@ PG_get_transport(PGObject *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+PG_get_single_copy(PGObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->g != NULL && pd_group_single_copy(self->g));
+}
+
+static PyObject *
 PG_get_shm_fallback(PGObject *self, void *Py_UNUSED(closure))
 {
     const char *why = self->g != NULL ? pd_group_shm_fallback(self->g) : NULL;
@@ -1271,6 +1277,9 @@ static PyGetSetDef PG_getset[] = {
      NULL},
     {"transport", (getter)PG_get_transport, NULL,
      "how collectives move: 'shm', 'tcp' or 'local'", NULL},
+    {"single_copy", (getter)PG_get_single_copy, NULL,
+     "True when large messages move with one copy between the ranks "
+     "(cross-memory attach; PYDDP_CMA, PYDDP_CMA_THRESHOLD)", NULL},
     {"shm_fallback", (getter)PG_get_shm_fallback, NULL,
      "None, or why shared memory could not be set up (collectives use TCP)",
      NULL},

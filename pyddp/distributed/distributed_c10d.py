@@ -255,6 +255,11 @@ class ProcessGroup:
         """'shm' (every rank on this host), 'tcp' or 'local' (one rank)."""
         return getattr(self._cpg, "transport", None)
 
+    @property
+    def _single_copy(self):
+        """True when large shared-memory messages move with one copy (cross-memory attach)."""
+        return bool(getattr(self._cpg, "single_copy", False))
+
     def _destroy(self):
         self._fast = None
         self._cpg = None

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "pd_test.h"
+#include "transport/shm/cma.h"
 #include "transport/shm/shm.h"
 
 /* A barrier in anonymous shared memory, for setting the segments up. */
@@ -287,6 +288,84 @@ test_rings(void)
     run(2, child_rings);
 }
 
+/* Cross-memory attach between two ranks: the probe, reads and writes at
+ * every byte offset 0..7 and odd sizes, a bad address (an error naming the
+ * rank, no crash), and a peer that died (PD_ENETWORK naming it). */
+static void
+child_cma(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    int peer = 1 - rank;
+    enum { BUF = 70000 };
+    unsigned char *mine = malloc(BUF), *got = malloc(BUF), *in = malloc(BUF);
+    T_CHECK(mine != NULL && got != NULL && in != NULL);
+    for (int i = 0; i < BUF; i++) {
+        mine[i] = (unsigned char)(i * 7 + rank * 13);
+    }
+    memset(in, 0, BUF);
+    uint64_t addrs[2] = {(uint64_t)(uintptr_t)mine, (uint64_t)(uintptr_t)in};
+    memcpy(pd_shm_bank(s, rank, 0), addrs, sizeof(addrs));
+    T_OK(pd_cma_probe(s));
+    barrier(n);
+    uint64_t theirs[2];
+    memcpy(theirs, pd_shm_bank(s, peer, 0), sizeof(theirs));
+    static const size_t sizes[] = {0, 1, 7, 4095, 4097, 65537};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        for (size_t off = 0; off < 8; off++) {
+            size_t len = sizes[k];
+            memset(got, 0xee, BUF);
+            T_OK(pd_cma_read(s, peer, got + (7 - off), theirs[0] + off, len,
+                             "test"));
+            int same = 1;
+            for (size_t i = 0; i < len; i++) {
+                same &= got[7 - off + i] ==
+                        (unsigned char)((off + i) * 7 + peer * 13);
+            }
+            T_CHECK(same);
+            T_CHECK(got[7 - off + len] == 0xee);
+        }
+    }
+    /* rank 0 writes its pattern into rank 1's in at offset 3 */
+    if (rank == 0) {
+        T_OK(pd_cma_write(s, 1, theirs[1] + 3, mine, 65537, "test"));
+    }
+    barrier(n);
+    if (rank == 1) {
+        T_CHECK(in[0] == 0 && in[2] == 0 && in[3 + 65537] == 0);
+        int same = 1;
+        for (int i = 0; i < 65537; i++) {
+            same &= in[3 + i] == (unsigned char)(i * 7);
+        }
+        T_CHECK(same);
+    }
+    /* an address the peer has not mapped */
+    T_ST(pd_cma_read(s, peer, got, 8, 16, "test"), PD_ESYS);
+    T_MSG_HAS("rank");
+    barrier(n);
+    if (rank == 1) {
+        _exit(pd_test_failures ? 1 : 0); /* a zombie until run() reaps it */
+    }
+    pd_status st = PD_OK;
+    for (int i = 0; i < 500 && st == PD_OK; i++) {
+        st = pd_cma_read(s, 1, got, theirs[0], 16, "broadcast");
+        if (st == PD_OK) {
+            usleep(10000);
+        }
+    }
+    T_ST(st, PD_ENETWORK);
+    T_MSG_HAS("broadcast: rank 1 died");
+    free(mine);
+    free(got);
+    free(in);
+    pd_shm_close(s);
+}
+
+static void
+test_cma(void)
+{
+    run(2, child_cma);
+}
+
 /* A fake rank segment in dir: ctrl-sized with a creator pid, or empty;
  * old: modified a minute ago. */
 static void
@@ -373,6 +452,7 @@ main(void)
     T_RUN(test_timeout);
     T_RUN(test_abort_wakes_sleepers);
     T_RUN(test_rings);
+    T_RUN(test_cma);
     T_RUN(test_sweep_stale);
     return pd_test_result();
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../../util/log.h"
+#include "../../util/net.h"
 
 /* Control block size, rounded up to a page so the banks are page-aligned. */
 #define CTRL_BYTES                                                            \
@@ -59,6 +60,10 @@ struct pd_shm {
     int bank;
     pd_shm_ident cur;  /* the collective entered last */
     int unchecked;     /* it did not check every rank's identity */
+    int cma;           /* single copies by cross-memory attach */
+    uint64_t cma_word; /* what the peers' probes read (cma.c) */
+    char *scratch;     /* pd_shm_scratch */
+    size_t scratch_bytes;
 };
 
 /* A byte size from the environment ("4096", "256K", "8M"), or dflt when
@@ -259,6 +264,13 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     s->mapped[rank] = 1;
     pd_shm_ctrl *c = p;
     c->pid = (int32_t)getpid();
+    /* the word a peer's cross-memory-attach probe reads (cma.c): a value
+     * it cannot guess, so a pid that names another process fails */
+    if (pd_random_bytes(&s->cma_word, sizeof(s->cma_word)) != PD_OK) {
+        s->cma_word = (uint64_t)(uintptr_t)s ^ ((uint64_t)getpid() << 32);
+    }
+    c->cma_addr = (uint64_t)(uintptr_t)&s->cma_word;
+    c->cma_cookie = s->cma_word;
     return PD_OK;
 }
 
@@ -334,6 +346,7 @@ pd_shm_close(pd_shm *s)
     }
     free(s->base);
     free(s->mapped);
+    free(s->scratch);
     free(s);
 }
 
@@ -353,6 +366,34 @@ pd_shm_ctrl *
 pd_shm_ctrl_of(pd_shm *s, int p)
 {
     return (pd_shm_ctrl *)s->base[p];
+}
+
+void
+pd_shm_set_cma(pd_shm *s, int on)
+{
+    s->cma = on;
+}
+
+int
+pd_shm_cma(const pd_shm *s)
+{
+    return s != NULL && s->cma;
+}
+
+char *
+pd_shm_scratch(pd_shm *s, size_t bytes)
+{
+    if (bytes > s->scratch_bytes) {
+        char *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (p == NULL) {
+            pd_error(PD_ENOMEM, "shared memory: out of memory");
+            return NULL;
+        }
+        free(s->scratch);
+        s->scratch = p;
+        s->scratch_bytes = bytes;
+    }
+    return s->scratch;
 }
 
 char *
@@ -708,7 +749,8 @@ pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
                 return pd_error(PD_EMISMATCH,
                                 "collective mismatch between ranks: rank %d "
                                 "and rank %d called %s with different "
-                                "shared-memory buffers or split sizes",
+                                "shared-memory buffers or split sizes, or "
+                                "another PYDDP_CMA_THRESHOLD",
                                 s->rank, p, a);
             }
             return pd_error(PD_EMISMATCH,

@@ -61,6 +61,10 @@ typedef struct pd_shm_ctrl {
     _Alignas(PD_SHM_LINE) pd_shm_ident ident[2];
     /* the owner's error message when abort != 0 */
     _Alignas(PD_SHM_LINE) char abort_msg[PD_ERRMSG_MAX];
+    /* cross-memory attach probe (transport/shm/cma.c): the address of a
+     * word in the owner's private memory and the value it holds */
+    _Alignas(PD_SHM_LINE) uint64_t cma_addr;
+    uint64_t cma_cookie;
 } pd_shm_ctrl;
 
 typedef struct pd_shm pd_shm;
@@ -114,6 +118,14 @@ char *pd_shm_bank(pd_shm *s, int p, int b);
 int pd_shm_next_bank(pd_shm *s);
 int pd_shm_cur_bank(const pd_shm *s);
 size_t pd_shm_bank_size(const pd_shm *s);
+
+/* Single copies between the ranks' own memory (transport/shm/cma.c):
+ * set by the group once every rank's probe succeeded. */
+void pd_shm_set_cma(pd_shm *s, int on);
+int pd_shm_cma(const pd_shm *s);
+/* A private scratch buffer of at least bytes, kept for the next call (one
+ * collective at a time uses it); NULL, error set: out of memory. */
+char *pd_shm_scratch(pd_shm *s, size_t bytes);
 
 /* Publish the identity of the collective this rank enters. */
 void pd_shm_enter(pd_shm *s, const pd_shm_ident *id, uint64_t value);

@@ -1,0 +1,107 @@
+/* Helpers shared by the single-copy algorithms (coll/<collective>_cma.c):
+ * every rank publishes the addresses of its user buffers in its bank (a
+ * table of in[size], len[size], out[size] words), one sync, the ranks move
+ * bytes straight between each other's buffers with cross-memory attach
+ * (transport/shm/cma.h), and a last sync tells every owner that nobody
+ * reads or writes its buffers any more. */
+#include <string.h>
+
+#include "coll.h"
+
+int
+pd_cma_use(pd_coll *c, size_t bytes)
+{
+    size_t at = pd_cma_threshold();
+    if (at == PD_CMA_DEFAULT) {
+        at = pd_coll_cma_threshold(c->id.kind);
+    }
+    return pd_shm_cma(c->shm) && c->inshm == NULL && bytes >= at &&
+           (size_t)c->size * 3 * sizeof(uint64_t) <=
+               pd_shm_bank_size(c->shm);
+}
+
+uint64_t *
+pd_cma_table(pd_coll *c, int p, int b)
+{
+    return (uint64_t *)(void *)pd_shm_bank(c->shm, p, b);
+}
+
+pd_status
+pd_cma_begin(pd_coll *c, const pd_cma_pub *pub, int *bank)
+{
+    int n = c->size;
+    int b = pd_shm_copyin_bank(c);
+    *bank = b;
+    if (!c->resume) {
+        uint64_t *t = pd_cma_table(c, c->rank, b);
+        memset(t, 0, sizeof(uint64_t) * 3 * (size_t)n);
+        for (int p = 0; p < n; p++) {
+            if (pub->in != NULL) {
+                t[PD_CMA_IN(n, p)] =
+                    (uint64_t)(uintptr_t)pub->in[pub->in_each ? p : 0];
+            }
+            if (pub->in_len != NULL) {
+                t[PD_CMA_LEN(n, p)] = pub->in_len[p];
+            }
+            if (pub->out != NULL) {
+                t[PD_CMA_OUT(n, p)] =
+                    (uint64_t)(uintptr_t)pub->out[pub->out_each ? p : 0];
+            }
+        }
+    }
+    return pd_shm_first_sync(c);
+}
+
+pd_status
+pd_cma_end(pd_coll *c)
+{
+    return pd_shm_next_sync(c);
+}
+
+/* Bytes of one chunk of a reduction: each peer's piece and the result stay
+ * in this core's cache between the read, the reduction and the writes. */
+#define CMA_CHUNK ((size_t)128 << 10)
+
+pd_status
+pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
+{
+    int n = c->size, r = c->rank;
+    size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
+    size_t per = CMA_CHUNK / esz;
+    char *stack[PD_SHM_STACK_RANKS];
+    char **src = pd_shm_ptrs(c, stack);
+    if (src == NULL) {
+        return PD_ENOMEM;
+    }
+    pd_status st = PD_OK;
+    char *scratch = pd_shm_scratch(c->shm, CMA_CHUNK * (size_t)n);
+    if (scratch == NULL) {
+        st = PD_ENOMEM;
+        goto out;
+    }
+    for (size_t done = 0; done < count; done += per) {
+        size_t m = count - done < per ? count - done : per;
+        size_t off = done * esz, bytes = m * esz;
+        src[0] = (char *)x->mine + off;
+        for (int i = 1; i < n; i++) {
+            int p = (r + i) % n;
+            src[i] = scratch + (size_t)i * CMA_CHUNK;
+            PD_CHECK_GOTO(pd_cma_read(c->shm, p, src[i], x->from[p] + off,
+                                      bytes, c->op->name),
+                          st, out);
+        }
+        char *res = x->res != NULL ? x->res + off : scratch;
+        pd_shm_reduce(c, res, src, n, m, 1);
+        for (int i = 1; i < n; i++) {
+            int p = (r + i) % n;
+            if (x->to != NULL && x->to[p] != 0) {
+                PD_CHECK_GOTO(pd_cma_write(c->shm, p, x->to[p] + off, res,
+                                           bytes, c->op->name),
+                              st, out);
+            }
+        }
+    }
+out:
+    pd_shm_ptrs_free(src, stack);
+    return st;
+}

@@ -1,0 +1,144 @@
+/* Cross-memory attach (see cma.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "cma.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+int
+pd_cma_wanted(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        const char *e = getenv("PYDDP_CMA");
+        cached = !(e != NULL && strcmp(e, "0") == 0);
+    }
+    return cached;
+}
+
+size_t
+pd_cma_threshold(void)
+{
+    static size_t cached = 0;
+    static int read = 0;
+    if (!read) {
+        size_t v = PD_CMA_DEFAULT;
+        const char *e = getenv("PYDDP_CMA_THRESHOLD");
+        if (e != NULL && *e) {
+            char *end;
+            unsigned long long x = strtoull(e, &end, 10);
+            if (*end == 'K' || *end == 'k') {
+                x <<= 10;
+            }
+            else if (*end == 'M' || *end == 'm') {
+                x <<= 20;
+            }
+            v = x < PD_CMA_DEFAULT ? (size_t)x : PD_CMA_DEFAULT - 1;
+        }
+        cached = v;
+        read = 1;
+    }
+    return cached;
+}
+
+/* One transfer, looping over partial ones and EINTR. */
+static pd_status
+cma_move(pd_shm *s, int p, int write, void *local, uint64_t remote,
+         size_t len, const char *what)
+{
+    pid_t pid = (pid_t)pd_shm_ctrl_of(s, p)->pid;
+    size_t done = 0;
+    while (done < len) {
+        struct iovec l = {(char *)local + done, len - done};
+        struct iovec r = {(void *)(uintptr_t)(remote + done), len - done};
+        ssize_t n = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                          : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        int e = n < 0 ? errno : EFAULT;
+        if (e == ESRCH || kill(pid, 0) != 0) {
+            return pd_error(PD_ENETWORK,
+                            "%s: rank %d died or left during a single-copy "
+                            "transfer (%s: %s)", what, p,
+                            write ? "process_vm_writev" : "process_vm_readv",
+                            strerror(e));
+        }
+        return pd_error(PD_ESYS,
+                        "%s: single-copy transfer %s rank %d failed (%s of "
+                        "%zu bytes at offset %zu: %s)", what,
+                        write ? "to" : "from", p,
+                        write ? "process_vm_writev" : "process_vm_readv",
+                        len, done, strerror(e));
+    }
+    return PD_OK;
+}
+
+pd_status
+pd_cma_read(pd_shm *s, int p, void *dst, uint64_t src, size_t len,
+            const char *what)
+{
+    return cma_move(s, p, 0, dst, src, len, what);
+}
+
+pd_status
+pd_cma_write(pd_shm *s, int p, uint64_t dst, const void *src, size_t len,
+             const char *what)
+{
+    return cma_move(s, p, 1, (void *)src, dst, len, what);
+}
+
+pd_status
+pd_cma_probe(pd_shm *s)
+{
+    if (!pd_cma_wanted()) {
+        return pd_error(PD_EINVAL, "PYDDP_CMA=0");
+    }
+    for (int p = 0; p < pd_shm_size(s); p++) {
+        if (p == pd_shm_rank(s)) {
+            continue;
+        }
+        pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
+        uint64_t got = 0;
+        struct iovec l = {&got, sizeof(got)};
+        struct iovec r = {(void *)(uintptr_t)c->cma_addr, sizeof(got)};
+        ssize_t n;
+        do {
+            n = process_vm_readv((pid_t)c->pid, &l, 1, &r, 1, 0);
+        } while (n < 0 && errno == EINTR);
+        /* fault injection for the tests: the kernel refusing, as under
+         * Yama's ptrace_scope 2 */
+        const char *inject = getenv("PYDDP_TEST_CMA_FAIL");
+        if (inject != NULL && strcmp(inject, "EPERM") == 0) {
+            n = -1;
+            errno = EPERM;
+        }
+        if (n < 0) {
+            int e = errno;
+            return pd_error(PD_ESYS,
+                            "process_vm_readv of local rank %d: %s%s", p,
+                            strerror(e),
+                            e == EPERM ? " (ptrace is restricted: Yama's "
+                                         "kernel.yama.ptrace_scope, or a "
+                                         "container without CAP_SYS_PTRACE)"
+                                       : "");
+        }
+        if (n != (ssize_t)sizeof(got) || got != c->cma_cookie) {
+            return pd_error(PD_ESYS,
+                            "process_vm_readv of local rank %d read another "
+                            "process (separate pid namespaces?)", p);
+        }
+    }
+    return PD_OK;
+}
