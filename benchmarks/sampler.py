@@ -29,6 +29,9 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
 import pyddp  # noqa: E402
 from pyddp.utils.data import DistributedSampler  # noqa: E402
 
@@ -103,24 +106,23 @@ def main(argv=None):
     def mn(k):
         return min(rows[k]) * 1e3 if rows[k] else float("nan")
 
-    print(f"# DistributedSampler, one epoch of rank {rank}'s indices: "
-          f"N={n:,}, num_replicas={R}, {args.reps} repetitions, "
-          f"{os.cpu_count()} CPUs (shared; medians)")
-    print(f"# indices identical to torch's: "
-          f"{'yes, every epoch' if torch else 'not checked (no torch)'}")
-    print()
-    print("| what | torch median ms (min) | pyddp median ms (min) | speedup |")
-    print("|---|---:|---:|---:|")
     table = [
         ("one epoch, list of Python ints", "torch_list", "pyddp_list"),
         ("one epoch, pyddp indices() (NumPy int64)", "torch_list",
          "pyddp_indices"),
         (f"randperm({n:,}) alone", "torch_randperm", "pyddp_randperm"),
     ]
+    out = []
     for label, tk, pk in table:
         t = f"{med(tk):.1f} ({mn(tk):.1f})" if rows[tk] else "n/a"
         sp = f"{med(tk) / med(pk):.1f}x" if rows[tk] else "n/a"
-        print(f"| {label} | {t} | {med(pk):.1f} ({mn(pk):.1f}) | {sp} |")
+        out.append((label, t, f"{med(pk):.1f} ({mn(pk):.1f})", sp))
+    print(_report.block(
+        f"DistributedSampler, one epoch of rank {rank}'s indices: N={n:,}, num_replicas={R}, "
+        f"medians (minimums) of {args.reps} repetitions; indices identical to torch's: "
+        f"{'yes, every epoch' if torch else 'not checked (no torch)'}",
+        ("what", "torch median ms (min)", "pyddp median ms (min)", "speedup"), out,
+        align="lrrr"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": n, "num_replicas": R, "rank": rank,
