@@ -74,11 +74,12 @@ def test_sampler_quick_prints_a_generated_block():
     assert lines[i].rstrip() == "Command: `python benchmarks/sampler.py --quick`"
     assert lines[i + 1].startswith("Machine: ") and "memcpy" in lines[i + 1] and "GB/s" in lines[i + 1]
     assert lines[i + 2] == ""
-    assert _cells(lines[i + 3]) == ["what", "torch median ms (min)", "pyddp median ms (min)", "speedup"]
-    assert lines[i + 4] == "|---|---:|---:|---:|"
+    assert _cells(lines[i + 3]) == ["what", "torch median ms (min)", "pyddp median ms (min)", "speedup",
+                                    "speedup, CPU time"]
+    assert lines[i + 4] == "|---|---:|---:|---:|---:|"
     rows = [_cells(ln) for ln in lines[i + 5:] if ln.startswith("| ")]
     assert [c[0] for c in rows] == ["one epoch, list of Python ints",
                                     "one epoch, pyddp indices() (NumPy int64)", "randperm(100,000) alone"]
     for c in rows:
         assert re.fullmatch(r"\d+\.\d \(\d+\.\d\)", c[2]), c
-        assert re.fullmatch(r"\d+\.\dx|n/a", c[3]), c
+        assert re.fullmatch(r"\d+\.\dx|n/a", c[3]) and re.fullmatch(r"\d+\.\dx|n/a", c[4]), c
