@@ -26,6 +26,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pyddp import _kernels as K  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
 
 def sizes_for(numel, n):
     """n sizes of varied magnitude (1 : 40) summing to numel."""
@@ -80,7 +83,6 @@ def main(argv=None):
             g *= inv
 
     impls = {"pyddp unscale_ (fused)": pyddp_fn, "NumPy (multiply, then isfinite)": numpy_fn}
-    torch_version = None
     try:
         import torch
 
@@ -93,7 +95,6 @@ def main(argv=None):
             torch._amp_foreach_non_finite_check_and_unscale_(tg, t_found, t_inv[k % 2])
 
         impls["torch _amp_foreach_non_finite_check_and_unscale_"] = torch_fn
-        torch_version = torch.__version__
     except ImportError:
         notes.append("torch is not installed: no torch row")
     impls["pyddp check only (inv_scale=1)"] = check_fn
@@ -126,16 +127,15 @@ def main(argv=None):
 
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     ref = med["pyddp unscale_ (fused)"]
-    print(f"# unscale + inf/NaN check of {numel:,} float32 gradient elements in {len(sizes)} "
-          f"arrays ({min(sizes):,}..{max(sizes):,}), 1 thread, median of {args.reps} calls"
-          + (f", torch {torch_version}" if torch_version else ""))
-    print()
-    print("| implementation | median ms | min ms | time / pyddp | GB/s |")
-    print("|---|---:|---:|---:|---:|")
+    rows = []
     for k in impls:
         nbytes = numel * 4 * (1 if "check only" in k else 2)
-        print(f"| {k} | {med[k]:.2f} | {min(times[k]) * 1e3:.2f} | {med[k] / ref:.2f}x | "
-              f"{nbytes / (med[k] * 1e-3) / 1e9:.1f} |")
+        rows.append((k, f"{med[k]:.2f}", f"{min(times[k]) * 1e3:.2f}", f"{med[k] / ref:.2f}x",
+                     f"{nbytes / (med[k] * 1e-3) / 1e9:.1f}"))
+    print(_report.block(
+        f"unscale + inf/NaN check of {numel:,} float32 gradient elements in {len(sizes)} "
+        f"arrays ({min(sizes):,}..{max(sizes):,}), 1 thread, median of {args.reps} calls",
+        ("implementation", "median ms", "min ms", "time / pyddp", "GB/s"), rows))
     print()
     for n in notes:
         print(f"# note: {n}")

@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
 SIZES = {"0.27M": 256, "1.9M": 1024, "5.8M": 2048}
 BATCH = 64
 
@@ -247,9 +250,7 @@ def main():
             results = json.load(f)
     print(f"DDP step time, {args.nproc} ranks, batch {BATCH} per rank, one thread per rank, "
           f"median of {args.rounds}x{args.steps} steps")
-    print()
-    print("| model | configuration | step ms | / plain | vs torch DDP |")
-    print("|---|---|---|---|---|")
+    rows = []
     for size, r in results.items():
         t = r["times"]
         tddp = t.get("torch DDP (gloo)")
@@ -260,7 +261,13 @@ def main():
             elif name.startswith(("torch", "pyddp DDP, torch", FLOOR_TORCH)):
                 plain = t["torch plain"]
             vs = f"{tddp / v:.2f}x faster" if tddp and name.startswith("pyddp DDP") else ""
-            print(f"| {size} ({r['params'] / 1e6:.2f}M) | {name} | {v * 1e3:.2f} | {v / plain:.3f} | {vs} |")
+            rows.append((f"{size} ({r['params'] / 1e6:.2f}M)", name, f"{v * 1e3:.2f}",
+                         f"{v / plain:.3f}", vs))
+    print()
+    print("\n".join(_report.header()))
+    print()
+    print("\n".join(_report.table(("model", "configuration", "step ms", "/ plain", "vs torch DDP"),
+                                  rows, align="llrrl")))
     print()
     # targets (issue 18): pyddp's DDP at most its framework's allreduce floor + 0.04 (1.9M, 5.8M)
     for size, r in results.items():

@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+import _report  # noqa: E402
 from bench_worker import counts_for, warmups  # noqa: E402
 from collectives import (algbw, busbw_factor, fmt_bw, fmt_size, fmt_us, free_port, launch,  # noqa: E402
                          parse_size, worker_env)
@@ -626,6 +627,8 @@ def main(argv=None):
           + ", ".join(f"{lib} {v['nccl']}" for lib, v in found.items() if v.get("nccl")))
     print(f"# sizes {fmt_size(sizes[0])} .. {fmt_size(sizes[-1])}, {args.batches} batches of up to {args.iters} "
           f"calls, ops {','.join(args.ops)}")
+    for line in _report.header(argv):  # the command and the host, as every generated README table
+        print("# " + line.rstrip())
     sys.stdout.flush()
 
     results, notes, failed = {}, {}, False

@@ -31,7 +31,9 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+import _report  # noqa: E402
 import pyddp  # noqa: E402
 import pyddp.nn.functional as PF  # noqa: E402
 
@@ -140,16 +142,18 @@ def main(argv=None):
                 times[lib].append((time.perf_counter() - t0) / args.steps * 1e3)
         med = {lib: statistics.median(v) for lib, v in times.items()}
         rows.append((kind, med, losses))
-    print(f"\n## Training step, batch {BATCH}, 1 thread (median of {args.reps} rounds x "
-          f"{args.steps} steps)\n")
-    print("| model | pyddp ms | torch ms | pyddp/torch | target |")
-    print("|---|---|---|---|---|")
+    table = []
     for kind, med, _ in rows:
         t = med.get("torch")
         name = "MLP 784-1024-1024-10" if kind == "mlp" else "CNN conv16-conv32-fc10 (28x28)"
         target = "<= 1.5x" if kind == "mlp" else "<= 3x"
-        print(f"| {name} | {med['pyddp']:.2f} | {t:.2f} | {med['pyddp'] / t:.2f}x | {target} |"
-              if t else f"| {name} | {med['pyddp']:.2f} | - | - | {target} |")
+        table.append((name, f"{med['pyddp']:.2f}", f"{t:.2f}" if t else "-",
+                      f"{med['pyddp'] / t:.2f}x" if t else "-", target))
+    print()
+    print(_report.block(f"Training step, batch {BATCH}, 1 thread (median of {args.reps} rounds x "
+                        f"{args.steps} steps)",
+                        ("model", "pyddp ms", "torch ms", "pyddp/torch", "target"), table,
+                        align="lrrrl"))
     return 0
 
 

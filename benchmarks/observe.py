@@ -23,6 +23,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import _report  # noqa: E402
+
 CONFIGS = ("recorder off", "recorder on (default)", "recorder on + timeline")
 SIZES = (4, 64 << 10, 1 << 20)
 
@@ -83,14 +86,14 @@ def fmt_size(n):
 
 
 def table(res):
-    lines = ["| allreduce | " + " | ".join(f"{c} us" for c in CONFIGS) + " | recorder cost | "
-             "timeline cost |", "|---" * (len(CONFIGS) + 3) + "|"]
+    rows = []
     for s in SIZES:
         med = [statistics.median(res[c][str(s)]) * 1e6 for c in CONFIGS]
-        lines.append(f"| {fmt_size(s)} | " + " | ".join(f"{m:.2f}" for m in med) +
-                     f" | {med[1] - med[0]:+.2f} us ({(med[1] / med[0] - 1) * 100:+.1f}%) | "
-                     f"{med[2] - med[1]:+.2f} us ({(med[2] / med[1] - 1) * 100:+.1f}%) |")
-    return lines
+        rows.append([fmt_size(s)] + [f"{m:.2f}" for m in med] +
+                    [f"{med[1] - med[0]:+.2f} us ({(med[1] / med[0] - 1) * 100:+.1f}%)",
+                     f"{med[2] - med[1]:+.2f} us ({(med[2] / med[1] - 1) * 100:+.1f}%)"])
+    return _report.table(["allreduce"] + [f"{c} us" for c in CONFIGS] +
+                         ["recorder cost", "timeline cost"], rows, align="l" + "r" * (len(CONFIGS) + 2))
 
 
 def main(argv=None):
@@ -108,9 +111,11 @@ def main(argv=None):
         subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
         with open(out) as f:
             res = json.load(f)
-    print(f"# flight recorder and timeline cost, 2 ranks, float32 allreduce, median of "
-          f"{args.rounds} rounds (slowest rank per round), {time.strftime('%Y-%m-%d')}, "
-          f"{os.cpu_count()} cores")
+    print(f"flight recorder and timeline cost, 2 ranks, float32 allreduce, median of "
+          f"{args.rounds} rounds (slowest rank per round)")
+    print()
+    print("\n".join(_report.header(argv)))
+    print()
     print("\n".join(table(res)))
     return 0
 

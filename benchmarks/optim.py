@@ -22,6 +22,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pyddp.optim as O  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2
 
 
@@ -113,9 +116,7 @@ def main(argv=None):
             torch_loop = torch.optim.AdamW(tp_loop, lr=LR, betas=BETAS, eps=EPS,
                                            weight_decay=WD)
             impls["torch AdamW (default)"] = torch_loop.step
-        torch_version = torch.__version__
     except ImportError:
-        torch_version = None
         notes.append("torch is not installed: no torch rows")
 
     # one untimed step each allocates the state; then round-robin timed steps
@@ -149,16 +150,13 @@ def main(argv=None):
 
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     base = med["pyddp FusedAdam"]
-    print(f"# AdamW step over {numel:,} float32 parameters in {len(sizes)} arrays "
-          f"({min(sizes):,}..{max(sizes):,} elements), 1 thread, median of {args.reps} steps"
-          + (f", torch {torch_version}" if torch_version else ""))
-    print()
-    print("| implementation | median ms/step | min ms | time / pyddp FusedAdam | GB/s moved |")
-    print("|---|---:|---:|---:|---:|")
     moved = numel * 4 * 7  # read p, g, m, v; write p, m, v
-    for k in impls:
-        print(f"| {k} | {med[k]:.2f} | {min(times[k]) * 1e3:.2f} | {med[k] / base:.2f}x | "
-              f"{moved / (med[k] * 1e-3) / 1e9:.1f} |")
+    rows = [(k, f"{med[k]:.2f}", f"{min(times[k]) * 1e3:.2f}", f"{med[k] / base:.2f}x",
+             f"{moved / (med[k] * 1e-3) / 1e9:.1f}") for k in impls]
+    print(_report.block(
+        f"AdamW step over {numel:,} float32 parameters in {len(sizes)} arrays "
+        f"({min(sizes):,}..{max(sizes):,} elements), 1 thread, median of {args.reps} steps",
+        ("implementation", "median ms/step", "min ms", "time / pyddp FusedAdam", "GB/s moved"), rows))
     print()
     for n in notes:
         print(f"# note: {n}")

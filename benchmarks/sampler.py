@@ -10,7 +10,9 @@ each repetition sets a new epoch and times, for one rank:
 and, for reference, torch.randperm(N) vs pyddp.randperm(N) alone.  The
 libraries alternate within every repetition, so background load hits both
 alike; the table gives medians (and minimums) of all repetitions and the
-speedup of the medians.  Every epoch's indices are checked to be identical.
+speedup of the medians, in wall-clock time and in the CPU time of the calling
+thread (time.thread_time: on a loaded machine the wall clock also counts the
+time the process waits for a core; both libraries run these on one thread).  Every epoch's indices are checked to be identical.
 
     python benchmarks/sampler.py                 # N=10M, R=4, 15 repetitions
     python benchmarks/sampler.py --n 1000000 --reps 30 --json out.json
@@ -29,14 +31,24 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
 import pyddp  # noqa: E402
 from pyddp.utils.data import DistributedSampler  # noqa: E402
 
 
-def _time(fn):
+CPU = {}  # key -> the calling thread's CPU seconds of every repetition
+
+
+def _time(fn, key=None):
+    c = time.thread_time()
     t = time.perf_counter()
     out = fn()
-    return time.perf_counter() - t, out
+    dt = time.perf_counter() - t
+    if key is not None:
+        CPU.setdefault(key, []).append(time.thread_time() - c)
+    return dt, out
 
 
 def main(argv=None):
@@ -76,11 +88,11 @@ def main(argv=None):
         ps.set_epoch(epoch)
         if torch:
             ts.set_epoch(epoch)
-            dt, ref = _time(lambda: list(ts))
+            dt, ref = _time(lambda: list(ts), "torch_list")
             rows["torch_list"].append(dt)
-        dt, got = _time(lambda: list(ps))
+        dt, got = _time(lambda: list(ps), "pyddp_list")
         rows["pyddp_list"].append(dt)
-        dt, arr = _time(ps.indices)
+        dt, arr = _time(ps.indices, "pyddp_indices")
         rows["pyddp_indices"].append(dt)
         if torch and (got != ref or arr.tolist() != ref):
             raise SystemExit(f"MISMATCH at epoch {epoch}: pyddp != torch")
@@ -89,10 +101,10 @@ def main(argv=None):
             del ref
             tg = torch.Generator()
             tg.manual_seed(epoch)
-            dt, tp = _time(lambda: torch.randperm(n, generator=tg))
+            dt, tp = _time(lambda: torch.randperm(n, generator=tg), "torch_randperm")
             rows["torch_randperm"].append(dt)
         pg = pyddp.Generator().manual_seed(epoch)
-        dt, pp = _time(lambda: pyddp.randperm(n, generator=pg))
+        dt, pp = _time(lambda: pyddp.randperm(n, generator=pg), "pyddp_randperm")
         rows["pyddp_randperm"].append(dt)
         if torch and not np.array_equal(pp, tp.numpy()):
             raise SystemExit(f"MISMATCH: randperm seed {epoch}")
@@ -103,24 +115,25 @@ def main(argv=None):
     def mn(k):
         return min(rows[k]) * 1e3 if rows[k] else float("nan")
 
-    print(f"# DistributedSampler, one epoch of rank {rank}'s indices: "
-          f"N={n:,}, num_replicas={R}, {args.reps} repetitions, "
-          f"{os.cpu_count()} CPUs (shared; medians)")
-    print(f"# indices identical to torch's: "
-          f"{'yes, every epoch' if torch else 'not checked (no torch)'}")
-    print()
-    print("| what | torch median ms (min) | pyddp median ms (min) | speedup |")
-    print("|---|---:|---:|---:|")
     table = [
         ("one epoch, list of Python ints", "torch_list", "pyddp_list"),
         ("one epoch, pyddp indices() (NumPy int64)", "torch_list",
          "pyddp_indices"),
         (f"randperm({n:,}) alone", "torch_randperm", "pyddp_randperm"),
     ]
+    out = []
     for label, tk, pk in table:
         t = f"{med(tk):.1f} ({mn(tk):.1f})" if rows[tk] else "n/a"
         sp = f"{med(tk) / med(pk):.1f}x" if rows[tk] else "n/a"
-        print(f"| {label} | {t} | {med(pk):.1f} ({mn(pk):.1f}) | {sp} |")
+        sc = (f"{statistics.median(CPU[tk]) / statistics.median(CPU[pk]):.1f}x"
+              if rows[tk] else "n/a")
+        out.append((label, t, f"{med(pk):.1f} ({mn(pk):.1f})", sp, sc))
+    print(_report.block(
+        f"DistributedSampler, one epoch of rank {rank}'s indices: N={n:,}, num_replicas={R}, "
+        f"medians (minimums) of {args.reps} repetitions; indices identical to torch's: "
+        f"{'yes, every epoch' if torch else 'not checked (no torch)'}",
+        ("what", "torch median ms (min)", "pyddp median ms (min)", "speedup",
+         "speedup, CPU time"), out, align="lrrrr"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": n, "num_replicas": R, "rank": rank,

@@ -37,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _report  # noqa: E402
 import bench_worker  # noqa: E402
 import ddp  # noqa: E402
 from collectives import algbw, fmt_bw, fmt_size, fmt_us, free_port, merge_rows, parse_size  # noqa: E402
@@ -185,8 +186,7 @@ def _worker(args):
 
 def collective_lines(coll):
     """The markdown table of the collectives and the target lines."""
-    lines = ["| collective | size | gloo us | pyddp us | gloo GB/s | pyddp GB/s | pyddp speed-up |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     targets = []
     b2b = coll.get("back_to_back") or {}
     for op in OPS:
@@ -194,10 +194,9 @@ def collective_lines(coll):
             n = p["bytes"]
             bad = "".join(f" WRONG RESULT from {b}" for b, r in (("gloo", g), ("pyddp", p))
                           if not r["correct"])
-            lines.append(f"| {op} | {fmt_size(n)} | {fmt_us(g['median_us'])} | "
-                         f"{fmt_us(p['median_us'])} | {fmt_bw(algbw(n, g['median_us']))} | "
-                         f"{fmt_bw(algbw(n, p['median_us']))} | "
-                         f"{g['median_us'] / p['median_us']:.2f}x{bad} |")
+            rows.append((op, fmt_size(n), fmt_us(g['median_us']), fmt_us(p['median_us']),
+                         fmt_bw(algbw(n, g['median_us'])), fmt_bw(algbw(n, p['median_us'])),
+                         f"{g['median_us'] / p['median_us']:.2f}x{bad}"))
             if op == "allreduce" and n <= 4:
                 ok = p["median_us"] <= TARGET_US
                 targets.append(f"target allreduce {fmt_size(n)}: pyddp {p['median_us']:.2f} us "
@@ -212,21 +211,24 @@ def collective_lines(coll):
                 targets.append(f"target allreduce {fmt_size(n)}: pyddp algbw {r:.2f}x gloo's "
                                f"(>= {TARGET_BW_RATIO:g}) -> "
                                f"{'met' if r >= TARGET_BW_RATIO else 'NOT met'}")
+    lines = _report.table(("collective", "size", "gloo us", "pyddp us", "gloo GB/s", "pyddp GB/s",
+                           "pyddp speed-up"), rows, align="llrrrrr")
     return lines, targets
 
 
 def ddp_lines(steps):
-    lines = ["| model | configuration | step ms | / plain |", "|---|---|---|---|"]
+    rows = []
     targets = []
     for size, r in steps.items():
         t = r["times"]
         for name, v in t.items():
-            lines.append(f"| {size} ({r['params'] / 1e6:.2f}M) | {name} | {v * 1e3:.2f} | "
-                         f"{v / t['torch plain']:.3f} |")
+            rows.append((f"{size} ({r['params'] / 1e6:.2f}M)", name, f"{v * 1e3:.2f}",
+                         f"{v / t['torch plain']:.3f}"))
         if size == "5.8M":
             ratio = t["torch DDP (pyddp)"] / t["torch plain"]
             targets.append(f"target 5.8M torch DDP (pyddp): {ratio:.3f} of plain "
                            f"(<= {TARGET_DDP}) -> {'met' if ratio <= TARGET_DDP else 'NOT met'}")
+    lines = _report.table(("model", "configuration", "step ms", "/ plain"), rows, align="llrr")
     return lines, targets
 
 
@@ -248,14 +250,21 @@ def main(argv=None):
         subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
         with open(out) as f:
             res = json.load(f)
-    print(f"# torch.distributed collectives, 2 ranks, float32, one thread per rank, median of "
+    print(f"torch.distributed collectives, 2 ranks, float32, one thread per rank, median of "
           f"{args.rounds} rounds' medians")
+    print()
+    info = _report.machine()
+    print("\n".join(_report.header(argv, info=info)))
+    print()
     lines, targets = collective_lines(res["collectives"])
     print("\n".join(lines))
     if res["ddp"]:
         print()
-        print(f"# torch DDP step time, 2 ranks, batch {ddp.BATCH} per rank, median of "
+        print(f"torch DDP step time, 2 ranks, batch {ddp.BATCH} per rank, median of "
               f"{args.rounds}x{args.steps} steps")
+        print()
+        print("\n".join(_report.header(argv, info=info)))
+        print()
         more, t2 = ddp_lines(res["ddp"])
         print("\n".join(more))
         targets += t2

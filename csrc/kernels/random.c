@@ -141,60 +141,129 @@ pd_mt_random64(pd_mt19937 *g)
 #define PREFETCH_W(p) ((void)(p))
 #endif
 
-/* Forward Fisher-Yates over r[0..n-1], n < PD_RANDPERM_THRESHOLD (so every
- * index fits in 32 bits): for i < n-1, swap r[i] and r[i + random() % (n-i)].
- * T is the element type of r. */
-#define DEFINE_RANDPERM_FORWARD(NAME, T)                                     \
-    static void                                                              \
-    NAME(pd_mt19937 *g, T *r, int64_t n)                                     \
-    {                                                                        \
-        uint32_t zb[2][RP_BATCH];                                            \
-        uint32_t rb[RP_BATCH];                                               \
-        uint32_t nn = (uint32_t)n;                                           \
-        for (uint32_t i = 0; i < nn; i++) {                                  \
-            r[i] = (T)i;                                                     \
-        }                                                                    \
-        if (nn < 2) {                                                        \
-            return;                                                          \
-        }                                                                    \
-        uint32_t last = nn - 1; /* positions 0 .. n-2 swap */                \
-        uint32_t start = 0, cnt = 0;                                         \
-        int cur = 0;                                                         \
-        cnt = last < RP_BATCH ? last : RP_BATCH;                             \
-        mt_fill(g, rb, cnt);                                                 \
-        for (uint32_t k = 0; k < cnt; k++) {                                 \
-            uint32_t i = k;                                                  \
-            uint32_t t = i + rb[k] % (nn - i);                               \
-            zb[0][k] = t;                                                    \
-            PREFETCH_W(&r[t]);                                               \
-        }                                                                    \
-        while (cnt > 0) {                                                    \
-            uint32_t nstart = start + cnt;                                   \
-            uint32_t left = last - nstart;                                   \
-            uint32_t ncnt = left < RP_BATCH ? left : RP_BATCH;               \
-            uint32_t *nz = zb[cur ^ 1];                                      \
-            mt_fill(g, rb, ncnt);                                            \
-            for (uint32_t k = 0; k < ncnt; k++) {                            \
-                uint32_t i = nstart + k;                                     \
-                uint32_t t = i + rb[k] % (nn - i);                           \
-                nz[k] = t;                                                   \
-                PREFETCH_W(&r[t]);                                           \
-            }                                                                \
-            const uint32_t *z = zb[cur];                                     \
-            for (uint32_t k = 0; k < cnt; k++) {                             \
-                uint32_t i = start + k;                                      \
-                T sav = r[i];                                                \
-                r[i] = r[z[k]];                                              \
-                r[z[k]] = sav;                                               \
-            }                                                                \
-            start = nstart;                                                  \
-            cnt = ncnt;                                                      \
-            cur ^= 1;                                                        \
-        }                                                                    \
+/* Swap targets of positions i0 .. i0+cnt-1 of a forward shuffle of nn
+ * elements: z[k] = i + rb[k] % (nn - i), i = i0 + k, every nn - i >= 2 and
+ * nn < 2**31.  The remainder comes from a double division (vectorised:
+ * 32-bit integer division is the most expensive step of a shuffle that fits
+ * in the caches): for r, d < 2**32 the correctly rounded r / d truncates to
+ * floor(r / d) or one more (both are representable and rounding is
+ * monotonic), and one more makes r - q*d wrap to 2**32 - (d - m) >= d, so
+ * min(m, m + d) in uint32 arithmetic is exactly r % d.  Every q < 2**31. */
+#define RP_TARGETS_BODY                                                      \
+    for (uint32_t k = 0; k < cnt; k++) {                                     \
+        uint32_t i = i0 + k;                                                 \
+        uint32_t d = nn - i;                                                 \
+        uint32_t r = rb[k];                                                  \
+        double rd = (double)(int32_t)(r ^ 0x80000000u) + 2147483648.0;       \
+        double dd = (double)(int32_t)d;                                      \
+        uint32_t q = (uint32_t)(int32_t)(rd / dd);                           \
+        uint32_t m = r - q * d;                                              \
+        uint32_t m2 = m + d;                                                 \
+        z[k] = i + (m2 < m ? m2 : m);                                        \
     }
 
-DEFINE_RANDPERM_FORWARD(randperm_forward_u32, uint32_t)
-DEFINE_RANDPERM_FORWARD(randperm_forward_i64, int64_t)
+static void
+rp_targets(const uint32_t *restrict rb, uint32_t *restrict z, uint32_t i0,
+           uint32_t nn, uint32_t cnt)
+{
+    RP_TARGETS_BODY
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(PD_KERNELS_PORTABLE)
+#define RP_X86_DISPATCH 1
+__attribute__((target("avx2"))) static void
+rp_targets_avx2(const uint32_t *restrict rb, uint32_t *restrict z,
+                uint32_t i0, uint32_t nn, uint32_t cnt)
+{
+    RP_TARGETS_BODY
+}
+#endif
+
+typedef void (*rp_targets_fn)(const uint32_t *restrict, uint32_t *restrict,
+                              uint32_t, uint32_t, uint32_t);
+
+static rp_targets_fn
+rp_targets_pick(void)
+{
+#ifdef RP_X86_DISPATCH
+    if (__builtin_cpu_supports("avx2")) {
+        return rp_targets_avx2;
+    }
+#endif
+    return rp_targets;
+}
+
+void
+pd_randperm_targets(const uint32_t *rb, uint32_t *z, uint32_t i0, uint32_t nn,
+                    uint32_t cnt)
+{
+    rp_targets_pick()(rb, z, i0, nn, cnt);
+}
+
+/* Forward Fisher-Yates over the uint32 r[0..n-1], n < PD_RANDPERM_THRESHOLD
+ * (so every index fits in 32 bits): for i < n-1, swap r[i] and
+ * r[i + random() % (n-i)]. */
+static void
+randperm_forward_u32(pd_mt19937 *g, uint32_t *r, int64_t n)
+{
+    uint32_t zb[2][RP_BATCH];
+    uint32_t rb[RP_BATCH];
+    uint32_t nn = (uint32_t)n;
+    rp_targets_fn targets = rp_targets_pick();
+    for (uint32_t i = 0; i < nn; i++) {
+        r[i] = i;
+    }
+    if (nn < 2) {
+        return;
+    }
+    uint32_t last = nn - 1; /* positions 0 .. n-2 swap */
+    uint32_t start = 0, cnt = 0;
+    int cur = 0;
+    cnt = last < RP_BATCH ? last : RP_BATCH;
+    mt_fill(g, rb, cnt);
+    targets(rb, zb[0], 0, nn, cnt);
+    for (uint32_t k = 0; k < cnt; k++) {
+        PREFETCH_W(&r[zb[0][k]]);
+    }
+    while (cnt > 0) {
+        uint32_t nstart = start + cnt;
+        uint32_t left = last - nstart;
+        uint32_t ncnt = left < RP_BATCH ? left : RP_BATCH;
+        uint32_t *nz = zb[cur ^ 1];
+        mt_fill(g, rb, ncnt);
+        targets(rb, nz, nstart, nn, ncnt);
+        for (uint32_t k = 0; k < ncnt; k++) {
+            PREFETCH_W(&r[nz[k]]);
+        }
+        const uint32_t *z = zb[cur];
+        for (uint32_t k = 0; k < cnt; k++) {
+            uint32_t i = start + k;
+            uint32_t sav = r[i];
+            r[i] = r[z[k]];
+            r[z[k]] = sav;
+        }
+        start = nstart;
+        cnt = ncnt;
+        cur ^= 1;
+    }
+}
+
+/* The forward shuffle into an int64 array: shuffled as uint32 in the first
+ * half of out (half the memory the random swaps touch), then widened in
+ * place from the end (out[i] covers uint32 words 2i and 2i+1, which are
+ * >= i: already read). */
+static void
+randperm_forward_i64(pd_mt19937 *g, int64_t *out, int64_t n)
+{
+    randperm_forward_u32(g, (uint32_t *)(void *)out, n);
+    unsigned char *bytes = (unsigned char *)(void *)out;
+    for (int64_t i = n - 1; i >= 0; i--) {
+        uint32_t v;
+        memcpy(&v, bytes + (size_t)i * sizeof v, sizeof v);
+        int64_t w = (int64_t)v;
+        memcpy(bytes + (size_t)i * sizeof w, &w, sizeof w);
+    }
+}
 
 /* Inside-out Fisher-Yates (n >= PD_RANDPERM_THRESHOLD): for i < n,
  * z = random64() % (i+1); r[i] = r[z]; r[z] = i. */

@@ -46,6 +46,12 @@ uint64_t pd_mt_random64(pd_mt19937 *g);
 /* torch.randperm(n, generator=g) into out[0..n-1] (n >= 0). */
 void pd_randperm(pd_mt19937 *g, int64_t *out, int64_t n);
 
+/* The swap targets of the forward shuffle (exposed for tests):
+ * z[k] = i + rb[k] % (nn - i) for i = i0 + k, k < cnt; needs
+ * nn < 2^31 and nn - i >= 2 (computed without integer division). */
+void pd_randperm_targets(const uint32_t *rb, uint32_t *z, uint32_t i0,
+                         uint32_t nn, uint32_t cnt);
+
 /* The inside-out shuffle randperm uses from PD_RANDPERM_THRESHOLD on, for
  * any n >= 0 (so that tests can check it on small n). */
 void pd_randperm_inside_out(pd_mt19937 *g, int64_t *out, int64_t n);

@@ -162,6 +162,54 @@ test_randperm_both_algorithms(void)
     }
 }
 
+/* The division-free remainders of the forward shuffle's swap targets
+ * against %, at the extremes of both operands (draws near 2^32, divisors
+ * from 2 to nearly 2^31) and at random ones. */
+static void
+test_randperm_targets_exact(void)
+{
+    const uint32_t divs[] = {2, 3, 5, 7, 1000, 65535, 65536, 65537,
+                             (1u << 24) + 1, 214748363u, 214748364u,
+                             (1u << 30) + 7, (1u << 31) - 2000};
+    uint32_t rb[64], z[64];
+    pd_mt19937 g;
+    pd_mt_seed(&g, 11);
+    long bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        for (int k = 0; k < 64; k++) {
+            rb[k] = (it % 3 == 0) ? 0xffffffffu - (uint32_t)(k * (it % 5))
+                    : (it % 3 == 1) ? (uint32_t)k * (uint32_t)(it % 7)
+                                    : pd_mt_random(&g);
+        }
+        uint32_t d_last;
+        if (it < 13 * 100) {
+            d_last = divs[it % 13];
+        } else {
+            d_last = (pd_mt_random(&g) >> (pd_mt_random(&g) % 31)) | 2u;
+            if (d_last > (1u << 31) - 2000) {
+                d_last = (1u << 31) - 2000;
+            }
+        }
+        /* positions i0 .. i0+63 of a shuffle of nn < 2^31: divisors
+         * d_last+63 down to d_last (>= 2) */
+        uint32_t nn = (uint32_t)((1u << 31) - 1);
+        uint32_t i0 = nn - d_last - 63;
+        pd_randperm_targets(rb, z, i0, nn, 64);
+        for (uint32_t k = 0; k < 64; k++) {
+            uint32_t i = i0 + k;
+            bad += z[k] != i + rb[k] % (nn - i);
+        }
+        nn = d_last + 63 + (uint32_t)(it % 1000);
+        i0 = nn - d_last - 63;
+        pd_randperm_targets(rb, z, i0, nn, 64);
+        for (uint32_t k = 0; k < 64; k++) {
+            uint32_t i = i0 + k;
+            bad += z[k] != i + rb[k] % (nn - i);
+        }
+    }
+    T_CHECK(bad == 0);
+}
+
 static void
 test_dist_sampler_indices(void)
 {
@@ -271,6 +319,7 @@ main(void)
     T_RUN(test_cpp_standard_value);
     T_RUN(test_engine_vs_textbook);
     T_RUN(test_randperm_both_algorithms);
+    T_RUN(test_randperm_targets_exact);
     T_RUN(test_dist_sampler_indices);
     T_RUN(test_randint_and_multinomial);
     return pd_test_result();
