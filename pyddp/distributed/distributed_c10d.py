@@ -65,8 +65,8 @@ ReduceOp.RedOpType = ReduceOp  # type: ignore[attr-defined]
 
 
 class Backend(str):
-    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias); "nccl" and "mpi" (registered,
-    not available in this build); those added with ``register_backend``."""
+    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias); "nccl" (CUDA arrays, where
+    libnccl loads) and "mpi" (where mpi4py is installed); those added with ``register_backend``."""
 
     CPU = "cpu"
     GLOO = "gloo"
@@ -339,7 +339,7 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
-    """False: pyddp has no MPI backend (it starts under mpirun, see the README)."""
+    """Whether the 'mpi' backend can be used: mpi4py is installed (the ``mpi`` extra)."""
     return _registered_available("mpi")
 
 
@@ -648,7 +648,15 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
             raise TypeError("world_size and rank must be integers")
-        if store is not None:
+        mpi_only = bool(plan) and all(getattr(e, "name", None) == "mpi" for e in plan.values())
+        if store is None and init_method is None and mpi_only:
+            # as torch's: rank and world size come from MPI, no rendezvous (a local store keeps
+            # new_group's bookkeeping; the backend never reads it)
+            from . import _mpi
+
+            rank, world_size = _mpi.world_rank_size(rank, world_size)
+            store, owns = HashStore(), False
+        elif store is not None:
             if world_size <= 0:
                 raise ValueError("world_size must be positive if using store")
             if rank < 0:
