@@ -55,7 +55,7 @@ _OP_NAMES = {v: k for k, v in _C.REDUCE_OPS.items()}
 _D = _C.DTYPE_CODES
 _F16, _BF16 = _D["float16"], _D["bfloat16"]
 _BOOL = _D["bool"]
-_AVG = _C.REDUCE_OPS["AVG"]
+_AVG, _SUM = _C.REDUCE_OPS["AVG"], _C.REDUCE_OPS["SUM"]
 _SIGN = 6  # signature fields: seq, kind, dtype, op, root, count
 _TAG_LIST = 7  # tag of the list collectives' messages on aux
 _TAG_MON, _TAG_MON_OK = 8, 9  # monitored_barrier's arrival and release
@@ -73,7 +73,13 @@ _cuda_aware = None
 
 def available() -> bool:
     """Whether mpi4py is installed (looked up, not imported)."""
-    return "mpi4py" in sys.modules or importlib.util.find_spec("mpi4py") is not None
+    mod = sys.modules.get("mpi4py", False)
+    if mod is not False:
+        return mod is not None  # None: imports of it are blocked
+    try:
+        return importlib.util.find_spec("mpi4py") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def reason() -> str:
@@ -102,7 +108,7 @@ def load():
                                f"{INSTALL_HINT}") from None
         if not mpi.Is_initialized():
             mpi.Init_thread(mpi.THREAD_MULTIPLE)
-        _tables = _make_tables(mpi)
+        _tables = _make_tables(mpi) + (_saturating_sums(mpi),)
         MPI = mpi
     return MPI
 
@@ -125,6 +131,22 @@ def _make_tables(mpi):
         units[size] = t
     units[16] = mpi.C_DOUBLE_COMPLEX
     return types, ops, bool_ops, units
+
+
+def _saturating_sums(mpi):
+    """Codes of the small integer types whose MPI_SUM saturates instead of wrapping (Open MPI
+    4.1.0 to 4.1.4's AVX reduction kernels): a local test reduction, once."""
+    bad = set()
+    for name, t in (("int8", mpi.INT8_T), ("uint8", mpi.UINT8_T), ("int16", mpi.INT16_T),
+                    ("uint16", mpi.UINT16_T)):
+        info = np.iinfo(name)
+        a = np.full(256, info.max, name)
+        b = np.full(256, info.max, name)
+        mpi.SUM.Reduce_local([a, t], [b, t])
+        want = (a.astype(np.int64) * 2).astype(name)  # wraps, as C's unsigned arithmetic
+        if (b != want).any():
+            bad.add(_D[name])
+    return frozenset(bad)
 
 
 def cuda_aware() -> bool:
@@ -302,7 +324,7 @@ class MpiBackend:
 
     def __init__(self, opts):
         mpi = load()
-        self.types, self.ops, self.bool_ops, self.units = _tables
+        self.types, self.ops, self.bool_ops, self.units, self.widen = _tables
         self.rank = opts.group_rank
         self.size = opts.group_size
         self.ranks = list(opts.global_ranks_in_group)
@@ -465,16 +487,20 @@ class MpiBackend:
         return work
 
     def _reduce_prep(self, dtype, op, arrays):
-        """(MPI type, MPI op, arrays to reduce, finish) for a reduction on ``arrays`` (the first
-        is the output): float32 copies for the half types; finish() writes them back and
+        """(MPI type, MPI op, arrays to reduce, copied) for a reduction on ``arrays`` (the first
+        is the output; ``copied``: they are copies): float32 copies for the half types, int32
+        ones where this MPI's SUM saturates small integers; _finisher writes them back and
         applies AVG's division."""
         mop = (self.bool_ops if dtype == _BOOL else self.ops)[op]
         if mop is None:
             raise ValueError(f"op {_OP_NAMES[op]} is not supported for {_DTYPE_NAMES[dtype]}")
-        half = dtype in (_F16, _BF16)
-        if half:
-            arrays = [_float32(a, dtype) for a in arrays]
-        return self.types[dtype], mop, arrays, half
+        if dtype in (_F16, _BF16):
+            return self.types[dtype], mop, [_float32(a, dtype) for a in arrays], True
+        if op == _SUM and dtype in self.widen:  # this MPI's SUM saturates them: int32 copies
+            wide = np.int32 if _DTYPE_NAMES[dtype].startswith("int") else np.uint32
+            return (MPI.INT32_T if wide is np.int32 else MPI.UINT32_T), mop, \
+                [a.astype(wide) for a in arrays], True
+        return self.types[dtype], mop, arrays, False
 
     def _run(self, kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
              timeout, wait_all, name, blocking, back):
@@ -483,11 +509,11 @@ class MpiBackend:
         if kind == _K_ALLREDUCE:
             out = outputs[0]
             src = inputs[0] if inputs else None
-            t, mop, arrs, half = self._reduce_prep(dtype, op, [out] + ([src] if src is not None
+            t, mop, arrs, copied = self._reduce_prep(dtype, op, [out] + ([src] if src is not None
                                                                       else []))
             o = arrs[0]
             sbuf = MPI.IN_PLACE if src is None else [arrs[1], t]
-            after = self._finisher(out, o, dtype, op, half, back)
+            after = self._finisher(out, o, dtype, op, copied, back)
             if blocking:
                 coll.Allreduce(sbuf, [o, t], mop)
                 if after is not None:
@@ -505,10 +531,10 @@ class MpiBackend:
             return self._done([coll.Ibcast(self._buf(a), root)], back, name, outputs, False)
         if kind == _K_REDUCE:
             a = outputs[0]
-            t, mop, arrs, half = self._reduce_prep(dtype, op, [a])
+            t, mop, arrs, copied = self._reduce_prep(dtype, op, [a])
             x = arrs[0]
             me = self.rank == root
-            after = self._finisher(a, x, dtype, op, half, back) if me else None
+            after = self._finisher(a, x, dtype, op, copied, back) if me else None
             sbuf = MPI.IN_PLACE if me else [x, t]
             rbuf = [x, t] if me else None
             if blocking:
@@ -540,8 +566,8 @@ class MpiBackend:
         if kind == _K_REDUCE_SCATTER:
             out = outputs[0]
             if len(inputs) == 1:
-                t, mop, arrs, half = self._reduce_prep(dtype, op, [out, inputs[0]])
-                after = self._finisher(out, arrs[0], dtype, op, half, back)
+                t, mop, arrs, copied = self._reduce_prep(dtype, op, [out, inputs[0]])
+                after = self._finisher(out, arrs[0], dtype, op, copied, back)
                 c = out.size
                 if blocking:
                     coll.Reduce_scatter_block([arrs[1], c, t], [arrs[0], c, t], mop)
@@ -551,7 +577,7 @@ class MpiBackend:
                 req = coll.Ireduce_scatter_block([arrs[1], c, t], [arrs[0], c, t], mop)
                 return self._done([req], after, name, (inputs, outputs, arrs), False)
             # a list: one MPI_Reduce per destination rank, straight from each array
-            t, mop, arrs, half = self._reduce_prep(dtype, op, [out, *inputs])
+            t, mop, arrs, copied = self._reduce_prep(dtype, op, [out, *inputs])
             o = arrs[0]
             reqs, afters = [], []
             for r in range(n):
@@ -563,7 +589,7 @@ class MpiBackend:
                         coll.Reduce([x, t], None, mop, r)
                 else:
                     reqs.append(coll.Ireduce([x, t], [o, t] if r == self.rank else None, mop, r))
-            after = self._finisher(out, o, dtype, op, half, back)
+            after = self._finisher(out, o, dtype, op, copied, back)
             if blocking:
                 if after is not None:
                     after()
@@ -600,10 +626,11 @@ class MpiBackend:
         t, c = self._unit(a)
         return [a, c, t]
 
-    def _finisher(self, out, x, dtype, op, half, back):
-        """What to run once a reduction into ``x`` (``out`` itself, or its float32 copy) is done."""
+    def _finisher(self, out, x, dtype, op, copied, back):
+        """What to run once a reduction into ``x`` is done: ``out`` itself, or (``copied``) its
+        float32 / int32 copy, written back."""
         avg = op == _AVG
-        if not half and not avg and back is None:
+        if not copied and not avg and back is None:
             return None
         n = self.size
 
@@ -613,8 +640,10 @@ class MpiBackend:
                     np.divide(x, n, out=x)
                 else:
                     np.floor_divide(x, n, out=x)  # never reached: AVG is refused on integers
-            if half:
+            if copied and dtype in (_F16, _BF16):
                 _store_half(out, x, dtype)
+            elif copied:
+                np.copyto(out, x, casting="unsafe")  # wraps, as C's integer arithmetic
             if back is not None:
                 back()
         return finish
