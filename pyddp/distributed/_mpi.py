@@ -149,6 +149,40 @@ def _saturating_sums(mpi):
     return frozenset(bad)
 
 
+_FAST = {}  # NumPy dtype -> (dtype code, MPI type) for the fast path (no half types)
+
+
+def _fast_ops(ops, bool_ops, widen):
+    """{(dtype code, ReduceOp): MPI op} the fast path reduces: the combinations pyddp accepts
+    that need no copy and no division (AVG, half types and widened sums take the general path)."""
+    from .distributed_c10d import ReduceOp
+
+    if not _FAST:
+        for name in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                     "uint64", "float32", "float64", "complex64", "complex128"):
+            _FAST[np.dtype(name)] = (_D[name], _tables[0][_D[name]])
+    out = {}
+    for name, code in _D.items():
+        if name in ("float16", "bfloat16"):
+            continue
+        for op in ReduceOp:
+            v = int(op)
+            if v not in _OP_NAMES or v == _AVG:
+                continue
+            opn = _OP_NAMES[v]
+            if name == "bool":
+                m = bool_ops.get(v)
+            elif name.startswith("complex"):
+                m = ops[v] if opn == "SUM" else None
+            elif name.startswith("float"):
+                m = ops[v] if opn in ("SUM", "PRODUCT", "MIN", "MAX") else None
+            else:
+                m = None if (opn == "SUM" and code in widen) else ops[v]
+            if m is not None:
+                out[(code, op)] = m
+    return out
+
+
 def cuda_aware() -> bool:
     """Whether the MPI takes CUDA device pointers: PYDDP_MPI_CUDA_AWARE (0/1) when set, else
     mpi4py's query where it has one, else Open MPI's MPIX_Query_cuda_support."""
@@ -363,6 +397,7 @@ class MpiBackend:
                 base.Free()
         for c in (self.coll, self.p2p, self.aux):
             c.Set_errhandler(mpi.ERRORS_RETURN)
+        self.fast_ops = _fast_ops(self.ops, self.bool_ops, self.widen)
         self._sig = np.zeros(2 * _SIGN, np.int64)
         self._sigr = np.zeros(2 * _SIGN, np.int64)
         self._cuda = None
@@ -455,6 +490,56 @@ class MpiBackend:
             if n % size == 0 and a.dtype.itemsize % size == 0:
                 return self.units[size], n // size
         return self.units[1], n
+
+    # --------------------------------------------------------------------- fast path
+    def fast(self, kind, array, arg, inp=None):
+        """A small blocking collective of the default group on plain NumPy arrays, in fewer
+        steps (pyddp's ``fast`` protocol); False (nothing done) for anything else, which then
+        takes the checked general path.  The signature checked is the general path's, so ranks
+        may mix both."""
+        if type(array) is not np.ndarray or self.error is not None:
+            return kind == _K_BARRIER and array is None and self.error is None and self._barrier()
+        f = _FAST.get(array.dtype)
+        if f is None:
+            return False
+        fl = array.flags
+        if not (fl.c_contiguous and fl.writeable):
+            return False
+        code, t = f
+        if kind == _K_ALLREDUCE:
+            mop = self.fast_ops.get((code, arg))
+            if mop is None:
+                return False
+            with self.lock:
+                if self.check and self.size > 1:
+                    self._check(kind, code, int(arg), 0, array.size, "all_reduce", 0.0)
+                try:
+                    self.coll.Allreduce(MPI.IN_PLACE, [array, t], mop)
+                except MPI.Exception as e:
+                    raise _C.DistBackendError(self._mpi_message(e, "all_reduce")) from None
+            return True
+        if kind == _K_BROADCAST:
+            if type(arg) is not int or not 0 <= arg < self.size:
+                return False
+            with self.lock:
+                if self.check and self.size > 1:
+                    self._check(kind, code, 0, arg, array.size, "broadcast", 0.0)
+                try:
+                    self.coll.Bcast([array, t], arg)
+                except MPI.Exception as e:
+                    raise _C.DistBackendError(self._mpi_message(e, "broadcast")) from None
+            return True
+        return False
+
+    def _barrier(self):
+        with self.lock:
+            if self.check and self.size > 1:
+                self._check(_K_BARRIER, 0, 0, 0, 0, "barrier", 0.0)
+            try:
+                self.coll.Barrier()
+            except MPI.Exception as e:
+                raise _C.DistBackendError(self._mpi_message(e, "barrier")) from None
+        return True
 
     # ------------------------------------------------------------------------ submit
     def submit(self, kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,

@@ -113,13 +113,15 @@ class ProcessGroup:
         self._pending = collections.deque()
         self._lock = threading.Lock()
         cpu = self._backends.get("cpu")
-        cpu_only = len(self._backends) == 1 and cpu is not None
+        # one backend object for every device (mpi serves cpu and cuda): no routing by device
+        cpu_only = cpu is not None and all(b is cpu for b in self._backends.values())
         # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
         self._cpg = None if type(cpu) is _backend.Unavailable else cpu
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
         # CPU-only groups: in a group with a device backend the attempt would cost every device
         # array an export (torch's __dlpack__ also orders streams) before it is turned down.
-        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable
+        # (A backend that serves the devices too, as mpi, turns device arrays down at once.)
+        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable and b is not cpu
                           for d, b in self._backends.items())
         self._fast = None if device_live else getattr(self._cpg, "fast", None)
         if _observe._level >= _observe.DebugLevel.DETAIL:
