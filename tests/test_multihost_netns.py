@@ -98,3 +98,37 @@ def test_group_across_two_hosts(two_hosts):
     for rank, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{out}"
         assert f"RESULT {rank} ok" in out, f"rank {rank}:\n{out}"
+
+
+@pytest.mark.timeout(150)
+def test_pyddp_run_on_two_hosts_with_c10d_rendezvous(two_hosts, tmp_path):
+    # the README's multi-node recipe: one `pyddp-run --nnodes 2 --rdzv-backend c10d` per host, both
+    # pointing at the first host's address; two ranks per host
+    h1, h2 = two_hosts
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYDDP_HOST")}
+    env.update(PYDDP_SECRET="two-hosts-c10d", PYDDP_ROOT=ROOT, OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    procs = []
+    for node, ns in enumerate((h1, h2)):
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "pyddp.run", "--nnodes=2",
+             f"--node-rank={node}", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             "--rdzv-endpoint=10.77.0.1:29613", str(script)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    text = "\n".join(outs)
+    for node, p in enumerate(procs):
+        assert p.returncode == 0, f"node {node} exited {p.returncode}:\n{outs[node]}"
+    for rank in range(4):
+        assert f"RESULT {rank} ok" in text, text
