@@ -28,7 +28,9 @@ op, root, count) is compared with one nonblocking MPI_Iallreduce (MIN of the fie
 negations) on ``aux``, polled against the group's timeout.  A mismatch raises DistBackendError on
 every rank, naming each rank's call, before the data moves; a rank that never arrives raises a
 timeout instead of a hang.  The check costs one small allreduce per collective;
-``PYDDP_MPI_CHECK=0`` turns it off (and with it the timeout of blocking collectives).
+``PYDDP_MPI_CHECK=0`` turns it off (and with it the timeout of blocking collectives).  With the
+check on, an ``async_op=True`` collective returns once every rank has reached it; its data then
+moves in the background.
 Async collectives (``async_op=True``) use MPI's nonblocking calls; ``Work.wait`` polls them
 against its timeout.
 """
@@ -507,7 +509,10 @@ class MpiBackend:
             return False
         code, t = f
         if kind == _K_ALLREDUCE:
-            mop = self.fast_ops.get((code, arg))
+            try:
+                mop = self.fast_ops.get((code, arg))
+            except TypeError:  # an unhashable op: the general path names the error
+                return False
             if mop is None:
                 return False
             with self.lock:
