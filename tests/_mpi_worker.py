@@ -286,14 +286,28 @@ def mixed(ck, rank, ws):
     ck.expect("all_gather_object", None if objs == list(range(ws)) else objs)
 
 
+def mixed_hosts(ck, rank, ws):
+    """As mixed, with every rank pretending to be alone on its host: env:// cannot default
+    MASTER_ADDR, so it comes from MPI (rank 0's host name)."""
+    import socket
+
+    ck.expect("MASTER_ADDR from MPI", None if os.environ.get("MASTER_ADDR") == socket.gethostname()
+              else os.environ.get("MASTER_ADDR"))
+    mixed(ck, rank, ws)
+
+
 def main():
     suite, outdir = sys.argv[1], sys.argv[2]
-    backend = _mixed_backend() if suite == "mixed" else "mpi"
+    if suite == "mixed_hosts":
+        os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "1"  # as if each rank were on its own host
+        os.environ.pop("MASTER_ADDR", None)
+    backend = _mixed_backend() if suite.startswith("mixed") else "mpi"
     dist.init_process_group(backend)
     rank, ws = dist.get_rank(), dist.get_world_size()
     ck = Checker(rank)
     try:
-        {"colls": colls, "misc": misc, "mixed": mixed, "cuda_logic": cuda_logic}[suite](ck, rank, ws)
+        {"colls": colls, "misc": misc, "mixed": mixed, "mixed_hosts": mixed_hosts,
+         "cuda_logic": cuda_logic}[suite](ck, rank, ws)
     except Exception as e:  # noqa: BLE001 - reported to the test
         import traceback
         ck.failures.append(f"raised {type(e).__name__}: {e}\n{traceback.format_exc()}")

@@ -67,8 +67,9 @@ def test_p2p_objects_async_groups_errors_and_mismatches(tmp_path):
 
 
 @needs_mpi
-def test_cpu_mpi_with_cuda_nccl_string(tmp_path):
-    run_suite("mixed", 2, tmp_path, min_checks=2)
+@pytest.mark.parametrize("suite", ["mixed", "mixed_hosts"])
+def test_cpu_mpi_with_cuda_nccl_string(suite, tmp_path):
+    run_suite(suite, 2, tmp_path, min_checks=3)
 
 
 @needs_mpi

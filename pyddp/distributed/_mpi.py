@@ -221,6 +221,37 @@ def world_rank_size(rank=-1, world_size=-1):
     return r, n
 
 
+def rendezvous_env(env):
+    """For a job mixing 'mpi' with a backend that needs env:// (``"cpu:mpi,cuda:nccl"``): the
+    variables env:// cannot derive from the launcher (MASTER_ADDR across hosts, MASTER_PORT under
+    Hydra, RANK/WORLD_SIZE of a singleton), taken from MPI: rank 0's host name and a free port there,
+    broadcast over MPI_COMM_WORLD.  Fills only what is unset; collective over the job."""
+    import socket
+
+    from . import _cluster
+
+    mpi = load()
+    world = mpi.COMM_WORLD
+    try:
+        _cluster.resolve(env, -1, -1)
+        need = False
+    except ValueError:
+        need = True
+    if not world.allreduce(need, op=mpi.LOR):
+        return
+    info = None
+    if world.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            info = (socket.gethostname(), s.getsockname()[1])
+    host, port = world.bcast(info, root=0)
+    env.setdefault("MASTER_ADDR", host)
+    env.setdefault("MASTER_PORT", str(port))
+    if not any(k in env for k in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")):
+        env.setdefault("RANK", str(world.Get_rank()))
+        env.setdefault("WORLD_SIZE", str(world.Get_size()))
+
+
 def _bytes(a):
     """A view of host array ``a`` MPI can take as a buffer (ml_dtypes' bfloat16 exports none)."""
     if a.dtype.isbuiltin == 1 or a.dtype.char in "?bBhHiIlLqQefdFD":

@@ -650,8 +650,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
             raise TypeError("world_size and rank must be integers")
-        mpi_only = bool(plan) and all(getattr(e, "name", None) == "mpi" for e in plan.values())
-        if store is None and init_method is None and mpi_only:
+        uses_mpi = [getattr(e, "name", None) == "mpi" for e in plan.values()]
+        if store is None and init_method is None and uses_mpi and all(uses_mpi):
             # as torch's: rank and world size come from MPI, no rendezvous (a local store keeps
             # new_group's bookkeeping; the backend never reads it)
             from . import _mpi
@@ -666,6 +666,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             _check_rank(rank, world_size)
             owns = False
         else:
+            if init_method is None and any(uses_mpi):
+                # "cpu:mpi,cuda:nccl": the other backend's rendezvous is env://; what the
+                # launcher's variables leave open (MASTER_ADDR across hosts, ...) comes from MPI
+                from . import _mpi
+
+                _mpi.rendezvous_env(os.environ)
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)
