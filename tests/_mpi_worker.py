@@ -65,8 +65,13 @@ def colls(ck, rank, ws):
                 out = garbage(name, n)
                 big = np.concatenate(chunks[rank])
                 lab = f"reduce_scatter_tensor {name} {op} n={n}"
-                if ck.call(lab, lambda: dist.reduce_scatter_tensor(out, big, op=_op(op),
-                                                                   async_op=True).wait(60)):
+                asy = n % 2 == 1  # blocking (the fast path) and async, alternately
+
+                def rst():
+                    w = dist.reduce_scatter_tensor(out, big, op=_op(op), async_op=asy)
+                    if asy:
+                        w.wait(60)
+                if ck.call(lab, rst):
                     ck.expect(lab, mismatch(out, want_rs, name, exact=exact))
             ins = [rank_input(name, n, r, _ik(name)) for r in range(ws)]
             src = (n + 1) % ws
@@ -188,6 +193,11 @@ def misc(ck, rank, ws):
             dist.all_reduce(t)
             ck.expect(f"torch all_reduce {tdt}", None if bool((t == ws * (ws + 1) // 2).all())
                       else t)
+        # rank 0 on the fast path (a NumPy array), the others on the general one (tensors):
+        # both check the same signature
+        m = np.ones(3, np.float32) if rank == 0 else torch.ones(3)
+        dist.all_reduce(m)
+        ck.expect("fast and general paths mixed", None if float(m[0]) == ws else m)
         t = torch.arange(4, dtype=torch.float64) * (rank + 1)
         outs = [torch.zeros(4, dtype=torch.float64) for _ in range(ws)]
         dist.all_gather(outs, t)

@@ -565,6 +565,36 @@ class MpiBackend:
                 except MPI.Exception as e:
                     raise _C.DistBackendError(self._mpi_message(e, "broadcast")) from None
             return True
+        if kind == _K_ALLGATHER or kind == _K_REDUCE_SCATTER:  # the *_tensor forms
+            if type(inp) is not np.ndarray or inp.dtype != array.dtype or \
+                    not inp.flags.c_contiguous or np.may_share_memory(inp, array):
+                return False
+            if kind == _K_ALLGATHER:
+                if array.size != inp.size * self.size:
+                    return False
+                sig, name, mop = (0, inp.size), "all_gather_into_tensor", None
+            else:
+                if inp.size != array.size * self.size:
+                    return False
+                try:
+                    mop = self.fast_ops.get((code, arg))
+                except TypeError:
+                    return False
+                if mop is None:
+                    return False
+                sig, name = (int(arg), array.size), "reduce_scatter_tensor"
+            with self.lock:
+                if self.check and self.size > 1:
+                    self._check(kind, code, sig[0], 0, sig[1], name, 0.0)
+                try:
+                    if mop is None:
+                        self.coll.Allgather([inp, t], [array, t])
+                    else:
+                        c = array.size
+                        self.coll.Reduce_scatter_block([inp, c, t], [array, c, t], mop)
+                except MPI.Exception as e:
+                    raise _C.DistBackendError(self._mpi_message(e, name)) from None
+            return True
         return False
 
     def _barrier(self):
