@@ -31,7 +31,9 @@ def _ik(name):
 def colls(ck, rank, ws):
     """Every collective x dtype x op x size against NumPy."""
     for name in DTYPE_NAMES:
-        sizes = SIZES if name in ("float32", "bfloat16", "float16", "int64", "bool") else SIZES[:4]
+        # the large size for a few dtypes, with 2 and 3 ranks (4 ranks oversubscribe small CI machines)
+        large = name in ("float32", "bfloat16", "float16", "int64", "bool") and ws < 4
+        sizes = SIZES if large else SIZES[:4]
         for n in sizes:
             for op in OPS:
                 if not op_valid(name, op):
