@@ -3,7 +3,6 @@ MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK set (and nothing else: no LOCAL_RA
 Two processes with exactly that environment, as two pods (distinct PYDDP_NODE_ID: TCP, as between
 hosts), run init_process_group() with no arguments, an all_reduce and a DistributedSampler epoch."""
 import json
-import os
 import subprocess
 import sys
 

@@ -730,7 +730,7 @@ class MpiBackend:
             # a list: one MPI_Reduce per destination rank, straight from each array
             t, mop, arrs, copied = self._reduce_prep(dtype, op, [out, *inputs])
             o = arrs[0]
-            reqs, afters = [], []
+            reqs = []
             for r in range(n):
                 x = arrs[1 + r]
                 if blocking:
