@@ -3,6 +3,7 @@
 Started by collectives.py, never by hand:
   pyddp, gloo: one process per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment;
   mpi:         mpirun -np N python bench_worker.py --impl mpi ...
+  pyddp-mpi:   mpirun -np N python bench_worker.py --impl pyddp-mpi ...  (pyddp's backend "mpi")
 
 Every rank times every iteration itself (a barrier before each, the collective alone inside the clock);
 the per-iteration times are reduced with MAX over ranks through the implementation's own all_reduce, and
@@ -73,6 +74,7 @@ class Impl:
 
 class PyddpImpl(Impl):
     name = "pyddp"
+    backend = "cpu"
 
     def __init__(self):
         # Prefer an in-place build of this checkout over an installed copy, so a developer measures the
@@ -82,7 +84,7 @@ class PyddpImpl(Impl):
         import pyddp.distributed as dist
 
         self.dist = dist
-        dist.init_process_group("cpu")
+        dist.init_process_group(self.backend)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
 
@@ -230,7 +232,14 @@ class MpiImpl(Impl):
         pass
 
 
-IMPLS = {"pyddp": PyddpImpl, "gloo": GlooImpl, "mpi": MpiImpl}
+class PyddpMpiImpl(PyddpImpl):
+    """pyddp on its backend "mpi" (mpi4py underneath), under mpirun like MpiImpl."""
+
+    name = "pyddp-mpi"
+    backend = "mpi"
+
+
+IMPLS = {"pyddp": PyddpImpl, "gloo": GlooImpl, "mpi": MpiImpl, "pyddp-mpi": PyddpMpiImpl}
 
 
 def check(impl, op, a, out):

@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=["fusedadam", "sgd"], default="fusedadam")
     p.add_argument("--opt-level", choices=["O0", "O1", "O2", "O3"], default=None,
                    help="apex-style mixed precision through pyddp.amp (default: off, float32)")
+    p.add_argument("--backend", default="gloo",
+                   help="process-group backend: gloo (pyddp's own, the default) or mpi (under "
+                        "mpirun/srun, needs mpi4py)")
     p.add_argument("--sync-bn", action="store_true", help="convert BatchNorm layers to SyncBatchNorm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="digits_ckpt.pt",
@@ -108,8 +111,9 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def init_ddp():
-    """Join the process group (env://: pyddp.run, pyddp.launch, mpirun and srun set the variables).
+def init_ddp(backend="gloo"):
+    """Join the process group (env://: pyddp.run, pyddp.launch, mpirun and srun set the variables;
+    backend 'mpi' takes the ranks from MPI itself).
 
     Started without a launcher, this process becomes a job of one rank on a free local port."""
     launched = any(v in os.environ for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
@@ -121,7 +125,7 @@ def init_ddp():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
     # 'gloo' as in a torch CPU script; it is an alias of pyddp's own "cpu" backend
-    dist.init_process_group(backend="gloo")
+    dist.init_process_group(backend=backend)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -175,7 +179,7 @@ def main(argv=None):
     """Train, evaluate and checkpoint; returns the final test accuracy."""
     args = parse_args(argv)
     t_start = time.perf_counter()
-    rank, world = init_ddp()
+    rank, world = init_ddp(args.backend)
     local_rank = args.local_rank
     is_main = rank == 0
     pyddp.manual_seed(args.seed + rank)  # different on purpose: DDP broadcasts rank 0's parameters

@@ -55,13 +55,17 @@ def registry():
 
 @pytest.fixture
 def no_libnccl(monkeypatch):
-    """A machine without libnccl, whatever this one has: the loader raises its report."""
+    """A machine without libnccl and mpi4py, whatever this one has: the loader raises its report."""
     from pyddp.cuda import _lib
 
     def missing():
         raise RuntimeError(MISSING)
 
     monkeypatch.setattr(_lib, "load_nccl", missing)
+    # ... and without mpi4py (backend 'mpi' is tested under mpirun in test_backend_mpi.py)
+    from pyddp.distributed import _mpi
+
+    monkeypatch.setattr(_mpi, "available", lambda: False)
 
 
 @pytest.fixture
@@ -81,7 +85,8 @@ def test_registry_entries(no_libnccl):
     nccl, mpi = _backend.lookup("nccl"), _backend.lookup("mpi")
     assert nccl.devices == ("cuda",) and not nccl.is_available()
     assert NCCL_MSG in nccl.reason() and MISSING in nccl.reason()
-    assert not mpi.is_available() and "not available in pyddp" in mpi.reason()
+    assert not mpi.is_available() and "needs mpi4py" in mpi.reason()
+    assert mpi.devices == ("cpu", "cuda")
     assert dist.is_gloo_available() and not dist.is_nccl_available()
     assert not dist.is_mpi_available()
 
@@ -123,7 +128,7 @@ def test_parse(no_libnccl):
         _backend.parse("nccl")
     with pytest.raises(RuntimeError, match=NCCL_MSG):
         _backend.parse("cuda:nccl")
-    with pytest.raises(RuntimeError, match="'mpi' is not available"):
+    with pytest.raises(RuntimeError, match="'mpi' needs mpi4py, which is not installed"):
         _backend.parse("mpi")
     with pytest.raises(ValueError, match="Invalid backend 'nope': expected 'cpu' or 'gloo'"):
         _backend.parse("nope")

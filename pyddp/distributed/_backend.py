@@ -243,10 +243,6 @@ def _cpu_factory(opts):
     return cpg
 
 
-def _unbuilt(opts):  # pragma: no cover - an unavailable backend is never created
-    raise RuntimeError("this backend is not available")
-
-
 def _nccl_error():
     """Why libnccl cannot be used (None when it loads), from pyddp.cuda's loader."""
     from ..cuda import _lib
@@ -269,5 +265,23 @@ register(BackendEntry(
     "nccl", ("cuda",), _nccl_factory, available=lambda: _nccl_error() is None,
     reason=lambda: f"backend 'nccl' is not available (use backend='cpu' or 'gloo' for CPU "
                    f"arrays): {_nccl_error()}"))
-register(BackendEntry("mpi", ("cpu", "cuda"), _unbuilt, available=False,
-                      reason="backend 'mpi' is not available in pyddp; use 'cpu'"))
+def _mpi_available():
+    from . import _mpi
+
+    return _mpi.available()
+
+
+def _mpi_reason():
+    from . import _mpi
+
+    return _mpi.reason()
+
+
+def _mpi_factory(opts):
+    from . import _mpi
+
+    return _mpi.create(opts)
+
+
+register(BackendEntry("mpi", ("cpu", "cuda"), _mpi_factory, available=_mpi_available,
+                      reason=_mpi_reason))

@@ -65,8 +65,8 @@ ReduceOp.RedOpType = ReduceOp  # type: ignore[attr-defined]
 
 
 class Backend(str):
-    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias); "nccl" and "mpi" (registered,
-    not available in this build); those added with ``register_backend``."""
+    """Backend names: "cpu" (pyddp's own) and "gloo" (its alias); "nccl" (CUDA arrays, where
+    libnccl loads) and "mpi" (where mpi4py is installed); those added with ``register_backend``."""
 
     CPU = "cpu"
     GLOO = "gloo"
@@ -113,13 +113,15 @@ class ProcessGroup:
         self._pending = collections.deque()
         self._lock = threading.Lock()
         cpu = self._backends.get("cpu")
-        cpu_only = len(self._backends) == 1 and cpu is not None
+        # one backend object for every device (mpi serves cpu and cuda): no routing by device
+        cpu_only = cpu is not None and all(b is cpu for b in self._backends.values())
         # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
         self._cpg = None if type(cpu) is _backend.Unavailable else cpu
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
         # CPU-only groups: in a group with a device backend the attempt would cost every device
         # array an export (torch's __dlpack__ also orders streams) before it is turned down.
-        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable
+        # (A backend that serves the devices too, as mpi, turns device arrays down at once.)
+        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable and b is not cpu
                           for d, b in self._backends.items())
         self._fast = None if device_live else getattr(self._cpg, "fast", None)
         if _observe._level >= _observe.DebugLevel.DETAIL:
@@ -344,7 +346,7 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
-    """False: pyddp has no MPI backend (it starts under mpirun, see the README)."""
+    """Whether the 'mpi' backend can be used: mpi4py is installed (the ``mpi`` extra)."""
     return _registered_available("mpi")
 
 
@@ -653,7 +655,15 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
             raise TypeError("world_size and rank must be integers")
-        if store is not None:
+        uses_mpi = [getattr(e, "name", None) == "mpi" for e in plan.values()]
+        if store is None and init_method is None and uses_mpi and all(uses_mpi):
+            # as torch's: rank and world size come from MPI, no rendezvous (a local store keeps
+            # new_group's bookkeeping; the backend never reads it)
+            from . import _mpi
+
+            rank, world_size = _mpi.world_rank_size(rank, world_size)
+            store, owns = HashStore(), False
+        elif store is not None:
             if world_size <= 0:
                 raise ValueError("world_size must be positive if using store")
             if rank < 0:
@@ -661,6 +671,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             _check_rank(rank, world_size)
             owns = False
         else:
+            if init_method is None and any(uses_mpi):
+                # "cpu:mpi,cuda:nccl": the other backend's rendezvous is env://; what the
+                # launcher's variables leave open (MASTER_ADDR across hosts, ...) comes from MPI
+                from . import _mpi
+
+                _mpi.rendezvous_env(os.environ)
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)
