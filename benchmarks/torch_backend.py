@@ -115,6 +115,37 @@ def back_to_back(impl, torch, iters):
     return float(impl.max_over_ranks(times)[0] * 1e6)
 
 
+def floor_parts(pg, impl, torch, iters):
+    """The two parts of the 4 B allreduce's floor through torch's API, back-to-back as above, us:
+    ``api``, torch's own API over a backend that does nothing (dist.all_reduce with the pyddp
+    group's allreduce replaced, for the measurement, by one returning its finished Work), and
+    ``core``, pyddp's C inline path alone on the same tensor (what pyddp's own API runs)."""
+    import numpy as np
+
+    t = torch.ones(1)
+    a = t.numpy()
+    fast = pg._fast
+    done = pg._finished([t])
+    out = {}
+    for part in ("api", "core"):
+        if part == "api":
+            pg.allreduce = lambda tensors, opts=None: done  # an instance attribute: torch calls it
+            call = impl.allreduce
+        else:
+            call = lambda t, _: fast(pyddp_tb._K_ALLREDUCE, a, pyddp_tb._SUM_CODE)  # noqa: E731
+        for _ in range(50):
+            call(t, None)
+        impl.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call(t, None)
+        times = np.array([(time.perf_counter() - t0) / iters])
+        if part == "api":
+            del pg.allreduce
+        out[part] = float(impl.max_over_ranks(times)[0] * 1e6)
+    return out
+
+
 def _noop_hook(state, bucket):
     import torch
 
@@ -141,7 +172,8 @@ def _worker(args):
     import torch
     import torch.distributed as dist
 
-    import pyddp.torch_backend  # noqa: F401
+    global pyddp_tb
+    import pyddp.torch_backend as pyddp_tb
 
     torch.set_num_threads(1)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -152,6 +184,8 @@ def _worker(args):
     sizes = [parse_size(s) for s in args.coll_sizes.split(",") if s]
     rounds = {b: {op: [] for op in OPS} for b in BACKENDS}
     b2b = {b: [] for b in BACKENDS}
+    floors = {"api": [], "core": []}
+    pg = dist.distributed_c10d._get_default_group()
     for _ in range(args.rounds):
         for op in OPS:
             for b in BACKENDS:
@@ -159,8 +193,12 @@ def _worker(args):
         if 4 in sizes:
             for b in BACKENDS:
                 b2b[b].append(back_to_back(impls[b], torch, args.iters))
+            if pg._fast is not None:
+                for k, v in floor_parts(pg, impls["pyddp"], torch, args.iters).items():
+                    floors[k].append(v)
     coll = {b: {op: merge_rows(rounds[b][op]) for op in OPS} for b in BACKENDS}
     coll["back_to_back"] = {b: ddp._median(v) for b, v in b2b.items() if v}
+    coll["floor"] = {k: ddp._median(v) for k, v in floors.items() if v}
     steps = {}
     for size in [s for s in args.sizes.split(",") if s]:
         configs = _ddp_configs(ddp.SIZES[size], gloo)
@@ -206,6 +244,14 @@ def collective_lines(coll):
                     targets.append(f"target allreduce {fmt_size(n)} back-to-back (OSU-style): "
                                    f"pyddp {b2b['pyddp']:.2f} us, gloo {b2b['gloo']:.2f} us "
                                    f"(<= {TARGET_US:g}) -> {'met' if ok else 'NOT met'}")
+                fl = coll.get("floor") or {}
+                if b2b and len(fl) == 2:
+                    floor = fl["api"] + fl["core"]
+                    targets.append(
+                        f"floor of the 4 B allreduce through torch's API, back-to-back: torch's "
+                        f"API over a no-op backend {fl['api']:.2f} us + pyddp's C path alone "
+                        f"{fl['core']:.2f} us = {floor:.2f} us; pyddp through torch's API is "
+                        f"{b2b['pyddp'] - floor:+.2f} us from it ({b2b['pyddp'] / floor:.2f}x)")
             if op == "allreduce" and n == TARGET_BW_BYTES:
                 r = g["median_us"] / p["median_us"]
                 targets.append(f"target allreduce {fmt_size(n)}: pyddp algbw {r:.2f}x gloo's "
