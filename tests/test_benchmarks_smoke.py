@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "collectives.py")
-OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "reduce", "gather", "scatter", "alltoall")
 # Notes that say what this build or machine lacks, not that something failed.
 BENIGN_NOTES = ("# note: pyddp shm-buffer: not available", "# note: plot skipped")
 
