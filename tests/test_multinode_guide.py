@@ -216,3 +216,53 @@ def test_mpirun_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
     assert rc == 0, out
     assert " 4 ranks" in out, out
     assert _accuracy(out) > 0.5
+
+
+# srun --mpi=PLUGIN cmd...: every task of the allocation started by Open MPI across the hosts (what
+# Slurm's PMI does for a real srun), from the first host, reaching the second through FAKE_SSH.
+# MPI's data moves over TCP only ("btl tcp,self"): the two "hosts" share one kernel and hostname, so
+# Open MPI would take ranks in different namespaces for one node and join them through its
+# shared-memory transport, which crashes across the namespaces' separate session directories.
+FAKE_SRUN_MPI = r"""#!/usr/bin/env python3
+import os, sys
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+from pyddp.distributed._cluster import expand_hostlist
+args = sys.argv[1:]
+assert args[0].startswith("--mpi="), args
+args.pop(0)
+netns = dict(kv.split("=") for kv in os.environ["FAKE_SSH_NETNS"].split(","))
+hosts = list(expand_hostlist(os.environ["SLURM_JOB_NODELIST"]))
+per = int(os.environ["SLURM_NTASKS_PER_NODE"])
+os.execvp("ip", ["ip", "netns", "exec", netns[hosts[0]], "mpirun", "--allow-run-as-root",
+                 "--oversubscribe", "--mca", "plm_rsh_agent", os.environ["FAKE_SSH"],
+                 "--mca", "btl", "tcp,self", "-H", ",".join(f"{h}:{per}" for h in hosts), "-n", str(per * len(hosts)),
+                 "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", *args])
+"""
+
+
+@pytest.mark.timeout(300)
+def test_slurm_sbatch_srun_backend_mpi(two_hosts, tmp_path):  # noqa: F811
+    """examples/cluster/slurm_mpi.sbatch unchanged: srun starts every rank, backend "mpi" takes
+    rank and size from MPI (no MASTER_ADDR, no secret), 2 hosts x 2 ranks."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI's mpirun is not installed")
+    pytest.importorskip("mpi4py")
+    h1, h2 = two_hosts
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN_MPI), ("ssh", FAKE_SSH)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = _base_env(tmp_path)
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
+               f"{env['PATH']}",
+               SLURM_JOB_ID="4343", SLURM_JOB_NODELIST="10.77.0.[1-2]", SLURM_NNODES="2",
+               SLURM_NTASKS_PER_NODE="2", SLURM_CPUS_PER_TASK="1", FAKE_SSH=str(bin_dir / "ssh"),
+               FAKE_SSH_NETNS=f"{HOSTS[0]}={h1},{HOSTS[1]}={h2}")
+    (rc, out), = _run_all([(["bash", os.path.join(CLUSTER, "slurm_mpi.sbatch"),
+                             *_train_args(tmp_path, "slurm_mpi")], env)])
+    assert rc == 0, out
+    assert " 4 ranks" in out, out
+    assert _accuracy(out) > 0.5
