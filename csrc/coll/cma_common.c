@@ -4,6 +4,7 @@
  * bytes straight between each other's buffers with cross-memory attach
  * (transport/shm/cma.h), and a last sync tells every owner that nobody
  * reads or writes its buffers any more. */
+#include <stdint.h>
 #include <string.h>
 
 #include "coll.h"
@@ -79,10 +80,23 @@ pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
         st = PD_ENOMEM;
         goto out;
     }
+    /* The kernels read and write whole elements, so this rank's own input
+     * and result must be aligned to their element type (the peers' pieces
+     * land in scratch, which is).  A user array that is not (a view at an
+     * odd byte offset) goes through scratch's slot 0, unused otherwise:
+     * copied in before, copied out after.  A local choice: the exchange
+     * with the peers is the same either way. */
+    size_t align = esz > 8 ? 8 : esz; /* complex: per component */
+    int mine_odd = ((uintptr_t)x->mine % align) != 0;
+    int res_odd = x->res != NULL && ((uintptr_t)x->res % align) != 0;
     for (size_t done = 0; done < count; done += per) {
         size_t m = count - done < per ? count - done : per;
         size_t off = done * esz, bytes = m * esz;
         src[0] = (char *)x->mine + off;
+        if (mine_odd) {
+            memcpy(scratch, src[0], bytes);
+            src[0] = scratch;
+        }
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;
             src[i] = scratch + (size_t)i * CMA_CHUNK;
@@ -90,8 +104,11 @@ pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
                                       bytes, c->op->name),
                           st, out);
         }
-        char *res = x->res != NULL ? x->res + off : scratch;
+        char *res = x->res != NULL && !res_odd ? x->res + off : scratch;
         pd_shm_reduce(c, res, src, n, m, 1);
+        if (res_odd) {
+            memcpy(x->res + off, scratch, bytes);
+        }
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;
             if (x->to != NULL && x->to[p] != 0) {

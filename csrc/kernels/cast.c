@@ -16,13 +16,18 @@
 
 #include "half.h"
 
+/* The 16-bit side of each conversion is a user's array, at any byte offset
+ * (collectives work on NumPy views in place): read and written through a
+ * type of alignment 1 (GCC and Clang let a typedef lower alignment). */
+typedef uint16_t pd_u16u __attribute__((aligned(1)));
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(PD_KERNELS_PORTABLE)
 #define HAVE_X86_DISPATCH 1
 #include <immintrin.h>
 #endif
 
 static void
-f16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t count)
+f16_to_f32(float *restrict dst, const pd_u16u *restrict src, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         dst[i] = pd_f16_to_f32(src[i]);
@@ -30,7 +35,7 @@ f16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t count)
 }
 
 static void
-f32_to_f16(uint16_t *restrict dst, const float *restrict src, size_t count)
+f32_to_f16(pd_u16u *restrict dst, const float *restrict src, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         dst[i] = pd_f32_to_f16(src[i]);
@@ -38,7 +43,7 @@ f32_to_f16(uint16_t *restrict dst, const float *restrict src, size_t count)
 }
 
 static void
-bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t count)
+bf16_to_f32(float *restrict dst, const pd_u16u *restrict src, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         dst[i] = pd_bf16_to_f32(src[i]);
@@ -46,7 +51,7 @@ bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t count)
 }
 
 static void
-f32_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t count)
+f32_to_bf16(pd_u16u *restrict dst, const float *restrict src, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         dst[i] = pd_f32_to_bf16(src[i]);
@@ -63,7 +68,7 @@ have_f16c(void)
 }
 
 __attribute__((target("avx,f16c"))) static void
-f16_to_f32_f16c(float *restrict dst, const uint16_t *restrict src,
+f16_to_f32_f16c(float *restrict dst, const pd_u16u *restrict src,
                 size_t count)
 {
     const __m128i exp_quiet = _mm_set1_epi16(0x7e00);
@@ -96,7 +101,7 @@ f16_to_f32_f16c(float *restrict dst, const uint16_t *restrict src,
 /* The portable loop again, compiled for AVX2: SSE2 has no 32 -> 16 bit
  * pack, and the emulation halves the speed.  Same source, same bits. */
 __attribute__((target("avx2"))) static void
-f32_to_bf16_avx2(uint16_t *restrict dst, const float *restrict src,
+f32_to_bf16_avx2(pd_u16u *restrict dst, const float *restrict src,
                  size_t count)
 {
     for (size_t i = 0; i < count; i++) {
@@ -107,7 +112,7 @@ f32_to_bf16_avx2(uint16_t *restrict dst, const float *restrict src,
 /* Rounding mode 0 in the immediate is round-to-nearest-even whatever MXCSR
  * says; NaNs come out quiet with their top payload, as in half.h. */
 __attribute__((target("avx,f16c"))) static void
-f32_to_f16_f16c(uint16_t *restrict dst, const float *restrict src,
+f32_to_f16_f16c(pd_u16u *restrict dst, const float *restrict src,
                 size_t count)
 {
     size_t i = 0;
