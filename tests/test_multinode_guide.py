@@ -55,7 +55,12 @@ for k, h in enumerate(hosts):
                SLURM_NTASKS=str(len(hosts)), SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
                SLURMD_NODENAME=h)
     procs.append(subprocess.Popen(["ip", "netns", "exec", netns[h], *args], env=env))
-codes = [p.wait() for p in procs]
+try:
+    codes = [p.wait(timeout=200) for p in procs]  # under the test's own 240 s deadline
+except subprocess.TimeoutExpired:
+    for p in procs:
+        p.kill()
+    sys.exit(124)
 sys.exit(next((c for c in codes if c), 0))
 """
 
