@@ -71,6 +71,15 @@ class Impl:
     def make(self, count):
         return np.zeros(count, dtype=np.float32)
 
+    def blocks(self, arr):
+        """The root's list of per-rank blocks of arr for gather and scatter (torch's API takes a
+        list): views made once per array, as a program that reuses its buffers keeps them, so the
+        timings hold the collective and not the building of a Python list every call."""
+        last = getattr(self, "_last_blocks", None)
+        if last is None or last[0] is not arr:
+            last = self._last_blocks = (arr, self.split(arr))
+        return last[1]
+
 
 class PyddpImpl(Impl):
     name = "pyddp"
@@ -107,10 +116,13 @@ class PyddpImpl(Impl):
         self.dist.reduce(a, dst=0, op=self.dist.ReduceOp.SUM)
 
     def gather(self, a, out):
-        self.dist.gather(a, list(out.reshape(self.world, -1)) if self.rank == 0 else None, dst=0)
+        self.dist.gather(a, self.blocks(out) if self.rank == 0 else None, dst=0)
 
     def scatter(self, a, out):
-        self.dist.scatter(out, list(a.reshape(self.world, -1)) if self.rank == 0 else None, src=0)
+        self.dist.scatter(out, self.blocks(a) if self.rank == 0 else None, src=0)
+
+    def split(self, arr):
+        return list(arr.reshape(self.world, -1))
 
     def alltoall(self, a, out):
         self.dist.all_to_all_single(out, a)
@@ -160,10 +172,13 @@ class GlooImpl(Impl):
         self.dist.reduce(a, dst=0, op=self.dist.ReduceOp.SUM)
 
     def gather(self, a, out):
-        self.dist.gather(a, list(out.view(self.world, -1).unbind(0)) if self.rank == 0 else None, dst=0)
+        self.dist.gather(a, self.blocks(out) if self.rank == 0 else None, dst=0)
 
     def scatter(self, a, out):
-        self.dist.scatter(out, list(a.view(self.world, -1).unbind(0)) if self.rank == 0 else None, src=0)
+        self.dist.scatter(out, self.blocks(a) if self.rank == 0 else None, src=0)
+
+    def split(self, arr):
+        return list(arr.view(self.world, -1).unbind(0))
 
     def alltoall(self, a, out):
         self.dist.all_to_all_single(out, a)
@@ -317,6 +332,7 @@ def run_op(impl, op, sizes, args, make=None):
             "min_us": float(times.min() * 1e6),
             "correct": ok,
         })
+        impl._last_blocks = None
         del ta, tout, a, out  # a shared-memory buffer is given back before the next size is allocated
     return rows
 

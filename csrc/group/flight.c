@@ -132,7 +132,7 @@ pd_fr_add(pd_fr *fr, const pd_op *op, uint64_t seq, int size)
             e->t_started = now;
             e->state = PD_FR_STARTED;
         }
-        snprintf(e->name, sizeof(e->name), "%s", op->name);
+        pd_strlcpy(e->name, op->name, sizeof(e->name));
     }
     pthread_mutex_unlock(&fr->mu);
     return id;

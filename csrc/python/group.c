@@ -527,73 +527,196 @@ fast_view(PGObject *self, PyObject *obj, int writable, pd_view *v)
     return 1;
 }
 
-/* all_gather_into_tensor / reduce_scatter_tensor for PG_fast. */
-static PyObject *
-fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
-         PyObject *inobj)
+/* The largest group the block fast path serves (its views live on the
+ * stack); larger groups take submit. */
+#define FAST_MAXN 16
+
+typedef struct {
+    pd_view v[2 * FAST_MAXN];
+    int n;
+} fast_views;
+
+/* One side of a collective for fast_blocks: an array (split into nblocks
+ * equal blocks; by whole rows when rows is set, as all_to_all_single
+ * splits) or a list/tuple of nblocks arrays, all of dtype *dt (-1: the
+ * first's).  Fills ptrs/lens.  0 when the fast path cannot take it; the
+ * views acquired so far stay in fv for the caller to release. */
+static int
+fast_side(PGObject *self, fast_views *fv, PyObject *obj, int nblocks,
+          int writable, int rows, int *dt, char **ptrs, size_t *lens)
 {
-    pd_view ov, iv;
-    if (!fast_view(self, outobj, 1, &ov)) {
-        Py_RETURN_FALSE;
-    }
-    if (!fast_view(self, inobj, 0, &iv)) {
-        pd_view_release(&ov);
-        Py_RETURN_FALSE;
-    }
-    int n = self->size;
-    int dt = ov.dtype;
-    int dti = iv.dtype;
-    size_t small = kind == PD_K_ALLGATHER ? iv.nbytes : ov.nbytes;
-    size_t big = kind == PD_K_ALLGATHER ? ov.nbytes : iv.nbytes;
-    char *stack[16];
-    char **blocks = NULL;
-    int ok = dt >= 0 && dt == dti &&
-             big == small * (size_t)n &&
-             (kind == PD_K_ALLGATHER ||
-              (arg >= 0 && arg < PD_NREDOPS &&
-               fast_op_ok(dt, arg)));
-    if (ok) {
-        blocks = n <= 16 ? stack : PyMem_Malloc(sizeof(char *) * (size_t)n);
-        ok = blocks != NULL;
-    }
-    if (!ok) {
-        if (blocks != NULL && blocks != stack) {
-            PyMem_Free(blocks);
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+        for (int i = 0; i < nblocks; i++) {
+            /* re-read the length: an exporter's __dlpack__ is Python code */
+            if (PySequence_Fast_GET_SIZE(obj) != nblocks ||
+                fv->n >= 2 * FAST_MAXN) {
+                return 0;
+            }
+            PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(obj, i));
+            pd_view *v = &fv->v[fv->n];
+            int got = fast_view(self, item, writable, v);
+            Py_DECREF(item);
+            if (!got) {
+                return 0;
+            }
+            fv->n++;
+            if (*dt >= 0 && v->dtype != *dt) {
+                return 0;
+            }
+            *dt = v->dtype;
+            ptrs[i] = v->ptr;
+            lens[i] = v->nbytes;
         }
-        pd_view_release(&ov);
-        pd_view_release(&iv);
+        return PySequence_Fast_GET_SIZE(obj) == nblocks;
+    }
+    if (fv->n >= 2 * FAST_MAXN) {
+        return 0;
+    }
+    pd_view *v = &fv->v[fv->n];
+    if (!fast_view(self, obj, writable, v)) {
+        return 0;
+    }
+    fv->n++;
+    if ((*dt >= 0 && v->dtype != *dt) || v->nbytes % (size_t)nblocks != 0) {
+        return 0;
+    }
+    if (rows) {
+        long long r = pd_view_rows(v);
+        if (r < 0 || r % nblocks != 0) {
+            return 0;
+        }
+    }
+    *dt = v->dtype;
+    size_t len = v->nbytes / (size_t)nblocks;
+    for (int i = 0; i < nblocks; i++) {
+        ptrs[i] = v->ptr + (size_t)i * len;
+        lens[i] = len;
+    }
+    return 1;
+}
+
+/* Whether obj is what a rank outside the root gives for the root's list:
+ * None or an empty list/tuple (anything else: the Python path says what is
+ * wrong). */
+static int
+fast_absent(PyObject *obj)
+{
+    return obj == Py_None ||
+           ((PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) &&
+            PySequence_Fast_GET_SIZE(obj) == 0);
+}
+
+/* PG_fast for the collectives with blocks: reduce (out = the array, arg =
+ * op, root), gather (in = the array, out = the root's list, arg = root),
+ * scatter (out = the array, in = the root's list, arg = root), all_gather
+ * (in = the array, out = a list or one array of world_size blocks),
+ * reduce_scatter (out = the array, in = a list or one array, arg = op) and
+ * all_to_all (lists, or single arrays split by rows).  The same checks as
+ * submit; anything they would refuse is left to the Python path. */
+static PyObject *
+fast_blocks(PGObject *self, int kind, PyObject *outobj, long arg,
+            PyObject *inobj, long root)
+{
+    int n = self->size, rank = self->rank;
+    if (n > FAST_MAXN) {
         Py_RETURN_FALSE;
     }
-    char *one = kind == PD_K_ALLGATHER ? iv.ptr : ov.ptr;
-    char *whole = kind == PD_K_ALLGATHER ? ov.ptr : iv.ptr;
-    for (int p = 0; p < n; p++) {
-        blocks[p] = whole + (size_t)p * small;
+    if (kind == PD_K_GATHER || kind == PD_K_SCATTER) {
+        root = arg;
     }
-    size_t lens[1] = {small};
+    if ((kind == PD_K_REDUCE || kind == PD_K_GATHER ||
+         kind == PD_K_SCATTER) && (root < 0 || root >= n)) {
+        Py_RETURN_FALSE;
+    }
+    fast_views fv;
+    fv.n = 0;
+    char *ip[FAST_MAXN] = {0}, *opp[FAST_MAXN] = {0};
+    size_t il[FAST_MAXN] = {0}, ol[FAST_MAXN] = {0};
+    int dt = -1, ok = 0;
+    int inlist = PyList_CheckExact(inobj) || PyTuple_CheckExact(inobj);
+    int outlist = PyList_CheckExact(outobj) || PyTuple_CheckExact(outobj);
+    const char *name = NULL;
+    switch (kind) {
+    case PD_K_REDUCE:
+        ok = !outlist && fast_side(self, &fv, outobj, 1, 1, 0, &dt, opp, ol) &&
+             fast_op_ok(dt, arg);
+        ip[0] = opp[0];
+        il[0] = ol[0];
+        name = "reduce";
+        break;
+    case PD_K_GATHER:
+        ok = !inlist && fast_side(self, &fv, inobj, 1, 0, 0, &dt, ip, il) &&
+             (rank == root ? outlist && fast_side(self, &fv, outobj, n, 1, 0,
+                                                  &dt, opp, ol)
+                           : fast_absent(outobj));
+        name = "gather";
+        break;
+    case PD_K_SCATTER:
+        ok = !outlist &&
+             fast_side(self, &fv, outobj, 1, 1, 0, &dt, opp, ol) &&
+             (rank == root ? inlist && fast_side(self, &fv, inobj, n, 0, 0,
+                                                 &dt, ip, il)
+                           : fast_absent(inobj));
+        name = "scatter";
+        break;
+    case PD_K_ALLGATHER:
+        ok = !inlist && fast_side(self, &fv, inobj, 1, 0, 0, &dt, ip, il) &&
+             fast_side(self, &fv, outobj, n, 1, 0, &dt, opp, ol);
+        name = outlist ? "all_gather" : "all_gather_into_tensor";
+        break;
+    case PD_K_REDUCE_SCATTER:
+        ok = !outlist &&
+             fast_side(self, &fv, outobj, 1, 1, 0, &dt, opp, ol) &&
+             fast_side(self, &fv, inobj, n, 0, 0, &dt, ip, il) &&
+             fast_op_ok(dt, arg);
+        name = inlist ? "reduce_scatter" : "reduce_scatter_tensor";
+        break;
+    case PD_K_ALLTOALL:
+        ok = inlist == outlist &&
+             fast_side(self, &fv, inobj, n, 0, !inlist, &dt, ip, il) &&
+             fast_side(self, &fv, outobj, n, 1, !outlist, &dt, opp, ol) &&
+             il[rank] == ol[rank];
+        name = inlist ? "all_to_all" : "all_to_all_single";
+        break;
+    default:
+        break;
+    }
     pd_op o;
     memset(&o, 0, sizeof(o));
+    if (ok && kind != PD_K_ALLTOALL) {
+        /* every block the size of the one-array side (submit's rule) */
+        const pd_kind_info *ki = pd_kind_get(kind);
+        size_t want = ki->in == PD_BLK_ONE ? il[0] : ol[0];
+        int nin = pd_kind_blocks(kind, 0, rank, (int)root, n);
+        int nout = pd_kind_blocks(kind, 1, rank, (int)root, n);
+        for (int p = 0; p < nin; p++) {
+            ok &= il[p] == want;
+        }
+        for (int p = 0; p < nout; p++) {
+            ok &= ol[p] == want;
+        }
+        o.count = want / pd_dtype_size((pd_dtype)dt);
+    }
+    if (!ok) {
+        for (int i = 0; i < fv.n; i++) {
+            pd_view_release(&fv.v[i]);
+        }
+        Py_RETURN_FALSE;
+    }
     o.kind = (pd_kind)kind;
     o.dtype = (pd_dtype)dt;
-    o.count = small / ov.itemsize;
-    o.nblocks = n;
-    if (kind == PD_K_ALLGATHER) {
-        o.in = &one;
-        o.out = blocks;
-        snprintf(o.name, sizeof(o.name), "all_gather_into_tensor");
-    }
-    else {
+    if (kind == PD_K_REDUCE || kind == PD_K_REDUCE_SCATTER) {
         o.op = (pd_redop)arg;
-        o.in = blocks;
-        o.out = &one;
-        snprintf(o.name, sizeof(o.name), "reduce_scatter_tensor");
     }
-    o.in_len = lens;
-    o.out_len = lens;
+    o.root = (int)root;
+    o.in = ip;
+    o.out = opp;
+    o.in_len = il;
+    o.out_len = ol;
+    o.nblocks = n;
+    pd_strlcpy(o.name, name, sizeof(o.name));
     pd_work *handoff = NULL;
     int rc = run_inline(self, &o, &handoff);
-    if (blocks != stack) {
-        PyMem_Free(blocks);
-    }
     if (handoff != NULL) {
         /* the progress thread still uses the arrays: a Work keeps their
          * views (if that fails, the views leak rather than dangle) */
@@ -601,41 +724,42 @@ fast_two(PGObject *self, int kind, PyObject *outobj, long arg,
         WorkObject *w = work_alloc(st);
         if (w != NULL) {
             w->w = handoff;
-            w->views = PyMem_Calloc(2, sizeof(pd_view));
+            w->views = PyMem_Calloc((size_t)fv.n, sizeof(pd_view));
             w->nviews = 0;
             w->ptrs = NULL;
             w->lens = NULL;
             w->keep = NULL;
             w->kind = kind;
             if (w->views != NULL) {
-                w->views[0] = ov;
-                w->views[1] = iv;
-                w->nviews = 2;
+                memcpy(w->views, fv.v, (size_t)fv.n * sizeof(pd_view));
+                w->nviews = fv.n;
             }
             keep_handoff(self, (PyObject *)w);
             Py_DECREF(w);
         }
         return NULL; /* KeyboardInterrupt (or another signal's error) */
     }
-    pd_view_release(&ov);
-    pd_view_release(&iv);
+    for (int i = 0; i < fv.n; i++) {
+        pd_view_release(&fv.v[i]);
+    }
     if (rc < 0) {
         return NULL;
     }
     return PyBool_FromLong(rc);
 }
 
-/* fast(kind, array, arg[, input]): all_reduce (arg = op), broadcast (arg =
- * root), barrier (array None), all_gather_into_tensor (array = output,
- * input) or reduce_scatter_tensor (array = output, arg = op, input) of
+/* fast(kind, array, arg[, input[, root]]): all_reduce (arg = op),
+ * broadcast (arg = root), barrier (array None), or a collective with blocks
+ * (fast_blocks: array = the output side, input = the input side) of
  * C-contiguous NumPy-like arrays, run on this thread when the group is idle.
  * True: done; False: not handled (nothing happened; use submit).  The
  * Python wrapper calls it first, so a blocking collective costs one C call. */
 static PyObject *
 PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "fast(kind, array, arg[, input])");
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "fast(kind, array, arg[, input[, root]])");
         return NULL;
     }
     if (self->g == NULL) {
@@ -653,9 +777,15 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     int have_view = 0;
     char *ptr = NULL;
     size_t len = 0;
-    if ((kind == PD_K_ALLGATHER || kind == PD_K_REDUCE_SCATTER) &&
-        nargs == 4) {
-        return fast_two(self, (int)kind, args[1], arg, args[3]);
+    if (kind != PD_K_ALLREDUCE && kind != PD_K_BROADCAST &&
+        kind != PD_K_BARRIER) {
+        long root = nargs > 4 ? PyLong_AsLong(args[4]) : 0;
+        if (root == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        return fast_blocks(self, (int)kind, args[1], arg,
+                           nargs > 3 ? args[3] : Py_None, root);
     }
     if (kind == PD_K_ALLREDUCE || kind == PD_K_BROADCAST) {
         if (!fast_view(self, args[1], 1, &v)) {
@@ -676,15 +806,15 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
         len = v.nbytes;
         if (kind == PD_K_ALLREDUCE) {
             o.op = (pd_redop)arg;
-            snprintf(o.name, sizeof(o.name), "all_reduce");
+            pd_strlcpy(o.name, "all_reduce", sizeof(o.name));
         }
         else {
             o.root = (int)arg;
-            snprintf(o.name, sizeof(o.name), "broadcast");
+            pd_strlcpy(o.name, "broadcast", sizeof(o.name));
         }
     }
     else if (kind == PD_K_BARRIER) {
-        snprintf(o.name, sizeof(o.name), "barrier");
+        pd_strlcpy(o.name, "barrier", sizeof(o.name));
     }
     else {
         Py_RETURN_FALSE;
@@ -975,7 +1105,7 @@ PG_submit(PGObject *self, PyObject *args, PyObject *kwds)
     o.nblocks = size;
     o.timeout = timeout;
     o.wait_all = wait_all;
-    snprintf(o.name, sizeof(o.name), "%s", name);
+    pd_strlcpy(o.name, name, sizeof(o.name));
     if (blocking) {
         /* small collective on an idle shared-memory group: run it here */
         pd_work *handoff = NULL;
@@ -1296,8 +1426,8 @@ static PyMethodDef PG_methods[] = {
     {"shared_alloc", (PyCFunction)PG_shared_alloc, METH_O,
      "shared_alloc(nbytes) -> SharedBuffer (collective, shm groups)."},
     {"fast", (PyCFunction)(void (*)(void))PG_fast, METH_FASTCALL,
-     "fast(kind, array, arg) -> bool: run a small blocking collective "
-     "here if the group is idle."},
+     "fast(kind, array, arg[, input[, root]]) -> bool: run a blocking "
+     "collective here if the group is idle."},
     {"submit", (PyCFunction)(void (*)(void))PG_submit,
      METH_VARARGS | METH_KEYWORDS, "submit an operation; returns a Work."},
     {"flight_records", (PyCFunction)PG_flight_records, METH_NOARGS,

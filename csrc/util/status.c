@@ -86,6 +86,14 @@ pd_status_name(pd_status st)
     return names[st];
 }
 
+void
+pd_strlcpy(char *dst, const char *src, size_t cap)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 double
 pd_now(void)
 {

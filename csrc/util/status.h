@@ -65,4 +65,9 @@ const char *pd_status_name(pd_status st);
 /* Monotonic clock in seconds. */
 double pd_now(void);
 
+/* Copy the C string src into dst of cap > 0 bytes, cut to fit and always
+ * terminated (snprintf(dst, cap, "%s", src) without the formatting, which
+ * costs a hot path such as a small collective's flight record). */
+void pd_strlcpy(char *dst, const char *src, size_t cap);
+
 #endif

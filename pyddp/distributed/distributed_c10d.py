@@ -1135,6 +1135,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
 
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
+_K_REDUCE, _K_GATHER, _K_SCATTER, _K_ALLTOALL = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER, _C.K_ALLTOALL
 
 
 def _ret(work, async_op):
@@ -1193,6 +1194,10 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""
+    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE, tensor, op, None, dst or 0):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1207,6 +1212,10 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Fill ``tensor_list`` (one array per rank of ``group``, shaped like ``tensor``) with every
     rank's ``tensor``, on every rank."""
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_ALLGATHER, tensor_list, 0, tensor):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1247,6 +1256,10 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None on the other
     ranks)."""
+    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_GATHER, gather_list, dst or 0, tensor):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1265,6 +1278,10 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     """Rank ``src`` sends ``scatter_list[i]`` to rank i; every rank receives into ``tensor``."""
+    if group is None and not async_op and group_src is None and (src is None or type(src) is int):
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_SCATTER, tensor, src or 0, scatter_list):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1284,6 +1301,10 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input_list`` element-wise over the ranks with ``op``; rank i receives the i-th
     reduced array in ``output``."""
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input_list):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1325,6 +1346,11 @@ def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=Fa
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     """Rank i sends ``input_tensor_list[j]`` to rank j, which receives it in
     ``output_tensor_list[i]``."""
+    if group is None and not async_op:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and \
+                pg._fast(_K_ALLTOALL, output_tensor_list, 0, input_tensor_list):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
@@ -1384,6 +1410,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       async_op=False):
     """all_to_all on single arrays split along the first dimension: equal chunks, or
     ``input_split_sizes`` / ``output_split_sizes`` rows per rank."""
+    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(_K_ALLTOALL, output, 0, input):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
