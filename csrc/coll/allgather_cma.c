@@ -18,8 +18,12 @@ pd_allgather_cma(pd_coll *c, const char *in, char **out, size_t len)
                              pd_cma_table(c, p, b)[PD_CMA_IN(n, 0)], len,
                              c->op->name));
     }
-    if (out[r] != in) {
-        memmove(out[r], in, len);
+    if (out[r] + len <= in || in + len <= out[r]) {
+        pd_copy_out(out[r], in, len,
+                    len * (size_t)n >= pd_shm_stream_bytes());
+    }
+    else {
+        pd_move(out[r], in, len);
     }
     return pd_cma_end(c);
 }

@@ -39,7 +39,7 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
             pd_copy_out(out[r], in, len, 1);
         }
         else {
-            memmove(out[r], in, len);
+            pd_move(out[r], in, len);
         }
     }
     return PD_OK;

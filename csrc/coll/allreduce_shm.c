@@ -33,8 +33,8 @@ copy_in(char *bank, const char *in, size_t m, int n, int r, size_t esz)
 {
     size_t lo, hi;
     slice(m, n, r, &lo, &hi);
-    memcpy(bank, in, lo * esz);
-    memcpy(bank + hi * esz, in + hi * esz, (m - hi) * esz);
+    pd_copy(bank, in, lo * esz);
+    pd_copy(bank + hi * esz, in + hi * esz, (m - hi) * esz);
 }
 
 typedef struct rounds {
@@ -51,7 +51,7 @@ static void
 small_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     rounds *x = ctx;
-    memcpy(pd_shm_bank(c->shm, c->rank, b), x->in + done * x->esz,
+    pd_copy(pd_shm_bank(c->shm, c->rank, b), x->in + done * x->esz,
            m * x->esz);
 }
 
@@ -182,7 +182,7 @@ shared_rounds(pd_coll *c, char *const *peer, char *out, size_t count)
             }
             pd_shm_reduce(c, src[0], src, n, hi - lo, 1);
             if (out != NULL) {
-                memcpy(out + (done + lo) * esz, src[0], (hi - lo) * esz);
+                pd_copy(out + (done + lo) * esz, src[0], (hi - lo) * esz);
             }
         }
         if (prev_m > 0) {
@@ -191,7 +191,7 @@ shared_rounds(pd_coll *c, char *const *peer, char *out, size_t count)
             for (int i = 1; i < n; i++) {
                 int p = (r + i) % n;
                 slice(prev_m, n, p, &lo, &hi);
-                memcpy(dst + (prev + lo) * esz, peer[p] + (prev + lo) * esz,
+                pd_copy(dst + (prev + lo) * esz, peer[p] + (prev + lo) * esz,
                        (hi - lo) * esz);
             }
         }

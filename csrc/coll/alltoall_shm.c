@@ -25,6 +25,7 @@ typedef struct alltoall {
     size_t pe; /* bytes of a region's piece */
     int cma;   /* single copies (decided in start) */
     int skip;  /* the first fill copies no piece: cma is certain */
+    int stream; /* outputs far larger than the caches: write around them */
 } alltoall;
 
 /* Region of rank to's block in rank from's bank b. */
@@ -49,13 +50,13 @@ fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
         if (done == 0) {
             uint64_t total = x->in_len[p];
             uint64_t addr = (uint64_t)(uintptr_t)x->in[p];
-            memcpy(reg, &total, sizeof(total));
-            memcpy(reg + sizeof(total), &addr, sizeof(addr));
+            pd_copy(reg, &total, sizeof(total));
+            pd_copy(reg + sizeof(total), &addr, sizeof(addr));
         }
         if (done < x->in_len[p] && !x->skip) {
             size_t k = x->in_len[p] - done < x->pe ? x->in_len[p] - done
                                                     : x->pe;
-            memcpy(reg + REGION_HDR, x->in[p] + done, k);
+            pd_copy(reg + REGION_HDR, x->in[p] + done, k);
         }
     }
 }
@@ -77,7 +78,7 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
             continue;
         }
         uint64_t total;
-        memcpy(&total, region(c, x, p, b, r), sizeof(total));
+        pd_copy(&total, region(c, x, p, b, r), sizeof(total));
         if (total != x->out_len[p]) {
             return pd_error(PD_EMISMATCH,
                             "all_to_all size mismatch: rank %d sends %llu "
@@ -92,7 +93,7 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
         for (int i = 1; i < c->size; i++) {
             int p = (r + i) % c->size;
             uint64_t addr;
-            memcpy(&addr, region(c, x, p, b, r) + sizeof(uint64_t),
+            pd_copy(&addr, region(c, x, p, b, r) + sizeof(uint64_t),
                    sizeof(addr));
             PD_CHECK(pd_cma_read(c->shm, p, x->out[p], addr, x->out_len[p],
                                  c->op->name));
@@ -115,7 +116,8 @@ drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
         if (done < x->out_len[p]) {
             size_t k = x->out_len[p] - done < x->pe ? x->out_len[p] - done
                                                      : x->pe;
-            memcpy(x->out[p] + done, region(c, x, p, b, r) + REGION_HDR, k);
+            pd_copy_out(x->out[p] + done, region(c, x, p, b, r) + REGION_HDR,
+                        k, x->stream);
         }
     }
 }
@@ -134,7 +136,12 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
     for (int p = 0; p < c->size; p++) {
         mine = in_len[p] > mine ? in_len[p] : mine;
     }
-    alltoall x = {in, in_len, out, out_len, pe, 0, pd_cma_use(c, mine)};
+    size_t whole = 0;
+    for (int p = 0; p < c->size; p++) {
+        whole += out_len[p];
+    }
+    alltoall x = {in, in_len, out, out_len, pe, 0, pd_cma_use(c, mine),
+                  whole >= pd_shm_stream_bytes()};
     /* the length is the longest block, known after the first sync */
     PD_CHECK(pd_shm_rounds(c, &ops, &x, 0, pe, -1, 0));
     if (in_len[r] != out_len[r]) {
@@ -142,8 +149,11 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
                         "all_to_all: rank %d sends itself %zu bytes but "
                         "expects %zu", r, in_len[r], out_len[r]);
     }
-    if (out[r] != in[r]) {
-        memmove(out[r], in[r], in_len[r]);
+    if (out[r] + in_len[r] <= in[r] || in[r] + in_len[r] <= out[r]) {
+        pd_copy_out(out[r], in[r], in_len[r], x.stream);
+    }
+    else {
+        pd_move(out[r], in[r], in_len[r]);
     }
     return x.cma ? pd_cma_end(c) : PD_OK;
 }

@@ -94,7 +94,7 @@ pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
         size_t off = done * esz, bytes = m * esz;
         src[0] = (char *)x->mine + off;
         if (mine_odd) {
-            memcpy(scratch, src[0], bytes);
+            pd_copy(scratch, src[0], bytes);
             src[0] = scratch;
         }
         for (int i = 1; i < n; i++) {
@@ -107,7 +107,7 @@ pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
         char *res = x->res != NULL && !res_odd ? x->res + off : scratch;
         pd_shm_reduce(c, res, src, n, m, 1);
         if (res_odd) {
-            memcpy(x->res + off, scratch, bytes);
+            pd_copy(x->res + off, scratch, bytes);
         }
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;

@@ -98,7 +98,7 @@ pd_coll_reduce_blocks(pd_coll *c, char *out, char **blocks, size_t count)
 {
     if (c->size == 1) {
         if (out != blocks[0]) {
-            memmove(out, blocks[0], count * c->esz);
+            pd_move(out, blocks[0], count * c->esz);
         }
         return;
     }

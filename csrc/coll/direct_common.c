@@ -25,7 +25,7 @@ static void
 copy_own(char *dst, const char *src, size_t len)
 {
     if (dst != src) {
-        memmove(dst, src, len);
+        pd_move(dst, src, len);
     }
 }
 

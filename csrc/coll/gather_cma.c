@@ -19,7 +19,7 @@ pd_gather_cma(pd_coll *c, const char *in, size_t len, char **out)
                               len, c->op->name));
     }
     else if (out[r] != in) {
-        memmove(out[r], in, len);
+        pd_move(out[r], in, len);
     }
     return pd_cma_end(c);
 }
@@ -36,7 +36,7 @@ pd_scatter_cma(pd_coll *c, char **in, char *out, size_t len)
                              c->op->name));
     }
     else if (in[r] != out) {
-        memmove(out, in[r], len);
+        pd_move(out, in[r], len);
     }
     return pd_cma_end(c);
 }

@@ -16,7 +16,7 @@ gather_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     rooted *x = ctx;
     for (int p = 0; p < c->size; p++) {
         if (p != c->rank) {
-            memcpy(x->blocks[p] + done, pd_shm_bank(c->shm, p, b), m);
+            pd_copy(x->blocks[p] + done, pd_shm_bank(c->shm, p, b), m);
         }
     }
 }
@@ -37,7 +37,7 @@ pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
     }
     PD_CHECK(pd_shm_rounds(c, &gather_root, &x, len, per, -1, 0));
     if (out[r] != in) {
-        memmove(out[r], in, len);
+        pd_move(out[r], in, len);
     }
     return PD_OK;
 }
@@ -48,7 +48,7 @@ scatter_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     rooted *x = ctx;
     for (int p = 0; p < c->size; p++) {
         if (p != c->rank) {
-            memcpy(pd_shm_bank(c->shm, c->rank, b) + (size_t)p * x->pe,
+            pd_copy(pd_shm_bank(c->shm, c->rank, b) + (size_t)p * x->pe,
                    x->blocks[p] + done, m);
         }
     }
@@ -58,7 +58,7 @@ static void
 scatter_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     rooted *x = ctx;
-    memcpy(x->mine + done,
+    pd_copy(x->mine + done,
            pd_shm_bank(c->shm, c->id.root, b) + (size_t)c->rank * x->pe, m);
 }
 
@@ -80,7 +80,7 @@ pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
     PD_CHECK(pd_shm_rounds(c, &scatter_root, &x, len, pe,
                            len > pe ? -1 : pd_shm_publisher_src(c), 0));
     if (in[r] != out) {
-        memmove(out, in[r], len);
+        pd_move(out, in[r], len);
     }
     return PD_OK;
 }

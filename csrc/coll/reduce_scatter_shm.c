@@ -21,7 +21,7 @@ fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     char *bank = pd_shm_bank(c->shm, c->rank, b);
     for (int p = 0; p < c->size; p++) {
         if (p != c->rank) {
-            memcpy(bank + (size_t)p * x->pe * x->esz, x->in[p] + done * x->esz,
+            pd_copy(bank + (size_t)p * x->pe * x->esz, x->in[p] + done * x->esz,
                    m * x->esz);
         }
     }

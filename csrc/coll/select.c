@@ -43,7 +43,7 @@ run_reduction(pd_coll *c, const pd_op *op)
         else {
             w = op->out[0];
             if (op->in[0] != op->out[0]) {
-                memmove(w, op->in[0], bytes);
+                pd_move(w, op->in[0], bytes);
             }
         }
         st = small ? pd_allreduce_direct(c, w, count)
@@ -148,7 +148,7 @@ pd_coll_run(pd_coll *c, const pd_op *op)
             lens[p] = len;
         }
         if (op->out[c->rank] != op->in[0]) {
-            memmove(op->out[c->rank], op->in[0], len);
+            pd_move(op->out[c->rank], op->in[0], len);
         }
         pd_status st = PD_OK;
         if (c->size > 1) {
@@ -177,21 +177,24 @@ pd_coll_run(pd_coll *c, const pd_op *op)
 }
 
 /* Single copies by cross-memory attach (coll/<collective>_cma.c) from these
- * sizes (one rank's block) unless PYDDP_CMA_THRESHOLD sets one for all.
- * Measured on 2 ranks, float32, benchmarks/collectives.py against the banks
- * (--rounds 3, load ~2 on the 2 cores; README, Benchmarks): all_reduce
- * 2.5-3.5x faster at 1-16 MiB, 1.07x at 64 MiB; gather and scatter 2.2-2.7x
- * faster at 32 MiB blocks but 2-6x slower at 0.5-8 MiB blocks; broadcast,
- * all_gather, reduce, reduce_scatter and all_to_all 1.2-6x slower from 1 to
- * 64 MiB (all_to_all at 64 MiB: equal), so they keep the banks.  (With the cores shared by
- * other jobs, load 3-11, single copies were 2-25x faster from 1 MiB for every
- * collective: two syncs instead of one per 256 KiB round.) */
+ * sizes (one rank's block; all_reduce: the message) unless
+ * PYDDP_CMA_THRESHOLD sets one for all.  Measured on 2 ranks, float32,
+ * benchmarks/collectives.py --rounds 2, banks / single copies (median us):
+ * all_reduce 16 MiB 3599 / 3936, 64 MiB 21448 / 14645; gather 11722 / 9437
+ * and scatter 10437 / 8580 at 32 MiB blocks; every one 1.6-6x faster
+ * through the banks at 1-4 MiB and 1.1-2.2x at 8 MiB blocks.  broadcast,
+ * reduce and reduce_scatter: within noise at 64 MiB; all_gather and
+ * all_to_all at 64 MiB, once their bank path wrote large outputs with
+ * non-temporal stores (--rounds 5, Open MPI / pyddp): banks 1.37 and 1.22,
+ * single copies 1.16 and 1.18.  Those five keep the banks.
+ * (Single copies pin every page of the peer's buffer in the kernel and copy
+ * at a third of memcpy's speed in cache: they win only past the caches.) */
 size_t
 pd_coll_cma_threshold(int kind)
 {
     switch (kind) {
     case PD_K_ALLREDUCE:
-        return (size_t)512 << 10;
+        return (size_t)32 << 20;
     case PD_K_GATHER:
     case PD_K_SCATTER:
         return (size_t)16 << 20;

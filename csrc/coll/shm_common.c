@@ -87,7 +87,7 @@ pd_shm_reduce(pd_coll *c, char *dst, char *const *src, int n, size_t count,
     }
     if (n == 1) {
         if (dst != src[0]) {
-            memcpy(dst, src[0], count * pd_dtype_size(dt));
+            pd_copy(dst, src[0], count * pd_dtype_size(dt));
         }
     }
     else {
@@ -105,5 +105,5 @@ void
 pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     char *const *src = ctx;
-    memcpy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
+    pd_copy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
 }

@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from .. import _C
+from ._observe import describe_signature as _describe
 
 _K = _C.KINDS
 _K_BROADCAST, _K_ALLREDUCE, _K_REDUCE = _C.K_BROADCAST, _C.K_ALLREDUCE, _K["reduce"]["code"]
@@ -280,22 +281,6 @@ def _store_half(dst, f, code):
     np.copyto(dst.view(np.uint16), r.reshape(dst.shape))
 
 
-def _describe(sig) -> str:
-    kind = int(sig[1])
-    name = _KIND_NAMES.get(kind, f"kind {kind}")
-    if kind == _K_BARRIER:
-        return "barrier()"
-    parts = [f"count={int(sig[5])}", _DTYPE_NAMES.get(int(sig[2]), f"dtype {int(sig[2])}")]
-    info = _K.get(name, {})
-    if info.get("reduces"):
-        parts.append(f"op={_OP_NAMES.get(int(sig[3]), int(sig[3]))}")
-    if info.get("rooted"):
-        parts.append(f"root={int(sig[4])}")
-    if kind == _K_ALLTOALL:
-        parts = [_DTYPE_NAMES.get(int(sig[2]), "")]
-    return f"{name}({', '.join(parts)})"
-
-
 def _poll(test, deadline):
     """Call ``test()`` until it returns True (-> True) or ``deadline`` passes (-> False): spin
     briefly, then yield the CPU between tests (MPI progresses only inside its calls)."""
@@ -525,7 +510,7 @@ class MpiBackend:
         return self.units[1], n
 
     # --------------------------------------------------------------------- fast path
-    def fast(self, kind, array, arg, inp=None):
+    def fast(self, kind, array, arg, inp=None, root=0):
         """A small blocking collective of the default group on plain NumPy arrays, in fewer
         steps (pyddp's ``fast`` protocol); False (nothing done) for anything else, which then
         takes the checked general path.  The signature checked is the general path's, so ranks

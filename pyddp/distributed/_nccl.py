@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 from .. import _C
+from ._observe import describe_signature as _describe
 
 _K_ALLGATHER, _K_ALLTOALL, _K_BARRIER = _C.K_ALLGATHER, _C.K_ALLTOALL, _C.K_BARRIER
 _K_SEND, _K_RECV = _C.K_SEND, _C.K_RECV
@@ -47,23 +48,6 @@ _TRUE = ("1", "true", "yes", "on")
 
 def _env_flag(*names) -> bool:
     return any(os.environ.get(n, "").strip().lower() in _TRUE for n in names)
-
-
-def _describe(sig) -> str:
-    """'all_reduce(count=4, float32, op=SUM)' for one signature row."""
-    kind = int(sig[1])
-    name = _KIND_NAMES.get(kind, f"kind {kind}")
-    if kind == _K_BARRIER:
-        return "barrier()"
-    parts = [f"count={int(sig[5])}", _DTYPE_NAMES.get(int(sig[2]), f"dtype {int(sig[2])}")]
-    info = _C.KINDS.get(name, {})
-    if info.get("reduces"):
-        parts.append(f"op={_OP_NAMES.get(int(sig[3]), int(sig[3]))}")
-    if info.get("rooted"):
-        parts.append(f"root={int(sig[4])}")
-    if kind == _K_ALLTOALL:
-        parts = [_DTYPE_NAMES.get(int(sig[2]), "")]
-    return f"{name}({', '.join(parts)})"
 
 
 def _argname(view) -> str:

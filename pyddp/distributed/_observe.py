@@ -118,6 +118,29 @@ def dtype_name(code):
     return _DTYPE_NAMES.get(code, str(code))
 
 
+KIND_NAMES = {v["code"]: k for k, v in _C.KINDS.items()}
+OP_NAMES = {v: k for k, v in _C.REDUCE_OPS.items()}
+
+
+def describe_signature(sig) -> str:
+    """'all_reduce(count=4, float32, op=SUM)' for one row of the signatures the device backends
+    ("nccl", "mpi") compare across ranks: (seq, kind, dtype, op, root, count, ...)."""
+    kind = int(sig[1])
+    name = KIND_NAMES.get(kind, f"kind {kind}")
+    if kind == _C.K_BARRIER:
+        return "barrier()"
+    dtype = _DTYPE_NAMES.get(int(sig[2]), f"dtype {int(sig[2])}")
+    if kind == _C.K_ALLTOALL:
+        return f"{name}({_DTYPE_NAMES.get(int(sig[2]), '')})"
+    parts = [f"count={int(sig[5])}", dtype]
+    info = _C.KINDS.get(name, {})
+    if info.get("reduces"):
+        parts.append(f"op={OP_NAMES.get(int(sig[3]), int(sig[3]))}")
+    if info.get("rooted"):
+        parts.append(f"root={int(sig[4])}")
+    return f"{name}({', '.join(parts)})"
+
+
 def _shapes(arrays):
     return [tuple(getattr(a, "shape", ())) for a in arrays]
 

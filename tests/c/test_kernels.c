@@ -1286,6 +1286,59 @@ test_f16c_oracle(int quick)
 }
 #endif
 
+/* pd_copy and pd_move give memcpy's and memmove's bytes at every gap
+ * between destination and source modulo 4096 near the aliasing window
+ * (where pd_copy takes its vector loop), at sizes around its threshold and
+ * odd tails; pd_move also with overlap both ways. */
+static void
+test_copies(void)
+{
+    size_t sizes[] = {0, 1, 63, 64, 65, 2047, 2048, 2049, 4096, 5000, 70001};
+    size_t cap = (70001 + 8192 + 256 + 4095) & ~(size_t)4095;
+    unsigned char *src = aligned_alloc(4096, cap);
+    unsigned char *dst = aligned_alloc(4096, cap);
+    unsigned char *ref = malloc(cap);
+    size_t bad = 0;
+    for (size_t i = 0; i < cap; i++) {
+        src[i] = (unsigned char)(i * 131u + 7u);
+    }
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        size_t n = sizes[k];
+        for (size_t gap = 0; gap < 130; gap++) {
+            for (size_t soff = 0; soff < 3; soff++) {
+                size_t s0 = soff * 4096 / 2 + soff; /* 0, 2049, 4098 */
+                size_t d0 = (s0 + gap) % 4096;
+                memset(dst, 0xee, cap);
+                memcpy(ref, dst, cap);
+                memcpy(ref + d0, src + s0, n);
+                pd_copy(dst + d0, src + s0, n);
+                bad += memcmp(dst, ref, cap) != 0;
+            }
+        }
+        /* overlapping moves, forward and backward */
+        for (size_t shift = 1; shift < 80; shift += 13) {
+            memcpy(dst, src, cap);
+            memcpy(ref, src, cap);
+            memmove(ref + shift, ref, n);
+            pd_move(dst + shift, dst, n);
+            bad += memcmp(dst, ref, cap) != 0;
+            memcpy(dst, src, cap);
+            memcpy(ref, src, cap);
+            memmove(ref, ref + shift, n);
+            pd_move(dst, dst + shift, n);
+            bad += memcmp(dst, ref, cap) != 0;
+        }
+        memcpy(dst, src, cap);
+        pd_move(dst + 16, dst + 16, n); /* onto itself: nothing moves */
+        bad += memcmp(dst, src, cap) != 0;
+    }
+    CHECK(bad == 0, "pd_copy/pd_move: %zu copies differ from memcpy/memmove",
+          bad);
+    free(src);
+    free(dst);
+    free(ref);
+}
+
 int
 main(void)
 {
@@ -1304,6 +1357,7 @@ main(void)
     test_cast_sweeps(quick);
     test_f16c_oracle(quick);
     test_casts_under_ftz_daz(quick);
+    test_copies();
     if (failures) {
         printf("test_kernels: %d of %d checks FAILED\n", failures, checks);
         return 1;

@@ -29,19 +29,10 @@ pd_cma_threshold(void)
     static size_t cached = 0;
     static int read = 0;
     if (!read) {
-        size_t v = PD_CMA_DEFAULT;
-        const char *e = getenv("PYDDP_CMA_THRESHOLD");
-        if (e != NULL && *e) {
-            char *end;
-            unsigned long long x = strtoull(e, &end, 10);
-            if (*end == 'K' || *end == 'k') {
-                x <<= 10;
-            }
-            else if (*end == 'M' || *end == 'm') {
-                x <<= 20;
-            }
-            v = x < PD_CMA_DEFAULT ? (size_t)x : PD_CMA_DEFAULT - 1;
-        }
+        /* unset, or past every size: PD_CMA_DEFAULT (each collective's
+         * own threshold) */
+        size_t v = pd_shm_env_bytes("PYDDP_CMA_THRESHOLD", PD_CMA_DEFAULT, 0,
+                                    PD_CMA_DEFAULT - 1);
         cached = v;
         read = 1;
     }

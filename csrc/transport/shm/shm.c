@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../kernels/kernels.h"
 #include "../../util/log.h"
 #include "../../util/net.h"
 
@@ -66,10 +67,8 @@ struct pd_shm {
     size_t scratch_bytes;
 };
 
-/* A byte size from the environment ("4096", "256K", "8M"), or dflt when
- * unset or outside [lo, hi]. */
-static size_t
-env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
+size_t
+pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
 {
     const char *e = getenv(name);
     if (e == NULL || !*e) {
@@ -91,7 +90,7 @@ pd_shm_bank_bytes(void)
 {
     static size_t cached;
     if (cached == 0) {
-        cached = env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10, 4096,
+        cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10, 4096,
                            (size_t)64 << 20) &
                  ~(size_t)4095;
     }
@@ -103,7 +102,7 @@ pd_shm_stream_bytes(void)
 {
     static size_t cached;
     if (cached == 0) {
-        cached = env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
+        cached = pd_shm_env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
                            SIZE_MAX);
     }
     return cached;
@@ -797,8 +796,8 @@ pd_shm_ring_write(pd_shm *s, int d, const void *buf, size_t len)
     char *rb = ring(s, s->rank, d);
     size_t at = (size_t)(head % PD_SHM_RING_BYTES);
     size_t first = PD_SHM_RING_BYTES - at < n ? PD_SHM_RING_BYTES - at : n;
-    memcpy(rb + at, buf, first);
-    memcpy(rb, (const char *)buf + first, n - first);
+    pd_copy(rb + at, buf, first);
+    pd_copy(rb, (const char *)buf + first, n - first);
     atomic_store_explicit(&mine->head, head + n, memory_order_seq_cst);
     return n;
 }
@@ -821,8 +820,8 @@ pd_shm_ring_read(pd_shm *s, int p, void *buf, size_t len)
     const char *rb = ring(s, p, s->rank);
     size_t at = (size_t)(tail % PD_SHM_RING_BYTES);
     size_t first = PD_SHM_RING_BYTES - at < n ? PD_SHM_RING_BYTES - at : n;
-    memcpy(buf, rb + at, first);
-    memcpy((char *)buf + first, rb, n - first);
+    pd_copy(buf, rb + at, first);
+    pd_copy((char *)buf + first, rb, n - first);
     atomic_store_explicit(&mine->tail, tail + n, memory_order_seq_cst);
     return n;
 }

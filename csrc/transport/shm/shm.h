@@ -91,6 +91,9 @@ typedef struct pd_shm_waiter {
 
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
 size_t pd_shm_bank_bytes(void);
+/* A byte size from the environment variable name ("4096", "256K", "8M"),
+ * or dflt when unset or outside [lo, hi]. */
+size_t pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi);
 /* Collective outputs from this size up are written with non-temporal
  * stores (PYDDP_SHM_STREAM, default 8 MiB, by measurement; allreduce from
  * 4x that: below, its output still gains from staying in cache). */
