@@ -68,6 +68,10 @@ def _every_block_collective_child(rank, ws):
                     whole = np.zeros(ws * count, dt)
                     dist.all_gather_into_tensor(whole, mine[0], group=group)
                     np.testing.assert_array_equal(whole, np.concatenate([e[0] for e in every]))
+                    stacked = np.zeros((ws, 1, count), dt)  # 2-D rows: (ws * 1, count)
+                    dist.all_gather_into_tensor(stacked.reshape(ws, count), mine[0].reshape(1, count),
+                                                group=group)
+                    np.testing.assert_array_equal(stacked[:, 0], np.stack([e[0] for e in every]))
                     # reduce_scatter (list) and reduce_scatter_tensor, MAX
                     t = np.zeros(count, dt)
                     dist.reduce_scatter(t, list(mine), op=dist.ReduceOp.MAX, group=group)
@@ -85,7 +89,7 @@ def _every_block_collective_child(rank, ws):
                     np.testing.assert_array_equal(o2, np.stack([e[rank] for e in every]))
                     took = rec[n0:]
                     if fast:
-                        assert took == [True] * 9, took
+                        assert took == [True] * 10, took
                     else:
                         assert took == [], took
                     checks += 1
@@ -131,6 +135,9 @@ def _refusals_child(rank, ws):
     # rows that do not split evenly although the bytes would: (ws + 1, 2 * ws) float32
     a = np.zeros((ws + 1, 2 * ws), np.float32)
     expect(ValueError, dist.all_to_all_single, np.zeros_like(a), a)
+    # an all_gather_into_tensor output of the right size but not torch's shape (flat for 2-D)
+    expect(RuntimeError, dist.all_gather_into_tensor, np.zeros(ws * 6, np.float32),
+           np.zeros((2, 3), np.float32))
     # a root out of range, an op the dtype refuses
     expect(ValueError, dist.reduce, f32, dst=ws)
     expect(ValueError, dist.gather, f32, None, dst=-1)
@@ -145,8 +152,8 @@ def _refusals_child(rank, ws):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_the_fast_path_refuses_what_the_general_path_refuses(ws):
     res = run(_refusals_child, ws, timeout=120)
-    assert res[0] == (ws * (ws + 1) / 2, 11)
-    assert all(r == (None, 11) for r in res[1:])
+    assert res[0] == (ws * (ws + 1) / 2, 12)
+    assert all(r == (None, 12) for r in res[1:])
 
 
 def _torch_child(rank, ws):

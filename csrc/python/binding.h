@@ -112,6 +112,9 @@ void pd_view_release(pd_view *v);
 /* The length of a view's first dimension (1 for a 0-d array), or -1 when
  * its exporter did not say. */
 long long pd_view_rows(const pd_view *v);
+/* A view's dimensions: their number (-1 when its exporter did not say),
+ * the first max of them in shape. */
+int pd_view_shape(const pd_view *v, long long *shape, int max);
 /* PEP 3118 format -> pd_dtype or -1 ('H' is uint16; the float kernels take
  * bfloat16 as uint16 views, see amp.c). */
 int pd_dtype_of_format(const char *f, Py_ssize_t itemsize);

@@ -505,6 +505,32 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
     return -1;
 }
 
+int
+pd_view_shape(const pd_view *v, long long *shape, int max)
+{
+    int ndim;
+    if (v->how == PD_VIEW_BUFFER) {
+        ndim = v->buf.ndim;
+        if (ndim > 0 && v->buf.shape == NULL) {
+            return -1;
+        }
+        for (int i = 0; i < ndim && i < max; i++) {
+            shape[i] = (long long)v->buf.shape[i];
+        }
+        return ndim;
+    }
+    if ((v->how == PD_VIEW_DLPACK || v->how == PD_VIEW_DLPACK_V1) &&
+        v->dlt != NULL) {
+        const dl_tensor *t = v->dlt;
+        ndim = t->ndim;
+        for (int i = 0; i < ndim && i < max; i++) {
+            shape[i] = (long long)t->shape[i];
+        }
+        return ndim;
+    }
+    return -1;
+}
+
 long long
 pd_view_rows(const pd_view *v)
 {

@@ -595,6 +595,25 @@ fast_side(PGObject *self, fast_views *fv, PyObject *obj, int nblocks,
     return 1;
 }
 
+/* Whether out's shape is in's with the first dimension n times as long (what
+ * torch's all_gather_into_tensor takes without question; other shapes go to
+ * the Python path, which applies torch's chunking rule or says why not). */
+static int
+fast_stacked(const pd_view *out, const pd_view *in, int n)
+{
+    long long os[8], is[8];
+    int od = pd_view_shape(out, os, 8), id = pd_view_shape(in, is, 8);
+    if (od < 1 || od > 8 || od != id || os[0] != is[0] * n) {
+        return 0;
+    }
+    for (int i = 1; i < od; i++) {
+        if (os[i] != is[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Whether obj is what a rank outside the root gives for the root's list:
  * None or an empty list/tuple (anything else: the Python path says what is
  * wrong). */
@@ -661,7 +680,8 @@ fast_blocks(PGObject *self, int kind, PyObject *outobj, long arg,
         break;
     case PD_K_ALLGATHER:
         ok = !inlist && fast_side(self, &fv, inobj, 1, 0, 0, &dt, ip, il) &&
-             fast_side(self, &fv, outobj, n, 1, 0, &dt, opp, ol);
+             fast_side(self, &fv, outobj, n, 1, 0, &dt, opp, ol) &&
+             (outlist || fast_stacked(&fv.v[1], &fv.v[0], n));
         name = outlist ? "all_gather" : "all_gather_into_tensor";
         break;
     case PD_K_REDUCE_SCATTER:

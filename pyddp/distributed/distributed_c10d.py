@@ -1230,10 +1230,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     times as many elements), on every rank."""
     if group is None and not async_op:
         pg = _world.default_pg
-        if pg is not None and pg._fast is not None:
-            _check_gather_shape(output_tensor, input_tensor, pg.size())
-            if pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
-                return None
+        # the C fast path takes an output shaped (world_size * d0, d1, ...) for an input shaped
+        # (d0, d1, ...) and leaves any other shape to the checks below
+        if pg is not None and pg._fast is not None and \
+                pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
+            return None
     pg = _resolve(group)
     if pg is None:
         return None
