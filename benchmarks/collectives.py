@@ -53,6 +53,7 @@ DEFAULT_PLOT = os.path.join(HERE, "collectives.png")
 if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will use (also when imported)
     sys.path.insert(0, HERE)
 from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
+import _report  # noqa: E402
 
 PEERS = ("pyddp", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
@@ -422,6 +423,49 @@ def target_lines(results, memcpy, ops):
     return lines
 
 
+def summary_block(args, results, world, memcpy):
+    """The README's table of one run: for each peer pyddp is compared with (Open MPI, gloo), a
+    collective x size table of peer time / pyddp time (> 1: pyddp ahead) and how many points pyddp
+    leads, under the Command/Machine lines (benchmarks/_report.py).  None when fewer than two sizes
+    or no peer ran."""
+    blocks = []
+    info = None
+    for peer in ("mpi", "gloo"):
+        if not (results.get(peer) and results.get("pyddp")):
+            continue
+        ops = [op for op in args.ops if op in results[peer]["ops"] and op in results["pyddp"]["ops"]]
+        sizes = sorted({r["bytes"] for op in ops for r in results["pyddp"]["ops"][op]})
+        if len(sizes) < 2:
+            continue
+        rows, ahead, total = [], 0, 0
+        for op in ops:
+            a = {r["bytes"]: r for r in results[peer]["ops"][op]}
+            b = {r["bytes"]: r for r in results["pyddp"]["ops"][op]}
+            cells = [op]
+            for n in sizes:
+                v = ratio_value(a.get(n), b.get(n))
+                if v is None:
+                    cells.append("-")
+                    continue
+                total += 1
+                ahead += v >= 1
+                cells.append(f"{v:.2f}" if v >= 1 else f"**{v:.2f}**")
+            rows.append(cells)
+        if info is None:
+            info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
+            big = memcpy.get(max(memcpy)) if memcpy else None
+            if big:
+                info["memcpy_gbs"] = big["gbps"]
+        rounds = getattr(args, "rounds", 1)
+        blocks.append(_report.block(
+            f"{LABEL[peer]} time / pyddp time, {world} ranks, float32, median of "
+            f"{rounds} round{'s' if rounds > 1 else ''}' medians (> 1: pyddp ahead; **bold**: "
+            f"behind): pyddp ahead at {ahead} of {total} points",
+            ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info,
+            align="l" + "r" * len(sizes)))
+    return "\n\n".join(blocks) if blocks else None
+
+
 def print_tables(args, results, notes, world, memcpy):
     if getattr(args, "rounds", 1) > 1:
         print()
@@ -437,6 +481,10 @@ def print_tables(args, results, notes, world, memcpy):
     for c in COLUMNS:
         if notes.get(c):
             print(f"# note: {LABEL[c]}: {notes[c]}")
+    summary = summary_block(args, results, world, memcpy)
+    if summary:
+        print()
+        print(summary)
 
 
 def fmt_size_short(n):
@@ -560,6 +608,7 @@ def main(argv=None):
 
     print(f"# pyddp collective benchmark: {args.nproc} ranks on one host, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, numpy {np.__version__}")
+    args.machine = _report.machine(memcpy=False)  # the summary's Machine line: load before the run
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5:
         print(f"# WARNING: load average {load:.2f} before the run: other processes compete for the CPUs, "

@@ -149,6 +149,39 @@ def test_table_every_column():
     assert "pyddp-tcp at least as fast as gloo at every size: met" in targets, targets
 
 
+def test_summary_block_counts_points_and_marks_the_ones_behind():
+    """The README's generated table: peer time / pyddp time per collective and size, under the
+    Command and Machine lines, with the count of points where pyddp is ahead."""
+    import types
+
+    mod = _collectives()
+    results, memcpy = _fake_results(mod)
+    first = results["pyddp"]["ops"]["broadcast"][0]
+    peer = {r["bytes"]: r for r in results["mpi"]["ops"]["broadcast"]}[first["bytes"]]
+    results["pyddp"]["ops"]["broadcast"][0] = dict(first, median_us=peer["median_us"] * 2)  # 0.50
+    args = types.SimpleNamespace(ops=list(OPS), rounds=5)
+    text = mod.summary_block(args, results, 2, memcpy)
+    assert text.startswith("Open MPI time / pyddp time, 2 ranks") and "torch gloo time / pyddp time" in text
+    lines = text.split("\n\n\n")[0].splitlines() if "\n\n\n" in text else text.splitlines()
+    assert lines[2].startswith("Command: `") and lines[3].startswith("Machine: ")
+    table = []
+    for line in lines:
+        if line.startswith("| ") and not line.startswith("| collective"):
+            table.append([c.strip() for c in line.split("|")[1:-1]])
+        if line.startswith("torch gloo"):
+            break
+    rows = {r[0]: r[1:] for r in table}
+    assert set(rows) == set(OPS), rows
+    col = sorted({r["bytes"] for op in OPS for r in results["pyddp"]["ops"][op]}).index(first["bytes"])
+    assert rows["broadcast"][col] == "**0.50**", rows
+    cells = [c for r in rows.values() for c in r if c != "-"]
+    behind = [c for c in cells if c.startswith("**")]
+    assert behind == ["**0.50**"], rows
+    assert f"pyddp ahead at {len(cells) - 1} of {len(cells)} points" in lines[0], lines[0]
+    only = {"pyddp": results["pyddp"]}
+    assert mod.summary_block(args, only, 2, memcpy) is None
+
+
 def test_table_without_peers():
     """pyddp alone: no ratio columns, and a missing library is no error."""
     mod = _collectives()
