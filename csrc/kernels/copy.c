@@ -15,6 +15,36 @@
 #if defined(__x86_64__)
 #include <emmintrin.h>
 
+/* 64 bytes a step through unaligned vector loads (SSE2: every x86-64),
+ * stored with streaming stores (dst 16-byte aligned) or plain ones. */
+static void
+copy_loop(char *dst, const char *src, size_t n, int stream)
+{
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        if (stream) {
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+        else {
+            _mm_storeu_si128((__m128i *)(dst + i), a);
+            _mm_storeu_si128((__m128i *)(dst + i + 16), b);
+            _mm_storeu_si128((__m128i *)(dst + i + 32), c);
+            _mm_storeu_si128((__m128i *)(dst + i + 48), d);
+        }
+    }
+    if (stream) {
+        _mm_sfence();
+    }
+    memcpy(dst + i, src + i, n - i);
+}
+
 static void
 copy_stream(char *dst, const char *src, size_t n)
 {
@@ -24,44 +54,10 @@ copy_stream(char *dst, const char *src, size_t n)
         head = n;
     }
     memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(dst + i + 48), d);
-    }
-    _mm_sfence();
-    memcpy(dst + i, src + i, n - i);
+    copy_loop(dst + head, src + head, n - head, 1);
 }
 #endif
 
-#if defined(__x86_64__)
-/* Unaligned vector loads and stores, 64 bytes a step (SSE2: every x86-64). */
-static void
-copy_vector(char *dst, const char *src, size_t n)
-{
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-        _mm_storeu_si128((__m128i *)(dst + i), a);
-        _mm_storeu_si128((__m128i *)(dst + i + 16), b);
-        _mm_storeu_si128((__m128i *)(dst + i + 32), c);
-        _mm_storeu_si128((__m128i *)(dst + i + 48), d);
-    }
-    memcpy(dst + i, src + i, n - i);
-}
-#endif
 
 /* Below this glibc copies with vector loops, which alias harmlessly. */
 #define ALIAS_MIN ((size_t)2048)
@@ -72,7 +68,7 @@ pd_copy(void *dst, const void *src, size_t n)
 #if defined(__x86_64__)
     size_t gap = ((uintptr_t)dst - (uintptr_t)src) & 4095;
     if (n >= ALIAS_MIN && gap != 0 && gap < 64) {
-        copy_vector(dst, src, n);
+        copy_loop(dst, src, n, 0);
         return;
     }
 #endif

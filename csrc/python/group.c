@@ -527,6 +527,34 @@ fast_view(PGObject *self, PyObject *obj, int writable, pd_view *v)
     return 1;
 }
 
+/* A fast-path collective interrupted by a signal goes on in the progress
+ * thread (handoff): a Work keeps the arrays' views (nviews of them, moved
+ * there) until it ends.  If that Work cannot be made, the views leak rather
+ * than dangle. */
+static void
+keep_views(PGObject *self, pd_work *handoff, pd_view *views, int nviews,
+           int kind)
+{
+    WorkObject *w = work_alloc(pg_state((PyObject *)self));
+    if (w == NULL) {
+        return;
+    }
+    w->w = handoff;
+    w->views = nviews > 0 ? PyMem_Calloc((size_t)nviews, sizeof(pd_view))
+                          : NULL;
+    w->nviews = 0;
+    w->ptrs = NULL;
+    w->lens = NULL;
+    w->keep = NULL;
+    w->kind = kind;
+    if (w->views != NULL) {
+        memcpy(w->views, views, (size_t)nviews * sizeof(pd_view));
+        w->nviews = nviews;
+    }
+    keep_handoff(self, (PyObject *)w);
+    Py_DECREF(w);
+}
+
 /* The largest group the block fast path serves (its views live on the
  * stack); larger groups take submit. */
 #define FAST_MAXN 16
@@ -738,25 +766,7 @@ fast_blocks(PGObject *self, int kind, PyObject *outobj, long arg,
     pd_work *handoff = NULL;
     int rc = run_inline(self, &o, &handoff);
     if (handoff != NULL) {
-        /* the progress thread still uses the arrays: a Work keeps their
-         * views (if that fails, the views leak rather than dangle) */
-        pd_module_state *st = pg_state((PyObject *)self);
-        WorkObject *w = work_alloc(st);
-        if (w != NULL) {
-            w->w = handoff;
-            w->views = PyMem_Calloc((size_t)fv.n, sizeof(pd_view));
-            w->nviews = 0;
-            w->ptrs = NULL;
-            w->lens = NULL;
-            w->keep = NULL;
-            w->kind = kind;
-            if (w->views != NULL) {
-                memcpy(w->views, fv.v, (size_t)fv.n * sizeof(pd_view));
-                w->nviews = fv.n;
-            }
-            keep_handoff(self, (PyObject *)w);
-            Py_DECREF(w);
-        }
+        keep_views(self, handoff, fv.v, fv.n, kind);
         return NULL; /* KeyboardInterrupt (or another signal's error) */
     }
     for (int i = 0; i < fv.n; i++) {
@@ -848,27 +858,9 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
     pd_work *handoff = NULL;
     int rc = run_inline(self, &o, &handoff);
     if (handoff != NULL) {
-        /* the progress thread still uses the array: a Work keeps it */
-        pd_module_state *st = pg_state((PyObject *)self);
-        WorkObject *w = work_alloc(st);
-        if (w != NULL) {
-            w->w = handoff;
-            w->views = have_view ? PyMem_Calloc(1, sizeof(pd_view)) : NULL;
-            w->nviews = 0;
-            w->ptrs = NULL;
-            w->lens = NULL;
-            w->keep = NULL;
-            w->kind = (int)kind;
-            if (have_view && w->views != NULL) {
-                w->views[0] = v;
-                w->nviews = 1;
-                have_view = 0;
-            }
-            keep_handoff(self, (PyObject *)w);
-            Py_DECREF(w);
-        }
+        keep_views(self, handoff, &v, have_view, (int)kind);
     }
-    if (have_view && handoff == NULL) {
+    else if (have_view) {
         pd_view_release(&v);
     }
     if (rc < 0) {
