@@ -18,12 +18,6 @@ pd_allgather_cma(pd_coll *c, const char *in, char **out, size_t len)
                              pd_cma_table(c, p, b)[PD_CMA_IN(n, 0)], len,
                              c->op->name));
     }
-    if (out[r] + len <= in || in + len <= out[r]) {
-        pd_copy_out(out[r], in, len,
-                    len * (size_t)n >= pd_shm_stream_bytes());
-    }
-    else {
-        pd_move(out[r], in, len);
-    }
+    pd_move_out(out[r], in, len, len * (size_t)n >= pd_shm_stream_bytes());
     return pd_cma_end(c);
 }

@@ -34,13 +34,6 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
                    len * (size_t)c->size >= pd_shm_stream_bytes()};
     PD_CHECK(pd_shm_rounds(c, &ops, &x, len, pd_shm_bank_size(c->shm), -1,
                            0));
-    if (out[r] != in) {
-        if (x.stream && (out[r] + len <= in || in + len <= out[r])) {
-            pd_copy_out(out[r], in, len, 1);
-        }
-        else {
-            pd_move(out[r], in, len);
-        }
-    }
+    pd_move_out(out[r], in, len, x.stream);
     return PD_OK;
 }

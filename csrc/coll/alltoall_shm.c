@@ -50,8 +50,8 @@ fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
         if (done == 0) {
             uint64_t total = x->in_len[p];
             uint64_t addr = (uint64_t)(uintptr_t)x->in[p];
-            pd_copy(reg, &total, sizeof(total));
-            pd_copy(reg + sizeof(total), &addr, sizeof(addr));
+            memcpy(reg, &total, sizeof(total));
+            memcpy(reg + sizeof(total), &addr, sizeof(addr));
         }
         if (done < x->in_len[p] && !x->skip) {
             size_t k = x->in_len[p] - done < x->pe ? x->in_len[p] - done
@@ -78,7 +78,7 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
             continue;
         }
         uint64_t total;
-        pd_copy(&total, region(c, x, p, b, r), sizeof(total));
+        memcpy(&total, region(c, x, p, b, r), sizeof(total));
         if (total != x->out_len[p]) {
             return pd_error(PD_EMISMATCH,
                             "all_to_all size mismatch: rank %d sends %llu "
@@ -93,7 +93,7 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
         for (int i = 1; i < c->size; i++) {
             int p = (r + i) % c->size;
             uint64_t addr;
-            pd_copy(&addr, region(c, x, p, b, r) + sizeof(uint64_t),
+            memcpy(&addr, region(c, x, p, b, r) + sizeof(uint64_t),
                    sizeof(addr));
             PD_CHECK(pd_cma_read(c->shm, p, x->out[p], addr, x->out_len[p],
                                  c->op->name));
@@ -149,11 +149,6 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
                         "all_to_all: rank %d sends itself %zu bytes but "
                         "expects %zu", r, in_len[r], out_len[r]);
     }
-    if (out[r] + in_len[r] <= in[r] || in[r] + in_len[r] <= out[r]) {
-        pd_copy_out(out[r], in[r], in_len[r], x.stream);
-    }
-    else {
-        pd_move(out[r], in[r], in_len[r]);
-    }
+    pd_move_out(out[r], in[r], in_len[r], x.stream);
     return x.cma ? pd_cma_end(c) : PD_OK;
 }

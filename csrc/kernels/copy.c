@@ -78,15 +78,23 @@ pd_copy(void *dst, const void *src, size_t n)
 void
 pd_move(void *dst, const void *src, size_t n)
 {
+    pd_move_out(dst, src, n, 0);
+}
+
+void
+pd_move_out(void *dst, const void *src, size_t n, int stream)
+{
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
-    if (d == s || n == 0) {
+    if (n == 0) {
         return;
     }
     if (d < s + n && s < d + n) {
-        memmove(dst, src, n);
+        if (d != s) {
+            memmove(dst, src, n);
+        }
         return;
     }
-    pd_copy(dst, src, n);
+    pd_copy_out(dst, src, n, stream);
 }
 
 void

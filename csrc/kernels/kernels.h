@@ -93,5 +93,8 @@ void pd_copy_out(void *dst, const void *src, size_t n, int stream);
 void pd_copy(void *dst, const void *src, size_t n);
 /* memmove likewise: overlapping regions go to memmove, others to pd_copy. */
 void pd_move(void *dst, const void *src, size_t n);
+/* pd_copy_out where the regions do not overlap, else memmove (nothing
+ * when they are the same). */
+void pd_move_out(void *dst, const void *src, size_t n, int stream);
 
 #endif

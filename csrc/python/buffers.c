@@ -534,19 +534,9 @@ pd_view_shape(const pd_view *v, long long *shape, int max)
 long long
 pd_view_rows(const pd_view *v)
 {
-    if (v->how == PD_VIEW_BUFFER) {
-        if (v->buf.ndim == 0) {
-            return 1;
-        }
-        return v->buf.shape != NULL ? (long long)v->buf.shape[0]
-                                    : (long long)v->count;
-    }
-    if ((v->how == PD_VIEW_DLPACK || v->how == PD_VIEW_DLPACK_V1) &&
-        v->dlt != NULL) {
-        const dl_tensor *t = v->dlt;
-        return t->ndim == 0 ? 1 : (long long)t->shape[0];
-    }
-    return -1;
+    long long first = 1;
+    int ndim = pd_view_shape(v, &first, 1);
+    return ndim < 0 ? -1 : first;
 }
 
 void
