@@ -54,6 +54,7 @@ for _n, _t in _c10d.ReduceOp.RedOpType.__members__.items():
 _OP_CODES = tuple(_OP_CODES)
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
+_K_REDUCE, _K_GATHER, _K_SCATTER, _K_ALLTOALL = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER, _C.K_ALLTOALL
 _PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 _SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
 
@@ -63,6 +64,21 @@ def _op_code(reduce_op):
     SUM, nearly every call's op, is one comparison: each attribute read of torch's options and
     ReduceOp objects costs about 0.5-1 us, a tenth of a small collective."""
     return _SUM_CODE if reduce_op == _SUM else _OP_CODES[reduce_op.op.value]
+
+
+def _host_list(x):
+    """NumPy views of a list of CPU tensors (or None) for the fast path; TypeError when one is
+    not a tensor NumPy can view without a copy (e.g. a CUDA array)."""
+    if x is None:
+        return None
+    if type(x) is not list and type(x) is not tuple:
+        raise TypeError("not a list of tensors")
+    views = []
+    for t in x:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("not a tensor")
+        views.append(t.numpy())
+    return views
 
 
 def _seconds(t):
@@ -350,9 +366,11 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
-    def _inline(self, opts, kind, tensor, arg, input=None):
+    def _inline(self, opts, kind, out, arg, inp=None, root=0):
         """Run a blocking collective (torch's Python API passes ``opts.asyncOp`` False and waits
         for the Work only when one is returned) on this thread through the C group's fast path.
+        ``out`` and ``inp`` are what the C group's ``fast`` takes: a tensor, a list of tensors
+        (one per rank) or None (a rank outside the root of gather/scatter).
         True when done: the method then returns the group's finished Work (one object reused,
         so a blocking call allocates nothing; torch's Python API only waits on it).
         False when that path does not take it (async, coalescing, a busy group, a tensor NumPy
@@ -360,19 +378,24 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if self._fast is None or self._coalesced is not None or (
                 opts.asyncOp and not (self._backward_inline and _graph_task_id() >= 0)):
             return False
-        if not isinstance(tensor, torch.Tensor):  # e.g. a CUDA array: numpy() would be a copy
-            return False
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
-            a = tensor.numpy()
-            b = None if input is None else input.numpy()
-        except (TypeError, RuntimeError):
+            a = out.numpy() if isinstance(out, torch.Tensor) else _host_list(out)
+            if inp is None:
+                if kind == _K_ALLREDUCE or kind == _K_BROADCAST:
+                    return self._fast(kind, a, arg)
+                b = None
+            else:
+                b = inp.numpy() if isinstance(inp, torch.Tensor) else _host_list(inp)
+        except (TypeError, RuntimeError):  # not viewable here: the general path says what
             return False
         try:
-            return self._fast(kind, a, arg) if b is None else self._fast(kind, a, arg, b)
+            return self._fast(kind, a, arg, b, root)
         except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
             raise _torch_error(e) from None
 
-    def _finished(self, result):
+    def _finished(self, result, opts=None):
+        if opts is not None and opts.asyncOp:  # done inline during backward: a Work of its own
+            return Work((), result, self)
         done = self._done
         done._result = result
         return done
@@ -417,7 +440,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         if opts is not None and len(tensors) == 1 and self._inline(
                 opts, _K_BROADCAST, tensors[0], opts.rootRank):
-            return self._finished(tensors)
+            return self._finished(tensors, opts)
         opts = opts or _c10d.BroadcastOptions()
         works = []
         for i, t in enumerate(tensors):
@@ -428,6 +451,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def reduce(self, tensors, opts=None):
+        if opts is not None and len(tensors) == 1 and self._inline(
+                opts, _K_REDUCE, tensors[0], _op_code(opts.reduceOp), None, opts.rootRank):
+            return self._finished(tensors, opts)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             return self._premul_reduce(tensors, opts)
         opts = opts or _c10d.ReduceOptions()
@@ -459,6 +485,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return a, code, arrays
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and self._inline(
+                opts, _K_ALLGATHER, output_tensors[0], 0, input_tensors[0]):
+            return self._finished(output_tensors, opts)
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for outs, t in zip(output_tensors, input_tensors):
@@ -479,7 +508,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
                 opts, _K_ALLGATHER, outputs[0], 0, inputs[0]):
-            return self._finished(outputs)
+            return self._finished(outputs, opts)
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for o, t in zip(outputs, inputs):
@@ -497,6 +526,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(input_tensors) == 1 and len(output_tensors) <= 1 and \
+                self._inline(opts, _K_GATHER, output_tensors[0] if output_tensors else None,
+                             opts.rootRank, input_tensors[0]):
+            return self._finished(output_tensors, opts)
         opts = opts or _c10d.GatherOptions()
         t = self._one(input_tensors, "gather")
         if self.rank() == opts.rootRank:
@@ -508,6 +541,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=a.size, name="gather", blocking=self._blocking(opts))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 and len(input_tensors) <= 1 and \
+                self._inline(opts, _K_SCATTER, output_tensors[0], opts.rootRank,
+                             input_tensors[0] if input_tensors else None):
+            return self._finished(output_tensors, opts)
         opts = opts or _c10d.ScatterOptions()
         o = self._one(output_tensors, "scatter")
         if self.rank() == opts.rootRank:
@@ -519,6 +556,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and self._inline(
+                opts, _K_REDUCE_SCATTER, output_tensors[0], _op_code(opts.reduceOp),
+                input_tensors[0]):
+            return self._finished(output_tensors, opts)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
                       for lst in input_tensors]
@@ -542,7 +583,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
                 opts, _K_REDUCE_SCATTER, outputs[0], _op_code(opts.reduceOp),
                 inputs[0]):
-            return self._finished(outputs)
+            return self._finished(outputs, opts)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
             return self._premul_sum(
@@ -565,6 +606,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if opts is not None and not output_split_sizes and not input_split_sizes and \
+                self._inline(opts, _K_ALLTOALL, output, 0, input):
+            return self._finished([output], opts)
         opts = opts or _c10d.AllToAllOptions()
         b, code = _array(output, "output", True)
         a, ic = _array(input, "input", False)
@@ -596,6 +640,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and self._inline(opts, _K_ALLTOALL, output_tensors, 0, input_tensors):
+            return self._finished(output_tensors, opts)
         opts = opts or _c10d.AllToAllOptions()
         ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
         outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]

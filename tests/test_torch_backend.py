@@ -403,8 +403,30 @@ def _inline_path(rank, world_size):
         rs = torch.zeros(2, dtype=torch.float64)
         dist.reduce_scatter_tensor(rs, torch.arange(2.0 * world_size, dtype=torch.float64) + rank,
                                    group=g)
+        red = torch.arange(3, dtype=torch.int32) * (rank + 2)
+        dist.reduce(red, dst=world_size - 1, op=dist.ReduceOp.PRODUCT, group=g)
+        if rank != world_size - 1:
+            red.zero_()  # gloo leaves partial results outside the root
+        gl = [torch.zeros(2, dtype=torch.float64) for _ in range(world_size)] if rank == 0 \
+            else None
+        dist.gather(torch.tensor([rank, -rank], dtype=torch.float64), gl, dst=0, group=g)
+        gl = gl or []
+        sc = torch.zeros(3, dtype=torch.int32)
+        dist.scatter(sc, [torch.full((3,), 10 * r + 1, dtype=torch.int32)
+                          for r in range(world_size)] if rank == 1 else None, src=1, group=g)
+        agl = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(agl, torch.tensor([rank, 3], dtype=torch.int64), group=g)
+        rsl = torch.zeros(2, dtype=torch.float32)
+        dist.reduce_scatter(rsl, [torch.tensor([rank + r, 2.0]) for r in range(world_size)],
+                            op=dist.ReduceOp.MIN, group=g)
+        a2l = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_to_all(a2l, [torch.tensor([rank, r]) for r in range(world_size)], group=g)
+        a2s = torch.zeros(world_size, 2, dtype=torch.float32)
+        dist.all_to_all_single(a2s, torch.arange(2.0 * world_size).reshape(world_size, 2) * (rank + 1),
+                               group=g)
         dist.barrier(group=g)
-        out["gloo" if g else "pyddp"] = [t.tolist() for t in (x, b, ag, rs)]
+        out["gloo" if g else "pyddp"] = [t.tolist() for t in [x, b, ag, rs, red, sc, rsl, a2s]
+                                         + gl + agl + a2l]
         if g is None:
             out["inline_submitted"] = list(submitted)
     x = torch.ones(4)

@@ -774,12 +774,14 @@ frame_done(engine *t, int p)
     pe->ioff = 0;
 }
 
-/* Read as much as is useful from peer p's link. */
+/* Read as much as is useful from peer p's link.  Not after a fatal error:
+ * a frame that failed to route (a mismatch) has its header read but no
+ * destination, and nothing moves any more. */
 static pd_status
 do_read(engine *t, int p)
 {
     peer *pe = &t->peers[p];
-    while (wants_read(t, pe)) {
+    while (t->err == PD_OK && wants_read(t, pe)) {
         char *dst;
         size_t want;
         if (pe->ih_off < sizeof(pd_hdr)) {
@@ -853,7 +855,7 @@ do_read(engine *t, int p)
             return PD_OK;
         }
     }
-    return PD_OK;
+    return sticky(t);
 }
 
 static pd_status
@@ -1021,6 +1023,9 @@ engine_progress(pd_transport *base, int timeout_ms)
     /* Buffering links first: move what can move; sleep only when nothing
      * can, after telling the peers what we wait for (they wake us). */
     if (t->nbuffered > 0 && buffered_progress(t)) {
+        if (t->err != PD_OK) {
+            return sticky(t); /* what buffered_progress met (it goes on) */
+        }
         timeout_ms = 0;
     }
     /* Opportunistic writes first: most sends complete without polling.

@@ -24,27 +24,49 @@ enum { MODE_TCP, MODE_SHM, MODE_MIXED };
 
 #define MAXR 4
 
-/* Shared by the forked ranks: a barrier and the advertised ports. */
+/* Shared by the forked ranks: a barrier, the advertised ports, and where
+ * each rank is (the parent names it when a rank fails). */
 typedef struct {
     _Atomic int count;
     _Atomic int gen;
     _Atomic int port[MAXR];
+    char where[MAXR][64];
 } shared_t;
 
 static shared_t *sh;
+static int me; /* this process's rank */
 
+static void
+at(const char *what)
+{
+    snprintf(sh->where[me], sizeof(sh->where[me]), "%s", what);
+}
+
+/* A rank that does not arrive within 40 s (a peer died) fails this one
+ * with a message, before the 60 s alarm. */
 static void
 barrier(int n)
 {
+    char was[64];
+    snprintf(was, sizeof(was), "%s", sh->where[me]);
+    at("barrier");
     int g = atomic_load(&sh->gen);
     if (atomic_fetch_add(&sh->count, 1) == n - 1) {
         atomic_store(&sh->count, 0);
         atomic_fetch_add(&sh->gen, 1);
+        at(was);
         return;
     }
+    double until = pd_now() + 40;
     while (atomic_load(&sh->gen) == g) {
+        if (pd_now() > until) {
+            fprintf(stderr, "rank %d: a peer did not reach the barrier after "
+                    "\"%s\" within 40 s\n", me, was);
+            _exit(3);
+        }
         usleep(50);
     }
+    at(was);
 }
 
 typedef struct rank_ctx {
@@ -59,6 +81,7 @@ connect_ranks(int rank, int n, int mode, uint64_t token)
     rank_ctx c = {NULL, NULL};
     pd_transport_events ev = {NULL, NULL, NULL};
     int port = 0;
+    at("connect: tcp");
     T_OK(pd_tcp_create(rank, n, NULL, &ev, &c.t, &port));
     atomic_store(&sh->port[rank], port);
     barrier(n);
@@ -74,10 +97,12 @@ connect_ranks(int rank, int n, int mode, uint64_t token)
     }
     int nlocal = mode == MODE_SHM ? n : 2;
     int in = rank < nlocal;
+    at("connect: shm create");
     if (in) {
         T_OK(pd_shm_create(rank, nlocal, token, 7, 0, &c.shm));
     }
     barrier(n);
+    at("connect: shm attach");
     if (in) {
         T_OK(pd_shm_attach(c.shm));
     }
@@ -90,14 +115,17 @@ connect_ranks(int rank, int n, int mode, uint64_t token)
         }
         T_OK(pd_shm_use_links(c.t, c.shm, local_of));
     }
+    at("test");
     return c;
 }
 
 static void
 disconnect(rank_ctx *c)
 {
+    at("disconnect");
     c->t->ops->close(c->t);
     pd_shm_close(c->shm);
+    at("disconnected");
 }
 
 /* Progress until every request is done, an error, or secs pass.  Each
@@ -177,6 +205,9 @@ run(int n, int mode, child_fn fn)
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            pd_test_failures = 0; /* this rank's own checks, not the parent's */
+            me = r;
+            at("started");
             alarm(60); /* never hang the suite */
             fn(r, n, mode, token);
             _exit(pd_test_failures ? 1 : 0);
@@ -186,8 +217,20 @@ run(int n, int mode, child_fn fn)
         int status = 0;
         waitpid(pids[r], &status, 0);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "mode %d: rank %d of %d failed (status %#x)\n",
-                    mode, r, n, status);
+            char how[64];
+            if (WIFSIGNALED(status)) {
+                snprintf(how, sizeof(how), "killed by signal %d%s",
+                         WTERMSIG(status),
+                         WTERMSIG(status) == SIGALRM ? " (the 60 s alarm)" : "");
+            }
+            else {
+                snprintf(how, sizeof(how), "exit status %d%s",
+                         WEXITSTATUS(status),
+                         WEXITSTATUS(status) == 66 ? " (a ThreadSanitizer "
+                                                     "report)" : "");
+            }
+            fprintf(stderr, "mode %d: rank %d of %d failed (%s) at \"%s\"\n",
+                    mode, r, n, how, sh->where[r]);
             pd_test_failures++;
         }
     }
@@ -320,12 +363,18 @@ child_mismatch(int rank, int n, int mode, uint64_t token)
     disconnect(&c);
 }
 
+/* Repeated: which of the engine's paths meets the mismatching header (the
+ * buffered links' pass or the poll loop after it) depends on timing, and a
+ * header met by the first once left the second reading a frame with no
+ * destination (a NULL dereference, seen about once in five runs). */
 static void
 test_mismatch(void)
 {
-    run(2, MODE_TCP, child_mismatch);
-    run(2, MODE_SHM, child_mismatch);
-    run(3, MODE_MIXED, child_mismatch);
+    for (int i = 0; i < 5; i++) {
+        run(2, MODE_TCP, child_mismatch);
+        run(2, MODE_SHM, child_mismatch);
+        run(3, MODE_MIXED, child_mismatch);
+    }
 }
 
 /* ---------------------------------------------------------- peer death */
