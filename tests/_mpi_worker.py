@@ -128,6 +128,14 @@ def misc(ck, rank, ws):
               else f"rank {rank} of {ws}")
     ck.expect("get_backend", None if dist.get_backend() == "mpi" else dist.get_backend())
     ck.expect("is_mpi_available", None if dist.is_mpi_available() else "False")
+    # the check and the small blocking collectives call MPI from C (_C.MpiComm) unless
+    # PYDDP_MPI_FROM_C=0, which leaves every call to mpi4py
+    from pyddp.distributed import distributed_c10d as c10d
+    be = c10d._world.default_pg._cpg
+    from_c = os.environ.get("PYDDP_MPI_FROM_C", "1") != "0"
+    ck.expect("MPI called from C", None if (be._mc is not None) == from_c and
+              (type(be.fast).__name__ == "builtin_function_or_method") == from_c
+              else f"{be._mc!r} {be.fast!r}")
     # p2p: a ring with tags, any-source receive, batch_isend_irecv
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
     x = np.arange(5, dtype=np.float64) + rank

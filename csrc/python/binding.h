@@ -168,6 +168,7 @@ int pd_random_add_types(PyObject *m, pd_module_state *st);
 int pd_cuda_add_functions(PyObject *m, pd_module_state *st);
 /* NcclComm and NcclWork (nccl.c). */
 int pd_nccl_add_types(PyObject *m, pd_module_state *st);
+int pd_mpi_add_types(PyObject *m, pd_module_state *st);
 /* timeline.c: _C.timeline_* */
 int pd_timeline_add_functions(PyObject *m, pd_module_state *st);
 

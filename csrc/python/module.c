@@ -107,7 +107,7 @@ pd_exec(PyObject *m)
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
         pd_random_add_types(m, st) < 0 || pd_cuda_add_functions(m, st) < 0 ||
-        pd_nccl_add_types(m, st) < 0 || pd_timeline_add_functions(m, st) < 0) {
+        pd_nccl_add_types(m, st) < 0 || pd_mpi_add_types(m, st) < 0 || pd_timeline_add_functions(m, st) < 0) {
         return -1;
     }
     return 0;

@@ -33,6 +33,12 @@ check on, an ``async_op=True`` collective returns once every rank has reached it
 moves in the background.
 Async collectives (``async_op=True``) use MPI's nonblocking calls; ``Work.wait`` polls them
 against its timeout.
+
+From C: the signature check and the small blocking collectives (all_reduce in place, broadcast,
+barrier on C-contiguous CPU arrays of a type MPI reduces natively) call MPI from pyddp's C core
+(``_C.MpiComm``, csrc/python/mpi.c) on the library mpi4py loaded and the handles mpi4py gives:
+mpi4py's own argument handling costs more than a small MPI call, and the check polled from Python
+cost about 30 us against 2 us from C.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
 from __future__ import annotations
 
@@ -63,6 +69,8 @@ _SIGN = 6  # signature fields: seq, kind, dtype, op, root, count
 _TAG_LIST = 7  # tag of the list collectives' messages on aux
 _TAG_MON, _TAG_MON_OK = 8, 9  # monitored_barrier's arrival and release
 _INT_MAX = 2 ** 31 - 1
+# MpiComm.check's outcomes (and MpiComm.fast's failures: _ST_CALL_ERROR, the collective's own call)
+_ST_MPI_ERROR, _ST_TIMEOUT, _ST_MISMATCH, _ST_CALL_ERROR = 1, 2, 3, 5
 
 INSTALL_HINT = ("install mpi4py (pip install 'pyddp[mpi]', or pip install mpi4py) where an MPI is "
                 "installed: Open MPI (Debian/Ubuntu: apt-get install libopenmpi-dev openmpi-bin) or "
@@ -419,6 +427,30 @@ class MpiBackend:
         self._sig = np.zeros(2 * _SIGN, np.int64)
         self._sigr = np.zeros(2 * _SIGN, np.int64)
         self._cuda = None
+        self._mc = None
+        if os.environ.get("PYDDP_MPI_FROM_C", "1").strip() != "0":
+            self._mc = self._c_comm(mpi)
+            if self._mc is not None:  # one C call per small collective (see MpiComm)
+                self.fast = self._mc.fast
+
+    def _c_comm(self, mpi):
+        """The C side of this group (_C.MpiComm: the check and the small blocking
+        collectives called from C), or None where it cannot be made (then mpi4py does all)."""
+        types = {code: t.handle for code, t in self.types.items()
+                 if code not in (_F16, _BF16)}
+        ops = {(code, int(op)): m.handle for (code, op), m in self.fast_ops.items()}
+        try:
+            return _C.MpiComm(
+                handle_size=mpi._sizeof(mpi.Comm), coll=self.coll.handle, aux=self.aux.handle,
+                in_place=int(mpi.IN_PLACE), sig_type=mpi.INT64_T.handle, min_op=mpi.MIN.handle,
+                types=types, ops=ops, rank=self.rank, size=self.size, check=self.check,
+                timeout=self.timeout, fallback=self._py_fast, on_failure=self._fast_failed)
+        except (_C.DistError, TypeError, ValueError, AttributeError) as e:
+            import warnings
+
+            warnings.warn(f"backend 'mpi': calling MPI from pyddp's C core is not possible here "
+                          f"({e}); every call goes through mpi4py", RuntimeWarning, stacklevel=2)
+            return None
 
     def __repr__(self):
         return f"<pyddp mpi backend of group {self.name!r} rank {self.rank} of {self.size}>"
@@ -426,43 +458,66 @@ class MpiBackend:
     def _where(self) -> str:
         return f"group {self.name!r} (ranks {self.ranks})"
 
-    def _mpi_message(self, e, what) -> str:
+    @staticmethod
+    def _error_text(e) -> str:
         try:
-            text = e.Get_error_string()
+            return e.Get_error_string()
         except Exception:  # noqa: BLE001
-            text = str(e)
-        return f"{what} on {self._where()}, rank {self.rank}: MPI error: {text}"
+            return str(e)
+
+    def _mpi_message(self, e, what) -> str:
+        return f"{what} on {self._where()}, rank {self.rank}: MPI error: {self._error_text(e)}"
 
     def _fail(self, msg):
         with self.lock:
             if self.error is None:
                 self.error = msg
+            if self._mc is not None:
+                self._mc.set_failed()
 
     # ---------------------------------------------------------------- signature check
     def _check(self, kind, dtype, op, root, count, name, timeout):
         """Compare this call's signature with every rank's (see the module docstring)."""
+        t = timeout if timeout > 0 else self.timeout
+        mc = self._mc
+        if mc is not None:  # polled from C: about 2 us between two ranks of a host
+            st, text = mc.check(kind, dtype, int(op), int(root), int(count), t)
+            if st:
+                self._check_failed(name, st, text, t, np.frombuffer(mc.sig, np.int64), mc.seq)
+            return
         self.seq += 1
         sig, out = self._sig, self._sigr
         sig[0], sig[1], sig[2], sig[3], sig[4], sig[5] = self.seq, kind, dtype, op, root, count
         np.negative(sig[:_SIGN], out=sig[_SIGN:])
-        t = timeout if timeout > 0 else self.timeout
         try:
             req = self.aux.Iallreduce(sig, out, MPI.MIN)
             ok = _poll(req.Test, _C.monotonic() + t)
         except MPI.Exception as e:
-            msg = self._mpi_message(e, f"{name} (#{self.seq}, signature check)")
-            self._fail(msg)
-            raise _C.DistBackendError(msg) from None
+            self._check_failed(name, _ST_MPI_ERROR, self._error_text(e), t, sig, self.seq)
         if not ok:
-            msg = (f"Watchdog caught collective operation timeout: {name} (#{self.seq}) on "
+            self._check_failed(name, _ST_TIMEOUT, "", t, sig, self.seq)
+        if (out[:_SIGN] != -out[_SIGN:]).any():
+            self._check_failed(name, _ST_MISMATCH, "", t, sig, self.seq)
+
+    def _check_failed(self, name, status, text, t, sig, seq):
+        """Raise the DistBackendError of a failed signature check (status as MpiComm.check's)
+        and mark the group failed."""
+        if status == _ST_MPI_ERROR:
+            msg = (f"{name} (#{seq}, signature check) on {self._where()}, rank {self.rank}: "
+                   f"MPI error: {text}")
+        elif status == _ST_TIMEOUT:
+            msg = (f"Watchdog caught collective operation timeout: {name} (#{seq}) on "
                    f"{self._where()}, rank {self.rank}, waited {t:g} s for the other ranks; a "
                    "rank did not reach it, died or is stuck")
-            self._fail(msg)
-            raise _C.DistBackendError(msg)
-        if (out[:_SIGN] != -out[_SIGN:]).any():
+        else:
+            sig = np.array(sig, np.int64)
             sigs = np.zeros((self.size, 2 * _SIGN), np.int64)
-            req = self.aux.Iallgather(sig, sigs)
-            if _poll(req.Test, _C.monotonic() + t):
+            try:
+                req = self.aux.Iallgather(sig, sigs)
+                gathered = _poll(req.Test, _C.monotonic() + t)
+            except MPI.Exception:
+                gathered = False
+            if gathered:
                 rows = "; ".join(f"rank {self.ranks[r]} called {_describe(sigs[r])} as operation "
                                  f"#{int(sigs[r][0])}" for r in range(self.size))
             else:
@@ -470,8 +525,18 @@ class MpiBackend:
             msg = (f"mismatched collectives on {self._where()}: {rows} (every rank must call "
                    "the same collectives in the same order, with the same counts, dtypes, ops "
                    "and roots)")
+        self._fail(msg)
+        raise _C.DistBackendError(msg)
+
+    def _fast_failed(self, what, status, text):
+        """MpiComm.fast's failures (its on_failure): raise as the Python path would."""
+        if status == _ST_CALL_ERROR:
+            msg = f"{what} on {self._where()}, rank {self.rank}: MPI error: {text}"
             self._fail(msg)
             raise _C.DistBackendError(msg)
+        mc = self._mc
+        self._check_failed(what, status, text, self.timeout, np.frombuffer(mc.sig, np.int64),
+                           mc.seq)
 
     # ------------------------------------------------------------------------- arrays
     def _host(self, arrays, name, writable, direct):
@@ -510,7 +575,7 @@ class MpiBackend:
         return self.units[1], n
 
     # --------------------------------------------------------------------- fast path
-    def fast(self, kind, array, arg, inp=None, root=0):
+    def _py_fast(self, kind, array, arg, inp=None, root=0):
         """A small blocking collective of the default group on plain NumPy arrays, in fewer
         steps (pyddp's ``fast`` protocol); False (nothing done) for anything else, which then
         takes the checked general path.  The signature checked is the general path's, so ranks
@@ -581,6 +646,8 @@ class MpiBackend:
                     raise _C.DistBackendError(self._mpi_message(e, name)) from None
             return True
         return False
+
+    fast = _py_fast  # an instance's MpiComm.fast replaces it (see __init__)
 
     def _barrier(self):
         with self.lock:
