@@ -54,7 +54,8 @@ for _n, _t in _c10d.ReduceOp.RedOpType.__members__.items():
 _OP_CODES = tuple(_OP_CODES)
 _K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
 _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
-_K_REDUCE, _K_GATHER, _K_SCATTER, _K_ALLTOALL = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER, _C.K_ALLTOALL
+_K_REDUCE, _K_GATHER, _K_SCATTER = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER
+_K_ALLTOALL = _C.K_ALLTOALL
 _PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 _SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
 
@@ -371,30 +372,36 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         for the Work only when one is returned) on this thread through the C group's fast path.
         ``out`` and ``inp`` are what the C group's ``fast`` takes: a tensor, a list of tensors
         (one per rank) or None (a rank outside the root of gather/scatter).
-        True when done: the method then returns the group's finished Work (one object reused,
-        so a blocking call allocates nothing; torch's Python API only waits on it).
-        False when that path does not take it (async, coalescing, a busy group, a tensor NumPy
-        cannot view, a CUDA array): the caller submits instead."""
+        1 when done: the method then returns the group's finished Work (one object reused,
+        so a blocking call allocates nothing; torch's Python API only waits on it); 2 when an
+        asynchronous call was done inline (during backward): it gets a Work of its own, its
+        caller keeps it and asks for its future.
+        0 when that path does not take it (async, coalescing, a busy group, a tensor NumPy
+        cannot view, a CUDA array): the caller submits instead.  ``opts.asyncOp`` is read
+        once (each read of torch's options costs about 0.3 us)."""
+        async_op = opts.asyncOp
         if self._fast is None or self._coalesced is not None or (
-                opts.asyncOp and not (self._backward_inline and _graph_task_id() >= 0)):
-            return False
+                async_op and not (self._backward_inline and _graph_task_id() >= 0)):
+            return 0
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
             a = out.numpy() if isinstance(out, torch.Tensor) else _host_list(out)
             if inp is None:
-                if kind == _K_ALLREDUCE or kind == _K_BROADCAST:
-                    return self._fast(kind, a, arg)
                 b = None
             else:
                 b = inp.numpy() if isinstance(inp, torch.Tensor) else _host_list(inp)
         except (TypeError, RuntimeError):  # not viewable here: the general path says what
-            return False
+            return 0
         try:
-            return self._fast(kind, a, arg, b, root)
+            if b is None and (kind == _K_ALLREDUCE or kind == _K_BROADCAST):
+                done = self._fast(kind, a, arg)
+            else:
+                done = self._fast(kind, a, arg, b, root)
         except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
             raise _torch_error(e) from None
+        return (2 if async_op else 1) if done else 0
 
-    def _finished(self, result, opts=None):
-        if opts is not None and opts.asyncOp:  # done inline during backward: a Work of its own
+    def _finished(self, result, how=1):
+        if how == 2:  # an asynchronous call done inline (during backward): a Work of its own
             return Work((), result, self)
         done = self._done
         done._result = result
@@ -413,10 +420,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if opts is not None and len(tensors) == 1:
             reduce_op = opts.reduceOp
-            if self._inline(opts, _K_ALLREDUCE, tensors[0], _op_code(reduce_op)):
-                # an asynchronous call done inline (during backward) gets a Work of its own: its
-                # caller keeps it and asks for its future
-                if opts.asyncOp:
+            how = self._inline(opts, _K_ALLREDUCE, tensors[0], _op_code(reduce_op))
+            if how:
+                if how == 2:  # asynchronous, done inline (during backward): a Work of its own
                     return Work((), list(tensors), self)
                 done = self._done
                 done._result = tensors
@@ -438,9 +444,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        if opts is not None and len(tensors) == 1 and self._inline(
-                opts, _K_BROADCAST, tensors[0], opts.rootRank):
-            return self._finished(tensors, opts)
+        if opts is not None and len(tensors) == 1 and (how := self._inline(
+                opts, _K_BROADCAST, tensors[0], opts.rootRank)):
+            return self._finished(tensors, how)
         opts = opts or _c10d.BroadcastOptions()
         works = []
         for i, t in enumerate(tensors):
@@ -451,9 +457,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return self._many(works, tensors)
 
     def reduce(self, tensors, opts=None):
-        if opts is not None and len(tensors) == 1 and self._inline(
-                opts, _K_REDUCE, tensors[0], _op_code(opts.reduceOp), None, opts.rootRank):
-            return self._finished(tensors, opts)
+        if opts is not None and len(tensors) == 1 and (how := self._inline(
+                opts, _K_REDUCE, tensors[0], _op_code(opts.reduceOp), None, opts.rootRank)):
+            return self._finished(tensors, how)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             return self._premul_reduce(tensors, opts)
         opts = opts or _c10d.ReduceOptions()
@@ -485,9 +491,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         return a, code, arrays
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and self._inline(
-                opts, _K_ALLGATHER, output_tensors[0], 0, input_tensors[0]):
-            return self._finished(output_tensors, opts)
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and (
+                how := self._inline(opts, _K_ALLGATHER, output_tensors[0], 0, input_tensors[0])):
+            return self._finished(output_tensors, how)
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for outs, t in zip(output_tensors, input_tensors):
@@ -506,9 +512,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
-                opts, _K_ALLGATHER, outputs[0], 0, inputs[0]):
-            return self._finished(outputs, opts)
+        if opts is not None and len(outputs) == 1 == len(inputs) and (how := self._inline(
+                opts, _K_ALLGATHER, outputs[0], 0, inputs[0])):
+            return self._finished(outputs, how)
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for o, t in zip(outputs, inputs):
@@ -527,9 +533,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def gather(self, output_tensors, input_tensors, opts=None):
         if opts is not None and len(input_tensors) == 1 and len(output_tensors) <= 1 and \
-                self._inline(opts, _K_GATHER, output_tensors[0] if output_tensors else None,
-                             opts.rootRank, input_tensors[0]):
-            return self._finished(output_tensors, opts)
+                (how := self._inline(opts, _K_GATHER,
+                                     output_tensors[0] if output_tensors else None,
+                                     opts.rootRank, input_tensors[0])):
+            return self._finished(output_tensors, how)
         opts = opts or _c10d.GatherOptions()
         t = self._one(input_tensors, "gather")
         if self.rank() == opts.rootRank:
@@ -542,9 +549,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         if opts is not None and len(output_tensors) == 1 and len(input_tensors) <= 1 and \
-                self._inline(opts, _K_SCATTER, output_tensors[0], opts.rootRank,
-                             input_tensors[0] if input_tensors else None):
-            return self._finished(output_tensors, opts)
+                (how := self._inline(opts, _K_SCATTER, output_tensors[0], opts.rootRank,
+                                     input_tensors[0] if input_tensors else None)):
+            return self._finished(output_tensors, how)
         opts = opts or _c10d.ScatterOptions()
         o = self._one(output_tensors, "scatter")
         if self.rank() == opts.rootRank:
@@ -556,10 +563,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and self._inline(
-                opts, _K_REDUCE_SCATTER, output_tensors[0], _op_code(opts.reduceOp),
-                input_tensors[0]):
-            return self._finished(output_tensors, opts)
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and (
+                how := self._inline(opts, _K_REDUCE_SCATTER, output_tensors[0],
+                                    _op_code(opts.reduceOp), input_tensors[0])):
+            return self._finished(output_tensors, how)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
                       for lst in input_tensors]
@@ -580,10 +587,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        if opts is not None and len(outputs) == 1 == len(inputs) and self._inline(
+        if opts is not None and len(outputs) == 1 == len(inputs) and (how := self._inline(
                 opts, _K_REDUCE_SCATTER, outputs[0], _op_code(opts.reduceOp),
-                inputs[0]):
-            return self._finished(outputs, opts)
+                inputs[0])):
+            return self._finished(outputs, how)
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
             return self._premul_sum(
@@ -607,8 +614,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         if opts is not None and not output_split_sizes and not input_split_sizes and \
-                self._inline(opts, _K_ALLTOALL, output, 0, input):
-            return self._finished([output], opts)
+                (how := self._inline(opts, _K_ALLTOALL, output, 0, input)):
+            return self._finished([output], how)
         opts = opts or _c10d.AllToAllOptions()
         b, code = _array(output, "output", True)
         a, ic = _array(input, "input", False)
@@ -640,8 +647,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        if opts is not None and self._inline(opts, _K_ALLTOALL, output_tensors, 0, input_tensors):
-            return self._finished(output_tensors, opts)
+        if opts is not None and (
+                how := self._inline(opts, _K_ALLTOALL, output_tensors, 0, input_tensors)):
+            return self._finished(output_tensors, how)
         opts = opts or _c10d.AllToAllOptions()
         ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
         outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]

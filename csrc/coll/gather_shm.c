@@ -42,14 +42,23 @@ pd_gather_shm(pd_coll *c, const char *in, size_t len, char **out)
     return PD_OK;
 }
 
+/* The root's bank holds one region per other rank (none for itself):
+ * rank p's is the (p - root - 1) mod n-th. */
+static size_t
+scatter_region(const pd_coll *c, int p)
+{
+    return (size_t)((p - c->id.root - 1 + c->size) % c->size);
+}
+
 static void
 scatter_fill(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     rooted *x = ctx;
+    char *bank = pd_shm_bank(c->shm, c->rank, b);
     for (int p = 0; p < c->size; p++) {
         if (p != c->rank) {
-            pd_copy(pd_shm_bank(c->shm, c->rank, b) + (size_t)p * x->pe,
-                   x->blocks[p] + done, m);
+            pd_copy(bank + scatter_region(c, p) * x->pe, x->blocks[p] + done,
+                    m);
         }
     }
 }
@@ -59,7 +68,9 @@ scatter_drain(pd_coll *c, void *ctx, int b, size_t done, size_t m)
 {
     rooted *x = ctx;
     pd_copy(x->mine + done,
-           pd_shm_bank(c->shm, c->id.root, b) + (size_t)c->rank * x->pe, m);
+            pd_shm_bank(c->shm, c->id.root, b) +
+                scatter_region(c, c->rank) * x->pe,
+            m);
 }
 
 static const pd_shm_round_ops scatter_root = {.fill = scatter_fill};
@@ -69,7 +80,8 @@ pd_status
 pd_scatter_shm(pd_coll *c, char **in, char *out, size_t len)
 {
     int r = c->rank, root = c->id.root;
-    size_t pe = (pd_shm_bank_size(c->shm) / (size_t)c->size) & ~(size_t)63;
+    size_t others = c->size > 1 ? (size_t)c->size - 1 : 1;
+    size_t pe = (pd_shm_bank_size(c->shm) / others) & ~(size_t)63;
     rooted x = {out, in, pe};
     /* one round: the others wait for the root alone, the root only for the
      * first other rank to arrive */
