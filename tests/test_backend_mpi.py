@@ -125,7 +125,7 @@ def test_mpicomm_refuses_bad_arguments_and_a_process_without_mpi():
     library is loaded in the process (it never links or opens one itself)."""
     code = r"""
 import pyddp._C as C
-kw = dict(handle_size=8, coll=1, aux=2, in_place=1, sig_type=3, min_op=4, types={}, ops={},
+kw = dict(handle_size=8, coll=1, aux=2, in_place=1, sig_type=3, types={}, ops={},
           rank=0, size=2, check=True, timeout=1.0, fallback=print, on_failure=print)
 for bad, exc in ((dict(handle_size=3), ValueError), (dict(rank=2), ValueError),
                  (dict(fallback=None), TypeError)):

@@ -42,15 +42,16 @@ typedef struct {
     int (*allreduce)(const void *, void *, int, void *, void *, void *);
     int (*bcast)(void *, int, void *, int, void *);
     int (*barrier)(void *);
-    int (*iallreduce)(const void *, void *, int, void *, void *, void *,
-                      req_t *);
+    int (*isend)(const void *, int, void *, int, int, void *, req_t *);
+    int (*irecv)(void *, int, void *, int, int, void *, req_t *);
 } mpi_ptr_abi;
 
 typedef struct {
     int (*allreduce)(const void *, void *, int, int, int, int);
     int (*bcast)(void *, int, int, int, int);
     int (*barrier)(int);
-    int (*iallreduce)(const void *, void *, int, int, int, int, req_t *);
+    int (*isend)(const void *, int, int, int, int, int, req_t *);
+    int (*irecv)(void *, int, int, int, int, int, req_t *);
 } mpi_int_abi;
 
 typedef struct {
@@ -121,13 +122,15 @@ load_mpi(pd_module_state *st, int int_handles)
         SYM(l.i.allreduce, "MPI_Allreduce");
         SYM(l.i.bcast, "MPI_Bcast");
         SYM(l.i.barrier, "MPI_Barrier");
-        SYM(l.i.iallreduce, "MPI_Iallreduce");
+        SYM(l.i.isend, "MPI_Isend");
+        SYM(l.i.irecv, "MPI_Irecv");
     }
     else {
         SYM(l.p.allreduce, "MPI_Allreduce");
         SYM(l.p.bcast, "MPI_Bcast");
         SYM(l.p.barrier, "MPI_Barrier");
-        SYM(l.p.iallreduce, "MPI_Iallreduce");
+        SYM(l.p.isend, "MPI_Isend");
+        SYM(l.p.irecv, "MPI_Irecv");
     }
     SYM(l.test, "MPI_Test");
     SYM(l.error_string, "MPI_Error_string");
@@ -139,7 +142,7 @@ missing:
     PyErr_SetString(st->DistBackendError,
                     "backend 'mpi': the loaded MPI library lacks an entry "
                     "point pyddp calls (MPI_Allreduce, MPI_Bcast, "
-                    "MPI_Barrier, MPI_Iallreduce, MPI_Test, "
+                    "MPI_Barrier, MPI_Isend, MPI_Irecv, MPI_Test, "
                     "MPI_Error_string)");
     return -1;
 }
@@ -174,14 +177,24 @@ call_barrier(intptr_t comm)
 }
 
 static int
-call_iallreduce(const void *s, void *r, int n, intptr_t dt, intptr_t op,
-                intptr_t comm, req_t *req)
+call_isend(const void *b, int n, intptr_t dt, int to, int tag, intptr_t comm,
+           req_t *req)
 {
     return lib.int_handles
-               ? lib.i.iallreduce(s, r, n, HANDLE_I(dt), HANDLE_I(op),
-                                  HANDLE_I(comm), req)
-               : lib.p.iallreduce(s, r, n, HANDLE_P(dt), HANDLE_P(op),
-                                  HANDLE_P(comm), req);
+               ? lib.i.isend(b, n, HANDLE_I(dt), to, tag, HANDLE_I(comm), req)
+               : lib.p.isend(b, n, HANDLE_P(dt), to, tag, HANDLE_P(comm),
+                             req);
+}
+
+static int
+call_irecv(void *b, int n, intptr_t dt, int from, int tag, intptr_t comm,
+           req_t *req)
+{
+    return lib.int_handles
+               ? lib.i.irecv(b, n, HANDLE_I(dt), from, tag, HANDLE_I(comm),
+                             req)
+               : lib.p.irecv(b, n, HANDLE_P(dt), from, tag, HANDLE_P(comm),
+                             req);
 }
 
 /* ---------------------------------------------------------------- the type */
@@ -189,6 +202,7 @@ call_iallreduce(const void *s, void *r, int n, intptr_t dt, intptr_t op,
 #define NDT 16  /* pyddp dtype codes */
 #define NOPS 8  /* pyddp reduce op codes */
 #define SIGN 6  /* signature fields: seq, kind, dtype, op, root, count */
+#define SIG_TAG 11 /* the check's messages on aux (_mpi.py: _TAG_CHECK) */
 
 /* Outcomes: the check's (ST_OK .. ST_MISMATCH, as check() returns them),
  * a Ctrl-C, and an error of the collective's own MPI call. */
@@ -201,16 +215,16 @@ typedef struct {
     intptr_t coll, aux;     /* communicator handles */
     intptr_t in_place;      /* MPI_IN_PLACE's value */
     intptr_t sig_type;      /* MPI_INT64_T */
-    intptr_t min_op;        /* MPI_MIN */
     intptr_t types[NDT];    /* dtype code -> MPI datatype (0: not here) */
     intptr_t ops[NDT][NOPS];/* (dtype, op) -> MPI op (0: not here) */
     int rank, size, check;
     double timeout;
     int failed;             /* the group failed: everything goes to Python */
     long long seq;
-    /* the check's buffers; left to MPI (leaked) when a check is abandoned
-     * (timeout, Ctrl-C) with its request still pending */
-    int64_t *sig, *sigr;
+    /* the check's buffers (2 * SIGN int64 each: this rank's signature, the
+     * running MIN, a peer's); left to MPI (leaked) when a check is
+     * abandoned (timeout, Ctrl-C) with a request still pending */
+    int64_t *sig, *sigr, *sigp;
     PyObject *fallback;     /* the Python fast path */
     PyObject *on_failure;   /* raises the DistBackendError */
 } MpiCommObject;
@@ -228,20 +242,20 @@ handle_of(PyObject *o, intptr_t *out, const char *what)
     return 0;
 }
 
-/* MpiComm(handle_size, coll, aux, in_place, sig_type, min_op, types, ops,
- *         rank, size, check, timeout, fallback, on_failure)
+/* MpiComm(handle_size, coll, aux, in_place, sig_type, types, ops, rank,
+ *         size, check, timeout, fallback, on_failure)
  * types: {dtype code: handle}; ops: {(dtype code, op code): handle}. */
 static PyObject *
 MpiComm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"handle_size", "coll", "aux", "in_place", "sig_type",
-                         "min_op", "types", "ops", "rank", "size", "check",
+                         "types", "ops", "rank", "size", "check",
                          "timeout", "fallback", "on_failure", NULL};
     int hsize, rank, size, check;
     double timeout;
-    PyObject *coll, *aux, *inp, *sigt, *minop, *types, *ops, *fb, *onf;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOO!O!iipdOO", kw,
-                                     &hsize, &coll, &aux, &inp, &sigt, &minop,
+    PyObject *coll, *aux, *inp, *sigt, *types, *ops, *fb, *onf;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOO!O!iipdOO", kw,
+                                     &hsize, &coll, &aux, &inp, &sigt,
                                      &PyDict_Type, &types, &PyDict_Type, &ops,
                                      &rank, &size, &check, &timeout, &fb,
                                      &onf)) {
@@ -277,17 +291,17 @@ MpiComm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->timeout = timeout;
     self->fallback = Py_NewRef(fb);
     self->on_failure = Py_NewRef(onf);
-    self->sig = PyMem_RawCalloc(4 * SIGN, sizeof(int64_t));
+    self->sig = PyMem_RawCalloc(6 * SIGN, sizeof(int64_t));
     if (self->sig == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
     self->sigr = self->sig + 2 * SIGN;
+    self->sigp = self->sig + 4 * SIGN;
     if (handle_of(coll, &self->coll, "coll") < 0 ||
         handle_of(aux, &self->aux, "aux") < 0 ||
         handle_of(inp, &self->in_place, "in_place") < 0 ||
-        handle_of(sigt, &self->sig_type, "sig_type") < 0 ||
-        handle_of(minop, &self->min_op, "min_op") < 0) {
+        handle_of(sigt, &self->sig_type, "sig_type") < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -361,38 +375,51 @@ MpiComm_dealloc(MpiCommObject *self)
 
 /* ------------------------------------------------------------- the check */
 
-/* Poll req until done, the deadline, or a signal's exception: GIL released,
- * spinning first (MPI progresses only inside its calls), then sleeping
- * 20 us more per round up to 1 ms; every 50 ms the GIL is taken back to
- * run signal handlers (Ctrl-C). */
+/* Poll the n requests until all are done, the deadline, or a signal's
+ * exception: GIL released, spinning first (MPI progresses only inside its
+ * calls), then sleeping 20 us more per round up to 1 ms; every 50 ms the GIL
+ * is taken back to run signal handlers (Ctrl-C).  MPI_Test one request at a
+ * time: an MPI_Request array's element size differs between the ABIs. */
 static int
-poll_req(req_t *req, double deadline, int *mpi_err)
+poll_reqs(req_t *reqs, int n, double deadline, int *mpi_err)
 {
     unsigned char status[256];
-    int flag = 0, rc = 0, out = ST_OK;
+    int done[2] = {0, 0}, ndone = 0, out = ST_OK;
     long spins = 0;
     long sleep_ns = 0;
     double next_signals = 0;
     PyThreadState *ts = PyEval_SaveThread();
-    for (;;) {
-        rc = lib.test(req, &flag, status);
-        if (rc != 0) {
-            *mpi_err = rc;
-            out = ST_MPI_ERROR;
+    for (int last = 0;; spins++) {
+        for (int i = 0; i < n; i++) {
+            if (done[i]) {
+                continue;
+            }
+            int flag = 0;
+            int rc = lib.test(&reqs[i], &flag, status);
+            if (rc != 0) {
+                *mpi_err = rc;
+                out = ST_MPI_ERROR;
+                goto end;
+            }
+            if (flag) {
+                done[i] = 1;
+                ndone++;
+            }
+        }
+        if (ndone == n) {
             break;
         }
-        if (flag) {
+        if (last) {
+            out = ST_TIMEOUT;
             break;
         }
-        if ((++spins & 63) != 0) {
+        if ((spins & 63) != 63) {
             continue;
         }
         double now = pd_now();
         if (now > deadline) {
-            rc = lib.test(req, &flag, status);
-            out = rc != 0 ? ST_MPI_ERROR : flag ? ST_OK : ST_TIMEOUT;
-            *mpi_err = rc;
-            break;
+            last = 1; /* one more test of each */
+            continue;
         }
         if (spins > 4096) {
             if (next_signals == 0) {
@@ -413,6 +440,7 @@ poll_req(req_t *req, double deadline, int *mpi_err)
             }
         }
     }
+end:
     PyEval_RestoreThread(ts);
     return out;
 }
@@ -429,18 +457,40 @@ run_check(MpiCommObject *self, int kind, int dtype, long op, long root,
         self->sig[i] = f[i];
         self->sig[SIGN + i] = -f[i];
     }
-    req_t req = 0;
-    int rc = call_iallreduce(self->sig, self->sigr, 2 * SIGN, self->sig_type,
-                             self->min_op, self->aux, &req);
-    if (rc != 0) {
-        *mpi_err = rc;
-        return ST_MPI_ERROR;
+    /* A dissemination allreduce of MIN (idempotent: a value met twice does
+     * no harm): in round k rank r sends what it has to r + 2^k and takes
+     * the MIN with what r - 2^k sent; after ceil(log2 n) rounds every rank
+     * has every rank's.  Point-to-point on aux: half the time of Open MPI's
+     * nonblocking MPI_Iallreduce for two ranks. */
+    memcpy(self->sigr, self->sig, 2 * SIGN * sizeof(int64_t));
+    double deadline = pd_now() + (timeout > 0 ? timeout : self->timeout);
+    int n = self->size, s = ST_OK;
+    for (int d = 1; d < n && s == ST_OK; d <<= 1) {
+        req_t reqs[2] = {0, 0};
+        int rc = call_irecv(self->sigp, 2 * SIGN, self->sig_type,
+                            (self->rank - d + n) % n, SIG_TAG, self->aux,
+                            &reqs[0]);
+        if (rc == 0) {
+            rc = call_isend(self->sigr, 2 * SIGN, self->sig_type,
+                            (self->rank + d) % n, SIG_TAG, self->aux,
+                            &reqs[1]);
+            s = rc != 0 ? ST_MPI_ERROR : poll_reqs(reqs, 2, deadline, mpi_err);
+        }
+        else {
+            s = ST_MPI_ERROR;
+        }
+        if (rc != 0) {
+            *mpi_err = rc;
+        }
+        for (int i = 0; i < 2 * SIGN && s == ST_OK; i++) {
+            if (self->sigp[i] < self->sigr[i]) {
+                self->sigr[i] = self->sigp[i];
+            }
+        }
     }
-    double t = timeout > 0 ? timeout : self->timeout;
-    int s = poll_req(&req, pd_now() + t, mpi_err);
-    if (s == ST_TIMEOUT || s == ST_INTERRUPTED) {
-        /* the request is still MPI's: so are its buffers */
-        int64_t *fresh = PyMem_RawCalloc(4 * SIGN, sizeof(int64_t));
+    if (s != ST_OK) {
+        /* a request may still be MPI's: so are the buffers */
+        int64_t *fresh = PyMem_RawCalloc(6 * SIGN, sizeof(int64_t));
         if (fresh == NULL) {
             self->failed = 1; /* no more checks from C */
             return s;
@@ -448,8 +498,7 @@ run_check(MpiCommObject *self, int kind, int dtype, long op, long root,
         memcpy(fresh, self->sig, 2 * SIGN * sizeof(int64_t));
         self->sig = fresh;
         self->sigr = fresh + 2 * SIGN;
-    }
-    if (s != ST_OK) {
+        self->sigp = fresh + 4 * SIGN;
         return s;
     }
     for (int i = 0; i < SIGN; i++) {

@@ -24,8 +24,9 @@ straight to MPI when it is CUDA-aware (MPIX_Query_cuda_support, or PYDDP_MPI_CUD
 are staged through pinned host memory otherwise.
 
 Mismatch detection: before each collective every rank's signature (sequence number, kind, dtype,
-op, root, count) is compared with one nonblocking MPI_Iallreduce (MIN of the fields and of their
-negations) on ``aux``, polled against the group's timeout.  A mismatch raises DistBackendError on
+op, root, count) is compared by a MIN of the fields and of their negations, reduced by
+dissemination (ceil(log2 n) rounds of nonblocking point-to-point messages on ``aux``; half the time
+of Open MPI's MPI_Iallreduce for two ranks) and polled against the group's timeout.  A mismatch raises DistBackendError on
 every rank, naming each rank's call, before the data moves; a rank that never arrives raises a
 timeout instead of a hang.  The check costs one small allreduce per collective;
 ``PYDDP_MPI_CHECK=0`` turns it off (and with it the timeout of blocking collectives).  With the
@@ -68,6 +69,7 @@ _AVG, _SUM = _C.REDUCE_OPS["AVG"], _C.REDUCE_OPS["SUM"]
 _SIGN = 6  # signature fields: seq, kind, dtype, op, root, count
 _TAG_LIST = 7  # tag of the list collectives' messages on aux
 _TAG_MON, _TAG_MON_OK = 8, 9  # monitored_barrier's arrival and release
+_TAG_CHECK = 11  # the signature check's messages (csrc/python/mpi.c: SIG_TAG)
 _INT_MAX = 2 ** 31 - 1
 # MpiComm.check's outcomes (and MpiComm.fast's failures: _ST_CALL_ERROR, the collective's own call)
 _ST_MPI_ERROR, _ST_TIMEOUT, _ST_MISMATCH, _ST_CALL_ERROR = 1, 2, 3, 5
@@ -442,8 +444,7 @@ class MpiBackend:
         try:
             return _C.MpiComm(
                 handle_size=mpi._sizeof(mpi.Comm), coll=self.coll.handle, aux=self.aux.handle,
-                in_place=int(mpi.IN_PLACE), sig_type=mpi.INT64_T.handle, min_op=mpi.MIN.handle,
-                types=types, ops=ops, rank=self.rank, size=self.size, check=self.check,
+                in_place=int(mpi.IN_PLACE), sig_type=mpi.INT64_T.handle, types=types, ops=ops, rank=self.rank, size=self.size, check=self.check,
                 timeout=self.timeout, fallback=self._py_fast, on_failure=self._fast_failed)
         except (_C.DistError, TypeError, ValueError, AttributeError) as e:
             import warnings
@@ -489,13 +490,23 @@ class MpiBackend:
         sig, out = self._sig, self._sigr
         sig[0], sig[1], sig[2], sig[3], sig[4], sig[5] = self.seq, kind, dtype, op, root, count
         np.negative(sig[:_SIGN], out=sig[_SIGN:])
-        try:
-            req = self.aux.Iallreduce(sig, out, MPI.MIN)
-            ok = _poll(req.Test, _C.monotonic() + t)
-        except MPI.Exception as e:
-            self._check_failed(name, _ST_MPI_ERROR, self._error_text(e), t, sig, self.seq)
-        if not ok:
-            self._check_failed(name, _ST_TIMEOUT, "", t, sig, self.seq)
+        # the dissemination MIN of MpiComm.check (the same messages: ranks may mix both)
+        np.copyto(out, sig)
+        peer = np.empty_like(sig)
+        deadline = _C.monotonic() + t
+        n, d = self.size, 1
+        while d < n:
+            try:
+                reqs = [self.aux.Irecv(peer, (self.rank - d) % n, _TAG_CHECK),
+                        self.aux.Isend(out, (self.rank + d) % n, _TAG_CHECK)]
+                ok = _poll(lambda: MPI.Request.Testall(reqs), deadline)
+            except MPI.Exception as e:
+                self._check_failed(name, _ST_MPI_ERROR, self._error_text(e), t, sig, self.seq)
+            if not ok:
+                self._sig, self._sigr = np.zeros_like(sig), np.zeros_like(out)  # still MPI's
+                self._check_failed(name, _ST_TIMEOUT, "", t, sig, self.seq)
+            np.minimum(out, peer, out=out)
+            d *= 2
         if (out[:_SIGN] != -out[_SIGN:]).any():
             self._check_failed(name, _ST_MISMATCH, "", t, sig, self.seq)
 
