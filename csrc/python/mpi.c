@@ -376,9 +376,10 @@ MpiComm_dealloc(MpiCommObject *self)
 /* ------------------------------------------------------------- the check */
 
 /* Poll the n requests until all are done, the deadline, or a signal's
- * exception: GIL released, spinning first (MPI progresses only inside its
- * calls), then sleeping 20 us more per round up to 1 ms; every 50 ms the GIL
- * is taken back to run signal handlers (Ctrl-C).  MPI_Test one request at a
+ * exception: GIL released, spinning for the first 2 ms (MPI progresses only
+ * inside its calls, and a peer descheduled for a moment on a busy host must
+ * not cost a sleep's overshoot), then sleeping 10 us more per round up to
+ * 1 ms; every 50 ms the GIL is taken back to run signal handlers (Ctrl-C).  MPI_Test one request at a
  * time: an MPI_Request array's element size differs between the ABIs. */
 static int
 poll_reqs(req_t *reqs, int n, double deadline, int *mpi_err)
@@ -387,7 +388,7 @@ poll_reqs(req_t *reqs, int n, double deadline, int *mpi_err)
     int done[2] = {0, 0}, ndone = 0, out = ST_OK;
     long spins = 0;
     long sleep_ns = 0;
-    double next_signals = 0;
+    double next_signals = 0, spin_until = 0;
     PyThreadState *ts = PyEval_SaveThread();
     for (int last = 0;; spins++) {
         for (int i = 0; i < n; i++) {
@@ -421,11 +422,14 @@ poll_reqs(req_t *reqs, int n, double deadline, int *mpi_err)
             last = 1; /* one more test of each */
             continue;
         }
-        if (spins > 4096) {
+        if (spin_until == 0) {
+            spin_until = now + 2e-3;
+        }
+        if (now > spin_until) {
             if (next_signals == 0) {
                 next_signals = now + 0.05;
             }
-            sleep_ns = sleep_ns < 1000000 ? sleep_ns + 20000 : 1000000;
+            sleep_ns = sleep_ns < 1000000 ? sleep_ns + 10000 : 1000000;
             struct timespec d = {0, sleep_ns};
             nanosleep(&d, NULL);
             if (now > next_signals) {
