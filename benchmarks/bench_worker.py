@@ -18,6 +18,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -317,11 +318,15 @@ def run_op(impl, op, sizes, args, make=None):
             fn(ta, tout)
         times = np.zeros(iters, dtype=np.float64)
         clock = time.perf_counter
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for i in range(iters):
             impl.barrier()
             t0 = clock()
             fn(ta, tout)
             times[i] = clock() - t0
+        # page faults per iteration (this rank; --json only): a library that maps fresh memory on
+        # every call (a temporary buffer above malloc's mmap threshold) shows it here
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / iters
         times = impl.max_over_ranks(times)
         whole = whole_bytes(op, n_in, n_out)
         rows.append({
@@ -331,6 +336,7 @@ def run_op(impl, op, sizes, args, make=None):
             "median_us": float(np.median(times) * 1e6),
             "min_us": float(times.min() * 1e6),
             "correct": ok,
+            "faults_per_iter": faults,
         })
         impl._last_blocks = None
         del ta, tout, a, out  # a shared-memory buffer is given back before the next size is allocated

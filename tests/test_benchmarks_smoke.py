@@ -248,3 +248,29 @@ def test_torch_backend_quick_table():
     assert float(ddp_rows[0][2]) == 1.0, out
     assert re.search(r"^target allreduce 4 B: pyddp [0-9.]+ us \(<= 10\) -> (met|NOT met)$",
                      proc.stdout, re.M), out
+
+
+@pytest.mark.timeout(180)
+def test_mpi_overhead_quick_table():
+    """benchmarks/mpi_overhead.py, tiny: raw mpi4py and backend mpi in one launch, every row, the
+    target lines, correct results (skipped without mpirun and mpi4py)."""
+    import shutil
+
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    script = os.path.join(ROOT, "benchmarks", "mpi_overhead.py")
+    proc = subprocess.run([sys.executable, script, "--rounds", "2", "--iters", "5",
+                           "--max-bytes", "64K", "--timeout", "150"],
+                          cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True,
+                          timeout=170)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "WRONG RESULT" not in out, out
+    rows = re.findall(r"^\| ([0-9]+ \w+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)x", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["4 B", "16 B", "64 B", "256 B", "1 KiB", "4 KiB", "16 KiB",
+                                    "64 KiB"], out
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), out
+    assert re.search(r"^target 4 B within 1.5 us of raw mpi4py: [+-][0-9.]+ us -> (met|NOT met)$",
+                     proc.stdout, re.M), out
+    assert re.search(r"^target at most 5% slower from 64 KiB: worst [0-9.]+x at 64 KiB -> "
+                     r"(met|NOT met)$", proc.stdout, re.M), out
