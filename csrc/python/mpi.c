@@ -565,6 +565,11 @@ MpiComm_check(MpiCommObject *self, PyObject *args)
                           &timeout)) {
         return NULL;
     }
+    if (self->failed) { /* its communicators may be freed (destroy) */
+        PyErr_SetString(self->st->DistBackendError,
+                        "backend 'mpi': this group failed or was destroyed");
+        return NULL;
+    }
     int err = 0;
     int s = run_check(self, kind, dtype, op, root, count, timeout, &err);
     if (s == ST_INTERRUPTED) {
@@ -701,7 +706,8 @@ static PyMethodDef MpiComm_methods[] = {
      "check(kind, dtype, op, root, count, timeout) -> (status, mpi_text): "
      "the signature check (0 ok, 1 MPI error, 2 timeout, 3 mismatch)"},
     {"set_failed", (PyCFunction)MpiComm_set_failed, METH_NOARGS,
-     "the group failed: every later call goes to the Python path"},
+     "the group failed or was destroyed: fast() hands every later call to "
+     "the Python path, check() refuses"},
     {NULL, NULL, 0, NULL},
 };
 

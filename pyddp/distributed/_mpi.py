@@ -473,8 +473,9 @@ class MpiBackend:
         with self.lock:
             if self.error is None:
                 self.error = msg
-            if self._mc is not None:
-                self._mc.set_failed()
+            mc = getattr(self, "_mc", None)
+            if mc is not None:
+                mc.set_failed()
 
     # ---------------------------------------------------------------- signature check
     def _check(self, kind, dtype, op, root, count, name, timeout):
@@ -985,6 +986,9 @@ class MpiBackend:
     # ----------------------------------------------------------------------- shutdown
     def destroy(self):
         """Free the communicators (never collective: MPI_Comm_free is local)."""
+        mc = getattr(self, "_mc", None)
+        if mc is not None:  # its handles are about to dangle: no more calls from C
+            mc.set_failed()
         for attr in ("coll", "p2p", "aux"):
             c = getattr(self, attr, None)
             setattr(self, attr, None)
