@@ -385,10 +385,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             return 0
         try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
             a = out.numpy() if isinstance(out, torch.Tensor) else _host_list(out)
-            if inp is None:
-                b = None
-            else:
-                b = inp.numpy() if isinstance(inp, torch.Tensor) else _host_list(inp)
+            b = inp.numpy() if isinstance(inp, torch.Tensor) else _host_list(inp)
         except (TypeError, RuntimeError):  # not viewable here: the general path says what
             return 0
         try:

@@ -109,6 +109,12 @@ typedef struct pd_view {
 int pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags,
                 pd_view *v);
 void pd_view_release(pd_view *v);
+/* A view the fast paths (group.c, mpi.c) can run on: CPU memory,
+ * C-contiguous, a known dtype, writable when it is an output.  1 with the
+ * view held, or 0 with nothing held and no exception: the Python layer then
+ * takes the general path and explains what is wrong. */
+int pd_view_get_host(pd_module_state *st, PyObject *obj, int writable,
+                     pd_view *v);
 /* The length of a view's first dimension (1 for a 0-d array), or -1 when
  * its exporter did not say. */
 long long pd_view_rows(const pd_view *v);

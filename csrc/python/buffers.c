@@ -539,6 +539,24 @@ pd_view_rows(const pd_view *v)
     return ndim < 0 ? -1 : first;
 }
 
+int
+pd_view_get_host(pd_module_state *st, PyObject *obj, int writable,
+                 pd_view *v)
+{
+    if (pd_view_get(st, obj,
+                    PD_VIEW_CONTIGUOUS | (writable ? PD_VIEW_WRITABLE : 0),
+                    v) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v->device != PD_DEV_CPU || !v->contiguous || v->dtype < 0 ||
+        (writable && v->readonly)) {
+        pd_view_release(v);
+        return 0;
+    }
+    return 1;
+}
+
 void
 pd_view_release(pd_view *v)
 {

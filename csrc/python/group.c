@@ -507,26 +507,6 @@ fast_op_ok(int dt, long arg)
     return 1;
 }
 
-/* A view the fast path can run on: CPU memory, C-contiguous, a known
- * dtype, writable when it is an output.  0 (nothing held) otherwise: the
- * Python layer then takes the general path and explains what is wrong. */
-static int
-fast_view(PGObject *self, PyObject *obj, int writable, pd_view *v)
-{
-    if (pd_view_get(self->st, obj,
-                    PD_VIEW_CONTIGUOUS | (writable ? PD_VIEW_WRITABLE : 0),
-                    v) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (v->device != PD_DEV_CPU || !v->contiguous || v->dtype < 0 ||
-        (writable && v->readonly)) {
-        pd_view_release(v);
-        return 0;
-    }
-    return 1;
-}
-
 /* A fast-path collective interrupted by a signal goes on in the progress
  * thread (handoff): a Work keeps the arrays' views (nviews of them, moved
  * there) until it ends.  If that Work cannot be made, the views leak rather
@@ -582,7 +562,7 @@ fast_side(PGObject *self, fast_views *fv, PyObject *obj, int nblocks,
             }
             PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(obj, i));
             pd_view *v = &fv->v[fv->n];
-            int got = fast_view(self, item, writable, v);
+            int got = pd_view_get_host(self->st, item, writable, v);
             Py_DECREF(item);
             if (!got) {
                 return 0;
@@ -601,7 +581,7 @@ fast_side(PGObject *self, fast_views *fv, PyObject *obj, int nblocks,
         return 0;
     }
     pd_view *v = &fv->v[fv->n];
-    if (!fast_view(self, obj, writable, v)) {
+    if (!pd_view_get_host(self->st, obj, writable, v)) {
         return 0;
     }
     fv->n++;
@@ -818,7 +798,7 @@ PG_fast(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
                            nargs > 3 ? args[3] : Py_None, root);
     }
     if (kind == PD_K_ALLREDUCE || kind == PD_K_BROADCAST) {
-        if (!fast_view(self, args[1], 1, &v)) {
+        if (!pd_view_get_host(self->st, args[1], 1, &v)) {
             Py_RETURN_FALSE;
         }
         have_view = 1;

@@ -379,8 +379,9 @@ MpiComm_dealloc(MpiCommObject *self)
  * exception: GIL released, spinning for the first 2 ms (MPI progresses only
  * inside its calls, and a peer descheduled for a moment on a busy host must
  * not cost a sleep's overshoot), then sleeping 10 us more per round up to
- * 1 ms; every 50 ms the GIL is taken back to run signal handlers (Ctrl-C).  MPI_Test one request at a
- * time: an MPI_Request array's element size differs between the ABIs. */
+ * 1 ms; every 50 ms the GIL is taken back to run signal handlers (Ctrl-C).
+ * MPI_Test one request at a time: an MPI_Request array's element size
+ * differs between the ABIs. */
 static int
 poll_reqs(req_t *reqs, int n, double deadline, int *mpi_err)
 {
@@ -630,18 +631,15 @@ MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_TRUE;
     }
     pd_view v;
-    if (pd_view_get(self->st, args[1],
-                    PD_VIEW_CONTIGUOUS | PD_VIEW_WRITABLE, &v) < 0) {
-        PyErr_Clear();
+    if (!pd_view_get_host(self->st, args[1], 1, &v)) {
         return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
     }
-    intptr_t dt = v.dtype >= 0 && v.dtype < NDT ? self->types[v.dtype] : 0;
+    intptr_t dt = v.dtype < NDT ? self->types[v.dtype] : 0;
     intptr_t mop = 0;
     if (kind == PD_K_ALLREDUCE && dt != 0 && arg >= 0 && arg < NOPS) {
         mop = self->ops[v.dtype][arg];
     }
-    if (v.device != PD_DEV_CPU || !v.contiguous || v.readonly || dt == 0 ||
-        v.count > INT32_MAX ||
+    if (dt == 0 || v.count > INT32_MAX ||
         (kind == PD_K_ALLREDUCE ? mop == 0 : (arg < 0 || arg >= self->size))) {
         pd_view_release(&v);
         return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
