@@ -98,13 +98,20 @@ class TorchGroupImpl(bench_worker.GlooImpl):
         return times
 
 
+# Untimed calls before a back-to-back series: after another backend's turn (or any pause) the
+# ranks' processes may share a core until the scheduler spreads them again, a few milliseconds of
+# calls later (50 warm-up calls measured 10-15 us where 1000 measure 7 us); a fixed count, equal
+# on every rank, as each call is a collective.
+WARMUP = 1000
+
+
 def back_to_back(impl, torch, iters):
     """Median us per 4 B allreduce over ``iters`` calls in a row after one barrier, the slowest
     rank's (OSU micro-benchmarks' and nccl-tests' latency: no barrier between iterations)."""
     import numpy as np
 
     t = torch.ones(1)
-    for _ in range(50):
+    for _ in range(WARMUP):
         impl.allreduce(t, None)
     clock = time.perf_counter
     impl.barrier()
@@ -133,7 +140,7 @@ def floor_parts(pg, impl, torch, iters):
             call = impl.allreduce
         else:
             call = lambda t, _: fast(pyddp_tb._K_ALLREDUCE, a, pyddp_tb._SUM_CODE)  # noqa: E731
-        for _ in range(50):
+        for _ in range(WARMUP):
             call(t, None)
         impl.barrier()
         t0 = time.perf_counter()

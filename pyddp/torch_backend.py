@@ -415,15 +415,33 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # --------------------------------------------------------------- collectives
 
     def allreduce(self, tensors, opts=None):
-        if opts is not None and len(tensors) == 1:
-            reduce_op = opts.reduceOp
-            how = self._inline(opts, _K_ALLREDUCE, tensors[0], _op_code(reduce_op))
-            if how:
-                if how == 2:  # asynchronous, done inline (during backward): a Work of its own
-                    return Work((), list(tensors), self)
-                done = self._done
-                done._result = tensors
-                return done
+        # _inline written out for the most frequent call (torch's all_reduce of one CPU tensor,
+        # blocking, SUM): each Python call and attribute read saved is 0.1-0.5 us of a 4 B
+        # allreduce's 6-7 us
+        fast = self._fast
+        if fast is not None and opts is not None and len(tensors) == 1 \
+                and self._coalesced is None:
+            async_op = opts.asyncOp
+            if not async_op or (self._backward_inline and _graph_task_id() >= 0):
+                reduce_op = opts.reduceOp
+                t = tensors[0]
+                try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
+                    # (only a torch tensor's: another array's numpy() may be a copy)
+                    a = t.numpy() if isinstance(t, torch.Tensor) else None
+                except (TypeError, RuntimeError):
+                    a = None  # not viewable here: the general path says what
+                if a is not None:
+                    try:
+                        done = fast(_K_ALLREDUCE, a, _SUM_CODE if reduce_op == _SUM
+                                    else _OP_CODES[reduce_op.op.value])
+                    except _C.DistError as e:
+                        raise _torch_error(e) from None
+                    if done:
+                        if async_op:  # done inline during backward: a Work of its own
+                            return Work((), list(tensors), self)
+                        done = self._done
+                        done._result = tensors
+                        return done
         if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
             return self._premul_sum("allreduce", opts, tensors, self.allreduce)
         opts = opts or _c10d.AllreduceOptions()
