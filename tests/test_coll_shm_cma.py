@@ -122,14 +122,16 @@ def test_every_collective_matches_numpy_with_single_copies_off():
     assert res == [_expected(counts)] * 2, res
 
 
-def test_the_default_thresholds_mix_both_paths():
-    # unset: each collective's own threshold (all_reduce from 512 KiB, gather/scatter from 16 MiB blocks,
-    # the others always the banks), in one job
+@pytest.mark.parametrize("ws", [2, 3])
+def test_the_default_thresholds_mix_both_paths(ws):
+    # unset: each collective's own threshold (all_reduce from 32 MiB, gather from 16 MiB blocks,
+    # scatter from 16 MiB blocks on 2 ranks and from 2 MiB on 3: the 4 MiB blocks here take single
+    # copies there, the others the banks), in one job
     counts = [100, 70_000, 1 << 20]
-    res = run(_every_collective_child, 2, True, counts,
+    res = run(_every_collective_child, ws, True, counts,
               env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": None},
               timeout=200)
-    assert res == [_expected(counts)] * 2, res
+    assert res == [_expected(counts)] * ws, res
 
 
 def _killed_child(rank, ws, kind):
