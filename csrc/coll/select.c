@@ -190,13 +190,16 @@ pd_coll_run(pd_coll *c, const pd_op *op)
  * (Single copies pin every page of the peer's buffer in the kernel and copy
  * at a third of memcpy's speed in cache: they win only past the caches.)
  * scatter on more ranks: the banks put (n - 1) blocks of copying on the
- * root while single copies let the others read theirs at once.  Measured,
- * scatter, --rounds 5, median us banks / single copies: 3 ranks 1 MiB
- * 94 / 117, 2 MiB 214 / 177, 4 MiB 329 / 297; 4 ranks 512 KiB 66 / 51,
- * 1 MiB 119 / 91, 4 MiB 487 / 230, 16 MiB 2978 / 1573 (Open MPI 344 at
- * 4 MiB, 2463 at 16 MiB).  So from 4 MiB / (n - 1), down to a power of
- * two, there.  gather on 4 ranks keeps the banks (4 MiB: 282 / 1228: the
- * others' writes into the root's pages contend). */
+ * root, in rounds of a bank's (n - 1)-th with a sync of every rank each
+ * (on an oversubscribed host, context switches), while single copies let
+ * the others read their blocks at once, as Open MPI's do.  Measured,
+ * scatter, --rounds 5, median us banks / single copies (Open MPI): 3 ranks
+ * 512 KiB 64 / 71 (57), 1 MiB 94 / 117 (126), 2 MiB 214 / 177 (204),
+ * 4 MiB 329 / 297 (443); 4 ranks 256 KiB 57 / 39 (45), 1 MiB 146 / 109
+ * (122), 4 MiB 487 / 230 (344), 16 MiB 2978 / 1573 (2463).  So from 2 MiB
+ * blocks on 3 ranks and 256 KiB on more.  gather on 4 ranks keeps the
+ * banks (4 MiB: 282 / 1228: the others' writes into the root's pages
+ * contend). */
 size_t
 pd_coll_cma_threshold(int kind, int size)
 {
@@ -204,14 +207,9 @@ pd_coll_cma_threshold(int kind, int size)
     case PD_K_ALLREDUCE:
         return (size_t)32 << 20;
     case PD_K_SCATTER:
-        if (size > 2) {
-            size_t at = ((size_t)4 << 20) / (size_t)(size - 1), p = 1;
-            while (p * 2 <= at) {
-                p *= 2;
-            }
-            return p;
-        }
-        return (size_t)16 << 20;
+        return size == 2 ? (size_t)16 << 20
+               : size == 3 ? (size_t)2 << 20
+                           : (size_t)256 << 10;
     case PD_K_GATHER:
         return (size_t)16 << 20;
     default:
