@@ -124,9 +124,8 @@ def test_every_collective_matches_numpy_with_single_copies_off():
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_the_default_thresholds_mix_both_paths(ws):
-    # unset: each collective's own threshold (all_reduce from 32 MiB, gather from 16 MiB blocks,
-    # scatter from 16 MiB blocks on 2 ranks and from 2 MiB on 3: the 4 MiB blocks here take single
-    # copies there, the others the banks), in one job
+    # unset: each collective's own threshold (all_reduce from 32 MiB, gather and scatter from 16 MiB
+    # blocks, the others always the banks), in one job
     counts = [100, 70_000, 1 << 20]
     res = run(_every_collective_child, ws, True, counts,
               env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": None},

@@ -14,7 +14,7 @@ pd_cma_use(pd_coll *c, size_t bytes)
 {
     size_t at = pd_cma_threshold();
     if (at == PD_CMA_DEFAULT) {
-        at = pd_coll_cma_threshold(c->id.kind, c->size);
+        at = pd_coll_cma_threshold(c->id.kind);
     }
     return pd_shm_cma(c->shm) && c->inshm == NULL && bytes >= at &&
            (size_t)c->size * 3 * sizeof(uint64_t) <=

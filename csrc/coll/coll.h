@@ -265,9 +265,9 @@ pd_shm_ptrs_free(char **ptrs, char **stack)
  * user buffers, one sync.  For messages of pd_cma_threshold() bytes and up
  * when the group's probe succeeded. */
 int pd_cma_use(pd_coll *c, size_t bytes);
-/* The default threshold of a collective kind in a group of size ranks
- * (coll/select.c): bytes of one rank's block; PD_CMA_DEFAULT: never. */
-size_t pd_coll_cma_threshold(int kind, int size);
+/* The default threshold of a collective kind (coll/select.c): bytes of one
+ * rank's block; PD_CMA_DEFAULT: never. */
+size_t pd_coll_cma_threshold(int kind);
 /* Rank p's published table in bank b: words PD_CMA_IN(n, q) (its input,
  * block q), PD_CMA_LEN(n, q) (a length), PD_CMA_OUT(n, q) (its output). */
 #define PD_CMA_IN(n, q) ((size_t)(q))

@@ -189,28 +189,22 @@ pd_coll_run(pd_coll *c, const pd_op *op)
  * single copies 1.16 and 1.18.  Those five keep the banks.
  * (Single copies pin every page of the peer's buffer in the kernel and copy
  * at a third of memcpy's speed in cache: they win only past the caches.)
- * scatter on more ranks: the banks put (n - 1) blocks of copying on the
- * root, in rounds of a bank's (n - 1)-th with a sync of every rank each
- * (on an oversubscribed host, context switches), while single copies let
- * the others read their blocks at once, as Open MPI's do.  Measured,
- * scatter, --rounds 5, median us banks / single copies (Open MPI): 3 ranks
- * 512 KiB 64 / 71 (57), 1 MiB 94 / 117 (126), 2 MiB 214 / 177 (204),
- * 4 MiB 329 / 297 (443); 4 ranks 256 KiB 57 / 39 (45), 1 MiB 146 / 109
- * (122), 4 MiB 487 / 230 (344), 16 MiB 2978 / 1573 (2463).  So from 2 MiB
- * blocks on 3 ranks and 256 KiB on more.  gather on 4 ranks keeps the
- * banks (4 MiB: 282 / 1228: the others' writes into the root's pages
- * contend). */
+ * scatter on 4 ranks was measured both ways too (median us, banks / single
+ * copies / Open MPI): run alone, 4 MiB 470-500 / 224-269 / 383-389 and
+ * 16 MiB 2978-3505 / 1267-2073 / 2900-3244; but after other collectives of
+ * up to 64 MiB in the same processes (collectives.py's full run) single
+ * copies took 973-1579 us at 4 MiB, the banks 365-677, Open MPI 441-1246
+ * (with transparent huge pages "always" too; cause not found).  The banks
+ * stay the default there; PYDDP_CMA_THRESHOLD=256K serves a program that
+ * mostly scatters. */
 size_t
-pd_coll_cma_threshold(int kind, int size)
+pd_coll_cma_threshold(int kind)
 {
     switch (kind) {
     case PD_K_ALLREDUCE:
         return (size_t)32 << 20;
-    case PD_K_SCATTER:
-        return size == 2 ? (size_t)16 << 20
-               : size == 3 ? (size_t)2 << 20
-                           : (size_t)256 << 10;
     case PD_K_GATHER:
+    case PD_K_SCATTER:
         return (size_t)16 << 20;
     default:
         return PD_CMA_DEFAULT;
