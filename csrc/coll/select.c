@@ -190,7 +190,8 @@ pd_coll_run(pd_coll *c, const pd_op *op)
  * (Single copies pin every page of the peer's buffer in the kernel and copy
  * at a third of memcpy's speed in cache: they win only past the caches.)
  * scatter on 4 ranks was measured both ways too (median us, banks / single
- * copies / Open MPI): run alone, 4 MiB 470-500 / 224-269 / 383-389 and
+ * copies / Open MPI; collectives.py's sizes, the root's whole buffer, a
+ * quarter per rank): run alone, 4 MiB 470-500 / 224-269 / 383-389 and
  * 16 MiB 2978-3505 / 1267-2073 / 2900-3244; but after other collectives of
  * up to 64 MiB in the same processes (collectives.py's full run) single
  * copies took 973-1579 us at 4 MiB, the banks 365-677, Open MPI 441-1246
