@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU path's verification, in one command:
+#
+#     bash tests/gpu/verify.sh [LOGDIR]          # default LOGDIR: ./gpu-verify-logs
+#
+# 1. builds the extension in place (no build isolation: the GPU machine reaches no package registry);
+# 2. prints the library versions (Python, NumPy, torch, CuPy, JAX, the NCCL and CUDA runtime pyddp loads,
+#    torch's NCCL, the driver) and the ABI facts pyddp assumes, checked against the real headers
+#    (tests/gpu/abi_facts.c, compiled against nccl.h and cuda_runtime_api.h where they are found);
+# 3. runs the GPU tests (tests/gpu, in parallel with pytest-xdist where it is installed), then the
+#    NCCL-path tests on the stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
+# 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run).
+#
+# Every step's log goes under LOGDIR (summary.txt holds what this prints). On a machine without a GPU the
+# GPU tests and the benchmark report why they skipped and the script still exits 0; any failed step makes
+# it exit 1, after the remaining steps have run. Budget: under 8 minutes on the GPU machine (16 cores);
+# VERIFY_STEP_TIMEOUT (seconds, default 300) bounds each of steps 3 and 4.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+LOG=$(mkdir -p "${1:-gpu-verify-logs}" && cd "${1:-gpu-verify-logs}" && pwd)
+PY=${PYTHON:-python3}
+STEP_TIMEOUT=${VERIFY_STEP_TIMEOUT:-300}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+: >"$LOG/summary.txt"
+FAILED=()
+
+say() { echo "$*" | tee -a "$LOG/summary.txt"; }
+step() {  # step NAME COMMAND...: run, log to LOG/NAME.log, record the outcome
+    local name=$1; shift
+    local t0=$SECONDS
+    say "== $name: $*"
+    "$@" >"$LOG/$name.log" 2>&1
+    local rc=$?
+    tail -n "${TAIL:-25}" "$LOG/$name.log" | sed 's/^/   /' | tee -a "$LOG/summary.txt"
+    if [ $rc -eq 0 ]; then say "== $name: ok ($((SECONDS - t0)) s)"; else
+        say "== $name: FAILED (status $rc, $((SECONDS - t0)) s; log $LOG/$name.log)"; FAILED+=("$name"); fi
+}
+
+say "pyddp GPU verification, $(date -u '+%Y-%m-%d %H:%M UTC'), host $(hostname), $(nproc) cores"
+say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+
+# 1. build in place
+TAIL=5 step build "$PY" setup.py -q build_ext --inplace -j "$(nproc)"
+
+# 2. versions and ABI facts
+TAIL=40 step versions "$PY" tests/gpu/versions.py
+TAIL=60 step abi "$PY" tests/gpu/abi_facts.py
+
+# 3. the tests
+XDIST=()
+if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "${VERIFY_WORKERS:-8}"); fi
+TAIL=40 step gpu_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -rs -q "${XDIST[@]}" -p no:cacheprovider \
+    --timeout 240 --junitxml "$LOG/gpu_tests.xml" tests/gpu
+TAIL=10 step stand_in_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -q "${XDIST[@]}" -p no:cacheprovider \
+    --timeout 240 tests/test_nccl_backend.py tests/test_fakecuda.py
+
+# 4. the benchmark against torch's ProcessGroupNCCL
+TAIL=60 step bench_nccl timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/nccl.py --quick --max-bytes 64M \
+    --timeout 120 --json "$LOG/bench_nccl.json"
+
+if [ ${#FAILED[@]} -eq 0 ]; then say "verify: every step passed (logs in $LOG)"; exit 0; fi
+say "verify: FAILED steps: ${FAILED[*]} (logs in $LOG)"
+exit 1
