@@ -261,11 +261,17 @@ def _pointer_device(x, ptr) -> int:
 
 
 def _buffer_array(x, name):
-    """The ndarray over x's buffer, or None when x has no buffer interface."""
+    """The ndarray over x's buffer, or None when x has no buffer interface, or has one that a
+    device array refuses (CuPy 14 and JAX export buffers of host-resident arrays only) and
+    offers DLPack or ``__cuda_array_interface__`` instead."""
     try:
         m = memoryview(x)
     except TypeError:
         return None
+    except (BufferError, ValueError, RuntimeError):
+        if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+            return None
+        raise
     try:
         return np.asarray(m)
     except Exception as e:  # noqa: BLE001

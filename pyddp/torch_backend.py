@@ -729,7 +729,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         if not t.is_floating_point():
             raise TypeError(f"{what}: ReduceOp.PREMUL_SUM needs floating-point tensors, got "
                             f"{t.dtype}")
-        factor = opts.reduceOp.factor
+        op = opts.reduceOp
+        # torch 2.13 has ReduceOp.factor, 2.11 has not; both pickle the factor as the state's
+        # second item
+        factor = op.factor if hasattr(op, "factor") else op.__getstate__()[1]
         if factor is None:
             raise ValueError(f"{what}: ReduceOp.PREMUL_SUM without a factor")
         return factor

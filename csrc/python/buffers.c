@@ -459,7 +459,25 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
     view_init(v);
     PyBufferProcs *bp = Py_TYPE(obj)->tp_as_buffer;
     if (bp != NULL && bp->bf_getbuffer != NULL) {
-        return view_from_buffer(obj, flags, v);
+        if (view_from_buffer(obj, flags, v) == 0) {
+            return 0;
+        }
+        /* CuPy 14 and JAX export a buffer that only host-resident arrays
+         * can give (CuPy: managed or system memory; JAX: CPU buffers): a
+         * device array refuses it and is described by DLPack or its
+         * __cuda_array_interface__ instead.  Anything else keeps the
+         * buffer protocol's error. */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        if (!PyObject_HasAttrString(obj, "__dlpack__") &&
+            !PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
+            PyErr_Restore(et, ev, etb);
+            return -1;
+        }
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        view_init(v);
     }
     if (st != NULL && st->TensorType != NULL &&
         PyObject_TypeCheck(obj, (PyTypeObject *)st->TensorType)) {
