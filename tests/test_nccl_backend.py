@@ -613,6 +613,9 @@ def test_send_whose_peer_never_posts_ends_within_the_timeout(how):
 
 def _contexts(rank, n, set_first):
     """Rank 0 of one works on cuda:1 alone: no thread of pyddp may create a context on cuda:0."""
+    import threading
+    from datetime import timedelta
+
     import pyddp.cuda as cuda
     import pyddp.distributed as dist
 
@@ -625,8 +628,12 @@ def _contexts(rank, n, set_first):
     x = fakecuda.DeviceArray(np.arange(4, dtype=np.float32), device=1, stream=s)
     w = dist.all_reduce(x, async_op=True)
     w.wait()
-    w.is_completed()
-    time.sleep(0.3)  # the watchdog polls the work's event from its own thread
+    # what the watchdog and the torch plug-in's futures thread do: ask and wait from a thread that
+    # never set a device
+    t = threading.Thread(target=lambda: (w.is_completed(), w.wait(timeout=timedelta(seconds=30))))
+    t.start()
+    t.join(60)
+    time.sleep(0.3)  # the watchdog polls the works' events from its own thread
     dist.all_reduce(x)
     x.numpy()
     dist.destroy_process_group()
@@ -658,7 +665,7 @@ def _abort_keeps_arrays(rank, n):
     y = _dev(np.ones(1 << 16, np.float32), rank)
     gone = threading.Event()
     weakref.finalize(y, gone.set)
-    w = dist.all_reduce(y, async_op=True)
+    dist.all_reduce(y, async_op=True)  # the Work is dropped: only the backend keeps y now
     del y
     gc.collect()
     work = be.pending[next(iter(be.pending))][-1]
@@ -676,7 +683,6 @@ def _abort_keeps_arrays(rank, n):
         if gone.is_set():
             break
         time.sleep(0.01)
-    del w
     return early, failed, gone.is_set()
 
 
