@@ -384,7 +384,10 @@ def _same_gpu(rank, n):
 
 
 def test_duplicate_gpu_says_what_to_do():
+    # NCCL 2.30 and later word it "Multiple Ranks are using the same GPU/Partition..."
     for msg in _spawn(_same_gpu, 2):
+        assert "same GPU" in msg and "set_device(local_rank)" in msg, msg
+    for msg in _spawn(_same_gpu, 2, env=_env(FAKENCCL_VERSION=22903)):
         assert "Duplicate GPU" in msg and "set_device(local_rank)" in msg, msg
     for out in _spawn(_same_gpu, 2, env=_env(NCCL_MULTI_RANK_GPU_ENABLE=1)):
         assert out == [2.0, 2.0]
@@ -413,6 +416,16 @@ def _bad_arrays(rank, n):
     grab("band", lambda: dist.all_reduce(_dev(np.ones(2, np.int32), rank),
                                          op=dist.ReduceOp.BAND))
     grab("any_source", lambda: dist.recv(_dev(np.ones(2, np.float32), rank)))
+    # NCCL checks no pointer (NCCL_CHECK_POINTERS=0, the stand-in's default too): these reach it
+    # only if pyddp lets them through, and would fault on the device
+    grab("two_devices", lambda: dist.all_gather_into_tensor(
+        fakecuda.DeviceArray(np.zeros(4, np.float32), device=(rank + 1) % 2),
+        _dev(np.ones(2, np.float32), rank)))
+    grab("out_too_small", lambda: dist.all_gather_into_tensor(
+        _dev(np.zeros(3, np.float32), rank), _dev(np.ones(2, np.float32), rank)))
+    grab("split_too_big", lambda: dist.all_to_all_single(
+        _dev(np.zeros(4, np.float32), rank), _dev(np.ones(4, np.float32), rank),
+        output_split_sizes=[2, 3], input_split_sizes=[2, 2]))
     # int16 is fine where nothing is reduced
     y = _dev(np.full(2, rank + 5, np.int16), rank)
     dist.broadcast(y, src=0)
@@ -433,6 +446,9 @@ def test_bad_arrays_raise_clear_errors():
         assert errs["int16_sum"].startswith("TypeError") and "int16" in errs["int16_sum"]
         assert errs["band"].startswith("TypeError") and "BAND" in errs["band"]
         assert "any source" in errs["any_source"]
+        assert errs["two_devices"].startswith("ValueError") and "cuda:" in errs["two_devices"]
+        assert errs["out_too_small"].startswith(("ValueError", "RuntimeError")), errs["out_too_small"]
+        assert errs["split_too_big"].startswith(("ValueError", "RuntimeError")), errs["split_too_big"]
 
 
 # -------------------------------------------------------------------- dispatch and staging

@@ -280,8 +280,12 @@ static ncclResult_t check_joined(struct ncclComm *c)
     if (!(multi && !strcmp(multi, "1") && version() >= 23000)) {
         for (int i = 0; i < c->nranks && !r; i++) {
             if (i != c->rank && member(c, i)->device == c->device) {
-                warn("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", c->rank, i,
-                     0x1000ul * (unsigned long)(c->device + 1));
+                if (version() >= 23000) /* NCCL 2.30 rewrote the message (the text of 2.32's library) */
+                    warn("Multiple Ranks are using the same GPU/Partition. Set "
+                         "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.");
+                else
+                    warn("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", c->rank, i,
+                         0x1000ul * (unsigned long)(c->device + 1));
                 r = ncclInvalidUsage;
             }
         }
