@@ -534,3 +534,24 @@ def test_import_loads_no_cuda_library():
     assert got[0] == [False, False] and got[1] is False and got[2]
     if CUDART_WHEEL is not None:
         assert got[3] is True
+
+
+def test_cudawrap_abi_facts_match_the_real_headers():
+    """csrc/cuda/cudawrap.h declares NCCL's and the CUDA runtime's types without their headers:
+    every size, offset and enum value it assumes, against nccl.h and cuda_runtime_api.h where
+    they are installed (the NVIDIA wheels of the cuda extra, a CUDA toolkit)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    try:
+        import abi_facts
+    finally:
+        sys.path.pop(0)
+    dirs = abi_facts.include_dirs()
+    missing = [h for h in ("nccl.h", "cuda_runtime_api.h", os.path.join("crt", "host_defines.h"))
+               if abi_facts.find(h, dirs) is None]
+    if missing or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip(f"no {', '.join(missing) or 'C compiler'} here (looked in {dirs})")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "abi_facts.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ABI: every fact pyddp assumes matches the headers" in p.stdout
+    assert "MISMATCH" not in p.stdout

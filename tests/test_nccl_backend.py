@@ -430,13 +430,18 @@ def _bad_arrays(rank, n):
     y = _dev(np.full(2, rank + 5, np.int16), rank)
     dist.broadcast(y, src=0)
     ok = y.numpy().tolist()
+    # as torch's NCCL (not gloo): any output shape with world_size times the input's elements
+    out = _dev(np.zeros((2, 2), np.float32), rank)
+    dist.all_gather_into_tensor(out, _dev(np.full(2, rank + 1.0, np.float32), rank))
+    gathered = out.numpy().tolist()
     dist.destroy_process_group()
-    return errs, ok
+    return errs, (ok, gathered)
 
 
 def test_bad_arrays_raise_clear_errors():
-    for errs, ok in _spawn(_bad_arrays, 2):
+    for errs, (ok, gathered) in _spawn(_bad_arrays, 2):
         assert ok == [5, 5]
+        assert gathered == [[1.0, 1.0], [2.0, 2.0]]
         assert "cuda:" in errs["wrong_device"] and "device_id" in errs["wrong_device"]
         assert errs["wrong_device"].startswith("ValueError: all_reduce: tensor is on cuda:")
         m = errs["cpu_vs_cuda"]

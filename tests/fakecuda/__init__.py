@@ -237,16 +237,17 @@ def unique_id():
 
 @contextlib.contextmanager
 def on_device(d):
-    """Make d the calling thread's current device for the block; afterwards the thread's device
-    before it, where that device has a context (setting one would create it, as pyddp avoids)."""
+    """Make d the calling thread's current device for the block (a no-op where it is already)."""
     old = ctypes.c_int()
     cuda_call("cudaGetDevice", ctypes.byref(old))
+    if old.value == d:
+        yield
+        return
     cuda_call("cudaSetDevice", d)
     try:
         yield
     finally:
-        if old.value != d and old.value in contexts():
-            cuda_call("cudaSetDevice", old.value)
+        cuda_call("cudaSetDevice", old.value)
 
 
 def synchronize():

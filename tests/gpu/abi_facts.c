@@ -63,7 +63,8 @@ main(void)
     SAME("NCCL_CONFIG_UNDEF_INT", PD_NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT);
     {
         ncclConfig_t real = NCCL_CONFIG_INITIALIZER;
-        pd_nccl_config mine = pd_nccl_config_init(0);
+        pd_nccl_config mine;
+        pd_nccl_config_init(&mine, 0);
         SAME("NCCL_CONFIG_INITIALIZER.magic", mine.magic, real.magic);
         SAME("sizeof(pyddp config) <= sizeof(ncclConfig_t)", 1, sizeof(mine) <= sizeof(real));
     }
