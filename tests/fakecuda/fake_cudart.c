@@ -4,10 +4,14 @@
  *
  * - FAKECUDA_DEVICES (default 2) devices; 0 makes every call fail with
  *   cudaErrorNoDevice.  The current device is per thread.
- * - "Device" memory is host memory: cudaMalloc blocks are recorded with their
- *   device (cudaPointerGetAttributes answers type 2 and the device), filled
- *   with 0xCB (uninitialised); freed blocks are poisoned with 0xDD and kept a
- *   while, so work that runs after its buffer was freed is caught.
+ * - "Device" memory is host memory the host cannot read: a cudaMalloc pointer
+ *   is an address in a PROT_NONE reservation (reading or writing it from the
+ *   host faults, as on a GPU), backed by a shadow block that only this
+ *   library's copies and fake_nccl's kernels touch (fakecuda_host translates).
+ *   Blocks are recorded with their device (cudaPointerGetAttributes answers
+ *   type 2 and the device), filled with 0xCB (uninitialised); freed blocks are
+ *   poisoned with 0xDD and kept a while, so work that runs after its buffer
+ *   was freed is caught.  cudaHostAlloc memory is plain host memory.
  * - A stream is a worker thread running its FIFO of tasks.  The legacy default
  *   stream (0 or 0x1, one per device) synchronises with the blocking streams
  *   of its device, as CUDA's does; 0x2 is one per-thread default stream per
@@ -28,7 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_DEVICES 64
 #define STREAM_LEGACY ((cudaStream_t)0x1)
@@ -126,9 +132,11 @@ struct event {
 };
 
 struct block {
-    char *p;
+    char *p;      /* the address handed out */
     size_t n;
     int device, type;
+    char *shadow; /* where the bytes are (p itself for host memory) */
+    size_t span;  /* bytes of p's PROT_NONE reservation (0: none) */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -401,6 +409,15 @@ int fakecuda_accessible(const void *p, size_t n, int *device)
     return lookup(p, n, device, NULL) == 1;
 }
 
+void *fakecuda_host(const void *p)
+{
+    pthread_mutex_lock(&g_mu);
+    int i = find(p);
+    char *h = i >= 0 ? blocks[i].shadow + ((const char *)p - blocks[i].p) : (char *)p;
+    pthread_mutex_unlock(&g_mu);
+    return h;
+}
+
 void fakecuda_fault(const char *what, const void *p, size_t n)
 {
     fprintf(stderr,
@@ -420,10 +437,22 @@ static cudaError_t alloc(void **p, size_t n, int type)
     *p = NULL;
     if (n == 0)
         return cudaSuccess;
-    char *m = aligned_alloc(ALIGN, (n + ALIGN - 1) / ALIGN * ALIGN);
-    if (!m)
+    char *shadow = aligned_alloc(ALIGN, (n + ALIGN - 1) / ALIGN * ALIGN);
+    if (!shadow)
         return cudaErrorMemoryAllocation;
-    memset(m, 0xCB, n);
+    memset(shadow, 0xCB, n);
+    char *m = shadow;
+    size_t span = 0;
+    if (type == 2) { /* device memory: an address the host cannot touch */
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        span = (n + page - 1) / page * page;
+        void *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (r == MAP_FAILED) {
+            free(shadow);
+            return cudaErrorMemoryAllocation;
+        }
+        m = r;
+    }
     pthread_mutex_lock(&g_mu);
     grow((void **)&blocks, &capblocks, nblocks, sizeof *blocks);
     int i = nblocks;
@@ -431,7 +460,7 @@ static cudaError_t alloc(void **p, size_t n, int type)
         blocks[i] = blocks[i - 1];
         i--;
     }
-    blocks[i] = (struct block){m, n, cur_dev, type};
+    blocks[i] = (struct block){m, n, cur_dev, type, shadow, span};
     nblocks++;
     pthread_mutex_unlock(&g_mu);
     *p = m;
@@ -451,10 +480,12 @@ static cudaError_t release(void *p, int type)
     struct block b = blocks[i];
     memmove(blocks + i, blocks + i + 1, (size_t)(nblocks - i - 1) * sizeof *blocks);
     nblocks--;
-    memset(b.p, 0xDD, b.n);
+    memset(b.shadow, 0xDD, b.n);
     int cap = (int)(sizeof quarantine / sizeof *quarantine);
     while (qcount && (qcount == cap || qbytes + b.n > QUARANTINE_BYTES)) {
-        free(quarantine[qhead].p);
+        free(quarantine[qhead].shadow);
+        if (quarantine[qhead].span)
+            munmap(quarantine[qhead].p, quarantine[qhead].span);
         qbytes -= quarantine[qhead].n;
         qhead = (qhead + 1) % cap;
         qcount--;
@@ -511,9 +542,9 @@ static void run_copy(void *arg)
     else if (c->check_src && !fakecuda_accessible(c->src, c->n, NULL))
         fakecuda_fault(what, c->src, c->n);
     else if (c->value < 0)
-        memmove(c->dst, c->src, c->n);
+        memmove(fakecuda_host(c->dst), fakecuda_host(c->src), c->n);
     else
-        memset(c->dst, c->value, c->n);
+        memset(fakecuda_host(c->dst), c->value, c->n);
     free(c);
 }
 

@@ -47,6 +47,10 @@ FAKECUDA_EXPORT cudaError_t fakecuda_enqueue(cudaStream_t s, void (*run)(void *)
  * *device receives its device. */
 FAKECUDA_EXPORT int fakecuda_accessible(const void *p, size_t n, int *device);
 
+/* Where the bytes at p are for this library's own copies and kernels: the
+ * shadow of a device address (the address itself is PROT_NONE), else p. */
+FAKECUDA_EXPORT void *fakecuda_host(const void *p);
+
 /* An illegal memory access by a task: the process's sticky error becomes
  * cudaErrorIllegalAddress and the message goes to stderr. */
 FAKECUDA_EXPORT void fakecuda_fault(const char *what, const void *p, size_t n);
