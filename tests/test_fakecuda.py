@@ -60,6 +60,12 @@ def _comms_here(n, devices=None, wait=True):
     return comms
 
 
+def _spawn(fn, world, *args, env=None, timeout=60):
+    # Ranks that use CUDA start as fresh interpreters: this process has used it (a forked child could
+    # not, as with CUDA).
+    return run(fn, world, *args, init=False, env=env or fc.env(), timeout=timeout, start_method="spawn")
+
+
 def _allreduce(comm, x, stream, op=SUM):
     nccl_call("ncclAllReduce", x.ptr, x.ptr, x.size, fc.NCCL_DTYPES[x.dtype], op, comm, stream.handle)
 
@@ -200,6 +206,85 @@ def test_stream_fifo_events_and_wait_event():
     h = a.handle
     a.close()
     assert lib.cudaStreamSynchronize(h) == 400 and lib.cudaStreamDestroy(None) == 400
+
+
+def test_an_event_is_recorded_only_on_a_stream_of_its_device():
+    lib = fc.cudart()
+    with fc.on_device(0):
+        ev = fc.Event()
+    other = Stream(device=1)
+    with fc.on_device(1):
+        assert lib.cudaEventRecord(ev.handle, other.handle) == 400  # cudaErrorInvalidResourceHandle
+        assert lib.cudaEventRecord(ev.handle, None) == 400          # device 1's legacy stream
+        assert lib.cudaGetLastError() == 400
+    with fc.on_device(0):
+        assert lib.cudaEventRecord(ev.handle, None) == 0
+    # waiting on another device's event is allowed (CUDA: "event may be from a different device")
+    gate = Stream(device=0).hold()
+    other.wait_event(Stream(device=0).record())
+    _release_later(gate, 0.05)
+    other.synchronize()
+
+
+def test_free_host_waits_for_every_stream_and_is_counted():
+    busy = Stream(device=1)
+    gate = busy.hold()
+    host = ctypes.c_void_p()
+    cuda_call("cudaHostAlloc", byref(host), 64, 0)
+    before = fc.host_free_count()
+    _release_later(gate, 0.2)
+    t0 = time.monotonic()
+    with fc.on_device(0):  # another device's stream is waited for too
+        cuda_call("cudaFreeHost", host)
+    assert time.monotonic() - t0 >= 0.15 and busy.query()
+    assert fc.cudart().cudaFreeHost(None) == 0
+    assert fc.host_free_count() == before + 1
+
+
+_FORK_SCRIPT = r"""
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[1])
+import fakecuda as fc
+
+lib, ref = fc.cudart(), ctypes.byref
+
+
+def in_child(calls):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, repr([f() for f in calls]).encode())
+        os._exit(0)
+    os.close(w)
+    out = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+n, v, p, h, ev = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+lib.cudaRuntimeGetVersion(ref(v))  # a version query initialises nothing
+print(in_child([lambda: lib.cudaGetDeviceCount(ref(n)), lambda: lib.cudaMalloc(ref(p), 16)]))
+print(lib.cudaMalloc(ref(p), 16), lib.cudaHostAlloc(ref(h), 16, 0), lib.cudaEventCreateWithFlags(ref(ev), 2))
+print(in_child([lambda: lib.cudaGetDeviceCount(ref(n)), lambda: lib.cudaSetDevice(0),
+                lambda: lib.cudaMalloc(ref(ctypes.c_void_p()), 16), lambda: lib.cudaFree(p),
+                lambda: lib.cudaFreeHost(h), lambda: lib.cudaStreamSynchronize(None),
+                lambda: lib.cudaEventRecord(ev, None), lambda: lib.cudaEventDestroy(ev),
+                lambda: lib.cudaDeviceSynchronize(), lambda: lib.cudaRuntimeGetVersion(ref(v)),
+                lambda: lib.cudaGetErrorName(3).decode()]))
+print(lib.cudaFree(p), lib.cudaFreeHost(h), lib.cudaEventDestroy(ev))
+"""
+
+
+def test_a_child_forked_after_cuda_was_initialised_cannot_use_it():
+    r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, fc.TESTS_DIR], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, **fc.env(devices=2)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "[0, 0]",  # forked before CUDA was initialised: the child may use it
+        "0 0 0",
+        "[3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 'cudaErrorInitializationError']",
+        "0 0 0",   # the parent goes on
+    ]
 
 
 def test_legacy_default_stream_synchronises_with_blocking_streams():
@@ -537,7 +622,7 @@ def _collectives(rank, world, uid_bytes):
 @pytest.mark.parametrize("world", [2, 3])
 def test_nccl_collectives_every_dtype_against_numpy(world):
     uid = fc.unique_id()
-    results = run(_collectives, world, bytes(uid), init=False, env=fc.env(devices=world), timeout=120)
+    results = _spawn(_collectives, world, bytes(uid), env=fc.env(devices=world), timeout=120)
     assert results == [[]] * world
     _assert_clean(uid)
 
@@ -582,7 +667,7 @@ def _p2p(rank, world, uid_bytes):
 @pytest.mark.parametrize("world", [2, 3])
 def test_nccl_group_send_recv(world):
     uid = fc.unique_id()
-    assert run(_p2p, world, bytes(uid), init=False, env=fc.env(devices=world), timeout=60) == [[]] * world
+    assert _spawn(_p2p, world, bytes(uid), env=fc.env(devices=world)) == [[]] * world
     _assert_clean(uid)
 
 
@@ -610,7 +695,7 @@ def _split(rank, world, uid_bytes):
 
 def test_nccl_split():
     uid = fc.unique_id()
-    res = run(_split, 3, bytes(uid), init=False, env=fc.env(devices=3), timeout=60)
+    res = _spawn(_split, 3, bytes(uid), env=fc.env(devices=3))
     # ranks 0 and 2 (keys 5 and 1: rank 2 comes first), rank 1 left out; then each rank alone
     assert res == [[(2, 1, 0, [4.0]), (1, 0, 0, [1.0])],
                    [None, (1, 0, 1, [2.0])],
@@ -642,17 +727,14 @@ def _late_nonblocking(rank, world, uid_bytes, flag):
 
 def test_nccl_nonblocking_init_across_processes(tmp_path):
     uid = fc.unique_id()
-    res = run(_late_nonblocking, 2, bytes(uid), str(tmp_path / "flag"), init=False, env=fc.env(), timeout=60)
+    res = _spawn(_late_nonblocking, 2, bytes(uid), str(tmp_path / "flag"))
     early = "Attempt to use communicator before the previous operation returned ncclSuccess"
     assert res == [((7, 7, 4, early), [3.0]), (None, [3.0])]
     _assert_clean(uid)
 
 
-def _duplicate(rank, world, uid_bytes, parent_stream):
+def _duplicate(rank, world, uid_bytes):
     cuda_call("cudaSetDevice", 0)
-    # the parent's streams do not exist in a forked child; new ones work
-    assert fc.cudart().cudaStreamSynchronize(parent_stream) == 400
-    Stream().synchronize()
     comm = ctypes.c_void_p()
     rc = fc.nccl().ncclCommInitRank(byref(comm), world, fc.UniqueId.from_buffer_copy(uid_bytes), rank)
     return rc, comm.value, fc.nccl().ncclGetLastError(None).decode()
@@ -660,9 +742,7 @@ def _duplicate(rank, world, uid_bytes, parent_stream):
 
 def test_nccl_duplicate_gpu_blocking_init_across_processes():
     uid = fc.unique_id()
-    parent = Stream()
-    parent.sleep(1)
-    res = run(_duplicate, 2, bytes(uid), parent.handle, init=False, env=fc.env(), timeout=60)
+    res = _spawn(_duplicate, 2, bytes(uid))
     assert res == [(5, None, "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1000"),
                    (5, None, "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000")]
     _assert_clean(uid)
