@@ -6,6 +6,7 @@ check, the watchdog, abort, dispatch by device and staging.  Every rank is a fre
 (spawn): CUDA libraries load once per process, and the pytest process may have loaded the real
 ones.  tests/gpu/ runs the same paths on a real GPU.
 """
+import ctypes
 import os
 import signal
 import subprocess
@@ -227,6 +228,71 @@ def _dlpack_stream(rank, n):
 def test_dlpack_arrays():
     for got, streams in _spawn(_dlpack_stream, 2):
         assert got == [3.0] * 3 and streams  # taken through DLPack (no CAI on these arrays)
+
+
+def _fake_cupy():
+    """A minimal stand-in for the CuPy module (what pyddp reads of it; CuPy needs a GPU to install
+    and import): ``ndarray``, ``cuda.Device`` (makes a device current for its block) and
+    ``cuda.get_current_stream()``, the CURRENT DEVICE's current stream, here a created stream per
+    device (as inside ``with cupy.cuda.Stream():``).  Put in sys.modules as "cupy"."""
+    import sys
+    import types
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace()
+    streams = {}
+
+    def current():
+        d = ctypes.c_int()
+        fakecuda.cuda_call("cudaGetDevice", ctypes.byref(d))
+        return d.value
+
+    class ndarray(fakecuda.DeviceArray):
+        pass
+
+    class Device:
+        def __init__(self, device):
+            self.id = device
+
+        def __enter__(self):
+            self.prev = current()
+            fakecuda.cuda_call("cudaSetDevice", self.id)
+            return self
+
+        def __exit__(self, *exc):
+            fakecuda.cuda_call("cudaSetDevice", self.prev)
+
+    def get_current_stream():
+        d = current()
+        if d not in streams:
+            streams[d] = fakecuda.Stream(device=d)
+        return types.SimpleNamespace(ptr=streams[d].handle, fake=streams[d])
+
+    cupy.ndarray, cupy.cuda.Device, cupy.cuda.get_current_stream = ndarray, Device, get_current_stream
+    sys.modules["cupy"] = cupy
+    return cupy
+
+
+def _cupy_other_device(rank, n):
+    cupy = _fake_cupy()
+    dist = _init(rank)  # the current device is rank's; the array lives on device rank + 2
+    dev = rank + 2
+    x = cupy.ndarray(np.zeros(4, np.float32), device=dev)
+    with cupy.cuda.Device(dev):
+        s = cupy.cuda.get_current_stream().fake  # the caller's stream for x
+    s.sleep(200)  # a slow kernel on it, then it writes x: the collective must come after
+    s.copy_from(np.full(4, rank + 1, np.float32), x)
+    dist.all_reduce(x)
+    s.synchronize()  # all_reduce's wait() made x's stream wait for the collective
+    got = x.numpy().tolist()
+    dist.destroy_process_group()
+    return got
+
+
+def test_cupy_arrays_use_the_stream_of_their_own_device():
+    # cupy.cuda.get_current_stream() is the current device's: taken for an array on another device
+    # its event was recorded on the wrong device's stream (cudaErrorInvalidResourceHandle)
+    assert _spawn(_cupy_other_device, 2, env=_env(devices=4)) == [[3.0] * 4] * 2
 
 
 # ------------------------------------------------------------------------------ never hang
