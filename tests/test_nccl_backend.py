@@ -545,6 +545,74 @@ def test_cpu_backend_stages_cuda_arrays():
         assert x == [3.0] * 4 and o == [3.0] * 8
 
 
+def _staged_many(rank, n, calls):
+    import pyddp.cuda
+
+    dist = _init(rank, backend="gloo")
+    frees, blocks = fakecuda.host_free_count(), fakecuda.mem_stats()[2]
+    got = []
+    for i in range(calls):
+        x = _dev(np.full(64 + i % 3, i + rank, np.float32), rank)  # sizes vary a little
+        dist.all_reduce(x)
+        o = _dev(np.zeros(2 * x.size, np.float32), rank)
+        dist.all_gather_into_tensor(o, x, async_op=True).wait()
+        got.append((x.numpy().tolist(), o.numpy().tolist()))
+    during = fakecuda.host_free_count() - frees, fakecuda.mem_stats()[2] - blocks
+    dist.destroy_process_group()
+    pyddp.cuda.empty_cache()  # gives the cached blocks back
+    return got, during, fakecuda.mem_stats()[2] - blocks
+
+
+def test_staging_reuses_pinned_buffers():
+    # cudaFreeHost waits for the whole device: N staged collectives must not call it N times
+    calls = 12
+    for got, (frees, cached), left in _spawn(_staged_many, 2, calls):
+        for i, (x, o) in enumerate(got):
+            want = float(2 * i + 1)  # (i + 0) + (i + 1)
+            assert x == [want] * (64 + i % 3) and o == [want] * (2 * (64 + i % 3))
+        assert frees == 0 and 0 < cached <= 4
+        assert left == 0
+
+
+def _pinned_cache(rank, n):
+    import pyddp.cuda
+    from pyddp.cuda import _pinned
+
+    pyddp.cuda.init()
+    out = {}
+    a = _pinned.host_bytes(1000)
+    out["a"] = (a.size, a.dtype.str, a.flags.writeable)
+    view = a[10:20]
+    ptr = a.ctypes.data
+    del a
+    out["idle_while_a_view_lives"] = _pinned.idle()
+    del view
+    out["idle_after"] = _pinned.idle()
+    b = _pinned.host_bytes(600)  # the same size class (1024): the same block
+    out["reused"] = b.ctypes.data == ptr
+    c = _pinned.host_bytes(1024)  # none idle: a new one
+    _pinned._IDLE_CAP = 1024
+    frees = fakecuda.host_free_count()
+    del b, c  # the second over the cap, its class not empty: freed
+    out["over_cap"] = _pinned.idle(), fakecuda.host_free_count() - frees
+    big = _pinned.host_bytes(5000)
+    del big  # over the cap, but the only block of its class: kept
+    out["big"] = _pinned.idle()
+    out["emptied"] = pyddp.cuda._pinned.empty_cache(), _pinned.idle(), \
+        fakecuda.host_free_count() - frees
+    return out
+
+
+def test_pinned_cache_reuses_blocks_by_size_class():
+    out = _spawn(_pinned_cache, 1)[0]
+    assert out["a"] == (1000, "|u1", True)
+    assert out["idle_while_a_view_lives"] == (0, 0) and out["idle_after"] == (1, 1024)
+    assert out["reused"]
+    assert out["over_cap"] == ((1, 1024), 1)
+    assert out["big"] == (2, 1024 + 8192)
+    assert out["emptied"] == (2, (0, 0), 3)
+
+
 # ------------------------------------------------------------------------ real libraries
 
 def test_init_nccl_without_gpu_fails_fast_and_clearly():

@@ -193,7 +193,8 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # The caching allocator's statistics.  pyddp allocates no device memory through a caching
 # allocator (CUDA arrays belong to torch, CuPy or JAX, which count their own), so these answer
-# as torch's CPU build does: 0 bytes, empty stats, and the resets and empty_cache do nothing.
+# as torch's CPU build does: 0 bytes, empty stats, and the resets do nothing; empty_cache frees
+# the idle pinned host blocks that staging keeps (pyddp.cuda._pinned).
 # (torch's CPU build raises AttributeError from its internals for the reset_* functions; here they
 # are harmless, so that benchmark scripts calling them run.)  ``device`` is accepted and ignored,
 # as torch ignores it while CUDA is not initialised.
@@ -241,7 +242,11 @@ def max_memory_cached(device=None) -> int:
 
 
 def empty_cache() -> None:
-    """Nothing cached, nothing to release."""
+    """Free the idle pinned host blocks that staging CUDA arrays through host memory keeps
+    (cudaFreeHost each; blocks in use go back to the cache later).  No device memory is cached."""
+    from . import _pinned
+
+    _pinned.empty_cache()
 
 
 def reset_peak_memory_stats(device=None) -> None:
