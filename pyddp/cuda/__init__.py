@@ -10,6 +10,15 @@ CPU build does, without raising: ``is_available()`` is False and ``device_count(
 ``current_device``, ``set_device`` and ``synchronize`` raise ``CudaUnavailableError``, which is
 both an AssertionError (what torch's CPU build raises) and a RuntimeError (what its CUDA build
 raises on a machine without a GPU), with the reason.
+
+Fork: once a process has used CUDA (``is_available()`` and ``device_count()`` included: they ask
+the runtime), a child it forks cannot use CUDA; the runtime fails there with
+cudaErrorInitializationError.  In such a child pyddp's CUDA functions raise RuntimeError saying so
+(torch's "Cannot re-initialize CUDA in forked subprocess"), ``is_available()`` is False, and
+``pyddp.multiprocessing.start_processes(start_method='fork')`` and ``pyddp.notebook_launcher`` refuse
+to fork ranks from a process that used CUDA.  DataLoader workers are still forked (they rarely use
+CUDA); one that does gets that error, re-raised in the main process: give the DataLoader
+``multiprocessing_context='spawn'``.
 """
 from __future__ import annotations
 
@@ -40,6 +49,8 @@ def _why_unavailable():
         info = _lib.load_cudart()
     except RuntimeError as e:
         return str(e)
+    if _C.cuda_fork_state() == 2:  # forked after the parent used CUDA
+        return _C.CUDA_AFTER_FORK
     count, err = _C.cuda_device_count()
     if count > 0:
         return None
