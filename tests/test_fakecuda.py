@@ -418,7 +418,8 @@ def test_nccl_versions_ids_and_strings(monkeypatch):
     assert lib.ncclGroupEnd() == 5 and lib.ncclGetLastError(None) == b"ncclGroupEnd: not in a group call."
 
 
-def test_nccl_argument_checks():
+def test_nccl_argument_checks(monkeypatch):
+    monkeypatch.setenv("NCCL_CHECK_POINTERS", "1")  # NCCL checks pointers only when asked
     c0, c1 = _comms_here(2)
     lib = fc.nccl()
     s = Stream()
@@ -436,6 +437,14 @@ def test_nccl_argument_checks():
           host.ctypes.data, 4, 7, SUM, c0, s.handle)
     fails(4, "AllGather : sendbuff allocated on device 1 mismatchs with NCCL device 0", "ncclAllGather",
           on1.ptr, x.ptr, 2, 7, c0, s.handle)
+    monkeypatch.delenv("NCCL_CHECK_POINTERS")
+    # by default, as NCCL: a bad pointer is accepted by the call (it would fault on the device);
+    # the bad type fails the group, so nothing of it runs
+    nccl_call("ncclGroupStart")
+    assert lib.ncclAllReduce(x.ptr, host.ctypes.data, 4, 7, SUM, c0, s.handle) == 0
+    assert lib.ncclAllReduce(x.ptr, x.ptr, 4, 10, SUM, c0, s.handle) == 4
+    assert lib.ncclGroupEnd() == 4 and s.query()
+    monkeypatch.setenv("NCCL_CHECK_POINTERS", "1")
     fails(4, "AllReduce : invalid type 10", "ncclAllReduce", x.ptr, x.ptr, 4, 10, SUM, c0, s.handle)
     fails(4, "Reduce : invalid reduction operation 5", "ncclReduce", x.ptr, x.ptr, 4, 7, 5, 0, c0, s.handle)
     fails(4, "Broadcast : invalid root 2 (root should be in the 0..2 range)", "ncclBroadcast", x.ptr, x.ptr,
@@ -476,7 +485,9 @@ def test_nccl_duplicate_gpu(monkeypatch, enable, version, ok):
         assert errs == [5, 5]
         assert fc.nccl().ncclGetLastError(None).decode() in (
             "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1000",
-            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000")
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+            "Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to "
+            "enable this configuration.")
     for c in comms:
         nccl_call("ncclCommAbort", c)
 
@@ -743,6 +754,7 @@ def _duplicate(rank, world, uid_bytes):
 def test_nccl_duplicate_gpu_blocking_init_across_processes():
     uid = fc.unique_id()
     res = _spawn(_duplicate, 2, bytes(uid))
-    assert res == [(5, None, "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1000"),
-                   (5, None, "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000")]
+    multi = ("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable "
+             "this configuration.")  # NCCL 2.30 and later (the stand-in answers 2.32.3)
+    assert res == [(5, None, multi), (5, None, multi)]
     _assert_clean(uid)

@@ -450,7 +450,10 @@ def _same_gpu(rank, n):
 
 
 def test_duplicate_gpu_says_what_to_do():
+    # NCCL 2.30 and later word it "Multiple Ranks are using the same GPU/Partition..."
     for msg in _spawn(_same_gpu, 2):
+        assert "same GPU" in msg and "set_device(local_rank)" in msg, msg
+    for msg in _spawn(_same_gpu, 2, env=_env(FAKENCCL_VERSION=22903)):
         assert "Duplicate GPU" in msg and "set_device(local_rank)" in msg, msg
     for out in _spawn(_same_gpu, 2, env=_env(NCCL_MULTI_RANK_GPU_ENABLE=1)):
         assert out == [2.0, 2.0]
@@ -479,6 +482,16 @@ def _bad_arrays(rank, n):
     grab("band", lambda: dist.all_reduce(_dev(np.ones(2, np.int32), rank),
                                          op=dist.ReduceOp.BAND))
     grab("any_source", lambda: dist.recv(_dev(np.ones(2, np.float32), rank)))
+    # NCCL checks no pointer (NCCL_CHECK_POINTERS=0, the stand-in's default too): these reach it
+    # only if pyddp lets them through, and would fault on the device
+    grab("two_devices", lambda: dist.all_gather_into_tensor(
+        fakecuda.DeviceArray(np.zeros(4, np.float32), device=(rank + 1) % 2),
+        _dev(np.ones(2, np.float32), rank)))
+    grab("out_too_small", lambda: dist.all_gather_into_tensor(
+        _dev(np.zeros(3, np.float32), rank), _dev(np.ones(2, np.float32), rank)))
+    grab("split_too_big", lambda: dist.all_to_all_single(
+        _dev(np.zeros(4, np.float32), rank), _dev(np.ones(4, np.float32), rank),
+        output_split_sizes=[2, 3], input_split_sizes=[2, 2]))
     # int16 is fine where nothing is reduced
     y = _dev(np.full(2, rank + 5, np.int16), rank)
     dist.broadcast(y, src=0)
@@ -499,6 +512,9 @@ def test_bad_arrays_raise_clear_errors():
         assert errs["int16_sum"].startswith("TypeError") and "int16" in errs["int16_sum"]
         assert errs["band"].startswith("TypeError") and "BAND" in errs["band"]
         assert "any source" in errs["any_source"]
+        assert errs["two_devices"].startswith("ValueError") and "cuda:" in errs["two_devices"]
+        assert errs["out_too_small"].startswith(("ValueError", "RuntimeError")), errs["out_too_small"]
+        assert errs["split_too_big"].startswith(("ValueError", "RuntimeError")), errs["split_too_big"]
 
 
 # -------------------------------------------------------------------- dispatch and staging
@@ -628,6 +644,8 @@ def test_init_nccl_without_gpu_fails_fast_and_clearly():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=env)
     assert r.returncode == 0, r.stderr
+    if not r.stdout.strip():
+        pytest.skip("this machine has a usable CUDA device: backend 'nccl' initialised")
     took, msg = r.stdout.split("\n", 1)
     if "CUDA device" not in msg:
         pytest.skip(f"this machine's CUDA libraries answer differently: {msg.strip()}")
@@ -690,3 +708,137 @@ def _keepalive(rank, n):
 def test_inputs_stay_alive_until_the_work_completes():
     for got in _spawn(_keepalive, 2):
         assert got == [1.0] * 4 + [2.0] * 4
+
+
+# ------------------------------------------------- what real NCCL and CUDA do that a kind stand-in hid
+# The stand-in behaves as NCCL 2.32 / CUDA 13 here: a non-blocking communicator's ncclGroupEnd (and an
+# ungrouped ncclSend/ncclRecv) connects to point-to-point peers first and answers ncclInProgress until
+# the peer posts its side; ncclCommSplit on a non-blocking parent answers ncclInProgress and writes
+# the child later from its own thread (test_new_group_splits_the_communicator); pointers are not
+# checked; a CUDA call creates a context on the calling thread's current device.
+
+def _p2p_stall(rank, n, how):
+    import threading
+    from datetime import timedelta
+
+    dist = _init(rank, timeout=timedelta(seconds=2 if how == "timeout" else 60))
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)  # the communicator is up; rank 0 and 1 never sent to each other
+    if rank == 1:
+        if how == "dead":
+            time.sleep(0.5)
+            os._exit(3)  # never posts its receive, and its host group connection drops
+        time.sleep(6)  # never posts its receive
+        return None
+    if how == "sigint":
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        dist.send(x, 1)
+        return "returned", time.monotonic() - t0, ""
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt", time.monotonic() - t0, ""
+    except dist.DistBackendError as e:
+        return "DistBackendError", time.monotonic() - t0, str(e)
+
+
+@pytest.mark.parametrize("how", ["timeout", "dead", "sigint"])
+def test_send_whose_peer_never_posts_ends_within_the_timeout(how):
+    """A send whose peer never posts stays ncclInProgress inside NCCL: the launch is bounded by the
+    group timeout, a dead peer noticed by the watchdog aborts it at once, and Ctrl-C interrupts it
+    (before: the launch polled without a deadline holding the locks the watchdog needs)."""
+    outs = _outcomes(_p2p_stall, 2, how, env=_env(), expect_death=(1,) if how == "dead" else (),
+                     timeout=60)
+    assert outs[0].ok, outs[0].describe()
+    what, took, msg = outs[0].value
+    if how == "timeout":
+        assert what == "DistBackendError" and 1.5 < took < 5.0, (what, took, msg)
+        assert "still in progress" in msg and "rank 0" in msg and "aborted" in msg, msg
+    elif how == "dead":
+        assert what == "DistBackendError" and took < 10.0, (what, took, msg)
+        assert "rank 1" in msg, msg
+    else:
+        assert what == "KeyboardInterrupt" and took < 5.0, (what, took, msg)
+
+
+def _contexts(rank, n, set_first):
+    """Rank 0 of one works on cuda:1 alone: no thread of pyddp may create a context on cuda:0."""
+    import threading
+    from datetime import timedelta
+
+    import pyddp.cuda as cuda
+    import pyddp.distributed as dist
+
+    if set_first:
+        cuda.set_device(1)
+        dist.init_process_group("nccl")
+    else:  # the caller never sets a device: the group's device_id names it
+        dist.init_process_group("nccl", device_id=1)
+    s = fakecuda.Stream(device=1)
+    x = fakecuda.DeviceArray(np.arange(4, dtype=np.float32), device=1, stream=s)
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    # what the watchdog and the torch plug-in's futures thread do: ask and wait from a thread that
+    # never set a device
+    t = threading.Thread(target=lambda: (w.is_completed(), w.wait(timeout=timedelta(seconds=30))))
+    t.start()
+    t.join(60)
+    time.sleep(0.3)  # the watchdog polls the works' events from its own thread
+    dist.all_reduce(x)
+    x.numpy()
+    dist.destroy_process_group()
+    return sorted(fakecuda.contexts())
+
+
+@pytest.mark.parametrize("set_first", [True, False], ids=["set_device", "device_id"])
+def test_no_context_on_a_device_pyddp_was_never_given(set_first):
+    """The watchdog, Work.wait/synchronize and destroy run their CUDA calls on the communicator's
+    device, and the caller's device is restored only where it has a context already (before: the
+    watchdog's cudaEventQuery made a context on GPU 0, and restoring device 0 after a launch made
+    one too: ~500 MiB of a GPU the rank never used)."""
+    (ctx,) = _spawn(_contexts, 1, set_first, env=_env())
+    assert ctx == [1], ctx
+
+
+def _abort_keeps_arrays(rank, n):
+    import gc
+    import threading
+    import weakref
+
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)
+    if rank == 1:
+        time.sleep(3)  # never joins the next all_reduce
+        return None
+    be = dist.distributed_c10d._world.default_pg._backends["cuda"]
+    y = _dev(np.ones(1 << 16, np.float32), rank)
+    gone = threading.Event()
+    weakref.finalize(y, gone.set)
+    dist.all_reduce(y, async_op=True)  # the Work is dropped: only the backend keeps y now
+    del y
+    gc.collect()
+    work = be.pending[next(iter(be.pending))][-1]
+    # the abort flag is up before ncclCommAbort returns (FAKENCCL_ABORT_DELAY_MS): meanwhile the
+    # kernels still run, so the array must stay
+    t = threading.Thread(target=be._fail, args=("test abort",))
+    t.start()
+    time.sleep(0.2)
+    early = gone.is_set()
+    failed = work.w.query()
+    early = early or gone.is_set()
+    t.join(10)
+    for _ in range(200):  # once the abort returned and the stream went past the work
+        work.w.query()
+        if gone.is_set():
+            break
+        time.sleep(0.01)
+    return early, failed, gone.is_set()
+
+
+def test_aborted_work_keeps_its_arrays_until_the_abort_returned():
+    outs = _spawn(_abort_keeps_arrays, 2, env=_env(PYDDP_NCCL_CHECK=0, FAKENCCL_ABORT_DELAY_MS=1000))
+    early, failed, freed = outs[0]
+    assert failed == -1
+    assert not early, "the array was let go before ncclCommAbort returned"
+    assert freed, "the array was never let go after the abort"

@@ -15,6 +15,7 @@
 #define PD_CUDA_CUDAWRAP_H
 
 #include <stddef.h>
+#include <string.h>
 
 /* ------------------------------------------------------------- CUDA runtime */
 typedef int pd_cuda_err;        /* cudaError_t */
@@ -154,15 +155,21 @@ typedef struct {
 } pd_nccl_config;
 
 /* The config an initialiser passes: NCCL_CONFIG_INITIALIZER for the 2.18 layout
- * with `blocking` set. */
-static inline pd_nccl_config
-pd_nccl_config_init(int blocking)
+ * with `blocking` set, every byte zeroed first (NCCL copies the struct whole,
+ * its padding included). */
+static inline void
+pd_nccl_config_init(pd_nccl_config *c, int blocking)
 {
-    pd_nccl_config c = {sizeof(pd_nccl_config), PD_NCCL_API_MAGIC, 21800,
-                        blocking, PD_NCCL_CONFIG_UNDEF_INT,
-                        PD_NCCL_CONFIG_UNDEF_INT, PD_NCCL_CONFIG_UNDEF_INT,
-                        NULL, PD_NCCL_CONFIG_UNDEF_INT};
-    return c;
+    memset(c, 0, sizeof(*c));
+    c->size = sizeof(*c);
+    c->magic = PD_NCCL_API_MAGIC;
+    c->version = 21800;
+    c->blocking = blocking;
+    c->cga_cluster_size = PD_NCCL_CONFIG_UNDEF_INT;
+    c->min_ctas = PD_NCCL_CONFIG_UNDEF_INT;
+    c->max_ctas = PD_NCCL_CONFIG_UNDEF_INT;
+    c->net_name = NULL;
+    c->split_share = PD_NCCL_CONFIG_UNDEF_INT;
 }
 
 struct pd_nccl {
@@ -219,6 +226,13 @@ const struct pd_cudart *pd_cudart_load(const char *const *paths, int n, char *re
                                        size_t cap, char *loaded_path);
 const struct pd_nccl *pd_nccl_load(const char *const *paths, int n, char *report,
                                    size_t cap, char *loaded_path, int *version);
+
+/* Whether `device`'s primary context exists (1), does not (0), or cannot be
+ * told (-1: no driver entry points, or the runtime is not loaded).  Asks the
+ * driver (cuDevicePrimaryCtxGetState), which, unlike cudaSetDevice, never
+ * creates a context: pyddp restores a caller's device only where it has one,
+ * as torch's MaybeSetDevice. */
+int pd_cuda_ctx_active(int device);
 
 /* The tables once loaded successfully, else NULL (never loads). */
 const struct pd_cudart *pd_cudart_get(void);

@@ -82,6 +82,7 @@ typedef struct pd_lib {
     int n;
     /* the outcome */
     atomic_int loaded;
+    void *handle; /* the library loaded */
     int version;
     char path[PATH_CAP];
     char report[REPORT_CAP];
@@ -134,9 +135,9 @@ nccl_check(pd_lib *lib, void *h, char *why, size_t cap)
 }
 
 static pd_lib cudart_lib = {cudart_syms, NSYMS(cudart_syms), &cudart_table,
-                            NULL, NULL, 0, 0, 0, {0}, {0}, 0};
+                            NULL, NULL, 0, 0, NULL, 0, {0}, {0}, 0};
 static pd_lib nccl_lib = {nccl_syms, NSYMS(nccl_syms), &nccl_table,
-                          nccl_check, NULL, 0, 0, 0, {0}, {0}, 0};
+                          nccl_check, NULL, 0, 0, NULL, 0, {0}, {0}, 0};
 
 /* One report line, "<path>: <why>", newlines in `why` made spaces. */
 static void
@@ -181,6 +182,7 @@ try_path(pd_lib *lib, const char *path, char *why, size_t cap)
         }
         memcpy((char *)lib->table + lib->syms[i].off, &p, sizeof(p));
     }
+    lib->handle = h;
     return 0; /* the handle stays open for the life of the process */
 }
 
@@ -305,4 +307,50 @@ pd_nccl_get(void)
     return atomic_load_explicit(&nccl_lib.loaded, memory_order_acquire)
                ? &nccl_table
                : NULL;
+}
+
+/* ------------------------------------------- the driver's context state */
+
+typedef int (*pd_cu_device_get)(int *dev, int ordinal);
+typedef int (*pd_cu_ctx_state)(int dev, unsigned *flags, int *active);
+static pd_cu_device_get cu_device_get;
+static pd_cu_ctx_state cu_ctx_state;
+static pthread_once_t driver_done = PTHREAD_ONCE_INIT;
+
+/* The driver's entry points, from libcuda.so.1 as the runtime loaded it
+ * (RTLD_NOLOAD: never a second copy), or from the runtime library itself
+ * when it exports them (the test stand-in). */
+static void
+driver_once(void)
+{
+    void *h = cudart_lib.handle;
+    void *get = h != NULL ? dlsym(h, "cuDeviceGet") : NULL;
+    void *state = h != NULL ? dlsym(h, "cuDevicePrimaryCtxGetState") : NULL;
+    if (get == NULL || state == NULL) {
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        get = h != NULL ? dlsym(h, "cuDeviceGet") : NULL;
+        state = h != NULL ? dlsym(h, "cuDevicePrimaryCtxGetState") : NULL;
+    }
+    if (get != NULL && state != NULL) {
+        memcpy(&cu_device_get, &get, sizeof(get));
+        memcpy(&cu_ctx_state, &state, sizeof(state));
+    }
+}
+
+int
+pd_cuda_ctx_active(int device)
+{
+    if (device < 0 || pd_cudart_get() == NULL) {
+        return -1;
+    }
+    pthread_once(&driver_done, driver_once);
+    if (cu_ctx_state == NULL) {
+        return -1;
+    }
+    int dev = 0, active = 0;
+    unsigned flags = 0;
+    if (cu_device_get(&dev, device) != 0 || cu_ctx_state(dev, &flags, &active) != 0) {
+        return -1;
+    }
+    return active != 0;
 }

@@ -37,7 +37,12 @@ typedef struct {
     const struct pd_cudart *rt;
     const struct pd_nccl *nc;
     pthread_mutex_t mu;     /* launches, the event pool, abort, destroy */
-    pd_nccl_comm comm;      /* NULL once aborted or destroyed */
+    pd_nccl_comm comm;      /* NULL once aborted or destroyed (set under mu;
+                             * read without it by async_error: see users) */
+    atomic_int users;       /* lock-free readers of comm (take_comm waits) */
+    atomic_int abort_done;  /* ncclCommAbort or destroy returned */
+    double timeout;         /* seconds a call may stay ncclInProgress; 0: none */
+    PyObject *orphans;      /* split children NCCL may still write: kept */
     pd_cuda_stream stream;
     pd_cuda_event start;    /* recorded on the caller's stream per launch */
     pd_cuda_event *pool;    /* free end events */
@@ -97,6 +102,45 @@ cuda_error(pd_module_state *st, const struct pd_cudart *rt, const char *what,
     snprintf(buf, sizeof(buf), "%s failed: CUDA error %d (%s): %s", what, e,
              rt->GetErrorName(e), rt->GetErrorString(e));
     return pd_py_set_error(st, PD_EBACKEND, buf);
+}
+
+/* Make c's device current in this thread (the caller's device is returned):
+ * a CUDA call in a thread whose current device has no context would create
+ * one there (a thread that never set a device is on device 0). */
+static int
+dev_enter(CommObject *c)
+{
+    int prev = -1;
+    c->rt->GetDevice(&prev);
+    if (prev != c->device) {
+        c->rt->SetDevice(c->device);
+    }
+    return prev;
+}
+
+/* Give the caller its device back where that device has a context already:
+ * cudaSetDevice creates one (CUDA 12+), ~500 MiB of a GPU the caller never
+ * used; torch's MaybeSetDevice does the same. */
+static void
+dev_leave(CommObject *c, int prev)
+{
+    if (prev >= 0 && prev != c->device && pd_cuda_ctx_active(prev) == 1) {
+        c->rt->SetDevice(prev);
+    }
+}
+
+/* With c->mu held: take the communicator out of c (NULL from now on for every
+ * reader) and wait until no lock-free reader still uses it; the caller then
+ * aborts or destroys it. */
+static pd_nccl_comm
+take_comm(CommObject *c)
+{
+    pd_nccl_comm comm = c->comm;
+    __atomic_store_n(&c->comm, NULL, __ATOMIC_SEQ_CST);
+    while (atomic_load(&c->users) > 0) {
+        sched_yield();
+    }
+    return comm;
 }
 
 /* Lock c->mu from a thread holding the GIL without stalling the interpreter
@@ -264,9 +308,7 @@ comm_finish_init(CommObject *c, comm_maker make, void *ctx, const char *what)
     else if (comm_init_stream(c, &e, &cwhat) == 0) {
         r = make(c, ctx, &c->comm);
     }
-    if (prev >= 0 && prev != c->device) {
-        c->rt->SetDevice(prev);
-    }
+    dev_leave(c, prev);
     Py_END_ALLOW_THREADS
     if (cwhat != NULL) {
         cuda_error(c->st, c->rt, cwhat, e);
@@ -295,7 +337,8 @@ make_init(CommObject *c, void *ctx, pd_nccl_comm *out)
 {
     init_args *a = ctx;
     if (c->nc->CommInitRankConfig != NULL) {
-        pd_nccl_config cfg = pd_nccl_config_init(0);
+        pd_nccl_config cfg;
+        pd_nccl_config_init(&cfg, 0);
         return c->nc->CommInitRankConfig(out, a->size, a->uid, a->rank, &cfg);
     }
     return c->nc->CommInitRank(out, a->size, a->uid, a->rank);
@@ -304,11 +347,12 @@ make_init(CommObject *c, void *ctx, pd_nccl_comm *out)
 static PyObject *
 Comm_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"uid", "size", "rank", "device", NULL};
+    static char *kwlist[] = {"uid", "size", "rank", "device", "timeout", NULL};
     Py_buffer uid;
     int size, rank, device;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*iii:NcclComm", kwlist,
-                                     &uid, &size, &rank, &device)) {
+    double timeout = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*iii|d:NcclComm", kwlist,
+                                     &uid, &size, &rank, &device, &timeout)) {
         return NULL;
     }
     init_args a;
@@ -335,34 +379,46 @@ Comm_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     }
     c->rank = rank;
     c->size = size;
+    c->timeout = timeout > 0 ? timeout : 0.0;
     return comm_finish_init(c, make_init, &a, "ncclCommInitRank");
 }
 
 typedef struct {
     CommObject *parent;
     int color, key;
+    pd_nccl_res r;
 } split_args;
 
 static pd_nccl_res
 make_split(CommObject *c, void *ctx, pd_nccl_comm *out)
 {
     split_args *a = ctx;
-    pd_nccl_config cfg = pd_nccl_config_init(0);
+    pd_nccl_config cfg;
+    pd_nccl_config_init(&cfg, 0);
     pthread_mutex_lock(&a->parent->mu);
-    pd_nccl_res r = a->parent->comm == NULL
+    a->r = a->parent->comm == NULL
         ? PD_NCCL_INVALID_USAGE
         : c->nc->CommSplit(a->parent->comm, a->color, a->key, out, &cfg);
     pthread_mutex_unlock(&a->parent->mu);
-    return r;
+    return a->r;
 }
 
-/* split(color, key, size, rank) -> NcclComm, or None for NCCL_SPLIT_NOCOLOR
- * (collective over the parent's ranks; size and rank: of the new group). */
+/* split(color, key, size, rank, timeout=0) -> NcclComm, or None for
+ * NCCL_SPLIT_NOCOLOR (collective over the parent's ranks; size and rank: of
+ * the new group).  On a non-blocking parent NCCL answers ncclInProgress and
+ * writes the child's handle later, from its own thread: the parent is polled
+ * (bounded by timeout, else by the parent's) until it is no longer in
+ * progress, and only then does the handle tell whether this rank has a child.
+ * The slot NCCL writes into is the child object's: a child NCCL may still
+ * write (the poll timed out or the parent was aborted) is kept by the parent,
+ * never freed. */
 static PyObject *
 Comm_split(CommObject *self, PyObject *args)
 {
     int color, key, size, rank;
-    if (!PyArg_ParseTuple(args, "iiii:split", &color, &key, &size, &rank)) {
+    double timeout = 0.0;
+    if (!PyArg_ParseTuple(args, "iiii|d:split", &color, &key, &size, &rank,
+                          &timeout)) {
         return NULL;
     }
     if (self->nc->CommSplit == NULL) {
@@ -379,9 +435,54 @@ Comm_split(CommObject *self, PyObject *args)
     }
     c->rank = rank;
     c->size = size;
-    split_args a = {self, color, key};
+    c->timeout = self->timeout;
+    split_args a = {self, color, key, PD_NCCL_SUCCESS};
     PyObject *res = comm_finish_init(c, make_split, &a, "ncclCommSplit");
-    if (res != NULL && ((CommObject *)res)->comm == NULL) {
+    if (res == NULL) {
+        return NULL;
+    }
+    if (a.r == PD_NCCL_IN_PROGRESS) {
+        if (timeout <= 0) {
+            timeout = self->timeout;
+        }
+        double deadline = timeout > 0 ? pd_now() + timeout : 0;
+        pd_nccl_res r;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        r = self->comm != NULL ? settle(self, self->comm, deadline)
+                               : PD_NCCL_INVALID_USAGE;
+        pthread_mutex_unlock(&self->mu);
+        Py_END_ALLOW_THREADS
+        if (r == PD_NCCL_TIMEOUT || r == PD_NCCL_IN_PROGRESS ||
+            atomic_load(&self->aborted)) {
+            /* NCCL may still write c->comm: the parent keeps c */
+            if ((self->orphans == NULL && (self->orphans = PyList_New(0)) == NULL) ||
+                PyList_Append(self->orphans, res) < 0) {
+                Py_INCREF(res); /* leaked rather than freed under NCCL */
+            }
+            Py_DECREF(res);
+            if (atomic_load(&self->aborted)) {
+                return aborted_error(self);
+            }
+            char buf[PD_ERRMSG_MAX];
+            snprintf(buf, sizeof(buf), "ncclCommSplit on rank %d (cuda:%d) was "
+                     "still in progress after %g s: a rank of the parent "
+                     "communicator did not call split, died or is stuck",
+                     self->rank, self->device, timeout);
+            return pd_py_set_error(self->st, PD_EBACKEND, buf);
+        }
+        pd_nccl_comm child = __atomic_load_n(&c->comm, __ATOMIC_ACQUIRE);
+        if (r != PD_NCCL_SUCCESS) {
+            comm_error(self, "ncclCommSplit", r);
+            if (child != NULL) {
+                c->nc->CommAbort(child);
+                c->comm = NULL;
+            }
+            Py_DECREF(res);
+            return NULL;
+        }
+    }
+    if (__atomic_load_n(&c->comm, __ATOMIC_ACQUIRE) == NULL) {
         Py_DECREF(res);  /* NCCL_SPLIT_NOCOLOR: no communicator */
         Py_RETURN_NONE;
     }
@@ -393,17 +494,19 @@ Comm_split(CommObject *self, PyObject *args)
 static PyObject *
 Comm_async_error(CommObject *self, PyObject *Py_UNUSED(ignored))
 {
+    /* Without the mutex (a launch may hold it while NCCL connects): a reader
+     * count keeps abort/destroy from freeing the communicator meanwhile
+     * (take_comm); ncclCommGetAsyncError is thread-safe. */
     pd_nccl_res r = PD_NCCL_INTERNAL;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
-    if (self->comm != NULL) {
-        pd_nccl_res q = self->nc->CommGetAsyncError(self->comm, &r);
+    atomic_fetch_add(&self->users, 1);
+    pd_nccl_comm comm = __atomic_load_n(&self->comm, __ATOMIC_SEQ_CST);
+    if (comm != NULL && !atomic_load(&self->aborted)) {
+        pd_nccl_res q = self->nc->CommGetAsyncError(comm, &r);
         if (q != PD_NCCL_SUCCESS) {
             r = q;
         }
     }
-    pthread_mutex_unlock(&self->mu);
-    Py_END_ALLOW_THREADS
+    atomic_fetch_sub(&self->users, 1);
     return PyLong_FromLong(r);
 }
 
@@ -446,6 +549,24 @@ Comm_error_string(CommObject *self, PyObject *arg)
     return PyUnicode_FromString(text);
 }
 
+/* After the abort flag was set (a launch polling NCCL sees it and lets the
+ * mutex go): ncclCommAbort.  GIL held on entry, released meanwhile. */
+static void
+comm_abort_now(CommObject *c)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&c->mu);
+    pd_nccl_comm comm = take_comm(c);
+    if (comm != NULL) {
+        int prev = dev_enter(c);
+        c->nc->CommAbort(comm);
+        dev_leave(c, prev);
+    }
+    atomic_store(&c->abort_done, 1);
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+}
+
 /* abort(reason) -> True if this call aborted the communicator (the first
  * reason is kept).  Any thread; never blocks on the communicator's work. */
 static PyObject *
@@ -460,14 +581,7 @@ Comm_abort(CommObject *self, PyObject *arg)
         Py_RETURN_FALSE;
     }
     snprintf(self->reason, sizeof(self->reason), "%s", reason);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&self->mu);
-    if (self->comm != NULL) {
-        self->nc->CommAbort(self->comm);
-        self->comm = NULL;
-    }
-    pthread_mutex_unlock(&self->mu);
-    Py_END_ALLOW_THREADS
+    comm_abort_now(self);
     Py_RETURN_TRUE;
 }
 
@@ -509,6 +623,7 @@ Comm_destroy(CommObject *self, PyObject *arg)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
     pd_nccl_comm comm = self->comm;
+    int prev = comm != NULL ? dev_enter(self) : -1;
     if (comm != NULL) {
         int clean = self->rt->StreamQuery(self->stream) == PD_CUDA_SUCCESS;
         pd_nccl_res r = PD_NCCL_SUCCESS;
@@ -521,16 +636,20 @@ Comm_destroy(CommObject *self, PyObject *arg)
         else if (clean) {
             self->nc->CommGetAsyncError(comm, &r);
         }
+        if (!clean || r != PD_NCCL_SUCCESS) {
+            atomic_store(&self->aborted, 1);
+        }
+        comm = take_comm(self);
         if (clean && r == PD_NCCL_SUCCESS) {
             self->nc->CommDestroy(comm);
             how = "destroyed";
         }
         else {
-            atomic_store(&self->aborted, 1);
             self->nc->CommAbort(comm);
         }
-        self->comm = NULL;
+        atomic_store(&self->abort_done, 1);
         comm_free_resources(self);
+        dev_leave(self, prev);
     }
     pthread_mutex_unlock(&self->mu);
     Py_END_ALLOW_THREADS
@@ -787,9 +906,10 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
     pd_nccl_res r = PD_NCCL_SUCCESS;
     pd_cuda_err e = 0;
     const char *what = NULL;
-    int closed = 0;
+    int closed = 0, stalled = 0, interrupted = 0;
     int prev = -1;
     pd_cuda_event end = NULL;
+    double waited = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&c->mu);
     if (c->comm == NULL) {
@@ -812,9 +932,37 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
         }
         else {
             r = enqueue(c, L, c->stream, &what);
-            if (r == PD_NCCL_IN_PROGRESS) {
-                r = settle(c, c->comm, 0);
+            /* NCCL connects point-to-point peers inside ncclGroupEnd (and
+             * collectives lazily): a peer that is late or never posts keeps
+             * the call in progress.  Polled in slices, bounded by the
+             * group's timeout, with Ctrl-C seen between slices; the abort
+             * flag (any thread) ends it at once. */
+            double t0 = pd_now();
+            double deadline = c->timeout > 0 ? t0 + c->timeout : 0;
+            while (r == PD_NCCL_IN_PROGRESS) {
+                double slice = pd_now() + 0.05;
+                if (deadline > 0 && deadline < slice) {
+                    slice = deadline;
+                }
+                r = settle(c, c->comm, slice);
+                if (r != PD_NCCL_TIMEOUT) {
+                    break;
+                }
+                r = PD_NCCL_IN_PROGRESS;
+                if (deadline > 0 && pd_now() >= deadline) {
+                    stalled = 1;
+                    break;
+                }
+                /* the GIL while holding mu: every thread that takes mu with
+                 * the GIL held only tries it (lock_gil_held) */
+                Py_BLOCK_THREADS
+                interrupted = PyErr_CheckSignals() < 0;
+                Py_UNBLOCK_THREADS
+                if (interrupted) {
+                    break;
+                }
             }
+            waited = pd_now() - t0;
             if (r < 0) {
                 e = -1 - r;
             }
@@ -825,9 +973,7 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
                 }
             }
         }
-        if (prev >= 0 && prev != c->device) {
-            c->rt->SetDevice(prev);
-        }
+        dev_leave(c, prev);
         c->seq++;
         w->seq = c->seq;
     }
@@ -836,6 +982,31 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
     if (closed) {
         Py_DECREF(w);
         return aborted_error(c);
+    }
+    if (stalled || interrupted) {
+        /* the communicator is mid-call: nothing but an abort ends that */
+        if (end != NULL) {
+            pool_put(c, end);
+        }
+        Py_DECREF(w);
+        char reason[PD_ERRMSG_MAX];
+        snprintf(reason, sizeof(reason),
+                 "%s on rank %d (cuda:%d) was still in progress after %.3g s "
+                 "(NCCL connects to the peers of a call before it runs): %s; "
+                 "the NCCL communicator was aborted",
+                 what != NULL ? what : "an NCCL call", c->rank, c->device, waited,
+                 interrupted ? "interrupted by a signal"
+                             : "a peer did not post the matching operation "
+                               "within the timeout, died or is stuck");
+        int zero = 0;
+        if (atomic_compare_exchange_strong(&c->aborted, &zero, 1)) {
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb); /* the KeyboardInterrupt, if any */
+            snprintf(c->reason, sizeof(c->reason), "%s", reason);
+            comm_abort_now(c);
+            PyErr_Restore(et, ev, etb);
+        }
+        return interrupted ? NULL : aborted_error(c);
     }
     if (what != NULL) {
         if (end != NULL) {
@@ -877,16 +1048,41 @@ ptrs_of(PyObject *t, const char *name, Py_ssize_t *n)
     }
     for (Py_ssize_t i = 0; i < *n; i++) {
         p[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(t, i));
-        if (p[i] == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_Format(PyExc_ValueError, "%s[%zd] is a null pointer",
-                             name, i);
-            }
+        if (p[i] == NULL && PyErr_Occurred()) {
             PyMem_Free(p);
             return NULL;
         }
     }
     return p;
+}
+
+/* A null pointer is an empty array's (torch's data_ptr() of a 0-element
+ * tensor): refused wherever the launch would read or write bytes through it
+ * (NCCL does not check pointers: it would fault on the device). */
+static int
+check_null(void **p, Py_ssize_t n, const size_t *split, int nranks,
+           size_t bytes, const char *name)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] != NULL) {
+            continue;
+        }
+        size_t need = bytes;
+        if (split != NULL) {
+            need = 0;
+            for (int r = 0; r < nranks; r++) {
+                if (n == 1 || r == i) {
+                    need += split[r];
+                }
+            }
+        }
+        if (need > 0) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] is a null pointer", name,
+                         i);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static size_t *
@@ -984,6 +1180,12 @@ Comm_run(CommObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (L.osplit == NULL && PyErr_Occurred()) {
         goto done;
     }
+    if (check_null(L.ins, L.nin, L.isplit, self->size, L.count * L.itemsize,
+                   "ins") < 0 ||
+        check_null(L.outs, L.nout, L.osplit, self->size, L.count * L.itemsize,
+                   "outs") < 0) {
+        goto done;
+    }
     /* the layouts the launch reads (the Python layer builds them) */
     {
         Py_ssize_t n = self->size;
@@ -1079,6 +1281,11 @@ Comm_run_p2p(CommObject *self, PyObject *args)
         if (PyErr_Occurred()) {
             goto done;
         }
+        if (L.p2p_ptr[i] == NULL && L.p2p_bytes[i] > 0) {
+            PyErr_Format(PyExc_ValueError, "run_p2p: ops[%zd] is a null "
+                         "pointer", i);
+            goto done;
+        }
         if (L.p2p_peer[i] < 0 || L.p2p_peer[i] >= self->size) {
             PyErr_Format(PyExc_ValueError, "run_p2p: peer %d out of range "
                          "[0, %d)", L.p2p_peer[i], self->size);
@@ -1098,6 +1305,7 @@ static int
 Comm_traverse(CommObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->orphans);
     return 0;
 }
 
@@ -1111,14 +1319,22 @@ Comm_dealloc(CommObject *self)
     if (self->comm != NULL) {
         Py_BEGIN_ALLOW_THREADS
         atomic_store(&self->aborted, 1);
-        self->nc->CommAbort(self->comm);
-        self->comm = NULL;
+        pthread_mutex_lock(&self->mu);
+        pd_nccl_comm comm = take_comm(self);
+        int prev = dev_enter(self);
+        self->nc->CommAbort(comm);
+        atomic_store(&self->abort_done, 1);
         comm_free_resources(self);
+        dev_leave(self, prev);
+        pthread_mutex_unlock(&self->mu);
         Py_END_ALLOW_THREADS
     }
-    else if (self->rt != NULL) {
+    else if (self->rt != NULL && self->stream != NULL) {
+        int prev = dev_enter(self);
         comm_free_resources(self);
+        dev_leave(self, prev);
     }
+    Py_CLEAR(self->orphans);
     pthread_mutex_destroy(&self->mu);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
@@ -1214,21 +1430,44 @@ work_finish(NWorkObject *w)
     Py_CLEAR(w->keep);
 }
 
+/* A failed work's arrays are let go only once the abort returned and the
+ * stream went past the work: until then NCCL kernels may still touch them,
+ * and a caching allocator would hand their memory to someone else. */
+static void
+work_release_failed(NWorkObject *w)
+{
+    CommObject *c = w->comm;
+    if (w->keep == NULL || !atomic_load(&c->abort_done)) {
+        return;
+    }
+    int prev = dev_enter(c);
+    pd_cuda_err e = c->rt->EventQuery(w->end);
+    dev_leave(c, prev);
+    if (e != PD_CUDA_ERR_NOT_READY) {
+        if (e != PD_CUDA_SUCCESS) {
+            c->rt->GetLastError();
+        }
+        Py_CLEAR(w->keep);
+    }
+}
+
 /* 1 done, 0 running, -1 failed (the communicator was aborted; no exception
  * set), -2 a CUDA error (exception set). */
 static int
 work_query(NWorkObject *w)
 {
-    if (w->done) {
-        return atomic_load(&w->comm->aborted) && w->done == 2 ? -1 : 1;
+    if (w->done == 1) {
+        return 1;
     }
     CommObject *c = w->comm;
-    if (atomic_load(&c->aborted)) {
+    if (w->done == 2 || atomic_load(&c->aborted)) {
         w->done = 2;
-        Py_CLEAR(w->keep);
+        work_release_failed(w);
         return -1;
     }
+    int prev = dev_enter(c);
     pd_cuda_err e = c->rt->EventQuery(w->end);
+    dev_leave(c, prev);
     if (e == PD_CUDA_SUCCESS) {
         work_finish(w);
         return 1;
@@ -1271,16 +1510,10 @@ NWork_wait_stream(NWorkObject *self, PyObject *arg)
         Py_RETURN_NONE;
     }
     pd_cuda_err e;
-    int prev = -1;
     Py_BEGIN_ALLOW_THREADS
-    c->rt->GetDevice(&prev);
-    if (prev != c->device) {
-        c->rt->SetDevice(c->device);
-    }
+    int prev = dev_enter(c);
     e = c->rt->StreamWaitEvent((pd_cuda_stream)(intptr_t)s, self->end, 0);
-    if (prev >= 0 && prev != c->device) {
-        c->rt->SetDevice(prev);
-    }
+    dev_leave(c, prev);
     Py_END_ALLOW_THREADS
     if (e) {
         return cuda_error(c->st, c->rt, "cudaStreamWaitEvent", e);
@@ -1310,6 +1543,7 @@ NWork_synchronize(NWorkObject *self, PyObject *arg)
         CommObject *c = self->comm;
         pd_cuda_err e = PD_CUDA_ERR_NOT_READY;
         Py_BEGIN_ALLOW_THREADS
+        int prev = dev_enter(c);
         for (int i = 0; pd_now() < slice_end && !atomic_load(&c->aborted); i++) {
             e = c->rt->EventQuery(self->end);
             if (e != PD_CUDA_ERR_NOT_READY) {
@@ -1322,6 +1556,7 @@ NWork_synchronize(NWorkObject *self, PyObject *arg)
                 nap();
             }
         }
+        dev_leave(c, prev);
         Py_END_ALLOW_THREADS
         if (e != PD_CUDA_ERR_NOT_READY || atomic_load(&c->aborted)) {
             continue;
@@ -1343,6 +1578,8 @@ NWork_get(NWorkObject *self, void *which)
         return PyLong_FromUnsignedLongLong(self->seq);
     case 1:
         return PyFloat_FromDouble(self->t0);
+    case 3:
+        return PyBool_FromLong(self->keep != NULL);
     default:
         return PyLong_FromVoidPtr(self->end);
     }
@@ -1386,6 +1623,10 @@ static PyGetSetDef NWork_getset[] = {
      (void *)1},
     {"event", (getter)NWork_get, NULL, "the end event (cudaEvent_t as an int)",
      (void *)2},
+    {"holds_arrays", (getter)NWork_get, NULL,
+     "whether the work still keeps its arrays alive (until it completed, or "
+     "after a failure until the abort returned and the stream went past it)",
+     (void *)3},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

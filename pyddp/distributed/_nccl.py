@@ -80,6 +80,7 @@ def _stream_family(view):
 
 
 _LEGACY = lambda: 0  # noqa: E731 - barrier and other calls without arrays
+_PARKED = []  # works of destroyed groups whose arrays NCCL may still touch (see destroy)
 
 
 # ---------------------------------------------------------------------------------- works
@@ -156,6 +157,7 @@ class NcclBackend:
         self.comms = {}        # device -> NcclComm
         self.pending = {}      # NcclComm -> deque of NcclWork, oldest first
         self.lock = threading.RLock()
+        self._err_lock = threading.Lock()  # self.error only: _fail never waits for self.lock
         self.error = None      # the first fatal error: later calls raise it
         self.seq = 0           # signature-checked operations
         self.ncomm = 0
@@ -200,7 +202,7 @@ class NcclBackend:
             else:
                 uid = bytes(self.store.get(key))
             try:
-                c = _C.NcclComm(uid, self.size, self.rank, device)
+                c = _C.NcclComm(uid, self.size, self.rank, device, self.timeout)
             except _C.DistBackendError as e:
                 raise _C.DistBackendError(self._advice(str(e), device)) from None
             deadline = _C.monotonic() + self.timeout
@@ -228,7 +230,9 @@ class NcclBackend:
 
     @staticmethod
     def _advice(msg, device) -> str:
-        if "Duplicate GPU" in msg or "duplicate GPU" in msg:
+        # NCCL before 2.30: "Duplicate GPU detected"; 2.30 and later: "Multiple Ranks are using the
+        # same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 ..."
+        if any(t in msg for t in ("Duplicate GPU", "duplicate GPU", "same GPU")):
             msg += (f"; two ranks of this communicator are on one GPU (cuda:{device}): call "
                     "pyddp.cuda.set_device(local_rank) (or torch.cuda.set_device) before the first "
                     "collective, or pass device_id to init_process_group; NCCL 2.30 and later "
@@ -244,8 +248,8 @@ class NcclBackend:
             items = list(self.comms.items())
         for dev, c in items:
             try:
-                child = (c.split(0, rank, size, rank) if rank is not None
-                         else c.split(-1, 0, 1, 0))  # NCCL_SPLIT_NOCOLOR
+                child = (c.split(0, rank, size, rank, self.timeout) if rank is not None
+                         else c.split(-1, 0, 1, 0, self.timeout))  # NCCL_SPLIT_NOCOLOR
             except NotImplementedError:
                 return out
             r = c.wait_ready(self.timeout)
@@ -277,12 +281,13 @@ class NcclBackend:
 
     # ------------------------------------------------------------------------- failures
     def _fail(self, msg):
-        """Record ``msg`` as the group's error and abort every communicator."""
-        with self.lock:
+        """Record ``msg`` as the group's error and abort every communicator.  Never takes
+        self.lock: a launch holds it while NCCL is connecting, and the abort is what ends that
+        wait (NcclComm.abort sets its flag before it takes any lock)."""
+        with self._err_lock:
             if self.error is None:
                 self.error = msg
-            comms = list(self.comms.values())
-        for c in comms:
+        for c in list(self.comms.values()):
             c.abort(msg)
 
     def _timeout_message(self, work) -> str:
@@ -313,7 +318,7 @@ class NcclBackend:
                            f"{self.rank}, reported an asynchronous error: NCCL error {r}: "
                            f"{c.error_string(r)}")
                 return
-            while pend and pend[0].w.query() != 0:
+            while pend and pend[0].w.query() == 1:  # a failed work keeps its arrays (destroy)
                 pend.popleft()
             if pend and now - pend[0].w.t0 > self.timeout:
                 self._fail(self._timeout_message(pend[0]))
@@ -407,9 +412,16 @@ class NcclBackend:
             self._watchdog.join(timeout=5)
         with self.lock:
             comms, self.comms = list(self.comms.values()), {}
-            self.pending = {}
+            pending, self.pending = self.pending, {}
         for c in comms:
             c.destroy(min(self.timeout, 10.0))
+        # Only now, after ncclCommDestroy/ncclCommAbort returned, may the arrays of the works
+        # still queued go: the ones whose stream has not gone past them yet stay alive with
+        # the process (a caching allocator would hand memory that NCCL kernels still touch to
+        # someone else).
+        for pend in pending.values():
+            _PARKED.extend(pend)
+        _PARKED[:] = [work for work in _PARKED if work.w.query() != 1 and work.w.holds_arrays]
         host, self.host = self.host, None
         if host is not None:
             host.destroy()

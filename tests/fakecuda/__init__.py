@@ -184,7 +184,15 @@ def cudart():
     s = ctypes.c_char_p
     return _load(CUDART, _CUDART_PROTOS, {"cudaGetErrorString": ([_i], s), "cudaGetErrorName": ([_i], s),
                                           "fakecudaClearError": ([], None),
-                                          "fakecudaHostFreeCount": ([], ctypes.c_long)})
+                                          "fakecudaHostFreeCount": ([], ctypes.c_long),
+                                          "fakecudaContexts": ([], ctypes.c_ulonglong)})
+
+
+def contexts():
+    """The devices with a primary context in this process (created by cudaSetDevice, or by any call
+    that needs a device, on the calling thread's current device)."""
+    mask = cudart().fakecudaContexts()
+    return {d for d in range(64) if mask >> d & 1}
 
 
 def nccl():
@@ -231,14 +239,16 @@ def unique_id():
 
 @contextlib.contextmanager
 def on_device(d):
-    """Make d the calling thread's current device for the block."""
+    """Make d the calling thread's current device for the block; afterwards the thread's device
+    before it, where that device has a context (setting one would create it, as pyddp avoids)."""
     old = ctypes.c_int()
     cuda_call("cudaGetDevice", ctypes.byref(old))
     cuda_call("cudaSetDevice", d)
     try:
         yield
     finally:
-        cuda_call("cudaSetDevice", old.value)
+        if old.value != d and old.value in contexts():
+            cuda_call("cudaSetDevice", old.value)
 
 
 def synchronize():

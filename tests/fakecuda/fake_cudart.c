@@ -97,13 +97,28 @@ static cudaError_t init_check(void)
     return cudaSuccess;
 }
 
-/* What every call that needs a device checks first. */
-static cudaError_t ready(void)
+/* Devices with a primary context, as the runtime creates them: cudaSetDevice
+ * (CUDA 12+) and the first call that needs a device, on the calling thread's
+ * current device (device 0 in a thread that never set one). */
+static _Atomic unsigned long long contexts;
+
+/* What every call checks first. */
+static cudaError_t status(void)
 {
     cudaError_t e = init_check();
     if (e)
         return e;
     return ndev() == 0 ? cudaErrorNoDevice : atomic_load(&sticky);
+}
+
+/* What every call that needs a device checks first (it makes the current
+ * device's context). */
+static cudaError_t ready(void)
+{
+    cudaError_t e = status();
+    if (e != cudaErrorNoDevice && e != cudaErrorInitializationError)
+        atomic_fetch_or(&contexts, 1ull << cur_dev);
+    return e;
 }
 
 /* ------------------------------------------------- global state (g_mu) */
@@ -815,7 +830,7 @@ cudaError_t cudaGetDevice(int *device)
 {
     if (!device)
         return ret(cudaErrorInvalidValue);
-    cudaError_t e = ready();
+    cudaError_t e = status(); /* asks, creates nothing */
     if (!e)
         *device = cur_dev;
     return ret(e);
@@ -823,11 +838,13 @@ cudaError_t cudaGetDevice(int *device)
 
 cudaError_t cudaSetDevice(int device)
 {
-    cudaError_t e = ready();
+    cudaError_t e = status();
     if (!e && (device < 0 || device >= ndev()))
         e = cudaErrorInvalidDevice;
-    if (!e)
+    if (!e) {
         cur_dev = device;
+        atomic_fetch_or(&contexts, 1ull << device);
+    }
     return ret(e);
 }
 
@@ -926,3 +943,29 @@ void fakecudaClearError(void)
     atomic_store(&sticky, cudaSuccess);
     last_error = cudaSuccess;
 }
+
+/* ------------------------------------------- the driver's context queries */
+
+/* cuDeviceGet and cuDevicePrimaryCtxGetState, which live in libcuda.so.1 on a
+ * real machine: pyddp looks for them in the runtime library first. */
+int cuDeviceGet(int *dev, int ordinal)
+{
+    if (!dev || ordinal < 0 || ordinal >= ndev())
+        return 101; /* CUDA_ERROR_INVALID_DEVICE */
+    *dev = ordinal;
+    return 0;
+}
+
+int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    if (!flags || !active)
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    if (dev < 0 || dev >= ndev())
+        return 101;
+    *flags = 0;
+    *active = (int)((atomic_load(&contexts) >> dev) & 1u);
+    return 0;
+}
+
+/* Test-only: the devices with a primary context (bit d: device d). */
+unsigned long long fakecudaContexts(void) { return atomic_load(&contexts); }

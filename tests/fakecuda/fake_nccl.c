@@ -19,7 +19,16 @@
  *   answers; FAKENCCL_ASYNC_ERROR_AFTER=N makes a communicator's operation
  *   N+1 (a group counts once) set ncclRemoteError as its async error and hang
  *   until aborted, on every rank or only on FAKENCCL_ASYNC_ERROR_RANK;
- *   fakencclCommCount() counts live communicators. */
+ *   fakencclCommCount() counts live communicators; FAKENCCL_ABORT_DELAY_MS makes
+ *   ncclCommAbort take that long, its communicator's kernels running meanwhile.
+ * - Like NCCL 2.32 where a kinder stand-in hid bugs: pointers are checked only
+ *   with NCCL_CHECK_POINTERS=1 (else a bad one faults on the "device");
+ *   point-to-point peers connect inside ncclGroupEnd (or an ungrouped
+ *   ncclSend/ncclRecv), waiting for the peer to post its side, and a
+ *   non-blocking communicator answers ncclInProgress meanwhile, connecting
+ *   and launching from a thread of its own; ncclCommSplit on a non-blocking
+ *   parent answers ncclInProgress with *newcomm still NULL and writes the
+ *   child from its own thread, the parent in progress until then. */
 #define _GNU_SOURCE
 #include "fakecuda.h"
 
@@ -132,6 +141,8 @@ struct chan { /* one ordered pair's ring: head written by the sender, tail by th
     char pad0[56];
     _Atomic uint64_t tail;
     char pad1[56];
+    _Atomic int hello; /* the sender posted point-to-point work to the receiver */
+    char pad2[60];
     char buf[RING];
 };
 
@@ -161,6 +172,7 @@ struct ncclComm {
     _Atomic int pending; /* queued tasks not finished */
     _Atomic int finalizing;
     _Atomic int released; /* ncclCommDestroy or ncclCommAbort gave the user's reference back */
+    _Atomic int busy;     /* a non-blocking split or group is still in progress (its thread) */
     int error_after; /* FAKENCCL_ASYNC_ERROR_AFTER for this rank, or -1 */
     int ops;         /* tasks run (by the stream worker) */
     int splits;
@@ -268,8 +280,12 @@ static ncclResult_t check_joined(struct ncclComm *c)
     if (!(multi && !strcmp(multi, "1") && version() >= 23000)) {
         for (int i = 0; i < c->nranks && !r; i++) {
             if (i != c->rank && member(c, i)->device == c->device) {
-                warn("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", c->rank, i,
-                     0x1000ul * (unsigned long)(c->device + 1));
+                if (version() >= 23000) /* NCCL 2.30 rewrote the message (the text of 2.32's library) */
+                    warn("Multiple Ranks are using the same GPU/Partition. Set "
+                         "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.");
+                else
+                    warn("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", c->rank, i,
+                         0x1000ul * (unsigned long)(c->device + 1));
                 r = ncclInvalidUsage;
             }
         }
@@ -749,6 +765,89 @@ static ncclResult_t launch(const struct op *ops, int n)
     return ncclUnhandledCudaError;
 }
 
+/* ------------------------------------------------- point-to-point connection */
+
+/* As NCCL: the first point-to-point work between two ranks connects them
+ * inside ncclGroupEnd (or the ungrouped ncclSend/ncclRecv), which waits for
+ * the peer to post its side; a blocking communicator waits there, a
+ * non-blocking one answers ncclInProgress and connects (then launches) from
+ * a thread of its own, the communicator in progress meanwhile. */
+static int connected(struct ncclComm *c, int peer)
+{
+    return atomic_load(&chan(c, peer, c->rank)->hello) != 0;
+}
+
+static int all_connected(const struct op *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((ops[i].kind == SEND || ops[i].kind == RECV) && !connected(ops[i].comm, ops[i].root))
+            return 0;
+    return 1;
+}
+
+static int wait_connected(const struct op *ops, int n)
+{
+    unsigned idle = 0;
+    while (!all_connected(ops, n)) {
+        if (atomic_load(&ops[0].comm->abort))
+            return -1;
+        backoff(&idle);
+    }
+    return 0;
+}
+
+static ncclResult_t launch(const struct op *ops, int n);
+
+struct connect_job {
+    int n;
+    struct op ops[];
+};
+
+static void *connect_thread(void *arg)
+{
+    struct connect_job *j = arg;
+    struct ncclComm *c = j->ops[0].comm;
+    cudaSetDevice(c->device); /* as NCCL's own threads */
+    if (wait_connected(j->ops, j->n) == 0 && launch(j->ops, j->n) != ncclSuccess) {
+        int ok = ncclSuccess;
+        atomic_compare_exchange_strong(&c->state, &ok, ncclUnhandledCudaError);
+    }
+    atomic_store(&c->busy, 0);
+    comm_unref(c);
+    free(j);
+    return NULL;
+}
+
+/* Launch ops (one comm, one stream) once their point-to-point peers are connected. */
+static ncclResult_t connect_and_launch(const struct op *ops, int n)
+{
+    struct ncclComm *c = ops[0].comm;
+    for (int i = 0; i < n; i++)
+        if (ops[i].kind == SEND || ops[i].kind == RECV)
+            atomic_store(&chan(c, c->rank, ops[i].root)->hello, 1);
+    if (all_connected(ops, n))
+        return launch(ops, n);
+    if (c->blocking) {
+        if (wait_connected(ops, n))
+            return ncclInvalidUsage;
+        return launch(ops, n);
+    }
+    struct connect_job *j = xmalloc(sizeof *j + (size_t)n * sizeof *ops);
+    j->n = n;
+    memcpy(j->ops, ops, (size_t)n * sizeof *ops);
+    atomic_fetch_add(&c->refs, 1);
+    atomic_store(&c->busy, 1);
+    pthread_t t;
+    if (pthread_create(&t, NULL, connect_thread, j)) {
+        atomic_store(&c->busy, 0);
+        atomic_fetch_sub(&c->refs, 1);
+        free(j);
+        return ncclSystemError;
+    }
+    pthread_detach(t);
+    return ncclInProgress;
+}
+
 /* ----------------------------------------------------------------- groups */
 
 static _Thread_local struct {
@@ -773,6 +872,7 @@ ncclResult_t ncclGroupEnd(void)
     if (--grp.depth)
         return ncclSuccess;
     ncclResult_t r = grp.err;
+    int inprog = 0;
     /* One task per (comm, stream), its ops in call order. */
     struct op *part = xmalloc((size_t)grp.n * sizeof *part);
     for (int i = 0; i < grp.n && !r; i++) {
@@ -786,8 +886,14 @@ ncclResult_t ncclGroupEnd(void)
                     grp.ops[j].comm = NULL;
             }
         }
-        r = launch(part, k);
+        ncclResult_t q = connect_and_launch(part, k);
+        if (q == ncclInProgress)
+            inprog = 1; /* reported once the other parts are launched */
+        else
+            r = q;
     }
+    if (!r && inprog)
+        r = ncclInProgress;
     free(part);
     grp.n = 0;
     grp.err = ncclSuccess;
@@ -819,7 +925,7 @@ static ncclResult_t ensure_ready(struct ncclComm *c, const char *name)
         return ncclInvalidUsage;
     }
     r = check_joined(c);
-    if (r == ncclInProgress) {
+    if (r == ncclInProgress || atomic_load(&c->busy)) {
         warn("Attempt to use communicator before the previous operation returned ncclSuccess");
         return ncclInvalidArgument;
     }
@@ -860,6 +966,11 @@ static ncclResult_t check_args(const struct op *o)
         warn("%s : invalid reduction operation %d", name, o->redop);
         return ncclInvalidArgument;
     }
+    /* As NCCL: pointers are checked only with NCCL_CHECK_POINTERS=1; otherwise a
+     * bad one is an illegal address on the device (execute: a sticky fault). */
+    const char *chk = getenv("NCCL_CHECK_POINTERS");
+    if (!chk || strcmp(chk, "1"))
+        return ncclSuccess;
     ncclResult_t r = ncclSuccess;
     if (o->count && uses_send(o))
         r = ptr_check(o, o->send, "sendbuff");
@@ -879,7 +990,7 @@ static ncclResult_t submit(struct op o)
         return r;
     }
     if (!grp.depth)
-        return launch(&o, 1);
+        return o.kind == SEND || o.kind == RECV ? connect_and_launch(&o, 1) : launch(&o, 1);
     if (grp.n == grp.cap) {
         grp.cap = grp.cap ? 2 * grp.cap : 16;
         struct op *p = realloc(grp.ops, (size_t)grp.cap * sizeof *p);
@@ -1020,27 +1131,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     return init_rank(out, nranks, &id, rank, config);
 }
 
-/* A collective over the parent, on the calling thread: every rank posts
- * (color, key) in the parent's segment, then each color joins a segment of
- * its own, ranks ordered by (key, parent rank). */
-ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *config)
+/* A collective over the parent: every rank posts (color, key) in the parent's
+ * segment, then each color joins a segment of its own, ranks ordered by (key,
+ * parent rank).  On a blocking parent, on the calling thread; on a
+ * non-blocking one, as NCCL: ncclInProgress at once, *out still NULL, and the
+ * child's handle stored later from a thread of the library's, the parent in
+ * progress until then. */
+static ncclResult_t split_now(ncclComm_t c, int g, int color, int key, ncclComm_t *out, int blocking)
 {
-    ncclResult_t r = ensure_ready(c, "CommSplit");
-    if (r)
-        return r;
-    if (!out) {
-        warn("CommSplit : newcomm argument is NULL");
-        return ncclInvalidArgument;
-    }
-    *out = NULL;
-    int blocking = c->blocking;
-    if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
-        warn("CommSplit : invalid color %d", color);
-        return ncclInvalidArgument;
-    }
-    if ((r = read_config(config, &blocking, "CommSplit")))
-        return r;
-    int g = ++c->splits, n = 0, rank = 0;
+    int n = 0, rank = 0;
     struct member *m = member(c, c->rank);
     if (spin(c, split_read, g - 1)) /* everyone read my previous split's arguments */
         goto aborted;
@@ -1064,10 +1163,68 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, nc
         warn("fakenccl: CommSplit : communicators split too deep");
         return ncclInternalError;
     }
-    return comm_create(out, n, name, rank, c->device, blocking);
+    ncclComm_t child = NULL;
+    ncclResult_t r = comm_create(&child, n, name, rank, c->device, blocking);
+    __atomic_store_n(out, child, __ATOMIC_RELEASE);
+    return r;
 aborted:
     warn("CommSplit : the communicator was aborted");
     return ncclInvalidUsage;
+}
+
+struct split_job {
+    ncclComm_t c, *out;
+    int g, color, key, blocking;
+};
+
+static void *split_thread(void *arg)
+{
+    struct split_job *j = arg;
+    ncclComm_t c = j->c;
+    ncclResult_t r = split_now(c, j->g, j->color, j->key, j->out, j->blocking);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        int ok = ncclSuccess;
+        atomic_compare_exchange_strong(&c->state, &ok, r);
+    }
+    atomic_store(&c->busy, 0);
+    comm_unref(c);
+    free(j);
+    return NULL;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *config)
+{
+    ncclResult_t r = ensure_ready(c, "CommSplit");
+    if (r)
+        return r;
+    if (!out) {
+        warn("CommSplit : newcomm argument is NULL");
+        return ncclInvalidArgument;
+    }
+    *out = NULL;
+    int blocking = c->blocking;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+        warn("CommSplit : invalid color %d", color);
+        return ncclInvalidArgument;
+    }
+    if ((r = read_config(config, &blocking, "CommSplit")))
+        return r;
+    int g = ++c->splits;
+    if (c->blocking)
+        return split_now(c, g, color, key, out, blocking);
+    struct split_job *j = xmalloc(sizeof *j);
+    *j = (struct split_job){c, out, g, color, key, blocking};
+    atomic_fetch_add(&c->refs, 1);
+    atomic_store(&c->busy, 1);
+    pthread_t t;
+    if (pthread_create(&t, NULL, split_thread, j)) {
+        atomic_store(&c->busy, 0);
+        atomic_fetch_sub(&c->refs, 1);
+        free(j);
+        return ncclSystemError;
+    }
+    pthread_detach(t);
+    return ncclInProgress;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *res)
@@ -1080,7 +1237,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *res)
         return ncclInvalidArgument;
     }
     r = check_joined(c);
-    if (r == ncclSuccess && atomic_load(&c->finalizing) && atomic_load(&c->pending))
+    if (r == ncclSuccess && ((atomic_load(&c->finalizing) && atomic_load(&c->pending)) ||
+                             atomic_load(&c->busy)))
         r = ncclInProgress;
     *res = r;
     return ncclSuccess;
@@ -1121,6 +1279,13 @@ ncclResult_t ncclCommAbort(ncclComm_t c)
     ncclResult_t r = comm_check(c, "CommAbort");
     if (r)
         return r;
+    /* FAKENCCL_ABORT_DELAY_MS: the abort takes that long, the kernels running until its end (as
+     * NCCL's abort, which waits for its proxy threads and kernels) */
+    const char *delay = getenv("FAKENCCL_ABORT_DELAY_MS");
+    if (delay && *delay) {
+        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     atomic_store(&c->abort, 1);
     release_user_ref(c);
     return ncclSuccess;
