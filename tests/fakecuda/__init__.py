@@ -14,7 +14,8 @@ libcudart.so.13 and libnccl.so.2 under tests/fakecuda/build/<hash of the sources
 version, safely when several processes build at once. The ctypes handles here load the same paths as
 pyddp does, so the dynamic loader gives both the same library instance (one set of streams, events and
 allocations). As with CUDA, a child forked after this process used CUDA gets cudaErrorInitializationError
-(3) from every call: a test that uses CUDA here and in its ranks starts them with spawn.
+(3) from every call but cudaGetDeviceCount: a test that uses CUDA here and in its ranks starts them with
+spawn.
 These libraries are never a fallback: nothing in pyddp's own search looks under tests/.
 """
 import contextlib

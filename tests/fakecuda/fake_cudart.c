@@ -23,7 +23,8 @@
  *   fakecudaStreamCount, fakecudaHostFreeCount, fakecudaClearError.
  * A child forked after this process initialised CUDA (any call but the
  * version and error-string queries) gets cudaErrorInitializationError from
- * every call, as with CUDA; a child forked before gets a fresh start. */
+ * every call but cudaGetDeviceCount, as with CUDA 13 (seen on an H100); a
+ * child forked before gets a fresh start. */
 #define _GNU_SOURCE
 #include "fakecuda.h"
 
@@ -819,9 +820,10 @@ cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
         return ret(cudaErrorInvalidValue);
-    cudaError_t e = init_check(); /* cudaGetDeviceCount initialises CUDA */
-    if (e)
-        return ret(e);
+    /* It initialises CUDA (a child forked afterwards cannot use it), yet it
+     * answers in such a child: CUDA 13 did so on an H100. */
+    if (!forked_after_init)
+        atomic_store(&initialised, 1);
     *count = ndev();
     return ret(*count ? cudaSuccess : cudaErrorNoDevice);
 }
