@@ -243,23 +243,16 @@ def test_free_host_waits_for_every_stream_and_is_counted():
 
 
 _FORK_SCRIPT = r"""
-import ctypes, os, sys
+import ctypes, sys
 sys.path.insert(0, sys.argv[1])
 import fakecuda as fc
+from _mp import in_forked_child
 
 lib, ref = fc.cudart(), ctypes.byref
 
 
 def in_child(calls):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(w, repr([f() for f in calls]).encode())
-        os._exit(0)
-    os.close(w)
-    out = os.read(r, 4096).decode()
-    os.waitpid(pid, 0)
-    return out
+    return in_forked_child(lambda: [f() for f in calls])
 
 
 n, v, p, h, ev = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()

@@ -31,23 +31,9 @@ def _run(code, cwd=None):
 
 def test_a_child_forked_after_cuda_use_gets_a_clear_error():
     out = _run("""
-        import os, pyddp, pyddp.cuda as cuda
+        import pyddp, pyddp.cuda as cuda
         from pyddp import _C
-
-        def child(body):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    out = repr(body())
-                except Exception as e:
-                    out = f"{type(e).__name__}: {e}"
-                os.write(w, out.encode())
-                os._exit(0)
-            os.close(w)
-            text = os.read(r, 65536).decode()
-            os.waitpid(pid, 0)
-            return text
+        from _mp import in_forked_child as child
 
         print(_C.cuda_fork_state(), child(lambda: (cuda.is_available(), _C.cuda_fork_state())))
         print(cuda.is_available(), _C.cuda_fork_state())  # is_available() asks the runtime

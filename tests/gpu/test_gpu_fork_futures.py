@@ -29,24 +29,10 @@ def test_a_child_forked_after_cuda_use_fails_as_the_stand_in_says():
     if not machine()["devices"]:
         pytest.skip("no GPU")
     out = _python("""
-        import ctypes, json, os
+        import ctypes, json
         import pyddp.cuda, pyddp.multiprocessing as mp
         from pyddp import _C
-
-        def in_child(fn):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    v = fn()
-                except Exception as e:
-                    v = f"{type(e).__name__}: {e}"
-                os.write(w, json.dumps(v).encode())
-                os._exit(0)
-            os.close(w)
-            text = os.read(r, 65536).decode()
-            os.waitpid(pid, 0)
-            return json.loads(text)
+        from _mp import in_forked_child as in_child
 
         out = {"available": pyddp.cuda.is_available(), "state": _C.cuda_fork_state()}
         path = pyddp.cuda._lib.load_cudart()["path"]
