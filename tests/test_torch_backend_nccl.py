@@ -316,6 +316,32 @@ def test_cuda_array_futures_order_the_arrays_stream_at_launch(monkeypatch):
     assert [(c, v) for c, v, _ in fut.calls] == [("set_result", [arr])]
 
 
+def _mixed_future_child(rank, n):
+    from torch._C import _distributed_c10d as dist_mod
+
+    dist = _init(rank, n)
+    pg = dist.group.WORLD
+    asy = dist_mod.AllreduceOptions()
+    asy.asyncOp = True
+    t = torch.full((3,), rank + 1.0)
+    x = fakecuda.DeviceArray(np.full(4, rank + 1.0, np.float32), device=rank)
+    fut = pg.allreduce([t, x], asy).get_future()  # one CPU and one CUDA work: the watcher completes it
+    fut.wait()
+    out = {"cpu": t.tolist(), "cuda": x.numpy().tolist(), "contexts": sorted(fakecuda.contexts())}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_future_completed_on_the_watcher_thread_creates_no_context_on_another_gpu():
+    # the watcher thread never set a device: its CUDA wait would make a context on GPU 0 (issue 33
+    # item 3); rank 1 uses only GPU 1
+    outs = run(_mixed_future_child, 2, init=False, env=fakecuda.env(devices=2), timeout=120,
+               start_method="spawn")
+    for rank, out in enumerate(outs):
+        assert out["cpu"] == [3.0] * 3 and out["cuda"] == [3.0] * 4, out
+        assert out["contexts"] == [rank], out
+
+
 class _HostWork:
     def __init__(self, log):
         self.log = log
