@@ -260,6 +260,18 @@ def _pointer_device(x, ptr) -> int:
     return 0
 
 
+def _off_host(x) -> bool:
+    """Whether x says its memory is not the host's (``__dlpack_device__`` other than kDLCPU, or
+    ``__cuda_array_interface__``)."""
+    dev_fn = getattr(x, "__dlpack_device__", None)
+    if dev_fn is not None:
+        try:
+            return int(dev_fn()[0]) != 1
+        except Exception:  # noqa: BLE001 - a broken protocol says nothing
+            return False
+    return hasattr(x, "__cuda_array_interface__")
+
+
 def _buffer_array(x, name):
     """The ndarray over x's buffer, or None when x has no buffer interface, or has one that a
     device array refuses (CuPy 14 and JAX export buffers of host-resident arrays only) and
@@ -269,7 +281,7 @@ def _buffer_array(x, name):
     except TypeError:
         return None
     except (BufferError, ValueError, RuntimeError):
-        if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+        if _off_host(x):
             return None
         raise
     try:

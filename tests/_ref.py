@@ -248,6 +248,19 @@ class Checker:
             return False
         return True
 
+    def raises(self, label, exc_type, text, fn):
+        """fn() must raise exc_type with ``text`` in its message."""
+        self.count += 1
+        try:
+            fn()
+        except exc_type as e:
+            if text not in str(e):
+                self.failures.append(f"{label}: raised {type(e).__name__} without {text!r}: {e}")
+        except Exception as e:
+            self.failures.append(f"{label}: raised {type(e).__name__} (expected {exc_type.__name__}): {e}")
+        else:
+            self.failures.append(f"{label}: did not raise {exc_type.__name__}")
+
     def report(self):
         return {"rank": self.rank, "count": self.count, "nfail": len(self.failures),
                 "failures": self.failures[: self.MAX_REPORTED]}

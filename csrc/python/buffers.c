@@ -453,6 +453,27 @@ view_from_cai(PyObject *obj, PyObject *d, pd_view *v)
     return 0;
 }
 
+/* Whether obj says its memory is not host memory: __dlpack_device__() names
+ * a device other than kDLCPU (1), or, without it, __cuda_array_interface__.
+ * Called with no exception set; leaves none. */
+static int
+off_host(PyObject *obj)
+{
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d == NULL) {
+        PyErr_Clear();
+        int cai = PyObject_HasAttrString(obj, "__cuda_array_interface__");
+        PyErr_Clear();
+        return cai;
+    }
+    long type = PyTuple_Check(d) && PyTuple_GET_SIZE(d) >= 1
+                    ? PyLong_AsLong(PyTuple_GET_ITEM(d, 0))
+                    : -1;
+    Py_DECREF(d);
+    PyErr_Clear();
+    return type != -1 && type != 1;
+}
+
 int
 pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
 {
@@ -469,8 +490,7 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
          * buffer protocol's error. */
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        if (!PyObject_HasAttrString(obj, "__dlpack__") &&
-            !PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
+        if (!off_host(obj)) {
             PyErr_Restore(et, ev, etb);
             return -1;
         }

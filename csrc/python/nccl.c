@@ -36,7 +36,10 @@ typedef struct {
     pd_module_state *st;
     const struct pd_cudart *rt;
     const struct pd_nccl *nc;
-    pthread_mutex_t mu;     /* launches, the event pool, abort, destroy */
+    pthread_mutex_t mu;     /* launches, abort, destroy (a launch may hold it
+                             * while NCCL connects: nothing another thread
+                             * needs meanwhile takes it) */
+    pthread_mutex_t pool_mu; /* the event pool alone; held briefly */
     pd_nccl_comm comm;      /* NULL once aborted or destroyed (set under mu;
                              * read without it by async_error: see users) */
     atomic_int users;       /* lock-free readers of comm (take_comm waits) */
@@ -141,18 +144,6 @@ take_comm(CommObject *c)
         sched_yield();
     }
     return comm;
-}
-
-/* Lock c->mu from a thread holding the GIL without stalling the interpreter
- * while another thread holds it through a long call (ncclCommAbort). */
-static void
-lock_gil_held(CommObject *c)
-{
-    if (pthread_mutex_trylock(&c->mu) != 0) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_mutex_lock(&c->mu);
-        Py_END_ALLOW_THREADS
-    }
 }
 
 static PyObject *
@@ -285,6 +276,7 @@ comm_alloc(PyTypeObject *tp, int device)
     c->nc = nc;
     c->device = device;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->pool_mu, NULL);
     return c;
 }
 
@@ -543,9 +535,10 @@ Comm_error_string(CommObject *self, PyObject *arg)
         return NULL;
     }
     char text[PD_ERRMSG_MAX];
-    lock_gil_held(self);
-    nccl_text(self->nc, self->comm, (pd_nccl_res)r, text, sizeof(text));
-    pthread_mutex_unlock(&self->mu);
+    atomic_fetch_add(&self->users, 1); /* as async_error: no mutex */
+    nccl_text(self->nc, __atomic_load_n(&self->comm, __ATOMIC_SEQ_CST),
+              (pd_nccl_res)r, text, sizeof(text));
+    atomic_fetch_sub(&self->users, 1);
     return PyUnicode_FromString(text);
 }
 
@@ -588,6 +581,7 @@ Comm_abort(CommObject *self, PyObject *arg)
 static void
 comm_free_resources(CommObject *c)
 {
+    pthread_mutex_lock(&c->pool_mu);
     for (int i = 0; i < c->npool; i++) {
         c->rt->EventDestroy(c->pool[i]);
     }
@@ -595,6 +589,7 @@ comm_free_resources(CommObject *c)
     PyMem_RawFree(c->pool);
     c->pool = NULL;
     c->cappool = 0;
+    pthread_mutex_unlock(&c->pool_mu);
     if (c->start != NULL) {
         c->rt->EventDestroy(c->start);
         c->start = NULL;
@@ -857,19 +852,26 @@ out:
 static pd_cuda_event
 pool_get(CommObject *c, pd_cuda_err *e)
 {
-    if (c->npool > 0) {
-        return c->pool[--c->npool];
-    }
     pd_cuda_event ev = NULL;
+    pthread_mutex_lock(&c->pool_mu);
+    if (c->npool > 0) {
+        ev = c->pool[--c->npool];
+    }
+    pthread_mutex_unlock(&c->pool_mu);
+    if (ev != NULL) {
+        return ev;
+    }
     *e = c->rt->EventCreateWithFlags(&ev, PD_CUDA_EVENT_DISABLE_TIMING);
     return *e ? NULL : ev;
 }
 
+/* Any thread, GIL held or not: pool_mu is never held across a slow call. */
 static void
 pool_put(CommObject *c, pd_cuda_event ev)
 {
-    lock_gil_held(c);
-    if (c->comm != NULL && c->npool == c->cappool) {
+    pthread_mutex_lock(&c->pool_mu);
+    int live = __atomic_load_n(&c->comm, __ATOMIC_SEQ_CST) != NULL;
+    if (live && c->npool == c->cappool) {
         int cap = c->cappool ? 2 * c->cappool : 16;
         pd_cuda_event *p = PyMem_RawRealloc(c->pool, sizeof(*p) * cap);
         if (p != NULL) {
@@ -877,20 +879,22 @@ pool_put(CommObject *c, pd_cuda_event ev)
             c->cappool = cap;
         }
     }
-    if (c->comm != NULL && c->npool < c->cappool) {
+    if (live && c->npool < c->cappool) {
         c->pool[c->npool++] = ev;
         ev = NULL;
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->pool_mu);
     if (ev != NULL) {
         c->rt->EventDestroy(ev);
     }
 }
 
 /* Launch L after the caller's stream (ustream; -1: no ordering) and return
- * its work handle holding `keep`. */
+ * its work handle holding `keep`; with `wait`, the caller's stream also waits
+ * for the work's end (a blocking call's Work.wait(), in the same launch). */
 static PyObject *
-comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
+comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep,
+            int wait)
 {
     if (atomic_load(&c->aborted)) {
         return aborted_error(c);
@@ -953,8 +957,8 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
                     stalled = 1;
                     break;
                 }
-                /* the GIL while holding mu: every thread that takes mu with
-                 * the GIL held only tries it (lock_gil_held) */
+                /* the GIL while holding mu: no thread takes mu with the
+                 * GIL held */
                 Py_BLOCK_THREADS
                 interrupted = PyErr_CheckSignals() < 0;
                 Py_UNBLOCK_THREADS
@@ -970,6 +974,11 @@ comm_launch(CommObject *c, const launch *L, long long ustream, PyObject *keep)
                 what = NULL;
                 if ((e = c->rt->EventRecord(end, c->stream))) {
                     what = "cudaEventRecord";
+                }
+                else if (wait && ustream >= 0 &&
+                         (e = c->rt->StreamWaitEvent(
+                              (pd_cuda_stream)(intptr_t)ustream, end, 0))) {
+                    what = "cudaStreamWaitEvent (the caller's stream after the work)";
                 }
             }
         }
@@ -1119,8 +1128,8 @@ splits_of(PyObject *t, const char *name, int n)
 static PyObject *
 Comm_run(CommObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "run() takes 11 arguments");
+    if (nargs != 11 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "run() takes 11 or 12 arguments");
         return NULL;
     }
     launch L;
@@ -1226,7 +1235,11 @@ Comm_run(CommObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    res = comm_launch(self, &L, ustream, args[10]);
+    int wait = nargs == 12 ? PyObject_IsTrue(args[11]) : 0;
+    if (wait < 0) {
+        goto done;
+    }
+    res = comm_launch(self, &L, ustream, args[10], wait);
 done:
     PyMem_Free(L.ins);
     PyMem_Free(L.outs);
@@ -1292,7 +1305,7 @@ Comm_run_p2p(CommObject *self, PyObject *args)
             goto done;
         }
     }
-    res = comm_launch(self, &L, ustream, keep);
+    res = comm_launch(self, &L, ustream, keep, 0);
 done:
     PyMem_Free(L.p2p_send);
     PyMem_Free(L.p2p_peer);
@@ -1336,6 +1349,7 @@ Comm_dealloc(CommObject *self)
     }
     Py_CLEAR(self->orphans);
     pthread_mutex_destroy(&self->mu);
+    pthread_mutex_destroy(&self->pool_mu);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -1383,7 +1397,8 @@ static PyGetSetDef Comm_getset[] = {
 static PyMethodDef Comm_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Comm_run, METH_FASTCALL,
      "run(kind, dtype, op, root, count, ins, outs, in_splits, out_splits, "
-     "stream, keep) -> NcclWork"},
+     "stream, keep, wait=False) -> NcclWork (wait: the stream also waits for "
+     "the work's end)"},
     {"run_p2p", (PyCFunction)Comm_run_p2p, METH_VARARGS,
      "run_p2p(ops, stream, keep) -> NcclWork: one group of sends/receives"},
     {"split", (PyCFunction)Comm_split, METH_VARARGS,

@@ -64,6 +64,10 @@ def _stream_family(view):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(owner, torch.Tensor):
         dev = owner.device
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:  # the handle alone: no torch.cuda.Stream object per call
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            return lambda: raw(index)
         return lambda: torch.cuda.current_stream(dev).cuda_stream
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(owner, cupy.ndarray):
@@ -368,19 +372,24 @@ class NcclBackend:
         if kind == _K_RECV and root < 0:
             raise ValueError(f"{name}: backend 'nccl' cannot receive from any source; give src")
         ustream = stream_fn() if views else -1
+        # A blocking call's Work.wait() is the caller's stream waiting for the end: done in the
+        # launch itself, and no Work is returned (the pending list keeps the arrays alive)
+        inline = blocking and ustream >= 0 and not self.blocking_wait
         with self.lock:  # one call at a time: the signature buffers, and the same order on NCCL
             if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
                 self._check(kind, dtype, op, root, count, name)
             try:
                 w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
                              tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
-                             (inputs, outputs))
+                             (inputs, outputs), inline)
             except _C.DistBackendError:
                 self._raise_if_failed()
                 raise
         work = NcclWork(self, comm, w, (name, count, dtype), stream_fn,
                         root if kind == _K_RECV else -1)
         self.pending[comm].append(work)
+        if inline:
+            return None
         if kind == _K_BARRIER:  # torch's NCCL barrier blocks the host until it is done
             work.synchronize_host(self.timeout)
         return work

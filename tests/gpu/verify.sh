@@ -9,7 +9,8 @@
 #    (tests/gpu/abi_facts.c, compiled against nccl.h and cuda_runtime_api.h where they are found);
 # 3. runs the GPU tests (tests/gpu, in parallel with pytest-xdist where it is installed), then the
 #    NCCL-path tests on the stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
-# 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run).
+# 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run);
+# 5. times the host side of one small NCCL call, pyddp against torch.distributed (tests/gpu/launch_overhead.py).
 #
 # Every step's log goes under LOGDIR (summary.txt holds what this prints). On a machine without a GPU the
 # GPU tests and the benchmark report why they skipped and the script still exits 0; any failed step makes
@@ -58,6 +59,9 @@ TAIL=10 step stand_in_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -q "${
 # 4. the benchmark against torch's ProcessGroupNCCL
 TAIL=60 step bench_nccl timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/nccl.py --quick --max-bytes 64M \
     --timeout 120 --json "$LOG/bench_nccl.json"
+
+# 5. where the host time of a small NCCL call goes (pyddp against torch.distributed)
+TAIL=45 step launch_overhead timeout -k 10 "$STEP_TIMEOUT" "$PY" tests/gpu/launch_overhead.py
 
 if [ ${#FAILED[@]} -eq 0 ]; then say "verify: every step passed (logs in $LOG)"; exit 0; fi
 say "verify: FAILED steps: ${FAILED[*]} (logs in $LOG)"
