@@ -213,6 +213,10 @@ def cuda_memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int, /
 def cuda_pointer_attributes(ptr: int, /) -> tuple[int, int]:
     """(cudaMemoryType: 0 unregistered, 1 host, 2 device, 3 managed; device)."""
 def cuda_error_string(code: int, /) -> str: ...
+def cuda_fork_state() -> int:
+    """0: no CUDA used through pyddp here; 1: used (a forked child cannot use it); 2: this
+    process is such a child (CUDA functions raise RuntimeError with CUDA_AFTER_FORK)."""
+CUDA_AFTER_FORK: str
 
 # ---------------------------------------------------------------------------- timeline
 def timeline_open(path: str, pid: int, process_name: str, /) -> None: ...

@@ -270,7 +270,9 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     unset (so the ranks do not oversubscribe the host); set OMP_NUM_THREADS to choose otherwise.
 
     Needs the 'fork' start method (Linux, macOS); the calling process must not have a pyddp process
-    group initialized (the ranks would inherit it).
+    group initialized (the ranks would inherit it), nor have used CUDA, through pyddp (even
+    ``pyddp.cuda.is_available()``) or torch: a forked rank cannot use CUDA then, so that is refused
+    (as HF accelerate's notebook_launcher refuses).
     """
     _check_fn_args(fn, args)
     _check_nprocs(nprocs)
@@ -278,7 +280,7 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     if "fork" not in multiprocessing.get_all_start_methods():
         raise RuntimeError("notebook_launcher needs the 'fork' start method, which this platform lacks; "
                            "put fn in a module and use pyddp.multiprocessing.spawn instead")
-    _check_fork_safe("fork")
+    _check_fork_safe("fork", "notebook_launcher")
 
     port = master_port if master_port is not None else _free_port()
     secret = secrets.token_hex(32)

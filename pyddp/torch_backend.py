@@ -13,7 +13,9 @@ group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's P
 C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call; each maps to one
 request of pyddp's C process group (``submit``, see pyddp.distributed._backend).  CPU tensors are
 used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
-C work handle); ``get_future()`` completes from a watcher thread once the work finishes.
+C work handle); ``get_future()`` of a CPU work completes from a watcher thread once the work
+finishes; that of a CUDA work completes at launch with its consumers ordered on the GPU, as torch's
+ProcessGroupNCCL's (see ``_cuda_future``).
 pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
 ``torch.distributed.DistBackendError``.
 
@@ -28,6 +30,7 @@ Importing this module imports torch; ``import pyddp`` alone never does.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from datetime import timedelta
@@ -193,12 +196,25 @@ class Work(dist._Work):
 
     def get_future(self):
         if self._fut is None:
+            handles = self._cuda_handles()
+            if handles is not None:
+                self._fut = _cuda_future(handles, self._result)
+                return self._fut
             self._fut = Future()
             if self.is_completed():
                 self._complete()
             else:
                 self._pg._watch(self)
         return self._fut
+
+    def _cuda_handles(self):
+        """The _CudaHandles of a work on CUDA arrays only (waiting sends and receives run now),
+        else None."""
+        cws = self._cws
+        if not cws or any(type(cw) is not _CudaHandle and type(cw) is not _DeferredP2P
+                          for cw in cws):
+            return None
+        return [cw if type(cw) is _CudaHandle else cw._handle() for cw in cws]
 
     def _complete(self):
         try:
@@ -217,12 +233,55 @@ class _Done(Work):
         return True
 
 
+def _cuda_tensors(value):
+    """The torch CUDA tensors in a future's value (a list of tensors or of lists of them)."""
+    for v in value:
+        if isinstance(v, (list, tuple)):
+            yield from _cuda_tensors(v)
+        elif isinstance(v, torch.Tensor) and v.is_cuda:
+            yield v
+
+
+def _cuda_future(handles, result):
+    """The future of a work on CUDA arrays, as torch's ProcessGroupNCCL makes it: completed at
+    launch, no host wait and no thread, its consumers ordered on the GPU.
+
+    torch CUDA tensors: a ``Future(devices=...)`` whose result is set while each communicator's
+    stream is the current stream of its device, so torch records its events on those streams,
+    after the collective, and makes every consumer's current stream wait on them (``wait()``,
+    ``value()``, and ``then()``, whose callback runs at once on this thread, on a stream that
+    waited).  Other CUDA arrays (``__cuda_array_interface__``, read on the stream they name):
+    that stream waits for the collective now, as ``Work.wait()`` orders it, then the value is set.
+    A failure after launch is not the future's: ``Work.wait()`` and the next call raise it."""
+    value = list(result)
+    devices = sorted({t.device.index for t in _cuda_tensors(value)})
+    if not devices:
+        fut = Future()
+        try:
+            for h in handles:
+                h.nw.wait()
+        except _C.DistError as e:
+            fut.set_exception(_torch_error(e))
+        else:
+            fut.set_result(value)
+        return fut
+    fut = Future(devices=[torch.device("cuda", d) for d in devices])
+    comms = {id(h.nw.comm): h.nw.comm for h in handles}
+    with contextlib.ExitStack() as streams:
+        for c in comms.values():
+            streams.enter_context(torch.cuda.stream(
+                torch.cuda.ExternalStream(c.stream, device=torch.device("cuda", c.device))))
+        fut.set_result(value)
+    return fut
+
+
 class _CudaHandle:
     """An NCCL work (pyddp.distributed._nccl.NcclWork) as Work holds it.  ``wait()`` on the
     submitting thread orders that thread's current stream after the operation (torch's NCCL
-    rule: no host block); on another thread (the future watcher, whose current stream is
-    unrelated to the caller's) it waits on the host, bounded by the group's timeout, so a
-    future completes only once its tensors hold the result."""
+    rule: no host block); on another thread (the future watcher, for a work mixing CPU and CUDA
+    arrays; its current stream is unrelated to the caller's) it waits on the host, bounded by
+    the group's timeout.  A work on CUDA arrays only never reaches the watcher: its future is
+    complete at launch (``_cuda_future``)."""
 
     __slots__ = ("nw", "tid")
 
@@ -340,6 +399,14 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             work = q.get()
             if work is None:
                 return
+            # a CUDA wait here (a work mixing CPU and CUDA arrays) runs on the communicator's
+            # device: on this thread's default device, CUDA would create a context on GPU 0
+            dev = next((cw.nw.comm.device for cw in work._cws if type(cw) is _CudaHandle), None)
+            if dev is not None:
+                try:
+                    _C.cuda_set_device(dev)
+                except RuntimeError:
+                    pass  # the wait below reports what is wrong
             work._complete()
 
     def _submit(self, kind, code, arrays_in, arrays_out, result, *, op=0, root=0, tag=0,

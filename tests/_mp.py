@@ -276,3 +276,39 @@ def run(fn, world_size, *args, **kwargs):
         raise AssertionError(f"{len(bad)} of {world_size} ranks failed:\n"
                              + "\n".join(o.describe() for o in bad))
     return [o.value for o in outs]
+
+
+def in_forked_child(fn, timeout=60.0):
+    """fn() in a child forked from this process (os.fork, nothing else started): its value (anything
+    repr() and ast.literal_eval() round-trip), or "ExcType: message" when it raised.  For what a forked
+    child may or may not do, e.g. use CUDA after its parent did.  The child is killed after timeout s."""
+    import ast
+    import select
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            try:
+                out = repr(fn())
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                out = repr(f"{type(e).__name__}: {e}")
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    try:
+        while select.select([r], [], [], timeout)[0]:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"the forked child did not finish within {timeout:g} s")
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return ast.literal_eval(b"".join(chunks).decode())

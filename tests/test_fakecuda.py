@@ -60,6 +60,12 @@ def _comms_here(n, devices=None, wait=True):
     return comms
 
 
+def _spawn(fn, world, *args, env=None, timeout=60):
+    # Ranks that use CUDA start as fresh interpreters: this process has used it (a forked child could
+    # not, as with CUDA).
+    return run(fn, world, *args, init=False, env=env or fc.env(), timeout=timeout, start_method="spawn")
+
+
 def _allreduce(comm, x, stream, op=SUM):
     nccl_call("ncclAllReduce", x.ptr, x.ptr, x.size, fc.NCCL_DTYPES[x.dtype], op, comm, stream.handle)
 
@@ -142,33 +148,34 @@ def test_devices_versions_and_errors(monkeypatch):
 
 
 def test_memory_and_pointer_attributes():
-    gc.collect()
-    x = DeviceArray(np.arange(6, dtype=np.int32), device=1)
-    attrs = fc.PointerAttributes()
-    cuda_call("cudaPointerGetAttributes", byref(attrs), x.ptr + 4)
-    assert (attrs.type, attrs.device, attrs.devicePointer) == (2, 1, x.ptr + 4)
-    assert x.ptr % 256 == 0
-    host = ctypes.c_void_p()
-    cuda_call("cudaHostAlloc", byref(host), 64, 0)
-    cuda_call("cudaPointerGetAttributes", byref(attrs), host)
-    assert (attrs.type, attrs.hostPointer) == (1, host.value)
-    plain = np.zeros(4)
-    cuda_call("cudaPointerGetAttributes", byref(attrs), plain.ctypes.data)
-    assert attrs.type == 0 and not attrs.devicePointer
-    blocks, nbytes, hosts = fc.mem_stats()
-    assert fc.cudart().cudaFreeHost(host) == 0 and fc.cudart().cudaFreeHost(host) == 1
-    assert fc.cudart().cudaFree(x.ptr + 4) == 1  # not the start of a block
-    del x
-    assert fc.mem_stats() == (blocks - 1, nbytes - 24, hosts - 1)
-    # uninitialised memory is 0xCB bytes; copies must stay inside their block
-    y = DeviceArray(3, dtype=np.uint8)
-    assert y.numpy().tolist() == [0xCB] * 3
-    lib = fc.cudart()
-    assert lib.cudaMemcpyAsync(y.ptr, plain.ctypes.data, 4, fc.H2D, None) == 1
-    assert lib.cudaMemcpyAsync(plain.ctypes.data, y.ptr, 3, 7, None) == 21
-    assert lib.cudaMemsetAsync(plain.ctypes.data, 0, 8, None) == 1
-    cuda_call("cudaMemsetAsync", y.ptr, 0x105, 3, None)
-    assert y.numpy().tolist() == [5, 5, 5]
+    with fc.on_device(0):  # this thread on device 0 (with a context) throughout: see the legacy test
+        gc.collect()
+        x = DeviceArray(np.arange(6, dtype=np.int32), device=1)
+        attrs = fc.PointerAttributes()
+        cuda_call("cudaPointerGetAttributes", byref(attrs), x.ptr + 4)
+        assert (attrs.type, attrs.device, attrs.devicePointer) == (2, 1, x.ptr + 4)
+        assert x.ptr % 256 == 0
+        host = ctypes.c_void_p()
+        cuda_call("cudaHostAlloc", byref(host), 64, 0)
+        cuda_call("cudaPointerGetAttributes", byref(attrs), host)
+        assert (attrs.type, attrs.hostPointer) == (1, host.value)
+        plain = np.zeros(4)
+        cuda_call("cudaPointerGetAttributes", byref(attrs), plain.ctypes.data)
+        assert attrs.type == 0 and not attrs.devicePointer
+        blocks, nbytes, hosts = fc.mem_stats()
+        assert fc.cudart().cudaFreeHost(host) == 0 and fc.cudart().cudaFreeHost(host) == 1
+        assert fc.cudart().cudaFree(x.ptr + 4) == 1  # not the start of a block
+        del x
+        assert fc.mem_stats() == (blocks - 1, nbytes - 24, hosts - 1)
+        # uninitialised memory is 0xCB bytes; copies must stay inside their block
+        y = DeviceArray(3, dtype=np.uint8)
+        assert y.numpy().tolist() == [0xCB] * 3
+        lib = fc.cudart()
+        assert lib.cudaMemcpyAsync(y.ptr, plain.ctypes.data, 4, fc.H2D, None) == 1
+        assert lib.cudaMemcpyAsync(plain.ctypes.data, y.ptr, 3, 7, None) == 21
+        assert lib.cudaMemsetAsync(plain.ctypes.data, 0, 8, None) == 1
+        cuda_call("cudaMemsetAsync", y.ptr, 0x105, 3, None)
+        assert y.numpy().tolist() == [5, 5, 5]
 
 
 def test_stream_fifo_events_and_wait_event():
@@ -202,24 +209,101 @@ def test_stream_fifo_events_and_wait_event():
     assert lib.cudaStreamSynchronize(h) == 400 and lib.cudaStreamDestroy(None) == 400
 
 
+def test_an_event_is_recorded_only_on_a_stream_of_its_device():
+    lib = fc.cudart()
+    with fc.on_device(0):
+        ev = fc.Event()
+    other = Stream(device=1)
+    with fc.on_device(1):
+        assert lib.cudaEventRecord(ev.handle, other.handle) == 400  # cudaErrorInvalidResourceHandle
+        assert lib.cudaEventRecord(ev.handle, None) == 400          # device 1's legacy stream
+        assert lib.cudaGetLastError() == 400
+    with fc.on_device(0):
+        assert lib.cudaEventRecord(ev.handle, None) == 0
+    # waiting on another device's event is allowed (CUDA: "event may be from a different device")
+    gate = Stream(device=0).hold()
+    other.wait_event(Stream(device=0).record())
+    _release_later(gate, 0.05)
+    other.synchronize()
+
+
+def test_free_host_waits_for_every_stream_and_is_counted():
+    with fc.on_device(0):  # device 0 current (with a context), so the thread is left on it
+        busy = Stream(device=1)
+        gate = busy.hold()
+        host = ctypes.c_void_p()
+        cuda_call("cudaHostAlloc", byref(host), 64, 0)
+        before = fc.host_free_count()
+        _release_later(gate, 0.2)
+        t0 = time.monotonic()
+        cuda_call("cudaFreeHost", host)  # another device's stream is waited for too
+    assert time.monotonic() - t0 >= 0.15 and busy.query()
+    assert fc.cudart().cudaFreeHost(None) == 0
+    assert fc.host_free_count() == before + 1
+
+
+_FORK_SCRIPT = r"""
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import fakecuda as fc
+from _mp import in_forked_child
+
+lib, ref = fc.cudart(), ctypes.byref
+
+
+def in_child(calls):
+    return in_forked_child(lambda: [f() for f in calls])
+
+
+n, v, p, h, ev = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+lib.cudaRuntimeGetVersion(ref(v))  # a version query initialises nothing
+print(in_child([lambda: lib.cudaGetDeviceCount(ref(n)), lambda: lib.cudaMalloc(ref(p), 16)]))
+print(lib.cudaMalloc(ref(p), 16), lib.cudaHostAlloc(ref(h), 16, 0), lib.cudaEventCreateWithFlags(ref(ev), 2))
+print(in_child([lambda: lib.cudaGetDeviceCount(ref(n)), lambda: lib.cudaSetDevice(0),
+                lambda: lib.cudaMalloc(ref(ctypes.c_void_p()), 16), lambda: lib.cudaFree(p),
+                lambda: lib.cudaFreeHost(h), lambda: lib.cudaStreamSynchronize(None),
+                lambda: lib.cudaEventRecord(ev, None), lambda: lib.cudaEventDestroy(ev),
+                lambda: lib.cudaDeviceSynchronize(), lambda: lib.cudaRuntimeGetVersion(ref(v)),
+                lambda: lib.cudaGetErrorName(3).decode()]))
+print(lib.cudaFree(p), lib.cudaFreeHost(h), lib.cudaEventDestroy(ev))
+"""
+
+
+def test_a_child_forked_after_cuda_was_initialised_cannot_use_it():
+    r = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, fc.TESTS_DIR], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, **fc.env(devices=2)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "[0, 0]",  # forked before CUDA was initialised: the child may use it
+        "0 0 0",
+        # cudaGetDeviceCount still answers there (CUDA 13 on an H100: [0, 3, 3, 3] for it, cudaSetDevice,
+        # cudaMalloc, cudaGetDevice)
+        "[0, 3, 3, 3, 3, 3, 3, 3, 3, 0, 'cudaErrorInitializationError']",
+        "0 0 0",   # the parent goes on
+    ]
+
+
 def test_legacy_default_stream_synchronises_with_blocking_streams():
-    blocking, nonblocking = Stream(nonblocking=False), Stream()
-    x = DeviceArray(4, dtype=np.float32)
-    y = DeviceArray(4, dtype=np.float32)
-    blocking.sleep(50)
-    blocking.copy_from(np.full(4, 7, np.float32), x)
-    legacy = Stream.legacy()
-    cuda_call("cudaMemcpyAsync", y.ptr, x.ptr, 16, D2D, legacy.handle)  # waits for `blocking`
-    legacy.synchronize()
-    assert y.numpy().tolist() == [7] * 4
-    gate = nonblocking.hold()
-    cuda_call("cudaMemsetAsync", y.ptr, 0, 16, None)                    # does not wait for it
-    legacy.synchronize()
-    assert not nonblocking.query() and y.numpy().tolist() == [0] * 4
-    t0 = time.monotonic()
-    _release_later(gate, 0.1)
-    fc.synchronize()                                                     # the whole device
-    assert nonblocking.query() and time.monotonic() - t0 >= 0.1
+    # the legacy stream and the blocking one on the same device: a test before may have left this thread
+    # on device 1 (on_device restores only a device with a context)
+    with fc.on_device(0):
+        blocking, nonblocking = Stream(nonblocking=False), Stream()
+        x = DeviceArray(4, dtype=np.float32)
+        y = DeviceArray(4, dtype=np.float32)
+        blocking.sleep(50)
+        blocking.copy_from(np.full(4, 7, np.float32), x)
+        legacy = Stream.legacy()
+        cuda_call("cudaMemcpyAsync", y.ptr, x.ptr, 16, D2D, legacy.handle)  # waits for `blocking`
+        legacy.synchronize()
+        assert y.numpy().tolist() == [7] * 4
+        gate = nonblocking.hold()
+        cuda_call("cudaMemsetAsync", y.ptr, 0, 16, None)                    # does not wait for it
+        legacy.synchronize()
+        assert not nonblocking.query() and y.numpy().tolist() == [0] * 4
+        t0 = time.monotonic()
+        _release_later(gate, 0.1)
+        fc.synchronize()                                                     # the whole device
+        assert nonblocking.query() and time.monotonic() - t0 >= 0.1
 
 
 def test_host_functions_run_in_stream_order():
@@ -548,7 +632,7 @@ def _collectives(rank, world, uid_bytes):
 @pytest.mark.parametrize("world", [2, 3])
 def test_nccl_collectives_every_dtype_against_numpy(world):
     uid = fc.unique_id()
-    results = run(_collectives, world, bytes(uid), init=False, env=fc.env(devices=world), timeout=120)
+    results = _spawn(_collectives, world, bytes(uid), env=fc.env(devices=world), timeout=120)
     assert results == [[]] * world
     _assert_clean(uid)
 
@@ -593,7 +677,7 @@ def _p2p(rank, world, uid_bytes):
 @pytest.mark.parametrize("world", [2, 3])
 def test_nccl_group_send_recv(world):
     uid = fc.unique_id()
-    assert run(_p2p, world, bytes(uid), init=False, env=fc.env(devices=world), timeout=60) == [[]] * world
+    assert _spawn(_p2p, world, bytes(uid), env=fc.env(devices=world)) == [[]] * world
     _assert_clean(uid)
 
 
@@ -621,7 +705,7 @@ def _split(rank, world, uid_bytes):
 
 def test_nccl_split():
     uid = fc.unique_id()
-    res = run(_split, 3, bytes(uid), init=False, env=fc.env(devices=3), timeout=60)
+    res = _spawn(_split, 3, bytes(uid), env=fc.env(devices=3))
     # ranks 0 and 2 (keys 5 and 1: rank 2 comes first), rank 1 left out; then each rank alone
     assert res == [[(2, 1, 0, [4.0]), (1, 0, 0, [1.0])],
                    [None, (1, 0, 1, [2.0])],
@@ -653,17 +737,14 @@ def _late_nonblocking(rank, world, uid_bytes, flag):
 
 def test_nccl_nonblocking_init_across_processes(tmp_path):
     uid = fc.unique_id()
-    res = run(_late_nonblocking, 2, bytes(uid), str(tmp_path / "flag"), init=False, env=fc.env(), timeout=60)
+    res = _spawn(_late_nonblocking, 2, bytes(uid), str(tmp_path / "flag"))
     early = "Attempt to use communicator before the previous operation returned ncclSuccess"
     assert res == [((7, 7, 4, early), [3.0]), (None, [3.0])]
     _assert_clean(uid)
 
 
-def _duplicate(rank, world, uid_bytes, parent_stream):
+def _duplicate(rank, world, uid_bytes):
     cuda_call("cudaSetDevice", 0)
-    # the parent's streams do not exist in a forked child; new ones work
-    assert fc.cudart().cudaStreamSynchronize(parent_stream) == 400
-    Stream().synchronize()
     comm = ctypes.c_void_p()
     rc = fc.nccl().ncclCommInitRank(byref(comm), world, fc.UniqueId.from_buffer_copy(uid_bytes), rank)
     return rc, comm.value, fc.nccl().ncclGetLastError(None).decode()
@@ -671,9 +752,7 @@ def _duplicate(rank, world, uid_bytes, parent_stream):
 
 def test_nccl_duplicate_gpu_blocking_init_across_processes():
     uid = fc.unique_id()
-    parent = Stream()
-    parent.sleep(1)
-    res = run(_duplicate, 2, bytes(uid), parent.handle, init=False, env=fc.env(), timeout=60)
+    res = _spawn(_duplicate, 2, bytes(uid))
     multi = ("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable "
              "this configuration.")  # NCCL 2.30 and later (the stand-in answers 2.32.3)
     assert res == [(5, None, multi), (5, None, multi)]

@@ -6,6 +6,7 @@ check, the watchdog, abort, dispatch by device and staging.  Every rank is a fre
 (spawn): CUDA libraries load once per process, and the pytest process may have loaded the real
 ones.  tests/gpu/ runs the same paths on a real GPU.
 """
+import ctypes
 import os
 import signal
 import subprocess
@@ -227,6 +228,71 @@ def _dlpack_stream(rank, n):
 def test_dlpack_arrays():
     for got, streams in _spawn(_dlpack_stream, 2):
         assert got == [3.0] * 3 and streams  # taken through DLPack (no CAI on these arrays)
+
+
+def _fake_cupy():
+    """A minimal stand-in for the CuPy module (what pyddp reads of it; CuPy needs a GPU to install
+    and import): ``ndarray``, ``cuda.Device`` (makes a device current for its block) and
+    ``cuda.get_current_stream()``, the CURRENT DEVICE's current stream, here a created stream per
+    device (as inside ``with cupy.cuda.Stream():``).  Put in sys.modules as "cupy"."""
+    import sys
+    import types
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace()
+    streams = {}
+
+    def current():
+        d = ctypes.c_int()
+        fakecuda.cuda_call("cudaGetDevice", ctypes.byref(d))
+        return d.value
+
+    class ndarray(fakecuda.DeviceArray):
+        pass
+
+    class Device:
+        def __init__(self, device):
+            self.id = device
+
+        def __enter__(self):
+            self.prev = current()
+            fakecuda.cuda_call("cudaSetDevice", self.id)
+            return self
+
+        def __exit__(self, *exc):
+            fakecuda.cuda_call("cudaSetDevice", self.prev)
+
+    def get_current_stream():
+        d = current()
+        if d not in streams:
+            streams[d] = fakecuda.Stream(device=d)
+        return types.SimpleNamespace(ptr=streams[d].handle, fake=streams[d])
+
+    cupy.ndarray, cupy.cuda.Device, cupy.cuda.get_current_stream = ndarray, Device, get_current_stream
+    sys.modules["cupy"] = cupy
+    return cupy
+
+
+def _cupy_other_device(rank, n):
+    cupy = _fake_cupy()
+    dist = _init(rank)  # the current device is rank's; the array lives on device rank + 2
+    dev = rank + 2
+    x = cupy.ndarray(np.zeros(4, np.float32), device=dev)
+    with cupy.cuda.Device(dev):
+        s = cupy.cuda.get_current_stream().fake  # the caller's stream for x
+    s.sleep(200)  # a slow kernel on it, then it writes x: the collective must come after
+    s.copy_from(np.full(4, rank + 1, np.float32), x)
+    dist.all_reduce(x)
+    s.synchronize()  # all_reduce's wait() made x's stream wait for the collective
+    got = x.numpy().tolist()
+    dist.destroy_process_group()
+    return got
+
+
+def test_cupy_arrays_use_the_stream_of_their_own_device():
+    # cupy.cuda.get_current_stream() is the current device's: taken for an array on another device
+    # its event was recorded on the wrong device's stream (cudaErrorInvalidResourceHandle)
+    assert _spawn(_cupy_other_device, 2, env=_env(devices=4)) == [[3.0] * 4] * 2
 
 
 # ------------------------------------------------------------------------------ never hang
@@ -498,6 +564,74 @@ def _staged(rank, n):
 def test_cpu_backend_stages_cuda_arrays():
     for x, o in _spawn(_staged, 2):
         assert x == [3.0] * 4 and o == [3.0] * 8
+
+
+def _staged_many(rank, n, calls):
+    import pyddp.cuda
+
+    dist = _init(rank, backend="gloo")
+    frees, blocks = fakecuda.host_free_count(), fakecuda.mem_stats()[2]
+    got = []
+    for i in range(calls):
+        x = _dev(np.full(64 + i % 3, i + rank, np.float32), rank)  # sizes vary a little
+        dist.all_reduce(x)
+        o = _dev(np.zeros(2 * x.size, np.float32), rank)
+        dist.all_gather_into_tensor(o, x, async_op=True).wait()
+        got.append((x.numpy().tolist(), o.numpy().tolist()))
+    during = fakecuda.host_free_count() - frees, fakecuda.mem_stats()[2] - blocks
+    dist.destroy_process_group()
+    pyddp.cuda.empty_cache()  # gives the cached blocks back
+    return got, during, fakecuda.mem_stats()[2] - blocks
+
+
+def test_staging_reuses_pinned_buffers():
+    # cudaFreeHost waits for the whole device: N staged collectives must not call it N times
+    calls = 12
+    for got, (frees, cached), left in _spawn(_staged_many, 2, calls):
+        for i, (x, o) in enumerate(got):
+            want = float(2 * i + 1)  # (i + 0) + (i + 1)
+            assert x == [want] * (64 + i % 3) and o == [want] * (2 * (64 + i % 3))
+        assert frees == 0 and 0 < cached <= 4
+        assert left == 0
+
+
+def _pinned_cache(rank, n):
+    import pyddp.cuda
+    from pyddp.cuda import _pinned
+
+    pyddp.cuda.init()
+    out = {}
+    a = _pinned.host_bytes(1000)
+    out["a"] = (a.size, a.dtype.str, a.flags.writeable)
+    view = a[10:20]
+    ptr = a.ctypes.data
+    del a
+    out["idle_while_a_view_lives"] = _pinned.idle()
+    del view
+    out["idle_after"] = _pinned.idle()
+    b = _pinned.host_bytes(600)  # the same size class (1024): the same block
+    out["reused"] = b.ctypes.data == ptr
+    c = _pinned.host_bytes(1024)  # none idle: a new one
+    _pinned._IDLE_CAP = 1024
+    frees = fakecuda.host_free_count()
+    del b, c  # the second over the cap, its class not empty: freed
+    out["over_cap"] = _pinned.idle(), fakecuda.host_free_count() - frees
+    big = _pinned.host_bytes(5000)
+    del big  # over the cap, but the only block of its class: kept
+    out["big"] = _pinned.idle()
+    out["emptied"] = pyddp.cuda._pinned.empty_cache(), _pinned.idle(), \
+        fakecuda.host_free_count() - frees
+    return out
+
+
+def test_pinned_cache_reuses_blocks_by_size_class():
+    out = _spawn(_pinned_cache, 1)[0]
+    assert out["a"] == (1000, "|u1", True)
+    assert out["idle_while_a_view_lives"] == (0, 0) and out["idle_after"] == (1, 1024)
+    assert out["reused"]
+    assert out["over_cap"] == ((1, 1024), 1)
+    assert out["big"] == (2, 1024 + 8192)
+    assert out["emptied"] == (2, (0, 0), 3)
 
 
 # ------------------------------------------------------------------------ real libraries

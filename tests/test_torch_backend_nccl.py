@@ -5,6 +5,7 @@ ProcessGroupPyddp's methods (what torch's API calls) with fakecuda arrays exposi
 ``__cuda_array_interface__``.  Every rank is a fresh interpreter (spawn).  tests/gpu/ runs real
 torch CUDA tensors on "cpu:pyddp,cuda:nccl".
 """
+import contextlib
 import datetime
 import time
 
@@ -148,13 +149,13 @@ def _cpu_and_cuda_child(rank, n):
     fut = pg.allreduce([x], asy).get_future()
     fut.wait()
     check("allreduce future", x.numpy(), sum(base))
-    # the future completes once the result is there: the caller's stream held, it waits
+    # the future completes at launch (torch's NCCL future): the caller's stream held, the value is
+    # there at once, and reading it on its stream comes after the collective
     s = fakecuda.Stream(rank)
     x = fakecuda.DeviceArray(mine, device=rank, stream=s)
     release = s.hold()  # the collective cannot start before this stream's work
     try:
         fut = pg.allreduce([x], asy).get_future()
-        time.sleep(0.5)
         out["future_done_while_held"] = fut.done()
     finally:
         release.set()
@@ -177,6 +178,209 @@ def _cpu_and_cuda_child(rank, n):
     return out
 
 
+def _future_child(rank, n):
+    import threading
+
+    from torch._C import _distributed_c10d as dist_mod
+
+    dist = _init(rank, n)
+    pg = dist.group.WORLD
+    asy = dist_mod.AllreduceOptions()
+    asy.asyncOp = True
+    s = fakecuda.Stream(rank)
+    x = fakecuda.DeviceArray(np.full(4, rank + 1.0, np.float32), device=rank, stream=s)
+    release = s.hold()  # a kernel still running on x's stream: the collective must wait for it
+    try:
+        t0 = time.monotonic()
+        work = pg.allreduce([x], asy)
+        fut = work.get_future()
+        ran_on = []
+        chained = fut.then(lambda f: ran_on.append(threading.get_ident()) or f.value()[0])
+        out = {"launch_s": time.monotonic() - t0, "done": fut.done(), "value": fut.value()[0] is x,
+               "chained": chained.done() and chained.value() is x,
+               "then_here": ran_on == [threading.get_ident()],
+               "work_completed": work.is_completed(),
+               "threads": [t.name for t in threading.enumerate() if "futures" in t.name]}
+    finally:
+        release.set()
+    out["got"] = x.numpy().tolist()  # read on x's stream: after the collective
+    dist.destroy_process_group()
+    return out
+
+
+def test_cuda_futures_complete_at_launch_and_order_the_consumers_stream():
+    # torch's NCCL Work future: complete at launch, consumers ordered on the GPU; not a host wait on
+    # a watcher thread, whose then() callbacks ran on that thread (issue 33 item 10)
+    n = 2
+    for out in run(_future_child, n, init=False, env=fakecuda.env(devices=n), timeout=120,
+                   start_method="spawn"):
+        assert out["done"] and out["value"] and out["chained"] and out["then_here"], out
+        assert not out["work_completed"] and out["launch_s"] < 0.5, out  # the kernel still held it
+        assert out["threads"] == []  # no futures thread for CUDA works
+        assert out["got"] == [3.0] * 4
+
+
+class _FakeFuture:
+    """What _cuda_future may call of torch.futures.Future, recording the current streams."""
+
+    made = []
+
+    def __init__(self, devices=None):
+        self.devices, self.calls = devices, []
+        _FakeFuture.made.append(self)
+
+    def set_result(self, value):
+        self.calls.append(("set_result", value, list(_current)))
+
+    def set_exception(self, e):
+        self.calls.append(("set_exception", e, list(_current)))
+
+
+_current = []  # the fake torch.cuda.stream contexts entered, innermost last
+
+
+@contextlib.contextmanager
+def _fake_stream_ctx(stream):
+    _current.append(stream)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+class _CudaLike(torch.Tensor):
+    """A CPU tensor that says it is on cuda:1 (this torch build has no CUDA)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
+
+
+class _FakeNcclWork:
+    def __init__(self, comm):
+        self.comm, self.calls = comm, []
+
+    def wait(self, timeout=None):
+        self.calls.append("wait")
+
+    def synchronize_host(self, timeout):
+        self.calls.append("synchronize_host")
+
+
+def test_torch_cuda_tensor_futures_record_their_events_on_the_communicators_stream(monkeypatch):
+    """The torch-tensor half of _cuda_future, which needs CUDA torch: the future is made for the
+    tensors' devices and its result set while the communicator's stream is current (so torch records
+    its events there, after the collective); nothing waits on the host or on the caller's stream."""
+    import types
+
+    from pyddp import torch_backend as tb
+
+    monkeypatch.setattr(tb, "Future", _FakeFuture)
+    monkeypatch.setattr(torch.cuda, "stream", _fake_stream_ctx)
+    monkeypatch.setattr(torch.cuda, "ExternalStream",
+                        lambda ptr, device=None: ("external", ptr, device))
+    _FakeFuture.made.clear()
+    comm = types.SimpleNamespace(stream=0x7f00, device=1)
+    nws = [_FakeNcclWork(comm), _FakeNcclWork(comm)]
+    t = torch.zeros(3).as_subclass(_CudaLike)
+    pg = types.SimpleNamespace(_watch=lambda w: pytest.fail("a CUDA work went to the watcher"))
+    work = tb.Work(tuple(tb._CudaHandle(nw) for nw in nws), [t], pg)
+    fut = work.get_future()
+    assert fut is work.get_future() is _FakeFuture.made[0] and len(_FakeFuture.made) == 1
+    assert fut.devices == [torch.device("cuda", 1)]
+    ((call, value, streams),) = fut.calls
+    assert call == "set_result" and value == [t] and value[0] is t
+    assert streams == [("external", 0x7f00, torch.device("cuda", 1))]  # one per communicator
+    assert all(nw.calls == [] for nw in nws)  # no host wait, no wait on the caller's stream
+    assert _current == []
+
+
+def test_cuda_array_futures_order_the_arrays_stream_at_launch(monkeypatch):
+    """Arrays that are not torch tensors (read on the stream their __cuda_array_interface__ names):
+    that stream waits now (NcclWork.wait(), no host block), then the plain future completes."""
+    import types
+
+    from pyddp import torch_backend as tb
+
+    monkeypatch.setattr(tb, "Future", _FakeFuture)
+    _FakeFuture.made.clear()
+    nw = _FakeNcclWork(types.SimpleNamespace(stream=0x7f00, device=0))
+    arr = object()
+    pg = types.SimpleNamespace(_watch=lambda w: pytest.fail("a CUDA work went to the watcher"))
+    fut = tb.Work((tb._CudaHandle(nw),), [arr], pg).get_future()
+    assert fut.devices is None and nw.calls == ["wait"]
+    assert [(c, v) for c, v, _ in fut.calls] == [("set_result", [arr])]
+
+
+def _mixed_future_child(rank, n):
+    from torch._C import _distributed_c10d as dist_mod
+
+    dist = _init(rank, n)
+    pg = dist.group.WORLD
+    asy = dist_mod.AllreduceOptions()
+    asy.asyncOp = True
+    t = torch.full((3,), rank + 1.0)
+    x = fakecuda.DeviceArray(np.full(4, rank + 1.0, np.float32), device=rank)
+    fut = pg.allreduce([t, x], asy).get_future()  # one CPU and one CUDA work: the watcher completes it
+    fut.wait()
+    out = {"cpu": t.tolist(), "cuda": x.numpy().tolist(), "contexts": sorted(fakecuda.contexts())}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_future_completed_on_the_watcher_thread_creates_no_context_on_another_gpu():
+    # the watcher thread never set a device: its CUDA wait would make a context on GPU 0 (issue 33
+    # item 3); rank 1 uses only GPU 1
+    outs = run(_mixed_future_child, 2, init=False, env=fakecuda.env(devices=2), timeout=120,
+               start_method="spawn")
+    for rank, out in enumerate(outs):
+        assert out["cpu"] == [3.0] * 3 and out["cuda"] == [3.0] * 4, out
+        assert out["contexts"] == [rank], out
+
+
+class _HostWork:
+    def __init__(self, log):
+        self.log = log
+
+    def wait(self, timeout=None):
+        self.log.append(("host wait",))
+
+    def is_completed(self):
+        return False
+
+
+def test_the_futures_thread_sets_the_communicators_device_before_a_cuda_wait(monkeypatch):
+    """A work mixing CPU and CUDA arrays still completes its future on the watcher thread: that
+    thread makes the communicator's device current before its host wait on the CUDA work (on its
+    default device, CUDA would create a context on GPU 0; issue 33 item 3)."""
+    import queue
+    import threading
+    import types
+
+    from pyddp import torch_backend as tb
+
+    log = []
+    monkeypatch.setattr(tb._C, "cuda_set_device",
+                        lambda d: log.append(("set_device", d, threading.get_ident())))
+    nw = _FakeNcclWork(types.SimpleNamespace(stream=0x7f00, device=3))
+    nw.be = types.SimpleNamespace(timeout=5.0)
+    nw.synchronize_host = lambda timeout: log.append(("synchronize_host", threading.get_ident()))
+    q = queue.SimpleQueue()
+    work = tb.Work((_HostWork(log), tb._CudaHandle(nw)), [], types.SimpleNamespace(_watch=q.put))
+    fut = work.get_future()
+    q.put(None)
+    t = threading.Thread(target=tb.ProcessGroupPyddp._watcher, args=(q,))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and fut.done()
+    assert [e[0] for e in log] == ["set_device", "host wait", "synchronize_host"]
+    assert log[0][1] == 3 and log[0][2] == log[2][1] == t.ident
+
+
 @pytest.mark.parametrize("n", [3])
 def test_cpu_pyddp_cuda_nccl_routes_cuda_arrays_to_pyddps_nccl(n):
     """(a) the group starts and runs CPU tensors on pyddp's C core; (b) CUDA arrays given to its
@@ -194,5 +398,5 @@ def test_cpu_pyddp_cuda_nccl_routes_cuda_arrays_to_pyddps_nccl(n):
         assert "all tensors of one call must be on one device" in out["mixed"], out["mixed"]
         assert "all_reduce" in out["mismatch"] or "allreduce" in out["mismatch"], out["mismatch"]
         assert out["comms_after_destroy"] == 0
-        assert out["future_done_while_held"] is False
+        assert out["future_done_while_held"] is True
         assert out["ring"] and out["coalesced_ring"]

@@ -25,6 +25,7 @@ typedef void *pd_cuda_event;    /* cudaEvent_t */
 enum {
     PD_CUDA_SUCCESS = 0,
     PD_CUDA_ERR_INVALID_VALUE = 1,
+    PD_CUDA_ERR_INITIALIZATION = 3,
     PD_CUDA_ERR_INVALID_DEVICE = 101,
     PD_CUDA_ERR_INSUFFICIENT_DRIVER = 35,
     PD_CUDA_ERR_NO_DEVICE = 100,
@@ -236,5 +237,14 @@ int pd_cuda_ctx_active(int device);
 /* The tables once loaded successfully, else NULL (never loads). */
 const struct pd_cudart *pd_cudart_get(void);
 const struct pd_nccl *pd_nccl_get(void);
+
+/* CUDA was used in this process (a device was found, or a call needing one
+ * was made): a child forked from now on cannot use CUDA. */
+void pd_cudart_mark_used(void);
+
+/* 0: this process has not used CUDA through pyddp; 1: it has; 2: it was
+ * forked after it (or its parent) had, and CUDA refuses to work in such a
+ * child (cudaErrorInitializationError). */
+int pd_cudart_fork_state(void);
 
 #endif /* PD_CUDA_CUDAWRAP_H */

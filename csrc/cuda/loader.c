@@ -204,7 +204,28 @@ load(pd_lib *lib)
     }
 }
 
-static void cudart_once(void) { load(&cudart_lib); }
+/* Whether CUDA was used here, and whether this process was forked after it
+ * was (CUDA cannot be used in a child forked after its parent initialised
+ * it; a grandchild inherits both flags). */
+static atomic_int cudart_used;
+static atomic_int cudart_forked;
+
+static void
+cudart_after_fork_child(void)
+{
+    if (atomic_load(&cudart_used)) {
+        atomic_store(&cudart_forked, 1);
+    }
+}
+
+static void
+cudart_once(void)
+{
+    load(&cudart_lib);
+    if (atomic_load(&cudart_lib.loaded)) {
+        pthread_atfork(NULL, NULL, cudart_after_fork_child);
+    }
+}
 static void nccl_once(void) { load(&nccl_lib); }
 
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -266,6 +287,18 @@ pd_cudart_get(void)
     return atomic_load_explicit(&cudart_lib.loaded, memory_order_acquire)
                ? &cudart_table
                : NULL;
+}
+
+void
+pd_cudart_mark_used(void)
+{
+    atomic_store_explicit(&cudart_used, 1, memory_order_relaxed);
+}
+
+int
+pd_cudart_fork_state(void)
+{
+    return atomic_load(&cudart_forked) ? 2 : atomic_load(&cudart_used) ? 1 : 0;
 }
 
 const struct pd_nccl *

@@ -15,14 +15,42 @@
 #define LOAD_REPORT_CAP 8192
 #define LOAD_PATH_CAP 4096
 
+/* torch's "Cannot re-initialize CUDA in forked subprocess", with what to do. */
+#define CUDA_AFTER_FORK                                                       \
+    "CUDA cannot be used in this process: it was forked after its parent "    \
+    "had used CUDA, and the CUDA runtime refuses such a child "               \
+    "(cudaErrorInitializationError).  Start processes that use CUDA with "    \
+    "the 'spawn' start method (pyddp.multiprocessing.spawn, "                 \
+    "multiprocessing_context='spawn' for DataLoader workers), or use no "     \
+    "CUDA in the parent before it forks (in a notebook: restart the kernel "  \
+    "and call pyddp.notebook_launcher before any CUDA call)"
+
+/* The runtime's table, or NULL with an exception: not loaded, or this is a
+ * child forked after CUDA was used. */
 static const struct pd_cudart *
-cudart(void)
+cudart_usable(void)
 {
     const struct pd_cudart *rt = pd_cudart_get();
     if (rt == NULL) {
         PyErr_SetString(PyExc_RuntimeError,
                         "libcudart is not loaded (pyddp.cuda loads it: "
                         "pyddp.cuda._lib.load_cudart())");
+    }
+    else if (pd_cudart_fork_state() == 2) {
+        PyErr_SetString(PyExc_RuntimeError, CUDA_AFTER_FORK);
+        return NULL;
+    }
+    return rt;
+}
+
+/* As cudart_usable, for a call that initialises CUDA (a fork from now on
+ * gives a child that cannot use it). */
+static const struct pd_cudart *
+cudart(void)
+{
+    const struct pd_cudart *rt = cudart_usable();
+    if (rt != NULL) {
+        pd_cudart_mark_used();
     }
     return rt;
 }
@@ -267,7 +295,14 @@ nccl_load(PyObject *module, PyObject *arg)
 static PyObject *
 cuda_device_count(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    const struct pd_cudart *rt = cudart();
+    /* never raises once loaded: a forked child that cannot use CUDA has
+     * no device */
+    if (pd_cudart_get() != NULL && pd_cudart_fork_state() == 2) {
+        return Py_BuildValue("(ii)", 0, PD_CUDA_ERR_INITIALIZATION);
+    }
+    /* marks CUDA used only when it found a device: without one a forked
+     * child has lost nothing */
+    const struct pd_cudart *rt = cudart_usable();
     if (rt == NULL) {
         return NULL;
     }
@@ -280,6 +315,9 @@ cuda_device_count(PyObject *module, PyObject *Py_UNUSED(ignored))
         rt->GetLastError();
     }
     Py_END_ALLOW_THREADS
+    if (count > 0) {
+        pd_cudart_mark_used();
+    }
     return Py_BuildValue("(ii)", count, e);
 }
 
@@ -432,7 +470,7 @@ cuda_error_string(PyObject *module, PyObject *arg)
     if (int_arg(arg, "cuda_error_string", "code", &code) < 0) {
         return NULL;
     }
-    const struct pd_cudart *rt = cudart();
+    const struct pd_cudart *rt = cudart_usable();
     if (rt == NULL) {
         return NULL;
     }
@@ -548,6 +586,12 @@ cuda_host_alloc(PyObject *module, PyObject *arg)
     return (PyObject *)b;
 }
 
+static PyObject *
+cuda_fork_state(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLong(pd_cudart_fork_state());
+}
+
 /* ------------------------------------------------------------------ NCCL */
 
 static PyObject *
@@ -639,6 +683,11 @@ static PyMethodDef cuda_methods[] = {
      "cuda_host_alloc(nbytes) -> PinnedBuffer\n\n"
      "Page-locked host memory (cudaHostAlloc, portable to every device), "
      "freed with cudaFreeHost when the buffer is."},
+    {"cuda_fork_state", cuda_fork_state, METH_NOARGS,
+     "cuda_fork_state() -> int\n\n"
+     "0: this process has not used CUDA through pyddp (a fork is safe); "
+     "1: it has (a forked child cannot use CUDA); 2: it is such a child "
+     "(every CUDA function raises RuntimeError, CUDA_AFTER_FORK)."},
     {"cuda_error_string", cuda_error_string, METH_O,
      "cuda_error_string(code) -> str\n\n"
      "'<cudaGetErrorName> (<cudaGetErrorString>)' for a cudaError_t."},
@@ -660,6 +709,9 @@ pd_cuda_add_functions(PyObject *m, pd_module_state *st)
     if (st->PinnedBufferType == NULL ||
         PyModule_AddObjectRef(m, "PinnedBuffer",
                               (PyObject *)st->PinnedBufferType) < 0) {
+        return -1;
+    }
+    if (PyModule_AddStringConstant(m, "CUDA_AFTER_FORK", CUDA_AFTER_FORK) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(m, cuda_methods);

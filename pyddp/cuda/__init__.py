@@ -10,6 +10,15 @@ CPU build does, without raising: ``is_available()`` is False and ``device_count(
 ``current_device``, ``set_device`` and ``synchronize`` raise ``CudaUnavailableError``, which is
 both an AssertionError (what torch's CPU build raises) and a RuntimeError (what its CUDA build
 raises on a machine without a GPU), with the reason.
+
+Fork: once a process has used CUDA (``is_available()`` and ``device_count()`` included: they ask
+the runtime), a child it forks cannot use CUDA; the runtime fails there with
+cudaErrorInitializationError.  In such a child pyddp's CUDA functions raise RuntimeError saying so
+(torch's "Cannot re-initialize CUDA in forked subprocess"), ``is_available()`` is False, and
+``pyddp.multiprocessing.start_processes(start_method='fork')`` and ``pyddp.notebook_launcher`` refuse
+to fork ranks from a process that used CUDA.  DataLoader workers are still forked (they rarely use
+CUDA); one that does gets that error, re-raised in the main process: give the DataLoader
+``multiprocessing_context='spawn'``.
 """
 from __future__ import annotations
 
@@ -40,6 +49,8 @@ def _why_unavailable():
         info = _lib.load_cudart()
     except RuntimeError as e:
         return str(e)
+    if _C.cuda_fork_state() == 2:  # forked after the parent used CUDA
+        return _C.CUDA_AFTER_FORK
     count, err = _C.cuda_device_count()
     if count > 0:
         return None
@@ -193,7 +204,8 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 # The caching allocator's statistics.  pyddp allocates no device memory through a caching
 # allocator (CUDA arrays belong to torch, CuPy or JAX, which count their own), so these answer
-# as torch's CPU build does: 0 bytes, empty stats, and the resets and empty_cache do nothing.
+# as torch's CPU build does: 0 bytes, empty stats, and the resets do nothing; empty_cache frees
+# the idle pinned host blocks that staging keeps (pyddp.cuda._pinned).
 # (torch's CPU build raises AttributeError from its internals for the reset_* functions; here they
 # are harmless, so that benchmark scripts calling them run.)  ``device`` is accepted and ignored,
 # as torch ignores it while CUDA is not initialised.
@@ -241,7 +253,11 @@ def max_memory_cached(device=None) -> int:
 
 
 def empty_cache() -> None:
-    """Nothing cached, nothing to release."""
+    """Free the idle pinned host blocks that staging CUDA arrays through host memory keeps
+    (cudaFreeHost each; blocks in use go back to the cache later).  No device memory is cached."""
+    from . import _pinned
+
+    _pinned.empty_cache()
 
 
 def reset_peak_memory_stats(device=None) -> None:

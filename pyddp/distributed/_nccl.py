@@ -19,8 +19,9 @@ Stream rules are torch's ProcessGroupNCCL's: the communicator's stream waits (an
 sync) for the caller's current stream, and ``Work.wait()`` makes the caller's current stream wait
 for the collective's end; the host blocks only in barrier(), with ``Work.wait(timeout)`` or under
 ``TORCH_NCCL_BLOCKING_WAIT=1`` / ``PYDDP_NCCL_BLOCKING_WAIT=1``.  The caller's current stream is
-torch's for torch tensors, CuPy's for CuPy arrays, and otherwise the stream an array's
-``__cuda_array_interface__`` names (the legacy default stream when it names none).
+torch's (of the tensor's device) for torch tensors, CuPy's (of the array's device) for CuPy arrays,
+and otherwise the stream an array's ``__cuda_array_interface__`` names (the legacy default stream
+when it names none).
 
 Environment: ``PYDDP_NCCL_CHECK=0`` turns the signature check off; ``NCCL_*`` variables reach
 NCCL unchanged.
@@ -70,7 +71,14 @@ def _stream_family(view):
         return lambda: torch.cuda.current_stream(dev).cuda_stream
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(owner, cupy.ndarray):
-        return lambda: cupy.cuda.get_current_stream().ptr
+        # get_current_stream() answers for the current device: ask with the array's device current
+        # (an event of one device cannot be recorded on another device's stream)
+        dev = view.index
+
+        def cupy_stream():
+            with cupy.cuda.Device(dev):
+                return cupy.cuda.get_current_stream().ptr
+        return cupy_stream
     s = view.stream or 0
     return lambda: s
 

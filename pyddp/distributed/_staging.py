@@ -5,7 +5,8 @@ buffer on the caller's current stream (the stream is synchronised: the collectiv
 on the host), the collective runs on that buffer, and an output is copied back on the same
 stream once the operation completed (at once for a blocking call, at ``Work.wait()`` for an
 async one), the host buffer kept until the copy finished.  Jobs without NCCL, and ranks sharing
-one GPU, work this way, at host-memory speed.
+one GPU, work this way, at host-memory speed.  The pinned buffers come from a cache
+(pyddp.cuda._pinned): cudaHostAlloc is slow and cudaFreeHost waits for the whole device.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ _D2H, _H2D = 2, 1
 
 
 class Staged(np.ndarray):
-    """A pinned host copy of a CUDA array; ``_pd_stage`` = (view, stream, pinned buffer)."""
+    """A pinned host copy of a CUDA array; ``_pd_stage`` = (view, stream) of an output (its
+    pinned block goes back to the cache when the array and its views die)."""
 
     _pd_stage = None
 
@@ -31,6 +33,7 @@ def stage(view, name, writable):
     """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller);
     DeviceError naming ``name`` where CUDA does not work in this process."""
     from .. import cuda
+    from ..cuda import _pinned
     from ._nccl import _stream_family
 
     why = cuda._why_unavailable()
@@ -39,13 +42,12 @@ def stage(view, name, writable):
             "the 'cpu' backend takes CPU tensors (CUDA tensors need the nccl backend, or CUDA "
             f"working here to be staged through host memory: {why})"), view)
     stream = _stream_family(view)()
-    buf = _C.cuda_host_alloc(max(view.nbytes, 1))
-    host = np.frombuffer(buf, dtype=np.uint8, count=view.nbytes)
+    host = _pinned.host_bytes(view.nbytes)
     a = host.view(_np_dtype(view.code)).reshape(view.shape).view(Staged)
     if view.nbytes:
         _C.cuda_memcpy_async(a.ctypes.data, view.ptr, view.nbytes, _D2H, stream)
         _C.cuda_stream_synchronize(stream)
-    a._pd_stage = (view, stream, buf) if writable else None
+    a._pd_stage = (view, stream) if writable else None
     return a
 
 
@@ -59,10 +61,10 @@ def copy_back_fn(outputs):
     def copy_back():
         streams = set()
         for a in staged:
-            view, stream, _ = a._pd_stage
+            view, stream = a._pd_stage
             if view.nbytes:
                 _C.cuda_memcpy_async(view.ptr, a.ctypes.data, view.nbytes, _H2D, stream)
                 streams.add(stream)
-        for s in streams:  # the pinned buffers must outlive the copies
+        for s in streams:  # the pinned blocks are reused (or freed) once their arrays die
             _C.cuda_stream_synchronize(s)
     return copy_back

@@ -10,6 +10,9 @@ leaving processes behind:
 - A function defined in a notebook or another interactive session cannot be imported by a process
   that the 'spawn' start method starts (pytorch/pytorch#20375, "Can't get attribute 'f' on <module
   '__main__'>"): that is reported before starting, pointing to pyddp.notebook_launcher.
+- start_method='fork' is refused once this process has used CUDA (through pyddp, even
+  pyddp.cuda.is_available(), or torch): the CUDA runtime fails in such a child with
+  cudaErrorInitializationError, far from the cause.
 - A child whose parent died before the child set up its parent-death signal exits at once.
 - When several processes have failed by the time the parent looks, the one that failed first is
   reported (a rank that raises makes its peers' collectives fail within milliseconds, and their
@@ -339,8 +342,24 @@ def _check_importable(fn, start_method):
             "into a module and import it.")
 
 
-def _check_fork_safe(start_method):
-    # A forked child inherits the parent's default process group without its threads or connections.
+def _cuda_used_here():
+    """What used CUDA in this process ('pyddp' or 'torch'), or None: a child forked from it cannot
+    use CUDA (the runtime fails there with cudaErrorInitializationError)."""
+    from .. import _C
+
+    if _C.cuda_fork_state() != 0:
+        return "pyddp"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and callable(getattr(cuda, "is_initialized", None)) and cuda.is_initialized():
+        return "torch"
+    return None
+
+
+def _check_fork_safe(start_method, launcher=None):
+    # A forked child inherits the parent's default process group without its threads or connections,
+    # and cannot use CUDA once the parent has: refused up front, as HF accelerate's notebook_launcher
+    # does (the ranks of a job nearly always use CUDA when the parent did).
     if start_method != "fork":
         return
     dist = sys.modules.get("pyddp.distributed")
@@ -349,13 +368,31 @@ def _check_fork_safe(start_method):
             "start_method='fork' with a pyddp process group initialized in this process: the children "
             "would inherit it without its threads; call pyddp.distributed.destroy_process_group() "
             "first, or use start_method='spawn'")
+    who = _cuda_used_here()
+    if who is None:
+        return
+    calls = ("pyddp.cuda.is_available(), device_count() or set_device(), a collective on a CUDA array"
+             if who == "pyddp" else "a CUDA tensor, torch.cuda.init()")
+    if launcher is None:
+        what = "start_method='fork'"
+        fix = ("use start_method='spawn' (pyddp.multiprocessing.spawn), or make no CUDA call in this "
+               "process before starting the processes")
+    else:
+        what = f"{launcher} (it forks the ranks)"
+        fix = ("restart the kernel and make no CUDA call before calling it (CUDA only inside fn), or "
+               "put fn in a module and use pyddp.multiprocessing.spawn")
+    raise RuntimeError(
+        f"{what} after {who} used CUDA in this process ({calls}, ...): a forked child cannot use CUDA "
+        f"(the runtime fails there with cudaErrorInitializationError); {fix}")
 
 
 def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
     """Start nprocs processes running fn(i, *args) with the given multiprocessing start method.
 
     Returns None once every process has exited 0 (join=True), or a ProcessContext to join (join=False).
-    Raises ProcessRaisedException / ProcessExitedException as described in the module."""
+    Raises ProcessRaisedException / ProcessExitedException as described in the module.
+    start_method='fork' is refused (RuntimeError) in a process with a pyddp process group, or one that
+    has used CUDA through pyddp or torch: a forked child cannot use CUDA then."""
     _check_fn_args(fn, args)
     _check_nprocs(nprocs)
     _check_start_method(start_method)

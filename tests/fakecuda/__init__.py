@@ -13,7 +13,9 @@ build() compiles fake_cudart.c and fake_nccl.c (what they model is described at 
 libcudart.so.13 and libnccl.so.2 under tests/fakecuda/build/<hash of the sources>/, once per source
 version, safely when several processes build at once. The ctypes handles here load the same paths as
 pyddp does, so the dynamic loader gives both the same library instance (one set of streams, events and
-allocations). A forked child gets fresh streams (its parent's are invalid handles there).
+allocations). As with CUDA, a child forked after this process used CUDA gets cudaErrorInitializationError
+(3) from every call but cudaGetDeviceCount: a test that uses CUDA here and in its ranks starts them with
+spawn.
 These libraries are never a fallback: nothing in pyddp's own search looks under tests/.
 """
 import contextlib
@@ -183,6 +185,7 @@ def cudart():
     s = ctypes.c_char_p
     return _load(CUDART, _CUDART_PROTOS, {"cudaGetErrorString": ([_i], s), "cudaGetErrorName": ([_i], s),
                                           "fakecudaClearError": ([], None),
+                                          "fakecudaHostFreeCount": ([], ctypes.c_long),
                                           "fakecudaContexts": ([], ctypes.c_ulonglong)})
 
 
@@ -259,6 +262,11 @@ def mem_stats():
     nd, nb, nh = ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
     cudart().fakecudaMemStats(ctypes.byref(nd), ctypes.byref(nb), ctypes.byref(nh))
     return nd.value, nb.value, nh.value
+
+
+def host_free_count():
+    """cudaFreeHost calls that freed a block in this process (each one waits for every stream)."""
+    return cudart().fakecudaHostFreeCount()
 
 
 def stream_count():

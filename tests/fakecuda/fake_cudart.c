@@ -19,10 +19,16 @@
  * - A task touching a device range that is not inside a live block is an
  *   illegal memory access: it is skipped, stderr names it, and the process's
  *   sticky error becomes cudaErrorIllegalAddress (700).
+ * - An event belongs to the device current when it was created: recording it
+ *   on another device's stream is cudaErrorInvalidResourceHandle, as in CUDA
+ *   (a stream may wait on another device's event: CUDA allows that).
+ * - cudaFreeHost waits for the work of every stream first, as CUDA's does.
  * - Test-only exports: fakecudaStreamSleep (a slow kernel), fakecudaMemStats,
- *   fakecudaStreamCount, fakecudaClearError.
- * A forked child gets a fresh set of streams (the parent's are invalid
- * handles there); allocations stay valid. */
+ *   fakecudaStreamCount, fakecudaHostFreeCount, fakecudaClearError.
+ * A child forked after this process initialised CUDA (any call but the
+ * version and error-string queries) gets cudaErrorInitializationError from
+ * every call but cudaGetDeviceCount, as with CUDA 13 (seen on an H100); a
+ * child forked before gets a fresh start. */
 #define _GNU_SOURCE
 #include "fakecuda.h"
 
@@ -52,6 +58,7 @@ static const struct {
     {0, "cudaSuccess", "no error"},
     {1, "cudaErrorInvalidValue", "invalid argument"},
     {2, "cudaErrorMemoryAllocation", "out of memory"},
+    {3, "cudaErrorInitializationError", "initialization error"},
     {21, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
     {100, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {101, "cudaErrorInvalidDevice", "invalid device ordinal"},
@@ -61,6 +68,9 @@ static const struct {
 };
 
 static _Atomic int sticky;
+static _Atomic int initialised; /* a call used CUDA in this process */
+static int forked_after_init;   /* this process was forked after its parent's did */
+static _Atomic long host_frees; /* cudaFreeHost calls that freed a block */
 static _Thread_local cudaError_t last_error;
 static _Thread_local int cur_dev;
 
@@ -85,6 +95,15 @@ static int ndev(void)
     return n > MAX_DEVICES ? MAX_DEVICES : (int)n;
 }
 
+/* CUDA cannot be used in a child forked after the parent initialised it. */
+static cudaError_t init_check(void)
+{
+    if (forked_after_init)
+        return cudaErrorInitializationError;
+    atomic_store(&initialised, 1);
+    return cudaSuccess;
+}
+
 /* Devices with a primary context, as the runtime creates them: cudaSetDevice
  * (CUDA 12+) and the first call that needs a device, on the calling thread's
  * current device (device 0 in a thread that never set one). */
@@ -93,6 +112,9 @@ static _Atomic unsigned long long contexts;
 /* What every call checks first. */
 static cudaError_t status(void)
 {
+    cudaError_t e = init_check();
+    if (e)
+        return e;
     return ndev() == 0 ? cudaErrorNoDevice : atomic_load(&sticky);
 }
 
@@ -101,7 +123,7 @@ static cudaError_t status(void)
 static cudaError_t ready(void)
 {
     cudaError_t e = status();
-    if (e != cudaErrorNoDevice)
+    if (e != cudaErrorNoDevice && e != cudaErrorInitializationError)
         atomic_fetch_or(&contexts, 1ull << cur_dev);
     return e;
 }
@@ -127,6 +149,7 @@ struct stream {
 
 struct event {
     unsigned magic, flags;
+    int device;       /* current when it was created */
     struct stream *s; /* where it was last recorded (NULL: never) */
     uint64_t seq;     /* complete once s->done reaches it */
 };
@@ -172,6 +195,7 @@ static void after_fork_child(void)
     /* The parent's worker threads do not exist here: start afresh. */
     gen++;
     nstreams = 0;
+    forked_after_init |= atomic_load(&initialised);
     memset(defaults, 0, sizeof defaults);
     pthread_mutex_unlock(&g_mu);
 }
@@ -469,8 +493,9 @@ static cudaError_t alloc(void **p, size_t n, int type)
 
 static cudaError_t release(void *p, int type)
 {
-    if (!p)
-        return cudaSuccess;
+    cudaError_t e = init_check();
+    if (e || !p)
+        return e;
     pthread_mutex_lock(&g_mu);
     int i = find(p);
     if (i < 0 || blocks[i].p != p || blocks[i].type != type) {
@@ -504,7 +529,18 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
     return ret(flags & ~7u ? cudaErrorInvalidValue : alloc(p, n, 1));
 }
 
-cudaError_t cudaFreeHost(void *p) { return ret(release(p, 1)); }
+static cudaError_t sync_streams(int device);
+
+/* CUDA's cudaFreeHost waits for the device: so does this one. */
+cudaError_t cudaFreeHost(void *p)
+{
+    cudaError_t e = p ? sync_streams(-1) : cudaSuccess;
+    if (!e)
+        e = release(p, 1);
+    if (!e && p)
+        atomic_fetch_add(&host_frees, 1);
+    return ret(e);
+}
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
 {
@@ -645,25 +681,29 @@ cudaError_t cudaStreamQuery(cudaStream_t h)
     return ret(e ? e : is_done(s, last_queued(s)) ? cudaSuccess : cudaErrorNotReady);
 }
 
-cudaError_t cudaDeviceSynchronize(void)
+/* Wait for the work queued so far on every stream of `device` (-1: of every
+ * device). */
+static cudaError_t sync_streams(int device)
 {
     cudaError_t e = ready();
     if (e)
-        return ret(e);
+        return e;
     pthread_mutex_lock(&g_mu);
     int n = 0;
     struct wait *w = malloc((size_t)(nstreams ? nstreams : 1) * sizeof *w);
     for (int i = 0; w && i < nstreams; i++)
-        if (streams[i]->device == cur_dev)
+        if (device < 0 || streams[i]->device == device)
             w[n++] = (struct wait){streams[i], last_queued(streams[i])};
     pthread_mutex_unlock(&g_mu);
     if (!w)
-        return ret(cudaErrorMemoryAllocation);
+        return cudaErrorMemoryAllocation;
     for (int i = 0; i < n; i++)
         wait_done(w[i].s, w[i].seq);
     free(w);
-    return ret(ready());
+    return ready();
 }
+
+cudaError_t cudaDeviceSynchronize(void) { return ret(sync_streams(cur_dev)); }
 
 struct host_fn {
     void (*fn)(void *);
@@ -712,6 +752,7 @@ cudaError_t cudaEventCreateWithFlags(void **out, unsigned flags)
         return ret(cudaErrorMemoryAllocation);
     ev->magic = EVENT_MAGIC;
     ev->flags = flags;
+    ev->device = cur_dev;
     *out = ev;
     return cudaSuccess;
 }
@@ -720,8 +761,9 @@ cudaError_t cudaEventCreateWithFlags(void **out, unsigned flags)
 cudaError_t cudaEventDestroy(void *e)
 {
     struct event *ev = event_of(e);
-    if (!ev)
-        return ret(cudaErrorInvalidResourceHandle);
+    cudaError_t err = init_check();
+    if (err || !ev)
+        return ret(err ? err : cudaErrorInvalidResourceHandle);
     ev->magic = 0;
     return cudaSuccess;
 }
@@ -736,6 +778,8 @@ cudaError_t cudaEventRecord(void *e, cudaStream_t h)
     struct stream *s;
     uint64_t seq;
     cudaError_t err = resolve(h, &s);
+    if (!err && s->device != ev->device)
+        err = cudaErrorInvalidResourceHandle;
     if (!err)
         err = push(s, run_nothing, NULL, &seq);
     if (err)
@@ -807,6 +851,10 @@ cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
         return ret(cudaErrorInvalidValue);
+    /* It initialises CUDA (a child forked afterwards cannot use it), yet it
+     * answers in such a child: CUDA 13 did so on an H100. */
+    if (!forked_after_init)
+        atomic_store(&initialised, 1);
     *count = ndev();
     return ret(*count ? cudaSuccess : cudaErrorNoDevice);
 }
@@ -907,6 +955,9 @@ void fakecudaMemStats(int *device_blocks, size_t *device_bytes, int *host_blocks
     *device_bytes = bytes;
     *host_blocks = nh;
 }
+
+/* cudaFreeHost calls that freed a block in this process. */
+long fakecudaHostFreeCount(void) { return atomic_load(&host_frees); }
 
 /* Streams created with cudaStreamCreateWithFlags and not destroyed. */
 int fakecudaStreamCount(void)

@@ -80,6 +80,7 @@ main(void)
     /* CUDA runtime */
     SAME("cudaSuccess", PD_CUDA_SUCCESS, cudaSuccess);
     SAME("cudaErrorInvalidValue", PD_CUDA_ERR_INVALID_VALUE, cudaErrorInvalidValue);
+    SAME("cudaErrorInitializationError", PD_CUDA_ERR_INITIALIZATION, cudaErrorInitializationError);
     SAME("cudaErrorInvalidDevice", PD_CUDA_ERR_INVALID_DEVICE, cudaErrorInvalidDevice);
     SAME("cudaErrorInsufficientDriver", PD_CUDA_ERR_INSUFFICIENT_DRIVER, cudaErrorInsufficientDriver);
     SAME("cudaErrorNoDevice", PD_CUDA_ERR_NO_DEVICE, cudaErrorNoDevice);

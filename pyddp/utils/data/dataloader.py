@@ -10,6 +10,12 @@ dies raises RuntimeError naming its pid; every wait has a timeout.  Workers
 are stopped (joined, then terminated) when the iterator is exhausted (unless
 persistent_workers), deleted or garbage-collected, or fails for good (a dead
 worker, a timeout), and exit on their own if the main process disappears.
+
+Workers are forked even after this process used CUDA, as torch's are (most
+workers never touch CUDA): a forked worker that calls pyddp's CUDA functions
+gets a RuntimeError saying it cannot (the CUDA runtime refuses a child forked
+after its parent initialised CUDA), re-raised here; such a dataset needs
+multiprocessing_context="spawn".
 """
 import itertools
 import multiprocessing as python_multiprocessing
