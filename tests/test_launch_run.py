@@ -402,3 +402,30 @@ def test_a_port_in_use_is_named_with_a_way_out(tmp_path):
     assert f"127.0.0.1:{port}" in err and "already in use" in err
     assert "--standalone" in err and "--master-port" in err
     assert not list(tmp_path.glob("rank*.json")), "no worker may start"
+
+
+ABORT_SCRIPT = r"""
+import os, sys
+if os.environ["RANK"] == sys.argv[1]:
+    def deep_in_the_script():
+        os.abort()
+    deep_in_the_script()
+print("rank", os.environ["RANK"], "done")
+"""
+
+
+def test_workers_leave_no_resource_warning_and_a_crash_shows_its_stack(tmp_path):
+    # With warnings shown (-W default, -X dev) Python reports every file object left open at exit; the
+    # bootstrap keeps faulthandler's file open for the whole run, so it must not be a file object.
+    # (Not -X dev itself in the workers: it turns faulthandler on, and then the bootstrap opens no file.)
+    script = write_script(tmp_path, "abort.py", ABORT_SCRIPT)
+    env = launcher_env(PYTHONWARNINGS="default")
+    rc, out, err = run(["--nproc-per-node", 2, script, "-1"], env=env)
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == ["rank 0 done", "rank 1 done"]
+    assert "ResourceWarning" not in err, err
+    # ... and the file still serves its purpose: a rank killed by SIGABRT shows its Python stack.
+    rc, out, err = run(["--nproc-per-node", 2, script, "1"], env=env)
+    assert rc == 1
+    assert "SIGABRT" in err and "deep_in_the_script" in err, err
+    assert "ResourceWarning" not in err, err
