@@ -265,6 +265,54 @@ def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
             proc.communicate(timeout=WAIT)
 
 
+_FORK_INTERRUPTED = """
+import os, signal, sys, time
+import pyddp
+
+def block(piddir):
+    with open(os.path.join(piddir, os.environ["RANK"] + ".pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+
+def interrupt_once():
+    # Ctrl-C while the launcher runs Python's after-fork callbacks (where a loaded machine put it):
+    # the KeyboardInterrupt is raised in here, and Python prints and drops it
+    if not getattr(interrupt_once, "done", False):
+        interrupt_once.done = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+os.register_at_fork(after_in_parent=interrupt_once)
+try:
+    pyddp.notebook_launcher(block, args=(sys.argv[1],), nprocs=2)
+except KeyboardInterrupt as e:
+    print("INTERRUPTED", e)
+"""
+
+
+def test_a_ctrl_c_during_fork_is_not_lost(tmp_path):
+    script = tmp_path / "launch.py"
+    script.write_text(_FORK_INTERRUPTED)
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(piddir)], env=_subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        # What the launcher waits for once interrupted: the rank it started to stop (SIGTERM, then
+        # SIGKILL after its grace period).  Before the fix it waited for the ranks, 120 s.
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    assert "INTERRUPTED notebook_launcher was interrupted" in out, (out, err)
+    pids = [int((piddir / f).read_text()) for f in os.listdir(piddir)]
+    assert_all_gone(pids)
+    assert not (piddir / "1.pid").exists()   # interrupted before rank 1 was started
+
+
 def test_refused_when_this_process_has_a_process_group():
     code = textwrap.dedent(f"""
         import pyddp, pyddp.distributed as dist
