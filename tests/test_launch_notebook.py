@@ -237,15 +237,22 @@ pyddp.notebook_launcher(block, args=(sys.argv[1],), nprocs=2)
 """
 
 
-@pytest.mark.parametrize("how", ["sigint-group", "sigkill"])
-def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
+def _start_launcher_script(tmp_path, text):
+    """Run a script that calls notebook_launcher, in a session of its own; its ranks write their pids
+    into the returned directory."""
     script = tmp_path / "launch.py"
-    script.write_text(_SCRIPT)
+    script.write_text(text)
     piddir = tmp_path / "pids"
     piddir.mkdir()
     proc = subprocess.Popen([sys.executable, str(script), str(piddir)], env=_subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    return proc, piddir
+
+
+@pytest.mark.parametrize("how", ["sigint-group", "sigkill"])
+def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
+    proc, piddir = _start_launcher_script(tmp_path, _SCRIPT)
     try:
         pids = _read_pids(str(piddir), 2)
         if how == "sigint-group":
@@ -291,13 +298,7 @@ except KeyboardInterrupt as e:
 
 
 def test_a_ctrl_c_during_fork_is_not_lost(tmp_path):
-    script = tmp_path / "launch.py"
-    script.write_text(_FORK_INTERRUPTED)
-    piddir = tmp_path / "pids"
-    piddir.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), str(piddir)], env=_subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc, piddir = _start_launcher_script(tmp_path, _FORK_INTERRUPTED)
     try:
         # What the launcher waits for once interrupted: the rank it started to stop (SIGTERM, then
         # SIGKILL after its grace period).  Before the fix it waited for the ranks, 120 s.
