@@ -277,8 +277,10 @@ import os, signal, sys, time
 import pyddp
 
 def block(piddir):
-    with open(os.path.join(piddir, os.environ["RANK"] + ".pid"), "w") as f:
+    path = os.path.join(piddir, os.environ["RANK"] + ".pid")
+    with open(path + ".tmp", "w") as f:   # the launcher may stop this rank at any moment
         f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
     time.sleep(120)
 
 def interrupt_once():
@@ -309,7 +311,7 @@ def test_a_ctrl_c_during_fork_is_not_lost(tmp_path):
             proc.communicate(timeout=WAIT)
     assert proc.returncode == 0, err
     assert "INTERRUPTED notebook_launcher was interrupted" in out, (out, err)
-    pids = [int((piddir / f).read_text()) for f in os.listdir(piddir)]
+    pids = [int((piddir / f).read_text()) for f in os.listdir(piddir) if f.endswith(".pid")]
     assert_all_gone(pids)
     assert not (piddir / "1.pid").exists()   # interrupted before rank 1 was started
 
