@@ -1,6 +1,6 @@
-"""What the benchmark scripts share to print the tables the README holds.
+"""What the benchmark scripts share to print the tables docs/ holds.
 
-The README's benchmark tables are pasted output of these scripts, never typed: every script prints its
+The benchmark tables in docs/ are pasted output of these scripts, never typed: every script prints its
 table through ``table()`` under the lines of ``header()``, which say when, where and how the figures were
 made, so that anyone can rerun the command and compare:
 

@@ -7,7 +7,7 @@
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
 --peers LIST (pyddp,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck; default: all found), --json OUT, --plot FILE (default
-benchmarks/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
+docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
 reduce_scatter_tensor, reduce, gather, scatter, alltoall = all_to_all_single; root 0) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
@@ -48,7 +48,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "bench_worker.py")
-DEFAULT_PLOT = os.path.join(HERE, "collectives.png")
+DEFAULT_PLOT = os.path.join(ROOT, "docs", "img", "collectives.png")
 
 if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will use (also when imported)
     sys.path.insert(0, HERE)
@@ -567,7 +567,7 @@ def main(argv=None):
                          "runs the shm-buffer allreduce")
     ap.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     ap.add_argument("--plot", metavar="FILE", default=None,
-                    help="PNG of algbw against size (default benchmarks/collectives.png; needs matplotlib, "
+                    help="PNG of algbw against size (default docs/img/collectives.png; needs matplotlib, "
                          "a note when it does not import)")
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")

@@ -253,6 +253,86 @@ def _check_port(master_port):
         raise ValueError(f"master_port must be in [1, 65535], got {master_port}")
 
 
+class _NoLostInterrupt:
+    """Ctrl-C (or Jupyter's interrupt) while ranks are being forked must not be lost.
+
+    A SIGINT that lands while the parent runs Python's after-fork callbacks (logging's, for one) raises
+    KeyboardInterrupt inside them, where Python prints it as "Exception ignored" and goes on: the launcher
+    then waits for ranks that never finish (seen under load, where a rank runs before its parent is back
+    from fork).  So while forking, SIGINT also sets a flag, and ``check()`` re-raises an interrupt the
+    fork swallowed.  Only in the main thread (signal handlers live there) and only over Python's default
+    handler: a handler of the caller's own is left alone."""
+
+    def __init__(self):
+        self.fired = False
+        self.previous = None
+
+    def __enter__(self):
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self.previous = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:   # not the main thread
+            self.previous = None
+        return self
+
+    def _handler(self, signum, frame):
+        self.fired = True
+        raise KeyboardInterrupt
+
+    def check(self):
+        if self.fired:
+            self.fired = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+def _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
+                 processes, context, output):
+    """Fork the ranks; each is recorded (to be stopped on any exit) before the next is forked."""
+    for rank in range(nprocs):
+        env = {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
+            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "PYDDP_SECRET": secret, "PYTHONUNBUFFERED": "1",
+        }
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        p = None
+        try:
+            p = ctx.Process(target=_rank_main, name=f"rank{rank}",
+                            args=(fn, tuple(args), rank, env, out_w, err_w, error_files[rank],
+                                  result_file, parent_pid))
+            with warnings.catch_warnings():
+                # Python 3.12+ warns about fork() in a process with threads (the kernel has
+                # some); the child only uses what it sets up itself.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                p.start()
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            if p is not None and p.pid is not None:   # forked before the interrupt: stopped with the rest
+                processes.append(p)
+                context.sentinels[p.sentinel] = rank
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        processes.append(p)
+        context.sentinels[p.sentinel] = rank
+        try:
+            os.setpgid(p.pid, p.pid)  # also here, so that it holds before the child runs
+        except OSError:
+            pass
+        output.add(out_r, rank, False)
+        output.add(err_r, rank, True)
+        guard.check()   # a Ctrl-C swallowed by the fork, now that this rank is recorded
+
+
 def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     """Run ``fn(*args)`` as a pyddp job of ``nprocs`` ranks and return rank 0's return value.
 
@@ -295,40 +375,11 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     output = _Output()
     parent_pid = os.getpid()
     load_prctl()   # here: a forked rank must only call it
+    guard = _NoLostInterrupt()
     try:
-        for rank in range(nprocs):
-            env = {
-                "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-                "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "PYDDP_SECRET": secret, "PYTHONUNBUFFERED": "1",
-            }
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            try:
-                p = ctx.Process(target=_rank_main, name=f"rank{rank}",
-                                args=(fn, tuple(args), rank, env, out_w, err_w, error_files[rank],
-                                      result_file, parent_pid))
-                with warnings.catch_warnings():
-                    # Python 3.12+ warns about fork() in a process with threads (the kernel has
-                    # some); the child only uses what it sets up itself.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    p.start()
-            except BaseException:
-                for fd in (out_r, err_r):
-                    os.close(fd)
-                raise
-            finally:
-                os.close(out_w)
-                os.close(err_w)
-            processes.append(p)
-            context.sentinels[p.sentinel] = rank
-            try:
-                os.setpgid(p.pid, p.pid)  # also here, so that it holds before the child runs
-            except OSError:
-                pass
-            output.add(out_r, rank, False)
-            output.add(err_r, rank, True)
+        with guard:
+            _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
+                         processes, context, output)
 
         failure = None
         while True:

@@ -249,17 +249,18 @@ def test_torch_backend_quick_table():
     assert float(ddp_rows[0][2]) == 1.0, out
     assert re.search(r"^target allreduce 4 B: pyddp [0-9.]+ us \(<= 10\) -> (met|NOT met)$",
                      proc.stdout, re.M), out
-    # the second DDP target, checked from the rows above
-    t = {name: float(ms) for name, ms, _ in ddp_rows}
-    plain = t["torch plain"]
-    ratio = t["torch DDP (pyddp)"] / plain
-    want = (t["torch DDP (pyddp), no-op comm hook"] / plain
-            + t["torch plain + one allreduce of the gradients' size (pyddp)"] / plain - 1.0)
+    # the second DDP target, checked from the rows' "/ plain" column (3 decimals, from the unrounded
+    # times as the target line is: recomputing it from the rows' ms, rounded to 2 decimals, was off by
+    # more than 0.01 when a loaded machine made the ratios large)
+    r = {name: float(rel) for name, _, rel in ddp_rows}
+    ratio = r["torch DDP (pyddp)"]
+    want = (r["torch DDP (pyddp), no-op comm hook"]
+            + r["torch plain + one allreduce of the gradients' size (pyddp)"] - 1.0)
     m = re.search(r"^target 0.27M torch DDP \(pyddp\): ([0-9.]+) of plain, no-op hook [0-9.]+ \+ "
                   r"allreduce alone -?[0-9.]+ = ([0-9.]+) -> [-+][0-9.]+ \((within|NOT within) 0.05\)$",
                   proc.stdout, re.M)
     assert m, out
-    assert abs(float(m.group(1)) - ratio) < 0.01 and abs(float(m.group(2)) - want) < 0.01, out
+    assert abs(float(m.group(1)) - ratio) <= 0.0011 and abs(float(m.group(2)) - want) <= 0.0021, out
 
 
 @pytest.mark.timeout(180)

@@ -284,7 +284,10 @@ def test_dev_shm_unusable_with_pyddp_transport_shm_is_a_clear_error_on_every_ran
 
 ITERS = 12
 FAST_PAUSE = 0.02
+# duty cycle: at least this many rounds, and on until the slow rank has been stopped this many times
+# (a fixed number of rounds finished before the third stop on a fast machine)
 DUTY_ITERS = 40
+DUTY_STOPS = 10
 
 
 def _slow_peer_child(rank, ws, slow, mode):
@@ -305,8 +308,17 @@ def _slow_peer_child(rank, ws, slow, mode):
     t0 = time.monotonic()
     rng = np.random.default_rng(1234)      # same sizes on every rank
     bad = []
+    rounds = 0
     try:
-        for i in range(ITERS if mode == "sleep" else DUTY_ITERS):
+        for i in range(ITERS if mode == "sleep" else 1 << 30):
+            if mode == "duty_cycle" and i >= DUTY_ITERS:
+                # rank 0, which stops and continues the slow rank, says when it has done so often
+                # enough; the flag is one more collective that crosses the stops
+                enough = np.array([cycles[0] >= DUTY_STOPS], dtype=np.int32)
+                dist.broadcast(enough, src=0)
+                if enough[0]:
+                    break
+            rounds += 1
             n = int(rng.integers(1, 1 << 16))
             a = np.full(n, rank + i, dtype=np.float64)
             dist.all_reduce(a)
@@ -327,27 +339,36 @@ def _slow_peer_child(rank, ws, slow, mode):
         if cycler is not None:
             cycler.join(5)
             os.kill(pids[slow], signal.SIGCONT)
-    return {"bad": bad, "elapsed": time.monotonic() - t0, "cycles": cycles[0]}
+    return {"bad": bad, "elapsed": time.monotonic() - t0, "cycles": cycles[0], "rounds": rounds}
 
 
 @pytest.mark.parametrize("mode", ["sleep", "duty_cycle"])
 def test_a_peer_slowed_10x_gives_right_results_and_no_spurious_timeout(mode):
     slow = 2
+    # The group's timeout (3 s) is 30x a stop (90 ms): a timeout here is a spurious one.
     res = run(_slow_peer_child, WS, slow, mode, init_kwargs={"timeout": timedelta(seconds=3)}, timeout=90)
     problems = [f"rank {r}: wrong results {v['bad']}" for r, v in enumerate(res) if v["bad"]]
-    # sleep: the job runs at the slow rank's pace (ITERS x 0.2 s); the duty cycle: 10% of the time for it.
-    limit = ITERS * FAST_PAUSE * 10 + 10 if mode == "sleep" else 30
-    for r, v in enumerate(res):
-        if v["elapsed"] > limit:
-            problems.append(f"rank {r}: the rounds took {v['elapsed']:.1f} s (limit {limit:.0f} s)")
-    if mode == "duty_cycle" and res[0]["cycles"] < 3:
-        problems.append(f"the slow rank was stopped only {res[0]['cycles']} times")
+    if len({v["rounds"] for v in res}) != 1:
+        problems.append(f"the ranks ran different numbers of rounds: {[v['rounds'] for v in res]}")
+    if mode == "sleep":
+        # the job runs at the slow rank's pace, ITERS x 0.2 s; 10 s more for a loaded machine
+        limit = ITERS * FAST_PAUSE * 10 + 10
+        for r, v in enumerate(res):
+            if v["elapsed"] > limit:
+                problems.append(f"rank {r}: the rounds took {v['elapsed']:.1f} s (limit {limit:.0f} s)")
+    else:
+        # the rounds went on until the slow rank had been stopped DUTY_STOPS times, on any machine
+        # speed (the run's own timeout bounds a hang); each stop lasted 90 ms, collectives in flight
+        if res[0]["cycles"] < DUTY_STOPS or res[0]["rounds"] < DUTY_ITERS:
+            problems.append(f"the slow rank was stopped only {res[0]['cycles']} times in "
+                            f"{res[0]['rounds']} rounds")
     if mode == "sleep":
         floor = ITERS * FAST_PAUSE * 10 * 0.9
         if res[0]["elapsed"] < floor:   # the fast ranks did wait for the slow one
             problems.append(f"rank 0 finished in {res[0]['elapsed']:.2f} s, before the slow rank could")
     assert not problems, "\n".join(problems)
-    print(f"chaos slow peer ({mode}): {ITERS if mode == 'sleep' else DUTY_ITERS} rounds in {max(v['elapsed'] for v in res):.2f} s")
+    print(f"chaos slow peer ({mode}): {res[0]['rounds']} rounds, {res[0]['cycles']} stops, "
+          f"in {max(v['elapsed'] for v in res):.2f} s")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -74,11 +74,17 @@ def test_train_digits_defaults_reach_95_percent(digits_run):
         assert float(m.group(2)) < 60, out
     # rank 0 alone logs: one line per epoch, not two
     assert stdout.count("epoch  12/12") == 1, out
+    # stderr is a pipe here, as in CI or a log file: no progress bar, whose carriage returns would
+    # leave one stuck "epoch N/12: 0%|" fragment per epoch
+    assert "it/s" not in out and "%|" not in out, out
 
 
 def test_train_digits_checkpoint_and_png(digits_run):
     work, stdout, out = digits_run
-    ckpt = pyddp.load(str(work / "digits_ckpt.pt"))
+    # the outputs go into --out (default runs/digits, which git ignores), not the working directory
+    out_dir = work / "runs" / "digits"
+    assert sorted(os.listdir(work)) == ["runs"], os.listdir(work)
+    ckpt = pyddp.load(str(out_dir / "digits_ckpt.pt"))
     assert {"model", "optimizer", "amp"} <= set(ckpt), sorted(ckpt)
     assert ckpt["amp"] is None and ckpt["epoch"] == 11
     assert len(ckpt["history"]["test_acc"]) == 12
@@ -97,9 +103,9 @@ def test_train_digits_checkpoint_and_png(digits_run):
     with pyddp.no_grad():
         pred = model(pyddp.from_numpy(x)).argmax(1).numpy()
     assert float((pred == y).mean()) == pytest.approx(ckpt["history"]["test_acc"][-1], abs=1e-9)
-    with open(work / "digits_curves.png", "rb") as f:
+    with open(out_dir / "digits_curves.png", "rb") as f:
         assert f.read(8) == PNG_MAGIC
-    assert os.path.getsize(work / "digits_curves.png") > 10_000
+    assert os.path.getsize(out_dir / "digits_curves.png") > 10_000
 
 
 def test_train_digits_resume_under_launch(digits_run, tmp_path):
@@ -107,7 +113,7 @@ def test_train_digits_resume_under_launch(digits_run, tmp_path):
     pyddp.launch, which passes --local_rank=N."""
     work, _, _ = digits_run
     ckpt = str(tmp_path / "resume.pt")
-    with open(work / "digits_ckpt.pt", "rb") as src, open(ckpt, "wb") as dst:
+    with open(work / "runs" / "digits" / "digits_ckpt.pt", "rb") as src, open(ckpt, "wb") as dst:
         dst.write(src.read())
     before = pyddp.load(ckpt)
     stdout, out = _digits("launch", tmp_path, "--resume", ckpt, "--checkpoint", ckpt, "--epochs", "13",
@@ -131,22 +137,22 @@ def test_train_digits_single_process_sgd(tmp_path):
     assert "1 ranks" in stdout, out
     accs = _accuracies(stdout)
     assert len(accs) == 2 and accs[-1] > 0.8, out
-    assert not os.path.exists(tmp_path / "digits_curves.png")
+    assert os.listdir(tmp_path / "runs" / "digits") == ["digits_ckpt.pt"]   # --plot '': no PNG
 
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 def test_train_digits_amp(tmp_path, opt_level):
     pytest.importorskip("pyddp.amp", reason="pyddp.amp (apex-style amp) is not in this build")
     stdout, out = _digits("run", tmp_path, "--epochs", "3", "--opt-level", opt_level,
-                          "--no-progress", "--plot", "")
+                          "--no-progress", "--plot", "", "--out", "o")
     accs = _accuracies(stdout)
     assert len(accs) == 3 and accs[-1] > 0.9, out
     assert "parameters identical on all 2 ranks: True" in stdout, out
-    ckpt = pyddp.load(str(tmp_path / "digits_ckpt.pt"))
+    ckpt = pyddp.load(str(tmp_path / "o" / "digits_ckpt.pt"))
     assert ckpt["amp"] is not None
     # resume restores amp's loss scaler too
     stdout, out = _digits("run", tmp_path, "--epochs", "4", "--opt-level", opt_level,
-                          "--resume", "digits_ckpt.pt", "--no-progress", "--plot", "")
+                          "--resume", "o/digits_ckpt.pt", "--out", "o", "--no-progress", "--plot", "")
     assert len(_accuracies(stdout)) == 1, out
 
 

@@ -286,6 +286,28 @@ def test_supports_complex_and_backend_availability_as_torch():
         assert hasattr(dist.GradBucket, m) and hasattr(tdist.GradBucket, m), m
 
 
+def test_reduce_op_and_debug_level_print_as_torch():
+    """str(), repr() and f-strings of ReduceOp and DebugLevel members read as torch 2.13's (Python 3.11
+    made IntEnum's str() the bare number): the text as written here; the next test compares with torch."""
+    ours = [(dist.ReduceOp.SUM, "RedOpType.SUM", "<RedOpType.SUM: 0>"),
+            (dist.ReduceOp.BXOR, "RedOpType.BXOR", f"<RedOpType.BXOR: {int(dist.ReduceOp.BXOR)}>"),
+            (dist.DebugLevel.OFF, "DebugLevel.OFF", "<DebugLevel.OFF: 0>"),
+            (dist.DebugLevel.DETAIL, "DebugLevel.DETAIL", "<DebugLevel.DETAIL: 2>")]
+    for member, text, rep in ours:
+        assert (str(member), f"{member}", repr(member)) == (text, text, rep)
+    assert dist.ReduceOp.SUM == 0 and dist.ReduceOp("sum") is dist.ReduceOp.SUM   # still an int
+
+
+def test_reduce_op_and_debug_level_text_equals_torchs():
+    tdist = pytest.importorskip("torch.distributed")
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        t, p = getattr(tdist.ReduceOp, name), getattr(dist.ReduceOp, name)
+        assert (str(p), f"{p}", repr(p)) == (str(t), f"{t}", repr(t)), name
+    for name in ("OFF", "INFO", "DETAIL"):
+        t, p = getattr(tdist.DebugLevel, name), getattr(dist.DebugLevel, name)
+        assert (str(p), f"{p}", repr(p)) == (str(t), f"{t}", repr(t)), name
+
+
 def _groups(rank, world_size):
     ws = world_size
     out = {"pg_count0": dist.get_pg_count()}

@@ -237,15 +237,22 @@ pyddp.notebook_launcher(block, args=(sys.argv[1],), nprocs=2)
 """
 
 
-@pytest.mark.parametrize("how", ["sigint-group", "sigkill"])
-def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
+def _start_launcher_script(tmp_path, text):
+    """Run a script that calls notebook_launcher, in a session of its own; its ranks write their pids
+    into the returned directory."""
     script = tmp_path / "launch.py"
-    script.write_text(_SCRIPT)
+    script.write_text(text)
     piddir = tmp_path / "pids"
     piddir.mkdir()
     proc = subprocess.Popen([sys.executable, str(script), str(piddir)], env=_subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    return proc, piddir
+
+
+@pytest.mark.parametrize("how", ["sigint-group", "sigkill"])
+def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
+    proc, piddir = _start_launcher_script(tmp_path, _SCRIPT)
     try:
         pids = _read_pids(str(piddir), 2)
         if how == "sigint-group":
@@ -263,6 +270,50 @@ def test_no_rank_survives_an_interrupted_or_killed_launcher(tmp_path, how):
             pass
         if proc.poll() is None:
             proc.communicate(timeout=WAIT)
+
+
+_FORK_INTERRUPTED = """
+import os, signal, sys, time
+import pyddp
+
+def block(piddir):
+    path = os.path.join(piddir, os.environ["RANK"] + ".pid")
+    with open(path + ".tmp", "w") as f:   # the launcher may stop this rank at any moment
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(120)
+
+def interrupt_once():
+    # Ctrl-C while the launcher runs Python's after-fork callbacks (where a loaded machine put it):
+    # the KeyboardInterrupt is raised in here, and Python prints and drops it
+    if not getattr(interrupt_once, "done", False):
+        interrupt_once.done = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+os.register_at_fork(after_in_parent=interrupt_once)
+try:
+    pyddp.notebook_launcher(block, args=(sys.argv[1],), nprocs=2)
+except KeyboardInterrupt as e:
+    print("INTERRUPTED", e)
+"""
+
+
+def test_a_ctrl_c_during_fork_is_not_lost(tmp_path):
+    proc, piddir = _start_launcher_script(tmp_path, _FORK_INTERRUPTED)
+    try:
+        # What the launcher waits for once interrupted: the rank it started to stop (SIGTERM, then
+        # SIGKILL after its grace period).  Before the fix it waited for the ranks, 120 s.
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    assert "INTERRUPTED notebook_launcher was interrupted" in out, (out, err)
+    pids = [int((piddir / f).read_text()) for f in os.listdir(piddir) if f.endswith(".pid")]
+    assert_all_gone(pids)
+    assert not (piddir / "1.pid").exists()   # interrupted before rank 1 was started
 
 
 def test_refused_when_this_process_has_a_process_group():

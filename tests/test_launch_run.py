@@ -41,8 +41,9 @@ def test_every_worker_gets_torchruns_environment(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     port = _free_port()
+    cache = tmp_path / "cache"   # the user's cache directory, where the OMP note's stamp goes
     rc, _, err = run(["--nproc-per-node", 3, "--rdzv-endpoint", f"127.0.0.1:{port}", "--role", "trainer",
-                      "--max_restarts", 2, script, out, "--lr", "0.1"])
+                      "--max_restarts", 2, script, out, "--lr", "0.1"], env=launcher_env(XDG_CACHE_HOME=cache))
     assert rc == 0, err
     seen = read_json_files(out, n=3)
     secrets = {d["PYDDP_SECRET"] for d in seen.values()}
@@ -60,6 +61,14 @@ def test_every_worker_gets_torchruns_environment(tmp_path):
         assert d["argv"] == [script, str(out), "--lr", "0.1"]
         assert (d["name"], d["file"], d["path0"]) == ("__main__", script, str(tmp_path))
     assert err.count("OMP_NUM_THREADS=1") == 1, err
+
+    # The note is said once per machine: the next launch sets the variable without a word.
+    for f in out.iterdir():
+        f.unlink()
+    rc, _, err = run(["--standalone", "--nproc_per_node", 2, script, out], env=launcher_env(XDG_CACHE_HOME=cache))
+    assert rc == 0, err
+    assert [d["OMP_NUM_THREADS"] for d in read_json_files(out, n=2).values()] == ["1", "1"]
+    assert "OMP_NUM_THREADS" not in err, err
 
     # A second job gets another secret; a secret and OMP_NUM_THREADS given by the user are kept;
     # --standalone picks a free port and a run id.
@@ -363,7 +372,8 @@ def test_two_launchers_as_two_nodes_run_an_all_reduce(tmp_path):
     port = _free_port()
     procs = [start(["--nnodes", 2, "--node-rank", node, "--nproc-per-node", 2, "--master-addr", "127.0.0.1",
                     "--master-port", port, script, out],
-                   env=launcher_env(PYDDP_NODE_ID=f"node{'AB'[node]}", PYDDP_SECRET="shared-by-both-nodes"))
+                   env=launcher_env(PYDDP_NODE_ID=f"node{'AB'[node]}", PYDDP_SECRET="shared-by-both-nodes",
+                                    XDG_CACHE_HOME=tmp_path / f"cache{node}"))
              for node in (0, 1)]
     try:
         results = [finish(p, timeout=90) for p in procs]
@@ -373,6 +383,8 @@ def test_two_launchers_as_two_nodes_run_an_all_reduce(tmp_path):
                 p.kill()
     for rc, _, err in results:
         assert rc == 0, err
+    # the OMP_NUM_THREADS note once per job: node 0 says it, node 1 (a fresh machine too) does not
+    assert [err.count("OMP_NUM_THREADS=1") for _, _, err in results] == [1, 0], results
     seen = read_json_files(out, n=4)
     for rank, d in seen.items():
         node = rank // 2
@@ -402,3 +414,30 @@ def test_a_port_in_use_is_named_with_a_way_out(tmp_path):
     assert f"127.0.0.1:{port}" in err and "already in use" in err
     assert "--standalone" in err and "--master-port" in err
     assert not list(tmp_path.glob("rank*.json")), "no worker may start"
+
+
+ABORT_SCRIPT = r"""
+import os, sys
+if os.environ["RANK"] == sys.argv[1]:
+    def deep_in_the_script():
+        os.abort()
+    deep_in_the_script()
+print("rank", os.environ["RANK"], "done")
+"""
+
+
+def test_workers_leave_no_resource_warning_and_a_crash_shows_its_stack(tmp_path):
+    # With warnings shown (-W default, -X dev) Python reports every file object left open at exit; the
+    # bootstrap keeps faulthandler's file open for the whole run, so it must not be a file object.
+    # (Not -X dev itself in the workers: it turns faulthandler on, and then the bootstrap opens no file.)
+    script = write_script(tmp_path, "abort.py", ABORT_SCRIPT)
+    env = launcher_env(PYTHONWARNINGS="default")
+    rc, out, err = run(["--nproc-per-node", 2, script, "-1"], env=env)
+    assert rc == 0, err
+    assert sorted(out.splitlines()) == ["rank 0 done", "rank 1 done"]
+    assert "ResourceWarning" not in err, err
+    # ... and the file still serves its purpose: a rank killed by SIGABRT shows its Python stack.
+    rc, out, err = run(["--nproc-per-node", 2, script, "1"], env=env)
+    assert rc == 1
+    assert "SIGABRT" in err and "deep_in_the_script" in err, err
+    assert "ResourceWarning" not in err, err

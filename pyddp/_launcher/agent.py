@@ -74,6 +74,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _first_time(what: str) -> bool:
+    """True the first time this user asks on this machine: creates a stamp file under
+    $XDG_CACHE_HOME/pyddp (default ~/.cache/pyddp).  Where that cannot be written, always True."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    stamp = os.path.join(cache, "pyddp", what)
+    try:
+        os.makedirs(os.path.dirname(stamp), exist_ok=True)
+        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 class _Logs:
     """Where log and error files go: ``<log-dir>/<run_id>_<x>/attempt_<n>/<local_rank>/`` as torchrun.
 
@@ -193,8 +208,12 @@ class Agent:
     def _omp_threads(self) -> Optional[int]:
         if "OMP_NUM_THREADS" in os.environ or self.cfg.nproc_per_node <= 1:
             return None
-        self.note(f"note: setting OMP_NUM_THREADS=1 for each of the {self.cfg.nproc_per_node} workers "
-                  "(it was unset) so they do not overload this node; set it to tune")
+        # Said once: by node 0 of a job, the first time on this machine (a stamp in the user's cache
+        # directory); every later launch does the same silently.  torchrun repeats it on every launch.
+        if self.cfg.node_rank == 0 and _first_time("omp_num_threads_note"):
+            self.note(f"note: setting OMP_NUM_THREADS=1 for each of the {self.cfg.nproc_per_node} workers "
+                      "(it was unset) so they do not overload this node; set it to tune (said once per "
+                      "machine)")
         return 1
 
     def _need_files(self) -> bool:

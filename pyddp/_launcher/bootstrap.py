@@ -29,7 +29,7 @@ import traceback  # noqa: E402
 
 # Frames of these files lead into the user's code (runpy is "<frozen runpy>" from Python 3.11 on).
 _SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
-_fault_file = None   # kept open for faulthandler for the life of the process
+_fault_fd = None   # kept open for faulthandler for the life of the process
 
 
 def _user_traceback(tb):
@@ -66,14 +66,17 @@ def _record(error_file, exc, tb):
 
 
 def _enable_faulthandler(error_file):
-    global _fault_file
+    # A bare descriptor, not a file object: faulthandler needs it open until the process ends, and a file
+    # object left open then is reported as "ResourceWarning: unclosed file" under -X dev.
+    global _fault_fd
     if not error_file or faulthandler.is_enabled():   # -X faulthandler / PYTHONFAULTHANDLER win
         return
     try:
-        _fault_file = open(os.path.join(os.path.dirname(error_file), "fault.txt"), "w")
-        faulthandler.enable(file=_fault_file, all_threads=True)
+        _fault_fd = os.open(os.path.join(os.path.dirname(error_file), "fault.txt"),
+                            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        faulthandler.enable(file=_fault_fd, all_threads=True)
     except OSError:
-        _fault_file = None
+        _fault_fd = None
 
 
 def _failing():

@@ -7,7 +7,7 @@ torch.amp's GradScaler and autocast, for pyddp.nn and torch models on the CPU.
         scaled_loss.backward()
     optimizer.step()
 
-See pyddp/amp/frontend.py for the opt-level table and README "Mixed precision (pyddp.amp)".
+See pyddp/amp/frontend.py for the opt-level table and docs/amp.md.
 """
 from .._autocast import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
 from .frontend import initialize, load_state_dict, master_params, state_dict  # noqa: F401

@@ -40,6 +40,13 @@ class DebugLevel(enum.IntEnum):
     INFO = 1
     DETAIL = 2
 
+    # As torch's: print(get_debug_level()) shows "DebugLevel.OFF" (Python 3.11's IntEnum would print 0).
+    def __str__(self):
+        return f"DebugLevel.{self.name}"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
 
 _ALIASES = {"OFF": DebugLevel.OFF, "WARN": DebugLevel.OFF, "INFO": DebugLevel.INFO,
             "DETAIL": DebugLevel.DETAIL, "TRACE": DebugLevel.DETAIL}

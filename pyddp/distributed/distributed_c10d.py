@@ -50,6 +50,17 @@ class ReduceOp(enum.IntEnum):
     BOR = _REDUCE_OPS["BOR"]
     BXOR = _REDUCE_OPS["BXOR"]
 
+    # torch's members are ReduceOp.RedOpType's and print as such: str(ReduceOp.SUM) == "RedOpType.SUM".
+    # Python 3.11 made IntEnum's str() the bare number, so the text is spelled out here.
+    def __str__(self):
+        return f"RedOpType.{self.name}"
+
+    def __repr__(self):
+        return f"<RedOpType.{self.name}: {int(self)}>"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
     # torch spells the type ReduceOp.RedOpType
     @classmethod
     def _missing_(cls, value):
