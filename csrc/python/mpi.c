@@ -23,7 +23,7 @@
 #endif
 #include "binding.h"
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../util/status.h"
 
 #include <dlfcn.h>

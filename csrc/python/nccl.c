@@ -20,7 +20,7 @@
  * the work completes. */
 #include "binding.h"
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../cuda/cudawrap.h"
 #include "../kernels/kernels.h"
 
