@@ -24,9 +24,10 @@
 
 #include "../util/status.h"
 
-#define PD_MPI_NDT 16  /* pyddp dtype codes */
-#define PD_MPI_NOPS 8  /* pyddp reduce op codes */
-#define PD_MPI_SIGN 6  /* signature fields: seq, kind, dtype, op, root, count */
+#define PD_MPI_NDT 16 /* pyddp dtype codes */
+#define PD_MPI_NOPS 8 /* pyddp reduce op codes */
+/* signature fields: seq, kind, dtype, op, root, count */
+#define PD_MPI_SIGN 6
 
 /* Outcomes: the check's (PD_MPI_OK .. PD_MPI_MISMATCH, as _C.MpiComm.check
  * returns them), a Ctrl-C, and an error of the collective's own MPI call. */
@@ -37,8 +38,10 @@ typedef struct pd_mpi_comm {
     intptr_t coll, aux;     /* communicator handles */
     intptr_t in_place;      /* MPI_IN_PLACE's value */
     intptr_t sig_type;      /* MPI_INT64_T */
-    intptr_t types[PD_MPI_NDT];    /* dtype code -> MPI datatype (0: not here) */
-    intptr_t ops[PD_MPI_NDT][PD_MPI_NOPS];/* (dtype, op) -> MPI op (0: not here) */
+    /* dtype code -> MPI datatype (0: not here) */
+    intptr_t types[PD_MPI_NDT];
+    /* (dtype, op) -> MPI op (0: not here) */
+    intptr_t ops[PD_MPI_NDT][PD_MPI_NOPS];
     int rank, size, check;
     double timeout;
     int failed;             /* the group failed: everything goes to Python */

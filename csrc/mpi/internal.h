@@ -4,7 +4,8 @@
 
 #include "comm.h"
 
-typedef intptr_t pd_mpi_req; /* an MPI_Request of either ABI (int or pointer) */
+/* an MPI_Request of either ABI (int or pointer) */
+typedef intptr_t pd_mpi_req;
 
 int pd_mpi_isend(const void *b, int n, intptr_t dt, int to, int tag,
                  intptr_t comm, pd_mpi_req *req);

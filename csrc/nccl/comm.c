@@ -266,8 +266,9 @@ pd_ncomm_split(pd_ncomm *parent, pd_ncomm *child, int color, int key,
         double deadline = timeout > 0 ? pd_now() + timeout : 0;
         pd_nccl_res r;
         pthread_mutex_lock(&parent->mu);
-        r = parent->comm != NULL ? pd_ncomm_settle(parent, parent->comm, deadline)
-                                 : PD_NCCL_INVALID_USAGE;
+        r = parent->comm != NULL
+                ? pd_ncomm_settle(parent, parent->comm, deadline)
+                : PD_NCCL_INVALID_USAGE;
         pthread_mutex_unlock(&parent->mu);
         if (r == PD_NCCL_TIMEOUT || r == PD_NCCL_IN_PROGRESS ||
             atomic_load(&parent->aborted)) {
@@ -277,10 +278,10 @@ pd_ncomm_split(pd_ncomm *parent, pd_ncomm *child, int color, int key,
                 return pd_ncomm_aborted_error(parent);
             }
             return pd_error(PD_EBACKEND,
-                            "ncclCommSplit on rank %d (cuda:%d) was "
-                            "still in progress after %g s: a rank of the parent "
-                            "communicator did not call split, died or is stuck",
-                            parent->rank, parent->device, timeout);
+                            "ncclCommSplit on rank %d (cuda:%d) was still in "
+                            "progress after %g s: a rank of the parent "
+                            "communicator did not call split, died or is "
+                            "stuck", parent->rank, parent->device, timeout);
         }
         pd_nccl_comm made = __atomic_load_n(&child->comm, __ATOMIC_ACQUIRE);
         if (r != PD_NCCL_SUCCESS) {
