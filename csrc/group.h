@@ -1,7 +1,7 @@
 /* A process group: ranks, a transport, a FIFO of pending work run by one
  * progress thread, and the group's sticky error state (csrc/group/: work.c,
- * progress.c (queue, progress thread, errors, inline path), run.c (one
- * collective), setup.c, shm_buffers.c, diag.c).
+ * progress.c (queue, progress thread, inline path), run.c (one collective),
+ * state.c (errors, the waits' poll), setup.c, shm_buffers.c, diag.c).
  *
  * Python (or any caller) builds a pd_op, submits it with pd_group_submit and
  * gets a pd_work back; the progress thread runs collectives in submission

@@ -40,7 +40,7 @@ K_MONITORED_BARRIER: Final[int]
 K_SEND: Final[int]
 K_RECV: Final[int]
 
-# The core's tables (csrc/coll/kinds.c, csrc/kernels/dtype.c): the only source of these codes.
+# The core's tables (csrc/util/kinds.c, csrc/kernels/dtype.c): the only source of these codes.
 # KINDS[name] = {"code", "rooted", "reduces", "shm", "p2p", "splits", "in", "out"}; "in"/"out" is
 # "none", "one", "all" (one block per rank) or "root_all" (one per rank on the root only).
 KINDS: Final[dict[str, dict[str, Any]]]

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "rules.h"
 
 int
 pd_cma_use(pd_coll *c, size_t bytes)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "op.h"
+#include "rules.h"
 #include "../transport/shm/cma.h"
 #include "../transport/shm/shm.h"
 #include "../transport/transport.h"
@@ -17,9 +18,6 @@
 
 /* Chunk buffers a ring step receives into at once (cache-resident). */
 #define PD_RING_WINDOW 4
-
-/* Messages up to this many bytes use the latency-optimal direct algorithms. */
-#define PD_SMALL_BYTES (64u << 10)
 
 typedef struct pd_coll {
     pd_transport *t;
@@ -263,11 +261,9 @@ pd_shm_ptrs_free(char **ptrs, char **stack)
  * coll/cma_common.c): the ranks publish their buffers' addresses in their
  * banks, one sync, bytes move by cross-memory attach straight between the
  * user buffers, one sync.  For messages of pd_cma_threshold() bytes and up
- * when the group's probe succeeded. */
+ * (else the kind's threshold in coll/rules.c) when the group's probe
+ * succeeded. */
 int pd_cma_use(pd_coll *c, size_t bytes);
-/* The default threshold of a collective kind (coll/select.c): bytes of one
- * rank's block; PD_CMA_DEFAULT: never. */
-size_t pd_coll_cma_threshold(int kind);
 /* Rank p's published table in bank b: words PD_CMA_IN(n, q) (its input,
  * block q), PD_CMA_LEN(n, q) (a length), PD_CMA_OUT(n, q) (its output). */
 #define PD_CMA_IN(n, q) ((size_t)(q))

@@ -1,5 +1,5 @@
 /* What one operation is: the description a caller submits to a group and
- * the collective algorithms read (kinds in kinds.h, dtypes and reduce ops in
+ * the collective algorithms read (kinds in util/kinds.h, dtypes and reduce ops in
  * kernels/kernels.h). */
 #ifndef PD_COLL_OP_H
 #define PD_COLL_OP_H
@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "../kernels/kernels.h"
-#include "kinds.h"
+#include "../util/kinds.h"
 
 /* One operation.  Buffers are described per rank as blocks so that the list
  * forms (all_gather(list), scatter(list), ...) and the tensor forms share one

@@ -2,8 +2,8 @@
  * algorithm of csrc/coll/ runs a collective, by kind, message size and
  * group size, over the transport (pd_coll_run) or in shared memory
  * (pd_coll_run_shm); and the float32 widening of half-precision reductions
- * over the transport.  The thresholds live here and in coll.h
- * (PD_SMALL_BYTES), nowhere else. */
+ * over the transport.  The thresholds are data in coll/rules.c, which the
+ * single-copy helpers (coll/cma_common.c) read too. */
 #include "coll.h"
 
 #include <stdlib.h>
@@ -176,49 +176,14 @@ pd_coll_run(pd_coll *c, const pd_op *op)
     }
 }
 
-/* Single copies by cross-memory attach (coll/<collective>_cma.c) from these
- * sizes (one rank's block; all_reduce: the message) unless
- * PYDDP_CMA_THRESHOLD sets one for all.  Measured on 2 ranks, float32,
- * benchmarks/collectives.py --rounds 2, banks / single copies (median us):
- * all_reduce 16 MiB 3599 / 3936, 64 MiB 21448 / 14645; gather 11722 / 9437
- * and scatter 10437 / 8580 at 32 MiB blocks; every one 1.6-6x faster
- * through the banks at 1-4 MiB and 1.1-2.2x at 8 MiB blocks.  broadcast,
- * reduce and reduce_scatter: within noise at 64 MiB; all_gather and
- * all_to_all at 64 MiB, once their bank path wrote large outputs with
- * non-temporal stores (--rounds 5, Open MPI / pyddp): banks 1.37 and 1.22,
- * single copies 1.16 and 1.18.  Those five keep the banks.
- * (Single copies pin every page of the peer's buffer in the kernel and copy
- * at a third of memcpy's speed in cache: they win only past the caches.)
- * scatter on 4 ranks was measured both ways too (median us, banks / single
- * copies / Open MPI; collectives.py's sizes, the root's whole buffer, a
- * quarter per rank): run alone, 4 MiB 470-500 / 224-269 / 383-389 and
- * 16 MiB 2978-3505 / 1267-2073 / 2900-3244; but after other collectives of
- * up to 64 MiB in the same processes (collectives.py's full run) single
- * copies took 973-1579 us at 4 MiB, the banks 365-677, Open MPI 441-1246
- * (with transparent huge pages "always" too; cause not found).  The banks
- * stay the default there; PYDDP_CMA_THRESHOLD=256K serves a program that
- * mostly scatters. */
-size_t
-pd_coll_cma_threshold(int kind)
-{
-    switch (kind) {
-    case PD_K_ALLREDUCE:
-        return (size_t)32 << 20;
-    case PD_K_GATHER:
-    case PD_K_SCATTER:
-        return (size_t)16 << 20;
-    default:
-        return PD_CMA_DEFAULT;
-    }
-}
-
 pd_status
 pd_coll_run_shm(pd_coll *c, const pd_op *op)
 {
     size_t esz = pd_dtype_size(op->dtype);
     size_t len = op->count * esz;
-    /* single copies by cross-memory attach from pd_cma_threshold() bytes
-     * (per rank's block; all_to_all decides after its first sync) */
+    /* single copies by cross-memory attach from the rules' threshold
+     * (coll/rules.c; per rank's block; all_to_all decides after its first
+     * sync) */
     int cma = pd_cma_use(c, len);
     switch (op->kind) {
     case PD_K_ALLREDUCE: {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../kernels/kernels.h"
 #include "../util/timeline.h"
 

@@ -94,7 +94,7 @@ void pd_grp_work_complete(pd_work *w, pd_status st, const char *msg);
 pd_work *pd_grp_work_new(pd_group *g, const pd_op *op);
 pd_status pd_grp_work_own_blocks(pd_group *g, pd_work *w);
 
-/* progress.c: the sticky error and the progress thread */
+/* state.c: the sticky error and the waits' poll (calls nothing above it) */
 /* The group's sticky error (PD_OK while it works). */
 static inline pd_status
 pd_grp_err(pd_group *g)
@@ -105,14 +105,16 @@ void pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg);
 void pd_grp_propagate_fatal(pd_group *g);
 void pd_grp_set_fatal(pd_group *g, pd_status st, const char *msg);
 pd_status pd_grp_progress_once(pd_group *g, double until);
+/* pd_shm_waiter check (arg: a run_ctx): stop for a failed or destroyed
+ * group; on the progress thread keep the transport moving. */
+pd_status pd_grp_shm_check(void *arg);
+
+/* progress.c: the progress thread (calls run.c) */
 void *pd_grp_progress_main(void *arg);
 uint64_t pd_grp_cb_current_seq(void *ctx);
 void pd_grp_cb_on_abort(void *ctx, int peer, int status, const char *msg);
 
-/* run.c */
-/* pd_shm_waiter check (arg: a run_ctx): stop for a failed or destroyed
- * group; on the progress thread keep the transport moving. */
-pd_status pd_grp_shm_check(void *arg);
+/* run.c: one collective on this thread (calls state.c, never progress.c) */
 pd_status pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
                                 int resume, double deadline, int *published);
 

@@ -29,32 +29,6 @@ coll_progress(void *ctx, double deadline)
     return pd_grp_progress_once(g, deadline);
 }
 
-/* Shared-memory waits: stop for a failed or destroyed group; on the
- * progress thread also keep the transport moving, so that a dead peer's
- * closed connection is seen while a collective waits. */
-pd_status
-pd_grp_shm_check(void *arg)
-{
-    run_ctx *x = arg;
-    pd_group *g = x->g;
-    if (atomic_load(&g->stopping)) {
-        return pd_error(PD_ECLOSED,
-                        "the process group was destroyed while an operation "
-                        "was in progress");
-    }
-    if (x->on_progress) {
-        double now = pd_now();
-        if (now >= x->next_poll) {
-            x->next_poll = now + 0.02;
-            pd_grp_progress_once(g, now);
-        }
-    }
-    if (pd_grp_err(g) != PD_OK) {
-        return pd_error(pd_grp_err(g), "%s", g->errmsg);
-    }
-    return PD_OK;
-}
-
 static int
 shm_interrupted(void *arg)
 {

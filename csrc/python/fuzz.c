@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../transport/shm/shm.h"
 #include "../util/net.h"
 

@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../group.h"
 #include "../kernels/kernels.h"
 #include "binding.h"

@@ -10,7 +10,7 @@
  */
 #include "binding.h"
 
-#include "../coll/kinds.h"
+#include "../util/kinds.h"
 #include "../kernels/kernels.h"
 
 static const char *const block_names[] = {"none", "one", "all", "root_all"};

@@ -27,8 +27,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../coll/kinds.h"
 #include "../kernels/kernels.h"
+#include "../util/kinds.h"
 #include "../util/log.h"
 #include "../util/net.h"
 

@@ -10,7 +10,7 @@
  *
  * PYDDP_CMA=0 turns it off; PYDDP_CMA_THRESHOLD (bytes, "256K", "1M") is the
  * smallest message that uses it in every collective (read once, here);
- * unset, each collective's measured threshold (coll/select.c).
+ * unset, each collective's measured threshold (coll/rules.c).
  */
 #ifndef PD_CMA_H
 #define PD_CMA_H
@@ -24,7 +24,7 @@
 int pd_cma_wanted(void);
 /* PYDDP_CMA_THRESHOLD: messages of at least this many bytes use single
  * copies, whatever the collective; PD_CMA_DEFAULT when unset (each
- * collective's own threshold then, coll/select.c). */
+ * collective's own threshold then, coll/rules.c). */
 #define PD_CMA_DEFAULT ((size_t)-1)
 size_t pd_cma_threshold(void);
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../../kernels/kernels.h"
+#include "../../util/kinds.h"
 #include "../../util/log.h"
 #include "../../util/net.h"
 
@@ -692,24 +693,21 @@ describe(const pd_shm_ident *id, const char *(*kind_name)(int), char *buf,
          size_t len)
 {
     int kind = id->kind;
-    int reduces = kind == 2 || kind == 3 || kind == 7; /* see pd_kind */
-    int rooted = kind == 1 || kind == 3 || kind == 5 || kind == 6;
+    int reduces = pd_kind_has(kind, PD_KF_REDUCES);
+    /* a collective's root (shared memory runs no point-to-point kind) */
+    int rooted = pd_kind_has(kind, PD_KF_ROOTED) &&
+                 !pd_kind_has(kind, PD_KF_P2P);
     char opbuf[32] = "", rootbuf[32] = "";
     if (reduces) {
-        static const char *const ops[] = {"SUM", "AVG", "PRODUCT", "MIN",
-                                          "MAX", "BAND", "BOR", "BXOR"};
         snprintf(opbuf, sizeof(opbuf), ", op=%s",
-                 id->op < 8 ? ops[id->op] : "?");
+                 id->op < PD_NREDOPS ? pd_redop_name((pd_redop)id->op) : "?");
     }
     if (rooted) {
         snprintf(rootbuf, sizeof(rootbuf), ", root=%d", id->root);
     }
-    static const char *const dts[] = {
-        "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-        "int64", "uint64", "float16", "bfloat16", "float32", "float64",
-        "complex64", "complex128"};
     snprintf(buf, len, "%s(dtype=%s, count=%llu%s%s) [sequence number %llu]",
-             kind_name(kind), id->dtype < 15 ? dts[id->dtype] : "?",
+             kind_name(kind),
+             id->dtype < PD_NDTYPES ? pd_dtype_name((pd_dtype)id->dtype) : "?",
              (unsigned long long)id->count, rootbuf, opbuf,
              (unsigned long long)id->seq);
 }

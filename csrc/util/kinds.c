@@ -1,4 +1,4 @@
-/* The table of collective kinds (coll/kinds.h). */
+/* The table of collective kinds (util/kinds.h). */
 #include "kinds.h"
 
 #define R PD_KF_ROOTED

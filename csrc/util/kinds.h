@@ -3,8 +3,8 @@
  * run it).  Every layer reads it (the group, the transports' messages, the
  * binding's argument checks, Python through pyddp._C.KINDS) instead of
  * re-encoding it.  dtypes and reduce ops have theirs in kernels/dtype.c. */
-#ifndef PD_COLL_KINDS_H
-#define PD_COLL_KINDS_H
+#ifndef PD_UTIL_KINDS_H
+#define PD_UTIL_KINDS_H
 
 #include <stddef.h>
 

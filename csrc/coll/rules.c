@@ -1,0 +1,28 @@
+/* The defaults of coll/rules.h.  The measurements behind them are in
+ * docs/_notes/select-measurements.md. */
+#include "rules.h"
+
+#include "../transport/shm/cma.h"
+#include "../util/kinds.h"
+
+/* Single copies (coll/<collective>_cma.c) from these sizes; 0: never.
+ * They pin every page of the peer's buffer and copy at a third of memcpy's
+ * speed in cache, so they win only past the caches: all_reduce from
+ * 32 MiB, gather and scatter from 16 MiB blocks (below, the banks are
+ * 1.1-6x faster).  broadcast, reduce, reduce_scatter, all_gather and
+ * all_to_all keep the banks: as fast or faster at 64 MiB.  scatter on 4
+ * ranks keeps them too (single copies lost after other large collectives in
+ * the same processes); PYDDP_CMA_THRESHOLD=256K serves a program that
+ * mostly scatters. */
+static const size_t cma_from[PD_NKINDS] = {
+    [PD_K_ALLREDUCE] = (size_t)32 << 20,
+    [PD_K_GATHER] = (size_t)16 << 20,
+    [PD_K_SCATTER] = (size_t)16 << 20,
+};
+
+size_t
+pd_coll_cma_threshold(int kind)
+{
+    size_t from = kind >= 0 && kind < PD_NKINDS ? cma_from[kind] : 0;
+    return from != 0 ? from : PD_CMA_DEFAULT;
+}
