@@ -833,6 +833,23 @@ static void *connect_thread(void *arg)
     return NULL;
 }
 
+/* Run fn(job) on a thread of the library's, the communicator in progress
+ * (busy) and referenced until fn ends (fn clears busy, unrefs, frees job). */
+static ncclResult_t in_background(struct ncclComm *c, void *(*fn)(void *), void *job)
+{
+    atomic_fetch_add(&c->refs, 1);
+    atomic_store(&c->busy, 1);
+    pthread_t t;
+    if (pthread_create(&t, NULL, fn, job)) {
+        atomic_store(&c->busy, 0);
+        atomic_fetch_sub(&c->refs, 1);
+        free(job);
+        return ncclSystemError;
+    }
+    pthread_detach(t);
+    return ncclInProgress;
+}
+
 /* Launch ops (one comm, one stream) once their point-to-point peers are connected. */
 static ncclResult_t connect_and_launch(const struct op *ops, int n)
 {
@@ -850,17 +867,7 @@ static ncclResult_t connect_and_launch(const struct op *ops, int n)
     struct connect_job *j = xmalloc(sizeof *j + (size_t)n * sizeof *ops);
     j->n = n;
     memcpy(j->ops, ops, (size_t)n * sizeof *ops);
-    atomic_fetch_add(&c->refs, 1);
-    atomic_store(&c->busy, 1);
-    pthread_t t;
-    if (pthread_create(&t, NULL, connect_thread, j)) {
-        atomic_store(&c->busy, 0);
-        atomic_fetch_sub(&c->refs, 1);
-        free(j);
-        return ncclSystemError;
-    }
-    pthread_detach(t);
-    return ncclInProgress;
+    return in_background(c, connect_thread, j);
 }
 
 /* ----------------------------------------------------------------- groups */
@@ -1229,17 +1236,7 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, nc
         return split_now(c, g, color, key, out, blocking);
     struct split_job *j = xmalloc(sizeof *j);
     *j = (struct split_job){c, out, g, color, key, blocking};
-    atomic_fetch_add(&c->refs, 1);
-    atomic_store(&c->busy, 1);
-    pthread_t t;
-    if (pthread_create(&t, NULL, split_thread, j)) {
-        atomic_store(&c->busy, 0);
-        atomic_fetch_sub(&c->refs, 1);
-        free(j);
-        return ncclSystemError;
-    }
-    pthread_detach(t);
-    return ncclInProgress;
+    return in_background(c, split_thread, j);
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *res)
