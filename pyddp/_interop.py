@@ -31,6 +31,7 @@ import sys
 import numpy as np
 
 from . import _C
+from ._detect import is_torch_module, is_torch_tensor, loaded_torch  # noqa: F401  (the one detector)
 
 # ================================================================================ dtype table
 # The C core's dtypes, as pyddp._C exports them from its table (csrc/kernels/dtype.c): codes in
@@ -68,23 +69,6 @@ def dtype_code(dt, name: str = "array") -> int:
 
 
 # ------------------------------------------------------------------------------------ torch
-
-def loaded_torch():
-    """The torch module when something has imported it, else None (never imports it)."""
-    return sys.modules.get("torch")
-
-
-def is_torch_tensor(x) -> bool:
-    """True for a torch.Tensor (nn.Parameter and subclasses included); never imports torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def is_torch_module(m) -> bool:
-    """True for a torch.nn.Module; never imports torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(m, torch.nn.Module)
-
 
 def _torch_dtype_name(t) -> str:
     return str(t.dtype).rpartition(".")[2]

@@ -42,7 +42,8 @@ from torch.futures import Future
 
 from . import _C, _interop
 from .distributed import _observe
-from .distributed.distributed_c10d import _connect_group
+from .distributed.backends.cpu import connect_group as _connect_group
+from .distributed.backends.interface import BackendOptions, Request
 
 __all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
 
@@ -276,7 +277,7 @@ def _cuda_future(handles, result):
 
 
 class _CudaHandle:
-    """An NCCL work (pyddp.distributed._nccl.NcclWork) as Work holds it.  ``wait()`` on the
+    """An NCCL work (pyddp.distributed.backends.nccl.NcclWork) as Work holds it.  ``wait()`` on the
     submitting thread orders that thread's current stream after the operation (torch's NCCL
     rule: no host block); on another thread (the future watcher, for a work mixing CPU and CUDA
     arrays; its current stream is unrelated to the caller's) it waits on the host, bounded by
@@ -847,7 +848,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
 
     def _nccl_backend(self, name):
-        """pyddp's NCCL backend for this group (pyddp.distributed._nccl.NcclBackend over the
+        """pyddp's NCCL backend for this group (pyddp.distributed.backends.nccl.NcclBackend over the
         torch store the group was created with), created at the first CUDA collective (every
         rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
         be = self.__dict__.get("_nccl")
@@ -862,16 +863,15 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 raise dist.DistBackendError(
                     f"{name}: this pyddp group has no store to start its NCCL backend from "
                     "(create it through torch.distributed.init_process_group/new_group)")
-            from .distributed import _backend, _nccl
+            from .distributed.backends import nccl as _nccl
 
             try:
                 ranks = dist.get_process_group_ranks(self)
             except (RuntimeError, ValueError, KeyError):  # not registered with torch
                 ranks = range(self.size())
             gname = self.__dict__.get("_group_name") or "pyddp"
-            opts = _backend.BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
-                                           self.size(), timedelta(seconds=self._timeout),
-                                           gname, ranks)
+            opts = BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
+                                  self.size(), timedelta(seconds=self._timeout), gname, ranks)
             try:
                 be = _nccl.create(opts)
             except (RuntimeError, OSError) as e:
@@ -903,9 +903,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             return work
         self._flush_cuda_p2p()
         try:
-            nw = be.submit(kind, code, op, root, tag, count, tuple(arrays_in), tuple(arrays_out),
-                           in_splits, out_splits, float(timeout), bool(wait_all), name,
-                           blocking)
+            nw = be.run(Request(kind, code, op, root, tag, count, tuple(arrays_in),
+                                tuple(arrays_out), in_splits, out_splits, float(timeout),
+                                bool(wait_all), name, blocking))
         except _C.DistError as e:
             raise _torch_error(e) from None
         work = Work(() if nw is None else (_CudaHandle(nw),), result, self, source)

@@ -2,7 +2,7 @@
 
 Names, argument order, defaults and error types follow torch.distributed (2.x).  The Python
 layer checks arguments and turns arrays into views (pyddp._interop); the backend serving the
-arrays' device (pyddp.distributed._backend: the C core, pyddp._C, for 'cpu') moves the bytes.
+arrays' device (pyddp.distributed.backends: the C core, pyddp._C, for 'cpu') moves the bytes.
 """
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import functools
 import io
 import os
 import pickle
-import secrets
-import socket
 import threading
 import weakref
 from datetime import timedelta
-from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from .. import _C, _interop
-from . import _backend, _cluster, _observe, _staging
+from . import _observe
+from .backends import registry as _registry, staging as _staging
+from .backends.interface import BackendOptions, Request, runner as _runner
+from .rendezvous import check_rank as _check_rank, rendezvous as _rendezvous
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -85,10 +85,10 @@ class Backend(str):
         ``func(store, rank, world_size, timeout)`` (``func(backend_options, pg_options)`` with
         ``extended_api=True``) creates the backend object of one group on this rank; it must
         implement pyddp's backend interface (``submit``, ``destroy``: see
-        pyddp.distributed._backend).  ``devices``: the device type(s) it serves (default 'cpu'
+        pyddp.distributed.backends).  ``devices``: the device type(s) it serves (default 'cpu'
         and 'cuda', with a warning).  ``init_process_group(name)`` and ``new_group(backend=name)``
         then use it, as do 'device:name' strings."""
-        _backend.register_plugin(name, func, extended_api, devices)
+        _registry.register_plugin(name, func, extended_api, devices)
         if not hasattr(cls, name.upper()):
             setattr(cls, name.upper(), name.lower())
 
@@ -97,10 +97,10 @@ class Backend(str):
 
 class ProcessGroup:
     """A group of ranks with one backend object per device type it serves (see
-    pyddp.distributed._backend); each collective goes to the backend of its arrays' device."""
+    pyddp.distributed.backends); each collective goes to the backend of its arrays' device."""
 
     def __init__(self, backends, ranks, backend, name, timeout, rank, plan=None):
-        # device type -> backend object, or _backend.Unavailable (named, not in this build)
+        # device type -> backend object, or _registry.Unavailable (named, not in this build)
         self._backends = dict(backends)
         self._plan = plan  # device type -> registry entry, for new_group(backend=None)
         self._ranks = list(ranks)  # global ranks, index = group rank
@@ -113,15 +113,18 @@ class ProcessGroup:
         self._pending = collections.deque()
         self._lock = threading.Lock()
         cpu = self._backends.get("cpu")
+        # device type -> the callable taking a Request (backends.interface.runner)
+        self._runs = {d: _runner(b) for d, b in self._backends.items()
+                      if type(b) is not _registry.Unavailable}
         # one backend object for every device (mpi serves cpu and cuda): no routing by device
         cpu_only = cpu is not None and all(b is cpu for b in self._backends.values())
         # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
-        self._cpg = None if type(cpu) is _backend.Unavailable else cpu
+        self._cpg = None if type(cpu) is _registry.Unavailable else cpu
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
         # CPU-only groups: in a group with a device backend the attempt would cost every device
         # array an export (torch's __dlpack__ also orders streams) before it is turned down.
         # (A backend that serves the devices too, as mpi, turns device arrays down at once.)
-        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable and b is not cpu
+        device_live = any(d != "cpu" and type(b) is not _registry.Unavailable and b is not cpu
                           for d, b in self._backends.items())
         self._fast = None if device_live else getattr(self._cpg, "fast", None)
         if _observe._level >= _observe.DebugLevel.DETAIL:
@@ -135,6 +138,8 @@ class ProcessGroup:
         # a CPU-only group sends everything to self._cpg; others choose by device.  A device
         # array always goes to _device_array (CUDA arrays given to the 'cpu' backend are staged
         # through pinned host memory, as torch's gloo does).
+        self._host_run = None if self._host is None else _runner(self._host)
+        self._run_cpu = self._runs.get("cpu")
         self._on_device = self._device_array
         self._route = None if cpu_only else self._route_arrays
         self._staging = False  # set once a CUDA array was staged: outputs are copied back
@@ -159,15 +164,16 @@ class ProcessGroup:
     def _submit(self, kind, dtype=0, op=0, root=0, tag=0, count=0, inputs=(), outputs=(),
                 in_splits=None, out_splits=None, timeout=0.0, wait_all=False, name="",
                 result=None, async_op=False, source=False):
-        be = self._cpg if self._route is None else self._route(inputs, outputs, name)
-        if be is None:
+        run = self._run_cpu if self._route is None else self._route(inputs, outputs, name)
+        if run is None:
             raise DistError(f"{name}: the process group has been destroyed")
         if _observe._level >= _observe.DebugLevel.DETAIL:
             _observe.log_collective(self._name, name, _observe.dtype_name(dtype), inputs,
                                     outputs, async_op)
-        cw = be.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
-                       in_splits, out_splits, float(timeout), bool(wait_all), name,
-                       not async_op and not source)
+        # the record built as a tuple: Request's generated __new__ is a Python call more
+        cw = run(_new_request(Request, (kind, dtype, int(op), root, tag, count, inputs, outputs,
+                                        in_splits, out_splits, float(timeout), bool(wait_all),
+                                        name, not async_op and not source)))
         after = _staging.copy_back_fn(outputs) if self._staging else None
         if cw is None:  # ran to completion on this thread
             if after is not None:
@@ -189,7 +195,7 @@ class ProcessGroup:
         """'cpu:cpu, cuda:nccl (unavailable)': the group's devices and their backends."""
         out = []
         for d, e in (self._plan or {}).items():
-            if type(e) is _backend.Unavailable:
+            if type(e) is _registry.Unavailable:
                 out.append(f"{d}:{e.entry.name} (unavailable)")
             else:
                 out.append(f"{d}:{e.name}")
@@ -200,7 +206,7 @@ class ProcessGroup:
         its device; a staged host copy for a CUDA array on a group whose only backend for it is
         'cpu'; else the error naming both."""
         be = None if self._backends is None else self._backends.get(view.device)
-        if type(be) is _backend.Unavailable:
+        if type(be) is _registry.Unavailable:
             raise RuntimeError(f"{name} is on device {view.device_str}: {be.entry.reason()}")
         stage = be is None and view.device == "cuda" and self._cpg is not None
         if be is None and not stage:
@@ -242,15 +248,15 @@ class ProcessGroup:
             device = "cpu" if "cpu" in backends else next(iter(backends))
         if device == "cpu" and "cpu" not in backends and self._host is not None and \
                 getattr(_objects, "active", False):
-            return self._host  # the pickles of an object collective on a device-only group
+            return self._host_run  # the pickles of an object collective on a device-only group
         be = backends.get(device)
-        if be is None or type(be) is _backend.Unavailable:
+        if be is None or type(be) is _registry.Unavailable:
             what = be.entry.reason() if be is not None else (
                 f"no backend of group {self._name!r} serves it (its backends: "
                 f"{self._backends_desc()})")
             raise (RuntimeError if be is not None else ValueError)(
                 f"{name}: the arrays are on device {device}: {what}")
-        return be
+        return self._runs[device]
 
     @property
     def _transport(self):
@@ -265,10 +271,11 @@ class ProcessGroup:
     def _destroy(self):
         self._fast = None
         self._cpg = None
+        self._run_cpu = self._host_run = None
         backends, self._backends = self._backends, None
         done = set()
         for b in (backends or {}).values():
-            if type(b) is not _backend.Unavailable and id(b) not in done:
+            if type(b) is not _registry.Unavailable and id(b) not in done:
                 done.add(id(b))
                 b.destroy()
         self._pending.clear()
@@ -311,6 +318,8 @@ class _World:
 
 
 _world = _World()
+_new_request = tuple.__new__
+_observe.default_group = lambda: _world.default_pg
 
 
 def _set_world(pg):
@@ -330,7 +339,7 @@ def is_initialized() -> bool:
 
 
 def _registered_available(name) -> bool:
-    e = _backend.lookup(name)
+    e = _registry.lookup(name)
     return e is not None and e.is_available()
 
 
@@ -473,156 +482,6 @@ def _timeout_seconds(timeout, name="timeout") -> float:
     return s
 
 
-def _rendezvous(init_method, rank, world_size, timeout):
-    """Return (store, rank, world_size) like torch's rendezvous handlers."""
-    url = urlparse(init_method)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if "rank" in query:
-        rank = int(query["rank"])
-    if "world_size" in query:
-        world_size = int(query["world_size"])
-    if url.scheme == "env":
-        # torchrun's variables, else those of Open MPI, Hydra, Slurm or PMI (see _cluster.py)
-        env = _cluster.resolve(os.environ, rank, world_size)
-        rank, world_size = env.rank, env.world_size
-        _check_rank(rank, world_size)
-        # What was derived from a cluster launcher's variables goes into the environment when absent
-        # (as DeepSpeed's MPI discovery does), so code written for torchrun (os.environ["LOCAL_RANK"],
-        # DataLoader workers, subprocesses) finds it; PYDDP_SECRET before the store reads it.
-        for k, v in env.derived.items():
-            os.environ.setdefault(k, v)
-        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        return store, rank, world_size
-    if url.scheme == "tcp":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: tcp:// init needs rank= (argument or query)")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: tcp:// init needs world_size=")
-        if not url.hostname or not url.port:
-            raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
-        _check_rank(rank, world_size)
-        store = TCPStore(url.hostname, url.port, world_size, rank == 0,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        return store, rank, world_size
-    if url.scheme == "file":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: file:// init needs rank=")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: file:// init needs world_size=")
-        _check_rank(rank, world_size)
-        path = url.path if not url.netloc else url.netloc + url.path
-        store = FileStore(path, world_size)
-        store.set_timeout(timedelta(seconds=timeout))
-        return store, rank, world_size
-    raise ValueError(f"init_method {init_method!r}: unsupported scheme {url.scheme!r} "
-                     "(expected env://, tcp://host:port or file:///path)")
-
-
-def _check_rank(rank, world_size):
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
-
-
-def _advertised_host(store) -> str:
-    host = os.environ.get("PYDDP_HOST")
-    if host:
-        return host
-    base = store
-    while isinstance(base, PrefixStore):
-        base = base.underlying_store
-    if isinstance(base, TCPStore):
-        try:
-            local = base.local_addr()
-            if local:
-                return local
-        except (AttributeError, DistError, OSError):
-            pass
-    if isinstance(base, (HashStore,)):
-        return "127.0.0.1"
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-_TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
-
-
-def _transport_choice(store, prefix, rank) -> int:
-    """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
-    if rank == 0:
-        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-        if want not in _TRANSPORTS:
-            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
-        store.set(f"{prefix}/transport", want)
-    return _TRANSPORTS[store.get(f"{prefix}/transport").decode()]
-
-
-def _node_id() -> str:
-    """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
-    machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
-    nid = os.environ.get("PYDDP_NODE_ID")
-    if nid:
-        return nid
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def _connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
-    """Create this rank's member of a group and connect it to the others through `store`.
-    ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
-
-    Returns (C process group, round number)."""
-    # Several rounds may use the same store (init, destroy, init again): the counter gives
-    # each round its own keys, so no rank reads a stale address.
-    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
-    prefix = f"{name}/{gen}"
-    secret = job_secret()
-    cpg = _C.ProcessGroup(rank, size, timeout, secret)
-    try:
-        if size > 1:
-            host = _advertised_host(store)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
-            store.set(f"{prefix}/node/{rank}", _node_id())
-            if rank == 0:
-                store.set(f"{prefix}/token", str(secrets.randbits(63)))
-            transport = _transport_choice(store, prefix, rank)
-            token = int(store.get(f"{prefix}/token"))
-            hosts, ports, nodes = [], [], []
-            for r in range(size):
-                h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
-                hosts.append(h)
-                ports.append(int(p))
-                nodes.append(store.get(f"{prefix}/node/{r}").decode())
-        else:
-            token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
-        cpg.connect(hosts, ports, token, nodes, transport)
-    except BaseException:
-        cpg.destroy()
-        raise
-    if size > 1:
-        hostsn = len(set(nodes))
-        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-               if transport else
-               f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
-        if cpg.shm_fallback:
-            # a full or unwritable /dev/shm somewhere: the job runs, slower, and says why
-            why = cpg.shm_fallback
-            _observe.log.warning("[rank %d] group %s: %s", _observe._global_rank(rank), label or name,
-                                 cpg.shm_fallback)
-    else:
-        why = "one rank"
-    _observe.attach(cpg, label or name, rank, size, token, backend, why)
-    return cpg, gen
-
-
 def _device_index(device_id):
     """The CUDA ordinal of init_process_group's / new_group's ``device_id`` (an int, 'cuda:N',
     or a torch.device), or None."""
@@ -649,19 +508,18 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     with _world.lock:
         if _world.default_pg is not None:
             raise ValueError("trying to initialize the default process group twice!")
-        bname, plan = _backend.parse(backend)
+        bname, plan = _registry.parse(backend)
         tsec = _timeout_seconds(timeout)
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
             raise TypeError("world_size and rank must be integers")
-        uses_mpi = [getattr(e, "name", None) == "mpi" for e in plan.values()]
-        if store is None and init_method is None and uses_mpi and all(uses_mpi):
-            # as torch's: rank and world size come from MPI, no rendezvous (a local store keeps
-            # new_group's bookkeeping; the backend never reads it)
-            from . import _mpi
-
-            rank, world_size = _mpi.world_rank_size(rank, world_size)
+        hooks = [getattr(e, "rendezvous", None) for e in plan.values()]
+        if store is None and init_method is None and hooks and all(hooks):
+            # a backend with a launcher of its own serves every device ("mpi"): rank and world
+            # size come from it, as torch's, no rendezvous (a local store keeps new_group's
+            # bookkeeping; the backend never reads it)
+            rank, world_size = hooks[0].world(rank, world_size)
             store, owns = HashStore(), False
         elif store is not None:
             if world_size <= 0:
@@ -671,20 +529,19 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             _check_rank(rank, world_size)
             owns = False
         else:
-            if init_method is None and any(uses_mpi):
+            if init_method is None:
                 # "cpu:mpi,cuda:nccl": the other backend's rendezvous is env://; what the
                 # launcher's variables leave open (MASTER_ADDR across hosts, ...) comes from MPI
-                from . import _mpi
-
-                _mpi.rendezvous_env(os.environ)
+                for hook in dict.fromkeys(h for h in hooks if h is not None):
+                    hook.prepare_env(os.environ)
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)
         name = group_name or "default_pg"
         dev = _device_index(device_id)
-        opts = _backend.BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
+        opts = BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
                                        range(world_size), pg_options, dev)
-        pg = ProcessGroup(_backend.create(plan, opts), range(world_size), bname, name, tsec,
+        pg = ProcessGroup(_registry.create(plan, opts), range(world_size), bname, name, tsec,
                           rank, plan)
         _world.store = store
         _world.owns_store = owns
@@ -715,7 +572,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     for r in ranks:
         if not 0 <= r < n:
             raise ValueError(f"rank {r} in ranks is out of range [0, {n - 1}]")
-    bname, plan = _backend.parse(backend) if backend is not None else (world._backend, world._plan)
+    bname, plan = _registry.parse(backend) if backend is not None else (world._backend, world._plan)
     tsec = _timeout_seconds(timeout) if timeout is not None else world._timeout
     with _world.lock:
         _world.group_count += 1
@@ -736,10 +593,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
     dev = _device_index(device_id) if device_id is not None else _world.device_id
-    opts = _backend.BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
+    opts = BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
                                    group_desc or name, ranks, pg_options, dev)
     opts.split_from = parent
-    pg = ProcessGroup(_backend.create(plan, opts), ranks, bname, group_desc or name, tsec,
+    pg = ProcessGroup(_registry.create(plan, opts), ranks, bname, group_desc or name, tsec,
                       ranks.index(me), plan)
     _world.groups.append(pg)
     return pg
@@ -1114,20 +971,37 @@ def _rank_arrays(pg, lst, name, ref, ref_code, ref_name, writable):
     return tuple(out)
 
 
+def _root(pg, group_root, root, name):
+    """The root's group rank: ``group_root`` (group_src / group_dst) when given, else the group
+    rank of the global rank ``root`` (default 0)."""
+    if group_root is not None:
+        return group_root
+    return _group_rank(pg, root if root is not None else 0, name)
+
+
+def _root_list(pg, root, lst, name, ref, ref_code, writable, role):
+    """gather's / scatter's list of one array per rank: its arrays on the root, () on the others
+    (where it must be None or empty)."""
+    if pg.rank() == root:
+        if lst is None:
+            raise ValueError(f"{name} must be given on the {role} rank")
+        return _rank_arrays(pg, lst, name, ref, ref_code, "tensor", writable)
+    if lst:
+        raise ValueError(f"{name} must be None or empty on non-{role} ranks")
+    return ()
+
+
 # ------------------------------------------------------------------------------ collectives
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """Copy ``tensor`` of rank ``src`` (global rank; ``group_src``: rank in the group) into
     ``tensor`` on every rank of ``group``, in place. Returns a Work with ``async_op=True``,
     else None."""
-    if group is None and not async_op and group_src is None and src is not None:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_BROADCAST, tensor, src):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_src is None and src is not None,
+                _K_BROADCAST, tensor, src)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_BROADCAST, code, 0, root, 0, a.size, (), (a,),
                            name="broadcast", result=tensor, async_op=async_op), async_op)
@@ -1138,6 +1012,17 @@ _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 _K_REDUCE, _K_GATHER, _K_SCATTER, _K_ALLTOALL = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER, _C.K_ALLTOALL
 
 
+def _start(group, fast, kind, *args):
+    """What every collective does first: with ``fast`` (a blocking call the C fast path may take)
+    on the default group, try ``fast(kind, *args)`` (one C call; None: done); else the
+    ProcessGroup to run on, or None on a rank outside ``group`` (nothing to do)."""
+    if fast and group is None:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(kind, *args):
+            return None
+    return _resolve(group)
+
+
 def _ret(work, async_op):
     return work if async_op else None
 
@@ -1145,11 +1030,7 @@ def _ret(work, async_op):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` over every rank of ``group`` with ``op`` (a ReduceOp) and leave the result
     in ``tensor`` on every rank, in place. Returns a Work with ``async_op=True``, else None."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLREDUCE, tensor, op):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLREDUCE, tensor, op)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1194,15 +1075,12 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""
-    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE, tensor, op, None, dst or 0):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
+                _K_REDUCE, tensor, op, None, dst or 0)
     if pg is None:
         return None
     op = _op_of(op)
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
     _check_reduce_op(a, code, op, "reduce")
     return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
@@ -1212,11 +1090,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Fill ``tensor_list`` (one array per rank of ``group``, shaped like ``tensor``) with every
     rank's ``tensor``, on every rank."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLGATHER, tensor_list, 0, tensor):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLGATHER, tensor_list, 0, tensor)
     if pg is None:
         return None
     a, code = as_array(tensor, "tensor", False, pg._on_device)
@@ -1228,14 +1102,9 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """Concatenate every rank's ``input_tensor``, in rank order, into ``output_tensor`` (world_size
     times as many elements), on every rank."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        # the C fast path takes an output shaped (world_size * d0, d1, ...) for an input shaped
-        # (d0, d1, ...) and leaves any other shape to the checks below
-        if pg is not None and pg._fast is not None and \
-                pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
-            return None
-    pg = _resolve(group)
+    # the C fast path takes an output shaped (world_size * d0, d1, ...) for an input shaped
+    # (d0, d1, ...) and leaves any other shape to the checks below
+    pg = _start(group, not async_op, _K_ALLGATHER, output_tensor, 0, input_tensor)
     if pg is None:
         return None
     a, code = as_array(input_tensor, "input_tensor", False, pg._on_device)
@@ -1258,44 +1127,26 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None on the other
     ranks)."""
-    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_GATHER, gather_list, dst or 0, tensor):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
+                _K_GATHER, gather_list, dst or 0, tensor)
     if pg is None:
         return None
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     a, code = as_array(tensor, "tensor", False, pg._on_device)
-    outs = ()
-    if pg.rank() == root:
-        if gather_list is None:
-            raise ValueError("gather_list must be given on the destination rank")
-        outs = _rank_arrays(pg, gather_list, "gather_list", a, code, "tensor", True)
-    elif gather_list:
-        raise ValueError("gather_list must be None or empty on non-destination ranks")
+    outs = _root_list(pg, root, gather_list, "gather_list", a, code, True, "destination")
     return _ret(pg._submit(_C.K_GATHER, code, 0, root, 0, a.size, (a,), outs,
                            name="gather", result=gather_list, async_op=async_op), async_op)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     """Rank ``src`` sends ``scatter_list[i]`` to rank i; every rank receives into ``tensor``."""
-    if group is None and not async_op and group_src is None and (src is None or type(src) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_SCATTER, tensor, src or 0, scatter_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_src is None and (src is None or type(src) is int),
+                _K_SCATTER, tensor, src or 0, scatter_list)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     o, code = as_array(tensor, "tensor", True, pg._on_device)
-    ins = ()
-    if pg.rank() == root:
-        if scatter_list is None:
-            raise ValueError("scatter_list must be given on the source rank")
-        ins = _rank_arrays(pg, scatter_list, "scatter_list", o, code, "tensor", False)
-    elif scatter_list:
-        raise ValueError("scatter_list must be None or empty on non-source ranks")
+    ins = _root_list(pg, root, scatter_list, "scatter_list", o, code, False, "source")
     return _ret(pg._submit(_C.K_SCATTER, code, 0, root, 0, o.size, ins, (o,),
                            name="scatter", result=tensor, async_op=async_op), async_op)
 
@@ -1303,11 +1154,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input_list`` element-wise over the ranks with ``op``; rank i receives the i-th
     reduced array in ``output``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input_list)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1321,11 +1168,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input`` (world_size times the size of ``output``) over the ranks with ``op``; rank i
     receives the i-th chunk in ``output``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1348,12 +1191,7 @@ def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=Fa
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     """Rank i sends ``input_tensor_list[j]`` to rank j, which receives it in
     ``output_tensor_list[i]``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and \
-                pg._fast(_K_ALLTOALL, output_tensor_list, 0, input_tensor_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLTOALL, output_tensor_list, 0, input_tensor_list)
     if pg is None:
         return None
     n = pg.size()
@@ -1412,11 +1250,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       async_op=False):
     """all_to_all on single arrays split along the first dimension: equal chunks, or
     ``input_split_sizes`` / ``output_split_sizes`` rows per rank."""
-    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLTOALL, output, 0, input):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and output_split_sizes is None and input_split_sizes is None,
+                _K_ALLTOALL, output, 0, input)
     if pg is None:
         return None
     n = pg.size()
@@ -1466,21 +1301,11 @@ def _shared_array(shape, dtype=np.float32, group=None):
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
     ignored); ``timeout`` (a timedelta) replaces the group's timeout for this call."""
-    if timeout is not None:
-        pg = _resolve(group)
-        if pg is None:
-            return None
-        t = _timeout_seconds(timeout)
-        return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op),
-                    async_op)
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_BARRIER, None, 0):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and timeout is None, _K_BARRIER, None, 0)
     if pg is None:
         return None
-    return _ret(pg._submit(_C.K_BARRIER, name="barrier", async_op=async_op), async_op)
+    t = 0.0 if timeout is None else _timeout_seconds(timeout)
+    return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op), async_op)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -1712,7 +1537,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     if pg is None:
         return
     _list_arg(object_list, "object_list")
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     me = pg.rank()
     sizes = np.zeros(len(object_list), dtype=np.int64)
     if me == root:
@@ -1763,7 +1588,7 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     pg = _resolve(group)
     if pg is None:
         return
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     me = pg.rank()
     if me == root:
         _list_arg(object_gather_list, "object_gather_list")
@@ -1788,7 +1613,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     _list_arg(scatter_object_output_list, "scatter_object_output_list")
     if len(scatter_object_output_list) < 1:
         raise ValueError("scatter_object_output_list must have at least one element")
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     me, n = pg.rank(), pg.size()
     sizes = np.zeros(n, dtype=np.int64)
     blobs = None
