@@ -20,7 +20,7 @@ from .. import _observe
 from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
 from .registry import BackendEntry, register
 
-__all__ = ["connect_group", "create"]
+__all__ = ["connect_group", "create", "spare_core"]
 
 
 def advertised_host(store) -> str:
@@ -118,6 +118,25 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         why = "one rank"
     _observe.attach(cpg, label or name, rank, size, token, backend, why)
     return cpg, gen
+
+
+def spare_core(transport, size) -> bool:
+    """Whether work handed to the progress thread gets a core of its own here (DDP reduces
+    buckets there while backward goes on; the torch bridge runs blocking calls inline otherwise).
+
+    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
+    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
+    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
+    """
+    v = os.environ.get("PYDDP_DDP_OVERLAP")
+    if v is not None and v != "":
+        return v not in ("0", "false", "False", "no")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    local = size if transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return cores > local
 
 
 def create(opts):

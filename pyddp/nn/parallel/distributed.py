@@ -41,6 +41,7 @@ import numpy as np
 from ... import _C
 from ... import distributed as dist
 from ...distributed import _observe
+from ...distributed.backends.cpu import spare_core
 from ...distributed._grad_bucket import GradBucket  # noqa: F401  (torch.nn.parallel has it here too)
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
@@ -810,21 +811,9 @@ _register_joinable()
 
 
 def _overlap_default(pg) -> bool:
-    """Reduce buckets on the progress thread while backward goes on, or on the calling thread.
-
-    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
-    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
-    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
-    """
-    v = os.environ.get("PYDDP_DDP_OVERLAP")
-    if v is not None and v != "":
-        return v not in ("0", "false", "False", "no")
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    local = pg.size() if pg._transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return cores > local
+    """Reduce buckets on the progress thread while backward goes on, or on the calling thread
+    (pyddp.distributed.backends.cpu.spare_core decides)."""
+    return spare_core(pg._transport, pg.size())
 
 
 class DistributedDataParallel(metaclass=abc.ABCMeta):
