@@ -142,6 +142,21 @@ class ArrayView:
     def device_str(self) -> str:
         return self.device if self.device == "cpu" else f"{self.device}:{self.index}"
 
+    def checked(self, name, writable):
+        """(self, dtype code) for a device array given to a collective as ``name`` (the name it
+        keeps): a dtype the C core has, contiguous, writable when an output; the rules every
+        caller (pyddp.distributed's groups, the torch bridge) applies, else TypeError or
+        ValueError naming it."""
+        if self.code is None:
+            raise TypeError(f"{name} has unsupported dtype {self.dtype}; supported: "
+                            f"{', '.join(DTYPE_NAMES)}")
+        if not self.contiguous:
+            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+        if writable and not self.writable:
+            raise ValueError(f"{name} is read-only; it is an output and must be writable")
+        self.name = name
+        return self, self.code
+
     def __repr__(self):
         return (f"ArrayView({self.dtype}{list(self.shape)} on {self.device_str}, "
                 f"{'' if self.contiguous else 'non-'}contiguous, "

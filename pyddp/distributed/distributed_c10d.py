@@ -212,14 +212,7 @@ class ProcessGroup:
         if be is None and not stage:
             raise ValueError(f"{name} is on device {view.device_str}, which no backend of group "
                              f"{self._name!r} serves (its backends: {self._backends_desc()})")
-        if view.code is None:
-            raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
-                            f"{', '.join(_interop.DTYPE_NAMES)}")
-        if not view.contiguous:
-            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
-        if writable and not view.writable:
-            raise ValueError(f"{name} is read-only; it is an output and must be writable")
-        view.name = name
+        view.checked(name, writable)
         if stage:
             self._staging = True
             return _staging.stage(view, name, writable), view.code

@@ -112,15 +112,7 @@ def _on_device(view, name, writable):
     if view.device != "cuda":
         raise ValueError(f"{name} is on device {view.device_str}; the pyddp backend serves "
                          "'cpu' and 'cuda'")
-    if view.code is None:
-        raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
-                        f"{', '.join(_interop.DTYPE_NAMES)}")
-    if not view.contiguous:
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
-    if writable and not view.writable:
-        raise ValueError(f"{name} is read-only; it is an output and must be writable")
-    view.name = name
-    return view, view.code
+    return view.checked(name, writable)
 
 
 def _on_cuda(arrays_in, arrays_out, name):
