@@ -156,10 +156,10 @@ def test_no_backend_reaches_the_api_module():
     g = import_graph(ROOT, "pyddp")
     backends = [m for m in g if m == BACKENDS or m.startswith(BACKENDS + ".")]
     assert {f"{BACKENDS}.{b}" for b in ("cpu", "nccl", "mpi", "interface", "registry",
-                                        "staging")} <= set(backends)
-    paths = {b: reaches(g, b, API) for b in backends}
-    paths.update({b: reaches(g, b, "pyddp.distributed") for b in backends})
-    assert {b: p for b, p in paths.items() if p} == {}
+                                        "staging", "torch_bridge")} <= set(backends)
+    paths = {(b, up): reaches(g, b, up) for b in backends
+             for up in (API, "pyddp.distributed.process_group", "pyddp.distributed")}
+    assert {k: p for k, p in paths.items() if p} == {}
 
 
 def example_backend():

@@ -359,7 +359,8 @@ class MpiWork:
             return ok
 
     def wait(self, timeout=None) -> bool:
-        """Poll until done; DistBackendError after ``timeout`` seconds (the group's) or on an MPI error."""
+        """Poll until done; DistBackendError after ``timeout`` seconds (default: the group's) or
+        on an MPI error."""
         t = self.be.timeout if timeout is None else float(timeout)
         if not _poll(self._test, _C.monotonic() + t):
             msg = (f"{self.what} on {self.be._where()}, rank {self.be.rank}, did not complete "

@@ -1,4 +1,5 @@
-"""pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp".
+"""pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp" (this
+module, pyddp.distributed.backends.torch_bridge, is also pyddp.torch_backend).
 
 Then an unchanged torch script runs its collectives on pyddp's C core (shared memory on one
 host, TCP across hosts)::
@@ -11,8 +12,8 @@ torch 2.13 cannot subclass its C++ ``Backend`` from Python (no constructor is bo
 creator returns a ``torch.distributed.ProcessGroup`` subclass, which torch uses as the whole
 group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's Python API and its
 C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call; each maps to one
-request of pyddp's C process group (``submit``, see pyddp.distributed._backend).  CPU tensors are
-used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
+request of pyddp's C process group (``submit``, see pyddp.distributed.backends.interface).  CPU
+tensors are used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
 C work handle); ``get_future()`` of a CPU work completes from a watcher thread once the work
 finishes; that of a CUDA work completes at launch with its consumers ordered on the GPU, as torch's
 ProcessGroupNCCL's (see ``_cuda_future``).
@@ -21,7 +22,8 @@ pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
 
 Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
 whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
-backend (pyddp.distributed._nccl), started over the group's torch store at the first CUDA call.
+backend (pyddp.distributed.backends.nccl), started over the group's torch store at the first
+CUDA call.
 ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier`` accepts only
 gloo groups, so importing this module wraps it once: calls on a pyddp group run pyddp's, all
 others torch's own function.
