@@ -271,7 +271,7 @@ def _cuda_future(handles, result):
 
 
 class _CudaHandle:
-    """An NCCL work (pyddp.distributed.backends.nccl.NcclWork) as Work holds it.  ``wait()`` on the
+    """An NCCL work (pyddp.distributed.backends.nccl.backend.NcclWork) as Work holds it.  ``wait()`` on the
     submitting thread orders that thread's current stream after the operation (torch's NCCL
     rule: no host block); on another thread (the future watcher, for a work mixing CPU and CUDA
     arrays; its current stream is unrelated to the caller's) it waits on the host, bounded by
@@ -842,7 +842,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
 
     def _nccl_backend(self, name):
-        """pyddp's NCCL backend for this group (pyddp.distributed.backends.nccl.NcclBackend over the
+        """pyddp's NCCL backend for this group (pyddp.distributed.backends.nccl.backend.NcclBackend over the
         torch store the group was created with), created at the first CUDA collective (every
         rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
         be = self.__dict__.get("_nccl")

@@ -1,4 +1,5 @@
-"""Backend "mpi": pyddp's collectives through the site's MPI, by way of mpi4py (the
+"""Backend "mpi", its implementation (imported at the first group; the package registers it):
+pyddp's collectives through the site's MPI, by way of mpi4py (the
 interface every backend object has: pyddp.distributed.backends.interface).
 
 mpi4py (the ``mpi`` extra) is imported the first time the backend is used, never by
@@ -44,7 +45,6 @@ cost about 30 us.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import threading
@@ -52,11 +52,11 @@ import time
 
 import numpy as np
 
-from ... import _C
-from .._observe import describe_signature as _describe
-from . import staging as _staging
-from .interface import Backend
-from .registry import BackendEntry, register
+from .... import _C
+from ..._observe import describe_signature as _describe
+from .. import staging as _staging
+from ..interface import Backend
+from ._probe import INSTALL_HINT, reason
 
 _K = _C.KINDS
 _K_BROADCAST, _K_ALLREDUCE, _K_REDUCE = _C.K_BROADCAST, _C.K_ALLREDUCE, _K["reduce"]["code"]
@@ -78,30 +78,10 @@ _INT_MAX = 2 ** 31 - 1
 # MpiComm.check's outcomes (and MpiComm.fast's failures: _ST_CALL_ERROR, the collective's own call)
 _ST_MPI_ERROR, _ST_TIMEOUT, _ST_MISMATCH, _ST_CALL_ERROR = 1, 2, 3, 5
 
-INSTALL_HINT = ("install mpi4py (pip install 'pyddp[mpi]', or pip install mpi4py) where an MPI is "
-                "installed: Open MPI (Debian/Ubuntu: apt-get install libopenmpi-dev openmpi-bin) or "
-                "MPICH; mpi4py builds against the MPI whose mpicc is on the PATH")
-
 MPI = None  # mpi4py.MPI once loaded
 _tables = None
 _lock = threading.Lock()
 _cuda_aware = None
-
-
-def available() -> bool:
-    """Whether mpi4py is installed (looked up, not imported)."""
-    mod = sys.modules.get("mpi4py", False)
-    if mod is not False:
-        return mod is not None  # None: imports of it are blocked
-    try:
-        return importlib.util.find_spec("mpi4py") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def reason() -> str:
-    """Why backend 'mpi' is not available: mpi4py is missing."""
-    return f"backend 'mpi' needs mpi4py, which is not installed: {INSTALL_HINT}"
 
 
 def load():
@@ -242,7 +222,7 @@ def rendezvous_env(env):
     broadcast over MPI_COMM_WORLD.  Fills only what is unset; collective over the job."""
     import socket
 
-    from .. import _cluster
+    from ... import _cluster
 
     mpi = load()
     world = mpi.COMM_WORLD
@@ -1014,19 +994,3 @@ def create(opts):
     """The factory registered for backend 'mpi'."""
     load()
     return MpiBackend(opts)
-
-
-class _Rendezvous:
-    """Backend 'mpi''s rendezvous hook (backends.interface.Rendezvous): the ranks are MPI's."""
-
-    @staticmethod
-    def world(rank, world_size):
-        return world_rank_size(rank, world_size)
-
-    @staticmethod
-    def prepare_env(environ):
-        rendezvous_env(environ)
-
-
-register(BackendEntry("mpi", ("cpu", "cuda"), create, available=lambda: available(),
-                      reason=lambda: reason(), rendezvous=_Rendezvous()))

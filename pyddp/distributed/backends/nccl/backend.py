@@ -1,4 +1,5 @@
-"""Backend "nccl": pyddp's collectives on CUDA arrays through NCCL (the interface every backend
+"""Backend "nccl", its implementation (imported at the first group; the package registers it):
+pyddp's collectives on CUDA arrays through NCCL (the interface every backend
 object has: pyddp.distributed.backends.interface).
 
 One backend object per process group and rank.  It holds:
@@ -34,12 +35,11 @@ import threading
 
 import numpy as np
 
-from ... import _C
-from .._observe import describe_signature as _describe
-from .cpu import connect_group
-from .interface import Backend
-from .registry import BackendEntry, register
-from .staging import stream_family as _stream_family
+from .... import _C
+from ..._observe import describe_signature as _describe
+from ..cpu import connect_group
+from ..interface import Backend
+from ..staging import stream_family as _stream_family
 
 _K_ALLGATHER, _K_ALLTOALL, _K_BARRIER = _C.K_ALLGATHER, _C.K_ALLTOALL, _C.K_BARRIER
 _K_SEND, _K_RECV = _C.K_SEND, _C.K_RECV
@@ -416,7 +416,7 @@ class NcclBackend(Backend):
 
 def create(opts):
     """The factory registered for backend 'nccl'."""
-    from ... import cuda
+    from .... import cuda
 
     cuda._lib.load_nccl()  # raises with every place it looked
     why = cuda._why_unavailable()
@@ -424,20 +424,3 @@ def create(opts):
         raise RuntimeError(f"backend 'nccl' needs a CUDA device, but none is usable ({why}); "
                            "use backend='gloo' (or 'cpu') on a machine without a GPU")
     return NcclBackend(opts, cuda)
-
-
-def _nccl_error():
-    """Why libnccl cannot be used (None when it loads), from pyddp.cuda's loader."""
-    from ...cuda import _lib
-
-    try:
-        _lib.load_nccl()
-    except RuntimeError as e:
-        return str(e)
-    return None
-
-
-register(BackendEntry(
-    "nccl", ("cuda",), create, available=lambda: _nccl_error() is None,
-    reason=lambda: f"backend 'nccl' is not available (use backend='cpu' or 'gloo' for CPU "
-                   f"arrays): {_nccl_error()}"))
