@@ -23,7 +23,7 @@ from . import _observe
 from .backends import registry as _registry
 from .backends.interface import BackendOptions
 from .process_group import Future, ProcessGroup, Work, _objects  # noqa: F401  (public here)
-from .rendezvous import check_rank as _check_rank, rendezvous as _rendezvous
+from ._rendezvous import check_rank as _check_rank, rendezvous as _rendezvous
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
