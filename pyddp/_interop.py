@@ -31,6 +31,7 @@ import sys
 import numpy as np
 
 from . import _C
+from ._detect import is_torch_module, is_torch_tensor, loaded_torch  # noqa: F401  (the one detector)
 
 # ================================================================================ dtype table
 # The C core's dtypes, as pyddp._C exports them from its table (csrc/kernels/dtype.c): codes in
@@ -68,23 +69,6 @@ def dtype_code(dt, name: str = "array") -> int:
 
 
 # ------------------------------------------------------------------------------------ torch
-
-def loaded_torch():
-    """The torch module when something has imported it, else None (never imports it)."""
-    return sys.modules.get("torch")
-
-
-def is_torch_tensor(x) -> bool:
-    """True for a torch.Tensor (nn.Parameter and subclasses included); never imports torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def is_torch_module(m) -> bool:
-    """True for a torch.nn.Module; never imports torch."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(m, torch.nn.Module)
-
 
 def _torch_dtype_name(t) -> str:
     return str(t.dtype).rpartition(".")[2]
@@ -157,6 +141,21 @@ class ArrayView:
     @property
     def device_str(self) -> str:
         return self.device if self.device == "cpu" else f"{self.device}:{self.index}"
+
+    def checked(self, name, writable):
+        """(self, dtype code) for a device array given to a collective as ``name`` (the name it
+        keeps): a dtype the C core has, contiguous, writable when an output; the rules every
+        caller (pyddp.distributed's groups, the torch bridge) applies, else TypeError or
+        ValueError naming it."""
+        if self.code is None:
+            raise TypeError(f"{name} has unsupported dtype {self.dtype}; supported: "
+                            f"{', '.join(DTYPE_NAMES)}")
+        if not self.contiguous:
+            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+        if writable and not self.writable:
+            raise ValueError(f"{name} is read-only; it is an output and must be writable")
+        self.name = name
+        return self, self.code
 
     def __repr__(self):
         return (f"ArrayView({self.dtype}{list(self.shape)} on {self.device_str}, "

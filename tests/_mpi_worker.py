@@ -265,7 +265,7 @@ def misc(ck, rank, ws):
 
 def cuda_logic(ck, rank, ws):
     """The CUDA-aware decision (no GPU here): PYDDP_MPI_CUDA_AWARE overrides the query."""
-    from pyddp.distributed import _mpi
+    from pyddp.distributed.backends.mpi import backend as _mpi
     os.environ["PYDDP_MPI_CUDA_AWARE"] = "1"
     ck.expect("env 1", None if _mpi.cuda_aware() else "False")
     os.environ["PYDDP_MPI_CUDA_AWARE"] = "0"

@@ -1,4 +1,4 @@
-"""Backend "mpi" (pyddp.distributed._mpi on mpi4py) under real ``mpirun`` jobs of 2 to 4 ranks.
+"""Backend "mpi" (pyddp.distributed.backends.mpi on mpi4py) under real ``mpirun`` jobs of 2 to 4 ranks.
 
 tests/_mpi_worker.py runs in every rank: each suite's checks against NumPy references are batched
 into one launch, and every rank's report comes back as a JSON file.  Skipped where mpirun or
@@ -104,7 +104,7 @@ def _run_py(code, extra_env=None):
 def test_import_pyddp_does_not_import_mpi4py():
     out = _run_py("import sys, pyddp, pyddp.distributed as d\n"
                   "d.is_mpi_available(); d.is_backend_available('mpi')\n"
-                  "from pyddp.distributed import _mpi\n"
+                  "from pyddp.distributed.backends import mpi as _mpi\n"
                   "assert 'mpi4py' not in sys.modules, 'mpi4py imported'\n")
     assert out.returncode == 0, out.stderr
 

@@ -9,7 +9,8 @@ import pytest
 
 import pyddp.distributed as dist
 from pyddp import _C
-from pyddp.distributed import _backend, distributed_c10d as c10d
+from pyddp.distributed import distributed_c10d as c10d
+from pyddp.distributed.backends import registry as _backend
 
 NCCL_MSG = "backend 'nccl' is not available"
 MISSING = "pyddp could not load libnccl (the loader's report)"
@@ -63,7 +64,7 @@ def no_libnccl(monkeypatch):
 
     monkeypatch.setattr(_lib, "load_nccl", missing)
     # ... and without mpi4py (backend 'mpi' is tested under mpirun in test_backend_mpi.py)
-    from pyddp.distributed import _mpi
+    from pyddp.distributed.backends import mpi as _mpi
 
     monkeypatch.setattr(_mpi, "available", lambda: False)
 

@@ -210,7 +210,7 @@ def test_nothing_found_says_where_it_looked_and_what_to_install(tmp_path, system
         pytest.skip("the system loader finds a libnccl.so.2 on this machine")
     got = _run("""
         import pyddp.distributed as dist
-        from pyddp.distributed import _backend
+        from pyddp.distributed.backends import registry as _backend
         print(json.dumps([err(L.load_nccl), err(L.load_nccl), dist.is_nccl_available(),
                           _backend.lookup("nccl").reason()]))
     """, sys_path=[str(tmp_path)])

@@ -5,8 +5,8 @@ collective would stall every stream at each call.  As torch's CachingHostAllocat
 are kept by size class (the next power of two, at least 512 bytes) and reused: ``host_bytes(n)``
 returns a uint8 array over a block whose NumPy base is a lease; when the last array (or view) of
 it dies, the lease gives the block back.  A block is given back only once nothing uses it: the
-staging code (pyddp.distributed._staging) synchronises the stream after each copy into or out of
-it, and the collective that reads or writes it holds the array until it completed.
+staging code (pyddp.distributed.backends.staging) synchronises the stream after each copy into
+or out of it, and the collective that reads or writes it holds the array until it completed.
 Idle blocks are freed by ``pyddp.cuda.empty_cache()``; beyond ``_IDLE_CAP`` idle bytes a block
 given back is freed at once, unless it is the only idle block of its size class (so a repeated
 large collective keeps its one block).

@@ -71,10 +71,10 @@ from . import flight_recorder  # noqa: F401,E402
 
 
 def __getattr__(name):
-    # torch.distributed.GradBucket: the class comm hooks receive (pyddp's DDP defines it;
-    # imported on first use so that importing pyddp.distributed stays light).
+    # torch.distributed.GradBucket: the class comm hooks receive (imported on first use so that
+    # importing pyddp.distributed stays light).
     if name == "GradBucket":
-        from ..nn.parallel.distributed import GradBucket
+        from ._grad_bucket import GradBucket
 
         return GradBucket
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

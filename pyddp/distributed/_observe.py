@@ -97,10 +97,17 @@ def set_debug_level_from_env() -> None:
     set_debug_level(DebugLevel.OFF)
 
 
-def _global_rank(default):
-    from . import distributed_c10d as c10d
+def _no_group():
+    return None
 
-    pg = c10d._world.default_pg
+
+# () -> the default ProcessGroup or None; distributed_c10d installs its own (this module sits
+# below it: the backends log through it)
+default_group = _no_group
+
+
+def _global_rank(default):
+    pg = default_group()
     if pg is not None:
         return pg.rank()
     env = os.environ.get("RANK", "")

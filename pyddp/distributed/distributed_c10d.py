@@ -1,29 +1,29 @@
 """torch.distributed's process-group API on pyddp's C core.
 
-Names, argument order, defaults and error types follow torch.distributed (2.x).  The Python
-layer checks arguments and turns arrays into views (pyddp._interop); the backend serving the
-arrays' device (pyddp.distributed._backend: the C core, pyddp._C, for 'cpu') moves the bytes.
+Names, argument order, defaults and error types follow torch.distributed (2.x).  This module
+checks arguments, turns arrays into views (pyddp._interop) and reduces each call to one request;
+a ProcessGroup (process_group.py) routes it to the backend serving the arrays' device
+(pyddp.distributed.backends: the C core, pyddp._C, for 'cpu'), which moves the bytes.
 """
 from __future__ import annotations
 
 import atexit
-import collections
 import enum
 import functools
 import io
 import os
 import pickle
-import secrets
-import socket
 import threading
-import weakref
 from datetime import timedelta
-from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from .. import _C, _interop
-from . import _backend, _cluster, _observe, _staging
+from . import _observe
+from .backends import registry as _registry
+from .backends.interface import BackendOptions
+from .process_group import Future, ProcessGroup, Work, _objects  # noqa: F401  (public here)
+from ._rendezvous import check_rank as _check_rank, rendezvous as _rendezvous
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -96,197 +96,15 @@ class Backend(str):
         ``func(store, rank, world_size, timeout)`` (``func(backend_options, pg_options)`` with
         ``extended_api=True``) creates the backend object of one group on this rank; it must
         implement pyddp's backend interface (``submit``, ``destroy``: see
-        pyddp.distributed._backend).  ``devices``: the device type(s) it serves (default 'cpu'
+        pyddp.distributed.backends).  ``devices``: the device type(s) it serves (default 'cpu'
         and 'cuda', with a warning).  ``init_process_group(name)`` and ``new_group(backend=name)``
         then use it, as do 'device:name' strings."""
-        _backend.register_plugin(name, func, extended_api, devices)
+        _registry.register_plugin(name, func, extended_api, devices)
         if not hasattr(cls, name.upper()):
             setattr(cls, name.upper(), name.lower())
 
 
 # ------------------------------------------------------------------------------------ groups
-
-class ProcessGroup:
-    """A group of ranks with one backend object per device type it serves (see
-    pyddp.distributed._backend); each collective goes to the backend of its arrays' device."""
-
-    def __init__(self, backends, ranks, backend, name, timeout, rank, plan=None):
-        # device type -> backend object, or _backend.Unavailable (named, not in this build)
-        self._backends = dict(backends)
-        self._plan = plan  # device type -> registry entry, for new_group(backend=None)
-        self._ranks = list(ranks)  # global ranks, index = group rank
-        self._rank = rank
-        self._size = len(self._ranks)
-        self._rank_of = {g: i for i, g in enumerate(self._ranks)}
-        self._backend = backend
-        self._name = name
-        self._timeout = timeout
-        self._pending = collections.deque()
-        self._lock = threading.Lock()
-        cpu = self._backends.get("cpu")
-        # one backend object for every device (mpi serves cpu and cuda): no routing by device
-        cpu_only = cpu is not None and all(b is cpu for b in self._backends.values())
-        # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
-        self._cpg = None if type(cpu) is _backend.Unavailable else cpu
-        # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
-        # CPU-only groups: in a group with a device backend the attempt would cost every device
-        # array an export (torch's __dlpack__ also orders streams) before it is turned down.
-        # (A backend that serves the devices too, as mpi, turns device arrays down at once.)
-        device_live = any(d != "cpu" and type(b) is not _backend.Unavailable and b is not cpu
-                          for d, b in self._backends.items())
-        self._fast = None if device_live else getattr(self._cpg, "fast", None)
-        if _observe._level >= _observe.DebugLevel.DETAIL:
-            self._fast = None  # DETAIL logs every call: all go through _submit
-        # host arrays of a group without a 'cpu' backend (object collectives on an nccl group):
-        # the host group a device backend keeps beside it
-        self._host = self._cpg
-        if self._host is None:
-            self._host = next((b.host for b in self._backends.values()
-                               if getattr(b, "host", None) is not None), None)
-        # a CPU-only group sends everything to self._cpg; others choose by device.  A device
-        # array always goes to _device_array (CUDA arrays given to the 'cpu' backend are staged
-        # through pinned host memory, as torch's gloo does).
-        self._on_device = self._device_array
-        self._route = None if cpu_only else self._route_arrays
-        self._staging = False  # set once a CUDA array was staged: outputs are copied back
-
-    def rank(self) -> int:
-        """This process's rank within the group."""
-        return self._rank
-
-    def size(self) -> int:
-        """Number of ranks in the group."""
-        return self._size
-
-    def name(self) -> str:
-        """The group's name (torch's group_name)."""
-        return self._name
-
-    @property
-    def group_name(self) -> str:
-        """The group's name, as a property (torch's ProcessGroup.group_name)."""
-        return self._name
-
-    def _submit(self, kind, dtype=0, op=0, root=0, tag=0, count=0, inputs=(), outputs=(),
-                in_splits=None, out_splits=None, timeout=0.0, wait_all=False, name="",
-                result=None, async_op=False, source=False):
-        be = self._cpg if self._route is None else self._route(inputs, outputs, name)
-        if be is None:
-            raise DistError(f"{name}: the process group has been destroyed")
-        if _observe._level >= _observe.DebugLevel.DETAIL:
-            _observe.log_collective(self._name, name, _observe.dtype_name(dtype), inputs,
-                                    outputs, async_op)
-        cw = be.submit(kind, dtype, int(op), root, tag, count, inputs, outputs,
-                       in_splits, out_splits, float(timeout), bool(wait_all), name,
-                       not async_op and not source)
-        after = _staging.copy_back_fn(outputs) if self._staging else None
-        if cw is None:  # ran to completion on this thread
-            if after is not None:
-                after()
-            return None
-        work = Work(cw, result, self if source else None, after)
-        # The group holds every handle until it completes, so arrays stay alive even when
-        # the caller drops an async handle or a blocking wait is interrupted (Ctrl-C).
-        with self._lock:
-            pend = self._pending
-            while pend and pend[0].is_completed():
-                pend.popleft()
-            pend.append(cw)
-        if not async_op:
-            work.wait()
-        return work
-
-    def _backends_desc(self) -> str:
-        """'cpu:cpu, cuda:nccl (unavailable)': the group's devices and their backends."""
-        out = []
-        for d, e in (self._plan or {}).items():
-            if type(e) is _backend.Unavailable:
-                out.append(f"{d}:{e.entry.name} (unavailable)")
-            else:
-                out.append(f"{d}:{e.name}")
-        return ", ".join(out)
-
-    def _device_array(self, view, name, writable):
-        """A device array given to a collective: (view, code) when a backend of the group serves
-        its device; a staged host copy for a CUDA array on a group whose only backend for it is
-        'cpu'; else the error naming both."""
-        be = None if self._backends is None else self._backends.get(view.device)
-        if type(be) is _backend.Unavailable:
-            raise RuntimeError(f"{name} is on device {view.device_str}: {be.entry.reason()}")
-        stage = be is None and view.device == "cuda" and self._cpg is not None
-        if be is None and not stage:
-            raise ValueError(f"{name} is on device {view.device_str}, which no backend of group "
-                             f"{self._name!r} serves (its backends: {self._backends_desc()})")
-        if view.code is None:
-            raise TypeError(f"{name} has unsupported dtype {view.dtype}; supported: "
-                            f"{', '.join(_interop.DTYPE_NAMES)}")
-        if not view.contiguous:
-            raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
-        if writable and not view.writable:
-            raise ValueError(f"{name} is read-only; it is an output and must be writable")
-        view.name = name
-        if stage:
-            self._staging = True
-            return _staging.stage(view, name, writable), view.code
-        return view, view.code
-
-    def _route_arrays(self, inputs, outputs, name):
-        """The backend object for one request: the one serving its arrays' device."""
-        backends = self._backends
-        if backends is None:
-            return None
-        device = named = None
-        for a in (*inputs, *outputs):
-            d = "cpu" if isinstance(a, np.ndarray) else a.device
-            if device is None:
-                device = d
-            elif d != device:
-                v = a if d != "cpu" else named
-                where = (f"{v.name} is on {v.device_str}" if v is not None
-                         else f"an argument is on {d}")
-                raise ValueError(f"{name}: {where} but another argument is on "
-                                 f"{device if d != 'cpu' else 'cpu'}: all arrays of one call "
-                                 "must be on one device")
-            if d != "cpu" and named is None:
-                named = a
-        if device is None:  # barrier: no arrays
-            device = "cpu" if "cpu" in backends else next(iter(backends))
-        if device == "cpu" and "cpu" not in backends and self._host is not None and \
-                getattr(_objects, "active", False):
-            return self._host  # the pickles of an object collective on a device-only group
-        be = backends.get(device)
-        if be is None or type(be) is _backend.Unavailable:
-            what = be.entry.reason() if be is not None else (
-                f"no backend of group {self._name!r} serves it (its backends: "
-                f"{self._backends_desc()})")
-            raise (RuntimeError if be is not None else ValueError)(
-                f"{name}: the arrays are on device {device}: {what}")
-        return be
-
-    @property
-    def _transport(self):
-        """'shm' (every rank on this host), 'tcp' or 'local' (one rank)."""
-        return getattr(self._cpg, "transport", None)
-
-    @property
-    def _single_copy(self):
-        """True when large shared-memory messages move with one copy (cross-memory attach)."""
-        return bool(getattr(self._cpg, "single_copy", False))
-
-    def _destroy(self):
-        self._fast = None
-        self._cpg = None
-        backends, self._backends = self._backends, None
-        done = set()
-        for b in (backends or {}).values():
-            if type(b) is not _backend.Unavailable and id(b) not in done:
-                done.add(id(b))
-                b.destroy()
-        self._pending.clear()
-
-    def __repr__(self):
-        return f"<pyddp ProcessGroup {self._name!r} rank {self.rank()} of {self.size()}>"
-
 
 class _NonMember:
     def __repr__(self):
@@ -322,6 +140,7 @@ class _World:
 
 
 _world = _World()
+_observe.default_group = lambda: _world.default_pg
 
 
 def _set_world(pg):
@@ -341,7 +160,7 @@ def is_initialized() -> bool:
 
 
 def _registered_available(name) -> bool:
-    e = _backend.lookup(name)
+    e = _registry.lookup(name)
     return e is not None and e.is_available()
 
 
@@ -484,156 +303,6 @@ def _timeout_seconds(timeout, name="timeout") -> float:
     return s
 
 
-def _rendezvous(init_method, rank, world_size, timeout):
-    """Return (store, rank, world_size) like torch's rendezvous handlers."""
-    url = urlparse(init_method)
-    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-    if "rank" in query:
-        rank = int(query["rank"])
-    if "world_size" in query:
-        world_size = int(query["world_size"])
-    if url.scheme == "env":
-        # torchrun's variables, else those of Open MPI, Hydra, Slurm or PMI (see _cluster.py)
-        env = _cluster.resolve(os.environ, rank, world_size)
-        rank, world_size = env.rank, env.world_size
-        _check_rank(rank, world_size)
-        # What was derived from a cluster launcher's variables goes into the environment when absent
-        # (as DeepSpeed's MPI discovery does), so code written for torchrun (os.environ["LOCAL_RANK"],
-        # DataLoader workers, subprocesses) finds it; PYDDP_SECRET before the store reads it.
-        for k, v in env.derived.items():
-            os.environ.setdefault(k, v)
-        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        return store, rank, world_size
-    if url.scheme == "tcp":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: tcp:// init needs rank= (argument or query)")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: tcp:// init needs world_size=")
-        if not url.hostname or not url.port:
-            raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
-        _check_rank(rank, world_size)
-        store = TCPStore(url.hostname, url.port, world_size, rank == 0,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        return store, rank, world_size
-    if url.scheme == "file":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: file:// init needs rank=")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: file:// init needs world_size=")
-        _check_rank(rank, world_size)
-        path = url.path if not url.netloc else url.netloc + url.path
-        store = FileStore(path, world_size)
-        store.set_timeout(timedelta(seconds=timeout))
-        return store, rank, world_size
-    raise ValueError(f"init_method {init_method!r}: unsupported scheme {url.scheme!r} "
-                     "(expected env://, tcp://host:port or file:///path)")
-
-
-def _check_rank(rank, world_size):
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
-
-
-def _advertised_host(store) -> str:
-    host = os.environ.get("PYDDP_HOST")
-    if host:
-        return host
-    base = store
-    while isinstance(base, PrefixStore):
-        base = base.underlying_store
-    if isinstance(base, TCPStore):
-        try:
-            local = base.local_addr()
-            if local:
-                return local
-        except (AttributeError, DistError, OSError):
-            pass
-    if isinstance(base, (HashStore,)):
-        return "127.0.0.1"
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-_TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
-
-
-def _transport_choice(store, prefix, rank) -> int:
-    """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
-    if rank == 0:
-        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-        if want not in _TRANSPORTS:
-            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
-        store.set(f"{prefix}/transport", want)
-    return _TRANSPORTS[store.get(f"{prefix}/transport").decode()]
-
-
-def _node_id() -> str:
-    """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
-    machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
-    nid = os.environ.get("PYDDP_NODE_ID")
-    if nid:
-        return nid
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def _connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
-    """Create this rank's member of a group and connect it to the others through `store`.
-    ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
-
-    Returns (C process group, round number)."""
-    # Several rounds may use the same store (init, destroy, init again): the counter gives
-    # each round its own keys, so no rank reads a stale address.
-    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
-    prefix = f"{name}/{gen}"
-    secret = job_secret()
-    cpg = _C.ProcessGroup(rank, size, timeout, secret)
-    try:
-        if size > 1:
-            host = _advertised_host(store)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
-            store.set(f"{prefix}/node/{rank}", _node_id())
-            if rank == 0:
-                store.set(f"{prefix}/token", str(secrets.randbits(63)))
-            transport = _transport_choice(store, prefix, rank)
-            token = int(store.get(f"{prefix}/token"))
-            hosts, ports, nodes = [], [], []
-            for r in range(size):
-                h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
-                hosts.append(h)
-                ports.append(int(p))
-                nodes.append(store.get(f"{prefix}/node/{r}").decode())
-        else:
-            token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
-        cpg.connect(hosts, ports, token, nodes, transport)
-    except BaseException:
-        cpg.destroy()
-        raise
-    if size > 1:
-        hostsn = len(set(nodes))
-        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-               if transport else
-               f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
-        if cpg.shm_fallback:
-            # a full or unwritable /dev/shm somewhere: the job runs, slower, and says why
-            why = cpg.shm_fallback
-            _observe.log.warning("[rank %d] group %s: %s", _observe._global_rank(rank), label or name,
-                                 cpg.shm_fallback)
-    else:
-        why = "one rank"
-    _observe.attach(cpg, label or name, rank, size, token, backend, why)
-    return cpg, gen
-
-
 def _device_index(device_id):
     """The CUDA ordinal of init_process_group's / new_group's ``device_id`` (an int, 'cuda:N',
     or a torch.device), or None."""
@@ -660,19 +329,18 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     with _world.lock:
         if _world.default_pg is not None:
             raise ValueError("trying to initialize the default process group twice!")
-        bname, plan = _backend.parse(backend)
+        bname, plan = _registry.parse(backend)
         tsec = _timeout_seconds(timeout)
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
             raise TypeError("world_size and rank must be integers")
-        uses_mpi = [getattr(e, "name", None) == "mpi" for e in plan.values()]
-        if store is None and init_method is None and uses_mpi and all(uses_mpi):
-            # as torch's: rank and world size come from MPI, no rendezvous (a local store keeps
-            # new_group's bookkeeping; the backend never reads it)
-            from . import _mpi
-
-            rank, world_size = _mpi.world_rank_size(rank, world_size)
+        hooks = [getattr(e, "rendezvous", None) for e in plan.values()]
+        if store is None and init_method is None and hooks and all(hooks):
+            # a backend with a launcher of its own serves every device ("mpi"): rank and world
+            # size come from it, as torch's, no rendezvous (a local store keeps new_group's
+            # bookkeeping; the backend never reads it)
+            rank, world_size = hooks[0].world(rank, world_size)
             store, owns = HashStore(), False
         elif store is not None:
             if world_size <= 0:
@@ -682,20 +350,19 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             _check_rank(rank, world_size)
             owns = False
         else:
-            if init_method is None and any(uses_mpi):
+            if init_method is None:
                 # "cpu:mpi,cuda:nccl": the other backend's rendezvous is env://; what the
                 # launcher's variables leave open (MASTER_ADDR across hosts, ...) comes from MPI
-                from . import _mpi
-
-                _mpi.rendezvous_env(os.environ)
+                for hook in dict.fromkeys(h for h in hooks if h is not None):
+                    hook.prepare_env(os.environ)
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)
         name = group_name or "default_pg"
         dev = _device_index(device_id)
-        opts = _backend.BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
+        opts = BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
                                        range(world_size), pg_options, dev)
-        pg = ProcessGroup(_backend.create(plan, opts), range(world_size), bname, name, tsec,
+        pg = ProcessGroup(_registry.create(plan, opts), range(world_size), bname, name, tsec,
                           rank, plan)
         _world.store = store
         _world.owns_store = owns
@@ -726,7 +393,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     for r in ranks:
         if not 0 <= r < n:
             raise ValueError(f"rank {r} in ranks is out of range [0, {n - 1}]")
-    bname, plan = _backend.parse(backend) if backend is not None else (world._backend, world._plan)
+    bname, plan = _registry.parse(backend) if backend is not None else (world._backend, world._plan)
     tsec = _timeout_seconds(timeout) if timeout is not None else world._timeout
     with _world.lock:
         _world.group_count += 1
@@ -747,10 +414,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
     dev = _device_index(device_id) if device_id is not None else _world.device_id
-    opts = _backend.BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
+    opts = BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
                                    group_desc or name, ranks, pg_options, dev)
     opts.split_from = parent
-    pg = ProcessGroup(_backend.create(plan, opts), ranks, bname, group_desc or name, tsec,
+    pg = ProcessGroup(_registry.create(plan, opts), ranks, bname, group_desc or name, tsec,
                       ranks.index(me), plan)
     _world.groups.append(pg)
     return pg
@@ -842,171 +509,6 @@ def _destroy_at_exit():
         destroy_process_group()
     except Exception:
         pass
-
-
-# ---------------------------------------------------------------------------------- Work
-
-class Future:
-    """The result of an asynchronous operation (torch.futures.Future's common surface).
-
-    ``Future()`` makes one the caller completes with ``set_result`` (as torch's comm hooks do);
-    a collective's ``work.get_future()`` completes with its work, its value the list of outputs.
-    """
-
-    _UNSET = object()
-
-    def __init__(self, work=None, value_fn=None):
-        self._work = work
-        self._value_fn = value_fn
-        self._result = Future._UNSET
-        self._callbacks = []
-
-    def wait(self):
-        """Block until the operation finished (raising its error, if any); returns value()."""
-        if self._work is not None:
-            self._work.wait()
-        elif self._result is Future._UNSET:
-            raise RuntimeError("Future.wait(): no result was set (call set_result first)")
-        return self.value()
-
-    def value(self):
-        """The result; raises RuntimeError if the operation has not completed yet."""
-        if self._work is None:
-            if self._result is Future._UNSET:
-                raise RuntimeError("Future.value() called before a result was set")
-            return self._result
-        if not getattr(self._work, "_ordered", False) and not self._work.is_completed():
-            raise RuntimeError("Future.value() called before the operation completed")
-        self._work.wait()
-        return self._value_fn()
-
-    def done(self) -> bool:
-        """Whether the result is available (for CUDA work, as torch's: once launched; reading it
-        orders the caller's stream after the operation)."""
-        if self._work is None:
-            return self._result is not Future._UNSET
-        return getattr(self._work, "_ordered", False) or self._work.is_completed()
-
-    def set_result(self, result):
-        """Complete a Future made with ``Future()``."""
-        if self._work is not None:
-            raise RuntimeError("set_result on a Future that belongs to a collective")
-        if self._result is not Future._UNSET:
-            raise RuntimeError("Future.set_result: the result was already set")
-        self._result = result
-        for cb in self._callbacks:
-            cb(self)
-
-    def then(self, callback):
-        """A Future whose value is ``callback(self)``, computed once, when first asked for."""
-        parent = self
-        done = []
-
-        def value():
-            if not done:
-                done.append(callback(parent))
-            return done[0]
-        if self._work is None:
-            fut = Future(_CompletedWork(), value)
-            if not self.done():
-                raise RuntimeError("Future.then on an unset Future is not supported")
-            return fut
-        return Future(self._work, value)
-
-    def add_done_callback(self, callback):
-        """Call ``callback(future)`` once the result is set (at once if it already is)."""
-        if self.done():
-            callback(self)
-        else:
-            self._callbacks.append(callback)
-
-
-class _CompletedWork:
-    def wait(self, timeout=None):
-        return True
-
-    def is_completed(self):
-        return True
-
-
-class Work:
-    """Handle of an asynchronous collective or point-to-point operation."""
-
-    def __init__(self, cwork, result, pg=None, after=None):
-        self._cw = cwork
-        self._result = result
-        self._pg = pg
-        self._exc = None
-        self._after = after  # run once after a successful wait (staged outputs copied back)
-        # a CUDA backend's work: wait() orders the caller's stream, the host does not block
-        self._ordered = getattr(cwork, "stream_ordered", False)
-
-    def wait(self, timeout=None) -> bool:
-        """Block until the operation finished (``timeout``: seconds or a timedelta); raises the
-        operation's DistError if it failed. Returns True."""
-        t = None
-        if timeout is not None:
-            t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        try:
-            self._cw.wait(t)
-        except DistError as e:
-            self._exc = e
-            raise
-        after, self._after = self._after, None
-        if after is not None:
-            after()
-        return True
-
-    def synchronize(self):
-        """torch's Work.synchronize(): for CUDA work the caller's current stream waits for the
-        operation; otherwise the same as wait()."""
-        sync = getattr(self._cw, "synchronize", None)
-        if sync is None:
-            self.wait()
-        else:
-            sync()
-
-    def is_completed(self) -> bool:
-        """Whether the operation has finished, successfully or not (never blocks)."""
-        return self._cw.is_completed()
-
-    def is_success(self) -> bool:
-        """True once the operation finished without an error."""
-        if not self._cw.is_completed():
-            return False
-        try:
-            self._cw.wait(0)
-        except DistError:
-            return False
-        return True
-
-    def exception(self):
-        """The operation's error once it finished with one, else None."""
-        if not self._cw.is_completed():
-            return None
-        try:
-            self._cw.wait(0)
-        except DistError as e:
-            return e
-        return None
-
-    def result(self):
-        """Wait, then return the output arrays as a list (torch's Work.result())."""
-        self.wait()
-        r = self._result
-        return [] if r is None else list(r) if isinstance(r, (list, tuple)) else [r]
-
-    def get_future(self) -> Future:
-        """A Future whose value is the list of output tensors, as torch's (``[tensor]``)."""
-        return Future(self, self.result)
-
-    def source_rank(self) -> int:
-        """For recv/irecv from any source: the global rank the message came from."""
-        src = self._cw.source_rank()
-        return self._pg._ranks[src] if self._pg is not None and src >= 0 else src
-
-    def _source(self):
-        return self.source_rank()
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -1125,20 +627,37 @@ def _rank_arrays(pg, lst, name, ref, ref_code, ref_name, writable):
     return tuple(out)
 
 
+def _root(pg, group_root, root, name):
+    """The root's group rank: ``group_root`` (group_src / group_dst) when given, else the group
+    rank of the global rank ``root`` (default 0)."""
+    if group_root is not None:
+        return group_root
+    return _group_rank(pg, root if root is not None else 0, name)
+
+
+def _root_list(pg, root, lst, name, ref, ref_code, writable, role):
+    """gather's / scatter's list of one array per rank: its arrays on the root, () on the others
+    (where it must be None or empty)."""
+    if pg.rank() == root:
+        if lst is None:
+            raise ValueError(f"{name} must be given on the {role} rank")
+        return _rank_arrays(pg, lst, name, ref, ref_code, "tensor", writable)
+    if lst:
+        raise ValueError(f"{name} must be None or empty on non-{role} ranks")
+    return ()
+
+
 # ------------------------------------------------------------------------------ collectives
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """Copy ``tensor`` of rank ``src`` (global rank; ``group_src``: rank in the group) into
     ``tensor`` on every rank of ``group``, in place. Returns a Work with ``async_op=True``,
     else None."""
-    if group is None and not async_op and group_src is None and src is not None:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_BROADCAST, tensor, src):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_src is None and src is not None,
+                _K_BROADCAST, tensor, src)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
     return _ret(pg._submit(_C.K_BROADCAST, code, 0, root, 0, a.size, (), (a,),
                            name="broadcast", result=tensor, async_op=async_op), async_op)
@@ -1149,6 +668,17 @@ _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 _K_REDUCE, _K_GATHER, _K_SCATTER, _K_ALLTOALL = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER, _C.K_ALLTOALL
 
 
+def _start(group, fast, kind, *args):
+    """What every collective does first: with ``fast`` (a blocking call the C fast path may take)
+    on the default group, try ``fast(kind, *args)`` (one C call; None: done); else the
+    ProcessGroup to run on, or None on a rank outside ``group`` (nothing to do)."""
+    if fast and group is None:
+        pg = _world.default_pg
+        if pg is not None and pg._fast is not None and pg._fast(kind, *args):
+            return None
+    return _resolve(group)
+
+
 def _ret(work, async_op):
     return work if async_op else None
 
@@ -1156,11 +686,7 @@ def _ret(work, async_op):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` over every rank of ``group`` with ``op`` (a ReduceOp) and leave the result
     in ``tensor`` on every rank, in place. Returns a Work with ``async_op=True``, else None."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLREDUCE, tensor, op):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLREDUCE, tensor, op)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1205,15 +731,12 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""
-    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE, tensor, op, None, dst or 0):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
+                _K_REDUCE, tensor, op, None, dst or 0)
     if pg is None:
         return None
     op = _op_of(op)
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
     _check_reduce_op(a, code, op, "reduce")
     return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
@@ -1223,11 +746,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Fill ``tensor_list`` (one array per rank of ``group``, shaped like ``tensor``) with every
     rank's ``tensor``, on every rank."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLGATHER, tensor_list, 0, tensor):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLGATHER, tensor_list, 0, tensor)
     if pg is None:
         return None
     a, code = as_array(tensor, "tensor", False, pg._on_device)
@@ -1239,14 +758,9 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """Concatenate every rank's ``input_tensor``, in rank order, into ``output_tensor`` (world_size
     times as many elements), on every rank."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        # the C fast path takes an output shaped (world_size * d0, d1, ...) for an input shaped
-        # (d0, d1, ...) and leaves any other shape to the checks below
-        if pg is not None and pg._fast is not None and \
-                pg._fast(_K_ALLGATHER, output_tensor, 0, input_tensor):
-            return None
-    pg = _resolve(group)
+    # the C fast path takes an output shaped (world_size * d0, d1, ...) for an input shaped
+    # (d0, d1, ...) and leaves any other shape to the checks below
+    pg = _start(group, not async_op, _K_ALLGATHER, output_tensor, 0, input_tensor)
     if pg is None:
         return None
     a, code = as_array(input_tensor, "input_tensor", False, pg._on_device)
@@ -1269,44 +783,26 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None on the other
     ranks)."""
-    if group is None and not async_op and group_dst is None and (dst is None or type(dst) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_GATHER, gather_list, dst or 0, tensor):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
+                _K_GATHER, gather_list, dst or 0, tensor)
     if pg is None:
         return None
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     a, code = as_array(tensor, "tensor", False, pg._on_device)
-    outs = ()
-    if pg.rank() == root:
-        if gather_list is None:
-            raise ValueError("gather_list must be given on the destination rank")
-        outs = _rank_arrays(pg, gather_list, "gather_list", a, code, "tensor", True)
-    elif gather_list:
-        raise ValueError("gather_list must be None or empty on non-destination ranks")
+    outs = _root_list(pg, root, gather_list, "gather_list", a, code, True, "destination")
     return _ret(pg._submit(_C.K_GATHER, code, 0, root, 0, a.size, (a,), outs,
                            name="gather", result=gather_list, async_op=async_op), async_op)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     """Rank ``src`` sends ``scatter_list[i]`` to rank i; every rank receives into ``tensor``."""
-    if group is None and not async_op and group_src is None and (src is None or type(src) is int):
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_SCATTER, tensor, src or 0, scatter_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and group_src is None and (src is None or type(src) is int),
+                _K_SCATTER, tensor, src or 0, scatter_list)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     o, code = as_array(tensor, "tensor", True, pg._on_device)
-    ins = ()
-    if pg.rank() == root:
-        if scatter_list is None:
-            raise ValueError("scatter_list must be given on the source rank")
-        ins = _rank_arrays(pg, scatter_list, "scatter_list", o, code, "tensor", False)
-    elif scatter_list:
-        raise ValueError("scatter_list must be None or empty on non-source ranks")
+    ins = _root_list(pg, root, scatter_list, "scatter_list", o, code, False, "source")
     return _ret(pg._submit(_C.K_SCATTER, code, 0, root, 0, o.size, ins, (o,),
                            name="scatter", result=tensor, async_op=async_op), async_op)
 
@@ -1314,11 +810,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input_list`` element-wise over the ranks with ``op``; rank i receives the i-th
     reduced array in ``output``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input_list)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1332,11 +824,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input`` (world_size times the size of ``output``) over the ranks with ``op``; rank i
     receives the i-th chunk in ``output``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_REDUCE_SCATTER, output, op, input):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input)
     if pg is None:
         return None
     op = _op_of(op)
@@ -1359,12 +847,7 @@ def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=Fa
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     """Rank i sends ``input_tensor_list[j]`` to rank j, which receives it in
     ``output_tensor_list[i]``."""
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and \
-                pg._fast(_K_ALLTOALL, output_tensor_list, 0, input_tensor_list):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op, _K_ALLTOALL, output_tensor_list, 0, input_tensor_list)
     if pg is None:
         return None
     n = pg.size()
@@ -1423,11 +906,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       async_op=False):
     """all_to_all on single arrays split along the first dimension: equal chunks, or
     ``input_split_sizes`` / ``output_split_sizes`` rows per rank."""
-    if group is None and not async_op and output_split_sizes is None and input_split_sizes is None:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_ALLTOALL, output, 0, input):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and output_split_sizes is None and input_split_sizes is None,
+                _K_ALLTOALL, output, 0, input)
     if pg is None:
         return None
     n = pg.size()
@@ -1477,21 +957,11 @@ def _shared_array(shape, dtype=np.float32, group=None):
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
     ignored); ``timeout`` (a timedelta) replaces the group's timeout for this call."""
-    if timeout is not None:
-        pg = _resolve(group)
-        if pg is None:
-            return None
-        t = _timeout_seconds(timeout)
-        return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op),
-                    async_op)
-    if group is None and not async_op:
-        pg = _world.default_pg
-        if pg is not None and pg._fast is not None and pg._fast(_K_BARRIER, None, 0):
-            return None
-    pg = _resolve(group)
+    pg = _start(group, not async_op and timeout is None, _K_BARRIER, None, 0)
     if pg is None:
         return None
-    return _ret(pg._submit(_C.K_BARRIER, name="barrier", async_op=async_op), async_op)
+    t = 0.0 if timeout is None else _timeout_seconds(timeout)
+    return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op), async_op)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -1643,7 +1113,6 @@ def describe_device(x):
 
 # ------------------------------------------------------------------------- object collectives
 
-_objects = threading.local()  # .active: an object collective runs on this thread
 
 
 def _object_collective(fn):
@@ -1723,7 +1192,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     if pg is None:
         return
     _list_arg(object_list, "object_list")
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     me = pg.rank()
     sizes = np.zeros(len(object_list), dtype=np.int64)
     if me == root:
@@ -1774,7 +1243,7 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     pg = _resolve(group)
     if pg is None:
         return
-    root = group_dst if group_dst is not None else _group_rank(pg, dst if dst is not None else 0, "dst")
+    root = _root(pg, group_dst, dst, "dst")
     me = pg.rank()
     if me == root:
         _list_arg(object_gather_list, "object_gather_list")
@@ -1799,7 +1268,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     _list_arg(scatter_object_output_list, "scatter_object_output_list")
     if len(scatter_object_output_list) < 1:
         raise ValueError("scatter_object_output_list must have at least one element")
-    root = group_src if group_src is not None else _group_rank(pg, src if src is not None else 0, "src")
+    root = _root(pg, group_src, src, "src")
     me, n = pg.rank(), pg.size()
     sizes = np.zeros(n, dtype=np.int64)
     blobs = None

@@ -41,6 +41,8 @@ import numpy as np
 from ... import _C
 from ... import distributed as dist
 from ...distributed import _observe
+from ...distributed.backends.cpu import spare_core
+from ...distributed._grad_bucket import GradBucket  # noqa: F401  (torch.nn.parallel has it here too)
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
 
@@ -112,34 +114,6 @@ class _Bucket:
         self.shared = shared
         self.offsets = offsets      # per parameter: its first element in buffer
         self.t_launch = 0.0         # timeline: when its allreduce started (wall clock)
-
-
-class GradBucket:
-    """What a communication hook receives: one bucket of flattened gradients (torch's GradBucket)."""
-
-    def __init__(self, ddp, bucket: _Bucket):
-        self._ddp = ddp
-        self._bucket = bucket
-        self._array = bucket.buffer
-
-    def index(self) -> int:
-        return self._bucket.index
-
-    def buffer(self):
-        """The flat gradient buffer, as a tensor of the model's framework (sharing memory)."""
-        return self._ddp._ad.wrap(self._array)
-
-    def gradients(self):
-        return [self._ddp._ad.wrap(v) for v in self._bucket.views]
-
-    def parameters(self):
-        return [self._ddp._params[i] for i in self._bucket.params]
-
-    def is_last(self) -> bool:
-        return self._bucket.index == len(self._ddp._buckets) - 1
-
-    def set_buffer(self, tensor):
-        np.copyto(self._array, _to_array(tensor).reshape(self._array.shape))
 
 
 def _to_array(x) -> np.ndarray:
@@ -231,6 +205,7 @@ class _DDPCore:
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
 
     _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size: no smaller first bucket
+    _to_array = staticmethod(_to_array)  # GradBucket.set_buffer's conversion (a hook's tensor)
 
     def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
@@ -836,21 +811,9 @@ _register_joinable()
 
 
 def _overlap_default(pg) -> bool:
-    """Reduce buckets on the progress thread while backward goes on, or on the calling thread.
-
-    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
-    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
-    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
-    """
-    v = os.environ.get("PYDDP_DDP_OVERLAP")
-    if v is not None and v != "":
-        return v not in ("0", "false", "False", "no")
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    local = pg.size() if pg._transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return cores > local
+    """Reduce buckets on the progress thread while backward goes on, or on the calling thread
+    (pyddp.distributed.backends.cpu.spare_core decides)."""
+    return spare_core(pg._transport, pg.size())
 
 
 class DistributedDataParallel(metaclass=abc.ABCMeta):

@@ -14,9 +14,10 @@ map's keys are types (or tuples of types), its values ``fn(batch, *, collate_fn_
 import collections.abc
 import copy
 import re
-import sys
 
 import numpy as np
+
+from ...._detect import is_torch_tensor as _is_torch_tensor, loaded_torch
 
 __all__ = ["collate", "default_collate", "default_convert", "default_collate_fn_map",
            "collate_tensor_fn", "collate_numpy_array_fn", "collate_numpy_scalar_fn",
@@ -33,10 +34,6 @@ def _tensor_mod():
     from .... import _tensor   # pyddp._tensor, imported on the first batch
     return _tensor
 
-
-def _is_torch_tensor(x):
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _numeric(a):
@@ -141,7 +138,7 @@ def _resolve(key):
     if key is _TensorKey:
         return _pyddp_tensor_type()
     if key is _TorchTensorKey:
-        torch = sys.modules.get("torch")
+        torch = loaded_torch()
         return torch.Tensor if torch is not None and hasattr(torch, "Tensor") else _Never
     return key
 

@@ -1,5 +1,6 @@
-"""Backend "mpi": pyddp's collectives through the site's MPI, by way of mpi4py (see
-pyddp.distributed._backend for the interface every backend object has).
+"""Backend "mpi", its implementation (imported at the first group; the package registers it):
+pyddp's collectives through the site's MPI, by way of mpi4py (the
+interface every backend object has: pyddp.distributed.backends.interface).
 
 mpi4py (the ``mpi`` extra) is imported the first time the backend is used, never by
 ``import pyddp``; it finds the site's MPI and handles Open MPI's and MPICH's different ABIs.
@@ -44,7 +45,6 @@ cost about 30 us.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import threading
@@ -52,8 +52,11 @@ import time
 
 import numpy as np
 
-from .. import _C
-from ._observe import describe_signature as _describe
+from .... import _C
+from ..._observe import describe_signature as _describe
+from .. import staging as _staging
+from ..interface import Backend
+from ._probe import INSTALL_HINT, reason
 
 _K = _C.KINDS
 _K_BROADCAST, _K_ALLREDUCE, _K_REDUCE = _C.K_BROADCAST, _C.K_ALLREDUCE, _K["reduce"]["code"]
@@ -75,29 +78,10 @@ _INT_MAX = 2 ** 31 - 1
 # MpiComm.check's outcomes (and MpiComm.fast's failures: _ST_CALL_ERROR, the collective's own call)
 _ST_MPI_ERROR, _ST_TIMEOUT, _ST_MISMATCH, _ST_CALL_ERROR = 1, 2, 3, 5
 
-INSTALL_HINT = ("install mpi4py (pip install 'pyddp[mpi]', or pip install mpi4py) where an MPI is "
-                "installed: Open MPI (Debian/Ubuntu: apt-get install libopenmpi-dev openmpi-bin) or "
-                "MPICH; mpi4py builds against the MPI whose mpicc is on the PATH")
-
 MPI = None  # mpi4py.MPI once loaded
 _tables = None
 _lock = threading.Lock()
 _cuda_aware = None
-
-
-def available() -> bool:
-    """Whether mpi4py is installed (looked up, not imported)."""
-    mod = sys.modules.get("mpi4py", False)
-    if mod is not False:
-        return mod is not None  # None: imports of it are blocked
-    try:
-        return importlib.util.find_spec("mpi4py") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def reason() -> str:
-    return f"backend 'mpi' needs mpi4py, which is not installed: {INSTALL_HINT}"
 
 
 def load():
@@ -169,8 +153,6 @@ _FAST = {}  # NumPy dtype -> (dtype code, MPI type) for the fast path (no half t
 def _fast_ops(ops, bool_ops, widen):
     """{(dtype code, ReduceOp): MPI op} the fast path reduces: the combinations pyddp accepts
     that need no copy and no division (AVG, half types and widened sums take the general path)."""
-    from .distributed_c10d import ReduceOp
-
     if not _FAST:
         for name in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
                      "uint64", "float32", "float64", "complex64", "complex128"):
@@ -179,9 +161,9 @@ def _fast_ops(ops, bool_ops, widen):
     for name, code in _D.items():
         if name in ("float16", "bfloat16"):
             continue
-        for op in ReduceOp:
-            v = int(op)
-            if v not in _OP_NAMES or v == _AVG:
+        for v in _C.REDUCE_OPS.values():  # pyddp.distributed.ReduceOp's values, in its order
+            op = v
+            if v == _AVG:
                 continue
             opn = _OP_NAMES[v]
             if name == "bool":
@@ -240,7 +222,7 @@ def rendezvous_env(env):
     broadcast over MPI_COMM_WORLD.  Fills only what is unset; collective over the job."""
     import socket
 
-    from . import _cluster
+    from ... import _cluster
 
     mpi = load()
     world = mpi.COMM_WORLD
@@ -357,6 +339,8 @@ class MpiWork:
             return ok
 
     def wait(self, timeout=None) -> bool:
+        """Poll until done; DistBackendError after ``timeout`` seconds (default: the group's) or
+        on an MPI error."""
         t = self.be.timeout if timeout is None else float(timeout)
         if not _poll(self._test, _C.monotonic() + t):
             msg = (f"{self.what} on {self.be._where()}, rank {self.be.rank}, did not complete "
@@ -370,9 +354,11 @@ class MpiWork:
         return True
 
     def is_completed(self) -> bool:
+        """Whether every request of the operation completed."""
         return self._test()
 
     def source_rank(self) -> int:
+        """The sender of a completed receive (its status), else the peer given."""
         if self.status is not None and self.done:
             return self.status.Get_source()
         return self.peer
@@ -380,7 +366,7 @@ class MpiWork:
 
 # --------------------------------------------------------------------------------- backend
 
-class MpiBackend:
+class MpiBackend(Backend):
     """The backend object of one group on MPI (see the module docstring)."""
 
     transport = "mpi"
@@ -574,13 +560,11 @@ class MpiBackend:
                 out.append(np.frombuffer(buf, np.uint8).view(
                     np.uint16 if a.code == _BF16 else _DTYPE_NAMES[a.code]).reshape(a.shape))
             else:
-                from . import _staging
                 s = _staging.stage(a, getattr(a, "name", None) or name, writable)
                 out.append(s)
                 staged.append(s)
         after = None
         if staged and writable:
-            from . import _staging
             after = _staging.copy_back_fn(staged)
         return tuple(out), after
 
@@ -677,9 +661,10 @@ class MpiBackend:
                 raise _C.DistBackendError(self._mpi_message(e, "barrier")) from None
         return True
 
-    # ------------------------------------------------------------------------ submit
-    def submit(self, kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
-               timeout, wait_all, name, blocking):
+    # ------------------------------------------------------------------------ run
+    def run(self, request):
+        (kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits, timeout,
+         wait_all, name, blocking) = request
         if self.error is not None:
             raise _C.DistBackendError(self.error)
         if not (all(type(a) is np.ndarray for a in inputs) and

@@ -1,30 +1,17 @@
-"""The backends of pyddp.distributed: a registry of which backend serves which device.
+"""The registry of backends: which backend serves which device, parsed from backend strings.
 
 As in torch, where gloo and NCCL are separate backends behind one ProcessGroup, a pyddp
 ProcessGroup holds one backend object per device type ('cpu', 'cuda') and hands each collective
-to the backend serving the device of its arrays.  The collective functions of distributed_c10d
-check the arguments and reduce every call to one request::
-
-    submit(kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
-           timeout, wait_all, name, blocking) -> work or None
-
-``kind`` is a ``pyddp._C.K_*`` code, ``dtype`` a dtype code and ``op`` a ReduceOp value
-(pyddp._interop's tables), ``inputs`` / ``outputs`` tuples of arrays: C-contiguous NumPy arrays
-for the 'cpu' device, ``pyddp._interop.ArrayView`` records (device pointer, shape, dtype,
-strides, index) for the others.  ``submit`` returns None when the operation completed (blocking
-calls), else a work object with ``wait(timeout_seconds_or_None)``, ``is_completed()`` and
-``source_rank()``.  A backend object also has ``destroy()``; optional members are ``fast``
-(``fast(kind, array, arg[, input]) -> bool``: a small blocking collective in one call, False when
-not handled), ``transport``, ``shared_alloc(nbytes)``.  The 'cpu' backend's object is the C
-process group itself (``pyddp._C.ProcessGroup``), which has all of these.
+to the backend serving the device of its arrays (the interface: backends.interface).
 
 A backend is registered once, by name, with the devices it serves, whether it is available in
-this build (and why not), and a factory ``factory(opts) -> backend object`` called once per group
-and rank; ``opts`` is a ``BackendOptions`` (store, group rank and size, timeout, ...).  Adding a
-backend (nccl, mpi, a bridge to torch.distributed) is one ``register(...)`` call: parsing of
+this build (and why not), a factory ``factory(opts) -> backend object`` called once per group
+and rank (``opts``: a ``BackendOptions``), and optionally a rendezvous hook (backends.interface:
+``Rendezvous``).  This module registers nothing: each backend module registers itself
+(backends/__init__.py imports the built-in ones); users add theirs with torch's
+``Backend.register_backend(name, func, extended_api=False, devices=None)``.  Parsing of
 ``init_process_group`` / ``new_group`` backend strings, ``Backend``, ``is_*_available`` and the
-dispatch by device all read the registry.  Users add theirs with torch's
-``Backend.register_backend(name, func, extended_api=False, devices=None)``.
+dispatch by device all read the registry.
 
 Backend strings, as torch parses them: None (the default: 'cpu', plus 'cuda:nccl' when nccl is
 available and CUDA sees a GPU: torch too picks nccl by default only on a machine with one), one
@@ -37,6 +24,8 @@ from __future__ import annotations
 
 import warnings
 
+from .interface import BackendOptions, runner
+
 __all__ = ["BackendEntry", "BackendOptions", "Unavailable", "register", "lookup", "names",
            "parse", "create"]
 
@@ -44,11 +33,13 @@ __all__ = ["BackendEntry", "BackendOptions", "Unavailable", "register", "lookup"
 class BackendEntry:
     """One registered backend."""
 
-    __slots__ = ("name", "devices", "factory", "extended_api", "_available", "_reason", "aliases")
+    __slots__ = ("name", "devices", "factory", "extended_api", "_available", "_reason", "aliases",
+                 "rendezvous")
 
     def __init__(self, name, devices, factory, available=True, reason=None, aliases=(),
-                 extended_api=False):
+                 extended_api=False, rendezvous=None):
         self.name = name
+        self.rendezvous = rendezvous  # a backends.interface.Rendezvous, or None
         self.devices = tuple(devices)
         self.factory = factory
         self.extended_api = extended_api
@@ -70,28 +61,6 @@ class BackendEntry:
 
     def __repr__(self):
         return f"<pyddp backend {self.name!r} serving {', '.join(self.devices)}>"
-
-
-class BackendOptions:
-    """What a factory gets (the fields of torch's _DistributedBackendOptions).  A factory may set
-    ``round`` (the 'cpu' backend records its rendezvous round there)."""
-
-    __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
-                 "global_ranks_in_group", "pg_options", "round", "device_id", "split_from")
-
-    def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
-                 pg_options=None, device_id=None):
-        self.store = store
-        self.group_rank = group_rank
-        self.group_size = group_size
-        self.timeout = timeout  # a timedelta, as torch's
-        self.group_id = group_id
-        self.global_ranks_in_group = list(global_ranks_in_group)
-        self.pg_options = pg_options
-        self.round = 0
-        self.device_id = device_id  # the CUDA ordinal a group is bound to, or None
-        self.split_from = None  # new_group: the default group's backend object for this device,
-        # when it can split its communicators (every rank of the default group calls its split())
 
 
 class Unavailable:
@@ -128,7 +97,7 @@ def names() -> list:
 
 
 def _has_gpu() -> bool:
-    from .. import cuda
+    from ... import cuda
 
     return cuda.is_available()
 
@@ -193,10 +162,10 @@ def create(plan, opts: BackendOptions) -> dict:
                 continue
             if e.name not in made:
                 obj = e.factory(opts)
-                if not callable(getattr(obj, "submit", None)):
+                if runner(obj) is None:
                     raise TypeError(f"backend {e.name!r}: its factory returned "
-                                    f"{type(obj).__name__}, which has no submit() (see "
-                                    "pyddp.distributed._backend)")
+                                    f"{type(obj).__name__}, which has no submit() or run() (see "
+                                    "pyddp.distributed.backends.interface)")
                 made[e.name] = obj
             objs[device] = made[e.name]
     except BaseException:
@@ -231,57 +200,3 @@ def register_plugin(name, func, extended_api=False, devices=None) -> BackendEntr
         def factory(opts):
             return func(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     return register(BackendEntry(name.lower(), devices, factory, extended_api=extended_api))
-
-
-# ------------------------------------------------------------------------- built-in backends
-
-def _cpu_factory(opts):
-    from .distributed_c10d import _connect_group
-
-    cpg, opts.round = _connect_group(opts.store, opts.group_rank, opts.group_size,
-                                     opts.timeout.total_seconds(), "pg", label=opts.group_id)
-    return cpg
-
-
-def _nccl_error():
-    """Why libnccl cannot be used (None when it loads), from pyddp.cuda's loader."""
-    from ..cuda import _lib
-
-    try:
-        _lib.load_nccl()
-    except RuntimeError as e:
-        return str(e)
-    return None
-
-
-def _nccl_factory(opts):
-    from ._nccl import create
-
-    return create(opts)
-
-
-register(BackendEntry("cpu", ("cpu",), _cpu_factory, aliases=("gloo",)))
-register(BackendEntry(
-    "nccl", ("cuda",), _nccl_factory, available=lambda: _nccl_error() is None,
-    reason=lambda: f"backend 'nccl' is not available (use backend='cpu' or 'gloo' for CPU "
-                   f"arrays): {_nccl_error()}"))
-def _mpi_available():
-    from . import _mpi
-
-    return _mpi.available()
-
-
-def _mpi_reason():
-    from . import _mpi
-
-    return _mpi.reason()
-
-
-def _mpi_factory(opts):
-    from . import _mpi
-
-    return _mpi.create(opts)
-
-
-register(BackendEntry("mpi", ("cpu", "cuda"), _mpi_factory, available=_mpi_available,
-                      reason=_mpi_reason))

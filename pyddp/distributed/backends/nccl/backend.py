@@ -1,5 +1,6 @@
-"""Backend "nccl": pyddp's collectives on CUDA arrays through NCCL (see pyddp.distributed._backend
-for the interface every backend object has).
+"""Backend "nccl", its implementation (imported at the first group; the package registers it):
+pyddp's collectives on CUDA arrays through NCCL (the interface every backend
+object has: pyddp.distributed.backends.interface).
 
 One backend object per process group and rank.  It holds:
 
@@ -30,13 +31,15 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 
 import numpy as np
 
-from .. import _C
-from ._observe import describe_signature as _describe
+from .... import _C
+from ..._observe import describe_signature as _describe
+from ..cpu import connect_group
+from ..interface import Backend
+from ..staging import stream_family as _stream_family
 
 _K_ALLGATHER, _K_ALLTOALL, _K_BARRIER = _C.K_ALLGATHER, _C.K_ALLTOALL, _C.K_BARRIER
 _K_SEND, _K_RECV = _C.K_SEND, _C.K_RECV
@@ -53,34 +56,6 @@ def _env_flag(*names) -> bool:
 
 def _argname(view) -> str:
     return getattr(view, "name", None) or "an array"
-
-
-# ------------------------------------------------------------------------ the caller's stream
-
-def _stream_family(view):
-    """A function returning the caller's current stream for arrays like ``view`` (an int
-    cudaStream_t; 0 is the legacy default stream)."""
-    owner = view.owner
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(owner, torch.Tensor):
-        dev = owner.device
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is not None:  # the handle alone: no torch.cuda.Stream object per call
-            index = dev.index if dev.index is not None else torch.cuda.current_device()
-            return lambda: raw(index)
-        return lambda: torch.cuda.current_stream(dev).cuda_stream
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(owner, cupy.ndarray):
-        # get_current_stream() answers for the current device: ask with the array's device current
-        # (an event of one device cannot be recorded on another device's stream)
-        dev = view.index
-
-        def cupy_stream():
-            with cupy.cuda.Device(dev):
-                return cupy.cuda.get_current_stream().ptr
-        return cupy_stream
-    s = view.stream or 0
-    return lambda: s
 
 
 _LEGACY = lambda: 0  # noqa: E731 - barrier and other calls without arrays
@@ -105,6 +80,7 @@ class NcclWork:
 
     @property
     def desc(self) -> str:
+        """The operation as messages name it: name, sequence number, count x dtype."""
         name, count, dtype = self.what
         if count is None:
             return f"{name} (#{self.w.seq})"
@@ -123,6 +99,7 @@ class NcclWork:
         self.w.wait_stream(self.stream_fn())
 
     def synchronize_host(self, timeout) -> bool:
+        """Block the host until the operation ends (bounded by ``timeout``); raise on failure."""
         q = self.w.synchronize(float(timeout))
         if q == 0:
             self.be._fail(self.be._timeout_message(self))
@@ -132,22 +109,22 @@ class NcclWork:
         return True
 
     def is_completed(self) -> bool:
+        """Whether the operation ended (successfully or not)."""
         return self.w.query() != 0
 
     def source_rank(self) -> int:
+        """The peer of a receive (-1 otherwise): NCCL receives from a given rank only."""
         return self.peer
 
 
 # --------------------------------------------------------------------------------- backend
 
-class NcclBackend:
+class NcclBackend(Backend):
     """The 'cuda' device's backend object of one group (see the module docstring)."""
 
     transport = "nccl"
 
     def __init__(self, opts, cuda):
-        from .distributed_c10d import _connect_group
-
         self.rank = opts.group_rank
         self.size = opts.group_size
         self.ranks = list(opts.global_ranks_in_group)
@@ -167,8 +144,8 @@ class NcclBackend:
         self.ncomm = 0
         self._sig = np.zeros(_SIG, np.int64)
         self._sigs = np.zeros((self.size, _SIG), np.int64)
-        self.host, self.round = _connect_group(self.store, self.rank, self.size, self.timeout,
-                                               "nccl")
+        self.host, self.round = connect_group(self.store, self.rank, self.size, self.timeout,
+                                              "nccl")
         opts.round = self.round
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
@@ -356,9 +333,10 @@ class NcclBackend:
             self._fail(msg)
             raise _C.DistBackendError(msg)
 
-    # ------------------------------------------------------------------------ submit
-    def submit(self, kind, dtype, op, root, tag, count, inputs, outputs, in_splits, out_splits,
-               timeout, wait_all, name, blocking):
+    # ------------------------------------------------------------------------ run
+    def run(self, request):
+        (kind, dtype, op, root, _tag, count, inputs, outputs, in_splits, out_splits, _timeout,
+         _wait_all, name, blocking) = request
         self._raise_if_failed()
         views = (*inputs, *outputs)
         dev = self._device_of(views, name)
@@ -438,7 +416,7 @@ class NcclBackend:
 
 def create(opts):
     """The factory registered for backend 'nccl'."""
-    from .. import cuda
+    from .... import cuda
 
     cuda._lib.load_nccl()  # raises with every place it looked
     why = cuda._why_unavailable()

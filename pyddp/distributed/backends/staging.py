@@ -7,12 +7,18 @@ stream once the operation completed (at once for a blocking call, at ``Work.wait
 async one), the host buffer kept until the copy finished.  Jobs without NCCL, and ranks sharing
 one GPU, work this way, at host-memory speed.  The pinned buffers come from a cache
 (pyddp.cuda._pinned): cudaHostAlloc is slow and cudaFreeHost waits for the whole device.
+
+The 'mpi' backend stages the same way where its MPI is not CUDA-aware; ``stream_family`` (the
+caller's current stream for an array: torch's, CuPy's or its __cuda_array_interface__'s) serves
+the 'nccl' backend's stream ordering too.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-from .. import _C, _interop
+from ... import _C, _interop
 
 _D2H, _H2D = 2, 1
 
@@ -32,16 +38,15 @@ def _np_dtype(code):
 def stage(view, name, writable):
     """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller);
     DeviceError naming ``name`` where CUDA does not work in this process."""
-    from .. import cuda
-    from ..cuda import _pinned
-    from ._nccl import _stream_family
+    from ... import cuda
+    from ...cuda import _pinned
 
     why = cuda._why_unavailable()
     if why is not None:
         raise _interop.DeviceError(name, view.device_str, (
             "the 'cpu' backend takes CPU tensors (CUDA tensors need the nccl backend, or CUDA "
             f"working here to be staged through host memory: {why})"), view)
-    stream = _stream_family(view)()
+    stream = stream_family(view)()
     host = _pinned.host_bytes(view.nbytes)
     a = host.view(_np_dtype(view.code)).reshape(view.shape).view(Staged)
     if view.nbytes:
@@ -49,6 +54,33 @@ def stage(view, name, writable):
         _C.cuda_stream_synchronize(stream)
     a._pd_stage = (view, stream) if writable else None
     return a
+
+
+def stream_family(view):
+    """A function returning the caller's current stream for arrays like ``view`` (an int
+    cudaStream_t; 0 is the legacy default stream)."""
+    owner = view.owner
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(owner, torch.Tensor):
+        dev = owner.device
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:  # the handle alone: no torch.cuda.Stream object per call
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            return lambda: raw(index)
+        return lambda: torch.cuda.current_stream(dev).cuda_stream
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(owner, cupy.ndarray):
+        # get_current_stream() answers for the current device: ask with the array's device current
+        # (an event of one device cannot be recorded on another device's stream)
+        dev = view.index
+
+        def cupy_stream():
+            with cupy.cuda.Device(dev):
+                return cupy.cuda.get_current_stream().ptr
+        return cupy_stream
+    s = view.stream or 0
+    return lambda: s
+
 
 
 def copy_back_fn(outputs):

@@ -1,0 +1,149 @@
+"""Backend "cpu" (alias "gloo"): pyddp's own C core, shared memory between the ranks of a host and
+TCP between hosts (csrc/group, csrc/transport, csrc/coll).
+
+Its backend object is the C process group itself (``pyddp._C.ProcessGroup``): ``submit`` takes a
+``Request``'s fields positionally (backends.interface), ``fast`` runs a small blocking collective
+in one C call, ``shared_alloc`` maps a buffer every rank of the host reads.  This module connects
+one: the address exchange through the group's store, the transport choice (PYDDP_TRANSPORT, as
+rank 0 has it), the host identity that decides which ranks share memory.  Device backends use
+``connect_group`` too, for the host group they keep beside their communicators (the signature
+check, object collectives); so does the torch bridge.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from ... import _C
+from .. import _observe
+from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
+from .registry import BackendEntry, register
+
+__all__ = ["connect_group", "create", "spare_core"]
+
+
+def advertised_host(store) -> str:
+    host = os.environ.get("PYDDP_HOST")
+    if host:
+        return host
+    base = store
+    while isinstance(base, PrefixStore):
+        base = base.underlying_store
+    if isinstance(base, TCPStore):
+        try:
+            local = base.local_addr()
+            if local:
+                return local
+        except (AttributeError, DistError, OSError):
+            pass
+    if isinstance(base, (HashStore,)):
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
+
+
+def transport_choice(store, prefix, rank) -> int:
+    """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
+    if rank == 0:
+        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+        if want not in TRANSPORTS:
+            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
+        store.set(f"{prefix}/transport", want)
+    return TRANSPORTS[store.get(f"{prefix}/transport").decode()]
+
+
+def node_id() -> str:
+    """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
+    machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
+    nid = os.environ.get("PYDDP_NODE_ID")
+    if nid:
+        return nid
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
+    """Create this rank's member of a group and connect it to the others through `store`.
+    ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
+
+    Returns (C process group, round number)."""
+    # Several rounds may use the same store (init, destroy, init again): the counter gives
+    # each round its own keys, so no rank reads a stale address.
+    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
+    prefix = f"{name}/{gen}"
+    secret = job_secret()
+    cpg = _C.ProcessGroup(rank, size, timeout, secret)
+    try:
+        if size > 1:
+            host = advertised_host(store)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            store.set(f"{prefix}/node/{rank}", node_id())
+            if rank == 0:
+                store.set(f"{prefix}/token", str(secrets.randbits(63)))
+            transport = transport_choice(store, prefix, rank)
+            token = int(store.get(f"{prefix}/token"))
+            hosts, ports, nodes = [], [], []
+            for r in range(size):
+                h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
+                hosts.append(h)
+                ports.append(int(p))
+                nodes.append(store.get(f"{prefix}/node/{r}").decode())
+        else:
+            token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
+        cpg.connect(hosts, ports, token, nodes, transport)
+    except BaseException:
+        cpg.destroy()
+        raise
+    if size > 1:
+        hostsn = len(set(nodes))
+        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+               if transport else
+               f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
+        if cpg.shm_fallback:
+            # a full or unwritable /dev/shm somewhere: the job runs, slower, and says why
+            why = cpg.shm_fallback
+            _observe.log.warning("[rank %d] group %s: %s", _observe._global_rank(rank), label or name,
+                                 cpg.shm_fallback)
+    else:
+        why = "one rank"
+    _observe.attach(cpg, label or name, rank, size, token, backend, why)
+    return cpg, gen
+
+
+def spare_core(transport, size) -> bool:
+    """Whether work handed to the progress thread gets a core of its own here (DDP reduces
+    buckets there while backward goes on; the torch bridge runs blocking calls inline otherwise).
+
+    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
+    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
+    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
+    """
+    v = os.environ.get("PYDDP_DDP_OVERLAP")
+    if v is not None and v != "":
+        return v not in ("0", "false", "False", "no")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    local = size if transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return cores > local
+
+
+def create(opts):
+    """The factory registered for backend 'cpu': the C process group of one group and rank."""
+    cpg, opts.round = connect_group(opts.store, opts.group_rank, opts.group_size,
+                                    opts.timeout.total_seconds(), "pg", label=opts.group_id)
+    return cpg
+
+
+register(BackendEntry("cpu", ("cpu",), create, aliases=("gloo",)))

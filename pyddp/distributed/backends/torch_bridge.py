@@ -1,0 +1,1017 @@
+"""pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp" (this
+module, pyddp.distributed.backends.torch_bridge, is also pyddp.torch_backend).
+
+Then an unchanged torch script runs its collectives on pyddp's C core (shared memory on one
+host, TCP across hosts)::
+
+    import torch.distributed as dist
+    import pyddp.torch_backend  # noqa: F401
+    dist.init_process_group("pyddp")
+
+torch 2.13 cannot subclass its C++ ``Backend`` from Python (no constructor is bound), so the
+creator returns a ``torch.distributed.ProcessGroup`` subclass, which torch uses as the whole
+group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's Python API and its
+C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call; each maps to one
+request of pyddp's C process group (``submit``, see pyddp.distributed.backends.interface).  CPU
+tensors are used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
+C work handle); ``get_future()`` of a CPU work completes from a watcher thread once the work
+finishes; that of a CUDA work completes at launch with its consumers ordered on the GPU, as torch's
+ProcessGroupNCCL's (see ``_cuda_future``).
+pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
+``torch.distributed.DistBackendError``.
+
+Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
+whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
+backend (pyddp.distributed.backends.nccl), started over the group's torch store at the first
+CUDA call.
+ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier`` accepts only
+gloo groups, so importing this module wraps it once: calls on a pyddp group run pyddp's, all
+others torch's own function.
+
+Importing this module imports torch; ``import pyddp`` alone never does.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+from torch.futures import Future
+
+from ... import _C, _interop
+from .. import _observe
+from .cpu import connect_group as _connect_group, spare_core as _spare_core
+from .interface import BackendOptions, Request
+
+__all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
+
+BACKEND_NAME = "pyddp"
+_OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
+# torch's RedOpType -> pyddp op code (the blocking fast path looks the op up with no string work)
+# (indexed by RedOpType.value: reading the enum's int is cheaper than hashing the enum)
+_OP_CODES = [-1] * (1 + max(t.value for t in _c10d.ReduceOp.RedOpType.__members__.values()))
+for _n, _t in _c10d.ReduceOp.RedOpType.__members__.items():
+    if _n in _OPS:
+        _OP_CODES[_t.value] = _OPS[_n]
+_OP_CODES = tuple(_OP_CODES)
+_K_ALLREDUCE, _K_BROADCAST, _K_BARRIER = _C.K_ALLREDUCE, _C.K_BROADCAST, _C.K_BARRIER
+_K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
+_K_REDUCE, _K_GATHER, _K_SCATTER = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER
+_K_ALLTOALL = _C.K_ALLTOALL
+_PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
+_SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
+
+
+def _op_code(reduce_op):
+    """pyddp's op code of the ReduceOp in a torch options object (-1: none, e.g. PREMUL_SUM).
+    SUM, nearly every call's op, is one comparison: each attribute read of torch's options and
+    ReduceOp objects costs about 0.5-1 us, a tenth of a small collective."""
+    return _SUM_CODE if reduce_op == _SUM else _OP_CODES[reduce_op.op.value]
+
+
+def _host_list(x):
+    """NumPy views of a list of CPU tensors (or None) for the fast path; TypeError when one is
+    not a tensor NumPy can view without a copy (e.g. a CUDA array)."""
+    if x is None:
+        return None
+    if type(x) is not list and type(x) is not tuple:
+        raise TypeError("not a list of tensors")
+    views = []
+    for t in x:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("not a tensor")
+        views.append(t.numpy())
+    return views
+
+
+def _seconds(t):
+    """A torch timeout (timedelta, or None) in seconds; None for none or torch's kNoTimeout (0)."""
+    if t is None:
+        return None
+    s = t.total_seconds() if isinstance(t, timedelta) else float(t)
+    return s if s > 0 else None
+
+
+def _torch_error(e):
+    err = dist.DistBackendError(str(e))
+    err.__cause__ = e
+    return err
+
+
+def _array(t, name, writable):
+    """(NumPy view of a CPU tensor, dtype code); no copy."""
+    return _interop.cpu_array(t, name, writable, on_device=_on_device)
+
+
+def _on_device(view, name, writable):
+    """(device view, dtype code) for a CUDA tensor (or an object exposing
+    ``__cuda_array_interface__``): ``_submit`` sends requests on such views to pyddp's NCCL
+    backend (``ProcessGroupPyddp._nccl_backend``)."""
+    if view.device != "cuda":
+        raise ValueError(f"{name} is on device {view.device_str}; the pyddp backend serves "
+                         "'cpu' and 'cuda'")
+    return view.checked(name, writable)
+
+
+def _on_cuda(arrays_in, arrays_out, name):
+    """True when a request's arrays are CUDA views, False when they are host arrays; ValueError
+    for a mix."""
+    cuda = host = None
+    for a in (*arrays_in, *arrays_out):
+        if type(a) is _interop.ArrayView:
+            cuda = a
+        else:
+            host = a
+    if cuda is not None and host is not None:
+        raise ValueError(f"{name}: {cuda.name or 'an argument'} is on {cuda.device_str} but "
+                         "another argument is on cpu: all tensors of one call must be on one "
+                         "device")
+    return cuda is not None
+
+
+def _op(reduce_op, what):
+    op = getattr(reduce_op, "op", reduce_op)  # ReduceOp object -> RedOpType
+    name = getattr(op, "name", str(op)).rpartition(".")[2]
+    code = _OPS.get(name)
+    if code is None:
+        raise ValueError(f"{what}: reduce op {name} is not supported by the pyddp backend "
+                         f"(supported: {', '.join(_OPS)})")
+    return code
+
+
+class Work(dist._Work):
+    """A pyddp work handle (one or more C works) as a torch Work."""
+
+    def __init__(self, cworks, result, pg, source=False):
+        super().__init__()
+        self._cws = cworks  # C works still to wait for (empty: done on the caller's thread)
+        self._result = result  # the list of output tensors the future yields
+        self._pg = pg
+        self._source = source
+        self._fut = None
+
+    def _wait(self, timeout):
+        try:
+            for cw in self._cws:
+                cw.wait(timeout)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+
+    def wait(self, timeout=None):
+        self._wait(_seconds(timeout))
+        return True
+
+    def is_completed(self):
+        return all(cw.is_completed() for cw in self._cws)
+
+    def is_success(self):
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        if not self.is_completed():
+            return None
+        try:
+            self._wait(0)
+        except dist.DistBackendError as e:
+            return e
+        return None
+
+    def result(self):
+        self.wait()
+        return list(self._result)
+
+    def _source_rank(self):
+        return self._cws[0].source_rank()
+
+    source_rank = _source_rank
+
+    def get_future(self):
+        if self._fut is None:
+            handles = self._cuda_handles()
+            if handles is not None:
+                self._fut = _cuda_future(handles, self._result)
+                return self._fut
+            self._fut = Future()
+            if self.is_completed():
+                self._complete()
+            else:
+                self._pg._watch(self)
+        return self._fut
+
+    def _cuda_handles(self):
+        """The _CudaHandles of a work on CUDA arrays only (waiting sends and receives run now),
+        else None."""
+        cws = self._cws
+        if not cws or any(type(cw) is not _CudaHandle and type(cw) is not _DeferredP2P
+                          for cw in cws):
+            return None
+        return [cw if type(cw) is _CudaHandle else cw._handle() for cw in cws]
+
+    def _complete(self):
+        try:
+            self._wait(None)
+        except dist.DistBackendError as e:
+            self._fut.set_exception(e)
+        else:
+            self._fut.set_result(list(self._result))
+
+
+class _Done(Work):
+    """The Work of a blocking call completed inline (one object per group, reused): torch's
+    Python API calls its ``wait()`` after every blocking collective, so that is a bare return."""
+
+    def wait(self, timeout=None):
+        return True
+
+
+def _cuda_tensors(value):
+    """The torch CUDA tensors in a future's value (a list of tensors or of lists of them)."""
+    for v in value:
+        if isinstance(v, (list, tuple)):
+            yield from _cuda_tensors(v)
+        elif isinstance(v, torch.Tensor) and v.is_cuda:
+            yield v
+
+
+def _cuda_future(handles, result):
+    """The future of a work on CUDA arrays, as torch's ProcessGroupNCCL makes it: completed at
+    launch, no host wait and no thread, its consumers ordered on the GPU.
+
+    torch CUDA tensors: a ``Future(devices=...)`` whose result is set while each communicator's
+    stream is the current stream of its device, so torch records its events on those streams,
+    after the collective, and makes every consumer's current stream wait on them (``wait()``,
+    ``value()``, and ``then()``, whose callback runs at once on this thread, on a stream that
+    waited).  Other CUDA arrays (``__cuda_array_interface__``, read on the stream they name):
+    that stream waits for the collective now, as ``Work.wait()`` orders it, then the value is set.
+    A failure after launch is not the future's: ``Work.wait()`` and the next call raise it."""
+    value = list(result)
+    devices = sorted({t.device.index for t in _cuda_tensors(value)})
+    if not devices:
+        fut = Future()
+        try:
+            for h in handles:
+                h.nw.wait()
+        except _C.DistError as e:
+            fut.set_exception(_torch_error(e))
+        else:
+            fut.set_result(value)
+        return fut
+    fut = Future(devices=[torch.device("cuda", d) for d in devices])
+    comms = {id(h.nw.comm): h.nw.comm for h in handles}
+    with contextlib.ExitStack() as streams:
+        for c in comms.values():
+            streams.enter_context(torch.cuda.stream(
+                torch.cuda.ExternalStream(c.stream, device=torch.device("cuda", c.device))))
+        fut.set_result(value)
+    return fut
+
+
+class _CudaHandle:
+    """An NCCL work (pyddp.distributed.backends.nccl.backend.NcclWork) as Work holds it.  ``wait()`` on the
+    submitting thread orders that thread's current stream after the operation (torch's NCCL
+    rule: no host block); on another thread (the future watcher, for a work mixing CPU and CUDA
+    arrays; its current stream is unrelated to the caller's) it waits on the host, bounded by
+    the group's timeout.  A work on CUDA arrays only never reaches the watcher: its future is
+    complete at launch (``_cuda_future``)."""
+
+    __slots__ = ("nw", "tid")
+
+    def __init__(self, nw):
+        self.nw = nw
+        self.tid = threading.get_ident()
+
+    def wait(self, timeout=None):
+        if timeout is None and threading.get_ident() != self.tid:
+            return self.nw.synchronize_host(self.nw.be.timeout)
+        return self.nw.wait(timeout)
+
+    def is_completed(self):
+        return self.nw.is_completed()
+
+    def source_rank(self):
+        return self.nw.source_rank()
+
+
+class _DeferredP2P:
+    """A CUDA send or receive not given to NCCL yet (see ProcessGroupPyddp._submit_cuda): asked
+    anything, it runs the group's waiting sends and receives first."""
+
+    __slots__ = ("pg", "real", "peer")
+
+    def __init__(self, pg, peer):
+        self.pg = pg
+        self.real = None  # the _CudaHandle of the NCCL group it ran in
+        self.peer = peer
+
+    def _handle(self):
+        if self.real is None:
+            self.pg._flush_cuda_p2p()
+        if self.real is None:
+            raise dist.DistBackendError("send/recv: the pyddp process group was destroyed "
+                                        "before this operation ran")
+        return self.real
+
+    def wait(self, timeout=None):
+        return self._handle().wait(timeout)
+
+    def is_completed(self):
+        return self._handle().is_completed()
+
+    def source_rank(self):
+        return self.peer
+
+
+class ProcessGroupPyddp(dist.ProcessGroup):
+    """One rank's member of a torch process group whose collectives run on pyddp's C core."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._timeout = _seconds(timeout) or 1800.0
+        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
+                                      label="torch", backend=BACKEND_NAME)
+        # the C group's inline path for small blocking collectives (False: not taken); not at
+        # debug level DETAIL, which logs every call from _submit
+        self._fast = getattr(self._cpg, "fast", None)
+        if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
+            self._fast = None
+        self._done = _Done((), [], self)  # what a blocking call done inline returns (_finished)
+        # Asynchronous allreduces issued during a backward pass (torch DDP's bucket hooks) run on
+        # the calling thread when this host has no core to spare for the progress thread: there
+        # it would only take turns with backward on the same core, and the ranks' progress threads,
+        # each descheduled in turn, would step through the collective's sync points out of phase
+        # (pyddp's own DDP decides the same way; PYDDP_DDP_OVERLAP=0/1 overrides).
+        self._backward_inline = self._fast is not None and not _overlap_default(self)
+        self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
+        self._q = None  # works whose futures the watcher completes, in submission order
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def getBackendName(self):
+        """The backend's name, "pyddp" (torch's ProcessGroup.getBackendName)."""
+        return BACKEND_NAME
+
+    @property
+    def transport(self):
+        """'shm', 'tcp' or 'local' (pyddp's C group)."""
+        return self._cpg.transport
+
+    # torch's ProcessGroup keeps its name and description in its registered C++ backends; this
+    # group registers none (it is the whole group), so it keeps them itself: DeviceMesh (FSDP2,
+    # DTensor) and torch's group registry read ``group_name``.
+    def _set_group_name(self, name):
+        self._group_name = str(name)
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = str(desc)
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "undefined")
+
+    def _watch(self, work):
+        with self._lock:
+            if self._q is None:
+                self._q = queue.SimpleQueue()
+                threading.Thread(target=self._watcher, args=(self._q,), daemon=True,
+                                 name="pyddp-torch-futures").start()
+            self._q.put(work)
+
+    @staticmethod
+    def _watcher(q):
+        while True:
+            work = q.get()
+            if work is None:
+                return
+            # a CUDA wait here (a work mixing CPU and CUDA arrays) runs on the communicator's
+            # device: on this thread's default device, CUDA would create a context on GPU 0
+            dev = next((cw.nw.comm.device for cw in work._cws if type(cw) is _CudaHandle), None)
+            if dev is not None:
+                try:
+                    _C.cuda_set_device(dev)
+                except RuntimeError:
+                    pass  # the wait below reports what is wrong
+            work._complete()
+
+    def _submit(self, kind, code, arrays_in, arrays_out, result, *, op=0, root=0, tag=0,
+                count=0, in_splits=None, out_splits=None, name="", blocking=False,
+                timeout=0.0, wait_all=False, source=False):
+        cpg = self._cpg
+        if cpg is None:
+            raise dist.DistBackendError(f"{name}: the pyddp process group has been destroyed")
+        if _observe._level >= _observe.DebugLevel.DETAIL:
+            _observe.log_collective("torch", name, _observe.dtype_name(code), arrays_in,
+                                    arrays_out, not blocking)
+        if (arrays_in or arrays_out) and _on_cuda(arrays_in, arrays_out, name):
+            return self._submit_cuda(kind, code, arrays_in, arrays_out, result, op=op, root=root,
+                                     tag=tag, count=count, in_splits=in_splits,
+                                     out_splits=out_splits, name=name, blocking=blocking,
+                                     timeout=timeout, wait_all=wait_all, source=source)
+        try:
+            cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
+                            tuple(arrays_out), in_splits, out_splits, float(timeout),
+                            bool(wait_all), name, blocking)
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        work = Work(() if cw is None else (cw,), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _inline(self, opts, kind, out, arg, inp=None, root=0):
+        """Run a blocking collective (torch's Python API passes ``opts.asyncOp`` False and waits
+        for the Work only when one is returned) on this thread through the C group's fast path.
+        ``out`` and ``inp`` are what the C group's ``fast`` takes: a tensor, a list of tensors
+        (one per rank) or None (a rank outside the root of gather/scatter).
+        1 when done: the method then returns the group's finished Work (one object reused,
+        so a blocking call allocates nothing; torch's Python API only waits on it); 2 when an
+        asynchronous call was done inline (during backward): it gets a Work of its own, its
+        caller keeps it and asks for its future.
+        0 when that path does not take it (async, coalescing, a busy group, a tensor NumPy
+        cannot view, a CUDA array): the caller submits instead.  ``opts.asyncOp`` is read
+        once (each read of torch's options costs about 0.3 us)."""
+        async_op = opts.asyncOp
+        if self._fast is None or self._coalesced is not None or (
+                async_op and not (self._backward_inline and _graph_task_id() >= 0)):
+            return 0
+        try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
+            a = out.numpy() if isinstance(out, torch.Tensor) else _host_list(out)
+            b = inp.numpy() if isinstance(inp, torch.Tensor) else _host_list(inp)
+        except (TypeError, RuntimeError):  # not viewable here: the general path says what
+            return 0
+        try:
+            if b is None and (kind == _K_ALLREDUCE or kind == _K_BROADCAST):
+                done = self._fast(kind, a, arg)
+            else:
+                done = self._fast(kind, a, arg, b, root)
+        except _C.DistError as e:  # a RuntimeError too: never taken for a refused tensor
+            raise _torch_error(e) from None
+        return (2 if async_op else 1) if done else 0
+
+    def _finished(self, result, how=1):
+        if how == 2:  # an asynchronous call done inline (during backward): a Work of its own
+            return Work((), result, self)
+        done = self._done
+        done._result = result
+        return done
+
+    def _many(self, works, result):
+        """One Work for several submitted ones (coalesced calls)."""
+        return Work(tuple(cw for w in works for cw in w._cws), result, self)
+
+    @staticmethod
+    def _blocking(opts):
+        return not getattr(opts, "asyncOp", True)
+
+    # --------------------------------------------------------------- collectives
+
+    def allreduce(self, tensors, opts=None):
+        # _inline written out for the most frequent call (torch's all_reduce of one CPU tensor,
+        # blocking, SUM): each Python call and attribute read saved is 0.1-0.5 us of a 4 B
+        # allreduce's 6-7 us
+        fast = self._fast
+        if fast is not None and opts is not None and len(tensors) == 1 \
+                and self._coalesced is None:
+            async_op = opts.asyncOp
+            if not async_op or (self._backward_inline and _graph_task_id() >= 0):
+                reduce_op = opts.reduceOp
+                t = tensors[0]
+                try:  # no copy; Tensor.numpy() refuses bfloat16, tensors needing grad, devices
+                    # (only a torch tensor's: another array's numpy() may be a copy)
+                    a = t.numpy() if isinstance(t, torch.Tensor) else None
+                except (TypeError, RuntimeError):
+                    a = None  # not viewable here: the general path says what
+                if a is not None:
+                    try:
+                        done = fast(_K_ALLREDUCE, a, _SUM_CODE if reduce_op == _SUM
+                                    else _OP_CODES[reduce_op.op.value])
+                    except _C.DistError as e:
+                        raise _torch_error(e) from None
+                    if done:
+                        if async_op:  # done inline during backward: a Work of its own
+                            return Work((), list(tensors), self)
+                        done = self._done
+                        done._result = tensors
+                        return done
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_sum("allreduce", opts, tensors, self.allreduce)
+        opts = opts or _c10d.AllreduceOptions()
+        op = _op(opts.reduceOp, "allreduce")
+        works = []
+        for i, t in enumerate(tensors):
+            a, code = _array(t, f"tensors[{i}]", True)
+            works.append(self._submit(_C.K_ALLREDUCE, code, (), (a,), None, op=op, count=a.size,
+                                      name="allreduce",
+                                      blocking=self._blocking(opts) and len(tensors) == 1))
+        return self._many(works, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceCoalescedOptions()
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        if opts is not None and len(tensors) == 1 and (how := self._inline(
+                opts, _K_BROADCAST, tensors[0], opts.rootRank)):
+            return self._finished(tensors, how)
+        opts = opts or _c10d.BroadcastOptions()
+        works = []
+        for i, t in enumerate(tensors):
+            a, code = _array(t, f"tensors[{i}]", True)
+            works.append(self._submit(_C.K_BROADCAST, code, (), (a,), None, root=opts.rootRank,
+                                      count=a.size, name="broadcast",
+                                      blocking=self._blocking(opts) and len(tensors) == 1))
+        return self._many(works, tensors)
+
+    def reduce(self, tensors, opts=None):
+        if opts is not None and len(tensors) == 1 and (how := self._inline(
+                opts, _K_REDUCE, tensors[0], _op_code(opts.reduceOp), None, opts.rootRank)):
+            return self._finished(tensors, how)
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            return self._premul_reduce(tensors, opts)
+        opts = opts or _c10d.ReduceOptions()
+        op = _op(opts.reduceOp, "reduce")
+        a, code = _array(self._one(tensors, "reduce"), "tensor", True)
+        return self._submit(_C.K_REDUCE, code, (a,), (a,), tensors, op=op, root=opts.rootRank,
+                            count=a.size, name="reduce", blocking=self._blocking(opts))
+
+    @staticmethod
+    def _one(tensors, what):
+        if len(tensors) != 1:
+            raise ValueError(f"{what}: the pyddp backend takes one tensor per call, "
+                             f"got {len(tensors)}")
+        return tensors[0]
+
+    def _rank_list(self, lst, t, what, name, writable):
+        """(view of t, its code, views of lst: one tensor per rank, each like t)."""
+        a, code = _array(t, "tensor", not writable)
+        if len(lst) != self.size():
+            raise ValueError(f"{what}: {name} must have one tensor per rank ({self.size()}), "
+                             f"got {len(lst)}")
+        arrays = []
+        for i, o in enumerate(lst):
+            b, oc = _array(o, f"{name}[{i}]", writable)
+            if oc != code or b.size != a.size:
+                raise ValueError(f"{what}: {name}[{i}] must match the tensor's dtype and "
+                                 f"size ({t.dtype}, {a.size}), got {o.dtype}, {b.size}")
+            arrays.append(b)
+        return a, code, arrays
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and (
+                how := self._inline(opts, _K_ALLGATHER, output_tensors[0], 0, input_tensors[0])):
+            return self._finished(output_tensors, how)
+        opts = opts or _c10d.AllgatherOptions()
+        works = []
+        for outs, t in zip(output_tensors, input_tensors):
+            a, code, arrays = self._rank_list(outs, t, "allgather", "output_tensors", True)
+            works.append(self._submit(_C.K_ALLGATHER, code, (a,), arrays, None, count=a.size,
+                                      name="allgather",
+                                      blocking=self._blocking(opts) and len(input_tensors) == 1))
+        return self._many(works, output_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        if opts is not None and len(outputs) == 1 == len(inputs) and (how := self._inline(
+                opts, _K_ALLGATHER, outputs[0], 0, inputs[0])):
+            return self._finished(outputs, how)
+        opts = opts or _c10d.AllgatherOptions()
+        works = []
+        for o, t in zip(outputs, inputs):
+            a, code = _array(t, "input_tensor", False)
+            b, oc = _array(o, "output_tensor", True)
+            if oc != code or b.size != a.size * self.size():
+                raise ValueError(f"allgather_into_tensor: output_tensor must have the input's "
+                                 f"dtype and world_size * {a.size} elements, got {o.dtype}, "
+                                 f"{b.size}")
+            works.append(self._submit(_C.K_ALLGATHER, code, (a,), (b,), None, count=a.size,
+                                      name="allgather_into_tensor",
+                                      blocking=self._blocking(opts) and len(inputs) == 1))
+        return self._many(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(input_tensors) == 1 and len(output_tensors) <= 1 and \
+                (how := self._inline(opts, _K_GATHER,
+                                     output_tensors[0] if output_tensors else None,
+                                     opts.rootRank, input_tensors[0])):
+            return self._finished(output_tensors, how)
+        opts = opts or _c10d.GatherOptions()
+        t = self._one(input_tensors, "gather")
+        if self.rank() == opts.rootRank:
+            a, code, arrays = self._rank_list(self._one(output_tensors, "gather"), t, "gather",
+                                              "gather_list", True)
+        else:
+            (a, code), arrays = _array(t, "input_tensor", False), ()
+        return self._submit(_C.K_GATHER, code, (a,), arrays, output_tensors, root=opts.rootRank,
+                            count=a.size, name="gather", blocking=self._blocking(opts))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 and len(input_tensors) <= 1 and \
+                (how := self._inline(opts, _K_SCATTER, output_tensors[0], opts.rootRank,
+                                     input_tensors[0] if input_tensors else None)):
+            return self._finished(output_tensors, how)
+        opts = opts or _c10d.ScatterOptions()
+        o = self._one(output_tensors, "scatter")
+        if self.rank() == opts.rootRank:
+            b, code, arrays = self._rank_list(self._one(input_tensors, "scatter"), o, "scatter",
+                                              "scatter_list", False)
+        else:
+            (b, code), arrays = _array(o, "tensor", True), ()
+        return self._submit(_C.K_SCATTER, code, arrays, (b,), output_tensors, root=opts.rootRank,
+                            count=b.size, name="scatter", blocking=self._blocking(opts))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and len(output_tensors) == 1 == len(input_tensors) and (
+                how := self._inline(opts, _K_REDUCE_SCATTER, output_tensors[0],
+                                    _op_code(opts.reduceOp), input_tensors[0])):
+            return self._finished(output_tensors, how)
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [[self._premul_copy(t, opts, "reduce_scatter") for t in lst]
+                      for lst in input_tensors]
+            return self._premul_sum("reduce_scatter", opts, None,
+                                    lambda _, o: self.reduce_scatter(output_tensors, scaled, o),
+                                    keep=scaled)
+        opts = opts or _c10d.ReduceScatterOptions()
+        op = _op(opts.reduceOp, "reduce_scatter")
+        o = self._one(output_tensors, "reduce_scatter")
+        ins = self._one(input_tensors, "reduce_scatter")
+        b, code, arrays = self._rank_list(ins, o, "reduce_scatter", "input_list", False)
+        return self._submit(_C.K_REDUCE_SCATTER, code, arrays, (b,), output_tensors, op=op,
+                            count=b.size, name="reduce_scatter", blocking=self._blocking(opts))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        if opts is not None and len(outputs) == 1 == len(inputs) and (how := self._inline(
+                opts, _K_REDUCE_SCATTER, outputs[0], _op_code(opts.reduceOp),
+                inputs[0])):
+            return self._finished(outputs, how)
+        if opts is not None and opts.reduceOp.op == _PREMUL_SUM:
+            scaled = [self._premul_copy(t, opts, "reduce_scatter_tensor") for t in inputs]
+            return self._premul_sum(
+                "reduce_scatter_tensor", opts, None,
+                lambda _, o: self.reduce_scatter_single_coalesced(outputs, scaled, o), keep=scaled)
+        opts = opts or _c10d.ReduceScatterOptions()
+        op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        works = []
+        for o, t in zip(outputs, inputs):
+            a, code = _array(t, "input", False)
+            b, oc = _array(o, "output", True)
+            if oc != code or a.size != b.size * self.size():
+                raise ValueError(f"reduce_scatter_tensor: input must have the output's dtype "
+                                 f"and world_size * {b.size} elements, got {t.dtype}, {a.size}")
+            works.append(self._submit(_C.K_REDUCE_SCATTER, code, (a,), (b,), None, op=op,
+                                      count=b.size, name="reduce_scatter_tensor",
+                                      blocking=self._blocking(opts) and len(inputs) == 1))
+        return self._many(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if opts is not None and not output_split_sizes and not input_split_sizes and \
+                (how := self._inline(opts, _K_ALLTOALL, output, 0, input)):
+            return self._finished([output], how)
+        opts = opts or _c10d.AllToAllOptions()
+        b, code = _array(output, "output", True)
+        a, ic = _array(input, "input", False)
+        if ic != code:
+            raise TypeError(f"all_to_all_single: input has dtype {input.dtype} but output has "
+                            f"{output.dtype}")
+        n = self.size()
+
+        def splits(sizes, v, what):  # v: the NumPy array or CUDA view (torch-free: any array)
+            dims = tuple(v.shape)
+            row = v.itemsize * (v.size // dims[0] if dims and dims[0] else 1)
+            rows = dims[0] if dims else 1
+            if not sizes:
+                if rows % n:
+                    raise ValueError(f"all_to_all_single: {what} has {rows} rows, not divisible "
+                                     f"by world size {n}")
+                return tuple([rows // n * row] * n)
+            if len(sizes) != n or sum(sizes) != rows:
+                raise ValueError(f"all_to_all_single: {what}_split_sizes {list(sizes)} must have "
+                                 f"{n} entries adding up to {rows}")
+            return tuple(int(s) * row for s in sizes)
+
+        ins = splits(input_split_sizes, a, "input")
+        outs = splits(output_split_sizes, b, "output")
+        return self._submit(_C.K_ALLTOALL, code, (a,), (b,), [output], in_splits=ins,
+                            out_splits=outs, name="all_to_all_single",
+                            blocking=self._blocking(opts))
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if opts is not None and (
+                how := self._inline(opts, _K_ALLTOALL, output_tensors, 0, input_tensors)):
+            return self._finished(output_tensors, how)
+        opts = opts or _c10d.AllToAllOptions()
+        ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
+        outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]
+        code = ins[0][1]
+        if any(c != code for _, c in ins + outs):
+            raise TypeError("all_to_all: every tensor must have one dtype")
+        return self._submit(_C.K_ALLTOALL, code, [a for a, _ in ins], [b for b, _ in outs],
+                            output_tensors, name="all_to_all", blocking=self._blocking(opts))
+
+    def barrier(self, opts=None):
+        if opts is not None and self._fast is not None and self._coalesced is None \
+                and not opts.asyncOp:
+            try:
+                if self._fast(_K_BARRIER, None, 0):
+                    return self._finished([])
+            except _C.DistError as e:
+                raise _torch_error(e) from None
+        blocking = self._blocking(opts) if opts is not None else False
+        return self._submit(_C.K_BARRIER, 0, (), (), [], name="barrier", blocking=blocking)
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier naming the ranks that did not arrive within ``timeout`` (torch's
+        ``dist.monitored_barrier`` accepts only gloo groups; call this method directly)."""
+        t = _seconds(timeout) or self._timeout
+        self._submit(_C.K_MONITORED_BARRIER, 0, (), (), [], timeout=t, wait_all=wait_all_ranks,
+                     name="monitored_barrier", blocking=True).wait()
+
+    # ----------------------------------------------------------------- p2p
+
+    def _p2p(self, kind, tensors, peer, tag, name):
+        t = self._one(tensors, name)
+        a, code = _array(t, "tensor", kind == _C.K_RECV)
+        ins, outs = ((a,), ()) if kind == _C.K_SEND else ((), (a,))
+        return self._submit(kind, code, ins, outs, tensors, root=peer, tag=int(tag),
+                            count=a.size, name=name, source=True)
+
+    def send(self, tensors, dst, tag=0):
+        return self._p2p(_C.K_SEND, tensors, dst, tag, "send")
+
+    def recv(self, tensors, src, tag=0):
+        return self._p2p(_C.K_RECV, tensors, src, tag, "recv")
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._p2p(_C.K_RECV, tensors, -1, tag, "recv")
+
+    # ----------------------------------------------------------------- coalescing
+
+    def _start_coalescing(self, device=None):
+        self._coalesced = []
+
+    def _end_coalescing(self, device=None):
+        self._flush_cuda_p2p()
+        works, self._coalesced = self._coalesced or [], None
+        return self._many(works, [t for w in works for t in w._result])
+
+    # ------------------------------------------------ ReduceOp.PREMUL_SUM (NCCL's premul sum)
+
+    @staticmethod
+    def _premul_factor(opts, what, t):
+        """The factor of a PREMUL_SUM op (``dist._make_nccl_premul_sum(factor)``, or
+        ``ReduceOp.PREMUL_SUM(factor)`` as FSDP2 builds it); floating-point tensors only."""
+        if not t.is_floating_point():
+            raise TypeError(f"{what}: ReduceOp.PREMUL_SUM needs floating-point tensors, got "
+                            f"{t.dtype}")
+        op = opts.reduceOp
+        # torch 2.13 has ReduceOp.factor, 2.11 has not; both pickle the factor as the state's
+        # second item
+        factor = op.factor if hasattr(op, "factor") else op.__getstate__()[1]
+        if factor is None:
+            raise ValueError(f"{what}: ReduceOp.PREMUL_SUM without a factor")
+        return factor
+
+    def _premul_copy(self, t, opts, what):
+        """factor * t, a new tensor (the caller's input stays as it was)."""
+        return t * self._premul_factor(opts, what, t)
+
+    @staticmethod
+    def _sum_opts(opts):
+        """``opts`` (any reducing options type) with ReduceOp.SUM, same timeout and asyncOp."""
+        new = type(opts)()
+        new.reduceOp = dist.ReduceOp.SUM
+        for f in ("rootRank", "rootTensor", "timeout", "asyncOp"):
+            if hasattr(opts, f):
+                setattr(new, f, getattr(opts, f))
+        return new
+
+    def _premul_sum(self, what, opts, tensors, call, keep=None):
+        """PREMUL_SUM as NCCL computes it: sum over ranks of factor * input.  allreduce (in
+        place) scales its tensors first; the others pass scaled copies (``keep``: held by the
+        Work)."""
+        if tensors is not None:
+            factors = [self._premul_factor(opts, what, t) for t in tensors]
+            with torch.no_grad():
+                for t, f in zip(tensors, factors):
+                    t.mul_(f)
+        work = call(tensors, self._sum_opts(opts))
+        work._premul_keep = keep
+        return work
+
+    def _premul_reduce(self, tensors, opts):
+        """reduce with PREMUL_SUM: a scaled copy in, the tensor out (written on the root only;
+        the other ranks' tensors stay as they were, as with NCCL)."""
+        t = self._one(tensors, "reduce")
+        scaled = self._premul_copy(t, opts, "reduce")
+        a, code = _array(scaled, "tensor", False)
+        b, _ = _array(t, "tensor", True)
+        work = self._submit(_C.K_REDUCE, code, (a,), (b,), tensors, op=_OPS["SUM"],
+                            root=opts.rootRank, count=a.size, name="reduce",
+                            blocking=self._blocking(opts))
+        work._premul_keep = scaled
+        return work
+
+    # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
+
+    def _nccl_backend(self, name):
+        """pyddp's NCCL backend for this group (pyddp.distributed.backends.nccl.backend.NcclBackend over the
+        torch store the group was created with), created at the first CUDA collective (every
+        rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
+        be = self.__dict__.get("_nccl")
+        if be is not None:
+            return be
+        with self._lock:
+            be = self.__dict__.get("_nccl")
+            if be is not None:
+                return be
+            store = self.__dict__.get("_store")
+            if store is None:
+                raise dist.DistBackendError(
+                    f"{name}: this pyddp group has no store to start its NCCL backend from "
+                    "(create it through torch.distributed.init_process_group/new_group)")
+            from . import nccl as _nccl
+
+            try:
+                ranks = dist.get_process_group_ranks(self)
+            except (RuntimeError, ValueError, KeyError):  # not registered with torch
+                ranks = range(self.size())
+            gname = self.__dict__.get("_group_name") or "pyddp"
+            opts = BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
+                                  self.size(), timedelta(seconds=self._timeout), gname, ranks)
+            try:
+                be = _nccl.create(opts)
+            except (RuntimeError, OSError) as e:
+                raise dist.DistBackendError(
+                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
+                    f"could not start: {e}") from e
+            self._nccl = be
+            return be
+
+    def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
+                     in_splits, out_splits, name, blocking, timeout, wait_all, source):
+        be = self._nccl_backend(name)
+        if kind in (_C.K_SEND, _C.K_RECV):
+            # NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End)
+            # or a ring of them waits on itself; torch's batch_isend_irecv coalesces only on a
+            # plain ProcessGroup (``type(group) is ProcessGroup``), so on this group it issues
+            # them one by one.  They wait here and run as one NCCL group at the first wait() or
+            # is_completed() of any of them, the next CUDA collective, _end_coalescing or
+            # destroy.
+            if kind == _C.K_RECV and root < 0:
+                raise ValueError(f"{name}: CUDA tensors (NCCL) cannot be received from any "
+                                 "source; give src")
+            d = _DeferredP2P(self, root if kind == _C.K_RECV else -1)
+            view = (arrays_in or arrays_out)[0]
+            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root, d))
+            work = Work((d,), result, self, source)
+            if self._coalesced is not None:
+                self._coalesced.append(work)
+            return work
+        self._flush_cuda_p2p()
+        try:
+            nw = be.run(Request(kind, code, op, root, tag, count, tuple(arrays_in),
+                                tuple(arrays_out), in_splits, out_splits, float(timeout),
+                                bool(wait_all), name, blocking))
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        work = Work(() if nw is None else (_CudaHandle(nw),), result, self, source)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _flush_cuda_p2p(self):
+        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
+        ops = self.__dict__.pop("_cuda_p2p", None)
+        if not ops:
+            return
+        be = self._nccl_backend("batch_isend_irecv")
+        try:
+            nw = be.batch_p2p([(is_send, view, peer) for is_send, view, peer, _ in ops])
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        handle = _CudaHandle(nw)
+        for _, _, _, d in ops:
+            d.real = handle
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _destroy(self):
+        nccl = self.__dict__.get("_nccl")
+        if nccl is not None:
+            try:  # sends and receives never waited for still reach the peers
+                self._flush_cuda_p2p()
+            except (dist.DistBackendError, ValueError):
+                pass
+            self.__dict__.pop("_nccl", None)
+            nccl.destroy()
+        cpg, self._cpg, self._fast = self._cpg, None, None
+        if cpg is not None:
+            cpg.destroy()
+        with self._lock:
+            if self._q is not None:
+                self._q.put(None)
+
+    def shutdown(self):
+        self._destroy()
+
+    def abort(self):
+        self._destroy()
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:
+            pass
+
+
+_graph_task_id = torch._C._current_graph_task_id  # >= 0 inside a backward pass
+
+
+def _overlap_default(pg):
+    """Whether asynchronous work gets a core of its own here (see ProcessGroupPyddp.__init__):
+    pyddp's DDP decision (backends.cpu.spare_core)."""
+    return _spare_core(pg.transport, pg.size())
+
+
+def _create(store, rank, world_size, timeout):
+    pg = ProcessGroupPyddp(store, rank, world_size, timeout)
+    pg._store = store  # the NCCL backend of CUDA tensors starts from it (_nccl_backend)
+    return pg
+
+
+if BACKEND_NAME.upper() not in dist.Backend._plugins:
+    # "cuda" too: with "pyddp" or "cpu:pyddp,cuda:nccl" torch stops at this creator (a
+    # ProcessGroup subclass is the whole group), and CUDA tensors run on pyddp's NCCL backend
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+
+
+# ------------------------------------------------------------------ torch's monitored_barrier
+# torch.distributed.monitored_barrier raises "only implemented for GLOO backend" for any group
+# whose backend string is not "gloo" (``get_backend(group) != Backend.GLOO``: nothing a process
+# group object exposes changes that).  pyddp's C core has its own monitored barrier (naming the
+# ranks that did not arrive, all of them with wait_all_ranks=True), so this module wraps torch's
+# function: a call on a ProcessGroupPyddp group runs it; every other call goes to torch's own
+# function unchanged.  Installed once (importing this module again keeps the wrapper); code that
+# bound ``monitored_barrier`` by name before importing pyddp.torch_backend keeps torch's.
+_c10d_py = dist.distributed_c10d
+
+
+def _pyddp_group_of(group):
+    """The ProcessGroupPyddp a torch API call on ``group`` would use, or None."""
+    if group is None or group is dist.GroupMember.WORLD:
+        if not dist.is_initialized():
+            return None
+        group = _c10d_py._get_default_group()
+    return group if isinstance(group, ProcessGroupPyddp) else None
+
+
+def _wrap_monitored_barrier(torch_fn):
+    import functools
+
+    @functools.wraps(torch_fn)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = _pyddp_group_of(group)
+        if pg is None:
+            return torch_fn(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            timeout = timedelta(seconds=timeout)
+        if timeout is not None:
+            _c10d_py._check_valid_timeout(timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier._pyddp_torch_fn = torch_fn
+    return monitored_barrier
+
+
+if not hasattr(_c10d_py.monitored_barrier, "_pyddp_torch_fn"):
+    _c10d_py.monitored_barrier = _wrap_monitored_barrier(_c10d_py.monitored_barrier)
+if getattr(dist, "monitored_barrier", None) is not _c10d_py.monitored_barrier:
+    dist.monitored_barrier = _c10d_py.monitored_barrier

@@ -1,0 +1,214 @@
+"""The shape of pyddp.distributed: its import graph has no circle, no backend reaches the API module
+(distributed_c10d), and a backend is one module implementing backends.interface (the example of
+the backends package docstring, registered and run here).
+
+The graph is read from the source with ``ast``: every ``import`` and ``from ... import`` counts,
+at module level and inside functions alike (a function-level import is an arrow that only waits
+for its first call).  ``from package import name`` points at ``package.name`` when that is a
+module, else at ``package``.  Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``;
+those implied arrows to parent packages are not drawn (a package importing its own modules would
+otherwise always be a circle), as import-graph tools do not draw them.
+"""
+import ast
+import os
+import textwrap
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pyddp
+import pyddp.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
+API = "pyddp.distributed.distributed_c10d"
+BACKENDS = "pyddp.distributed.backends"
+
+
+def modules(root, package):
+    """{module name: file} for every .py file (and extension module) of ``package`` under
+    ``root``."""
+    out = {}
+    base = os.path.join(root, *package.split("."))
+    for d, dirs, files in os.walk(base):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for f in files:
+            if f.endswith((".so", ".pyd")):  # an extension module: a leaf (pyddp._C)
+                stem = f.partition(".")[0]
+            elif f.endswith(".py"):
+                stem = f[:-3]
+            else:
+                continue
+            rel = os.path.relpath(os.path.join(d, stem), root).split(os.sep)
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join(rel)] = os.path.join(d, f)
+    return out
+
+
+def import_graph(root, package):
+    """{module: set of modules of ``package`` it imports} (see the module docstring)."""
+    mods = modules(root, package)
+    graph = {}
+    for name, path in mods.items():
+        if not path.endswith(".py"):
+            graph[name] = set()
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        is_pkg = path.endswith("__init__.py")
+        here = name if is_pkg else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = here.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1])
+                    base = f"{base}.{node.module}" if node.module else base
+                else:
+                    base = node.module
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                           for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:  # 'import a.b.c' of a name inside a module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def circles(graph):
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def reaches(graph, start, goal):
+    """A path of imports from ``start`` to ``goal``, or None."""
+    seen, todo = {start: None}, [start]
+    while todo:
+        v = todo.pop()
+        for w in graph.get(v, ()):
+            if w not in seen:
+                seen[w] = v
+                if w == goal:
+                    path = [w]
+                    while seen[path[-1]] is not None:
+                        path.append(seen[path[-1]])
+                    return path[::-1]
+                todo.append(w)
+    return None
+
+
+def test_the_graph_reader_sees_circles_and_function_level_imports(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import x\n")
+    (pkg / "c.py").write_text("import p.sub.b\nfrom p import a, _ext\n")
+    (pkg / "_ext.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    g = import_graph(str(tmp_path), "p")
+    assert g == {"p": {"p.a"}, "p.a": {"p.sub.b"}, "p.sub": set(), "p.sub.b": {"p.a"},
+                 "p.c": {"p.sub.b", "p.a", "p._ext"}, "p._ext": set()}
+    assert circles(g) == [["p.a", "p.sub.b"]]
+    assert reaches(g, "p.c", "p.a") == ["p.c", "p.a"] and reaches(g, "p.a", "p.c") is None
+
+
+def test_no_import_circle_through_pyddp_distributed():
+    g = import_graph(ROOT, "pyddp")
+    bad = [c for c in circles(g) if any(m.startswith("pyddp.distributed") for m in c)]
+    assert bad == [], f"import circles through pyddp.distributed: {bad}"
+
+
+def test_no_backend_reaches_the_api_module():
+    g = import_graph(ROOT, "pyddp")
+    backends = [m for m in g if m == BACKENDS or m.startswith(BACKENDS + ".")]
+    assert {f"{BACKENDS}.{b}" for b in ("cpu", "nccl", "mpi", "interface", "registry",
+                                        "staging", "torch_bridge")} <= set(backends)
+    paths = {(b, up): reaches(g, b, up) for b in backends
+             for up in (API, "pyddp.distributed.process_group", "pyddp.distributed")}
+    assert {k: p for k, p in paths.items() if p} == {}
+
+
+def example_backend():
+    """The code block of the backends package docstring (after 'the devices it serves::')."""
+    doc = pyddp.distributed.backends.__doc__
+    block = doc.split("the devices it serves::\n", 1)[1].split("\nafter which", 1)[0]
+    return textwrap.dedent(block).strip()
+
+
+def test_example_backend_registers_and_runs(tmp_path, monkeypatch):
+    from pyddp.distributed.backends import registry
+
+    body = example_backend()
+    assert body.startswith("import numpy as np") and "class Solo(Backend):" in body
+    # the docs show the same code (the note, or the architecture page it is folded into)
+    pages = [os.path.join(ROOT, "docs", p) for p in ("_notes/architecture-backends.md",
+                                                      "architecture.md")]
+    assert any(body in open(p, encoding="utf-8").read() for p in pages if os.path.exists(p))
+    saved = dict(registry._registry)
+    (tmp_path / "solo_backend.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import solo_backend  # noqa: F401  (registers 'solo')
+
+        dist.init_process_group("solo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=30))
+        try:
+            assert dist.get_backend() == "solo" and dist.is_backend_available("solo")
+            a = np.arange(4.0)
+            dist.all_reduce(a)
+            assert dist.all_reduce(a, async_op=True).wait()
+            out = [np.zeros(4)]
+            dist.all_gather(out, a)
+            assert np.array_equal(out[0], np.arange(4.0))
+            big = np.zeros(4)
+            dist.all_gather_into_tensor(big, a)
+            assert np.array_equal(big, a)
+            dist.broadcast(a, 0)
+            dist.barrier()
+            got = [None]
+            dist.all_gather_object(got, {"rank": 0})
+            assert got == [{"rank": 0}]
+        finally:
+            dist.destroy_process_group()
+        with pytest.raises(ValueError, match="one rank"):
+            dist.init_process_group("solo", store=dist.HashStore(), rank=0, world_size=2)
+        assert not dist.is_initialized()
+    finally:
+        registry._registry.clear()
+        registry._registry.update(saved)
+        import sys
+        sys.modules.pop("solo_backend", None)
