@@ -115,3 +115,22 @@ def test_data_loader_workers_that_use_cuda_need_spawn(tmp_path):
     fork = next(line for line in out if line.startswith("FORK"))
     assert AFTER_FORK in fork and "multiprocessing_context='spawn'" in fork
     assert out[-1] == "SPAWN [[0], [1]]"
+
+
+def test_cuda_calls_without_a_device_leave_fork_allowed():
+    """Without a device the runtime initialises nothing, so a later fork loses nothing: calls that go
+    through the runtime (a pointer query for an array that names no device, say) must not make the
+    fork-based launchers refuse (CI's run of the torch comparisons forked after such a call)."""
+    out = _run("""
+        import os
+        os.environ["FAKECUDA_DEVICES"] = "0"  # the stand-in's machine without a GPU
+        import pyddp.cuda as cuda
+        from pyddp import _C
+        cuda._lib.load_cudart()
+        try:
+            _C.cuda_pointer_attributes(4096)
+        except Exception as e:
+            print(type(e).__name__)
+        print(cuda.is_available(), _C.cuda_fork_state())
+    """)
+    assert out[-1] == "False 0", out

@@ -7,6 +7,8 @@
  * RuntimeError with cudaGetErrorName and cudaGetErrorString. */
 #include "binding.h"
 
+#include <stdatomic.h>
+
 #include <limits.h>
 #include <stdint.h>
 
@@ -44,13 +46,25 @@ cudart_usable(void)
 }
 
 /* As cudart_usable, for a call that initialises CUDA (a fork from now on
- * gives a child that cannot use it). */
+ * gives a child that cannot use it), where there is a device: without one
+ * the runtime initialises nothing, and a forked child has lost nothing. */
 static const struct pd_cudart *
 cudart(void)
 {
+    static atomic_int has_device = -1; /* -1: not asked yet */
     const struct pd_cudart *rt = cudart_usable();
-    if (rt != NULL) {
-        pd_cudart_mark_used();
+    if (rt != NULL && atomic_load(&has_device) != 0) {
+        if (atomic_load(&has_device) < 0) {
+            int n = 0;
+            if (rt->GetDeviceCount(&n) != PD_CUDA_SUCCESS) {
+                n = 0;
+                rt->GetLastError();
+            }
+            atomic_store(&has_device, n > 0);
+        }
+        if (atomic_load(&has_device) > 0) {
+            pd_cudart_mark_used();
+        }
     }
     return rt;
 }
