@@ -289,7 +289,7 @@ class NcclComm:
 
 class MpiComm:
     """Backend mpi's signature check and small blocking collectives, called from C on the MPI
-    library mpi4py loaded (pyddp/distributed/_mpi.py makes one per group)."""
+    library mpi4py loaded (pyddp/distributed/backends/mpi/backend.py makes one per group)."""
 
     def __init__(self, handle_size: int, coll: int, aux: int, in_place: int, sig_type: int,
                  types: dict[int, int], ops: dict[tuple[int, int], int], rank: int, size: int,

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SIG_TAG 11 /* the check's messages on aux (_mpi.py: _TAG_CHECK) */
+#define SIG_TAG 11 /* the check's messages on aux (backends/mpi/backend.py: _TAG_CHECK) */
 
 pd_status
 pd_mpi_comm_init(pd_mpi_comm *c)

@@ -1,7 +1,7 @@
 /* Backend "mpi"'s core: the calls on its hot path made from C, no Python.h
  * (csrc/python/mpi.c binds them as _C.MpiComm).
  *
- * pyddp/distributed/_mpi.py reaches MPI through mpi4py, which finds the
+ * pyddp/distributed/backends/mpi/backend.py reaches MPI through mpi4py, which finds the
  * site's MPI and knows its ABI.  Each mpi4py call costs about 1-2 us of
  * argument handling, more than a small MPI_Allreduce itself (0.5 us between
  * two ranks of one host), and the signature check (one nonblocking

@@ -404,7 +404,7 @@ static PyType_Slot MpiComm_slots[] = {
     {Py_tp_getset, MpiComm_getset},
     {Py_tp_doc, "MpiComm(...): backend mpi's signature check and small "
                 "blocking collectives, called from C on the MPI library "
-                "mpi4py loaded (pyddp/distributed/_mpi.py makes it)"},
+                "mpi4py loaded (pyddp/distributed/backends/mpi/backend.py makes it)"},
     {0, NULL},
 };
 

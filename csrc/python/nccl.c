@@ -5,7 +5,7 @@
  * block; taken back between the slices of a launch's poll to see Ctrl-C),
  * the arrays a work keeps alive, and the exceptions.
  *
- * The Python layer (pyddp/distributed/_nccl.py) checks arrays, devices and
+ * The Python layer (pyddp/distributed/backends/nccl/backend.py) checks arrays, devices and
  * signatures across ranks; here arrays arrive as device pointers, sizes in
  * elements (counts) or bytes (splits), and the objects to keep alive until
  * the work completes. */
@@ -767,7 +767,7 @@ NWork_dealloc(NWorkObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     /* A running work's arrays stay alive with the group's own list
-     * (pyddp/distributed/_nccl.py); the event may be re-recorded. */
+     * (pyddp/distributed/backends/nccl/backend.py); the event may be re-recorded. */
     pd_nwork_release(&self->w);
     Py_CLEAR(self->keep);
     Py_CLEAR(self->comm);

@@ -39,7 +39,7 @@ against its timeout.
 
 From C: the signature check and the small blocking collectives (all_reduce in place, broadcast,
 barrier on C-contiguous CPU arrays of a type MPI reduces natively) call MPI from pyddp's C core
-(``_C.MpiComm``, csrc/python/mpi.c) on the library mpi4py loaded and the handles mpi4py gives:
+(``_C.MpiComm``: csrc/python/mpi.c over csrc/mpi/) on the library mpi4py loaded and the handles mpi4py gives:
 mpi4py's own argument handling costs more than a small MPI call, and the check polled from Python
 cost about 30 us.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
@@ -73,7 +73,7 @@ _AVG, _SUM = _C.REDUCE_OPS["AVG"], _C.REDUCE_OPS["SUM"]
 _SIGN = 6  # signature fields: seq, kind, dtype, op, root, count
 _TAG_LIST = 7  # tag of the list collectives' messages on aux
 _TAG_MON, _TAG_MON_OK = 8, 9  # monitored_barrier's arrival and release
-_TAG_CHECK = 11  # the signature check's messages (csrc/python/mpi.c: SIG_TAG)
+_TAG_CHECK = 11  # the signature check's messages (csrc/mpi/check.c: SIG_TAG)
 _INT_MAX = 2 ** 31 - 1
 # MpiComm.check's outcomes (and MpiComm.fast's failures: _ST_CALL_ERROR, the collective's own call)
 _ST_MPI_ERROR, _ST_TIMEOUT, _ST_MISMATCH, _ST_CALL_ERROR = 1, 2, 3, 5
