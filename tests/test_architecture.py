@@ -152,6 +152,14 @@ def test_no_import_circle_through_pyddp_distributed():
     assert bad == [], f"import circles through pyddp.distributed: {bad}"
 
 
+def test_no_import_circle_in_nn_parallel():
+    """DDP and its apex mode share the bucket rule through nn/parallel/_buckets.py (it was a circle:
+    distributed -> _apex_ddp -> distributed)."""
+    g = import_graph(ROOT, "pyddp")
+    bad = [c for c in circles(g) if any(m.startswith("pyddp.nn.parallel") for m in c)]
+    assert bad == [], f"import circles through pyddp.nn.parallel: {bad}"
+
+
 def test_no_backend_reaches_the_api_module():
     g = import_graph(ROOT, "pyddp")
     backends = [m for m in g if m == BACKENDS or m.startswith(BACKENDS + ".")]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...distributed import distributed_c10d as c10d
+from ._buckets import assign_buckets
 
 APEX_KWARGS = ("message_size", "delay_allreduce", "shared_param", "allreduce_trigger_params",
                "retain_allreduce_buffers", "allreduce_always_fp32", "num_allreduce_streams",
@@ -125,10 +126,9 @@ def install(ddp, opts):
         ddp.allreduce_buffers = []
     if opts.message_size is not None:
         # apex has no smaller first bucket: every bucket holds message_size elements
-        from .distributed import _assign_buckets
         ddp._first_bucket_bytes = ddp.bucket_bytes_cap
         n = len(ddp._params)
-        ddp._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in ddp._arrays],
+        ddp._build_buckets(assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in ddp._arrays],
                                            [a.dtype for a in ddp._arrays],
                                            [ddp.bucket_bytes_cap, ddp.bucket_bytes_cap]))
     if opts.trigger_params is not None:

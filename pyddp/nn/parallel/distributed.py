@@ -45,6 +45,7 @@ from ...distributed.backends.cpu import spare_core
 from ...distributed._grad_bucket import GradBucket  # noqa: F401  (torch.nn.parallel has it here too)
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
+from ._buckets import assign_buckets as _assign_buckets
 
 __all__ = ["DistributedDataParallel"]
 
@@ -71,31 +72,6 @@ def _ptr(a: np.ndarray) -> int:
 
 def _same_memory(a, b) -> bool:
     return a is b or (a.shape == b.shape and a.dtype == b.dtype and _ptr(a) == _ptr(b))
-
-
-def _assign_buckets(order, nbytes, dtypes, limits):
-    """Split parameter indices (taken in ``order``) into buckets of one dtype each.
-
-    A bucket closes once it holds at least its limit of bytes; the first bucket of each dtype uses
-    ``limits[0]``, later ones ``limits[1]`` (torch's first-bucket rule). Buckets come out in the
-    order they filled, which is the order gradients are expected to become ready.
-    """
-    done = []
-    open_ = {}
-    for i in order:
-        key = dtypes[i]
-        cur = open_.get(key)
-        if cur is None:
-            cur = open_[key] = [[], 0, 0]
-        cur[0].append(i)
-        cur[1] += nbytes[i]
-        if cur[1] >= limits[min(cur[2], len(limits) - 1)]:
-            done.append(cur[0])
-            open_[key] = [[], 0, cur[2] + 1]
-    for cur in open_.values():
-        if cur[0]:
-            done.append(cur[0])
-    return done
 
 
 class _Bucket:
