@@ -5,6 +5,8 @@ on both: each case runs once blocking (the fast path) and once with ``async_op=T
 on two ranks (one rank never takes the fast path).  They agree by construction where the fast path
 declines whatever it does not fully accept, leaving the error to the Python checks; the control case
 shows the fast path is taken for a good array."""
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
@@ -54,7 +56,7 @@ def _both(rank, n):
             try:
                 w = fn(*args, async_op=async_op, **kw)
                 if w is not None:
-                    w.wait()
+                    w.wait(timeout=timedelta(seconds=30))
                 got.append("no error")
             except Exception as e:  # noqa: BLE001 - the exception is what is compared
                 got.append(f"{type(e).__name__}: {e}")

@@ -35,10 +35,7 @@ def rendezvous(init_method, rank, world_size, timeout):
                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
         return store, rank, world_size
     if url.scheme == "tcp":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: tcp:// init needs rank= (argument or query)")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: tcp:// init needs world_size=")
+        _need_rank_and_size(rank, world_size, "tcp", " (argument or query)")
         if not url.hostname or not url.port:
             raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
         check_rank(rank, world_size)
@@ -46,10 +43,7 @@ def rendezvous(init_method, rank, world_size, timeout):
                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
         return store, rank, world_size
     if url.scheme == "file":
-        if rank is None or rank < 0:
-            raise ValueError("rank parameter missing: file:// init needs rank=")
-        if world_size is None or world_size < 0:
-            raise ValueError("world_size parameter missing: file:// init needs world_size=")
+        _need_rank_and_size(rank, world_size, "file")
         check_rank(rank, world_size)
         path = url.path if not url.netloc else url.netloc + url.path
         store = FileStore(path, world_size)
@@ -65,3 +59,11 @@ def check_rank(rank, world_size):
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+
+
+def _need_rank_and_size(rank, world_size, scheme, rank_hint=""):
+    """tcp:// and file:// take rank and world size from the call (torch's messages)."""
+    if rank is None or rank < 0:
+        raise ValueError(f"rank parameter missing: {scheme}:// init needs rank={rank_hint}")
+    if world_size is None or world_size < 0:
+        raise ValueError(f"world_size parameter missing: {scheme}:// init needs world_size=")
