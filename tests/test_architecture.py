@@ -164,10 +164,31 @@ def test_no_backend_reaches_the_api_module():
     g = import_graph(ROOT, "pyddp")
     backends = [m for m in g if m == BACKENDS or m.startswith(BACKENDS + ".")]
     assert {f"{BACKENDS}.{b}" for b in ("cpu", "nccl", "mpi", "interface", "registry",
-                                        "staging", "torch_bridge")} <= set(backends)
+                                        "staging")} <= set(backends)
     paths = {(b, up): reaches(g, b, up) for b in backends
              for up in (API, "pyddp.distributed.process_group", "pyddp.distributed")}
     assert {k: p for k, p in paths.items() if p} == {}
+
+
+def test_the_torch_bridge_routes_through_process_group():
+    """The torch bridge is a caller of ProcessGroup, as distributed_c10d is: it imports the group
+    and the backends' interface, never the API module, and keeps no request path of its own
+    (its methods end in ProcessGroup._submit; no call of a C group's submit or a backend's run)."""
+    bridge = "pyddp.distributed.torch_bridge"
+    g = import_graph(ROOT, "pyddp")
+    assert "pyddp.distributed.process_group" in g[bridge]
+    assert reaches(g, bridge, API) is None
+    assert not any(reaches(g, b, bridge) for b in g if b.startswith(BACKENDS))
+    with open(os.path.join(ROOT, "pyddp", "distributed", "torch_bridge.py"),
+              encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    calls = {n.func.attr for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "_submit" in calls and "submit" not in calls
+    runs = [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "run"]
+    assert runs == ["be.run"], runs  # only _TorchNccl.run, the group's 'cuda' backend, calls
+    # the NCCL backend it wraps
 
 
 def example_backend():

@@ -66,7 +66,7 @@ def _cpu_and_cuda_child(rank, n):
     objs = [None] * n
     dist.all_gather_object(objs, {"rank": rank})  # torch picks cpu for objects on this group
     check("all_gather_object", [o["rank"] for o in objs], np.arange(n))
-    out["nccl_after_cpu"] = pg.__dict__.get("_nccl") is not None  # lazily: not yet
+    out["nccl_after_cpu"] = pg._cuda.nccl is not None  # lazily: not yet
     out["comms_after_cpu"] = fakecuda.comm_count()
 
     # (b) CUDA arrays through ProcessGroupPyddp's methods: pyddp's NCCL backend
@@ -80,7 +80,7 @@ def _cpu_and_cuda_child(rank, n):
         sync.reduceOp = op
         pg.allreduce([x], sync).wait(datetime.timedelta(seconds=60))
         check(f"allreduce {op}", x.numpy(), ref(np.stack(base), axis=0))
-    out["nccl"] = type(pg.__dict__.get("_nccl")).__name__
+    out["nccl"] = type(pg._cuda.nccl).__name__
     out["comms"] = fakecuda.comm_count()
     x = _dev(mine, rank)
     opts = dist_mod.BroadcastOptions()

@@ -27,6 +27,8 @@ class ProcessGroup:
     """A group of ranks with one backend object per device type it serves (see
     pyddp.distributed.backends); each collective goes to the backend of its arrays' device."""
 
+    _noun = "arrays"  # what its messages call the arguments (the torch bridge's: "tensors")
+
     def __init__(self, backends, ranks, backend, name, timeout, rank, plan=None):
         # device type -> backend object, or _registry.Unavailable (named, not in this build)
         self._backends = dict(backends)
@@ -161,8 +163,8 @@ class ProcessGroup:
                 where = (f"{v.name} is on {v.device_str}" if v is not None
                          else f"an argument is on {d}")
                 raise ValueError(f"{name}: {where} but another argument is on "
-                                 f"{device if d != 'cpu' else 'cpu'}: all arrays of one call "
-                                 "must be on one device")
+                                 f"{device if d != 'cpu' else 'cpu'}: all {self._noun} of one "
+                                 "call must be on one device")
             if d != "cpu" and named is None:
                 named = a
         if device is None:  # barrier: no arrays

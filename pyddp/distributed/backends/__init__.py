@@ -11,9 +11,10 @@ itself.  Each backend module registers itself when this package imports it:
   store, the transport choice;
 - ``nccl``: CUDA arrays on NCCL (``staging``: CUDA arrays on a host backend, through pinned
   memory, and the caller's-stream rules both share);
-- ``mpi``: the site's MPI through mpi4py, with the rendezvous hook that takes MPI's ranks;
-- ``torch_bridge``: pyddp as a torch.distributed backend (``import pyddp.torch_backend``; not in
-  this registry, which is pyddp's own).
+- ``mpi``: the site's MPI through mpi4py, with the rendezvous hook that takes MPI's ranks.
+
+(pyddp as a torch.distributed backend, ``import pyddp.torch_backend``, is not one of these: it is
+pyddp.distributed.torch_bridge, a caller of ProcessGroup like the public API.)
 
 nccl and mpi are folders: their ``__init__`` registers them, their ``backend`` module is imported
 at the first group that uses them (``import pyddp.distributed`` stays light).

@@ -1,5 +1,5 @@
 """pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp" (this
-module, pyddp.distributed.backends.torch_bridge, is also pyddp.torch_backend).
+module, pyddp.distributed.torch_bridge, is also pyddp.torch_backend).
 
 Then an unchanged torch script runs its collectives on pyddp's C core (shared memory on one
 host, TCP across hosts)::
@@ -11,22 +11,23 @@ host, TCP across hosts)::
 torch 2.13 cannot subclass its C++ ``Backend`` from Python (no constructor is bound), so the
 creator returns a ``torch.distributed.ProcessGroup`` subclass, which torch uses as the whole
 group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's Python API and its
-C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call; each maps to one
-request of pyddp's C process group (``submit``, see pyddp.distributed.backends.interface).  CPU
-tensors are used in place (bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous (the
-C work handle); ``get_future()`` of a CPU work completes from a watcher thread once the work
-finishes; that of a CUDA work completes at launch with its consumers ordered on the GPU, as torch's
-ProcessGroupNCCL's (see ``_cuda_future``).
-pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
+C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call.  This module is a
+caller of pyddp's ProcessGroup like distributed_c10d (not a backend): each method turns torch's
+arguments into one checked request (the arrays through the group's own device rule, the same
+as pyddp.distributed's functions) and hands it to a ``pyddp.distributed.ProcessGroup`` whose
+backends are the C process group for 'cpu' and, for 'cuda', pyddp's NCCL backend, started over
+the group's torch store at the first CUDA call (``_TorchNccl``).  CPU tensors are used in place
+(bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous; ``get_future()`` of
+a CPU work completes from a watcher thread once the work finishes; that of a CUDA work completes
+at launch with its consumers ordered on the GPU, as torch's ProcessGroupNCCL's
+(``_cuda_future``).  pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
 ``torch.distributed.DistBackendError``.
 
 Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
 whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
-backend (pyddp.distributed.backends.nccl), started over the group's torch store at the first
-CUDA call.
-ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier`` accepts only
-gloo groups, so importing this module wraps it once: calls on a pyddp group run pyddp's, all
-others torch's own function.
+backend.  ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier``
+accepts only gloo groups, so importing this module wraps it once: calls on a pyddp group run
+pyddp's, all others torch's own function.
 
 Importing this module imports torch; ``import pyddp`` alone never does.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import weakref
 from datetime import timedelta
 
 import torch
@@ -42,10 +44,12 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future
 
-from ... import _C, _interop
-from .. import _observe
-from .cpu import connect_group as _connect_group, spare_core as _spare_core
-from .interface import BackendOptions, Request
+from .. import _C, _interop
+from . import _observe
+from .backends import registry as _registry
+from .backends.cpu import connect_group as _connect_group, spare_core as _spare_core
+from .backends.interface import Backend, BackendOptions
+from .process_group import ProcessGroup as _Group
 
 __all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
 
@@ -63,6 +67,9 @@ _K_ALLGATHER, _K_REDUCE_SCATTER = _C.K_ALLGATHER, _C.K_REDUCE_SCATTER
 _K_REDUCE, _K_GATHER, _K_SCATTER = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER
 _K_ALLTOALL = _C.K_ALLTOALL
 _PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
+# what the group's messages name as its backends ("no backend of group 'torch' serves ...")
+_PLAN = {"cpu": _registry.BackendEntry(BACKEND_NAME, ("cpu", "cuda"), None),
+         "cuda": _registry.BackendEntry("nccl", ("cuda",), None)}
 _SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
 
 
@@ -102,37 +109,6 @@ def _torch_error(e):
     return err
 
 
-def _array(t, name, writable):
-    """(NumPy view of a CPU tensor, dtype code); no copy."""
-    return _interop.cpu_array(t, name, writable, on_device=_on_device)
-
-
-def _on_device(view, name, writable):
-    """(device view, dtype code) for a CUDA tensor (or an object exposing
-    ``__cuda_array_interface__``): ``_submit`` sends requests on such views to pyddp's NCCL
-    backend (``ProcessGroupPyddp._nccl_backend``)."""
-    if view.device != "cuda":
-        raise ValueError(f"{name} is on device {view.device_str}; the pyddp backend serves "
-                         "'cpu' and 'cuda'")
-    return view.checked(name, writable)
-
-
-def _on_cuda(arrays_in, arrays_out, name):
-    """True when a request's arrays are CUDA views, False when they are host arrays; ValueError
-    for a mix."""
-    cuda = host = None
-    for a in (*arrays_in, *arrays_out):
-        if type(a) is _interop.ArrayView:
-            cuda = a
-        else:
-            host = a
-    if cuda is not None and host is not None:
-        raise ValueError(f"{name}: {cuda.name or 'an argument'} is on {cuda.device_str} but "
-                         "another argument is on cpu: all tensors of one call must be on one "
-                         "device")
-    return cuda is not None
-
-
 def _op(reduce_op, what):
     op = getattr(reduce_op, "op", reduce_op)  # ReduceOp object -> RedOpType
     name = getattr(op, "name", str(op)).rpartition(".")[2]
@@ -144,14 +120,14 @@ def _op(reduce_op, what):
 
 
 class Work(dist._Work):
-    """A pyddp work handle (one or more C works) as a torch Work."""
+    """The works of one or more requests (the backends' handles: a C work, a _CudaHandle, a
+    _DeferredP2P) as one torch Work."""
 
-    def __init__(self, cworks, result, pg, source=False):
+    def __init__(self, cworks, result, pg):
         super().__init__()
-        self._cws = cworks  # C works still to wait for (empty: done on the caller's thread)
+        self._cws = cworks  # handles still to wait for (empty: done on the caller's thread)
         self._result = result  # the list of output tensors the future yields
         self._pg = pg
-        self._source = source
         self._fut = None
 
     def _wait(self, timeout):
@@ -210,6 +186,10 @@ class Work(dist._Work):
                           for cw in cws):
             return None
         return [cw if type(cw) is _CudaHandle else cw._handle() for cw in cws]
+
+    def _cuda_device(self):
+        """The device of the first NCCL work in it, or None."""
+        return next((cw.nw.comm.device for cw in self._cws if type(cw) is _CudaHandle), None)
 
     def _complete(self):
         try:
@@ -271,12 +251,12 @@ def _cuda_future(handles, result):
 
 
 class _CudaHandle:
-    """An NCCL work (pyddp.distributed.backends.nccl.backend.NcclWork) as Work holds it.  ``wait()`` on the
-    submitting thread orders that thread's current stream after the operation (torch's NCCL
-    rule: no host block); on another thread (the future watcher, for a work mixing CPU and CUDA
-    arrays; its current stream is unrelated to the caller's) it waits on the host, bounded by
-    the group's timeout.  A work on CUDA arrays only never reaches the watcher: its future is
-    complete at launch (``_cuda_future``)."""
+    """An NCCL work (pyddp.distributed.backends.nccl.backend.NcclWork) as this group's works
+    hold it.  ``wait()`` on the submitting thread orders that thread's current stream after the
+    operation (torch's NCCL rule: no host block); on another thread (the future watcher, for a
+    work mixing CPU and CUDA arrays; its current stream is unrelated to the caller's) it waits on
+    the host, bounded by the group's timeout.  A work on CUDA arrays only never reaches the
+    watcher: its future is complete at launch (``_cuda_future``)."""
 
     __slots__ = ("nw", "tid")
 
@@ -297,19 +277,19 @@ class _CudaHandle:
 
 
 class _DeferredP2P:
-    """A CUDA send or receive not given to NCCL yet (see ProcessGroupPyddp._submit_cuda): asked
-    anything, it runs the group's waiting sends and receives first."""
+    """A CUDA send or receive not given to NCCL yet (see _TorchNccl.run): asked anything, it
+    runs the group's waiting sends and receives first."""
 
-    __slots__ = ("pg", "real", "peer")
+    __slots__ = ("nccl", "real", "peer")
 
-    def __init__(self, pg, peer):
-        self.pg = pg
+    def __init__(self, nccl, peer):
+        self.nccl = nccl  # the _TorchNccl holding it
         self.real = None  # the _CudaHandle of the NCCL group it ran in
         self.peer = peer
 
     def _handle(self):
         if self.real is None:
-            self.pg._flush_cuda_p2p()
+            self.nccl.flush()
         if self.real is None:
             raise dist.DistBackendError("send/recv: the pyddp process group was destroyed "
                                         "before this operation ran")
@@ -325,6 +305,95 @@ class _DeferredP2P:
         return self.peer
 
 
+class _TorchNccl(Backend):
+    """The 'cuda' backend of a torch group: pyddp's NCCL backend
+    (pyddp.distributed.backends.nccl) over the torch store the group was created with, started
+    at the first CUDA request (every rank makes that call together, as torch's ProcessGroupNCCL
+    creates its communicators).
+
+    NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End) or a ring
+    of them waits on itself; torch's batch_isend_irecv coalesces only on a plain ProcessGroup
+    (``type(group) is ProcessGroup``), so on this group it issues them one by one.  They wait
+    here and run as one NCCL group at the first wait() or is_completed() of any of them, the
+    next CUDA collective, the end of a coalescing block, or destroy."""
+
+    def __init__(self, owner, store):
+        self._owner = weakref.ref(owner)  # the ProcessGroupPyddp (its rank, size, name, ranks)
+        self._store = store
+        self._lock = threading.Lock()
+        self.nccl = None  # the NcclBackend, once started
+        self._p2p = []  # (is_send, view, peer, _DeferredP2P) not given to NCCL yet
+
+    def _backend(self, name):
+        be = self.nccl
+        if be is not None:
+            return be
+        with self._lock:
+            if self.nccl is not None:
+                return self.nccl
+            pg = self._owner()
+            if pg is None or self._store is None:
+                raise dist.DistBackendError(
+                    f"{name}: this pyddp group has no store to start its NCCL backend from "
+                    "(create it through torch.distributed.init_process_group/new_group)")
+            from .backends import nccl as _nccl
+
+            try:
+                ranks = dist.get_process_group_ranks(pg)
+            except (RuntimeError, ValueError, KeyError):  # not registered with torch
+                ranks = range(pg.size())
+            gname = pg.__dict__.get("_group_name") or "pyddp"
+            opts = BackendOptions(dist.PrefixStore("pyddp_nccl", self._store), pg.rank(),
+                                  pg.size(), timedelta(seconds=pg._timeout), gname, ranks)
+            try:
+                self.nccl = _nccl.create(opts)
+            except (RuntimeError, OSError) as e:
+                raise dist.DistBackendError(
+                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
+                    f"could not start: {e}") from e
+            return self.nccl
+
+    def run(self, request):
+        be = self._backend(request.name)
+        kind = request.kind
+        if kind == _C.K_SEND or kind == _C.K_RECV:
+            if kind == _C.K_RECV and request.root < 0:
+                raise ValueError(f"{request.name}: CUDA tensors (NCCL) cannot be received from "
+                                 "any source; give src")
+            d = _DeferredP2P(self, request.root if kind == _C.K_RECV else -1)
+            view = (request.inputs or request.outputs)[0]
+            self._p2p.append((kind == _C.K_SEND, view, request.root, d))
+            return d
+        self.flush()
+        nw = be.run(request)
+        return None if nw is None else _CudaHandle(nw)
+
+    def flush(self):
+        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
+        ops, self._p2p = self._p2p, []
+        if not ops:
+            return
+        try:
+            nw = self._backend("batch_isend_irecv").batch_p2p(
+                [(is_send, view, peer) for is_send, view, peer, _ in ops])
+        except _C.DistError as e:
+            raise _torch_error(e) from None
+        handle = _CudaHandle(nw)
+        for _, _, _, d in ops:
+            d.real = handle
+
+    def destroy(self):
+        nccl = self.nccl
+        if nccl is None:
+            return
+        try:  # sends and receives never waited for still reach the peers
+            self.flush()
+        except (dist.DistBackendError, ValueError):
+            pass
+        self.nccl = None
+        nccl.destroy()
+
+
 class ProcessGroupPyddp(dist.ProcessGroup):
     """One rank's member of a torch process group whose collectives run on pyddp's C core."""
 
@@ -333,6 +402,13 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._timeout = _seconds(timeout) or 1800.0
         self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
                                       label="torch", backend=BACKEND_NAME)
+        # pyddp's ProcessGroup routes every request to the backend of its arrays' device, as
+        # for pyddp.distributed's functions: the C group for CPU tensors, pyddp's NCCL backend
+        # (started at the first CUDA call) for CUDA tensors
+        self._cuda = _TorchNccl(self, store)
+        self._group = _Group({"cuda": self._cuda, "cpu": self._cpg}, range(size), BACKEND_NAME,
+                             "torch", self._timeout, rank, plan=_PLAN)
+        self._group._noun = "tensors"
         # the C group's inline path for small blocking collectives (False: not taken); not at
         # debug level DETAIL, which logs every call from _submit
         self._fast = getattr(self._cpg, "fast", None)
@@ -396,7 +472,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 return
             # a CUDA wait here (a work mixing CPU and CUDA arrays) runs on the communicator's
             # device: on this thread's default device, CUDA would create a context on GPU 0
-            dev = next((cw.nw.comm.device for cw in work._cws if type(cw) is _CudaHandle), None)
+            dev = work._cuda_device()
             if dev is not None:
                 try:
                     _C.cuda_set_device(dev)
@@ -404,27 +480,24 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                     pass  # the wait below reports what is wrong
             work._complete()
 
+    def _array(self, t, name, writable):
+        """(NumPy view of a CPU tensor, or the checked view of a CUDA array; dtype code): the
+        group's device rule, as pyddp.distributed's functions apply it.  No copy."""
+        return _interop.cpu_array(t, name, writable, on_device=self._group._on_device)
+
     def _submit(self, kind, code, arrays_in, arrays_out, result, *, op=0, root=0, tag=0,
                 count=0, in_splits=None, out_splits=None, name="", blocking=False,
                 timeout=0.0, wait_all=False, source=False):
-        cpg = self._cpg
-        if cpg is None:
-            raise dist.DistBackendError(f"{name}: the pyddp process group has been destroyed")
-        if _observe._level >= _observe.DebugLevel.DETAIL:
-            _observe.log_collective("torch", name, _observe.dtype_name(code), arrays_in,
-                                    arrays_out, not blocking)
-        if (arrays_in or arrays_out) and _on_cuda(arrays_in, arrays_out, name):
-            return self._submit_cuda(kind, code, arrays_in, arrays_out, result, op=op, root=root,
-                                     tag=tag, count=count, in_splits=in_splits,
-                                     out_splits=out_splits, name=name, blocking=blocking,
-                                     timeout=timeout, wait_all=wait_all, source=source)
+        """One request to the group; a torch Work (of this call or of a coalescing block)."""
         try:
-            cw = cpg.submit(kind, code, op, root, tag, count, tuple(arrays_in),
-                            tuple(arrays_out), in_splits, out_splits, float(timeout),
-                            bool(wait_all), name, blocking)
+            w = self._group._submit(kind, code, op, root, tag, count, tuple(arrays_in),
+                                    tuple(arrays_out), in_splits, out_splits, timeout, wait_all,
+                                    name, async_op=not blocking, source=source)
         except _C.DistError as e:
             raise _torch_error(e) from None
-        work = Work(() if cw is None else (cw,), result, self, source)
+        # the backend's handle (pyddp's Work adds nothing here: this group never stages, its
+        # 'cuda' backend serves every CUDA array; the group keeps the handle until it is done)
+        work = Work(() if w is None else (w._cw,), result, self)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -510,7 +583,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         op = _op(opts.reduceOp, "allreduce")
         works = []
         for i, t in enumerate(tensors):
-            a, code = _array(t, f"tensors[{i}]", True)
+            a, code = self._array(t, f"tensors[{i}]", True)
             works.append(self._submit(_C.K_ALLREDUCE, code, (), (a,), None, op=op, count=a.size,
                                       name="allreduce",
                                       blocking=self._blocking(opts) and len(tensors) == 1))
@@ -527,7 +600,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         opts = opts or _c10d.BroadcastOptions()
         works = []
         for i, t in enumerate(tensors):
-            a, code = _array(t, f"tensors[{i}]", True)
+            a, code = self._array(t, f"tensors[{i}]", True)
             works.append(self._submit(_C.K_BROADCAST, code, (), (a,), None, root=opts.rootRank,
                                       count=a.size, name="broadcast",
                                       blocking=self._blocking(opts) and len(tensors) == 1))
@@ -541,7 +614,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             return self._premul_reduce(tensors, opts)
         opts = opts or _c10d.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
-        a, code = _array(self._one(tensors, "reduce"), "tensor", True)
+        a, code = self._array(self._one(tensors, "reduce"), "tensor", True)
         return self._submit(_C.K_REDUCE, code, (a,), (a,), tensors, op=op, root=opts.rootRank,
                             count=a.size, name="reduce", blocking=self._blocking(opts))
 
@@ -554,13 +627,13 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def _rank_list(self, lst, t, what, name, writable):
         """(view of t, its code, views of lst: one tensor per rank, each like t)."""
-        a, code = _array(t, "tensor", not writable)
+        a, code = self._array(t, "tensor", not writable)
         if len(lst) != self.size():
             raise ValueError(f"{what}: {name} must have one tensor per rank ({self.size()}), "
                              f"got {len(lst)}")
         arrays = []
         for i, o in enumerate(lst):
-            b, oc = _array(o, f"{name}[{i}]", writable)
+            b, oc = self._array(o, f"{name}[{i}]", writable)
             if oc != code or b.size != a.size:
                 raise ValueError(f"{what}: {name}[{i}] must match the tensor's dtype and "
                                  f"size ({t.dtype}, {a.size}), got {o.dtype}, {b.size}")
@@ -595,8 +668,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         opts = opts or _c10d.AllgatherOptions()
         works = []
         for o, t in zip(outputs, inputs):
-            a, code = _array(t, "input_tensor", False)
-            b, oc = _array(o, "output_tensor", True)
+            a, code = self._array(t, "input_tensor", False)
+            b, oc = self._array(o, "output_tensor", True)
             if oc != code or b.size != a.size * self.size():
                 raise ValueError(f"allgather_into_tensor: output_tensor must have the input's "
                                  f"dtype and world_size * {a.size} elements, got {o.dtype}, "
@@ -620,7 +693,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             a, code, arrays = self._rank_list(self._one(output_tensors, "gather"), t, "gather",
                                               "gather_list", True)
         else:
-            (a, code), arrays = _array(t, "input_tensor", False), ()
+            (a, code), arrays = self._array(t, "input_tensor", False), ()
         return self._submit(_C.K_GATHER, code, (a,), arrays, output_tensors, root=opts.rootRank,
                             count=a.size, name="gather", blocking=self._blocking(opts))
 
@@ -635,7 +708,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
             b, code, arrays = self._rank_list(self._one(input_tensors, "scatter"), o, "scatter",
                                               "scatter_list", False)
         else:
-            (b, code), arrays = _array(o, "tensor", True), ()
+            (b, code), arrays = self._array(o, "tensor", True), ()
         return self._submit(_C.K_SCATTER, code, arrays, (b,), output_tensors, root=opts.rootRank,
                             count=b.size, name="scatter", blocking=self._blocking(opts))
 
@@ -677,8 +750,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         works = []
         for o, t in zip(outputs, inputs):
-            a, code = _array(t, "input", False)
-            b, oc = _array(o, "output", True)
+            a, code = self._array(t, "input", False)
+            b, oc = self._array(o, "output", True)
             if oc != code or a.size != b.size * self.size():
                 raise ValueError(f"reduce_scatter_tensor: input must have the output's dtype "
                                  f"and world_size * {b.size} elements, got {t.dtype}, {a.size}")
@@ -694,8 +767,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 (how := self._inline(opts, _K_ALLTOALL, output, 0, input)):
             return self._finished([output], how)
         opts = opts or _c10d.AllToAllOptions()
-        b, code = _array(output, "output", True)
-        a, ic = _array(input, "input", False)
+        b, code = self._array(output, "output", True)
+        a, ic = self._array(input, "input", False)
         if ic != code:
             raise TypeError(f"all_to_all_single: input has dtype {input.dtype} but output has "
                             f"{output.dtype}")
@@ -728,8 +801,8 @@ class ProcessGroupPyddp(dist.ProcessGroup):
                 how := self._inline(opts, _K_ALLTOALL, output_tensors, 0, input_tensors)):
             return self._finished(output_tensors, how)
         opts = opts or _c10d.AllToAllOptions()
-        ins = [_array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
-        outs = [_array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]
+        ins = [self._array(t, f"input_tensors[{i}]", False) for i, t in enumerate(input_tensors)]
+        outs = [self._array(t, f"output_tensors[{i}]", True) for i, t in enumerate(output_tensors)]
         code = ins[0][1]
         if any(c != code for _, c in ins + outs):
             raise TypeError("all_to_all: every tensor must have one dtype")
@@ -758,7 +831,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
     def _p2p(self, kind, tensors, peer, tag, name):
         t = self._one(tensors, name)
-        a, code = _array(t, "tensor", kind == _C.K_RECV)
+        a, code = self._array(t, "tensor", kind == _C.K_RECV)
         ins, outs = ((a,), ()) if kind == _C.K_SEND else ((), (a,))
         return self._submit(kind, code, ins, outs, tensors, root=peer, tag=int(tag),
                             count=a.size, name=name, source=True)
@@ -778,7 +851,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._coalesced = []
 
     def _end_coalescing(self, device=None):
-        self._flush_cuda_p2p()
+        self._cuda.flush()
         works, self._coalesced = self._coalesced or [], None
         return self._many(works, [t for w in works for t in w._result])
 
@@ -831,110 +904,21 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         the other ranks' tensors stay as they were, as with NCCL)."""
         t = self._one(tensors, "reduce")
         scaled = self._premul_copy(t, opts, "reduce")
-        a, code = _array(scaled, "tensor", False)
-        b, _ = _array(t, "tensor", True)
+        a, code = self._array(scaled, "tensor", False)
+        b, _ = self._array(t, "tensor", True)
         work = self._submit(_C.K_REDUCE, code, (a,), (b,), tensors, op=_OPS["SUM"],
                             root=opts.rootRank, count=a.size, name="reduce",
                             blocking=self._blocking(opts))
         work._premul_keep = scaled
         return work
 
-    # ------------------------------------------------- CUDA tensors: pyddp's NCCL backend
-
-    def _nccl_backend(self, name):
-        """pyddp's NCCL backend for this group (pyddp.distributed.backends.nccl.backend.NcclBackend over the
-        torch store the group was created with), created at the first CUDA collective (every
-        rank makes that call together, as torch's ProcessGroupNCCL creates its communicators)."""
-        be = self.__dict__.get("_nccl")
-        if be is not None:
-            return be
-        with self._lock:
-            be = self.__dict__.get("_nccl")
-            if be is not None:
-                return be
-            store = self.__dict__.get("_store")
-            if store is None:
-                raise dist.DistBackendError(
-                    f"{name}: this pyddp group has no store to start its NCCL backend from "
-                    "(create it through torch.distributed.init_process_group/new_group)")
-            from . import nccl as _nccl
-
-            try:
-                ranks = dist.get_process_group_ranks(self)
-            except (RuntimeError, ValueError, KeyError):  # not registered with torch
-                ranks = range(self.size())
-            gname = self.__dict__.get("_group_name") or "pyddp"
-            opts = BackendOptions(dist.PrefixStore("pyddp_nccl", store), self.rank(),
-                                  self.size(), timedelta(seconds=self._timeout), gname, ranks)
-            try:
-                be = _nccl.create(opts)
-            except (RuntimeError, OSError) as e:
-                raise dist.DistBackendError(
-                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
-                    f"could not start: {e}") from e
-            self._nccl = be
-            return be
-
-    def _submit_cuda(self, kind, code, arrays_in, arrays_out, result, *, op, root, tag, count,
-                     in_splits, out_splits, name, blocking, timeout, wait_all, source):
-        be = self._nccl_backend(name)
-        if kind in (_C.K_SEND, _C.K_RECV):
-            # NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End)
-            # or a ring of them waits on itself; torch's batch_isend_irecv coalesces only on a
-            # plain ProcessGroup (``type(group) is ProcessGroup``), so on this group it issues
-            # them one by one.  They wait here and run as one NCCL group at the first wait() or
-            # is_completed() of any of them, the next CUDA collective, _end_coalescing or
-            # destroy.
-            if kind == _C.K_RECV and root < 0:
-                raise ValueError(f"{name}: CUDA tensors (NCCL) cannot be received from any "
-                                 "source; give src")
-            d = _DeferredP2P(self, root if kind == _C.K_RECV else -1)
-            view = (arrays_in or arrays_out)[0]
-            self.__dict__.setdefault("_cuda_p2p", []).append((kind == _C.K_SEND, view, root, d))
-            work = Work((d,), result, self, source)
-            if self._coalesced is not None:
-                self._coalesced.append(work)
-            return work
-        self._flush_cuda_p2p()
-        try:
-            nw = be.run(Request(kind, code, op, root, tag, count, tuple(arrays_in),
-                                tuple(arrays_out), in_splits, out_splits, float(timeout),
-                                bool(wait_all), name, blocking))
-        except _C.DistError as e:
-            raise _torch_error(e) from None
-        work = Work(() if nw is None else (_CudaHandle(nw),), result, self, source)
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
-
-    def _flush_cuda_p2p(self):
-        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
-        ops = self.__dict__.pop("_cuda_p2p", None)
-        if not ops:
-            return
-        be = self._nccl_backend("batch_isend_irecv")
-        try:
-            nw = be.batch_p2p([(is_send, view, peer) for is_send, view, peer, _ in ops])
-        except _C.DistError as e:
-            raise _torch_error(e) from None
-        handle = _CudaHandle(nw)
-        for _, _, _, d in ops:
-            d.real = handle
-
     # ------------------------------------------------------------------ lifecycle
 
     def _destroy(self):
-        nccl = self.__dict__.get("_nccl")
-        if nccl is not None:
-            try:  # sends and receives never waited for still reach the peers
-                self._flush_cuda_p2p()
-            except (dist.DistBackendError, ValueError):
-                pass
-            self.__dict__.pop("_nccl", None)
-            nccl.destroy()
-        cpg, self._cpg, self._fast = self._cpg, None, None
-        if cpg is not None:
-            cpg.destroy()
+        group = self.__dict__.get("_group")
+        self._cpg = self._fast = None
+        if group is not None and group._backends is not None:
+            group._destroy()  # the NCCL backend (its waiting sends and receives run), the C group
         with self._lock:
             if self._q is not None:
                 self._q.put(None)
@@ -962,9 +946,7 @@ def _overlap_default(pg):
 
 
 def _create(store, rank, world_size, timeout):
-    pg = ProcessGroupPyddp(store, rank, world_size, timeout)
-    pg._store = store  # the NCCL backend of CUDA tensors starts from it (_nccl_backend)
-    return pg
+    return ProcessGroupPyddp(store, rank, world_size, timeout)
 
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
