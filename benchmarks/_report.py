@@ -61,6 +61,16 @@ def memcpy_gbs(nbytes=64 << 20, reps=5):
     return src.nbytes / best / 1e9
 
 
+def _rules():
+    """The rules of algorithm choice pyddp's groups apply on this host (pyddp.tools.tune), or None
+    when pyddp does not import."""
+    try:
+        from pyddp.distributed.backends import tuning
+    except ImportError:
+        return None
+    return tuning.describe()
+
+
 def machine(memcpy=True):
     """The facts of the header as a dict: date (UTC), cpu, cores, loadavg, memcpy_gbs (None when not
     measured), python, numpy, torch (None when not installed)."""
@@ -79,6 +89,7 @@ def machine(memcpy=True):
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": _version("torch"),
+        "rules": _rules(),
     }
 
 
@@ -110,6 +121,8 @@ def header(argv=None, script=None, info=None):
     parts.append(f"Python {m['python']}, NumPy {m['numpy']}")
     if m.get("torch"):
         parts.append(f"torch {m['torch']}")
+    if m.get("rules"):
+        parts.append(f"pyddp rules: {m['rules']}")
     return [f"Command: `{command(argv, script)}`  ", "Machine: " + ", ".join(parts)]
 
 

@@ -35,6 +35,8 @@ def test_header_names_command_machine_and_versions():
     assert lines[1].startswith("Machine: " + info["date"] + ", ")
     assert f"{info['cores']} cores" in lines[1] and f"NumPy {info['numpy']}" in lines[1]
     assert "memcpy" not in lines[1]
+    # the rules of algorithm choice in force (pyddp.tools.tune), beside the machine
+    assert info["rules"] and lines[1].endswith("pyddp rules: " + info["rules"])
     if info["loadavg"] is not None:
         assert re.search(r"load average \d+\.\d\d \d+\.\d\d \d+\.\d\d", lines[1])
     info["memcpy_gbs"] = 12.345

@@ -13,10 +13,7 @@
 int
 pd_cma_use(pd_coll *c, size_t bytes)
 {
-    size_t at = pd_cma_threshold();
-    if (at == PD_CMA_DEFAULT) {
-        at = pd_coll_cma_threshold(c->id.kind);
-    }
+    size_t at = pd_rules_cma_from(c->rules, c->id.kind);
     return pd_shm_cma(c->shm) && c->inshm == NULL && bytes >= at &&
            (size_t)c->size * 3 * sizeof(uint64_t) <=
                pd_shm_bank_size(c->shm);

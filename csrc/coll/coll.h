@@ -42,6 +42,9 @@ typedef struct pd_coll {
     /* all_reduce of an array in the group's shared memory: every rank's
      * copy of it (own included), or NULL */
     char *const *inshm;
+    /* the group's rules of algorithm choice (coll/rules.h); NULL: the
+     * defaults */
+    const pd_rules *rules;
 } pd_coll;
 
 /* Run op with the algorithm coll/select.c chooses: over the transport, or

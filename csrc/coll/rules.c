@@ -26,3 +26,25 @@ pd_coll_cma_threshold(int kind)
     size_t from = kind >= 0 && kind < PD_NKINDS ? cma_from[kind] : 0;
     return from != 0 ? from : PD_CMA_DEFAULT;
 }
+
+size_t
+pd_rules_cma_from(const pd_rules *r, int kind)
+{
+    size_t at = pd_cma_threshold();
+    if (at != PD_CMA_DEFAULT) {
+        return at; /* PYDDP_CMA_THRESHOLD: every kind, every group */
+    }
+    if (r != NULL && kind >= 0 && kind < PD_NKINDS && r->cma_from[kind]) {
+        return r->cma_from[kind];
+    }
+    return pd_coll_cma_threshold(kind);
+}
+
+size_t
+pd_rules_small(const pd_rules *r, int kind)
+{
+    if (r != NULL && kind >= 0 && kind < PD_NKINDS && r->small_bytes[kind]) {
+        return r->small_bytes[kind];
+    }
+    return PD_SMALL_BYTES;
+}

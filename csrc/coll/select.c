@@ -29,7 +29,8 @@ run_reduction(pd_coll *c, const pd_op *op)
     int half = op->dtype == PD_FLOAT16 || op->dtype == PD_BFLOAT16;
     size_t count = op->count;
     size_t bytes = count * c->esz;
-    int small = bytes <= PD_SMALL_BYTES || count < (size_t)c->size ||
+    int small = bytes <= pd_rules_small(c->rules, op->kind) ||
+                count < (size_t)c->size ||
                 c->size == 1;
     char *w = NULL;
     char **wblocks = NULL;
@@ -134,8 +135,9 @@ pd_coll_run(pd_coll *c, const pd_op *op)
         if (c->size == 1) {
             return PD_OK;
         }
-        return len <= PD_SMALL_BYTES ? pd_broadcast_flat(c, op->out[0], len)
-                                     : pd_broadcast_chain(c, op->out[0], len);
+        return len <= pd_rules_small(c->rules, op->kind)
+                   ? pd_broadcast_flat(c, op->out[0], len)
+                   : pd_broadcast_chain(c, op->out[0], len);
     }
     case PD_K_ALLGATHER: {
         /* in[0] is this rank's input; out[p] the destination blocks */
@@ -152,7 +154,7 @@ pd_coll_run(pd_coll *c, const pd_op *op)
         }
         pd_status st = PD_OK;
         if (c->size > 1) {
-            st = len * (size_t)c->size <= PD_SMALL_BYTES
+            st = len * (size_t)c->size <= pd_rules_small(c->rules, op->kind)
                      ? pd_allgather_direct(c, op->out, lens)
                      : pd_allgather_ring(c, op->out, lens);
         }

@@ -70,6 +70,9 @@ struct pd_group {
     _Atomic int err;
     char errmsg[PD_ERRMSG_MAX];
     pd_fr fr;          /* the flight recorder */
+    /* algorithm choice (coll/rules.h): set before the first collective
+     * (pd_group_set_rules), read-only after */
+    pd_rules rules;
 };
 
 /* Buffers in the group's shared memory: allreduce without the copy-in. */

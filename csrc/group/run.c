@@ -54,6 +54,7 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
     c.rank = g->rank;
     c.size = g->size;
     c.op = op;
+    c.rules = &g->rules;
     c.deadline = deadline;
     c.base.magic = PD_FRAME_MAGIC;
     c.base.type = PD_FRAME_COLL;
@@ -114,8 +115,10 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         }
         else if (pd_shm_cma(g->shm)) {
             /* ranks must agree on when single copies start: a rank with
-             * another PYDDP_CMA_THRESHOLD would read a bank as addresses */
-            c.id.aux = ((uint64_t)pd_cma_threshold() << 1) ^
+             * another PYDDP_CMA_THRESHOLD or other rules would read a bank
+             * as addresses */
+            c.id.aux = ((uint64_t)pd_rules_cma_from(&g->rules, op->kind)
+                        << 1) ^
                        0xc3a0000000000000ull;
         }
         st = PD_OK;

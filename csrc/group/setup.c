@@ -338,6 +338,40 @@ pd_group_single_copy(const pd_group *g)
     return g->shm != NULL && pd_shm_cma(g->shm);
 }
 
+pd_status
+pd_group_set_rules(pd_group *g, const size_t *cma_from,
+                   const size_t *small_bytes, size_t n)
+{
+    if (n > PD_NKINDS) {
+        return pd_error(PD_EINVAL, "set_rules: %zu kinds given, the table "
+                        "has %d", n, PD_NKINDS);
+    }
+    pthread_mutex_lock(&g->mu);
+    /* idle: the next collective takes mu to start, so it sees them */
+    int idle = g->qh == NULL && !g->running;
+    if (idle) {
+        for (size_t k = 0; k < n; k++) {
+            g->rules.cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
+            g->rules.small_bytes[k] = small_bytes != NULL ? small_bytes[k]
+                                                          : 0;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!idle) {
+        return pd_error(PD_EINVAL, "set_rules: a collective is queued or "
+                        "running; set the rules between collectives");
+    }
+    return PD_OK;
+}
+
+void
+pd_group_rules_in_force(const pd_group *g, int kind, size_t *cma_from,
+                        size_t *small)
+{
+    *cma_from = pd_rules_cma_from(&g->rules, kind);
+    *small = pd_rules_small(&g->rules, kind);
+}
+
 void
 pd_group_destroy(pd_group *g)
 {

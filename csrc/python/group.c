@@ -1364,6 +1364,102 @@ PG_flight_configure(PGObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* One table of set_rules: a sequence with an int >= 0 per kind (0: the
+ * default) or None (never). */
+static int
+rules_arg(PyObject *seq, size_t *out, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, "set_rules: expected a sequence");
+    if (fast == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n != PD_NKINDS) {
+        PyErr_Format(PyExc_ValueError, "set_rules: %s must have %d entries "
+                     "(one per kind, pyddp._C.KINDS), got %zd", what,
+                     PD_NKINDS, n);
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(fast, k);
+        if (v == Py_None) {
+            out[k] = (size_t)-1;
+            continue;
+        }
+        unsigned long long x = PyLong_Check(v) && !PyBool_Check(v)
+                                   ? PyLong_AsUnsignedLongLong(v)
+                                   : (unsigned long long)-1;
+        if (PyErr_Occurred() || !PyLong_Check(v) || PyBool_Check(v) ||
+            x >= (unsigned long long)((size_t)-1)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "set_rules: %s[%zd] must be an int "
+                         ">= 0 (bytes; 0: the default) or None (never), "
+                         "got %R", what, k, v);
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[k] = (size_t)x;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *
+PG_set_rules(PGObject *self, PyObject *args)
+{
+    PyObject *cma, *small;
+    size_t a[PD_NKINDS], b[PD_NKINDS];
+    if (!PyArg_ParseTuple(args, "OO:set_rules", &cma, &small) ||
+        pg_check(self) < 0 || rules_arg(cma, a, "cma_from") < 0 ||
+        rules_arg(small, b, "small_bytes") < 0) {
+        return NULL;
+    }
+    for (int k = 0; k < PD_NKINDS; k++) {
+        if (b[k] == (size_t)-1) {
+            PyErr_Format(PyExc_ValueError, "set_rules: small_bytes[%d] must "
+                         "be an int >= 0, got None", k);
+            return NULL;
+        }
+    }
+    pd_status st = pd_group_set_rules(self->g, a, b, PD_NKINDS);
+    if (st != PD_OK) {
+        return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
+{
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    PyObject *cma = PyTuple_New(PD_NKINDS), *small = PyTuple_New(PD_NKINDS);
+    if (cma == NULL || small == NULL) {
+        Py_XDECREF(cma);
+        Py_XDECREF(small);
+        return NULL;
+    }
+    for (int k = 0; k < PD_NKINDS; k++) {
+        size_t a, b;
+        pd_group_rules_in_force(self->g, k, &a, &b);
+        PyObject *x = a == (size_t)-1 ? Py_NewRef(Py_None)
+                                       : PyLong_FromSize_t(a);
+        PyObject *y = PyLong_FromSize_t(b);
+        if (x == NULL || y == NULL) {
+            Py_XDECREF(x);
+            Py_XDECREF(y);
+            Py_DECREF(cma);
+            Py_DECREF(small);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(cma, k, x);
+        PyTuple_SET_ITEM(small, k, y);
+    }
+    return Py_BuildValue("(NN)", cma, small);
+}
+
 static PyObject *
 PG_flight_dump(PGObject *self, PyObject *args)
 {
@@ -1402,6 +1498,11 @@ static PyGetSetDef PG_getset[] = {
     {"single_copy", (getter)PG_get_single_copy, NULL,
      "True when large messages move with one copy between the ranks "
      "(cross-memory attach; PYDDP_CMA, PYDDP_CMA_THRESHOLD)", NULL},
+    {"rules", (getter)PG_get_rules, NULL,
+     "(cma_from, small_bytes): per kind (pyddp._C.KINDS), the bytes from "
+     "which single copies run (None: never) and up to which direct "
+     "algorithms run over the transport, as in force",
+     NULL},
     {"shm_fallback", (getter)PG_get_shm_fallback, NULL,
      "None, or why shared memory could not be set up (collectives use TCP)",
      NULL},
@@ -1432,6 +1533,10 @@ static PyMethodDef PG_methods[] = {
     {"flight_recorder_dump", (PyCFunction)PG_flight_dump, METH_VARARGS,
      "flight_recorder_dump(path=None, reason='on demand'): write the "
      "records as JSON now."},
+    {"set_rules", (PyCFunction)PG_set_rules, METH_VARARGS,
+     "set_rules(cma_from, small_bytes): the group's rules of algorithm "
+     "choice, one entry per kind (0: the default; cma_from None: never); "
+     "between collectives, the same on every rank."},
     {"set_timeline_track", (PyCFunction)PG_set_timeline_track, METH_O,
      "set_timeline_track(tid): this group's track in the timeline."},
     {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,

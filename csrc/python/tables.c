@@ -71,7 +71,8 @@ add_kinds(PyObject *m)
     }
     int rc = PyModule_AddObjectRef(m, "KINDS", kinds);
     Py_DECREF(kinds);
-    return rc;
+    /* the length of per-kind tables (ProcessGroup.set_rules) */
+    return rc < 0 ? rc : PyModule_AddIntConstant(m, "NKINDS", PD_NKINDS);
 }
 
 static int

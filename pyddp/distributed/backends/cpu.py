@@ -18,6 +18,7 @@ import socket
 from ... import _C
 from .. import _observe
 from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
+from . import tuning
 from .registry import BackendEntry, register
 
 __all__ = ["connect_group", "create", "spare_core"]
@@ -89,9 +90,13 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             store.set(f"{prefix}/node/{rank}", node_id())
             if rank == 0:
-                store.set(f"{prefix}/token", str(secrets.randbits(63)))
+                # the group's random id and rank 0's rules of algorithm choice (backends.tuning):
+                # every rank applies the same ones
+                store.set(f"{prefix}/token", f"{secrets.randbits(63)} {tuning.encode(size)}")
             transport = transport_choice(store, prefix, rank)
-            token = int(store.get(f"{prefix}/token"))
+            token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
+            token = int(token)
+            rules = tuning.decode(rules)
             hosts, ports, nodes = [], [], []
             for r in range(size):
                 h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
@@ -99,8 +104,10 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
                 ports.append(int(p))
                 nodes.append(store.get(f"{prefix}/node/{r}").decode())
         else:
-            token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
+            token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
         cpg.connect(hosts, ports, token, nodes, transport)
+        if rules is not None:
+            cpg.set_rules(*rules)
     except BaseException:
         cpg.destroy()
         raise

@@ -1,0 +1,184 @@
+"""The rules file of backend "cpu": the crossovers of algorithm choice measured on this host.
+
+The C core chooses, per collective kind and message size, between the shared-memory banks and
+single copies (cross-memory attach) on one host, and between the direct algorithms and the rings
+over TCP (csrc/coll/rules.h).  Its built-in crossovers were measured on one machine;
+``python -m pyddp.tools.tune`` measures them on this one and writes a rules file, which every
+group reads at creation:
+
+- ``PYDDP_TUNING_FILE``: the file to read (an error when it cannot be read);
+- else the per-user cache file of this host (``default_path()``: ``$XDG_CACHE_HOME/pyddp/tuning``
+  or ``~/.cache/pyddp/tuning``, named by the host's CPU model, core count and kernel), when it
+  exists;
+- ``PYDDP_TUNING=0``: none (the built-in constants).
+
+A file holds one table per number of ranks it was measured with; a group of ``n`` ranks uses the
+table of the largest count ``<= n``.  Rank 0 reads the file and sends its table to the others with
+the group's address exchange (``encode``/``decode``): every rank applies the same rules, as
+algorithm choice must agree across ranks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import warnings
+
+from ... import _C
+
+__all__ = ["FORMAT", "host_facts", "host_key", "default_path", "path_in_force", "load", "table_for",
+           "encode", "decode", "describe", "KIND_NAMES"]
+
+FORMAT = 1
+# kind name -> code, for the kinds a rule can change (pyddp._C.KINDS: the C core's table)
+KIND_NAMES = {name: info["code"] for name, info in _C.KINDS.items()
+              if info["shm"] and name not in ("barrier",)}
+_NKINDS = _C.NKINDS  # entries of a per-kind table of the C core
+_warned = set()
+
+
+def host_facts() -> dict:
+    """What a rules file is keyed by: CPU model, usable cores, kernel release."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return {"cpu": model or platform.processor() or platform.machine(), "cores": cores,
+            "kernel": platform.release()}
+
+
+def host_key(facts=None) -> str:
+    """A file name for this host's rules (``<cores>c-<hash of the facts>``)."""
+    facts = facts or host_facts()
+    h = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{facts['cores']}c-{h}"
+
+
+def default_path(facts=None) -> str:
+    """This host's rules file in the per-user cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pyddp", "tuning", f"{host_key(facts)}.json")
+
+
+def path_in_force():
+    """(path, explicit): the file groups read now (None: none, built-in constants), and whether
+    PYDDP_TUNING_FILE named it."""
+    off = os.environ.get("PYDDP_TUNING", "").strip()
+    if off not in ("", "0", "1"):
+        raise ValueError(f"PYDDP_TUNING must be 0 (built-in constants) or 1 (default), got {off!r}")
+    if off == "0":
+        return None, False
+    named = os.environ.get("PYDDP_TUNING_FILE", "").strip()
+    if named:
+        return named, True
+    path = default_path()
+    return (path, False) if os.path.exists(path) else (None, False)
+
+
+def _check_size(v, where):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{where} must be a byte count >= 0 or null, got {v!r}")
+    return v
+
+
+def validate(doc, path="the rules file") -> dict:
+    """``doc`` (a parsed rules file) checked: ValueError naming what is wrong."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a pyddp rules file of format {FORMAT} (write one with "
+                         "python -m pyddp.tools.tune)")
+    tables = doc.get("tables")
+    if not isinstance(tables, dict):
+        raise ValueError(f"{path}: 'tables' must map rank counts to tables")
+    for n, t in tables.items():
+        if not str(n).isdigit() or int(n) < 1 or not isinstance(t, dict):
+            raise ValueError(f"{path}: tables[{n!r}] must be a table for a rank count >= 1")
+        for rule in ("cma_from", "small_bytes"):
+            for kind, v in (t.get(rule) or {}).items():
+                if kind not in KIND_NAMES:
+                    raise ValueError(f"{path}: tables[{n}].{rule} names an unknown collective "
+                                     f"{kind!r} (expected one of {', '.join(KIND_NAMES)})")
+                _check_size(v, f"{path}: tables[{n}].{rule}.{kind}")
+                if rule == "small_bytes" and v is None:
+                    raise ValueError(f"{path}: tables[{n}].small_bytes.{kind} must be a byte "
+                                     "count")
+    return doc
+
+
+def load(path) -> dict:
+    """The parsed and checked rules file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ValueError(f"rules file {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"rules file {path}: not JSON ({e})") from None
+    return validate(doc, path)
+
+
+def table_for(doc, size):
+    """The table of ``doc`` for a group of ``size`` ranks (the largest count <= size), or None."""
+    counts = sorted(int(n) for n in doc["tables"] if int(n) <= size)
+    return doc["tables"][str(counts[-1])] if counts else None
+
+
+def encode(size) -> str:
+    """Rank 0's rules for a group of ``size`` ranks, compact, for the address exchange: '' for
+    the built-in constants."""
+    path, explicit = path_in_force()
+    if path is None or size < 2:
+        return ""
+    try:
+        doc = load(path)
+    except ValueError as e:
+        if explicit:
+            raise ValueError(f"PYDDP_TUNING_FILE: {e}") from None
+        if path not in _warned:  # the cache file: warn once, run on the constants
+            _warned.add(path)
+            warnings.warn(f"pyddp: ignoring the rules file of this host ({e}); rerun "
+                          "python -m pyddp.tools.tune", RuntimeWarning, stacklevel=3)
+        return ""
+    t = table_for(doc, size)
+    if t is None:
+        return ""
+    cma = [0] * _NKINDS
+    small = [0] * _NKINDS
+    for kind, v in (t.get("cma_from") or {}).items():
+        cma[KIND_NAMES[kind]] = v
+    for kind, v in (t.get("small_bytes") or {}).items():
+        small[KIND_NAMES[kind]] = v
+    return json.dumps([cma, small], separators=(",", ":"))
+
+
+def describe() -> str:
+    """One line naming the rules groups apply now (benchmarks print it beside their tables)."""
+    try:
+        path, explicit = path_in_force()
+        if path is None:
+            return "built-in constants" + (" (PYDDP_TUNING=0)" if os.environ.get(
+                "PYDDP_TUNING", "").strip() == "0" else "")
+        doc = load(path)
+    except ValueError as e:
+        return f"built-in constants ({e})"
+    return (f"tuned {doc.get('created', '?')} ({os.path.basename(path)}"
+            f"{', PYDDP_TUNING_FILE' if explicit else ''}; python -m pyddp.tools.tune --show)")
+
+
+def decode(text):
+    """(cma_from, small_bytes) lists for ``ProcessGroup.set_rules``, or None for ''."""
+    if not text:
+        return None
+    cma, small = json.loads(text)
+    return cma, small

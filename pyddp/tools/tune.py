@@ -1,0 +1,389 @@
+"""Measure this host's crossovers of algorithm choice and write the rules file groups read.
+
+    python -m pyddp.tools.tune                 # 2 ranks (and 4 with --nproc 2,4); writes the file
+    python -m pyddp.tools.tune --show          # the file in force and the rules a group applies
+    python -m pyddp.tools.tune --quick --out rules.json
+
+pyddp's C core picks, per collective kind and size, between two ways on one host (the shared
+banks, or single copies between the ranks' own buffers: cross-memory attach) and two over TCP (the
+direct algorithms, or the rings and the chain).  Which is faster where depends on the host: cache
+sizes, memory bandwidth, what ``process_vm_readv`` costs, how many ranks share the cores.  The
+built-in crossovers were measured on one machine; this tool runs both candidates of every kind at
+every size on this one, with the ranks it is asked for, and writes where each starts to win.
+
+The cost model, in a paragraph: a bank transfer costs two copies through a small shared window
+(fast while the message stays in cache, then bound by memory bandwidth twice over) and one sync per
+window; a single copy costs one copy at the speed of ``process_vm_readv`` (page pinning, a third
+of memcpy in cache here) plus two syncs, whatever the size.  So single copies win from the size at
+which the second copy costs more than pinning, which moves with the cache size and the number of
+ranks reading at once.  Over TCP, the direct algorithms send every rank's whole message to every
+peer in one round (latency-optimal: one round trip), the rings send 1/n of it n-1 times
+(bandwidth-optimal); the crossover is where the extra bytes cost more than the extra round trips.
+
+Timing: every rank runs each candidate in turn (alternating, round by round, so that drift hits
+both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX
+of the ranks' times) and a candidate's time at a size is the median over calls and rounds.  The
+rule for a kind is the smallest measured size from which the second candidate wins at every larger
+measured size (never, when it loses at the largest).  Every rank of a group applies rank 0's rules
+(backends.tuning), so the choice is the same everywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["main", "crossover"]
+
+# what each rule's candidates are called in the output
+_SHM_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
+              "reduce_scatter", "all_to_all")
+_TCP_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
+_NEVER_SMALL = 1 << 62  # small_bytes past every message: direct algorithms always
+
+
+def _parse_bytes(text):
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 4K or 64M, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size > 0, got {text!r}")
+    return v
+
+
+def _fmt(n):
+    if n is None:
+        return "never"
+    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << s and n % (1 << s) == 0:
+            return f"{n >> s}{unit}"
+    return str(n)
+
+
+def crossover(rows):
+    """``rows``: (size, time of the first candidate, time of the second) ascending in size.  The
+    smallest size from which the second wins at every larger size, or None (it loses at the
+    largest, or there are no rows)."""
+    start = None
+    for size, a, b in reversed(rows):
+        if b < a:
+            start = size
+        else:
+            break
+    return start
+
+
+# ------------------------------------------------------------------------------------- worker
+
+def _sizes(lo, hi, step=4):
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= step
+    return out
+
+
+def _op(dist, kind, rank, n, count, np):
+    """(callable running one ``kind`` of ``count`` float32 per rank's block, its check)."""
+    a = np.full(count, rank + 1, dtype=np.float32)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(a)
+    if kind == "reduce":
+        return lambda: dist.reduce(a, dst=0)
+    if kind == "broadcast":
+        return lambda: dist.broadcast(a, src=0)
+    if kind == "all_gather":
+        out = np.empty(count * n, dtype=np.float32)
+        return lambda: dist.all_gather_into_tensor(out, a)
+    if kind == "gather":
+        lst = [np.empty(count, dtype=np.float32) for _ in range(n)] if rank == 0 else None
+        return lambda: dist.gather(a, lst, dst=0)
+    if kind == "scatter":
+        lst = [np.full(count, r, dtype=np.float32) for r in range(n)] if rank == 0 else None
+        return lambda: dist.scatter(a, lst, src=0)
+    if kind == "reduce_scatter":
+        big = np.ones(count * n, dtype=np.float32)
+        return lambda: dist.reduce_scatter_tensor(a, big)
+    if kind == "all_to_all":
+        src = np.ones(count * n, dtype=np.float32)
+        out = np.empty(count * n, dtype=np.float32)
+        return lambda: dist.all_to_all_single(out, src)
+    raise ValueError(kind)
+
+
+def _rule_bytes(kind, path, count, n):
+    """The message size in the unit the C core's rule reads (coll/select.c, cma_common.c)."""
+    b = count * 4
+    if path == "tcp" and kind == "all_gather":
+        return b * n  # all_gather's transport crossover is on the whole output
+    return b
+
+
+def _worker(args):
+    import numpy as np
+
+    import pyddp.distributed as dist
+    from pyddp import _C
+
+    dist.init_process_group("cpu", init_method="env://")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    path = "tcp" if os.environ.get("PYDDP_TRANSPORT") == "tcp" else "shm"
+    base_cma, base_small = (list(v) for v in cpg.rules)
+    base_cma = [0 if v is None else v for v in base_cma]
+    codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
+    result = {"path": path, "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {}}
+    kinds = [k for k in args.kinds if k in (_TCP_KINDS if path == "tcp" else _SHM_KINDS)]
+    if path == "shm" and not cpg.single_copy:
+        kinds = []  # no second candidate: single copies are not possible here
+    times = np.zeros(1, dtype=np.float64)
+    budget = args.budget_bytes
+    for kind in kinds:
+        rows = []
+        lo = max(args.min_bytes, 4 * n) if path == "tcp" else args.min_bytes
+        for size in _sizes(lo, args.max_bytes):
+            count = max(1, size // 4)
+            if path == "tcp" and kind == "all_gather":
+                count = max(1, size // (4 * n))
+            run = _op(dist, kind, rank, n, count, np)
+            iters = max(3, min(args.iters, budget // max(1, count * 4 * n)))
+            samples = {0: [], 1: []}
+            for _ in range(args.rounds):
+                for cand in (0, 1):
+                    cma, small = list(base_cma), list(base_small)
+                    if path == "shm":
+                        cma[codes[kind]] = None if cand == 0 else 1
+                    else:
+                        small[codes[kind]] = _NEVER_SMALL if cand == 0 else 1
+                    dist.barrier()
+                    cpg.set_rules(cma, small)
+                    run()  # warm-up
+                    for _ in range(iters):
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        run()
+                        times[0] = time.perf_counter() - t0
+                        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                        samples[cand].append(float(times[0]))
+            a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
+            rows.append((_rule_bytes(kind, path, count, n), a, b))
+        result["kinds"][kind] = rows
+        dist.barrier()
+        cpg.set_rules(base_cma, base_small)
+    dist.barrier()
+    if rank == 0:
+        with open(args.worker_out, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------- parent
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(n, path, args, tmp):
+    """Run the workers of one measurement (``n`` ranks, ``path`` 'shm' or 'tcp'); their result."""
+    out = os.path.join(tmp, f"{path}-{n}.json")
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(n),
+               LOCAL_WORLD_SIZE=str(n), PYDDP_SECRET=secrets.token_hex(16), PYDDP_TUNING="0")
+    env.pop("PYDDP_CMA_THRESHOLD", None)  # it would override every rule measured
+    env.pop("PYDDP_TUNING_FILE", None)
+    if path == "tcp":
+        env["PYDDP_TRANSPORT"] = "tcp"
+    else:
+        env.pop("PYDDP_TRANSPORT", None)
+    cmd = [sys.executable, "-m", "pyddp.tools.tune", "--worker-out", out,
+           "--kinds", ",".join(args.kinds), "--min-bytes", str(args.min_bytes),
+           "--max-bytes", str(args.max_bytes), "--rounds", str(args.rounds),
+           "--iters", str(args.iters), "--budget-bytes", str(args.budget_bytes)]
+    procs = []
+    for r in range(n):
+        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + args.timeout
+    logs = []
+    failed = False
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, _ = p.communicate()
+            failed = True
+            logs.append(f"timed out after {args.timeout:.0f} s\n")
+        logs.append(o.decode(errors="replace"))
+        failed = failed or p.returncode != 0
+    if failed or not os.path.exists(out):
+        raise RuntimeError(f"tune: the {n}-rank {path} measurement failed:\n" +
+                           "\n".join(x[-2000:] for x in logs if x))
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _table(results):
+    """{"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} from one rank count's
+    measurements."""
+    t = {"cma_from": {}, "small_bytes": {}}
+    for res in results:
+        for kind, rows in res["kinds"].items():
+            start = crossover(rows)
+            if res["path"] == "shm":
+                t["cma_from"][kind] = start
+            else:
+                if start is None:
+                    t["small_bytes"][kind] = _NEVER_SMALL
+                else:  # direct through the last size where it won
+                    below = [s for s, _, _ in rows if s < start]
+                    t["small_bytes"][kind] = below[-1] if below else max(1, start - 1)
+        if res["path"] == "shm" and not res["single_copy"]:
+            t["note"] = "single copies (cross-memory attach) are not possible on this host"
+    return t
+
+
+def _print_rows(n, res, out):
+    a_name, b_name = ("banks", "single copy") if res["path"] == "shm" else ("direct", "ring")
+    for kind, rows in res["kinds"].items():
+        print(f"  {n} ranks, {res['path']}, {kind}: {a_name} us / {b_name} us", file=out)
+        for size, a, b in rows:
+            mark = "  <-" if b < a else ""
+            print(f"    {_fmt(size):>6}  {a:10.1f}  {b:10.1f}  x{a / b:5.2f}{mark}", file=out)
+
+
+def show(out=sys.stdout, size=None):
+    """Print the rules file in force and the rules a group applies (``--show``)."""
+    from pyddp import _C
+    from pyddp.distributed.backends import tuning
+
+    path, explicit = tuning.path_in_force()
+    print(f"host: {json.dumps(tuning.host_facts())}", file=out)
+    print(f"this host's file: {tuning.default_path()}", file=out)
+    if path is None:
+        why = "PYDDP_TUNING=0" if os.environ.get("PYDDP_TUNING", "").strip() == "0" else \
+            "no rules file for this host (python -m pyddp.tools.tune writes one)"
+        print(f"rules in force: the built-in constants ({why})", file=out)
+        doc = None
+    else:
+        doc = tuning.load(path)
+        print(f"rules in force: {path}" + (" (PYDDP_TUNING_FILE)" if explicit else ""), file=out)
+        print(f"  written {doc.get('created', '?')} by pyddp {doc.get('pyddp', '?')} on "
+              f"{json.dumps(doc.get('host', {}))}", file=out)
+    sizes = [size] if size else sorted({2, 4} | {int(k) for k in (doc or {}).get("tables", {})})
+    for n in sizes:
+        enc = tuning.encode(n)
+        cma, small = tuning.decode(enc) or ([0] * _C.NKINDS, [0] * _C.NKINDS)
+        print(f"a group of {n} ranks:" + ("" if enc else " built-in constants"), file=out)
+        print(f"  {'collective':<16}{'single copies from':>20}{'direct over TCP up to':>24}",
+              file=out)
+        for kind in tuning.KIND_NAMES:
+            code = _C.KINDS[kind]["code"]
+            c = cma[code]
+            c = "never" if c is None else _fmt(c) if c else "default"
+            s = small[code]
+            s = ("always" if s >= _NEVER_SMALL else _fmt(s)) if s else "default"
+            print(f"  {kind:<16}{c:>20}{s:>24}", file=out)
+    print("(default: the built-in constants of csrc/coll/rules.c: single copies from 32M for "
+          "all_reduce and 16M for gather and scatter, never for the others; direct up to 64K)",
+          file=out)
+
+
+def main(argv=None):
+    """The command line (see the module docstring); returns the exit status."""
+    ap = argparse.ArgumentParser(prog="python -m pyddp.tools.tune", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--show", action="store_true", help="print the rules in force and exit")
+    ap.add_argument("--nproc", default="2",
+                    help="comma-separated rank counts to measure (default 2; e.g. 2,4)")
+    ap.add_argument("--kinds", default=",".join(_SHM_KINDS),
+                    help="comma-separated collectives (default: all)")
+    ap.add_argument("--min-bytes", type=_parse_bytes, default=_parse_bytes("4K"))
+    ap.add_argument("--max-bytes", type=_parse_bytes, default=_parse_bytes("64M"))
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of the candidates")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per round (at most)")
+    ap.add_argument("--budget-bytes", type=_parse_bytes, default=_parse_bytes("1G"),
+                    help="cap on calls x bytes per size, which keeps large sizes short")
+    ap.add_argument("--no-tcp", action="store_true", help="skip the TCP crossovers")
+    ap.add_argument("--quick", action="store_true",
+                    help="4K to 1M, one round of 5 calls: a check that it works, not a tuning")
+    ap.add_argument("--out", help="where to write (default: this host's file, --show says where)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    bad = [k for k in args.kinds if k not in _SHM_KINDS]
+    if bad:
+        ap.error(f"--kinds: unknown collective(s) {', '.join(bad)} (expected "
+                 f"{', '.join(_SHM_KINDS)})")
+    if args.quick:
+        args.max_bytes, args.rounds, args.iters = min(args.max_bytes, 1 << 20), 1, 5
+    if args.worker_out:
+        return _worker(args)
+    if args.show:
+        show()
+        return 0
+    try:
+        counts = sorted({int(x) for x in args.nproc.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--nproc: expected rank counts like 2 or 2,4, got {args.nproc!r}")
+    if not counts or counts[0] < 2:
+        ap.error("--nproc: every rank count must be at least 2")
+    if args.min_bytes > args.max_bytes:
+        ap.error("--min-bytes is larger than --max-bytes")
+
+    import pyddp
+    from pyddp.distributed.backends import tuning
+
+    facts = tuning.host_facts()
+    doc = {"format": tuning.FORMAT, "host": facts,
+           "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "pyddp": pyddp.__version__, "tables": {}, "measured": {}}
+    with tempfile.TemporaryDirectory(prefix="pyddp-tune-") as tmp:
+        for n in counts:
+            results = []
+            for path in ("shm",) if args.no_tcp else ("shm", "tcp"):
+                t0 = time.monotonic()
+                print(f"measuring {n} ranks over {path} ...", flush=True)
+                res = _launch(n, path, args, tmp)
+                _print_rows(n, res, sys.stdout)
+                print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
+                results.append(res)
+            doc["tables"][str(n)] = _table(results)
+            doc["measured"][str(n)] = results
+    tuning.validate(doc)
+    out = args.out or tuning.default_path(facts)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, out)
+    print(f"wrote {out}")
+    for n, t in doc["tables"].items():
+        print(f"  {n} ranks: single copies from " + ", ".join(
+            f"{k} {_fmt(v)}" for k, v in t["cma_from"].items()))
+        if t["small_bytes"]:
+            print(f"  {n} ranks: direct over TCP up to " + ", ".join(
+                f"{k} {'always' if v >= _NEVER_SMALL else _fmt(v)}"
+                for k, v in t["small_bytes"].items()))
+    if args.out and not os.environ.get("PYDDP_TUNING_FILE"):
+        print(f"groups read it with PYDDP_TUNING_FILE={out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

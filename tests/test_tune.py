@@ -1,0 +1,220 @@
+"""Rules of algorithm choice measured on the host: pyddp.tools.tune writes them, groups read them
+(rank 0's, so every rank agrees), and any rules give the same results (NumPy reference)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _mp import run
+
+import pyddp
+from pyddp import _C
+from pyddp.distributed.backends import tuning
+from pyddp.tools.tune import crossover
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
+KINDS = list(tuning.KIND_NAMES)
+
+
+def test_crossover_is_where_the_second_candidate_wins_for_good():
+    assert crossover([]) is None
+    assert crossover([(1, 1.0, 2.0), (2, 1.0, 2.0)]) is None  # never wins
+    assert crossover([(1, 1.0, 2.0), (2, 3.0, 2.0), (4, 5.0, 2.0)]) == 2
+    # a win below a loss does not count: only a run of wins up to the largest size
+    assert crossover([(1, 3.0, 2.0), (2, 1.0, 2.0), (4, 5.0, 2.0)]) == 4
+    assert crossover([(1, 3.0, 2.0), (2, 3.0, 2.0)]) == 1
+
+
+def _group():
+    import datetime
+
+    import pyddp.distributed as dist
+
+    dist.init_process_group("cpu", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    return dist, dist.distributed_c10d._world.default_pg._cpg
+
+
+def test_set_rules_checks_its_arguments_and_rules_reads_back():
+    dist, cpg = _group()
+    try:
+        n = _C.NKINDS
+        cma, small = cpg.rules
+        assert len(cma) == len(small) == n
+        assert cma[_C.K_ALLREDUCE] == 32 << 20 and cma[_C.K_BROADCAST] is None
+        assert set(small) == {64 << 10}
+        with pytest.raises(ValueError, match=f"cma_from must have {n} entries"):
+            cpg.set_rules([0] * (n - 1), [0] * n)
+        for bad in (-1, True, "1", 1.5):
+            with pytest.raises(ValueError, match=r"cma_from\[2\] must be an int >= 0"):
+                cpg.set_rules([0, 0, bad] + [0] * (n - 3), [0] * n)
+        with pytest.raises(ValueError, match=r"small_bytes\[0\] must be an int >= 0"):
+            cpg.set_rules([0] * n, [None] * n)
+        cpg.set_rules([None, 5] + [0] * (n - 2), [7] + [0] * (n - 1))
+        cma, small = cpg.rules
+        assert cma[0] is None and cma[1] == 5 and cma[_C.K_ALLREDUCE] == 32 << 20
+        assert small[0] == 7 and small[1] == 64 << 10
+        a = np.arange(10.0)
+        dist.all_reduce(a)  # still runs
+        assert np.array_equal(a, np.arange(10.0))
+    finally:
+        dist.destroy_process_group()
+
+
+def _write_rules(path, cma=1, small=1):
+    doc = {"format": tuning.FORMAT, "host": tuning.host_facts(), "created": "test",
+           "pyddp": pyddp.__version__,
+           "tables": {"2": {"cma_from": {k: cma for k in KINDS},
+                            "small_bytes": {k: small for k in KINDS
+                                            if k not in ("gather", "scatter", "all_to_all")}}}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def _collectives(rank, world_size):
+    """Every kind at sizes on both sides of the thresholds; the rules in force; NumPy checks."""
+    import pyddp.distributed as dist
+
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    n = world_size
+    bad = []
+    for count in (1, 1000, 70000, 300000):
+        base = [np.arange(count, dtype=np.float32) % 97 + r for r in range(n)]
+        a = base[rank].copy()
+        dist.all_reduce(a)
+        if not np.array_equal(a, sum(base)):
+            bad.append(f"all_reduce {count}")
+        a = base[rank].copy()
+        dist.reduce(a, dst=1)
+        if rank == 1 and not np.array_equal(a, sum(base)):
+            bad.append(f"reduce {count}")
+        a = base[rank].copy()
+        dist.broadcast(a, src=1)
+        if not np.array_equal(a, base[1]):
+            bad.append(f"broadcast {count}")
+        out = np.empty(count * n, dtype=np.float32)
+        dist.all_gather_into_tensor(out, base[rank])
+        if not np.array_equal(out, np.concatenate(base)):
+            bad.append(f"all_gather {count}")
+        gl = [np.empty(count, dtype=np.float32) for _ in range(n)] if rank == 0 else None
+        dist.gather(base[rank], gl, dst=0)
+        if rank == 0 and not all(np.array_equal(g, b) for g, b in zip(gl, base)):
+            bad.append(f"gather {count}")
+        s = np.empty(count, dtype=np.float32)
+        dist.scatter(s, base if rank == 1 else None, src=1)
+        if not np.array_equal(s, base[rank]):
+            bad.append(f"scatter {count}")
+        rs = np.empty(count, dtype=np.float32)
+        dist.reduce_scatter_tensor(rs, np.concatenate(base) + rank)
+        want = sum(np.concatenate(base) + r for r in range(n))[rank * count:(rank + 1) * count]
+        if not np.array_equal(rs, want):
+            bad.append(f"reduce_scatter {count}")
+        src = np.concatenate([base[rank] + 10 * p for p in range(n)])
+        out = np.empty(count * n, dtype=np.float32)
+        dist.all_to_all_single(out, src)
+        if not np.array_equal(out, np.concatenate([base[p] + 10 * rank for p in range(n)])):
+            bad.append(f"all_to_all {count}")
+    return {"bad": bad, "rules": [list(x) for x in cpg.rules], "transport": cpg.transport,
+            "single_copy": bool(cpg.single_copy)}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_every_rank_applies_rank_0s_rules_and_results_stay_exact(tmp_path, transport):
+    path = str(tmp_path / "rules.json")
+    _write_rules(path, cma=1, small=1)  # single copies and rings from the first byte
+    env = {"PYDDP_TRANSPORT": transport} if transport == "tcp" else {}
+    # rank 1 has no rules file (and says so): rank 0's reach it through the address exchange
+    res = run(_collectives, 2, timeout=120, env=env,
+              rank_env={0: {"PYDDP_TUNING_FILE": path}, 1: {"PYDDP_TUNING": "0"}})
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["transport"] == transport
+    assert res[0]["rules"] == res[1]["rules"]
+    cma, small = res[0]["rules"]
+    assert cma[_C.K_ALLREDUCE] == 1 and small[_C.K_ALLREDUCE] == 1
+    assert small[_C.K_GATHER] == 64 << 10  # not in the file: the default
+    # and the built-in constants (no file) give the same results
+    res = run(_collectives, 2, timeout=120, env=dict(env, PYDDP_TUNING="0"))
+    assert [r["bad"] for r in res] == [[], []]
+    assert res[0]["rules"][0][_C.K_ALLREDUCE] == 32 << 20
+
+
+def test_rules_files_that_cannot_be_used_are_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDDP_TUNING_FILE", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="PYDDP_TUNING_FILE: rules file .*missing.json"):
+        tuning.encode(2)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    monkeypatch.setenv("PYDDP_TUNING_FILE", str(bad))
+    with pytest.raises(ValueError, match="not JSON"):
+        tuning.encode(2)
+    bad.write_text(json.dumps({"format": 1, "tables": {"2": {"cma_from": {"allreduce": 1}}}}))
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        tuning.encode(2)
+    bad.write_text(json.dumps({"format": 1, "tables": {"2": {"cma_from": {"all_reduce": -4}}}}))
+    with pytest.raises(ValueError, match="cma_from.all_reduce must be a byte count"):
+        tuning.encode(2)
+    monkeypatch.setenv("PYDDP_TUNING", "yes")
+    with pytest.raises(ValueError, match="PYDDP_TUNING must be 0"):
+        tuning.encode(2)
+    monkeypatch.setenv("PYDDP_TUNING", "0")
+    assert tuning.encode(2) == ""  # off: the file is not read
+    # a damaged file of this host's cache (not named by the user): a warning, the constants
+    monkeypatch.delenv("PYDDP_TUNING")
+    monkeypatch.delenv("PYDDP_TUNING_FILE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    p = tuning.default_path()
+    os.makedirs(os.path.dirname(p))
+    with open(p, "w") as f:
+        f.write("[]")
+    with pytest.warns(RuntimeWarning, match="ignoring the rules file of this host"):
+        assert tuning.encode(2) == ""
+
+
+def test_table_for_picks_the_largest_count_not_above_the_group():
+    doc = {"tables": {"2": {"x": 2}, "4": {"x": 4}}}
+    assert tuning.table_for(doc, 1) is None
+    assert tuning.table_for(doc, 3) == {"x": 2}
+    assert tuning.table_for(doc, 4) == {"x": 4} == tuning.table_for(doc, 16)
+
+
+def _rules_only(rank, world_size):
+    import pyddp.distributed as dist
+
+    return [list(x) for x in dist.distributed_c10d._world.default_pg._cpg.rules]
+
+
+def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
+    out = tmp_path / "rules.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "pyddp.tools.tune", "--quick", "--kinds", "all_reduce,gather",
+           "--max-bytes", "64K", "--out", str(out), "--timeout", "120"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "measuring 2 ranks over shm" in p.stdout and f"wrote {out}" in p.stdout
+    doc = tuning.load(str(out))
+    t = doc["tables"]["2"]
+    assert set(t["cma_from"]) <= {"all_reduce", "gather"}
+    assert set(t["small_bytes"]) == {"all_reduce"}  # gather has no transport crossover
+    for res in doc["measured"]["2"]:
+        for rows in res["kinds"].values():
+            assert [r[0] for r in rows] == [4096, 16384, 65536]
+            assert all(a > 0 and b > 0 for _, a, b in rows)
+    p = subprocess.run([sys.executable, "-m", "pyddp.tools.tune", "--show"],
+                       env=dict(env, PYDDP_TUNING_FILE=str(out)), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert f"rules in force: {out} (PYDDP_TUNING_FILE)" in p.stdout
+    assert "a group of 2 ranks:" in p.stdout and "all_reduce" in p.stdout
+    res = run(_rules_only, 2, timeout=60, env={"PYDDP_TUNING_FILE": str(out)})
+    small = t["small_bytes"]["all_reduce"]
+    assert res[0] == res[1] and res[0][1][_C.K_ALLREDUCE] == small
+    cma = t["cma_from"].get("all_reduce", 0)
+    if cma is None:
+        assert res[0][0][_C.K_ALLREDUCE] is None
+    elif cma:
+        assert res[0][0][_C.K_ALLREDUCE] == cma
