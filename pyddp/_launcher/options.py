@@ -45,6 +45,8 @@ class LaunchConfig:
     script_args: List[str] = field(default_factory=list)
     local_rank_arg: Optional[str] = None  # pyddp.launch: "--local_rank" or "--local-rank" to pass
     timeline: Optional[str] = None  # --timeline DIR: per-rank traces there, merged at the end
+    elastic: bool = False          # --elastic: in-process recovery (pyddp.elastic), the agent's store
+    min_nproc: int = 1             # --elastic: fewest workers the job goes on with
 
     @property
     def world_size(self) -> int:
@@ -98,6 +100,12 @@ def add_launcher_arguments(parser):
     _opt(parser, "--role", default="default", help="worker role name (ROLE_NAME); default 'default'")
     _opt(parser, "--max-restarts", default="0",
          help="restart all workers up to this many times after a failure; default 0")
+    _opt(parser, "--elastic", action="store_true",
+         help="in-process recovery (pyddp.elastic): the launcher holds the store and the job's "
+              "membership; a dead worker is restarted (up to --max-restarts) and joins at the "
+              "survivors' next commit instead of every worker restarting; one node")
+    _opt(parser, "--min-nproc", default="1",
+         help="with --elastic: the fewest workers the job goes on with; default 1")
     _opt(parser, "--monitor-interval", default="0.1",
          help="longest pause, in seconds, between checks of the workers; default 0.1")
     _opt(parser, "--start-method", default="spawn", choices=["spawn", "fork", "forkserver"],
@@ -282,6 +290,12 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
                              "--standalone for a free port on localhost, or give a port number")
 
     max_restarts = _int(parser, "--max-restarts", args.max_restarts, 0)
+    min_nproc = _int(parser, "--min-nproc", args.min_nproc, 1)
+    if min_nproc > nproc:
+        parser.error(f"argument --min-nproc: {min_nproc} is more than --nproc-per-node {nproc}")
+    if args.elastic and nnodes != 1:
+        parser.error(f"argument --elastic: in-process recovery runs on one node for now (its "
+                     f"store lives in the launcher), but --nnodes is {nnodes}")
     try:
         monitor_interval = float(args.monitor_interval)
     except ValueError:
@@ -335,4 +349,6 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
         script_args=list(args.training_script_args),
         local_rank_arg=local_rank_arg,
         timeline=timeline,
+        elastic=bool(args.elastic),
+        min_nproc=min_nproc,
     )

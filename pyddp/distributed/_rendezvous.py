@@ -31,7 +31,9 @@ def rendezvous(init_method, rank, world_size, timeout):
         # DataLoader workers, subprocesses) finds it; PYDDP_SECRET before the store reads it.
         for k, v in env.derived.items():
             os.environ.setdefault(k, v)
-        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0,
+        # torchrun's flag: the launcher hosts the store (pyddp-run --elastic), every rank is a client
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true")
+        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0 and not agent,
                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
         return store, rank, world_size
     if url.scheme == "tcp":

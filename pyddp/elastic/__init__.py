@@ -1,0 +1,336 @@
+"""In-process recovery: a dead rank costs the steps since the last commit, not the job.
+
+Horovod elastic's model (``hvd.elastic.run``, ``State.commit()``) on pyddp's groups::
+
+    import pyddp.elastic as elastic
+
+    state = elastic.State(model=model, optimizer=opt, epoch=0, batch=0)
+
+    @elastic.run
+    def train(state):
+        sampler = elastic.ElasticSampler(len(dataset), state, batch_size=64, seed=0)
+        for state.epoch in range(state.epoch, epochs):
+            for idx in sampler:                 # this rank's share of the next global batch
+                step(idx)                       # forward, backward, all_reduce, optimizer
+                state.batch += 1
+                state.commit()                  # a consistent point (in memory)
+            state.batch = 0
+
+    train(state)
+
+run under ``pyddp-run --elastic --nproc-per-node N --max-restarts R train.py``.  The launcher
+holds the job's store and its membership: a generation number and the list of its workers.
+``run`` initialises the process group of the current generation (its rank: the worker's place in
+the list) and makes every rank's state equal to rank 0's (``State.sync``: a broadcast, so a new
+or restarted worker gets the state from a peer, not from disk), then calls the function.
+
+When a peer dies, the survivors' collectives raise; ``run`` catches that, destroys the group,
+rolls the state back to its last commit, and waits for the launcher's next generation (the
+survivors; the launcher restarts the dead worker while ``--max-restarts`` allows), joins it and
+calls the function again: the loop goes on from the committed epoch and batch, and
+``ElasticSampler`` deals the rest of the epoch's samples to the new set of ranks, so each is still
+seen once.  A restarted or added worker joins at the next ``commit()``: there every rank learns
+(one small broadcast from rank 0, which asks the store) that a newer generation exists, and they
+re-form together.  Membership is the launcher's: a worker it declared dead that comes back is
+refused (``RemovedFromJob``), so there is no split brain.
+
+Covered now: the cpu backend, the workers of one ``pyddp-run`` (one host: the store lives in the
+launcher, which survives any worker).  Not yet: several hosts (the store would need to survive
+the loss of its host), nccl groups (communicator rebuild), a rank that hangs without dying (its
+peers time out and wait for a generation that does not come: ``ElasticError`` after the timeout).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import time
+from datetime import timedelta
+
+import numpy as np
+
+__all__ = ["State", "run", "ElasticSampler", "ElasticError", "RemovedFromJob", "current_generation"]
+
+ENV_ID = "PYDDP_ELASTIC_ID"  # the worker's id in the launcher's membership lists
+_K_GEN = "elastic/gen"  # add(_K_GEN, 0): the newest generation
+
+
+def _k_members(g):
+    return f"elastic/members/{g}"
+
+
+class ElasticError(RuntimeError):
+    """The job cannot go on elastically (no generation came within the timeout, ...)."""
+
+
+class RemovedFromJob(ElasticError):
+    """This worker was declared dead by the launcher and is no longer a member of the job."""
+
+
+class _Reform(BaseException):
+    """Raised by State.commit() on every rank at once when a newer generation exists (a
+    BaseException, so that a user's ``except Exception`` does not swallow it)."""
+
+
+# ----------------------------------------------------------------------------------- State
+
+class State:
+    """What a training loop needs to go on after a failure: objects with ``state_dict`` /
+    ``load_state_dict`` (model, optimizer, amp scaler, lr scheduler) and plain values (epoch,
+    batch, anything picklable), given as keyword arguments and read and set as attributes.
+
+    ``commit()`` records them (deep copies, in memory); ``restore()`` goes back to the last
+    commit; ``sync()`` makes every rank's state equal to rank 0's."""
+
+    def __init__(self, **items):
+        object.__setattr__(self, "_objects", {})
+        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_snapshot", None)
+        object.__setattr__(self, "_commits", 0)
+        object.__setattr__(self, "check_every", 1)
+        for k, v in items.items():
+            setattr(self, k, v)
+        self._take()
+
+    def __getattr__(self, name):
+        for d in (self._objects, self._values):
+            if name in d:
+                return d[name]
+        raise AttributeError(f"State has no item {name!r}")
+
+    def __setattr__(self, name, value):
+        if name.startswith("_") or name == "check_every":
+            object.__setattr__(self, name, value)
+            return
+        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            self._values.pop(name, None)
+            self._objects[name] = value
+        else:
+            self._objects.pop(name, None)
+            self._values[name] = value
+
+    def _take(self):
+        snap = {"objects": {k: copy.deepcopy(o.state_dict()) for k, o in self._objects.items()},
+                "values": copy.deepcopy(self._values)}
+        object.__setattr__(self, "_snapshot", snap)
+
+    def _load(self, snap):
+        for k, sd in snap["objects"].items():
+            if k not in self._objects:
+                raise ElasticError(f"State.sync: rank 0's state has an object {k!r} this rank's "
+                                   "has not (every rank must build the same State)")
+            self._objects[k].load_state_dict(copy.deepcopy(sd))
+        self._values.clear()
+        self._values.update(copy.deepcopy(snap["values"]))
+
+    def commit(self):
+        """Record the state as a consistent point; every ``check_every`` commits, learn (all
+        ranks together) whether the membership changed, and if so re-form the group here."""
+        self._take()
+        object.__setattr__(self, "_commits", self._commits + 1)
+        ctx = _ctx
+        if ctx is not None and self._commits % max(1, int(self.check_every)) == 0:
+            ctx.check_generation()
+
+    def restore(self):
+        """Go back to the last commit."""
+        self._load(self._snapshot)
+
+    def sync(self, src=0):
+        """Every rank takes rank ``src``'s last commit (a broadcast of the snapshot)."""
+        import pyddp.distributed as dist
+
+        box = [self._snapshot if dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
+        object.__setattr__(self, "_snapshot", box[0])
+        self._load(box[0])
+
+
+# ---------------------------------------------------------------------------- membership
+
+_ctx = None  # the _Context of the running elastic.run
+
+
+def current_generation():
+    """(generation, rank, world size) of the running ``elastic.run``, or None outside it."""
+    c = _ctx
+    return None if c is None or c.gen is None else (c.gen, c.rank, c.size)
+
+
+def _recoverable(e):
+    from pyddp import _C
+
+    return isinstance(e, (_C.DistError, ConnectionError))
+
+
+class _Context:
+    """One worker's view of the launcher's membership (the store keys of the module docstring)."""
+
+    def __init__(self, backend, timeout):
+        from pyddp.distributed.store import TCPStore
+
+        self.id = os.environ[ENV_ID]
+        self.backend = backend
+        self.timeout = timeout
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = int(os.environ["MASTER_PORT"])
+        self.store = TCPStore(addr, port, None, False, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
+        self.gen = self.rank = self.size = None
+        self.next_gen = 0  # the first generation this worker may join
+
+    def _members(self, g):
+        return json.loads(self.store.get(_k_members(g)).decode())
+
+    def _newest(self):
+        return int(self.store.add(_K_GEN, 0))
+
+    def join(self, state):
+        """Join the first generation >= next_gen that lists this worker and that every member
+        reached (see _decide); initialise its group; make the state rank 0's."""
+        import pyddp.distributed as dist
+
+        self.store.set(f"elastic/ready/{self.id}", "1")
+        deadline = time.monotonic() + self.timeout
+        g = max(self.next_gen, 0)
+        while True:
+            self.store.wait([_k_members(g)], timedelta(seconds=max(1.0, deadline - time.monotonic())))
+            members = self._members(g)
+            if self.id not in members:
+                if self.store.check([f"elastic/dead/{self.id}"]):
+                    raise RemovedFromJob(f"worker {self.id} was declared dead by the launcher "
+                                         f"(generation {g} does not list it): it leaves the job")
+                g += 1  # a generation from before this worker was ready: the next one
+                continue
+            if self._decide(g, members, deadline):
+                break
+            g += 1
+        self.gen, self.rank, self.size = g, members.index(self.id), len(members)
+        self.next_gen = g + 1
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"elastic/g{g}", self.store),
+                                rank=self.rank, world_size=self.size,
+                                timeout=timedelta(seconds=self.timeout))
+        state.sync(0)
+
+    def _decide(self, g, members, deadline):
+        """Whether generation g goes ahead: every member arrived (the last to arrive says 'go'),
+        or a newer generation appeared first (anyone says 'off').  One compare_set decides, so
+        every member follows the same answer."""
+        key = f"elastic/g{g}/decision"
+        if int(self.store.add(f"elastic/g{g}/arrived", 1)) == len(members):
+            self.store.compare_set(key, "", "go")
+        while True:
+            if self.store.check([key]):
+                return self.store.get(key).decode() == "go"
+            if self._newest() > g:
+                self.store.compare_set(key, "", "off")
+                continue
+            if time.monotonic() > deadline:
+                raise ElasticError(f"generation {g}: not every member arrived within "
+                                   f"{self.timeout:.0f} s (members {members})")
+            time.sleep(0.01)
+
+    def check_generation(self):
+        """At a commit: rank 0 asks the store whether a newer generation exists and tells the
+        others (one broadcast), so every rank re-forms at the same commit."""
+        import pyddp.distributed as dist
+
+        flag = np.zeros(1, dtype=np.int64)
+        if self.rank == 0:
+            flag[0] = self._newest() > self.gen
+        dist.broadcast(flag, src=0)
+        if flag[0]:
+            raise _Reform()
+
+    def leave(self):
+        import pyddp.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a failed group: nothing more to say to its peers
+                pass
+
+    def report(self, e):
+        self.store.set(f"elastic/failed/{self.gen}/{self.id}", str(e)[:2000])
+
+
+def run(fn=None, *, backend="cpu", timeout=300.0):
+    """Decorator: run ``fn(state, ...)`` with recovery (see the module docstring).  Outside
+    ``pyddp-run --elastic`` (no membership to follow) it initialises the group from the
+    environment if needed and calls ``fn`` once, without recovery."""
+    if fn is None:
+        return functools.partial(run, backend=backend, timeout=timeout)
+
+    @functools.wraps(fn)
+    def wrapper(state, *args, **kwargs):
+        global _ctx
+        import pyddp.distributed as dist
+
+        if not isinstance(state, State):
+            raise TypeError(f"elastic.run: the first argument must be an elastic.State, got "
+                            f"{type(state).__name__}")
+        if ENV_ID not in os.environ:
+            if not dist.is_initialized():
+                dist.init_process_group(backend)
+            return fn(state, *args, **kwargs)
+        if dist.is_initialized():
+            raise ElasticError("elastic.run initialises the process group of each generation "
+                               "itself: do not call init_process_group before it")
+        ctx = _ctx = _Context(backend, timeout)
+        try:
+            while True:
+                ctx.join(state)
+                try:
+                    return fn(state, *args, **kwargs)
+                except _Reform:
+                    ctx.leave()  # every rank at the same commit: the state is that commit
+                except Exception as e:
+                    if not _recoverable(e):
+                        raise
+                    ctx.report(e)
+                    ctx.leave()
+                    state.restore()
+        finally:
+            _ctx = None
+            ctx.leave()
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------------- data
+
+class ElasticSampler:
+    """This rank's share of each global batch, read from ``state``: the epoch's permutation
+    (``seed + epoch``, or in order without ``shuffle``) cut into global batches of
+    ``batch_size``; batch ``state.batch`` onward, each split over the current ranks as evenly as
+    possible (the first ranks take one more).  After a re-form the rest of the epoch is dealt
+    to the new ranks: every sample of the epoch is seen once.  Iterating yields arrays of sample
+    indices; the caller advances ``state.batch`` and commits."""
+
+    def __init__(self, num_samples, state, batch_size, shuffle=True, seed=0, drop_last=False):
+        if num_samples < 0 or batch_size < 1:
+            raise ValueError("ElasticSampler: num_samples must be >= 0 and batch_size >= 1")
+        self.num_samples, self.state, self.batch_size = int(num_samples), state, int(batch_size)
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+
+    def _order(self):
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng(self.seed + int(self.state.epoch)).permutation(
+            self.num_samples)
+
+    def __len__(self):
+        n, b = self.num_samples, self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def __iter__(self):
+        import pyddp.distributed as dist
+
+        order = self._order()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        while self.state.batch < len(self):
+            start = int(self.state.batch) * self.batch_size
+            batch = order[start:start + self.batch_size]
+            yield np.array_split(batch, size)[rank]

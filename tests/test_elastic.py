@@ -1,0 +1,165 @@
+"""In-process recovery (pyddp.elastic under pyddp-run --elastic): workers killed mid-training, the
+job finishes with the same parameters as a fault-free run and every sample seen once per epoch."""
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pyddp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
+SCRIPT = os.path.join(HERE, "_elastic_train.py")
+EPOCHS, N = 3, 120
+
+
+def launch(nproc, *opts, kill="", pause=0.0, timeout=180):
+    env = dict(os.environ, ELASTIC_KILL=kill, ELASTIC_STEP_SLEEP=str(pause),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYDDP_SECRET", None)
+    cmd = [sys.executable, "-m", "pyddp.run", "--elastic", "--standalone", "--nproc-per-node",
+           str(nproc), *opts, SCRIPT]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"id"')]
+    killed = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"killed"')]
+    return p, results, killed
+
+
+@pytest.fixture(scope="module")
+def fault_free():
+    p, res, _ = launch(4)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert len(res) == 4
+    return res[0]["w"]
+
+
+def _check(res, ref, steps=EPOCHS * N // 12):
+    for r in res:
+        assert r["w"] == ref  # bit-equal: integer gradient sums, the same global batches
+        assert r["steps"] == steps  # no step lost beyond the rolled-back ones
+        assert r["seen"] == [EPOCHS] * N  # every sample once per epoch in the committed history
+
+
+def test_fault_free_run_agrees_on_every_rank(fault_free):
+    assert len(fault_free) == 5 and any(fault_free)
+
+
+def test_killed_workers_are_restarted_and_rejoin_at_the_next_commit(fault_free):
+    # 0.25 s a step: the replacements (a fresh interpreter each) are ready before the end
+    p, res, killed = launch(4, "--max-restarts", "2", kill="4:1,8:2", pause=0.25)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [k["killed"] for k in killed] == ["1", "2"]
+    assert p.stderr.count("restarted it") == 2, p.stderr
+    assert sorted(r["id"] for r in res) == ["0", "3", "4", "5"]  # 4 and 5: the replacements
+    _check(res, fault_free)
+    survivor = next(r for r in res if r["id"] == "0")
+    gens = [e[0][0] for e in survivor["entries"]]
+    assert gens[0] == 0 and len(gens) >= 3 and gens == sorted(gens), survivor["entries"]
+    joiner = next(r for r in res if r["id"] == "4")
+    assert joiner["entries"][0][1] >= 4  # it started from a peer's commit, not from step 0
+    assert joiner["entries"][0][0][2] == 4  # in a generation with the survivors
+
+
+def test_the_job_goes_on_without_restarts_and_without_rank_0(fault_free):
+    p, res, killed = launch(3, "--max-restarts", "0", kill="7:0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "no restart left" in p.stderr and "goes on with 2" in p.stderr
+    assert sorted(r["id"] for r in res) == ["1", "2"]
+    _check(res, fault_free)
+
+
+def test_below_min_nproc_the_job_fails_with_the_summary():
+    p, res, _ = launch(2, "--max-restarts", "0", "--min-nproc", "2", kill="5:1")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "SIGKILL" in p.stderr
+
+
+def test_a_worker_declared_dead_is_refused(monkeypatch):
+    import pyddp.distributed as dist
+    import pyddp.elastic as elastic
+
+    monkeypatch.setenv("PYDDP_SECRET", "s3cret")
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    server.set("elastic/members/0", json.dumps(["0", "1"]))
+    server.set("elastic/dead/7", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv(elastic.ENV_ID, "7")
+    state = elastic.State(x=1)
+    called = []
+    with pytest.raises(elastic.RemovedFromJob, match="worker 7 was declared dead"):
+        elastic.run(timeout=10)(lambda s: called.append(1))(state)
+    assert called == [] and not dist.is_initialized()
+
+
+def test_state_commit_restore_and_bad_arguments():
+    import pyddp.elastic as elastic
+
+    class Obj:
+        def __init__(self):
+            self.v = [1]
+
+        def state_dict(self):
+            return {"v": self.v}
+
+        def load_state_dict(self, sd):
+            self.v = sd["v"]
+
+    s = elastic.State(o=Obj(), epoch=0)
+    s.o.v.append(2)
+    s.epoch = 3
+    s.restore()  # back to the state at construction (deep copies)
+    assert s.o.v == [1] and s.epoch == 0
+    s.epoch = 5
+    s.commit()
+    s.epoch = 6
+    s.restore()
+    assert s.epoch == 5
+    with pytest.raises(AttributeError, match="no item 'nope'"):
+        s.nope
+    with pytest.raises(TypeError, match="must be an elastic.State"):
+        elastic.run(lambda st: None)(object())
+    with pytest.raises(ValueError, match="batch_size >= 1"):
+        elastic.ElasticSampler(10, s, batch_size=0)
+
+
+def test_sampler_deals_the_rest_of_the_epoch_to_the_current_ranks():
+    import pyddp.distributed as dist
+    import pyddp.elastic as elastic
+
+    s = elastic.State(epoch=1, batch=0)
+    for size in (1,):
+        dist.init_process_group("cpu", store=dist.HashStore(), rank=0, world_size=size,
+                                timeout=timedelta(seconds=10))
+        try:
+            smp = elastic.ElasticSampler(25, s, batch_size=10, seed=4)
+            out = []
+            for idx in smp:
+                out.append(idx)
+                s.batch += 1
+            assert len(smp) == 3 and [len(x) for x in out] == [10, 10, 5]
+            assert np.array_equal(np.sort(np.concatenate(out)), np.arange(25))
+            assert np.array_equal(np.concatenate(out), np.random.default_rng(5).permutation(25))
+        finally:
+            dist.destroy_process_group()
+
+
+def test_options_refuse_what_elastic_does_not_cover(capsys):
+    from pyddp import run
+
+    def config(argv):
+        return run.config_from_args(run.parse_args(argv))
+
+    with pytest.raises(SystemExit):
+        config(["--elastic", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                SCRIPT])
+    assert "in-process recovery runs on one node" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config(["--elastic", "--nproc-per-node", "2", "--min-nproc", "3", SCRIPT])
+    assert "--min-nproc: 3 is more than --nproc-per-node 2" in capsys.readouterr().err
+    cfg = config(["--elastic", "--nproc-per-node", "2", "--min-nproc", "2", SCRIPT])
+    assert cfg.elastic and cfg.min_nproc == 2
