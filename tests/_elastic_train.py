@@ -18,6 +18,14 @@ N, B, EPOCHS, DIM = 120, 12, 3, 5
 data = (np.arange(N * DIM, dtype=np.float64).reshape(N, DIM) % 7) - 3
 kills = dict((int(s), i) for s, i in (x.split(":") for x in os.environ.get("ELASTIC_KILL", "").split(",") if x))
 me = os.environ.get("PYDDP_ELASTIC_ID")
+OUT = os.environ.get("ELASTIC_OUT")  # a directory: one JSON file per record (not the shared stdout)
+
+
+def emit(obj):
+    with open(os.path.join(OUT, f"{os.getpid()}-{time.time_ns()}.json"), "w") as f:
+        json.dump(obj, f)
+
+
 pause = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))  # seconds per step: time for a joiner
 
 
@@ -52,7 +60,7 @@ def train(state):
             state.steps += 1
             time.sleep(pause)
             if kills.get(state.steps) == me:
-                print(json.dumps({"killed": me, "at": time.time()}), flush=True)
+                emit({"killed": me, "at": time.time()})
                 os.kill(os.getpid(), signal.SIGKILL)
             state.commit()
         state.epoch += 1
@@ -62,6 +70,6 @@ def train(state):
 
 
 w = train(state)
-print(json.dumps({"id": me, "w": w.tolist(), "steps": state.steps, "seen": state.seen.tolist(),
-                  "entries": [[e[0], e[1], e[2]] for e in entries]}), flush=True)
+emit({"id": me, "w": w.tolist(), "steps": state.steps, "seen": state.seen.tolist(),
+      "entries": [[e[0], e[1], e[2]] for e in entries]})
 sys.exit(0)

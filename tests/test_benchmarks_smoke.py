@@ -287,3 +287,19 @@ def test_mpi_overhead_quick_table():
                      proc.stdout, re.M), out
     assert re.search(r"^target at most 5% slower from 64 KiB: worst [0-9.]+x at 64 KiB -> "
                      r"(met|NOT met)$", proc.stdout, re.M), out
+
+
+def test_elastic_quick_table():
+    """benchmarks/elastic.py, tiny: plain, elastic, a killed worker recovered in the process and
+    the restart-from-checkpoint comparison, every column filled."""
+    script = os.path.join(ROOT, "benchmarks", "elastic.py")
+    proc = subprocess.run([sys.executable, script, "--nproc", "2", "--rounds", "1", "--steps", "12",
+                           "--params", "10K", "--timeout", "120"],
+                          cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    row = re.search(r"^\| 2 \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9]+) \| ([0-9]+) \| "
+                    r"([0-9.]+)x \|$", proc.stdout, re.M)
+    assert row, out
+    assert all(float(x) > 0 for x in row.groups()), out

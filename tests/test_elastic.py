@@ -2,8 +2,10 @@
 job finishes with the same parameters as a fault-free run and every sample seen once per epoch."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from datetime import timedelta
 
 import numpy as np
@@ -18,14 +20,20 @@ EPOCHS, N = 3, 120
 
 
 def launch(nproc, *opts, kill="", pause=0.0, timeout=180):
-    env = dict(os.environ, ELASTIC_KILL=kill, ELASTIC_STEP_SLEEP=str(pause),
+    out = tempfile.mkdtemp(prefix="pyddp-elastic-test-")
+    env = dict(os.environ, ELASTIC_KILL=kill, ELASTIC_STEP_SLEEP=str(pause), ELASTIC_OUT=out,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYDDP_SECRET", None)
     cmd = [sys.executable, "-m", "pyddp.run", "--elastic", "--standalone", "--nproc-per-node",
            str(nproc), *opts, SCRIPT]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"id"')]
-    killed = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"killed"')]
+    records = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            records.append(json.load(f))
+    shutil.rmtree(out, ignore_errors=True)
+    results = [r for r in records if "id" in r]
+    killed = sorted((r for r in records if "killed" in r), key=lambda r: r["at"])
     return p, results, killed
 
 

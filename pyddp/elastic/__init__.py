@@ -54,6 +54,7 @@ __all__ = ["State", "run", "ElasticSampler", "ElasticError", "RemovedFromJob", "
 
 ENV_ID = "PYDDP_ELASTIC_ID"  # the worker's id in the launcher's membership lists
 _K_GEN = "elastic/gen"  # add(_K_GEN, 0): the newest generation
+POLL_S = 0.05  # rank 0 asks the launcher's store for a newer generation at most this often
 
 
 def _k_members(g):
@@ -74,6 +75,31 @@ class _Reform(BaseException):
 
 
 # ----------------------------------------------------------------------------------- State
+
+def _copy(src, old=None):
+    """A deep copy of ``src`` (dicts, lists, tuples, NumPy arrays, torch tensors, anything
+    ``copy.deepcopy`` takes), writing arrays into those of ``old`` (the previous snapshot) where
+    shape and dtype match: a commit then allocates nothing for the model and optimizer."""
+    if isinstance(src, np.ndarray):
+        if isinstance(old, np.ndarray) and old.shape == src.shape and old.dtype == src.dtype:
+            np.copyto(old, src)
+            return old
+        return src.copy()
+    if isinstance(src, dict):
+        o = old if isinstance(old, dict) else {}
+        return {k: _copy(v, o.get(k)) for k, v in src.items()}
+    if isinstance(src, (list, tuple)) and type(src) in (list, tuple):
+        o = old if isinstance(old, (list, tuple)) and len(old) == len(src) else [None] * len(src)
+        return type(src)(_copy(v, ov) for v, ov in zip(src, o))
+    if type(src).__name__ == "Tensor" and hasattr(src, "detach") and hasattr(src, "copy_"):
+        t = src.detach()
+        if (old is not None and type(old) is type(src) and old.shape == t.shape
+                and old.dtype == t.dtype and old.device == t.device):
+            old.copy_(t)
+            return old
+        return t.clone()
+    return copy.deepcopy(src)
+
 
 class State:
     """What a training loop needs to go on after a failure: objects with ``state_dict`` /
@@ -111,8 +137,10 @@ class State:
             self._values[name] = value
 
     def _take(self):
-        snap = {"objects": {k: copy.deepcopy(o.state_dict()) for k, o in self._objects.items()},
-                "values": copy.deepcopy(self._values)}
+        old = self._snapshot or {"objects": {}, "values": {}}
+        snap = {"objects": {k: _copy(o.state_dict(), old["objects"].get(k))
+                            for k, o in self._objects.items()},
+                "values": _copy(self._values, old["values"])}
         object.__setattr__(self, "_snapshot", snap)
 
     def _load(self, snap):
@@ -179,6 +207,8 @@ class _Context:
                               wait_for_workers=False)
         self.gen = self.rank = self.size = None
         self.next_gen = 0  # the first generation this worker may join
+        self._flag = np.zeros(1, dtype=np.int64)  # rank 0's verdict: a newer generation exists
+        self._polled = 0.0
 
     def _members(self, g):
         return json.loads(self.store.get(_k_members(g)).decode())
@@ -207,6 +237,7 @@ class _Context:
                 break
             g += 1
         self.gen, self.rank, self.size = g, members.index(self.id), len(members)
+        self._flag[0] = 0
         self.next_gen = g + 1
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"elastic/g{g}", self.store),
                                 rank=self.rank, world_size=self.size,
@@ -236,9 +267,14 @@ class _Context:
         others (one broadcast), so every rank re-forms at the same commit."""
         import pyddp.distributed as dist
 
-        flag = np.zeros(1, dtype=np.int64)
+        flag = self._flag
         if self.rank == 0:
-            flag[0] = self._newest() > self.gen
+            now = time.monotonic()
+            # the store at most every POLL_S (a round trip to the launcher), the verdict at
+            # every check (one 8-byte broadcast), so every rank re-forms at the same commit
+            if now - self._polled >= POLL_S:
+                self._polled = now
+                flag[0] = self._newest() > self.gen
         dist.broadcast(flag, src=0)
         if flag[0]:
             raise _Reform()
