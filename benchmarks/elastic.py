@@ -194,8 +194,8 @@ def main(argv=None):
                          f"{statistics.median(rst) / statistics.median(rec):.1f}x"
                          if rec and rst else "-"])
     print(_report.block(
-        f"Elastic recovery, {args.params:,} float32 gradients a step, {args.steps} steps, median of "
-        f"{args.rounds} runs",
+        f"Elastic recovery, {args.params:,} float32 gradients a step, {args.steps} steps, "
+        f"median of {args.rounds} runs",
         ["ranks", "step ms (plain)", "step ms (elastic, commit each step)", "/ plain",
          "recovery ms (elastic)", "recovery ms (restart + checkpoint)", "restart / elastic"],
         rows, notes=["recovery: from the SIGKILL of one worker to the end of the first step after "

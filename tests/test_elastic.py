@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -171,3 +172,18 @@ def test_options_refuse_what_elastic_does_not_cover(capsys):
     assert "--min-nproc: 3 is more than --nproc-per-node 2" in capsys.readouterr().err
     cfg = config(["--elastic", "--nproc-per-node", "2", "--min-nproc", "2", SCRIPT])
     assert cfg.elastic and cfg.min_nproc == 2
+
+
+def test_no_generation_from_the_launcher_is_an_error_not_a_wait(monkeypatch):
+    import pyddp.distributed as dist
+    import pyddp.elastic as elastic
+
+    monkeypatch.setenv("PYDDP_SECRET", "s3cret")
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv(elastic.ENV_ID, "0")
+    t0 = time.monotonic()
+    with pytest.raises(elastic.ElasticError, match="no generation 0 from the launcher within 2 s"):
+        elastic.run(timeout=2)(lambda s: None)(elastic.State())
+    assert time.monotonic() - t0 < 30

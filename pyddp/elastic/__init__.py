@@ -186,6 +186,12 @@ def current_generation():
     return None if c is None or c.gen is None else (c.gen, c.rank, c.size)
 
 
+def _store_errors():
+    from pyddp import _C
+
+    return (_C.DistError, OSError)
+
+
 def _recoverable(e):
     from pyddp import _C
 
@@ -225,7 +231,12 @@ class _Context:
         deadline = time.monotonic() + self.timeout
         g = max(self.next_gen, 0)
         while True:
-            self.store.wait([_k_members(g)], timedelta(seconds=max(1.0, deadline - time.monotonic())))
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                self.store.wait([_k_members(g)], timedelta(seconds=left))
+            except _store_errors() as e:  # not a peer's failure: no generation came
+                raise ElasticError(f"no generation {g} from the launcher within "
+                                   f"{self.timeout:.0f} s (joined: {self.gen}): {e}") from None
             members = self._members(g)
             if self.id not in members:
                 if self.store.check([f"elastic/dead/{self.id}"]):
