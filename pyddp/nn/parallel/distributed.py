@@ -263,8 +263,26 @@ class _DDPCore:
         limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
         self._build_buckets(_assign_buckets(range(n - 1, -1, -1), [a.nbytes for a in self._arrays],
                                             [a.dtype for a in self._arrays], limits))
+        # One DDP per module at a time: a new wrapper of the same module (pyddp.elastic wraps it
+        # again in each generation's group) takes the gradient hooks over from the previous one,
+        # whose group may be gone; two sets of hooks would mark every parameter ready twice.
+        # (A weak table, not an attribute: the module still pickles.)
+        try:
+            prev = _WRAPPERS.get(module)
+            _WRAPPERS[module] = weakref.ref(self)
+        except TypeError:  # a module that cannot be weakly referenced: no takeover
+            prev = None
+        prev = prev() if prev is not None else None
+        if prev is not None and prev is not self:
+            prev._detach_hooks()
         self._hook_handles = [ad.post_accumulate_hook(p, self._make_hook(i))
                               for i, p in enumerate(self._params)]
+
+    def _detach_hooks(self):
+        """Remove this wrapper's gradient hooks (a newer DDP of the same module replaced it)."""
+        for h in getattr(self, "_hook_handles", ()):
+            h.remove()
+        self._hook_handles = []
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -775,6 +793,9 @@ class _DDPCore:
         dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
         self._sync_params_and_buffers(int(who[0]))
         self._div = float(self._world)
+
+
+_WRAPPERS = weakref.WeakKeyDictionary()  # module -> weakref to its current DDP
 
 
 def _register_joinable():
