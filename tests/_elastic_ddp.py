@@ -46,7 +46,7 @@ def train(state):
             opt.step()
             state.batch += 1
             state.steps += 1
-            if kill and state.steps == 9 and me == "1":
+            if kill and state.steps == 9 and me == "0.1.1":
                 os.kill(os.getpid(), signal.SIGKILL)
             if dist.get_world_size() < 3:
                 time.sleep(pause)  # slow until the replacement (a fresh interpreter) joins

@@ -2,7 +2,8 @@
 batch dealt by ElasticSampler, one all_reduce per step.  Gradient sums of integers are exact, so
 any membership gives the same bits as a fault-free run with the same sample order.
 
-ELASTIC_KILL="8:1,20:2": at step 8 the worker with id 1 kills itself (SIGKILL), at step 20 id 2."""
+ELASTIC_KILL="8:1,20:2": at step 8 the first worker of local rank 1 kills itself (SIGKILL), at step
+20 that of local rank 2."""
 import json
 import os
 import signal
@@ -16,7 +17,9 @@ import pyddp.elastic as elastic
 
 N, B, EPOCHS, DIM = 120, 12, 3, 5
 data = (np.arange(N * DIM, dtype=np.float64).reshape(N, DIM) % 7) - 3
-kills = dict((int(s), i) for s, i in (x.split(":") for x in os.environ.get("ELASTIC_KILL", "").split(",") if x))
+# step -> the id of the first worker of that local rank on node 0 ("0.<local rank>.<local rank>")
+kills = dict((int(s), f"0.{i}.{i}")
+             for s, i in (x.split(":") for x in os.environ.get("ELASTIC_KILL", "").split(",") if x))
 me = os.environ.get("PYDDP_ELASTIC_ID")
 OUT = os.environ.get("ELASTIC_OUT")  # a directory: one JSON file per record (not the shared stdout)
 

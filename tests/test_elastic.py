@@ -61,14 +61,15 @@ def test_killed_workers_are_restarted_and_rejoin_at_the_next_commit(fault_free):
     # 0.25 s a step: the replacements (a fresh interpreter each) are ready before the end
     p, res, killed = launch(4, "--max-restarts", "2", kill="4:1,8:2", pause=0.25)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert [k["killed"] for k in killed] == ["1", "2"]
+    assert [k["killed"] for k in killed] == ["0.1.1", "0.2.2"]
     assert p.stderr.count("restarted it") == 2, p.stderr
-    assert sorted(r["id"] for r in res) == ["0", "3", "4", "5"]  # 4 and 5: the replacements
+    # node 0's workers: <node>.<local rank>.<spawn>; spawns 4 and 5 are the replacements
+    assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.4", "0.2.5", "0.3.3"]
     _check(res, fault_free)
-    survivor = next(r for r in res if r["id"] == "0")
+    survivor = next(r for r in res if r["id"] == "0.0.0")
     gens = [e[0][0] for e in survivor["entries"]]
     assert gens[0] == 0 and len(gens) >= 3 and gens == sorted(gens), survivor["entries"]
-    joiner = next(r for r in res if r["id"] == "4")
+    joiner = next(r for r in res if r["id"] == "0.1.4")
     assert joiner["entries"][0][1] >= 4  # it started from a peer's commit, not from step 0
     assert joiner["entries"][0][0][2] == 4  # in a generation with the survivors
 
@@ -76,8 +77,8 @@ def test_killed_workers_are_restarted_and_rejoin_at_the_next_commit(fault_free):
 def test_the_job_goes_on_without_restarts_and_without_rank_0(fault_free):
     p, res, killed = launch(3, "--max-restarts", "0", kill="7:0")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "no restart left" in p.stderr and "goes on with 2" in p.stderr
-    assert sorted(r["id"] for r in res) == ["1", "2"]
+    assert "no restart left" in p.stderr and "generation 1: 2 workers" in p.stderr
+    assert sorted(r["id"] for r in res) == ["0.1.1", "0.2.2"]
     _check(res, fault_free)
 
 
@@ -164,9 +165,13 @@ def test_options_refuse_what_elastic_does_not_cover(capsys):
         return run.config_from_args(run.parse_args(argv))
 
     with pytest.raises(SystemExit):
-        config(["--elastic", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-                SCRIPT])
-    assert "in-process recovery runs on one node" in capsys.readouterr().err
+        config(["--nnodes", "1:2", "--master-addr", "127.0.0.1", SCRIPT])
+    assert "a range (1:2) needs --elastic" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config(["--elastic", "--nnodes", "3:2", "--master-addr", "127.0.0.1", SCRIPT])
+    assert "MAX is below MIN" in capsys.readouterr().err
+    cfg = config(["--elastic", "--nnodes", "1:3", "--master-addr", "127.0.0.1", SCRIPT])
+    assert (cfg.nnodes, cfg.max_nodes, cfg.node_rank) == (1, 3, 0)
     with pytest.raises(SystemExit):
         config(["--elastic", "--nproc-per-node", "2", "--min-nproc", "3", SCRIPT])
     assert "--min-nproc: 3 is more than --nproc-per-node 2" in capsys.readouterr().err
@@ -202,7 +207,7 @@ def test_ddp_models_recover_and_end_close_to_a_fault_free_run(framework):
     p, res, _ = launch(3, "--max-restarts", "1", kill="1", pause=0.5, script=script, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "restarted it" in p.stderr
-    assert sorted(r["id"] for r in res) == ["0", "2", "3"]
+    assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.3", "0.2.2"]
     for r in res:
         assert r["steps"] == 32
         assert r["params"] == res[0]["params"]  # every rank the same bits
@@ -232,3 +237,79 @@ def test_a_second_ddp_of_a_module_takes_the_hooks_over():
         pickle.dumps(model)
     finally:
         dist.destroy_process_group()
+
+
+def _agents(specs, kill_after=None, timeout=180):
+    """Start one pyddp-run --elastic agent per spec (delay s, nproc, extra options) against one
+    rendezvous endpoint; kill_after: (index, seconds) SIGKILLs that agent (and so its workers).
+    Returns (the agents' (returncode, stderr), the workers' records)."""
+    import socket as _socket
+    import time as _time
+
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mkdtemp(prefix="pyddp-elastic-nodes-")
+    env = dict(os.environ, ELASTIC_KILL="", ELASTIC_STEP_SLEEP="0.2", ELASTIC_OUT=out,
+               PYDDP_SECRET="elastic-test-secret", PYDDP_ELASTIC_LAST_CALL="0.5",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = []
+    t0 = _time.monotonic()
+    for delay, nproc, opts in specs:
+        while _time.monotonic() - t0 < delay:
+            _time.sleep(0.05)
+        cmd = [sys.executable, "-m", "pyddp.run", "--elastic", "--nnodes", "1:3",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", str(nproc), *opts,
+               SCRIPT]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        if kill_after is not None and kill_after[0] == len(procs) - 1:
+            killer = (procs[-1], _time.monotonic() + kill_after[1])
+    if kill_after is not None:
+        p, when = killer
+        while _time.monotonic() < when:
+            _time.sleep(0.05)
+        p.kill()
+    results = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        results.append((p.returncode, err))
+    records = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            records.append(json.load(f))
+    shutil.rmtree(out, ignore_errors=True)
+    return results, [r for r in records if "id" in r]
+
+
+def test_a_node_that_arrives_late_is_admitted_at_a_commit(fault_free):
+    agents, res = _agents([(0, 2, []), (1.0, 2, [])])
+    assert [rc for rc, _ in agents] == [0, 0], agents
+    assert "elastic job started: 1 node(s), 2 workers" in agents[0][1]
+    assert "4 workers on 2 node(s)" in agents[0][1], agents[0][1]
+    assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.1", "1.0.0", "1.1.1"]
+    _check(res, fault_free)
+    late = next(r for r in res if r["id"] == "1.0.0")
+    assert late["entries"][0][1] > 0  # it got the running job's state, not step 0
+
+
+def test_a_lost_node_costs_the_steps_since_the_commit_not_the_job(fault_free):
+    # node 1 (its agent, then its workers by the parent-death signal) is SIGKILLed mid-training
+    agents, res = _agents([(0, 2, []), (0.5, 2, [])], kill_after=(1, 2.5))
+    assert agents[0][0] == 0, agents[0][1]
+    assert "2 workers on 1 node(s)" in agents[0][1], agents[0][1]
+    assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.1"]
+    _check(res, fault_free)
+
+
+def test_a_node_past_max_is_refused():
+    agents, _ = _agents([(0, 1, []), (0.3, 1, []), (0.6, 1, []), (0.9, 1, [])])
+    codes = sorted(rc for rc, _ in agents)
+    assert codes == [0, 0, 0, 2], agents
+    refused = next(err for rc, err in agents if rc == 2)
+    assert "the job already has 3 nodes" in refused

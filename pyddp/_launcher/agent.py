@@ -153,7 +153,9 @@ class Agent:
         try:
             with self._signal_handling():
                 if cfg.elastic:
-                    return self._run_elastic(port, secret, omp, logs)
+                    from .elastic_agent import ElasticNode
+
+                    return ElasticNode(self, port, secret, omp, logs).run()
                 restart = 0
                 while True:
                     failures = self._attempt(restart, port, secret, omp, logs)
@@ -199,7 +201,7 @@ class Agent:
         s = os.environ.get("PYDDP_SECRET")
         if s:
             return s
-        if self.cfg.nnodes > 1:
+        if max(self.cfg.nnodes, self.cfg.max_nodes) > 1:
             raise LaunchError(
                 f"--nnodes {self.cfg.nnodes}: every node of the job must use the same PYDDP_SECRET (pyddp's "
                 "ranks and rendezvous store authenticate with it), and none is set. Create one once, e.g.\n"
@@ -325,133 +327,6 @@ class Agent:
                 self._guardian.forget(w.pid)
                 _remove_if_empty(os.path.join(os.path.dirname(w.error_file), "fault.txt"))
             pump.close()
-
-    # ------------------------------------------------------------ elastic (pyddp.elastic)
-
-    def _run_elastic(self, port, secret, omp, logs) -> int:
-        """--elastic: the agent hosts the job's store and its membership (pyddp.elastic's keys:
-        generation n lists its workers' ids); a worker that dies is dropped from the next
-        generation at once and restarted while --max-restarts allows; the new worker is added
-        to a generation once it is ready, and the survivors re-form at their next commit."""
-        import json
-
-        from ..distributed.store import TCPStore
-        from ..elastic import ENV_ID
-
-        cfg = self.cfg
-        self._check_port(port)
-        os.environ["PYDDP_SECRET"] = secret  # the store authenticates its clients with it
-        store = TCPStore(cfg.master_addr, port, None, True, wait_for_workers=False)
-        pump = OutputPump()
-        if self._wakeup is not None:
-            pump.add_wakeup(self._wakeup)
-        workers = {}   # id -> running Worker
-        pending = []   # ids started but not yet in a generation
-        failures: List[Failure] = []
-        finished = []  # ids that exited 0
-        state = {"next_id": 0, "gen": 0, "restarts": 0}
-
-        def spawn(local_rank, restart):
-            wid = str(state["next_id"])
-            state["next_id"] += 1
-            d = logs.rank_dir(restart, local_rank)
-            err = os.path.join(d, "error.json")
-            env = worker_env(cfg, local_rank, restart, port, secret, err, omp)
-            env[ENV_ID] = wid
-            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-            w = Worker(local_rank, local_rank, worker_argv(cfg, local_rank), env, err)
-            workers[wid] = w
-            try:
-                self._start(w, d, pump)
-            except OSError as e:
-                raise LaunchError(f"cannot start worker {local_rank}: {e}") from None
-            self._guardian.watch(w.pid)
-            return wid
-
-        def post(members):
-            g = state["gen"]
-            store.set(f"elastic/members/{g}", json.dumps(members))
-            if g:
-                store.add("elastic/gen", 1)
-
-        try:
-            members = [spawn(lr, 0) for lr in range(cfg.nproc_per_node)]
-            post(members)
-            while workers:
-                pump.pump(cfg.monitor_interval)
-                if self._signum is not None:
-                    self._stop(list(workers.values()), pump, self._signum)
-                    self.note(f"received {signal_name(self._signum)}: stopped all workers")
-                    raise LauncherInterrupted(self._signum)
-                now = time.time()
-                changed = False
-                for wid, w in list(workers.items()):
-                    rc = w.poll(now)
-                    if rc is None:
-                        continue
-                    del workers[wid]
-                    self._guardian.forget(w.pid)
-                    if wid in pending:
-                        pending.remove(wid)
-                    if rc == 0:
-                        finished.append(wid)  # done with its work
-                        continue
-                    failures.append(read_failure(w, logs.keep))
-                    store.set(f"elastic/dead/{wid}", "1")
-                    if wid in members:
-                        members.remove(wid)
-                        changed = True
-                    if state["restarts"] < cfg.max_restarts:
-                        state["restarts"] += 1
-                        nid = spawn(w.local_rank, state["restarts"])
-                        pending.append(nid)
-                        self.note(f"worker {w.local_rank} failed ({describe_exit(rc)}); restarted it "
-                                  f"(restart {state['restarts']} of {cfg.max_restarts}): it joins "
-                                  "at the survivors' next commit")
-                    else:
-                        self.note(f"worker {w.local_rank} failed ({describe_exit(rc)}); no restart "
-                                  f"left (--max-restarts {cfg.max_restarts}): the job goes on "
-                                  f"with {len(members)}")
-                # the state lives in the members: a generation starts from one of them (rank 0
-                # is the first survivor), so a worker can join only while one runs
-                alive = [m for m in members if m in workers]
-                if not alive:
-                    if finished:
-                        # the survivors finished the job: workers still starting have nothing
-                        # left to do
-                        self._stop(list(workers.values()), pump, signal.SIGTERM)
-                        workers.clear()
-                        members = finished
-                        break
-                    self.note("every worker holding the training state failed: nothing to "
-                              "recover from in memory")
-                    self._stop(list(workers.values()), pump, signal.SIGTERM)
-                    members = []
-                    break
-                for wid in list(pending):
-                    if store.check([f"elastic/ready/{wid}"]):
-                        pending.remove(wid)
-                        alive.append(wid)
-                        changed = True
-                if changed:
-                    members = alive
-                    if len(members) + len(pending) < cfg.min_nproc:
-                        self._stop(list(workers.values()), pump, signal.SIGTERM)
-                        break
-                    state["gen"] += 1
-                    post(members)
-            live_failed = [f for f in failures]
-            if not members or len(members) + len(pending) < cfg.min_nproc:
-                sys.stdout.flush()
-                print(format_summary(cfg.target, first_failure_order(live_failed), self.host,
-                                     state["restarts"], cfg.max_restarts),
-                      file=sys.stderr, flush=True)
-                return 1
-            return 0
-        finally:
-            self._stop(list(workers.values()), pump, signal.SIGTERM)
-            pump.close()
-            store = None
 
     def _monitor(self, workers, pump) -> List[Worker]:
         """Wait for the end: every worker exited 0 ([]), or some failed (them), or a signal ([])."""

@@ -47,6 +47,7 @@ class LaunchConfig:
     timeline: Optional[str] = None  # --timeline DIR: per-rank traces there, merged at the end
     elastic: bool = False          # --elastic: in-process recovery (pyddp.elastic), the agent's store
     min_nproc: int = 1             # --elastic: fewest workers the job goes on with
+    max_nodes: int = 0             # --nnodes MIN:MAX: MAX (0: as nnodes)
 
     @property
     def world_size(self) -> int:
@@ -164,26 +165,42 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _nnodes(parser, value):
+def _nnodes(parser, value, elastic=False):
+    """(MIN, MAX) nodes: 'N' or 'MIN:MAX' (a range needs --elastic)."""
     s = str(value).strip()
     if ":" in s:
         lo, _, hi = s.partition(":")
         lo = _int(parser, "--nnodes", lo, 1)
         hi = _int(parser, "--nnodes", hi, 1)
-        if lo != hi:
-            parser.error(f"argument --nnodes: elastic ranges ({s}) are not supported by pyddp's static "
-                         f"rendezvous; give a fixed number of nodes, e.g. --nnodes {hi}")
-        return lo
-    return _int(parser, "--nnodes", s, 1)
+        if hi < lo:
+            parser.error(f"argument --nnodes: {s}: MAX is below MIN")
+        if lo != hi and not elastic:
+            parser.error(f"argument --nnodes: a range ({s}) needs --elastic: nodes then join and leave "
+                         "a running job, whose workers use pyddp.elastic (see docs/elastic.md); "
+                         f"without it give a fixed number of nodes, e.g. --nnodes {hi}")
+        return lo, hi
+    n = _int(parser, "--nnodes", s, 1)
+    return n, n
+
+
+def _gpu_count():
+    from .. import cuda
+
+    return cuda.device_count()
 
 
 def _nproc(parser, value):
     s = str(value).strip().lower()
-    if s in ("auto", "cpu"):
+    if s == "cpu":
         return cpu_count()
-    if s == "gpu":
-        parser.error("argument --nproc-per-node: 'gpu' needs CUDA devices, which pyddp's launcher does "
-                     "not count; use an integer or 'auto' (the CPU count)")
+    if s in ("gpu", "auto"):
+        # torchrun: 'gpu' counts the CUDA devices; 'auto' counts them too where there are any,
+        # else the CPUs
+        n = _gpu_count()
+        if n == 0 and s == "gpu":
+            parser.error("argument --nproc-per-node: 'gpu': no CUDA device is visible here "
+                         "(CUDA_VISIBLE_DEVICES, driver); use an integer or 'cpu'")
+        return n or cpu_count()
     try:
         n = int(s)
     except ValueError:
@@ -248,13 +265,15 @@ def _endpoint(parser, value):
 
 def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
     """Check every option and turn the namespace into a LaunchConfig (parser.error on bad input)."""
-    nnodes = _nnodes(parser, args.nnodes)
+    nnodes, max_nodes = _nnodes(parser, args.nnodes, args.elastic)
     nproc = _nproc(parser, args.nproc_per_node)
     backend = str(args.rdzv_backend).strip().lower()
     if backend not in ("static", "c10d"):
         parser.error(f"argument --rdzv-backend: {args.rdzv_backend!r} is not supported; pyddp's rendezvous "
                      "is static (rank 0 hosts the store at the master address): use 'static' or 'c10d'")
-    if args.node_rank is None:
+    if args.elastic and max_nodes > 1:
+        node_rank = 0  # numbered by the job's store as the nodes arrive
+    elif args.node_rank is None:
         if nnodes > 1 and backend == "c10d":
             parser.error("argument --node-rank: torchrun's c10d rendezvous numbers the nodes itself, pyddp's "
                          "static rendezvous does not: give every node its --node-rank (0.."
@@ -268,7 +287,7 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
 
     run_id = str(args.rdzv_id)
     if args.standalone:
-        if nnodes != 1:
+        if max_nodes != 1:
             parser.error(f"argument --standalone: runs a single node, but --nnodes is {nnodes}")
         ignored = [n for n, v in (("--master-addr", args.master_addr), ("--master-port", args.master_port),
                                   ("--rdzv-endpoint", args.rdzv_endpoint)) if v]
@@ -293,9 +312,6 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
     min_nproc = _int(parser, "--min-nproc", args.min_nproc, 1)
     if min_nproc > nproc:
         parser.error(f"argument --min-nproc: {min_nproc} is more than --nproc-per-node {nproc}")
-    if args.elastic and nnodes != 1:
-        parser.error(f"argument --elastic: in-process recovery runs on one node for now (its "
-                     f"store lives in the launcher), but --nnodes is {nnodes}")
     try:
         monitor_interval = float(args.monitor_interval)
     except ValueError:
@@ -350,5 +366,6 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
         local_rank_arg=local_rank_arg,
         timeline=timeline,
         elastic=bool(args.elastic),
+        max_nodes=max_nodes,
         min_nproc=min_nproc,
     )
