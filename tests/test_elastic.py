@@ -172,6 +172,19 @@ def test_options_refuse_what_elastic_does_not_cover(capsys):
     assert "MAX is below MIN" in capsys.readouterr().err
     cfg = config(["--elastic", "--nnodes", "1:3", "--master-addr", "127.0.0.1", SCRIPT])
     assert (cfg.nnodes, cfg.max_nodes, cfg.node_rank) == (1, 3, 0)
+    # torchrun's device counts: 'gpu' needs a visible CUDA device, 'auto' falls back to the CPUs
+    import pyddp.cuda
+
+    if pyddp.cuda.device_count() == 0:
+        with pytest.raises(SystemExit):
+            config(["--nproc-per-node", "gpu", SCRIPT])
+        assert "'gpu': no CUDA device is visible" in capsys.readouterr().err
+        assert config(["--nproc-per-node", "auto", SCRIPT]).nproc_per_node == len(
+            os.sched_getaffinity(0))
+    else:
+        n = pyddp.cuda.device_count()
+        assert config(["--nproc-per-node", "gpu", SCRIPT]).nproc_per_node == n
+        assert config(["--nproc-per-node", "auto", SCRIPT]).nproc_per_node == n
     with pytest.raises(SystemExit):
         config(["--elastic", "--nproc-per-node", "2", "--min-nproc", "3", SCRIPT])
     assert "--min-nproc: 3 is more than --nproc-per-node 2" in capsys.readouterr().err
