@@ -326,3 +326,14 @@ def test_a_node_past_max_is_refused():
     assert codes == [0, 0, 0, 2], agents
     refused = next(err for rc, err in agents if rc == 2)
     assert "the job already has 3 nodes" in refused
+
+
+def test_the_store_survives_the_loss_of_the_node_holding_it(fault_free):
+    """The leader (node 0, whose launcher holds the store) is SIGKILLed mid-training: node 1
+    takes the store over, the workers of nodes 1 and 2 reconnect and finish the job."""
+    agents, res = _agents([(0, 1, []), (0.5, 2, []), (1.0, 1, [])], kill_after=(0, 3.5))
+    assert [rc for rc, _ in agents[1:]] == [0, 0], agents
+    assert "holds it now" in agents[1][1], agents[1][1]
+    assert "the store is now node 1's" in agents[2][1], agents[2][1]
+    assert sorted(r["id"] for r in res) == ["1.0.0", "1.1.1", "2.0.0"]
+    _check(res, fault_free)

@@ -23,14 +23,22 @@ The leader, from those keys, every ``--monitor-interval``:
 - stops the job when no member is left and none finished (nothing holds the state), and keeps the
   store up until every node is done (``elastic/node/<n>/done``) or gone.
 
-Not covered yet: the loss of the leader's node (the store goes with it: the other agents stop their
-workers and say so).
+The store survives the loss of any one node: every other agent keeps a standby store server and
+publishes its address (``elastic/node/<n>/store``), and caches every node's address, the newest
+generation and its members.  When the store cannot be reached, each agent tries the nodes in index
+order, skipping the lost leader: the first that answers is the new store (the agent whose turn it is
+takes over: its standby becomes the job's store, it leads from the generation and members it cached,
+numbering on from there).  Agents re-register there and write the address to the file their workers
+read (``PYDDP_ELASTIC_STORE_FILE``), and the workers reconnect (pyddp.elastic's ``_Link``).  The new
+leader gives the others a grace of a few heartbeats to re-register before it counts anyone lost.
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from typing import Dict, List
 
@@ -40,6 +48,7 @@ from .workers import Worker, worker_argv, worker_env
 
 HB_S = 0.5     # heartbeat period of every agent
 STALE_S = 3.0  # a node whose heartbeat did not move for this long is gone
+GRACE_S = 2.0  # a new leader waits this long for the others to re-register
 _K_GEN = "elastic/gen"
 
 
@@ -72,6 +81,14 @@ def _is_local(host) -> bool:
     return False
 
 
+def _reachable(host, port) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
 class StoreLost(Exception):
     """The leader's store cannot be reached (its node is gone)."""
 
@@ -92,6 +109,12 @@ class ElasticNode:
         self.spawned = 0
         self.published = None
         self.last_hb = 0.0
+        self.endpoints: Dict[int, tuple] = {}  # node -> (host, port) of its store server
+        self.seen_gen, self.seen_members = -1, []
+        self.standby = None
+        self.grace_until = 0.0
+        self.dir = tempfile.mkdtemp(prefix="pyddp-elastic-")
+        self.store_file = os.path.join(self.dir, "store")
 
     # ------------------------------------------------------------------ the store
 
@@ -127,6 +150,7 @@ class ElasticNode:
         err = os.path.join(d, "error.json")
         env = worker_env(cfg, local_rank, self.restarts, self.port, self.secret, err, self.omp)
         env["PYDDP_ELASTIC_ID"] = wid
+        env["PYDDP_ELASTIC_STORE_FILE"] = self.store_file
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env["GROUP_RANK"] = str(self.node)
         w = Worker(local_rank, local_rank, worker_argv(cfg, local_rank), env, err)
@@ -218,12 +242,15 @@ class ElasticNode:
         self.gen += 1
         self.members = list(members)
         self.store.set(f"elastic/members/{self.gen}", json.dumps(self.members))
-        if self.gen:
-            self.store.add(_K_GEN, 1)
+        cur = int(self.store.add(_K_GEN, 0))
+        if self.gen > cur:  # (a store that took over starts its counter at 0)
+            self.store.add(_K_GEN, self.gen - cur)
 
     def _lead(self) -> bool:
         """One round of the leader's duties; False once the job is over."""
         cfg = self.cfg
+        if time.monotonic() < self.grace_until:
+            return True  # a new leader: the others re-register first
         nodes, finished = self._nodes()
         live = {w for d in nodes.values() for w in d["live"]}
         registered = int(self.store.add("elastic/nodes", 0))
@@ -269,6 +296,85 @@ class ElasticNode:
                         f"{len({w.split('.')[0] for w in alive})} node(s)")
         return True
 
+    # ------------------------------------------------------------------ the store's survival
+
+    def _announce(self, host, port):
+        """Tell this node's workers where the store is (they read the file when it fails)."""
+        tmp = self.store_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{host}:{port}")
+        os.replace(tmp, self.store_file)
+
+    def _standby_up(self):
+        """A store server of this node's own, published for a takeover (not on the leader)."""
+        from ..distributed.store import TCPStore
+
+        try:
+            host = self.store.local_addr() or "127.0.0.1"
+        except Exception:
+            host = "127.0.0.1"
+        self.standby = TCPStore(host, 0, None, True, wait_for_workers=False)
+        self.endpoints[self.node] = (host, self.standby.port)
+
+    def _register(self):
+        """This node's keys in the (current) store."""
+        if self.node in self.endpoints:
+            h, p = self.endpoints[self.node]
+            self.store.set(f"elastic/node/{self.node}/store", f"{h}:{p}")
+        self.published = None
+        self._publish()
+        self.store.add(f"elastic/node/{self.node}/hb", 1)
+
+    def _cache(self):
+        """What a takeover needs: every node's store address, the newest generation and its
+        members."""
+        n = int(self.store.add("elastic/nodes", 0))
+        for i in range(n):
+            if i not in self.endpoints and self.store.check([f"elastic/node/{i}/store"]):
+                h, _, p = self.store.get(f"elastic/node/{i}/store").decode().rpartition(":")
+                self.endpoints[i] = (h, int(p))
+        g = int(self.store.add(_K_GEN, 0))
+        if g != self.seen_gen and self.store.check([f"elastic/members/{g}"]):
+            self.seen_gen = g
+            self.seen_members = json.loads(self.store.get(f"elastic/members/{g}").decode())
+
+    def _failover(self, err):
+        """The store is gone with its node: move to the first node, in index order, that
+        answers (this one, when its turn comes: it takes over)."""
+        from datetime import timedelta
+
+        from ..distributed.store import TCPStore
+
+        lost = self.leader_node
+        for i in sorted(i for i in self.endpoints if i != lost):
+            host, port = self.endpoints[i]
+            if i == self.node:
+                self.store, self.leader, self.leader_node = self.standby, True, i
+                self._lead_init()
+                self.gen, self.members = self.seen_gen, list(self.seen_members)
+                self.started_at = time.monotonic()
+                have = int(self.store.add("elastic/nodes", 0))
+                want = max(self.endpoints) + 1
+                if want > have:
+                    self.store.add("elastic/nodes", want - have)
+                self.grace_until = time.monotonic() + GRACE_S
+                self.store.set("elastic/leader", str(self.node))
+                self._register()
+                self._announce(host, port)
+                self.a.note(f"the node holding the job's store is gone ({err}); this node "
+                            f"holds it now ({host}:{port}) and leads from generation {self.gen}")
+                return
+            if _reachable(host, port):
+                self.store = TCPStore(host, port, None, False, wait_for_workers=False,
+                                      timeout=timedelta(seconds=60))
+                self.leader_node = i
+                self._register()
+                self._announce(host, port)
+                self.a.note(f"the node holding the job's store is gone ({err}); the store is "
+                            f"now node {i}'s ({host}:{port})")
+                return
+        raise StoreLost(f"the job's store is gone ({err}) and no other node answers")
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
@@ -283,8 +389,16 @@ class ElasticNode:
         if self.node >= cfg.max_nodes:
             raise LaunchError(f"--nnodes {cfg.nnodes}:{cfg.max_nodes}: the job already has "
                               f"{cfg.max_nodes} nodes; this one is not admitted", exit_code=2)
+        self._announce(cfg.master_addr, self.port)
         if self.leader:
             self._lead_init()
+            self.endpoints[self.node] = (cfg.master_addr, self.port)
+            self.store.set("elastic/leader", str(self.node))
+            self.leader_node = self.node
+        else:
+            if cfg.max_nodes > 1:
+                self._standby_up()
+            self.leader_node = int(self.store.get("elastic/leader").decode())
         self.pump = OutputPump()
         if self.a._wakeup is not None:
             self.pump.add_wakeup(self.a._wakeup)
@@ -292,8 +406,9 @@ class ElasticNode:
         try:
             for lr in range(cfg.nproc_per_node):
                 self._spawn(lr)
-            self._publish()
-            self._beat()
+            self._register()
+            if not self.leader and cfg.max_nodes > 1:
+                self._cache()
             while True:
                 self.pump.pump(cfg.monitor_interval)
                 if self.a._signum is not None:
@@ -306,14 +421,21 @@ class ElasticNode:
                     self._beat()
                     if self.leader:
                         self._lead()
+                    elif cfg.max_nodes > 1:
+                        self._cache()
                     over = self.job_over()
                 except LaunchError:
                     raise
                 except Exception as e:  # the store is gone with the leader's node
-                    why = (f"the job's store at {cfg.master_addr}:{self.port} cannot be reached "
-                           f"({e}): the leader's node is gone, which elastic recovery does not "
-                           "cover yet")
-                    break
+                    if self.leader or cfg.max_nodes <= 1:
+                        why = f"the job's store cannot be used: {e}"
+                        break
+                    try:
+                        self._failover(e)
+                    except StoreLost as lost:
+                        why = str(lost)
+                        break
+                    continue
                 if over:
                     verdict = self.store.get("elastic/job").decode()
                     if verdict != "done":
@@ -334,6 +456,7 @@ class ElasticNode:
         finally:
             self.a._stop(list(self.workers.values()), self.pump, signal.SIGTERM)
             self.pump.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
         if why is not None or (not self.finished and self.failures):
             if why is not None:
                 self.a.note(why)

@@ -198,48 +198,103 @@ def _recoverable(e):
     return isinstance(e, (_C.DistError, ConnectionError))
 
 
+class _Link:
+    """The worker's connection to the job's store.  The launcher that holds it may change (its
+    node lost: another launcher takes over, see pyddp/_launcher/elastic_agent.py) and writes the
+    new address to ``PYDDP_ELASTIC_STORE_FILE``; ``call`` then reconnects there and retries."""
+
+    def __init__(self, timeout):
+        self.file = os.environ.get("PYDDP_ELASTIC_STORE_FILE")
+        self.timeout = timeout
+        self.endpoint = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
+        self.store = self._connect(self.endpoint)
+        self.moved = False  # set when call() reconnected elsewhere
+
+    def _connect(self, ep):
+        from pyddp.distributed.store import TCPStore
+
+        return TCPStore(ep[0], ep[1], None, False, wait_for_workers=False,
+                        timeout=timedelta(seconds=min(30.0, self.timeout)))
+
+    def _announced(self):
+        try:
+            with open(self.file, encoding="utf-8") as f:
+                host, _, port = f.read().strip().rpartition(":")
+            return host, int(port)
+        except (OSError, TypeError, ValueError):
+            return None
+
+    def call(self, name, *args):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return getattr(self.store, name)(*args)
+            except _store_errors() as e:
+                err = e
+            ep = self._announced() if self.file else None
+            if ep is not None and ep != self.endpoint:
+                try:
+                    self.store, self.endpoint, self.moved = self._connect(ep), ep, True
+                    continue
+                except _store_errors() as e:
+                    err = e
+            if time.monotonic() > deadline or not self.file:
+                raise ElasticError(f"the job's store at {self.endpoint[0]}:{self.endpoint[1]} "
+                                   f"cannot be reached ({err})") from None
+            time.sleep(0.2)
+
+
 class _Context:
     """One worker's view of the launcher's membership (the store keys of the module docstring)."""
 
     def __init__(self, backend, timeout):
-        from pyddp.distributed.store import TCPStore
-
         self.id = os.environ[ENV_ID]
         self.backend = backend
         self.timeout = timeout
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = int(os.environ["MASTER_PORT"])
-        self.store = TCPStore(addr, port, None, False, timeout=timedelta(seconds=timeout),
-                              wait_for_workers=False)
+        self.link = _Link(timeout)
         self.gen = self.rank = self.size = None
         self.next_gen = 0  # the first generation this worker may join
         self._flag = np.zeros(1, dtype=np.int64)  # rank 0's verdict: a newer generation exists
         self._polled = 0.0
 
+    @property
+    def store(self):
+        return self.link.store
+
     def _members(self, g):
-        return json.loads(self.store.get(_k_members(g)).decode())
+        return json.loads(self.link.call("get", _k_members(g)).decode())
 
     def _newest(self):
-        return int(self.store.add(_K_GEN, 0))
+        return int(self.link.call("add", _K_GEN, 0))
 
     def join(self, state):
         """Join the first generation >= next_gen that lists this worker and that every member
-        reached (see _decide); initialise its group; make the state rank 0's."""
+        reached (see _decide); initialise its group; make the state rank 0's.  After the store
+        moved to another launcher, the newest generation there (its numbers go on from the last
+        one that launcher saw)."""
         import pyddp.distributed as dist
 
-        self.store.set(f"elastic/ready/{self.id}", "1")
+        call = self.link.call
+        call("set", f"elastic/ready/{self.id}", "1")
         deadline = time.monotonic() + self.timeout
         g = max(self.next_gen, 0)
         while True:
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                self.store.wait([_k_members(g)], timedelta(seconds=left))
-            except _store_errors() as e:  # not a peer's failure: no generation came
+            if time.monotonic() > deadline:
                 raise ElasticError(f"no generation {g} from the launcher within "
-                                   f"{self.timeout:.0f} s (joined: {self.gen}): {e}") from None
+                                   f"{self.timeout:.0f} s (joined: {self.gen})")
+            if self.link.moved:  # a new store: say again that this worker is ready
+                self.link.moved = False
+                call("set", f"elastic/ready/{self.id}", "1")
+                g = self._newest()
+            if not call("check", [_k_members(g)]):
+                newest = self._newest()
+                if newest > g and call("check", [_k_members(newest)]):
+                    g = newest  # a store that took over: its numbering
+                time.sleep(0.02)
+                continue
             members = self._members(g)
             if self.id not in members:
-                if self.store.check([f"elastic/dead/{self.id}"]):
+                if call("check", [f"elastic/dead/{self.id}"]):
                     raise RemovedFromJob(f"worker {self.id} was declared dead by the launcher "
                                          f"(generation {g} does not list it): it leaves the job")
                 g += 1  # a generation from before this worker was ready: the next one
@@ -260,13 +315,16 @@ class _Context:
         or a newer generation appeared first (anyone says 'off').  One compare_set decides, so
         every member follows the same answer."""
         key = f"elastic/g{g}/decision"
-        if int(self.store.add(f"elastic/g{g}/arrived", 1)) == len(members):
-            self.store.compare_set(key, "", "go")
+        call = self.link.call
+        if int(call("add", f"elastic/g{g}/arrived", 1)) == len(members):
+            call("compare_set", key, "", "go")
         while True:
-            if self.store.check([key]):
-                return self.store.get(key).decode() == "go"
+            if self.link.moved:  # the store moved: this generation is gone with the old one
+                return False
+            if call("check", [key]):
+                return call("get", key).decode() == "go"
             if self._newest() > g:
-                self.store.compare_set(key, "", "off")
+                call("compare_set", key, "", "off")
                 continue
             if time.monotonic() > deadline:
                 raise ElasticError(f"generation {g}: not every member arrived within "
@@ -285,7 +343,10 @@ class _Context:
             # every check (one 8-byte broadcast), so every rank re-forms at the same commit
             if now - self._polled >= POLL_S:
                 self._polled = now
-                flag[0] = self._newest() > self.gen
+                try:  # one try: a store that moved is found by the recovery that follows
+                    flag[0] = int(self.store.add(_K_GEN, 0)) > self.gen
+                except _store_errors():
+                    flag[0] = 0
         dist.broadcast(flag, src=0)
         if flag[0]:
             raise _Reform()
@@ -300,7 +361,7 @@ class _Context:
                 pass
 
     def report(self, e):
-        self.store.set(f"elastic/failed/{self.gen}/{self.id}", str(e)[:2000])
+        self.link.call("set", f"elastic/failed/{self.gen}/{self.id}", str(e)[:2000])
 
 
 def run(fn=None, *, backend="cpu", timeout=300.0):
