@@ -17,8 +17,9 @@ import pyddp.elastic as elastic
 
 N, B, EPOCHS, DIM = 120, 12, 3, 5
 data = (np.arange(N * DIM, dtype=np.float64).reshape(N, DIM) % 7) - 3
-# step -> the id of the first worker of that local rank on node 0 ("0.<local rank>.<local rank>")
-kills = dict((int(s), f"0.{i}.{i}")
+# step -> the id of the worker that kills itself there: "<local rank>" for the first worker of that
+# local rank on node 0 ("0.<local rank>.<local rank>"), or a whole id ("0.1.4": a replacement)
+kills = dict((int(s), i if "." in i else f"0.{i}.{i}")
              for s, i in (x.split(":") for x in os.environ.get("ELASTIC_KILL", "").split(",") if x))
 me = os.environ.get("PYDDP_ELASTIC_ID")
 OUT = os.environ.get("ELASTIC_OUT")  # a directory: one JSON file per record (not the shared stdout)

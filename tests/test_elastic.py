@@ -337,3 +337,31 @@ def test_the_store_survives_the_loss_of_the_node_holding_it(fault_free):
     assert "the store is now node 1's" in agents[2][1], agents[2][1]
     assert sorted(r["id"] for r in res) == ["1.0.0", "1.1.1", "2.0.0"]
     _check(res, fault_free)
+
+
+def test_chaos_a_worker_killed_every_four_steps(fault_free):
+    """4 ranks; every 4 steps a worker (an original or a replacement) is SIGKILLed and replaced."""
+    # spawns 4, 5, 6 are the replacements of local ranks 1, 2 and 1 again
+    p, res, killed = launch(4, "--max-restarts", "4", kill="4:1,8:2,12:0.1.4,16:3", pause=0.3)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [k["killed"] for k in killed] == ["0.1.1", "0.2.2", "0.1.4", "0.3.3"]
+    assert p.stderr.count("restarted it") == 4, p.stderr
+    _check(res, fault_free)
+    assert len(res) >= 3
+
+
+def test_what_is_not_covered_says_so():
+    import pyddp.elastic as elastic
+
+    with pytest.raises(elastic.ElasticError, match="backend 'nccl' is not covered yet"):
+        elastic.run(backend="nccl")(lambda s: None)(elastic.State())
+
+    class ZeroRedundancyOptimizer:
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, sd):
+            pass
+
+    with pytest.raises(elastic.ElasticError, match="ZeroRedundancyOptimizer is not covered yet"):
+        elastic.State(opt=ZeroRedundancyOptimizer())

@@ -129,6 +129,10 @@ class State:
         if name.startswith("_") or name == "check_every":
             object.__setattr__(self, name, value)
             return
+        if type(value).__name__ == "ZeroRedundancyOptimizer":
+            raise ElasticError(f"State.{name}: a ZeroRedundancyOptimizer is not covered yet (each "
+                               "rank holds only its shard of the optimizer state, which a rank "
+                               "that dies takes with it); use a plain optimizer")
         if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
             self._values.pop(name, None)
             self._objects[name] = value
@@ -379,6 +383,9 @@ def run(fn=None, *, backend="cpu", timeout=300.0):
         if not isinstance(state, State):
             raise TypeError(f"elastic.run: the first argument must be an elastic.State, got "
                             f"{type(state).__name__}")
+        if str(backend).lower() not in ("cpu", "gloo"):
+            raise ElasticError(f"elastic.run: backend {backend!r} is not covered yet (its "
+                               "communicators are not rebuilt after a failure); use 'cpu'")
         if ENV_ID not in os.environ:
             if not dist.is_initialized():
                 dist.init_process_group(backend)
