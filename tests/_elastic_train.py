@@ -51,6 +51,8 @@ entries = []
 @elastic.run(timeout=60)
 def train(state):
     entries.append((elastic.current_generation(), state.steps, time.time()))
+    assert (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) == (dist.get_rank(),
+                                                                       dist.get_world_size())
     sampler = elastic.ElasticSampler(N, state, batch_size=B, seed=3)
     while state.epoch < EPOCHS:
         for idx in sampler:

@@ -365,3 +365,85 @@ def test_what_is_not_covered_says_so():
 
     with pytest.raises(elastic.ElasticError, match="ZeroRedundancyOptimizer is not covered yet"):
         elastic.State(opt=ZeroRedundancyOptimizer())
+
+
+@pytest.fixture
+def three_hosts():
+    """Three network namespaces on one bridge (10.78.0.1-3), each its own host (PYDDP_NODE_ID)."""
+    import shutil as _shutil
+    import uuid
+
+    def ip(*args):
+        return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+
+    if _shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iproute2 for network namespaces")
+    tag = uuid.uuid4().hex[:5]
+    br = f"pbr{tag}"
+    hosts = [f"pe{i}{tag}" for i in range(3)]
+    made = []
+    try:
+        if ip("link", "add", br, "type", "bridge").returncode != 0:
+            pytest.skip("cannot create a bridge here")
+        ip("link", "set", br, "up")
+        for i, h in enumerate(hosts):
+            if ip("netns", "add", h).returncode != 0:
+                pytest.skip("cannot create network namespaces here")
+            made.append(h)
+            a, b = f"pv{i}{tag}", f"pw{i}{tag}"
+            for s in (("link", "add", a, "type", "veth", "peer", "name", b),
+                      ("link", "set", a, "netns", h), ("link", "set", b, "master", br),
+                      ("link", "set", b, "up"),
+                      ("-n", h, "addr", "add", f"10.78.0.{i + 1}/24", "dev", a),
+                      ("-n", h, "link", "set", a, "up"), ("-n", h, "link", "set", "lo", "up")):
+                r = ip(*s)
+                if r.returncode != 0:
+                    pytest.skip(f"cannot build the network: ip {' '.join(s)}: {r.stderr.strip()}")
+        yield hosts
+    finally:
+        for h in made:
+            ip("netns", "del", h)
+        ip("link", "del", br)
+
+
+def test_hosts_added_and_removed_in_network_namespaces(three_hosts, fault_free):
+    """Host 2 joins a running job, host 1 is SIGKILLed (its launcher and workers): the job
+    finishes on hosts 0 and 2 over TCP, with the same bits as a fault-free run."""
+    import time as _time
+
+    out = tempfile.mkdtemp(prefix="pyddp-elastic-netns-")
+    env = dict(os.environ, ELASTIC_KILL="", ELASTIC_STEP_SLEEP="0.3", ELASTIC_OUT=out,
+               PYDDP_SECRET="elastic-netns", PYDDP_ELASTIC_LAST_CALL="0.5",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYDDP_HOST", None)
+    procs = []
+    t0 = _time.monotonic()
+    for i, (h, delay, nproc) in enumerate(zip(three_hosts, (0, 0.5, 3.0), (2, 1, 1))):
+        while _time.monotonic() - t0 < delay:
+            _time.sleep(0.05)
+        cmd = ["ip", "netns", "exec", h, sys.executable, "-m", "pyddp.run", "--elastic",
+               "--nnodes", "1:3", "--rdzv-endpoint", "10.78.0.1:29655", "--nproc-per-node",
+               str(nproc), SCRIPT]
+        procs.append(subprocess.Popen(cmd, env=dict(env, PYDDP_NODE_ID=h),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    while _time.monotonic() - t0 < 5.5:
+        _time.sleep(0.05)
+    procs[1].kill()
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=120)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    records = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            records.append(json.load(f))
+    shutil.rmtree(out, ignore_errors=True)
+    assert procs[0].returncode == 0 and procs[2].returncode == 0, errs
+    res = [r for r in records if "id" in r]
+    assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.1", "2.0.0"], (res, errs)
+    assert "4 workers on 3 node(s)" in errs[0] and "3 workers on 2 node(s)" in errs[0], errs[0]
+    _check(res, fault_free)

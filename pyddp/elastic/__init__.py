@@ -308,6 +308,13 @@ class _Context:
             g += 1
         self.gen, self.rank, self.size = g, members.index(self.id), len(members)
         self._flag[0] = 0
+        # torchrun's variables for this generation, for code that reads them (DataLoaders, logs)
+        nodes = sorted({m.split(".")[0] for m in members})
+        mine = [m for m in members if m.split(".")[0] == self.id.split(".")[0]]
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.size),
+                          ROLE_RANK=str(self.rank), ROLE_WORLD_SIZE=str(self.size),
+                          GROUP_WORLD_SIZE=str(len(nodes)),
+                          LOCAL_WORLD_SIZE=str(len(mine)), LOCAL_RANK=str(mine.index(self.id)))
         self.next_gen = g + 1
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"elastic/g{g}", self.store),
                                 rank=self.rank, world_size=self.size,
