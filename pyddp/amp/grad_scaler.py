@@ -118,6 +118,9 @@ class GradScaler:
                     raise NotImplementedError("sparse gradients are not supported by pyddp's "
                                               "GradScaler")
                 grads.append(param.grad)
+        if grads and _fw.is_torch(grads[0]):
+            # torch's fused unscale-and-check on each device's gradients (one flag per device)
+            return _fw.torch_unscale_(grads, {}, inv_scale)
         if grads:
             _kernels.unscale_(grads, found_inf, inv_scale)
         return {"cpu": found_inf}
@@ -154,7 +157,8 @@ class GradScaler:
 
     def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
         retval = None
-        if not sum(float(v[0]) for v in optimizer_state["found_inf_per_device"].values()):
+        found = optimizer_state["found_inf_per_device"].values()
+        if not sum(float(v.reshape(-1)[0]) for v in found):
             retval = optimizer.step(*args, **kwargs)
         return retval
 
@@ -186,7 +190,7 @@ class GradScaler:
             else:
                 if optimizer_state["stage"] is OptState.READY:
                     self._check_inf_per_device(optimizer)
-                found = sum(np.asarray(t, dtype=np.float32)
+                found = sum(np.float32(float(t.reshape(-1)[0]))
                             for t in optimizer_state["found_inf_per_device"].values())
                 found_inf = np.asarray(found, dtype=np.float32).reshape(1)
                 if _fw.is_torch(optimizer.param_groups[0]["params"][0]):
@@ -232,7 +236,8 @@ class GradScaler:
                 assert not getattr(new_scale, "requires_grad", False), reason
                 self._scale[...] = np.float32(arr.reshape(-1)[0])
         else:
-            found_infs = [np.float32(f[0]) for state in self._per_optimizer_states.values()
+            found_infs = [np.float32(float(f.reshape(-1)[0]))
+                          for state in self._per_optimizer_states.values()
                           for f in state["found_inf_per_device"].values()]
             assert len(found_infs) > 0, "No inf checks were recorded prior to update."
             found_inf_combined = np.float32(0.0)

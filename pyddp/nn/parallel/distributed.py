@@ -760,8 +760,8 @@ class _DDPCore:
 
     @property
     def join_device(self):
-        """The device of the join context's collectives (the CPU)."""
-        return "cpu"
+        """The device of the join context's collectives (the model's device; the CPU for CPU models)."""
+        return self._ctl_device if self._ctl_device is not None else "cpu"
 
     @property
     def join_process_group(self):
