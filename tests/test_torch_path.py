@@ -1,0 +1,186 @@
+"""The torch-model path on CPU tensors: pyddp's DistributedDataParallel, apex amp, fused optimizers and
+SyncBatchNorm driving torch models, against torch's own DDP (gloo), torch.autocast + GradScaler and
+torch.optim, through the code that runs on CUDA tensors on a GPU (tests/gpu/test_gpu_torch_path.py runs the
+same script there).
+
+tests/_torch_path_script.py runs as two real rank processes (``pyddp.run``, a deadline on the run); each
+writes pyddp's and torch's results. Where torch is deterministic the results must be bit-equal: DDP with
+two ranks (pyddp's AVG allreduce and torch's pre-division by 2 are both exact halvings), the comm hooks,
+no_sync, join, amp O1 (the same float16 casts and torch's fused unscale kernel), the fused optimizers
+(torch's own kernels). SyncBatchNorm is compared with batch norm over the whole batch in one process
+(float64, rtol 1e-10: the sums run in another order). torch's bf16 hook needs NCCL, so pyddp's is compared
+with float32 averaging at bfloat16's precision.
+"""
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+# ranks are forked from this process for the in-process tests (tests/_mp.py): no OpenMP pool here
+torch.set_num_threads(1)
+
+from _mp import free_port, run  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_script(tmp, device="cpu", backend="cpu", timeout=240, only=""):
+    import _launch
+
+    args = ["--standalone", "--nproc-per-node", "2", os.path.join(HERE, "_torch_path_script.py"),
+            "--device", device, "--backend", backend, "--tport", str(free_port()), "--out", str(tmp)]
+    if only:
+        args += ["--only", only]
+    rc, out, err = _launch.run(args, timeout=timeout)
+    assert rc == 0, err[-4000:]
+    return [dict(np.load(os.path.join(tmp, f"rank{r}.npz"))) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_script(tmp_path_factory.mktemp("torch_path"))
+
+
+def pairs(res, name):
+    keys = sorted(k for k in res if k.startswith(name + "/pyddp/") and not k.endswith("/optimizer"))
+    assert keys, name
+    return [(k, res[k], res[k.replace("/pyddp/", "/torch/")]) for k in keys]
+
+
+def assert_equal(res, name):
+    for k, a, b in pairs(res, name):
+        assert a.dtype == b.dtype and a.shape == b.shape, k
+        np.testing.assert_array_equal(a, b, err_msg=k)
+
+
+DDP_CASES = ["ddp_default", "ddp_small_buckets", "ddp_bucket_view", "ddp_static_graph", "ddp_buffers",
+             "ddp_no_broadcast", "ddp_unused", "ddp_float32", "no_sync", "join",
+             "hook_allreduce_hook", "hook_fp16_compress_hook"]
+
+
+@pytest.mark.parametrize("name", DDP_CASES)
+def test_ddp_on_torch_models_is_bit_equal_to_torch_ddp_on_gloo(results, name):
+    for res in results:
+        assert_equal(res, name)
+
+
+def test_ranks_end_with_the_same_parameters(results):
+    for name in DDP_CASES + ["amp_o1", "fused_adam", "fused_sgd"]:
+        for k, a, _ in pairs(results[0], name):
+            if "/b" in k:
+                continue  # running statistics: each rank's last forward updates its own
+            np.testing.assert_array_equal(a, results[1][k], err_msg=k)
+
+
+def test_bf16_compress_hook_averages_at_bfloat16_precision(results):
+    for res in results:
+        got = [res[k] for k in sorted(res) if k.startswith("hook_bf16_compress_hook/pyddp/p")]
+        want = [res[k] for k in sorted(res) if k.startswith("hook_allreduce_hook/torch/p")]
+        assert len(got) == len(want) == 6
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-3)
+            assert not np.array_equal(g, w)  # the gradients did travel as bfloat16
+
+
+@pytest.mark.parametrize("name", ["fused_adam", "fused_adam_l2", "fused_sgd"])
+def test_fused_optimizers_on_torch_params_are_torch_fused_kernels(results, name):
+    res = results[0]
+    assert str(res[f"{name}/pyddp/optimizer"]) in ("FusedAdam", "FusedSGD")
+    assert_equal(res, name)
+
+
+def test_amp_o1_with_ddp_equals_torch_autocast_and_grad_scaler(results):
+    for res in results:
+        assert_equal(res, "amp_o1")
+        # rank 1's inf at step 2: both ranks skipped it and halved the scale
+        np.testing.assert_array_equal(res["amp_o1/pyddp/x0"], [2.0 ** 16, 2.0 ** 16, 2.0 ** 15, 2.0 ** 15])
+        np.testing.assert_array_equal(res["amp_o1/state"], [2.0 ** 15, 1])
+
+
+def test_sync_batchnorm_equals_batch_norm_over_the_whole_batch(results):
+    for res in results:
+        assert str(res["syncbn/type"]) == "TorchSyncBatchNorm"
+        for k in ("out", "gx", "gw", "rm", "rv"):
+            np.testing.assert_allclose(res[f"syncbn/pyddp/{k}"], res[f"syncbn/torch/{k}"], rtol=1e-10,
+                                       atol=1e-12, err_msg=k)
+
+
+# ------------------------------------------------------------------------------ in one process
+
+def _device_ids_child(rank, ws):
+    from pyddp.nn.parallel import DistributedDataParallel as DDP
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ddp = DDP(torch.nn.Linear(3, 2), device_ids=[0])
+    warned = any("device_ids and output_device are ignored" in str(x.message) for x in w)
+    ddp(torch.randn(4, 3)).sum().backward()
+    # the buckets are torch tensors in the parameters' dtype, the gradients views of them
+    tensors = all(isinstance(b.buffer, torch.Tensor) and b.buffer.dtype == torch.float32
+                  for b in ddp._buckets)
+    lo_hi = [(b.buffer.data_ptr(), b.buffer.data_ptr() + b.buffer.nbytes) for b in ddp._buckets]
+    views = all(any(lo <= p.grad.data_ptr() < hi for lo, hi in lo_hi) for p in ddp.parameters())
+    return warned, ddp.device_ids, ddp.device_type, ddp.join_device, tensors, views
+
+
+def test_cpu_module_device_ids_warn_and_are_ignored():
+    for got in run(_device_ids_child, 2):
+        assert got == (True, None, "cpu", "cpu", True, True)
+
+
+def test_fused_optimizer_names_dispatch_on_the_parameters():
+    import pyddp.nn as pnn
+    from pyddp.optimizers import FusedAdam, FusedSGD
+
+    m = torch.nn.Linear(3, 2)
+    a = FusedAdam(p for p in m.parameters())  # a generator is read once
+    assert isinstance(a, FusedAdam) and isinstance(a, torch.optim.Adam)
+    assert a.defaults["fused"] and a.defaults["decoupled_weight_decay"]
+    assert isinstance(FusedSGD(m.parameters(), lr=0.1), torch.optim.SGD)
+    with pytest.raises(RuntimeError, match="AMSGrad"):
+        FusedAdam(m.parameters(), amsgrad=True)
+    with pytest.raises(TypeError, match="lr is required"):
+        FusedSGD(m.parameters())
+    # what torch's kernels lack stays on pyddp's host kernels for CPU tensors
+    half = torch.nn.Linear(3, 2).half()
+    o = FusedAdam(half.parameters(), master_weights=True)
+    assert not isinstance(o, torch.optim.Optimizer)
+    assert type(FusedAdam(pnn.Linear(3, 2).parameters())).__module__ == "pyddp.optim.fused_adam"
+
+
+def test_convert_sync_batchnorm_on_torch_models():
+    from pyddp.nn import SyncBatchNorm
+    from pyddp.nn.parallel import convert_syncbn_model
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    shared = SyncBatchNorm.convert_sync_batchnorm(m)
+    assert shared[1].weight is m[1].weight  # torch's: the same Parameter objects
+    copied = convert_syncbn_model(torch.nn.Sequential(torch.nn.BatchNorm1d(5)), channel_last=True)
+    assert type(copied[0]).__name__ == "TorchSyncBatchNorm" and copied[0].channel_last
+    # no process group: plain batch norm, as torch's SyncBatchNorm
+    x = torch.randn(4, 3, 6, 6)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    ref.load_state_dict(m.state_dict())
+    torch.testing.assert_close(shared(x), ref(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="z must have the shape"):
+        copied[0](torch.randn(4, 5), z=torch.randn(3, 5))
+
+
+def test_data_parallel_on_a_torch_model_is_torchs():
+    from pyddp.nn.parallel import DataParallel
+
+    dp = DataParallel(torch.nn.Linear(3, 2))
+    assert isinstance(dp, torch.nn.DataParallel)
+    assert list(dp.state_dict()) == ["module.weight", "module.bias"]
+
+
+def test_loader_pin_memory_without_cuda_leaves_tensors_as_torch_does():
+    from pyddp.utils.data import DataLoader
+
+    ds = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.arange(8))
+    x, y = next(iter(DataLoader(ds, batch_size=4, pin_memory=True)))
+    assert isinstance(x, torch.Tensor) and x.shape == (4, 3)
+    assert not x.is_pinned()  # no CUDA here: nothing pinned (torch's loader warns and does the same)
+    assert x.to("cpu", non_blocking=True).equal(x)
