@@ -184,3 +184,24 @@ def test_loader_pin_memory_without_cuda_leaves_tensors_as_torch_does():
     assert isinstance(x, torch.Tensor) and x.shape == (4, 3)
     assert not x.is_pinned()  # no CUDA here: nothing pinned (torch's loader warns and does the same)
     assert x.to("cpu", non_blocking=True).equal(x)
+
+
+SEEDS_GPU = os.path.join(HERE, "gpu", "seeds")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(SEEDS_GPU)) if os.path.isdir(SEEDS_GPU) else [])
+def test_gpu_seed_scripts_change_only_imports_and_keep_their_gpu_lines(name):
+    # tests/gpu runs them on a GPU; here: they compile, pyddp appears only in import lines, the seed's GPU
+    # lines are there, and any other changed line says so ("# PORT:")
+    path = os.path.join(SEEDS_GPU, name)
+    text = open(path, encoding="utf-8").read()
+    compile(text, path, "exec")
+    for line in text.splitlines():
+        code = line.split("#", 1)[0]
+        if "pyddp" in code:
+            assert code.lstrip().startswith(("import pyddp", "from pyddp")), line
+        if "nn.SyncBatchNorm" in code:
+            assert "# PORT:" in line, line
+    assert "backend='nccl'" in text or 'backend="nccl"' in text
+    assert ".cuda(" in text or 'torch.device("cuda"' in text
+    assert "device_ids=[" in text

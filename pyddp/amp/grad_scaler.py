@@ -193,11 +193,13 @@ class GradScaler:
                 found = sum(np.float32(float(t.reshape(-1)[0]))
                             for t in optimizer_state["found_inf_per_device"].values())
                 found_inf = np.asarray(found, dtype=np.float32).reshape(1)
-                if _fw.is_torch(optimizer.param_groups[0]["params"][0]):
+                p0 = optimizer.param_groups[0]["params"][0]
+                if _fw.is_torch(p0):
                     import torch
 
-                    scaler = torch.from_numpy(self._scale.reshape(1).copy())
-                    found_inf = torch.from_numpy(found_inf)
+                    # on the parameters' device: torch's fused kernels read them there
+                    scaler = torch.from_numpy(self._scale.reshape(1).copy()).to(p0.device)
+                    found_inf = torch.from_numpy(found_inf).to(p0.device)
                 else:
                     scaler = self._scale.reshape(1).copy()
                 optimizer.grad_scale = (
@@ -231,7 +233,8 @@ class GradScaler:
             else:
                 reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
                           "torch.FloatTensor with requires_grad=False.")
-                arr = _kernels.as_array(new_scale, "new_scale")
+                arr = new_scale.detach().cpu().numpy() if _fw.is_torch(new_scale) else \
+                    _kernels.as_array(new_scale, "new_scale")
                 assert arr.size == 1, reason
                 assert not getattr(new_scale, "requires_grad", False), reason
                 self._scale[...] = np.float32(arr.reshape(-1)[0])
