@@ -205,3 +205,17 @@ def test_gpu_seed_scripts_change_only_imports_and_keep_their_gpu_lines(name):
     assert "backend='nccl'" in text or 'backend="nccl"' in text
     assert ".cuda(" in text or 'torch.device("cuda"' in text
     assert "device_ids=[" in text
+
+
+def test_ddp_gpu_benchmark_without_a_gpu_exits_0_saying_why():
+    import subprocess
+    import sys
+
+    import _launch
+
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "ddp_gpu.py")],
+                       capture_output=True, text=True, timeout=120, env=_launch.launcher_env())
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tests/gpu/verify.sh runs the benchmark")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "skipped:" in p.stdout and "CUDA" in p.stdout
