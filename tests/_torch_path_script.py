@@ -113,13 +113,14 @@ def _sgd(impl, ps):
     return torch.optim.SGD(ps, lr=0.1, momentum=0.9)
 
 
-def both(name, make, steps=3, opt=_sgd, dtype=torch.float64, **kw):
-    """Train ``make(seed)`` through pyddp's DDP and torch's DDP with the same keyword arguments;
-    ``opt(impl, params)`` makes each one's optimizer."""
+def both(name, make, steps=3, opt=_sgd, dtype=torch.float64, apex=None, **kw):
+    """Train ``make(seed)`` through pyddp's DDP and torch's DDP with the same keyword arguments
+    (``apex``: apex.parallel.DistributedDataParallel's, for pyddp's only); ``opt(impl, params)`` makes
+    each one's optimizer."""
     X, Y = data(steps, dtype=dtype)
     for impl, cls in (("pyddp", DDP), ("torch", TorchDDP)):
         m = make(rank)  # different initial weights per rank: construction broadcasts rank 0's
-        ddp = cls(m, **kw)
+        ddp = cls(m, **kw, **(apex or {})) if impl == "pyddp" else cls(m, **kw)
         o = opt(impl, list(ddp.parameters()))
         res[f"{name}/{impl}/optimizer"] = np.array(type(o).__name__)
         for s in range(steps):
@@ -142,6 +143,12 @@ def ddp():
     both("ddp_unused", lambda s: mlp(s, extra=True), find_unused_parameters=True)
     both("ddp_float32", lambda s: mlp(s, dtype=torch.float32), dtype=torch.float32,
          bucket_cap_mb=0.001)
+    # apex's keyword arguments on a torch model: with two ranks apex's arithmetic (all_reduce(g / f),
+    # then * f / world) is exact, so the result equals torch's averaging
+    both("apex_predivide_delay", mlp, apex=dict(gradient_predivide_factor=2.0, delay_allreduce=True))
+    both("apex_message_size_retain", mlp, apex=dict(message_size=64, retain_allreduce_buffers=True))
+    both("apex_fp32_allreduce", lambda s: mlp(s, dtype=torch.float32), dtype=torch.float32,
+         apex=dict(allreduce_always_fp32=True, num_allreduce_streams=2))
 
 
 @scenario

@@ -56,7 +56,8 @@ def assert_equal(res, name):
 
 
 DDP_CASES = ["ddp_default", "ddp_small_buckets", "ddp_bucket_view", "ddp_static_graph", "ddp_buffers",
-             "ddp_no_broadcast", "ddp_unused", "ddp_float32", "no_sync", "join",
+             "ddp_no_broadcast", "ddp_unused", "ddp_float32", "apex_predivide_delay",
+             "apex_message_size_retain", "apex_fp32_allreduce", "no_sync", "join",
              "hook_allreduce_hook", "hook_fp16_compress_hook"]
 
 
