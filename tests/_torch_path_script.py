@@ -10,7 +10,6 @@ tests/gpu/test_gpu_torch_path.py (CUDA tensors) compare them. The code is the sa
 import argparse
 import datetime
 import os
-import sys
 
 import numpy as np
 import torch

@@ -220,3 +220,36 @@ def test_ddp_gpu_benchmark_without_a_gpu_exits_0_saying_why():
         pytest.skip("a GPU is here: tests/gpu/verify.sh runs the benchmark")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "skipped:" in p.stdout and "CUDA" in p.stdout
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_pyddp_grad_scaler_on_torch_params_equals_torchs(fused):
+    # pyddp.amp.GradScaler on torch gradients: torch's fused unscale-and-check, a flag per device; with a
+    # fused optimizer (pyddp's FusedAdam on torch params is torch's fused Adam) it hands over grad_scale and
+    # found_inf; an inf step is skipped and the scale halves, as torch's GradScaler does
+    from pyddp.amp import GradScaler
+    from pyddp.optimizers import FusedAdam
+
+    torch.manual_seed(0)
+    m1, m2 = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+    m2.load_state_dict(m1.state_dict())
+    if fused:
+        o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2, weight_decay=0.01, fused=True)
+        o2 = FusedAdam(m2.parameters(), lr=1e-2, weight_decay=0.01)
+    else:
+        o1 = torch.optim.SGD(m1.parameters(), lr=1e-2, momentum=0.9)
+        o2 = torch.optim.SGD(m2.parameters(), lr=1e-2, momentum=0.9)
+    s1, s2 = torch.amp.GradScaler("cpu", init_scale=1024.0), GradScaler("cpu", init_scale=1024.0)
+    for i in range(4):
+        x = torch.randn(5, 6)
+        if i == 2:
+            x[0, 0] = float("inf")
+        for m, o, s in ((m1, o1, s1), (m2, o2, s2)):
+            o.zero_grad()
+            s.scale(m(x).pow(2).mean()).backward()
+            s.step(o)
+            s.update()
+        assert s1.get_scale() == s2.get_scale()
+    assert s2.get_scale() == 512.0
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(a, b)

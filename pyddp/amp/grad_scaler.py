@@ -197,9 +197,10 @@ class GradScaler:
                 if _fw.is_torch(p0):
                     import torch
 
-                    # on the parameters' device: torch's fused kernels read them there
-                    scaler = torch.from_numpy(self._scale.reshape(1).copy()).to(p0.device)
-                    found_inf = torch.from_numpy(found_inf).to(p0.device)
+                    # on the parameters' device, 0-d as torch's GradScaler passes them: torch's
+                    # fused kernels read them there (and subtract found_inf from 0-d step counts)
+                    scaler = torch.from_numpy(self._scale.reshape(()).copy()).to(p0.device)
+                    found_inf = torch.from_numpy(found_inf.reshape(())).to(p0.device)
                 else:
                     scaler = self._scale.reshape(1).copy()
                 optimizer.grad_scale = (
