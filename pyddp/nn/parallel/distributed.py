@@ -1,8 +1,10 @@
 """DistributedDataParallel: bucketed gradient averaging overlapped with backward.
 
 ``DistributedDataParallel(model)`` behaves as torch's does, for pyddp.nn modules and for torch.nn
-modules (pyddp then is the distributed runtime under a torch model: gradients are reached as NumPy
-views of the torch tensors, readiness comes from torch's post-accumulate-grad hooks).
+modules (pyddp then is the distributed runtime under a torch model: the buckets are torch tensors in
+the parameters' dtype and on their device, every bucket operation is torch's own through the adapter
+of _frameworks.py, so the same code runs on CPU and CUDA tensors; readiness comes from torch's
+post-accumulate-grad hooks).
 
 How a step runs:
 
@@ -238,7 +240,9 @@ class _DDPCore:
         self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
         self._shared_ok = pg._transport == "shm" and all(ad.on_host(a) for a in self._arrays)
-        self._overlap = _overlap_default(pg)
+        # a model on a GPU always launches its buckets asynchronously: on nccl the allreduce is
+        # ordered on the streams and needs no spare host core
+        self._overlap = self._ctl_device is not None or _overlap_default(pg)
 
         n = len(self._params)
         limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
