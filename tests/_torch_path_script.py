@@ -172,6 +172,26 @@ def no_sync():
 
 
 @scenario
+def reducer():
+    # apex.parallel.Reducer on a torch model: rank 0's parameters at construction, reduce() averages
+    from pyddp.nn.parallel import Reducer
+
+    X, Y = data(3)
+    for impl in ("pyddp", "torch"):
+        m = mlp(rank)
+        model = TorchDDP(m) if impl == "torch" else m
+        red = Reducer(m) if impl == "pyddp" else None
+        o = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for s in range(3):
+            o.zero_grad()
+            forward_loss(model, mine(X, s), mine(Y, s)).backward()
+            if red is not None:
+                red.reduce()
+            o.step()
+        save(f"reducer/{impl}", m)
+
+
+@scenario
 def hooks():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
 

@@ -57,7 +57,7 @@ def assert_equal(res, name):
 
 DDP_CASES = ["ddp_default", "ddp_small_buckets", "ddp_bucket_view", "ddp_static_graph", "ddp_buffers",
              "ddp_no_broadcast", "ddp_unused", "ddp_float32", "apex_predivide_delay",
-             "apex_message_size_retain", "apex_fp32_allreduce", "no_sync", "join",
+             "apex_message_size_retain", "apex_fp32_allreduce", "reducer", "no_sync", "join",
              "hook_allreduce_hook", "hook_fp16_compress_hook"]
 
 
