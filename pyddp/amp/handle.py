@@ -98,13 +98,15 @@ def _sync_overflow(scaler):
     if not dist.is_initialized() or dist.get_world_size() <= 1:
         return
     found = scaler._found
-    dev = next((d for d in found if d.type != "cpu"), None)
+    # a rank without gradients this time still reduces where the others do (its model's GPU)
+    dev = next((d for d in found if d.type != "cpu"), scaler._device)
     if dev is not None:
         # torch gradients on a GPU: the flags are combined and agreed on the device (the nccl
         # backend takes device memory), then read once
         import torch
 
-        flag = torch.stack([f.to(dev) for f in found.values()]).amax().reshape(1)
+        flag = torch.stack([f.to(dev) for f in found.values()]).amax().reshape(1) if found else \
+            torch.zeros(1, dtype=torch.float32, device=dev)
         if scaler._has_overflow or scaler._overflow_buf[0] != 0.0:
             flag.fill_(1.0)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

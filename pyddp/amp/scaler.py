@@ -31,6 +31,7 @@ class LossScaler:
         self._has_overflow = False
         self._overflow_buf = np.zeros(1, dtype=np.float32)
         self._found = {}  # torch gradients: device -> one-element float32 flag on that device
+        self._device = None  # the GPU whose flags were last seen (the found-inf allreduce goes there)
 
     def loss_scale(self):
         """The current scale (a Python float)."""
@@ -50,6 +51,7 @@ class LossScaler:
         if _fw.is_torch(grads[0]):
             # torch's fused kernel on the gradients' device (CPU tensors in CI, CUDA on a GPU)
             _fw.torch_unscale_(grads, self._found, 1.0 / float(scale))
+            self._device = next((d for d in self._found if d.type != "cpu"), self._device)
             return
         _kernels.unscale_(grads, self._overflow_buf, 1.0 / float(scale))
 
