@@ -283,6 +283,37 @@ def syncbn():
 
 
 @scenario
+def syncbn_apex():
+    # apex's SyncBatchNorm extras on a torch layer: channel_last input (N, L, C), the residual z and
+    # fuse_relu, momentum=None (cumulative average); against batch norm over the whole batch
+    from pyddp.nn.parallel import _torch_syncbn
+
+    g = torch.Generator().manual_seed(9)
+    sizes = [2 + 2 * r for r in range(ws)]
+    X = torch.randn(sum(sizes), 5, 3, generator=g, dtype=torch.float64)
+    Z = torch.randn(sum(sizes), 5, 3, generator=g, dtype=torch.float64)
+    lo = sum(sizes[:rank])
+    sl = slice(lo, lo + sizes[rank])
+    bn = _torch_syncbn.TorchSyncBatchNorm(3, momentum=None, channel_last=True, fuse_relu=True).to(
+        dev, torch.float64)
+    x = X[sl].to(dev).requires_grad_(True)
+    for _ in range(2):
+        out = bn(x, z=Z[sl].to(dev))
+    out.square().sum().backward()
+    res["syncbn_apex/pyddp/out"] = out.detach().cpu().numpy()
+    res["syncbn_apex/pyddp/gx"] = x.grad.cpu().numpy()
+    res["syncbn_apex/pyddp/rv"] = bn.running_var.cpu().numpy()
+    ref = torch.nn.BatchNorm1d(3, momentum=None).to(dev, torch.float64)
+    xr = X.to(dev).requires_grad_(True)
+    for _ in range(2):
+        outr = torch.relu(ref(xr.movedim(-1, 1)).movedim(1, -1) + Z.to(dev))
+    outr.square().sum().backward()  # the loss of every rank together
+    res["syncbn_apex/torch/out"] = outr[sl].detach().cpu().numpy()
+    res["syncbn_apex/torch/gx"] = xr.grad[sl].cpu().numpy()
+    res["syncbn_apex/torch/rv"] = ref.running_var.cpu().numpy()
+
+
+@scenario
 def amp_o1():
     # apex's O1 through pyddp (amp.initialize + scale_loss, pyddp DDP) against torch.autocast +
     # torch.amp.GradScaler (torch DDP): the same float16 casts, the same dynamic scale. Step 2 puts

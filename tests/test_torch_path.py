@@ -100,6 +100,13 @@ def test_amp_o1_with_ddp_equals_torch_autocast_and_grad_scaler(results):
         np.testing.assert_array_equal(res["amp_o1/state"], [2.0 ** 15, 1])
 
 
+def test_sync_batchnorm_apex_extras_equal_batch_norm_over_the_whole_batch(results):
+    for res in results:
+        for k in ("out", "gx", "rv"):
+            np.testing.assert_allclose(res[f"syncbn_apex/pyddp/{k}"], res[f"syncbn_apex/torch/{k}"],
+                                       rtol=1e-10, atol=1e-12, err_msg=k)
+
+
 def test_sync_batchnorm_equals_batch_norm_over_the_whole_batch(results):
     for res in results:
         assert str(res["syncbn/type"]) == "TorchSyncBatchNorm"
