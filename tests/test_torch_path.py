@@ -167,6 +167,7 @@ def test_convert_sync_batchnorm_on_torch_models():
     assert shared[1].weight is m[1].weight  # torch's: the same Parameter objects
     copied = convert_syncbn_model(torch.nn.Sequential(torch.nn.BatchNorm1d(5)), channel_last=True)
     assert type(copied[0]).__name__ == "TorchSyncBatchNorm" and copied[0].channel_last
+    assert isinstance(copied[0], torch.nn.SyncBatchNorm)
     # no process group: plain batch norm, as torch's SyncBatchNorm
     x = torch.randn(4, 3, 6, 6)
     ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))

@@ -123,16 +123,17 @@ class _SyncBatchNormFn(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None, None
 
 
-class TorchSyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
-    """torch.nn.SyncBatchNorm's module on pyddp's collectives (any device), with apex's extras:
-    ``channel_last`` (channels in the last dimension), ``fuse_relu`` and the residual ``z`` of
-    ``forward(input, z=None)``: ``relu(bn(input) + z)``."""
+class TorchSyncBatchNorm(torch.nn.SyncBatchNorm):
+    """torch.nn.SyncBatchNorm's module on pyddp's collectives (any device; ``isinstance(m,
+    torch.nn.SyncBatchNorm)`` holds), with apex's extras: ``channel_last`` (channels in the last
+    dimension), ``fuse_relu`` and the residual ``z`` of ``forward(input, z=None)``:
+    ``relu(bn(input) + z)``."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, device=None, dtype=None,
                  channel_last=False, fuse_relu=False):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.process_group = process_group
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, process_group,
+                         device, dtype)
         self.channel_last = bool(channel_last)
         self.fuse_relu = bool(fuse_relu)
 
