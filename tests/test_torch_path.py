@@ -261,3 +261,12 @@ def test_pyddp_grad_scaler_on_torch_params_equals_torchs(fused):
     assert s2.get_scale() == 512.0
     for a, b in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(a, b)
+
+
+def test_grad_scaler_device_is_checked():
+    from pyddp.amp import GradScaler
+
+    GradScaler("cuda")  # accepted without a GPU, as torch's (the scale lives on the host)
+    GradScaler(torch.device("cpu"))
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
+        GradScaler("tpu")

@@ -43,12 +43,17 @@ class GradScaler:
     backoff_factor=0.5, growth_interval=2000, enabled=True).
 
     ``scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()``; ``unscale_``
-    between backward and step for gradient clipping.  ``device`` is accepted for torch's
-    signature ("cpu" and "cuda" both keep the scale in host memory).
+    between backward and step for gradient clipping.  ``device`` is "cpu" or "cuda" (torch's
+    signature): the scale stays in host memory either way; torch gradients are unscaled and checked
+    where they are, with torch's fused kernel, one found-inf flag per device.
     """
 
     def __init__(self, device="cpu", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
+        kind = getattr(device, "type", device)
+        if not isinstance(kind, str) or kind.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"GradScaler: device must be 'cpu' or 'cuda' (a GPU's gradients are "
+                             f"unscaled where they are), got {device!r}")
         self._device = device
         self._enabled = enabled
         if self._enabled:
