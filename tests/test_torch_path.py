@@ -270,3 +270,60 @@ def test_grad_scaler_device_is_checked():
     GradScaler(torch.device("cpu"))
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
         GradScaler("tpu")
+
+
+def _lamb_reference(params, grads_per_step, lr, betas, eps, wd, adam_w_mode, max_grad_norm,
+                    grad_averaging=True):
+    """apex's multi_tensor_lamb, written out in float64 NumPy (stage 1: clipped gradient, moments,
+    update; stage 2: trust ratio lr * ||p|| / ||update||)."""
+    ps = [np.asarray(p, np.float64).copy() for p in params]
+    m = [np.zeros_like(p) for p in ps]
+    v = [np.zeros_like(p) for p in ps]
+    b1, b2 = betas
+    b3 = 1 - b1 if grad_averaging else 1.0
+    for step, grads in enumerate(grads_per_step, 1):
+        gn = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
+        clip = gn / max_grad_norm if gn > max_grad_norm else 1.0
+        for i, g in enumerate(grads):
+            sg = g.astype(np.float64) / clip
+            if not adam_w_mode:
+                sg = sg + wd * ps[i]
+            m[i] = b1 * m[i] + b3 * sg
+            v[i] = b2 * v[i] + (1 - b2) * sg * sg
+            upd = (m[i] / (1 - b1 ** step)) / (np.sqrt(v[i] / (1 - b2 ** step)) + eps)
+            if adam_w_mode:
+                upd = upd + wd * ps[i]
+            pn, un = np.linalg.norm(ps[i]), np.linalg.norm(upd)
+            ratio = lr * pn / un if (pn != 0 and un != 0) else lr
+            ps[i] = ps[i] - ratio * upd
+    return ps
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+@pytest.mark.parametrize("max_grad_norm", [1.0, 100.0])
+def test_fused_lamb_on_torch_params_follows_apex_arithmetic(adam_w_mode, max_grad_norm):
+    from pyddp.optimizers import FusedLAMB
+
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(4, generator=g,
+                                                                               dtype=torch.float64)]
+    steps = [[torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params] for _ in range(4)]
+    want = _lamb_reference([p.numpy() for p in params], [[s.numpy() for s in st] for st in steps],
+                           lr=0.01, betas=(0.9, 0.999), eps=1e-6, wd=0.01, adam_w_mode=adam_w_mode,
+                           max_grad_norm=max_grad_norm)
+    ps = [torch.nn.Parameter(p.clone()) for p in params]
+    opt = FusedLAMB(ps, lr=0.01, adam_w_mode=adam_w_mode, max_grad_norm=max_grad_norm)
+    assert isinstance(opt, FusedLAMB) and isinstance(opt, torch.optim.Optimizer)
+    for st in steps:
+        for p, s in zip(ps, st):
+            p.grad = s.clone()
+        opt.step()
+    for p, w in zip(ps, want):
+        # float64 parameters keep float64 moments and arithmetic
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-12, atol=1e-14)
+    assert opt.param_groups[0]["step"] == 4
+    with pytest.raises(RuntimeError, match="AMSGrad"):
+        FusedLAMB(ps, amsgrad=True)
+    import pyddp.nn as pnn
+    with pytest.raises(TypeError, match="torch tensors"):
+        FusedLAMB(pnn.Linear(2, 2).parameters())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["fused_adam", "fused_sgd"]
+__all__ = ["fused_adam", "fused_sgd", "fused_lamb"]
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -139,6 +139,130 @@ def _sgd_class():
 
         cls = _classes["sgd"] = FusedSGD
     return cls
+
+
+def _acc(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _lamb_class():
+    cls = _classes.get("lamb")
+    if cls is None:
+        class FusedLAMB(torch.optim.Optimizer):
+            """apex.optimizers.FusedLAMB on torch parameters, with torch's foreach kernels (any
+            device): apex's multi_tensor_lamb arithmetic, step by step.
+
+            Args (apex's): params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
+            weight_decay=0.01, amsgrad=False (True raises, as apex), adam_w_mode=True,
+            grad_averaging=True, set_grad_none=True, max_grad_norm=1.0, use_nvlamb=False.
+
+            A step: the gradients are divided by ``global_norm / max_grad_norm`` when their global
+            L2 norm exceeds ``max_grad_norm``; Adam's moments (``beta3 = 1 - beta1`` with
+            grad_averaging, else 1) with bias correction; the update ``m_hat / (sqrt(v_hat) + eps)``
+            plus ``weight_decay * p`` (adam_w_mode; otherwise the decay is added to the gradient
+            first); each parameter moves by ``lr * ||p|| / ||update||`` times its update (the trust
+            ratio, when weight_decay != 0 or use_nvlamb and both norms are non-zero; else lr).
+            State: 'exp_avg', 'exp_avg_sq' per parameter, 'step' per group (as apex).
+            """
+
+            def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999),
+                         eps=1e-6, weight_decay=0.01, amsgrad=False, adam_w_mode=True,
+                         grad_averaging=True, set_grad_none=True, max_grad_norm=1.0,
+                         use_nvlamb=False):
+                if amsgrad:
+                    raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
+                if not 0.0 <= lr:
+                    raise ValueError(f"Invalid learning rate: {lr}")
+                if not 0.0 <= eps:
+                    raise ValueError(f"Invalid epsilon value: {eps}")
+                if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+                    raise ValueError(f"Invalid beta parameters: {betas}")
+                defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas),
+                                eps=eps, weight_decay=weight_decay, grad_averaging=grad_averaging,
+                                max_grad_norm=max_grad_norm)
+                super().__init__(_params_list(params), defaults)
+                self.adam_w_mode = 1 if adam_w_mode else 0
+                self.set_grad_none = set_grad_none
+                self.use_nvlamb = use_nvlamb
+
+            def zero_grad(self, set_to_none=None):
+                """Clear gradients: to None when ``set_to_none`` (default: set_grad_none)."""
+                super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+
+            @torch.no_grad()
+            def step(self, closure=None):
+                loss = None
+                if closure is not None:
+                    with torch.enable_grad():
+                        loss = closure()
+                grads = [p.grad for g in self.param_groups for p in g["params"]
+                         if p.grad is not None]
+                if not grads:
+                    return loss
+                if any(g.is_sparse for g in grads):
+                    raise RuntimeError("FusedLAMB does not support sparse gradients")
+                # one global norm over every gradient (apex: float32 accumulation per dtype)
+                dev = grads[0].device
+                norms = torch._foreach_norm([g.to(_acc(g.dtype)) for g in grads])
+                acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else \
+                    torch.float32
+                global_norm = torch.linalg.vector_norm(
+                    torch.stack([n.to(device=dev, dtype=acc) for n in norms]))
+                for group in self.param_groups:
+                    ps = [p for p in group["params"] if p.grad is not None]
+                    if not ps:
+                        continue
+                    beta1, beta2 = group["betas"]
+                    beta3 = 1.0 - beta1 if group["grad_averaging"] else 1.0
+                    group["step"] = group.get("step", 0) + 1
+                    step = group["step"]
+                    bc1 = 1.0 - beta1 ** step if group["bias_correction"] else 1.0
+                    bc2 = 1.0 - beta2 ** step if group["bias_correction"] else 1.0
+                    decay, lr, eps = group["weight_decay"], group["lr"], group["eps"]
+                    mgn = group["max_grad_norm"]
+                    clip = torch.where(global_norm > mgn, global_norm / mgn,
+                                       torch.ones_like(global_norm)) if mgn > 0 else \
+                        torch.ones_like(global_norm)
+                    for p in ps:
+                        st = self.state[p]
+                        if not st:
+                            st["exp_avg"] = torch.zeros_like(p, dtype=_acc(p.dtype))
+                            st["exp_avg_sq"] = torch.zeros_like(p, dtype=_acc(p.dtype))
+                    # float32 arithmetic for half parameters (apex's), float64 stays float64
+                    p32 = [p.to(_acc(p.dtype)) for p in ps]
+                    g = torch._foreach_div([q.grad.to(_acc(q.dtype)) for q in ps], clip.to(dev))
+                    if not self.adam_w_mode and decay != 0:
+                        torch._foreach_add_(g, p32, alpha=decay)
+                    m = [self.state[p]["exp_avg"] for p in ps]
+                    v = [self.state[p]["exp_avg_sq"] for p in ps]
+                    torch._foreach_mul_(m, beta1)
+                    torch._foreach_add_(m, g, alpha=beta3)
+                    torch._foreach_mul_(v, beta2)
+                    torch._foreach_addcmul_(v, g, g, value=1.0 - beta2)
+                    denom = torch._foreach_sqrt(torch._foreach_div(v, bc2))
+                    torch._foreach_add_(denom, eps)
+                    update = torch._foreach_div(torch._foreach_div(m, bc1), denom)
+                    if self.adam_w_mode and decay != 0:
+                        torch._foreach_add_(update, p32, alpha=decay)
+                    if self.use_nvlamb or decay != 0:
+                        pn = torch._foreach_norm(p32)
+                        un = torch._foreach_norm(update)
+                        ratios = [torch.where((a != 0) & (b != 0), lr * a / b,
+                                              torch.full_like(a, lr)) for a, b in zip(pn, un)]
+                    else:
+                        ratios = None
+                    for i, p in enumerate(ps):
+                        r = ratios[i] if ratios is not None else lr
+                        p.copy_(p32[i] - r * update[i])
+                return loss
+
+        cls = _classes["lamb"] = FusedLAMB
+    return cls
+
+
+def fused_lamb(params, *args, **kwargs):
+    """apex's FusedLAMB for torch parameters (torch's foreach kernels, any device)."""
+    return _lamb_class()(params, *args, **kwargs)
 
 
 def _host_only(params, name, what):
