@@ -115,7 +115,7 @@ def test_seed000_launch_apex_on_the_gpu(tmp_path, opt_level):
 
     env = _launch.launcher_env(OPT_LEVEL=opt_level, CKPT=str(tmp_path / "amp_checkpoint.pt"))
     p = subprocess.run([sys.executable, "-m", "pyddp.launch", "--nproc_per_node", str(machine()["devices"]),
-                        os.path.join(SEEDS, "seed000_launch_apex_gpu.py")], cwd=str(tmp_path), env=env,
+                        "--master_port", str(free_port()), os.path.join(SEEDS, "seed000_launch_apex_gpu.py")], cwd=str(tmp_path), env=env,
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-5000:]
     assert "restored: True, on the GPU: True" in p.stdout
@@ -126,7 +126,7 @@ def test_seed001_apex_parallel_on_the_gpu(tmp_path):
 
     env = _launch.launcher_env(CKPT=str(tmp_path / "ck.pt"))
     p = subprocess.run([sys.executable, "-m", "pyddp.launch", f"--nproc_per_node={machine()['devices']}",
-                        os.path.join(SEEDS, "seed001_apex_parallel_gpu.py")], cwd=str(tmp_path), env=env,
+                        "--master_port", str(free_port()), os.path.join(SEEDS, "seed001_apex_parallel_gpu.py")], cwd=str(tmp_path), env=env,
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-5000:]
     assert "restored: True, pinned batches: True" in p.stdout

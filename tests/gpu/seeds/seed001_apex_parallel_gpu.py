@@ -1,6 +1,8 @@
 # Seed notes 001 ("Pytorch 多GPU并行处理": torch.distributed + apex.parallel.DistributedDataParallel + apex amp,
 # the "汇总代码" block) on a GPU: the seed's GPU lines as written (backend='nccl', torch.cuda.set_device(gpu),
-# device_ids=[gpu], .cuda(non_blocking=True)); only the import lines changed. Run with
+# device_ids=[gpu], .cuda(non_blocking=True)); the import lines changed, and one line more (marked "# PORT:"):
+# torch.utils.data.distributed.DistributedSampler asks torch.distributed for the world size, which pyddp does not
+# initialise, so the sampler is pyddp's. Run with
 #     python -m pyddp.launch --nproc_per_node=<GPUs> seed001_apex_parallel_gpu.py
 # The block has bugs of its own (opt_level '01', an optimizer made after amp.initialize, `images` never
 # assigned); those fixes are marked "# SEED BUG" and are needed under torch + apex too. The dataset, model and
@@ -10,6 +12,7 @@
 # from apex.parallel import DistributedDataParallel
 # from apex import amp
 import torch
+import pyddp.utils.data.distributed
 import pyddp.distributed as dist
 from pyddp.nn.parallel import DistributedDataParallel
 from pyddp import amp
@@ -35,7 +38,7 @@ dist.init_process_group(backend='nccl')
 torch.cuda.set_device(gpu)
 
 train_dataset = train_dataset
-train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset)
+train_sampler = pyddp.utils.data.distributed.DistributedSampler(train_dataset)  # PORT: torch.utils... -> pyddp.utils...: torch's sampler asks torch.distributed, which pyddp does not initialise
 train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=64, sampler=train_sampler,
                                            pin_memory=True)  # scaffolding: pinned batches for non_blocking
 

@@ -2,9 +2,11 @@
 # DDP, rank-0 logging and saving) on a GPU: the seed's GPU lines as written (torch.cuda.set_device,
 # backend="nccl", device = cuda:local_rank, device_ids=[local_rank]). Run with
 #     python -m pyddp.run --standalone --nproc_per_node=<GPUs> seed002_torchrun_gpu.py --epochs 3
-# The import lines changed, and one line more (marked "# PORT:"): the seed calls
+# The import lines changed, and two lines more (marked "# PORT:"): the seed calls
 # torch.nn.SyncBatchNorm.convert_sync_batchnorm, which with torch.distributed not initialised would silently
-# be plain batch norm; pyddp's is nn.SyncBatchNorm (nn being pyddp.nn here). The seed leaves the dataset,
+# be plain batch norm (pyddp's is nn.SyncBatchNorm, nn being pyddp.nn here), and
+# torch.utils.data.distributed.DistributedSampler, which asks torch.distributed for the world size (pyddp's
+# sampler asks pyddp). The seed leaves the dataset,
 # model, loss and optimizer to the reader: the small definitions marked "scaffolding" fill them in.
 # import os
 # import torch
@@ -14,6 +16,7 @@
 # from torch.nn.parallel import DistributedDataParallel as DDP
 import os
 import torch
+import pyddp.utils.data.distributed
 import pyddp.distributed as dist
 import pyddp.nn as nn
 from pyddp.nn.parallel import DistributedDataParallel as DDP
@@ -72,7 +75,7 @@ device = torch.device("cuda", local_rank)
 # define your dataset
 train_set = your_training_dataset(root='train_path', train=True,
     transform=None)  # scaffolding: no torchvision transforms for the synthetic data
-train_sampler = torch.utils.data.distributed.DistributedSampler(
+train_sampler = pyddp.utils.data.distributed.DistributedSampler(  # PORT: torch.utils... -> pyddp.utils...: torch's sampler asks torch.distributed, which pyddp does not initialise
     train_set,
     shuffle=True,
 )
