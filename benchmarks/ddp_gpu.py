@@ -31,6 +31,9 @@ def _parse():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models", default="cnn,transformer")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="run the same steps on the CPU (gloo, CPU autocast): checks the script, times nothing "
+                         "worth reading")
     return ap.parse_args()
 
 
@@ -56,7 +59,7 @@ def _port():
         return s.getsockname()[1]
 
 
-def _models(torch, which):
+def _models(torch, which, dev="cuda"):
     nn = torch.nn
     out = {}
     if "cnn" in which:
@@ -66,12 +69,12 @@ def _models(torch, which):
                 nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
                 nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
                 nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                nn.Flatten(), nn.Linear(128, 10)).cuda()
+                nn.Flatten(), nn.Linear(128, 10)).to(dev)
 
         def cnn_batch():
-            g = torch.Generator(device="cuda").manual_seed(1)
-            return (torch.randn(64, 3, 32, 32, device="cuda", generator=g),
-                    torch.randint(0, 10, (64,), device="cuda", generator=g))
+            g = torch.Generator(device=dev).manual_seed(1)
+            return (torch.randn(64, 3, 32, 32, device=dev, generator=g),
+                    torch.randint(0, 10, (64,), device=dev, generator=g))
         out["cnn (3 conv, 32x32, batch 64)"] = (cnn, cnn_batch, nn.CrossEntropyLoss())
     if "transformer" in which:
         class Tiny(nn.Module):
@@ -87,19 +90,19 @@ def _models(torch, which):
 
         def tiny():
             torch.manual_seed(0)
-            return Tiny().cuda()
+            return Tiny().to(dev)
 
         def tiny_batch():
-            g = torch.Generator(device="cuda").manual_seed(1)
-            x = torch.randint(0, 1000, (16, 128), device="cuda", generator=g)
-            return x, torch.randint(0, 1000, (16 * 128,), device="cuda", generator=g)
+            g = torch.Generator(device=dev).manual_seed(1)
+            x = torch.randint(0, 1000, (16, 128), device=dev, generator=g)
+            return x, torch.randint(0, 1000, (16 * 128,), device=dev, generator=g)
         out["transformer (2 layers, d 256, seq 128, batch 16)"] = (tiny, tiny_batch, nn.CrossEntropyLoss())
     return out
 
 
 def main():
     args = _parse()
-    why = _no_gpu_reason()
+    why = "" if args.cpu_smoke else _no_gpu_reason()
     if why:
         print(f"benchmarks/ddp_gpu.py: skipped: {why}")
         return 0
@@ -107,18 +110,23 @@ def main():
     import torch.distributed as tdist
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    import pyddp.cuda
     import pyddp.distributed as dist
     from pyddp import amp
     from pyddp.nn.parallel import DistributedDataParallel as DDP
 
-    torch.cuda.set_device(0)
-    pyddp.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
-    tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
-    torch.backends.cudnn.benchmark = True
+    dev = "cpu" if args.cpu_smoke else "cuda"
+    if dev == "cuda":
+        import pyddp.cuda
 
-    specs = _models(torch, args.models.split(","))
+        torch.cuda.set_device(0)
+        pyddp.cuda.set_device(0)
+    backend = "nccl" if dev == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    tdist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    torch.backends.cudnn.benchmark = True
+    ids = [0] if dev == "cuda" else None
+
+    specs = _models(torch, args.models.split(","), dev)
     # pyddp: apex's order (amp.initialize, then DDP), one initialize for every model
     p_models = {k: s[0]() for k, s in specs.items()}
     p_opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in p_models.items()}
@@ -127,11 +135,11 @@ def main():
                              verbosity=0)
     p_models = dict(zip(keys, ms))
     p_opts = dict(zip(keys, os_))
-    p_ddp = {k: DDP(m, device_ids=[0]) for k, m in p_models.items()}
+    p_ddp = {k: DDP(m, device_ids=ids) for k, m in p_models.items()}
     t_models = {k: s[0]() for k, s in specs.items()}
-    t_ddp = {k: TorchDDP(m, device_ids=[0]) for k, m in t_models.items()}
+    t_ddp = {k: TorchDDP(m, device_ids=ids) for k, m in t_models.items()}
     t_opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in t_models.items()}
-    scalers = {k: torch.amp.GradScaler("cuda") for k in keys}
+    scalers = {k: torch.amp.GradScaler(dev) for k in keys}
     batches = {k: specs[k][1]() for k in keys}
 
     def pyddp_step(k):
@@ -148,19 +156,23 @@ def main():
         o = t_opts[k]
         o.zero_grad()
         with amp.disable_casts():  # pyddp's O1 casts off: torch's own autocast context instead
-            with torch.autocast("cuda", dtype=torch.float16):
+            with torch.autocast(dev, dtype=torch.float16):
                 loss = specs[k][2](t_ddp[k](x), y)
             s = scalers[k]
             s.scale(loss).backward()
             s.step(o)
             s.update()
 
+    def sync():
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
     def timed(fn, k, n):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(n):
             fn(k)
-        torch.cuda.synchronize()
+        sync()
         return (time.perf_counter() - t0) / n
 
     rows, out = [], {}
@@ -181,7 +193,8 @@ def main():
         f"{args.rounds} rounds x {args.steps} steps)",
         ["model", "torch DDP + torch.amp (ms)", "pyddp DDP + amp O1 (ms)", "ratio (target <= 1.03)"], rows,
         notes=[f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
-               f"pyddp NCCL {'.'.join(map(str, pyddp.cuda.nccl.version()))}"]))
+               f"pyddp NCCL {'.'.join(map(str, pyddp.cuda.nccl.version()))}" if dev == "cuda" else
+               "--cpu-smoke: the same steps on the CPU (gloo, CPU autocast); not a measurement"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -230,6 +230,21 @@ def test_ddp_gpu_benchmark_without_a_gpu_exits_0_saying_why():
     assert "skipped:" in p.stdout and "CUDA" in p.stdout
 
 
+def test_ddp_gpu_benchmark_steps_run_on_the_cpu():
+    # the benchmark's code (amp.initialize over two models, pyddp DDP, torch DDP + autocast + GradScaler)
+    # on the CPU: the GPU machine should not be the first to run it
+    import subprocess
+    import sys
+
+    import _launch
+
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "ddp_gpu.py"),
+                        "--cpu-smoke", "--models", "cnn", "--rounds", "1", "--steps", "1", "--warmup", "1"],
+                       capture_output=True, text=True, timeout=240, env=_launch.launcher_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| cnn (3 conv, 32x32, batch 64) |" in p.stdout and "not a measurement" in p.stdout
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_pyddp_grad_scaler_on_torch_params_equals_torchs(fused):
     # pyddp.amp.GradScaler on torch gradients: torch's fused unscale-and-check, a flag per device; with a
