@@ -387,3 +387,15 @@ def test_gpu_seed_scripts_run_to_the_end_with_their_gpu_lines_mapped_to_the_cpu(
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-4000:]
     assert p.stdout.count(expect) == 2, p.stdout[-2000:]
+
+
+def test_fused_optimizers_read_param_group_generators_once():
+    # seed 000 passes [{'params': enc1.parameters()}, {'params': enc2.parameters()}]: generators
+    from pyddp.optimizers import FusedAdam, FusedLAMB, FusedSGD
+
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)
+    for make in (lambda g: FusedAdam(g, lr=1e-3), lambda g: FusedSGD(g, lr=0.1),
+                 lambda g: FusedLAMB(g, lr=1e-3)):
+        opt = make([{"params": a.parameters()}, {"params": b.parameters(), "lr": 0.5}])
+        assert [len(g["params"]) for g in opt.param_groups] == [2, 2]
+        assert opt.param_groups[1]["lr"] == 0.5

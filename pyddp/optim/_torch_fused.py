@@ -21,7 +21,13 @@ _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _params_list(params):
-    params = list(params)
+    """The parameters as a list, every param group's "params" read once into a list of its own (a
+    generator read here for the fused-kernel check would otherwise reach torch empty)."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params argument given to the optimizer should be an iterable of Tensors or "
+                        f"dicts, but got {torch.typename(params)}")
+    params = [dict(p, params=[p["params"]] if isinstance(p["params"], torch.Tensor)
+                   else list(p["params"])) if isinstance(p, dict) else p for p in params]
     if not params:
         raise ValueError("optimizer got an empty parameter list")
     return params
