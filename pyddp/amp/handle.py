@@ -128,10 +128,12 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
 
     Yields ``loss.float() * loss_scale``.  On exit (unless ``delay_unscale``) every gradient of
     the optimizers' parameters is multiplied by ``1/loss_scale`` and checked for inf/NaN in the
-    same C pass (into the float32 master gradients under O2).  On an overflow with dynamic
+    same pass (into the float32 master gradients under O2): pyddp's C kernel for host arrays,
+    torch's ``_amp_foreach_non_finite_check_and_unscale_`` on torch gradients, where they are.  On an overflow with dynamic
     scaling the scale halves and the next ``optimizer.step()`` of each optimizer is skipped
     once, printing apex's "Gradient overflow.  Skipping step, ..." (on rank 0 only).  Under
-    DistributedDataParallel the found-inf flag is MAX-allreduced so every rank decides the same.
+    DistributedDataParallel the found-inf flag is MAX-allreduced so every rank decides the same
+    (on the GPU for CUDA gradients).
     Without amp enabled it yields the loss unchanged.
     """
     if not hasattr(_amp_state, "opt_properties"):

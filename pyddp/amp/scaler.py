@@ -45,7 +45,9 @@ class LossScaler:
 
     def unscale(self, grads, scale):
         """Multiply every array in ``grads`` by ``1/scale`` in place and record inf/NaN, in one
-        C pass (pyddp._C.amp_unscale_).  ``scale == 1.0`` only checks."""
+        pass: pyddp._C.amp_unscale_ for host arrays, torch's fused kernel per device and dtype for
+        torch gradients (the flag then stays on the device until read).  ``scale == 1.0`` only
+        checks."""
         if not grads:
             return
         if _fw.is_torch(grads[0]):
