@@ -49,6 +49,8 @@ _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     "DataLoader": ("utils.data", "DataLoader"),
     "DistributedSampler": ("utils.data", "DistributedSampler"),
     "DistributedDataParallel": ("nn.parallel", "DistributedDataParallel"),
+    # apex.parallel's names (`import pyddp as apex`: apex.parallel.convert_syncbn_model, ...)
+    "parallel": ("nn", "parallel"),
     "notebook_launcher": ("notebook", "notebook_launcher"),
     "autocast": ("_autocast", "autocast"),
     "is_autocast_enabled": ("_autocast", "is_autocast_enabled"),
@@ -67,6 +69,7 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
     from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
     from . import serialization, utils  # noqa: F401
+    from .nn import parallel  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401
     from .serialization import load, save  # noqa: F401

@@ -205,7 +205,8 @@ for name, impl in (("pyddp", DDP), ("torch", TorchDDP)):
             for j, p in enumerate(params):
                 res[f"{{tag}}_g{{s}}_{{j}}"] = p.grad.numpy().copy()
             if name == "pyddp":
-                bufs = [b.buffer for b in ddp._buckets]
+                # torch models: DDP's buckets are torch tensors (on the parameters' device)
+                bufs = [b.buffer.numpy() for b in ddp._buckets]
                 lo_hi = [(b.ctypes.data, b.ctypes.data + b.nbytes) for b in bufs]
                 inside = [any(lo <= p.grad.data_ptr() < hi for lo, hi in lo_hi) and
                           any(np.shares_memory(p.grad.numpy(), b) for b in bufs) for p in params]

@@ -261,8 +261,14 @@ def test_convert_syncbn_model_as_apex():
     assert out is m and type(m[1]) is SyncBatchNorm and type(m[2][0]) is SyncBatchNorm
     assert m[1].running_mean is rm  # apex shares the running statistics ...
     np.testing.assert_array_equal(m[1].weight.numpy(), 2.0)  # ... and copies weight and bias
-    with pytest.raises(TypeError, match="pyddp.nn.Module"):
-        convert_syncbn_model(torch.nn.BatchNorm1d(2))
+    with pytest.raises(TypeError, match="pyddp.nn.Module or a torch.nn.Module"):
+        convert_syncbn_model(object())
+    # a torch model gets torch layers (torch's SyncBatchNorm algorithm on pyddp's collectives:
+    # tests/test_torch_path.py), apex's copy of weight and bias, shared running statistics
+    bn = torch.nn.BatchNorm1d(2)
+    conv = convert_syncbn_model(bn)
+    assert isinstance(conv, torch.nn.modules.batchnorm._BatchNorm) and conv.weight is not bn.weight
+    assert conv.running_mean is bn.running_mean
 
 
 def _reducer_rank(rank, world):

@@ -159,11 +159,12 @@ def make_master(p):
 
 
 def new_grad(master) -> np.ndarray:
-    """Give ``master`` a fresh (uninitialised) float32 gradient; returns its array."""
+    """Give ``master`` a fresh (uninitialised) float32 gradient; returns its array (a torch
+    tensor on the master's device for torch masters)."""
     if is_torch_tensor(master):
         torch = _torch()
         master.grad = torch.empty_like(master)
-        return master.grad.numpy()
+        return master.grad
     from .._tensor import Tensor
 
     arr = np.empty(master._data.shape, dtype=np.float32)
@@ -174,3 +175,36 @@ def new_grad(master) -> np.ndarray:
 def detach_copy_value(master):
     """What model.state_dict() shows for a parameter with a master: the master, detached."""
     return master.detach()
+
+
+# ------------------------------------------------------------------ torch tensors, any device
+# amp's kernels on torch gradients are torch's own, so the same code runs on CPU and CUDA tensors.
+
+def torch_unscale_(grads, found, inv_scale):
+    """torch's fused unscale-and-check (``torch._amp_foreach_non_finite_check_and_unscale_``,
+    what torch.amp.GradScaler runs): every gradient times ``inv_scale`` in place, inf/NaN recorded
+    in a one-element float32 flag per device. ``found`` maps device -> flag (created as needed);
+    returns it."""
+    torch = _torch()
+    groups = {}
+    for g in grads:
+        groups.setdefault(g.device, {}).setdefault(g.dtype, []).append(g)
+    for dev, by_dtype in groups.items():
+        flag = found.get(dev)
+        if flag is None:
+            flag = found[dev] = torch.zeros(1, dtype=torch.float32, device=dev)
+        if isinstance(inv_scale, torch.Tensor):
+            inv = inv_scale.to(device=dev, dtype=torch.float32).reshape(1)
+        else:
+            inv = torch.full((1,), float(np.asarray(inv_scale, dtype=np.float32).reshape(-1)[0]),
+                             dtype=torch.float32, device=dev)
+        for gs in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(gs, flag, inv)
+    return found
+
+
+def torch_copy_(dsts, srcs):
+    """dst <- src for each pair (cast to dst's dtype, round to nearest even), without autograd."""
+    torch = _torch()
+    with torch.no_grad():
+        torch._foreach_copy_(list(dsts), list(srcs))

@@ -38,7 +38,10 @@ class AmpOptimizerState:
 
 def _grad_arr(p):
     g = p.grad
-    return None if g is None else _kernels.as_array(g, "grad")
+    if g is None:
+        return None
+    # torch gradients stay torch tensors (any device): amp runs torch's kernels on them
+    return g if _fw.is_torch(g) else _kernels.as_array(g, "grad")
 
 
 # ------------------------------------------------------------------ no master weights
@@ -63,11 +66,15 @@ def _post_backward_models_are_masters(scaler, params, stashed_grads):
         elif param.grad is not None:
             fresh.append(_grad_arr(param))
             if stashed is not None:
-                with_stash.append((fresh[-1], _kernels.as_array(stashed, "grad")))
+                with_stash.append((fresh[-1], stashed if _fw.is_torch(stashed)
+                                   else _kernels.as_array(stashed, "grad")))
     # out = grad / scale (+ stashed, which is already unscaled); the check covers the new grads
     scaler.unscale(fresh, scale)
     for g, s in with_stash:
-        np.add(g, s, out=g, casting="unsafe")
+        if _fw.is_torch(g):
+            g.add_(s)
+        else:
+            np.add(g, s, out=g, casting="unsafe")
     for i in range(len(stashed_grads)):
         stashed_grads[i] = None
 
@@ -82,6 +89,14 @@ def _sync_masters(stash):
     """Refresh masters whose model parameter no longer rounds-trips from them (the model was
     changed after initialize, e.g. DistributedDataParallel broadcast rank 0's parameters)."""
     stash.masters_checked = True
+    if stash.all_fp16_params and _fw.is_torch(stash.all_fp16_params[0]):
+        import torch
+
+        with torch.no_grad():
+            for p, m in zip(stash.all_fp16_params, stash.all_fp32_from_fp16_params):
+                if not torch.equal(m.to(p.dtype), p):
+                    m.copy_(p)
+        return
     model = [_kernels.as_array(p, "param") for p in stash.all_fp16_params]
     if not model:
         return
@@ -117,6 +132,19 @@ def _post_backward_with_master_weights(self, scaler):
         else:
             acc.append((g16, _grad_arr(master)))
     scale = scaler.loss_scale()
+    if (new_dst or acc) and _fw.is_torch((new_dst or [acc[0][1]])[0]):
+        # torch: the same steps with torch's kernels, on the parameters' device
+        if new_dst:
+            _fw.torch_copy_(new_dst, new_src)
+            scaler.unscale(new_dst, scale)
+        if acc:
+            tmp = [g.float() for g, _ in acc]
+            scaler.unscale(tmp, scale)
+            for t, (_, m) in zip(tmp, acc):
+                m.add_(t)
+        _post_backward_models_are_masters(scaler, stash.all_fp32_params,
+                                          stash.all_fp32_grad_stash)
+        return
     if new_dst:
         _kernels.cast_(new_dst, new_src)       # float16 -> float32, one C call
         scaler.unscale(new_dst, scale)         # unscale + inf/NaN check, one C pass
@@ -132,7 +160,10 @@ def _post_backward_with_master_weights(self, scaler):
 def _master_params_to_model_params(self):
     stash = self._amp_stash
     if stash.all_fp16_params:
-        _kernels.cast_(stash.all_fp16_params, stash.all_fp32_from_fp16_params)
+        if _fw.is_torch(stash.all_fp16_params[0]):
+            _fw.torch_copy_(stash.all_fp16_params, stash.all_fp32_from_fp16_params)
+        else:
+            _kernels.cast_(stash.all_fp16_params, stash.all_fp32_from_fp16_params)
 
 
 def _setup_master_weights(optimizer, stash):

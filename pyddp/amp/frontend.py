@@ -251,6 +251,15 @@ def _o2_state_dict_hooks(model):
             if entry is None or entry[0] is not param or key not in state_dict:
                 continue
             value = state_dict[key]
+            if _fw.is_torch(entry[1]):
+                master = entry[1]
+                import torch
+
+                v = value if _fw.is_torch(value) else torch.as_tensor(np.asarray(value))
+                if v.numel() == master.numel():
+                    with torch.no_grad():
+                        master.copy_(v.reshape(master.shape))
+                continue
             src = _fw.as_array(value, key) if not isinstance(value, (list, float, int)) \
                 else np.asarray(value)
             dst = _fw.as_array(entry[1], "master")
@@ -342,7 +351,11 @@ def _initialize(models, optimizers, properties, num_losses=1, cast_model_outputs
 
         use_torch = any(_fw.is_torch_module(m) for m in models)
         use_pyddp = any(not _fw.is_torch_module(m) for m in models) or not models
-        _amp_state.handle = AmpHandle(properties.loss_scale, pyddp=use_pyddp, torch=use_torch)
+        # torch's autocast on the models' device types (CUDA models: torch's CUDA autocast)
+        devices = sorted({p.device.type for m in models if _fw.is_torch_module(m)
+                          for p in m.parameters()}) or ["cpu"]
+        _amp_state.handle = AmpHandle(properties.loss_scale, pyddp=use_pyddp, torch=use_torch,
+                                      torch_devices=devices)
         _amp_state.handle._activate()
 
     if optimizers_was_list:

@@ -43,12 +43,17 @@ class GradScaler:
     backoff_factor=0.5, growth_interval=2000, enabled=True).
 
     ``scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()``; ``unscale_``
-    between backward and step for gradient clipping.  ``device`` is accepted for torch's
-    signature ("cpu" and "cuda" both keep the scale in host memory).
+    between backward and step for gradient clipping.  ``device`` is "cpu" or "cuda" (torch's
+    signature): the scale stays in host memory either way; torch gradients are unscaled and checked
+    where they are, with torch's fused kernel, one found-inf flag per device.
     """
 
     def __init__(self, device="cpu", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
+        kind = getattr(device, "type", device)
+        if not isinstance(kind, str) or kind.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"GradScaler: device must be 'cpu' or 'cuda' (a GPU's gradients are "
+                             f"unscaled where they are), got {device!r}")
         self._device = device
         self._enabled = enabled
         if self._enabled:
@@ -118,6 +123,9 @@ class GradScaler:
                     raise NotImplementedError("sparse gradients are not supported by pyddp's "
                                               "GradScaler")
                 grads.append(param.grad)
+        if grads and _fw.is_torch(grads[0]):
+            # torch's fused unscale-and-check on each device's gradients (one flag per device)
+            return _fw.torch_unscale_(grads, {}, inv_scale)
         if grads:
             _kernels.unscale_(grads, found_inf, inv_scale)
         return {"cpu": found_inf}
@@ -154,7 +162,8 @@ class GradScaler:
 
     def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
         retval = None
-        if not sum(float(v[0]) for v in optimizer_state["found_inf_per_device"].values()):
+        found = optimizer_state["found_inf_per_device"].values()
+        if not sum(float(v.reshape(-1)[0]) for v in found):
             retval = optimizer.step(*args, **kwargs)
         return retval
 
@@ -186,14 +195,17 @@ class GradScaler:
             else:
                 if optimizer_state["stage"] is OptState.READY:
                     self._check_inf_per_device(optimizer)
-                found = sum(np.asarray(t, dtype=np.float32)
+                found = sum(np.float32(float(t.reshape(-1)[0]))
                             for t in optimizer_state["found_inf_per_device"].values())
                 found_inf = np.asarray(found, dtype=np.float32).reshape(1)
-                if _fw.is_torch(optimizer.param_groups[0]["params"][0]):
+                p0 = optimizer.param_groups[0]["params"][0]
+                if _fw.is_torch(p0):
                     import torch
 
-                    scaler = torch.from_numpy(self._scale.reshape(1).copy())
-                    found_inf = torch.from_numpy(found_inf)
+                    # on the parameters' device, 0-d as torch's GradScaler passes them: torch's
+                    # fused kernels read them there (and subtract found_inf from 0-d step counts)
+                    scaler = torch.from_numpy(self._scale.reshape(()).copy()).to(p0.device)
+                    found_inf = torch.from_numpy(found_inf.reshape(())).to(p0.device)
                 else:
                     scaler = self._scale.reshape(1).copy()
                 optimizer.grad_scale = (
@@ -227,12 +239,14 @@ class GradScaler:
             else:
                 reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
                           "torch.FloatTensor with requires_grad=False.")
-                arr = _kernels.as_array(new_scale, "new_scale")
+                arr = new_scale.detach().cpu().numpy() if _fw.is_torch(new_scale) else \
+                    _kernels.as_array(new_scale, "new_scale")
                 assert arr.size == 1, reason
                 assert not getattr(new_scale, "requires_grad", False), reason
                 self._scale[...] = np.float32(arr.reshape(-1)[0])
         else:
-            found_infs = [np.float32(f[0]) for state in self._per_optimizer_states.values()
+            found_infs = [np.float32(float(f.reshape(-1)[0]))
+                          for state in self._per_optimizer_states.values()
                           for f in state["found_inf_per_device"].values()]
             assert len(found_infs) > 0, "No inf checks were recorded prior to update."
             found_inf_combined = np.float32(0.0)

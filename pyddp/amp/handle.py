@@ -15,9 +15,12 @@ class AmpHandle:
     """O1's process-wide casts: pyddp's autocast (float16) and, for torch models, torch's CPU
     autocast (float16), switched on by initialize as apex patches torch functions globally."""
 
-    def __init__(self, loss_scale="dynamic", pyddp=True, torch=False, verbose=False):
+    def __init__(self, loss_scale="dynamic", pyddp=True, torch=False, verbose=False,
+                 torch_devices=("cpu",)):
         self._pyddp = pyddp
         self._torch = torch
+        # torch's autocast per device type of the models ("cuda": float16 as apex's O1)
+        self._torch_devices = tuple(torch_devices) or ("cpu",)
         self._verbose = verbose
         self._prev = None
         self._active = False
@@ -35,10 +38,12 @@ class AmpHandle:
         if self._torch:
             import torch
 
-            self._prev = (self._prev[0], (torch.is_autocast_enabled("cpu"),
-                                          torch.get_autocast_dtype("cpu")))
-            torch.set_autocast_dtype("cpu", torch.float16)
-            torch.set_autocast_enabled("cpu", True)
+            self._prev = (self._prev[0], [(d, torch.is_autocast_enabled(d),
+                                           torch.get_autocast_dtype(d))
+                                          for d in self._torch_devices])
+            for d in self._torch_devices:
+                torch.set_autocast_dtype(d, torch.float16)
+                torch.set_autocast_enabled(d, True)
         self._active = True
 
     def _deactivate(self):
@@ -52,8 +57,9 @@ class AmpHandle:
         if self._torch and self._prev[1] is not None:
             import torch
 
-            torch.set_autocast_enabled("cpu", self._prev[1][0])
-            torch.set_autocast_dtype("cpu", self._prev[1][1])
+            for d, enabled, dtype in self._prev[1]:
+                torch.set_autocast_enabled(d, enabled)
+                torch.set_autocast_dtype(d, dtype)
             torch.clear_autocast_cache()
         self._active = False
 
@@ -91,10 +97,28 @@ def _sync_overflow(scaler):
 
     if not dist.is_initialized() or dist.get_world_size() <= 1:
         return
-    flag = np.array([1.0 if scaler.has_overflow() else 0.0], dtype=np.float32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    scaler._overflow_buf[0] = flag[0]
-    scaler._has_overflow = bool(flag[0] != 0.0)
+    found = scaler._found
+    # a rank without gradients this time still reduces where the others do (its model's GPU)
+    dev = next((d for d in found if d.type != "cpu"), scaler._device)
+    if dev is not None:
+        # torch gradients on a GPU: the flags are combined and agreed on the device (the nccl
+        # backend takes device memory), then read once
+        import torch
+
+        flag = torch.stack([f.to(dev) for f in found.values()]).amax().reshape(1) if found else \
+            torch.zeros(1, dtype=torch.float32, device=dev)
+        if scaler._has_overflow or scaler._overflow_buf[0] != 0.0:
+            flag.fill_(1.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        scaler._found = {dev: flag}
+        value = float(flag.item())
+    else:
+        flag = np.array([1.0 if scaler.has_overflow() else 0.0], dtype=np.float32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        value = float(flag[0])
+    scaler._found = {}
+    scaler._overflow_buf[0] = value
+    scaler._has_overflow = value != 0.0
 
 
 @contextlib.contextmanager
@@ -104,10 +128,12 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
 
     Yields ``loss.float() * loss_scale``.  On exit (unless ``delay_unscale``) every gradient of
     the optimizers' parameters is multiplied by ``1/loss_scale`` and checked for inf/NaN in the
-    same C pass (into the float32 master gradients under O2).  On an overflow with dynamic
+    same pass (into the float32 master gradients under O2): pyddp's C kernel for host arrays,
+    torch's ``_amp_foreach_non_finite_check_and_unscale_`` on torch gradients, where they are.  On an overflow with dynamic
     scaling the scale halves and the next ``optimizer.step()`` of each optimizer is skipped
     once, printing apex's "Gradient overflow.  Skipping step, ..." (on rank 0 only).  Under
-    DistributedDataParallel the found-inf flag is MAX-allreduced so every rank decides the same.
+    DistributedDataParallel the found-inf flag is MAX-allreduced so every rank decides the same
+    (on the GPU for CUDA gradients).
     Without amp enabled it yields the loss unchanged.
     """
     if not hasattr(_amp_state, "opt_properties"):

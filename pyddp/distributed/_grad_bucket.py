@@ -5,8 +5,6 @@ so that ``pyddp.distributed.GradBucket`` imports nothing above pyddp.distributed
 """
 from __future__ import annotations
 
-import numpy as np
-
 __all__ = ["GradBucket"]
 
 
@@ -35,4 +33,5 @@ class GradBucket:
         return self._bucket.index == len(self._ddp._buckets) - 1
 
     def set_buffer(self, tensor):
-        np.copyto(self._array, self._ddp._to_array(tensor).reshape(self._array.shape))
+        ad = self._ddp._ad
+        ad.copy_(self._array, ad.as_array(tensor).reshape(self._array.shape))

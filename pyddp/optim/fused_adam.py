@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._detect import is_torch_tensor
 from .._kernels import cast_
 from ._functional import state_zeros
 from .adam import _AdamBase, _check_adam_args
@@ -10,7 +11,47 @@ from .adam import _AdamBase, _check_adam_args
 __all__ = ["FusedAdam"]
 
 
-class FusedAdam(_AdamBase):
+class _TorchParamsDispatch(type):
+    """Given torch parameters, apex's name builds pyddp.optim._torch_fused's torch optimizer
+    (torch's fused kernels on the parameters' device); pyddp parameters get this class."""
+
+    _torch_factory = None  # the name of the factory in pyddp.optim._torch_fused
+
+    def __call__(cls, params=None, *args, **kwargs):
+        if params is None:
+            raise TypeError(f"{cls.__name__}() missing 1 required positional argument: 'params'")
+        if not isinstance(params, (list, tuple)) and not is_torch_tensor(params):
+            params = list(params)  # a generator is read once, here
+        if _first_torch(params):
+            from . import _torch_fused
+
+            opt = getattr(_torch_fused, cls._torch_factory)(params, *args, **kwargs)
+            if opt is not None:
+                return opt
+        return super().__call__(params, *args, **kwargs)
+
+    def __instancecheck__(cls, obj):
+        t = type(obj)
+        return super().__instancecheck__(obj) or (
+            t.__module__ == "pyddp.optim._torch_fused" and t.__name__ == cls.__name__)
+
+
+def _first_torch(params) -> bool:
+    if is_torch_tensor(params):
+        return True
+    for p in params:
+        if isinstance(p, dict):
+            ps = p.get("params")
+            if is_torch_tensor(ps):
+                return True
+            ps = list(ps) if ps is not None else []
+            p["params"] = ps
+            return bool(ps) and is_torch_tensor(ps[0])
+        return is_torch_tensor(p)
+    return False
+
+
+class FusedAdam(_AdamBase, metaclass=_TorchParamsDispatch):
     """apex.optimizers.FusedAdam: one C call updates every parameter of a group (GIL released).
 
     Args (apex's): params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
@@ -25,7 +66,12 @@ class FusedAdam(_AdamBase):
     State per parameter: 'step', 'exp_avg', 'exp_avg_sq' (float32).  ``step(grad_scale=...,
     found_inf=..., inv_scale=..., check_finite=...)`` fuses gradient unscaling and the
     overflow skip into the update (see pyddp.optim._scaled).
+
+    Given torch parameters (any device) this name builds torch's optimizer with torch's fused
+    kernel and apex's arguments instead (pyddp.optim._torch_fused).
     """
+
+    _torch_factory = "fused_adam"
 
     _decoupled_key = "adam_w_mode"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._kernels import cast_
+from .fused_adam import _TorchParamsDispatch
 from ._functional import param_array, state_zeros
 from .optimizer import required
 from .sgd import _SGDBase, _check_sgd_args
@@ -11,7 +12,7 @@ from .sgd import _SGDBase, _check_sgd_args
 __all__ = ["FusedSGD"]
 
 
-class FusedSGD(_SGDBase):
+class FusedSGD(_SGDBase, metaclass=_TorchParamsDispatch):
     """apex.optimizers.FusedSGD: torch.optim.SGD's math, one C call per group (GIL released).
 
     Args (apex's): params, lr (required), momentum=0, dampening=0, weight_decay=0,
@@ -21,7 +22,12 @@ class FusedSGD(_SGDBase):
     pyddp additions (keyword-only): master_weights=False (float32 master copies of half
         parameters, as FusedAdam), maximize=False.  ``step`` takes grad_scale / found_inf /
         inv_scale / check_finite (pyddp.optim._scaled).
+
+    Given torch parameters (any device) this name builds torch's optimizer with torch's fused
+    kernel and apex's arguments instead (pyddp.optim._torch_fused).
     """
+
+    _torch_factory = "fused_sgd"
 
     def __init__(self, params, lr=required, momentum=0, dampening=0, weight_decay=0,
                  nesterov=False, wd_after_momentum=False, materialize_master_grads=True,

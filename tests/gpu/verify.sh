@@ -7,14 +7,17 @@
 # 2. prints the library versions (Python, NumPy, torch, CuPy, JAX, the NCCL and CUDA runtime pyddp loads,
 #    torch's NCCL, the driver) and the ABI facts pyddp assumes, checked against the real headers
 #    (tests/gpu/abi_facts.c, compiled against nccl.h and cuda_runtime_api.h where they are found);
-# 3. runs the GPU tests (tests/gpu, in parallel with pytest-xdist where it is installed), then the
-#    NCCL-path tests on the stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
-# 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run);
+# 3. runs the GPU tests (tests/gpu, in parallel with pytest-xdist where it is installed: among them the
+#    torch-model path, pyddp DDP / amp / fused optimizers / SyncBatchNorm on CUDA tensors against torch, and
+#    the seed notes' GPU scripts, tests/gpu/test_gpu_torch_path.py), then the NCCL-path tests on the
+#    stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
+# 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run) and
+#    `benchmarks/ddp_gpu.py --rounds 5` (one training step, pyddp DDP + amp O1 against torch DDP + torch.amp);
 # 5. times the host side of one small NCCL call, pyddp against torch.distributed (tests/gpu/launch_overhead.py).
 #
 # Every step's log goes under LOGDIR (summary.txt holds what this prints). On a machine without a GPU the
 # GPU tests and the benchmark report why they skipped and the script still exits 0; any failed step makes
-# it exit 1, after the remaining steps have run. Budget: under 8 minutes on the GPU machine (16 cores);
+# it exit 1, after the remaining steps have run. Budget: under 10 minutes on the GPU machine (16 cores);
 # VERIFY_STEP_TIMEOUT (seconds, default 300) bounds each of steps 3 and 4.
 set -u
 cd "$(dirname "$0")/../.."
@@ -59,6 +62,8 @@ TAIL=10 step stand_in_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -q "${
 # 4. the benchmark against torch's ProcessGroupNCCL
 TAIL=60 step bench_nccl timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/nccl.py --quick --max-bytes 64M \
     --timeout 120 --json "$LOG/bench_nccl.json"
+TAIL=20 step bench_ddp_gpu timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/ddp_gpu.py --rounds 5 \
+    --json "$LOG/bench_ddp_gpu.json"
 
 # 5. where the host time of a small NCCL call goes (pyddp against torch.distributed)
 TAIL=45 step launch_overhead timeout -k 10 "$STEP_TIMEOUT" "$PY" tests/gpu/launch_overhead.py

@@ -78,8 +78,14 @@ class Joinable(abc.ABC):
         """The process group of the joinable's collectives (None: the default group)."""
 
 
-def _flag(value):
-    return np.full(1, value, dtype=np.float32)
+def _flag(value, device=None):
+    """The join context's one-element flag: host memory, or a torch tensor on the joinables'
+    GPU (``join_device``), where the nccl backend needs it."""
+    if device is None or getattr(device, "type", device) in ("cpu", None) or str(device) == "cpu":
+        return np.full(1, value, dtype=np.float32)
+    import torch
+
+    return torch.full((1,), float(value), dtype=torch.float32, device=device)
 
 
 class Join:
@@ -171,12 +177,12 @@ class Join:
                 j._join_config = _JoinConfig.construct_disabled_join_config()
 
     def _get_num_nonjoined_procs(self):
-        n = _flag(0)
+        n = _flag(0, self._device)
         _c10d.all_reduce(n, group=self._process_group)
         return int(n[0])
 
     def _notify_procs_to_terminate(self):
-        _c10d.all_reduce(_flag(1), group=self._process_group)
+        _c10d.all_reduce(_flag(1, self._device), group=self._process_group)
         raise RuntimeError(f"Rank {self._rank} exhausted all inputs.")
 
     @staticmethod
@@ -191,9 +197,10 @@ class Join:
         if not cfg.is_first_joinable or not cfg.enable:
             return None
         pg = joinable.join_process_group
-        work = _c10d.all_reduce(_flag(1), group=pg, async_op=True)
+        device = joinable.join_device
+        work = _c10d.all_reduce(_flag(1, device), group=pg, async_op=True)
         if cfg.throw_on_early_termination:
-            zeros = _flag(0)
+            zeros = _flag(0, device)
             _c10d.all_reduce(zeros, group=pg)
             if zeros[0]:
                 raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "

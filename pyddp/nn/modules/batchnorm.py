@@ -258,7 +258,14 @@ class SyncBatchNorm(_BatchNorm):
     def convert_sync_batchnorm(cls, module, process_group=None):
         """Replace every BatchNorm*d in ``module`` by a SyncBatchNorm sharing its parameters
         and buffers (so optimizers built earlier keep working); returns the converted module
-        (a new object when ``module`` itself is a batch norm)."""
+        (a new object when ``module`` itself is a batch norm). A torch.nn.Module gets pyddp's
+        torch SyncBatchNorm layers (torch's algorithm on pyddp's collectives, any device)."""
+        from ..._detect import is_torch_module
+
+        if is_torch_module(module):
+            from ..parallel import _torch_syncbn
+
+            return _torch_syncbn.convert(module, process_group, share=True)
         module_output = module
         if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
             module_output = cls(module.num_features, module.eps, module.momentum, module.affine,

@@ -15,8 +15,6 @@ gradients are expected: reverse parameter order; message_size is then ignored, a
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ...distributed import distributed_c10d as c10d
 from ._buckets import assign_buckets
 
@@ -164,28 +162,29 @@ class _Deferred:
 
 def _apex_hook(opts, bucket):
     ddp = bucket._ddp
+    ad = ddp._ad
     buf = bucket._array
     pg = ddp.process_group if opts.groups is None else \
         opts.groups[bucket.index() % len(opts.groups)]
     world = float(ddp._world)
     tensor = bucket.buffer()
-    low = buf.dtype.kind == "f" and buf.dtype.itemsize < 4 or buf.dtype.name == "bfloat16"
+    low = ad.is_low_float(buf)
     if opts.retain:
         _queue_retain(ddp, opts)
 
     def finish(t):
         if opts.average:
-            np.multiply(t, opts.predivide / world, out=t, casting="unsafe")
+            ad.scale_(t, t, opts.predivide / world)
         if t is not buf:
-            np.copyto(buf, t, casting="unsafe")
+            ad.copy_(buf, t)
         if opts.retain:
-            opts.buffers[bucket.index()] = buf.copy()
+            opts.buffers[bucket.index()] = ad.clone(buf)
         return tensor
 
     def start(async_op):
-        t = buf.astype(np.float32) if opts.fp32 and low else buf
+        t = ad.to_float32(buf) if opts.fp32 and low else buf
         if opts.predivide != 1.0:
-            np.multiply(t, 1.0 / opts.predivide, out=t, casting="unsafe")
+            ad.scale_(t, t, 1.0 / opts.predivide)
         work = c10d.all_reduce(t, op=c10d.ReduceOp.SUM, group=pg, async_op=async_op)
         return t, work
 
@@ -216,7 +215,7 @@ def _queue_retain(ddp, opts):
                 v = b.views[j]
                 o = b.offsets[j]
                 if ad.grad_array(ddp._params[i]) is not None:
-                    ad.set_grad(ddp._params[i], flat[o:o + v.size].reshape(v.shape))
+                    ad.set_grad(ddp._params[i], flat[o:o + ad.numel(v)].reshape(v.shape))
         ddp.allreduce_buffers = [ad.wrap(f) for f in opts.buffers]
 
     try:

@@ -1,8 +1,10 @@
 """What DistributedDataParallel needs from a model's framework, for pyddp.nn and for torch.nn.
 
-The reducer works on NumPy arrays only; an adapter turns a framework's parameters and gradients
-into arrays that share their memory (no copies), installs the per-parameter "gradient is final"
-hooks and queues the end-of-backward callback.
+DDP's core is written once against an adapter: for pyddp.nn models the arrays are NumPy arrays
+(a Tensor's ``_data``), for torch models they are torch tensors on the parameters' device and every
+operation on buckets and gradients is torch's own (``copy_``, ``mul_``, ``zero_``, views), so the
+same code runs on CPU tensors and on CUDA tensors. The adapter also installs the per-parameter
+"gradient is final" hooks and queues the end-of-backward callback.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from ..._interop import is_torch_module, is_torch_tensor  # noqa: F401  (importe
 
 
 class PyddpAdapter:
-    """pyddp.nn modules: Tensors wrap NumPy arrays in ``_data``."""
+    """pyddp.nn modules: Tensors wrap NumPy arrays in ``_data``; DDP's buckets are NumPy arrays."""
 
     name = "pyddp"
 
@@ -89,36 +91,118 @@ class PyddpAdapter:
 
         return _tensor.no_grad()
 
+    # ---- the array operations DDP's core uses on buckets and gradients (NumPy)
+
+    @staticmethod
+    def as_array(x):
+        """A hook's result (tensor, array, ...) as an array of this framework."""
+        if isinstance(x, np.ndarray):
+            return x
+        if hasattr(x, "_data") and isinstance(x._data, np.ndarray):
+            return x._data
+        if is_torch_tensor(x):
+            from ..._interop import cpu_array
+            return cpu_array(x, "tensor")
+        return np.asarray(x)
+
+    @staticmethod
+    def contiguous(a) -> bool:
+        return a.flags.c_contiguous
+
+    @staticmethod
+    def numel(a) -> int:
+        return a.size
+
+    @staticmethod
+    def ptr(a) -> int:
+        return a.__array_interface__["data"][0]
+
+    @staticmethod
+    def zeros(n, dtype, like=None):
+        return np.zeros(n, dtype=dtype)
+
+    @staticmethod
+    def empty(n, dtype, like=None):
+        return np.empty(n, dtype=dtype)
+
+    @staticmethod
+    def host_dtype(dtype):
+        """The NumPy dtype of a bucket that may live in shared host memory, else None."""
+        return dtype
+
+    @staticmethod
+    def on_host(a) -> bool:
+        return True
+
+    @staticmethod
+    def from_host(arr, like=None):
+        return arr
+
+    @staticmethod
+    def alias(v):
+        """A new array object sharing ``v``'s memory."""
+        return v.view()
+
+    @staticmethod
+    def clone(v):
+        return v.copy()
+
+    @staticmethod
+    def copy_(dst, src):
+        np.copyto(dst, src, casting="unsafe")
+
+    @staticmethod
+    def scale_(dst, src, factor):
+        """dst = src * factor (dst may be src)."""
+        np.multiply(src, factor, out=dst, casting="unsafe")
+
+    @staticmethod
+    def zero_(a):
+        a[...] = 0
+
+    @staticmethod
+    def writeable(a) -> bool:
+        return a.flags.writeable
+
+    @staticmethod
+    def is_low_float(a) -> bool:
+        dt = a.dtype
+        return dt.kind == "f" and dt.itemsize < 4 or dt.name == "bfloat16"
+
+    @staticmethod
+    def to_float32(a):
+        return a.astype(np.float32)
+
+    @staticmethod
+    def devices(module):
+        return {"cpu"}
+
+    @staticmethod
+    def is_cpu_device(d) -> bool:
+        return True
+
 
 class TorchAdapter:
-    """torch.nn modules on the CPU: ``tensor.detach().numpy()`` shares the tensor's memory."""
+    """torch.nn modules, on any device: buckets are torch tensors in the parameters' dtype and
+    device, gradients are views of them, every operation is torch's own (CPU tensors in CI, CUDA
+    tensors on a GPU run the same code)."""
 
     name = "torch"
 
     @staticmethod
-    def array(t) -> np.ndarray:
-        import torch
+    def array(t):
+        return t.detach()
 
-        if t.device.type != "cpu":
-            raise ValueError(
-                f"DistributedDataParallel on the 'cpu' backend needs CPU tensors, got one on {t.device}")
-        t = t.detach()
-        if t.dtype == torch.bfloat16:
-            try:
-                import ml_dtypes
-            except ImportError:  # pragma: no cover - ml_dtypes is installed with the test extras
-                raise TypeError("bfloat16 torch parameters need ml_dtypes installed") from None
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-
-    @classmethod
-    def grad_array(cls, p):
+    @staticmethod
+    def grad_array(p):
         g = p.grad
-        return None if g is None else cls.array(g)
+        return None if g is None else g.detach()
 
     @staticmethod
     def set_grad(p, arr):
-        t = p.grad = TorchAdapter.wrap(arr)
+        # a fresh alias each time: DDP keeps only a weak reference to what it hands out, so that
+        # a .grad still held elsewhere after zero_grad(set_to_none=True) is seen (see _held)
+        t = p.grad = arr.view(arr.shape)
         return t
 
     @staticmethod
@@ -136,11 +220,7 @@ class TorchAdapter:
 
     @staticmethod
     def wrap(arr):
-        import torch
-
-        if arr.dtype.name == "bfloat16":
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(arr)
+        return arr
 
     @staticmethod
     def post_accumulate_hook(p, fn):
@@ -169,6 +249,109 @@ class TorchAdapter:
         import torch
 
         return torch.no_grad()
+
+    # ---- the array operations DDP's core uses on buckets and gradients (torch's, any device)
+
+    @staticmethod
+    def as_array(x):
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return x.detach()
+        if hasattr(x, "_data") and isinstance(x._data, np.ndarray):
+            x = x._data
+        return torch.as_tensor(np.asarray(x))
+
+    @staticmethod
+    def contiguous(a) -> bool:
+        return a.is_contiguous()
+
+    @staticmethod
+    def numel(a) -> int:
+        return a.numel()
+
+    @staticmethod
+    def ptr(a) -> int:
+        return a.data_ptr()
+
+    @staticmethod
+    def zeros(n, dtype, like=None):
+        import torch
+
+        return torch.zeros(n, dtype=dtype, device=None if like is None else like.device)
+
+    @staticmethod
+    def empty(n, dtype, like=None):
+        import torch
+
+        return torch.empty(n, dtype=dtype, device=None if like is None else like.device)
+
+    @staticmethod
+    def host_dtype(dtype):
+        import torch
+
+        if dtype == torch.bfloat16 or dtype.is_complex or dtype == torch.bool:
+            return None
+        return torch.empty(0, dtype=dtype).numpy().dtype
+
+    @staticmethod
+    def on_host(a) -> bool:
+        return a.device.type == "cpu"
+
+    @staticmethod
+    def from_host(arr, like=None):
+        import torch
+
+        return torch.from_numpy(arr)
+
+    @staticmethod
+    def alias(v):
+        return v.view(v.shape)
+
+    @staticmethod
+    def clone(v):
+        return v.detach().clone()
+
+    @staticmethod
+    def copy_(dst, src):
+        dst.copy_(src)
+
+    @staticmethod
+    def scale_(dst, src, factor):
+        if dst is src or (dst.data_ptr() == src.data_ptr() and dst.dtype == src.dtype):
+            dst.mul_(factor)
+        elif dst.dtype == src.dtype:
+            import torch
+
+            torch.mul(src, factor, out=dst)
+        else:
+            dst.copy_(src * factor)
+
+    @staticmethod
+    def zero_(a):
+        a.zero_()
+
+    @staticmethod
+    def writeable(a) -> bool:
+        return True
+
+    @staticmethod
+    def is_low_float(a) -> bool:
+        return a.is_floating_point() and a.element_size() < 4
+
+    @staticmethod
+    def to_float32(a):
+        import torch
+
+        return a.to(torch.float32)
+
+    @staticmethod
+    def devices(module):
+        return {p.device for p in module.parameters()} | {b.device for b in module.buffers()}
+
+    @staticmethod
+    def is_cpu_device(d) -> bool:
+        return d.type == "cpu"
 
 
 def adapter_for(module):

@@ -1,8 +1,10 @@
 """DistributedDataParallel: bucketed gradient averaging overlapped with backward.
 
 ``DistributedDataParallel(model)`` behaves as torch's does, for pyddp.nn modules and for torch.nn
-modules (pyddp then is the distributed runtime under a torch model: gradients are reached as NumPy
-views of the torch tensors, readiness comes from torch's post-accumulate-grad hooks).
+modules (pyddp then is the distributed runtime under a torch model: the buckets are torch tensors in
+the parameters' dtype and on their device, every bucket operation is torch's own through the adapter
+of _frameworks.py, so the same code runs on CPU and CUDA tensors; readiness comes from torch's
+post-accumulate-grad hooks).
 
 How a step runs:
 
@@ -66,14 +68,6 @@ _UNFINISHED_MSG = (
     "Parameters which did not receive grad for rank {rank}: {names}")
 
 
-def _ptr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def _same_memory(a, b) -> bool:
-    return a is b or (a.shape == b.shape and a.dtype == b.dtype and _ptr(a) == _ptr(b))
-
-
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
                  "offsets", "t_launch")
@@ -90,16 +84,6 @@ class _Bucket:
         self.shared = shared
         self.offsets = offsets      # per parameter: its first element in buffer
         self.t_launch = 0.0         # timeline: when its allreduce started (wall clock)
-
-
-def _to_array(x) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "_data") and isinstance(x._data, np.ndarray):
-        return x._data
-    if _frameworks.is_torch_tensor(x):
-        return _frameworks.TorchAdapter.array(x)
-    return np.asarray(x)
 
 
 class _JoinState:
@@ -181,18 +165,17 @@ class _DDPCore:
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
 
     _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size: no smaller first bucket
-    _to_array = staticmethod(_to_array)  # GradBucket.set_buffer's conversion (a hook's tensor)
+
+    def _to_array(self, x):
+        """GradBucket.set_buffer's conversion (a hook's tensor) to an array of the model's framework."""
+        return self._ad.as_array(x)
 
     def _ddp_init(self, module, device_ids, output_device, dim, broadcast_buffers, init_sync,
                   process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
                   gradient_as_bucket_view, static_graph):
         ad = _frameworks.adapter_for(module)
         self._ad = ad
-        if device_ids is not None or output_device is not None:
-            # CPU modules: torch raises here; seed scripts pass device_ids=[local_rank] for GPUs,
-            # so keep them running and say what happens.
-            warnings.warn("DistributedDataParallel: device_ids and output_device are ignored for CPU "
-                          "modules (pyddp runs the model where its parameters are)", stacklevel=4)
+        self._set_devices(module, device_ids, output_device)
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is "
                           "deprecated. Please avoid using it.", FutureWarning, stacklevel=4)
@@ -230,7 +213,7 @@ class _DDPCore:
         self._params = [p for _, p in named]
         self._arrays = [ad.array(p) for p in self._params]
         for name, a in zip(self._param_names, self._arrays):
-            if not a.flags.c_contiguous:
+            if not ad.contiguous(a):
                 raise ValueError(f"DistributedDataParallel: parameter {name!r} is not contiguous")
         self._buffer_names = [n for n, _ in module.named_buffers()]
         self._buffers_list = [b for _, b in module.named_buffers()]
@@ -256,8 +239,10 @@ class _DDPCore:
         self._div = float(self._world)
         self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
-        self._shared_ok = pg._transport == "shm"
-        self._overlap = _overlap_default(pg)
+        self._shared_ok = pg._transport == "shm" and all(ad.on_host(a) for a in self._arrays)
+        # a model on a GPU always launches its buckets asynchronously: on nccl the allreduce is
+        # ordered on the streams and needs no spare host core
+        self._overlap = self._ctl_device is not None or _overlap_default(pg)
 
         n = len(self._params)
         limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
@@ -286,8 +271,80 @@ class _DDPCore:
 
     # ------------------------------------------------------------------ construction helpers
 
+    def _set_devices(self, module, device_ids, output_device):
+        """torch's device_ids / output_device: for a module on one CUDA device, ``device_ids`` is
+        None or that one device (inputs are then moved there before forward); CPU modules ignore
+        them with a warning (the seed scripts pass ``device_ids=[local_rank]``)."""
+        ad = self._ad
+        devs = ad.devices(module)
+        self.device_ids = None
+        self.output_device = None
+        self._input_device = None
+        self._ctl_device = None  # where the small control arrays go for collectives (None: host)
+        if all(ad.is_cpu_device(d) for d in devs):
+            self.device_type = "cpu"
+            if device_ids is not None or output_device is not None:
+                warnings.warn("DistributedDataParallel: device_ids and output_device are ignored "
+                              "for CPU modules (pyddp runs the model where its parameters are)",
+                              stacklevel=5)
+            return
+        import torch
+
+        if len({d.type for d in devs}) > 1 or (len(devs) > 1 and device_ids is not None):
+            raise ValueError(
+                "DistributedDataParallel device_ids and output_device arguments only work with "
+                "single-device GPU modules or CPU modules, but got device_ids "
+                f"{device_ids}, output_device {output_device}, and module parameters "
+                f"{sorted(devs, key=str)}.")
+        dev = next(iter(devs))
+        self.device_type = dev.type
+        self._ctl_device = dev
+        if device_ids is not None:
+            if not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1:
+                raise ValueError("device_ids can only be None or contain a single element, got "
+                                 f"{device_ids!r}")
+            want = torch.device(dev.type, dev.index if dev.index is not None else 0)
+            d0 = device_ids[0]
+            got = torch.device(want.type, d0) if isinstance(d0, int) else torch.device(d0)
+            if got != want:
+                raise ValueError(f"device_ids={list(device_ids)!r} names {got}, but the module's "
+                                 f"parameters are on {want}; move the module there first "
+                                 "(model.to(device)) or pass device_ids=[its index]")
+            self.device_ids = [want.index]
+            if output_device is None:
+                output_device = want.index
+            self.output_device = output_device if isinstance(output_device, int) else \
+                torch.device(output_device).index
+            self._input_device = want
+
+    def _ctl_all_reduce(self, arr, op=None):
+        """All-reduce a small host control array in place (on the model's device for CUDA models:
+        the nccl backend takes device memory only)."""
+        op = dist.ReduceOp.SUM if op is None else op
+        if self._ctl_device is None:
+            dist.all_reduce(arr, op=op, group=self.process_group)
+            return arr
+        import torch
+
+        t = torch.from_numpy(arr).to(self._ctl_device)
+        dist.all_reduce(t, op=op, group=self.process_group)
+        arr[...] = t.cpu().numpy()
+        return arr
+
+    def _ctl_broadcast(self, arr, src):
+        if self._ctl_device is None:
+            dist.broadcast(arr, src, group=self.process_group)
+            return arr
+        import torch
+
+        t = torch.from_numpy(arr).to(self._ctl_device)
+        dist.broadcast(t, src, group=self.process_group)
+        arr[...] = t.cpu().numpy()
+        return arr
+
     def _verify_same_model(self):
-        mine = [(n, tuple(a.shape), str(a.dtype)) for n, a in zip(self._param_names, self._arrays)]
+        mine = [(n, tuple(a.shape), str(a.dtype).replace("torch.", ""))
+                for n, a in zip(self._param_names, self._arrays)]
         everyone = [None] * self._world
         dist.all_gather_object(everyone, mine, group=self.process_group)
         ref = everyone[0]
@@ -308,8 +365,9 @@ class _DDPCore:
     def _broadcast_coalesced(self, arrays, src):
         """Broadcast a list of arrays from group rank ``src``, packed per dtype in 250 MiB chunks."""
         by_dtype = {}
+        numel = self._ad.numel
         for a in arrays:
-            if a.size:
+            if numel(a):
                 by_dtype.setdefault(a.dtype, []).append(a)
         for dt, group in by_dtype.items():
             chunk, nbytes = [], 0
@@ -325,21 +383,23 @@ class _DDPCore:
     def _broadcast_chunk(self, chunk, dt, src):
         pg = self.process_group
         gsrc = pg._ranks[src]
-        if len(chunk) == 1 and chunk[0].flags.c_contiguous and chunk[0].flags.writeable:
+        ad = self._ad
+        if len(chunk) == 1 and ad.contiguous(chunk[0]) and ad.writeable(chunk[0]):
             dist.broadcast(chunk[0].reshape(-1), gsrc, group=pg)
             return
-        flat = np.empty(sum(a.size for a in chunk), dtype=dt)
+        sizes = [ad.numel(a) for a in chunk]
+        flat = ad.empty(sum(sizes), dt, like=chunk[0])
         if self._rank == src:
             off = 0
-            for a in chunk:
-                flat[off:off + a.size] = a.reshape(-1)
-                off += a.size
+            for a, n in zip(chunk, sizes):
+                ad.copy_(flat[off:off + n], a.reshape(-1))
+                off += n
         dist.broadcast(flat, gsrc, group=pg)
         if self._rank != src:
             off = 0
-            for a in chunk:
-                a[...] = flat[off:off + a.size].reshape(a.shape)
-                off += a.size
+            for a, n in zip(chunk, sizes):
+                ad.copy_(a, flat[off:off + n].reshape(a.shape))
+                off += n
 
     def _buffer_arrays(self):
         return [self._ad.array(b) for b in self._buffers_list]
@@ -347,36 +407,41 @@ class _DDPCore:
     def _sync_params_and_buffers(self, src):
         self._broadcast_coalesced(self._arrays + self._buffer_arrays(), src)
 
-    def _alloc(self, n, dtype):
+    def _alloc(self, n, dtype, like):
+        ad = self._ad
         if self._shared_ok:
+            hdt = ad.host_dtype(dtype)
             try:
-                return c10d._shared_array(n, dtype, group=self.process_group), True
+                if hdt is None:
+                    raise TypeError(f"no shared bucket for {dtype}")
+                return ad.from_host(c10d._shared_array(n, hdt, group=self.process_group)), True
             except (dist.DistError, ValueError, TypeError):
-                # every rank fails together (a collective), so all fall back alike
+                # every rank fails together (a collective, or the same dtype), so all fall back alike
                 self._shared_ok = False
-        return np.zeros(n, dtype=dtype), False
+        return ad.zeros(n, dtype, like=like), False
 
     def _build_buckets(self, assignment):
         old = getattr(self, "_bucket_of", None)
         buckets = []
         bucket_of = [None] * len(self._params)
         views = [None] * len(self._params)
+        ad = self._ad
         for bi, idxs in enumerate(assignment):
             dt = self._arrays[idxs[0]].dtype
-            total = sum(self._arrays[i].size for i in idxs)
-            buf, shared = self._alloc(total, dt)
+            total = sum(ad.numel(self._arrays[i]) for i in idxs)
+            buf, shared = self._alloc(total, dt, self._arrays[idxs[0]])
             vs, offs = [], []
             off = 0
             for i in idxs:
                 a = self._arrays[i]
-                v = buf[off:off + a.size].reshape(a.shape)
+                n = ad.numel(a)
+                v = buf[off:off + n].reshape(a.shape)
                 offs.append(off)
-                off += a.size
+                off += n
                 vs.append(v)
                 views[i] = v
                 bucket_of[i] = bi
             buckets.append(_Bucket(bi, list(idxs), dt, buf, vs, offs, shared))
-        ad = self._ad
         old_ptr = getattr(self, "_vptr", None)
         # gradients that are views of the old buckets move into the new ones
         moving = [] if old_ptr is None else \
@@ -384,15 +449,15 @@ class _DDPCore:
         self._buckets = buckets
         self._bucket_of = bucket_of
         self._views = views
-        self._vptr = [_ptr(v) if v.size else -1 for v in views]
+        self._vptr = [ad.ptr(v) if ad.numel(v) else -1 for v in views]
         # per parameter, the array handed out as its .grad's memory (a view of its slot; only that
         # object, so sys.getrefcount tells whether anything still refers to it) and a weak
         # reference to the tensor wrapping it
-        self._marks = [v.view() for v in views]
+        self._marks = [ad.alias(v) for v in views]
         self._wrefs = [None] * len(views)
         self._saved = {}
         for i in moving:
-            np.copyto(views[i], ad.grad_array(self._params[i]))
+            ad.copy_(views[i], ad.grad_array(self._params[i]))
             self._install(i)
         del old
 
@@ -476,7 +541,7 @@ class _DDPCore:
                 f"parameter {self._param_names[i]!r} is still referenced; that gradient is a view of "
                 "DDP's bucket, which this backward overwrites (copy a gradient you keep, e.g. "
                 "with .clone(), before the next step)", RuntimeWarning, stacklevel=2)
-        self._marks[i] = self._views[i].view()  # what was handed out stays with its holder
+        self._marks[i] = self._ad.alias(self._views[i])  # what was handed out stays with its holder
 
     def _reset_iteration(self):
         # the timeline (PYDDP_TIMELINE), asked once per iteration: off, the hooks pay nothing
@@ -500,7 +565,7 @@ class _DDPCore:
         order = np.full(n, -1, dtype=np.int64)
         if self._rank == 0 and len(self._ready_order) == n:
             order[:] = self._ready_order
-        dist.broadcast(order, self.process_group._ranks[0], group=self.process_group)
+        self._ctl_broadcast(order, self.process_group._ranks[0])
         self._ready_order = []
         if order[0] < 0 or sorted(order.tolist()) != list(range(n)):
             return
@@ -544,26 +609,26 @@ class _DDPCore:
         if not used:
             # as torch: a gradient the parameter already has (from earlier steps) goes in, else zeros
             if ours:  # restored should no rank use the parameter (_finalize_backward)
-                self._saved[i] = view.copy()
+                self._saved[i] = ad.clone(view)
                 if scale:
-                    np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
+                    ad.scale_(view, view, 1.0 / self._div)
             elif gp:
                 g = ad.grad_array(self._params[i])
                 self._reclaim(i)
                 if scale:
-                    np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+                    ad.scale_(view, g, 1.0 / self._div)
                 else:
-                    np.copyto(view, g)
+                    ad.copy_(view, g)
                 del g
             else:
                 self._reclaim(i)
-                view[...] = 0
+                ad.zero_(view)
         else:
             self._used_local[i] = 1
             if ours:
                 # accumulated (or computed) straight into the slot: nothing to copy
                 if scale:
-                    np.multiply(view, 1.0 / self._div, out=view, casting="unsafe")
+                    ad.scale_(view, view, 1.0 / self._div)
                 t = ad.grad_tensor(self._params[i])  # (a new one when linear computed into the slot)
                 w = self._wrefs[i]
                 if w is None or w() is not t:
@@ -573,9 +638,9 @@ class _DDPCore:
                 g = ad.grad_array(self._params[i])
                 self._reclaim(i)
                 if scale:
-                    np.multiply(g, 1.0 / self._div, out=view, casting="unsafe")
+                    ad.scale_(view, g, 1.0 / self._div)
                 else:
-                    np.copyto(view, g)
+                    ad.copy_(view, g)
                 del g
                 self._install(i)
         b.pending -= 1
@@ -628,8 +693,7 @@ class _DDPCore:
             self._tl_bucket_done(b)
         used = None
         if self.find_unused_parameters or self.static_graph:
-            used = self._used_local.copy()
-            dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.process_group)
+            used = self._ctl_all_reduce(self._used_local.copy(), dist.ReduceOp.MAX)
         saved, self._saved = self._saved, {}
         if used is not None:
             # the gradients computed here are views of their slots already; a parameter this rank
@@ -638,7 +702,7 @@ class _DDPCore:
             for i in np.flatnonzero(self._used_local == 0).tolist():
                 if not used[i]:
                     if i in saved:
-                        self._views[i][...] = saved[i]
+                        ad.copy_(self._views[i], saved[i])
                 elif ad.grad_ptr(self._params[i]) != self._vptr[i]:
                     self._install(i)
         if getattr(self, "_tl", False) and getattr(self, "_tl_backward", 0.0):
@@ -656,9 +720,12 @@ class _DDPCore:
             b.future = None
             if isinstance(res, (list, tuple)):
                 res = res[0]
-            arr = _to_array(res)
-            if not _same_memory(arr.reshape(-1), b.buffer):
-                np.copyto(b.buffer, arr.reshape(-1), casting="unsafe")
+            ad = self._ad
+            arr = ad.as_array(res).reshape(-1)
+            buf = b.buffer
+            if not (arr is buf or (arr.shape == buf.shape and arr.dtype == buf.dtype
+                                   and ad.ptr(arr) == ad.ptr(buf))):
+                ad.copy_(buf, arr)
 
     # ------------------------------------------------------------------------- public API
 
@@ -715,8 +782,8 @@ class _DDPCore:
 
     @property
     def join_device(self):
-        """The device of the join context's collectives (the CPU)."""
-        return "cpu"
+        """The device of the join context's collectives (the model's device; the CPU for CPU models)."""
+        return self._ctl_device if self._ctl_device is not None else "cpu"
 
     @property
     def join_process_group(self):
@@ -727,7 +794,7 @@ class _DDPCore:
         """One allreduce of every rank's "still active" flag; returns the number of active ranks."""
         flags = np.zeros(self._world, dtype=np.int32)
         flags[self._rank] = 1 if active else 0
-        dist.all_reduce(flags, group=self.process_group)
+        self._ctl_all_reduce(flags)
         alive = np.nonzero(flags)[0]
         st = self._join
         if len(alive):
@@ -741,14 +808,14 @@ class _DDPCore:
 
     def _join_sync_flag(self, sync):
         flag = np.array([1 if sync else 0], dtype=np.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+        self._ctl_all_reduce(flag, dist.ReduceOp.MAX)
         return bool(flag[0])
 
     def _grads_out_of_buckets(self):
         ad = self._ad
         for i, p in enumerate(self._params):
             if ad.grad_ptr(p) == self._vptr[i]:
-                ad.set_grad(p, self._views[i].copy())
+                ad.set_grad(p, ad.clone(self._views[i]))
             self._reclaim(i)
 
     def _join_shadow_loop(self, st):
@@ -773,7 +840,7 @@ class _DDPCore:
         # gradients stay as they are, as in torch: those that are bucket views move out first)
         self._grads_out_of_buckets()
         for b in self._buckets:
-            b.buffer[...] = 0
+            self._ad.zero_(b.buffer)
             if self._comm_hook is not None:
                 b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
             else:
@@ -782,15 +849,14 @@ class _DDPCore:
         for b in self._buckets:
             self._wait_bucket(b)
         if self.find_unused_parameters or self.static_graph:
-            dist.all_reduce(np.zeros(len(self._params), dtype=np.int32), op=dist.ReduceOp.MAX,
-                            group=self.process_group)
+            self._ctl_all_reduce(np.zeros(len(self._params), dtype=np.int32), dist.ReduceOp.MAX)
         self._iters += 1
         return True
 
     def _join_finish(self, last_joiner):
         # every rank is done: the model of a rank that joined last becomes everyone's
         who = np.array([self._rank if last_joiner else -1], dtype=np.int64)
-        dist.all_reduce(who, op=dist.ReduceOp.MAX, group=self.process_group)
+        self._ctl_all_reduce(who, dist.ReduceOp.MAX)
         self._sync_params_and_buffers(int(who[0]))
         self._div = float(self._world)
 
@@ -856,6 +922,9 @@ def _torch_impl():
 
             def forward(self, *inputs, **kwargs):
                 self._pre_forward()
+                if self._input_device is not None:
+                    # device_ids=[i]: inputs move to the module's device, as torch's DDP does
+                    inputs, kwargs = _to_device((inputs, kwargs), self._input_device)
                 return self.module(*inputs, **kwargs)
 
         _TorchDistributedDataParallel.__name__ = "DistributedDataParallel"
@@ -863,6 +932,19 @@ def _torch_impl():
         DistributedDataParallel.register(_TorchDistributedDataParallel)
         cls = _impls["torch"] = _TorchDistributedDataParallel
     return cls
+
+
+def _to_device(obj, device):
+    """torch's DDP input move: tensors in nested tuples, lists and dicts go to ``device``."""
+    if _frameworks.is_torch_tensor(obj):
+        return obj if obj.device == device else obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_to_device(o, device) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
+    return obj
 
 
 def _pyddp_impl():

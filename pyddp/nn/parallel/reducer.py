@@ -3,14 +3,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._interop import host_array
+from ..._interop import host_array, is_torch_tensor
 from ...distributed import distributed_c10d as c10d
 
 __all__ = ["Reducer"]
 
 
 def _flat_call(arrays, fn):
-    """``fn`` on one flat buffer per dtype holding ``arrays``, copied back afterwards."""
+    """``fn`` on one flat buffer per dtype holding ``arrays``, copied back afterwards (torch
+    tensors: one per dtype and device, with torch's operations, so CUDA tensors stay on the GPU)."""
+    if arrays and is_torch_tensor(arrays[0]):
+        import torch
+
+        groups = {}
+        for a in arrays:
+            groups.setdefault((a.dtype, a.device), []).append(a)
+        with torch.no_grad():
+            for group in groups.values():
+                flat = torch.cat([a.reshape(-1) for a in group])
+                fn(flat)
+                off = 0
+                for a in group:
+                    a.copy_(flat[off:off + a.numel()].view_as(a))
+                    off += a.numel()
+        return
     by_dtype = {}
     for a in arrays:
         by_dtype.setdefault(a.dtype, []).append(a)
@@ -32,7 +48,7 @@ class Reducer:
         if hasattr(module_or_grads_list, "parameters") and callable(module_or_grads_list.parameters):
             self.module = module_or_grads_list
             self.grads = None
-            arrays = [host_array(p, "parameter") for p in self.module.parameters()]
+            arrays = [_arr(p, "parameter") for p in self.module.parameters()]
             _flat_call(arrays, lambda flat: c10d.broadcast(flat, 0))
         else:
             self.module = None
@@ -51,8 +67,16 @@ class Reducer:
 
         def avg(flat):
             c10d.all_reduce(flat)
-            np.divide(flat, world, out=flat, casting="unsafe")
-        _flat_call([host_array(g, "grad") for g in grads], avg)
+            if isinstance(flat, np.ndarray):
+                np.divide(flat, world, out=flat, casting="unsafe")
+            else:
+                flat.div_(world)
+        _flat_call([_arr(g, "grad") for g in grads], avg)
+
+
+def _arr(t, name):
+    """A torch tensor as itself (detached, any device), anything else as a host array."""
+    return t.detach() if is_torch_tensor(t) else host_array(t, name)
 
 
 def _extract(obj, out):

@@ -57,10 +57,18 @@ class SyncBatchNorm(_TorchSyncBatchNorm):
 
 def convert_syncbn_model(module, process_group=None, channel_last=False):
     """Replace every BatchNorm layer of ``module`` by apex's SyncBatchNorm (as apex does: running
-    statistics shared, weight and bias copied into the new layer); returns the converted module."""
+    statistics shared, weight and bias copied into the new layer); returns the converted module.
+    A torch.nn.Module gets pyddp's torch SyncBatchNorm layers (torch's algorithm on pyddp's
+    collectives, on the module's device; ``channel_last`` as apex's)."""
+    from ..._detect import is_torch_module
+
+    if is_torch_module(module):
+        from . import _torch_syncbn
+
+        return _torch_syncbn.convert(module, process_group, channel_last, share=False)
     if not isinstance(module, Module):
-        raise TypeError(f"convert_syncbn_model: module must be a pyddp.nn.Module, got "
-                        f"{type(module).__name__}")
+        raise TypeError(f"convert_syncbn_model: module must be a pyddp.nn.Module or a "
+                        f"torch.nn.Module, got {type(module).__name__}")
     mod = module
     if isinstance(module, _BatchNorm):
         mod = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,

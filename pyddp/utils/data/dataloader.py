@@ -58,9 +58,11 @@ class DataLoader:
     prefetch_factor=None (2 with workers), persistent_workers=False,
     pin_memory_device="", in_order=True.
 
-    pin_memory (and pin_memory_device) are accepted for compatibility and
-    have no effect: pyddp Tensors live in ordinary host memory, and pyddp
-    copies to a GPU, if at all, elsewhere.
+    pin_memory: torch tensors in a batch are pinned (``Tensor.pin_memory()``,
+    so ``.cuda(non_blocking=True)`` copies asynchronously, as with torch's
+    loader) when torch sees a CUDA device; without one nothing is pinned (as
+    torch's loader, which then warns). pyddp Tensors live in ordinary host
+    memory and are left as they are.
 
     Each iterator draws a 63-bit base seed from generator (or the default
     generator) as torch does, so with shuffle=True and a seeded generator the
@@ -278,6 +280,29 @@ class DataLoader:
                 "slowness/freeze if necessary.", stacklevel=3)
 
 
+def _pinning_available() -> bool:
+    """Whether pin_memory pins: torch is loaded (the batches can hold its tensors) and sees CUDA."""
+    from ..._detect import loaded_torch
+
+    torch = loaded_torch()
+    return torch is not None and torch.cuda.is_available()
+
+
+def _pin(data):
+    """torch's pin_memory of a batch: torch tensors in nested tuples, lists and dicts pinned."""
+    from ..._detect import is_torch_tensor
+
+    if is_torch_tensor(data):
+        return data if data.is_pinned() else data.pin_memory()
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_pin(d) for d in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_pin(d) for d in data)
+    if isinstance(data, dict):
+        return type(data)((k, _pin(v)) for k, v in data.items())
+    return data
+
+
 class _BaseDataLoaderIter:
     def __init__(self, loader):
         self._dataset = loader.dataset
@@ -295,6 +320,7 @@ class _BaseDataLoaderIter:
         self._base_seed = gen._random_int64()
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
+        self._pin = bool(loader.pin_memory) and _pinning_available()
         self._profile_name = f"enumerate(DataLoader)#{self.__class__.__name__}.__next__"
 
     def __iter__(self):
@@ -321,6 +347,8 @@ class _BaseDataLoaderIter:
             # and its workers alive after the caller drops it.
             del self
             data.reraise()
+        if self._pin:
+            data = _pin(data)
         self._num_yielded += 1
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None

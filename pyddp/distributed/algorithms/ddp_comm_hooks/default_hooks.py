@@ -35,6 +35,8 @@ def _compress_hook(process_group, bucket, code):
 
     pg = _group(process_group)
     buf = bucket._array
+    if not isinstance(buf, np.ndarray):
+        return _torch_compress_hook(pg, bucket, buf, code)
     if buf.dtype != np.float32:
         raise TypeError(f"the compress hooks take float32 buckets, got {buf.dtype}")
     np.multiply(buf, 1.0 / _world(pg), out=buf)
@@ -60,3 +62,19 @@ def fp16_compress_hook(process_group, bucket):
 def bf16_compress_hook(process_group, bucket):
     """Allreduce the bucket as bfloat16, then widen it back."""
     return _compress_hook(process_group, bucket, BFLOAT16)
+
+
+def _torch_compress_hook(pg, bucket, buf, code):
+    """The compress hooks on a torch model's bucket (any device), as torch's: cast to the wire
+    dtype, divide by the group size there, sum, and copy the result back into the bucket."""
+    import torch
+
+    wire_dtype = torch.float16 if code == FLOAT16 else torch.bfloat16
+    wire = buf.to(wire_dtype).div_(_world(pg))
+    work = c10d.all_reduce(wire, op=c10d.ReduceOp.SUM, group=pg, async_op=True)
+    tensor = bucket.buffer()
+
+    def decompress():
+        buf.copy_(wire)
+        return tensor
+    return c10d.Future(work, decompress)

@@ -1,0 +1,207 @@
+"""One training step on one GPU: pyddp's DistributedDataParallel + pyddp amp O1 against torch's DDP (nccl) +
+torch.amp, in the same process.
+
+    python benchmarks/ddp_gpu.py                       # a small CNN and a small transformer
+    python benchmarks/ddp_gpu.py --rounds 9 --steps 20 --json out.json
+
+World size 1 on the ``nccl`` backend for both (pyddp's own NCCL binding; torch's ProcessGroupNCCL), so the
+numbers are the cost of each runtime's DDP and mixed-precision machinery around the same torch model, the
+same cuDNN/cuBLAS kernels and a one-rank allreduce. A step is zero_grad + forward under float16 autocast +
+loss + scaled backward (bucketed allreduce during backward) + unscale/inf-check + optimizer step; the step
+time is measured between two ``torch.cuda.synchronize()`` calls. The configurations alternate round by
+round (drift hits both alike); the table gives the median step time and pyddp's ratio to torch (the
+target: at most 1.03x). Without a usable GPU it says so and exits 0.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _report  # noqa: E402
+
+
+def _parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--models", default="cnn,transformer")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="run the same steps on the CPU (gloo, CPU autocast): checks the script, times nothing "
+                         "worth reading")
+    return ap.parse_args()
+
+
+def _no_gpu_reason():
+    try:
+        import torch
+    except ImportError as e:
+        return f"torch is not installed ({e})"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device"
+    try:
+        import pyddp.cuda
+
+        pyddp.cuda.nccl.version()
+    except Exception as e:  # pyddp found no libnccl / libcudart
+        return f"pyddp's nccl backend is not available: {type(e).__name__}: {e}"
+    return ""
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _models(torch, which, dev="cuda"):
+    nn = torch.nn
+    out = {}
+    if "cnn" in which:
+        def cnn():
+            torch.manual_seed(0)
+            return nn.Sequential(
+                nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(), nn.Linear(128, 10)).to(dev)
+
+        def cnn_batch():
+            g = torch.Generator(device=dev).manual_seed(1)
+            return (torch.randn(64, 3, 32, 32, device=dev, generator=g),
+                    torch.randint(0, 10, (64,), device=dev, generator=g))
+        out["cnn (3 conv, 32x32, batch 64)"] = (cnn, cnn_batch, nn.CrossEntropyLoss())
+    if "transformer" in which:
+        class Tiny(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(1000, 256)
+                layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+                self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                self.head = nn.Linear(256, 1000)
+
+            def forward(self, x):
+                return self.head(self.enc(self.emb(x))).flatten(0, 1)
+
+        def tiny():
+            torch.manual_seed(0)
+            return Tiny().to(dev)
+
+        def tiny_batch():
+            g = torch.Generator(device=dev).manual_seed(1)
+            x = torch.randint(0, 1000, (16, 128), device=dev, generator=g)
+            return x, torch.randint(0, 1000, (16 * 128,), device=dev, generator=g)
+        out["transformer (2 layers, d 256, seq 128, batch 16)"] = (tiny, tiny_batch, nn.CrossEntropyLoss())
+    return out
+
+
+def main():
+    args = _parse()
+    why = "" if args.cpu_smoke else _no_gpu_reason()
+    if why:
+        print(f"benchmarks/ddp_gpu.py: skipped: {why}")
+        return 0
+    import torch
+    import torch.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    import pyddp.distributed as dist
+    from pyddp import amp
+    from pyddp.nn.parallel import DistributedDataParallel as DDP
+
+    dev = "cpu" if args.cpu_smoke else "cuda"
+    if dev == "cuda":
+        import pyddp.cuda
+
+        torch.cuda.set_device(0)
+        pyddp.cuda.set_device(0)
+    backend = "nccl" if dev == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    tdist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    torch.backends.cudnn.benchmark = True
+    ids = [0] if dev == "cuda" else None
+
+    specs = _models(torch, args.models.split(","), dev)
+    # pyddp: apex's order (amp.initialize, then DDP), one initialize for every model
+    p_models = {k: s[0]() for k, s in specs.items()}
+    p_opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in p_models.items()}
+    keys = list(specs)
+    ms, os_ = amp.initialize([p_models[k] for k in keys], [p_opts[k] for k in keys], opt_level="O1",
+                             verbosity=0)
+    p_models = dict(zip(keys, ms))
+    p_opts = dict(zip(keys, os_))
+    p_ddp = {k: DDP(m, device_ids=ids) for k, m in p_models.items()}
+    t_models = {k: s[0]() for k, s in specs.items()}
+    t_ddp = {k: TorchDDP(m, device_ids=ids) for k, m in t_models.items()}
+    t_opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in t_models.items()}
+    scalers = {k: torch.amp.GradScaler(dev) for k in keys}
+    batches = {k: specs[k][1]() for k in keys}
+
+    def pyddp_step(k):
+        x, y = batches[k]
+        o = p_opts[k]
+        o.zero_grad()
+        loss = specs[k][2](p_ddp[k](x), y)
+        with amp.scale_loss(loss, o) as scaled:
+            scaled.backward()
+        o.step()
+
+    def torch_step(k):
+        x, y = batches[k]
+        o = t_opts[k]
+        o.zero_grad()
+        with amp.disable_casts():  # pyddp's O1 casts off: torch's own autocast context instead
+            with torch.autocast(dev, dtype=torch.float16):
+                loss = specs[k][2](t_ddp[k](x), y)
+            s = scalers[k]
+            s.scale(loss).backward()
+            s.step(o)
+            s.update()
+
+    def sync():
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(fn, k, n):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(k)
+        sync()
+        return (time.perf_counter() - t0) / n
+
+    rows, out = [], {}
+    for k in keys:
+        for fn in (pyddp_step, torch_step):
+            timed(fn, k, args.warmup)
+        t = {"pyddp": [], "torch": []}
+        for r in range(args.rounds):
+            order = (("pyddp", pyddp_step), ("torch", torch_step))
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
+                t[name].append(timed(fn, k, args.steps))
+        p, q = statistics.median(t["pyddp"]), statistics.median(t["torch"])
+        rows.append([k, f"{q * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / q:.3f}"])
+        out[k] = {"torch_ms": q * 1e3, "pyddp_ms": p * 1e3, "ratio": p / q,
+                  "torch_all_ms": [v * 1e3 for v in t["torch"]], "pyddp_all_ms": [v * 1e3 for v in t["pyddp"]]}
+    print(_report.block(
+        "One training step on one GPU: pyddp DDP + amp O1 vs torch DDP (nccl) + torch.amp (median of "
+        f"{args.rounds} rounds x {args.steps} steps)",
+        ["model", "torch DDP + torch.amp (ms)", "pyddp DDP + amp O1 (ms)", "ratio (target <= 1.03)"], rows,
+        notes=[f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
+               f"pyddp NCCL {'.'.join(map(str, pyddp.cuda.nccl.version()))}" if dev == "cuda" else
+               "--cpu-smoke: the same steps on the CPU (gloo, CPU autocast); not a measurement"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    tdist.destroy_process_group()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
