@@ -39,6 +39,7 @@ import weakref
 import numpy as np
 
 from ... import _C
+from ...cuda import _emulation as _cuda_emulation
 from ... import distributed as dist
 from ...distributed import _observe
 from ...distributed.backends.cpu import spare_core
@@ -188,9 +189,10 @@ class _DDPCore:
                   gradient_as_bucket_view, static_graph):
         ad = _frameworks.adapter_for(module)
         self._ad = ad
-        if device_ids is not None or output_device is not None:
+        if (device_ids is not None or output_device is not None) and \
+                not _cuda_emulation.enabled():
             # CPU modules: torch raises here; seed scripts pass device_ids=[local_rank] for GPUs,
-            # so keep them running and say what happens.
+            # so keep them running and say what happens (PYDDP_CUDA_ON_CPU=1: as on a GPU).
             warnings.warn("DistributedDataParallel: device_ids and output_device are ignored for CPU "
                           "modules (pyddp runs the model where its parameters are)", stacklevel=4)
         if check_reduction:
