@@ -36,6 +36,8 @@ from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm
                    min, minimum, mm, mul, neg, outer, permute, pow, relu, reshape, round, rsqrt,
                    sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
                    swapaxes, tanh, transpose, tril, triu, unsqueeze, var, where)
+from . import _extra  # noqa: E402  (attaches its Tensor methods)
+from ._extra import *  # noqa: F401,F403,E402
 
 # the internal API, importable from here too (as before the split)
 from ..autograd._graph import Node, _edge  # noqa: F401
@@ -60,7 +62,7 @@ __all__ = [
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
     "memory_format", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
-]
+] + _extra.__all__
 
 # Pickles and reprs name these pyddp._tensor.X, as they did before the split (a pickled Tensor
 # is rebuilt by pyddp._tensor._rebuild; a pickled device by its class).

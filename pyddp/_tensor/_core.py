@@ -457,16 +457,27 @@ class Tensor:
         return (self[i] for i in range(self._data.shape[0]))
 
     def __bool__(self):
-        return _pybool(self._data)
+        if self._data.size != 1:
+            n = "no" if not self._data.size else "more than one"
+            raise RuntimeError(f"Boolean value of Tensor with {n} values is ambiguous")
+        return _pybool(self._data.reshape(()).item())
 
     def __float__(self):
-        return _pyfloat(self._data)
+        return _pyfloat(self._scalar())
 
     def __int__(self):
-        return _pyint(self._data)
+        return _pyint(self._scalar())
+
+    def _scalar(self):
+        if self._data.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self._data.reshape(()).item()
 
     def __index__(self):
-        return self._data.__index__()
+        if self._data.size != 1 or self._data.dtype.kind not in "iub":
+            raise TypeError("only integer tensors of a single element can be converted to an "
+                            "index")
+        return _pyint(self._data.reshape(()).item())
 
     def __format__(self, spec):
         if self._data.ndim == 0:
@@ -1211,17 +1222,35 @@ class Tensor:
         return reshape(self, *shape)
 
     def view(self, *shape):
-        """view(shape) like reshape; view(dtype) reinterprets the bytes (no grad)."""
+        """view(shape): the same memory seen with a new shape (-1 inferred), or torch's error
+        when the strides do not allow it (``reshape`` copies then); view(dtype) reinterprets
+        the bytes (no grad)."""
         if len(shape) == 1 and not isinstance(shape[0], (tuple, list, _pyint)) and \
                 not isinstance(shape[0], np.integer):
-            return _new(self._data.view(_dtype(shape[0])))
-        return reshape(self, *shape)
+            return _place(_new(self._data.view(_dtype(shape[0]))), self._dev)
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        xd = self._data
+        out = xd.view()
+        try:
+            out.shape = tuple(_pyint(n) for n in shape)
+        except AttributeError:   # numpy would have to copy
+            raise RuntimeError("view size is not compatible with input tensor's size and stride "
+                               "(at least one dimension spans across two contiguous subspaces). "
+                               "Use .reshape(...) instead.") from None
+        except ValueError:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size "
+                               f"{xd.size}") from None
+        ishape = xd.shape
+        return _mk(out, "ViewBackward0", lambda g: (g.reshape(ishape),), (self,), saves=False)
 
     def view_as(self, other):
+        """view with other's shape."""
+        return self.view(other.shape)
+
+    def reshape_as(self, other):
         """reshape to other's shape."""
         return reshape(self, other.shape)
-
-    reshape_as = view_as
 
     def ravel(self):
         """The elements as one dimension (a view when possible), as torch.ravel."""
