@@ -458,8 +458,8 @@ class Tensor:
 
     def __bool__(self):
         if self._data.size != 1:
-            n = "no" if not self._data.size else "more than one"
-            raise RuntimeError(f"Boolean value of Tensor with {n} values is ambiguous")
+            n = "no values" if not self._data.size else "more than one value"
+            raise RuntimeError(f"Boolean value of Tensor with {n} is ambiguous")
         return _pybool(self._data.reshape(()).item())
 
     def __float__(self):

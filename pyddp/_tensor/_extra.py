@@ -30,7 +30,7 @@ __all__ = ["eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less
            "clamp_max", "addmm", "baddbmm", "lerp", "erf", "exp2", "log2", "log10", "sinh",
            "cosh", "tan", "asin", "acos", "atan", "atan2", "frac", "trunc", "fmod", "remainder",
            "floor_divide", "true_divide", "reciprocal", "negative", "cosine_similarity",
-           "cdist", "broadcast_to", "diff"]
+           "cdist", "broadcast_to", "diff", "movedim", "moveaxis"]
 
 _TopK = namedtuple("topk", ["values", "indices"])
 _Sort = namedtuple("sort", ["values", "indices"])
@@ -503,10 +503,12 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
         s = w.sum()
         if s <= 0:
             raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-        if not replacement and np.count_nonzero(w) < n:
-            raise RuntimeError("invalid multinomial distribution (with replacement=False, not "
-                               "enough non-negative category to sample)")
-        out[r] = g.choice(w.size, size=n, replace=replacement, p=w / s)
+        if replacement:
+            out[r] = g.choice(w.size, size=n, replace=True, p=w / s)
+        else:   # torch's way: the n smallest exponential(1) / w (zero weights come last)
+            with np.errstate(divide="ignore"):
+                key = g.exponential(size=w.size) / w
+            out[r] = np.argsort(key, kind="stable")[:n]
     return _new_on(out.reshape(p.shape[:-1] + (n,)), x)
 
 
@@ -743,6 +745,30 @@ def roll(input, shifts, dims=None):
     return _mk(out, "RollBackward0", lambda g: (np.roll(g, neg, dims),), (x,), saves=False)
 
 
+def movedim(input, source, destination):
+    """Dimensions source moved to destination (a view)."""
+    x = _t(input)
+    nd = x._data.ndim
+    src = (source,) if isinstance(source, (_pyint, np.integer)) else tuple(source)
+    dst = (destination,) if isinstance(destination, (_pyint, np.integer)) else tuple(destination)
+    if len(src) != len(dst):
+        raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(src)} "
+                           f"dims) should contain the same number of dims as destination "
+                           f"({list(dst)} dims)")
+    src = [_dim(d, nd) for d in src]
+    dst = [_dim(d, nd) for d in dst]
+    rest = [d for d in range(nd) if d not in src]
+    order = [None] * nd
+    for s_, d_ in zip(src, dst):
+        order[d_] = s_
+    it = iter(rest)
+    order = [o if o is not None else next(it) for o in order]
+    return x.permute(*order)
+
+
+moveaxis = movedim
+
+
 def broadcast_to(input, size):
     """input expanded to size (a view)."""
     return _t(input).expand(*size)
@@ -937,6 +963,8 @@ def _attach():
                  "select", "unbind", "broadcast_to"):
         setattr(T, name, globals()[name])
     T.arctan2 = atan2
+    T.swapaxes = T.swapdims = T.transpose
+    T.movedim = T.moveaxis = movedim
     T.absolute = T.abs
     T.multiply = T.mul
     T.divide = T.div
