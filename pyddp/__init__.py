@@ -35,6 +35,7 @@ from ._random import Generator, default_generator, initial_seed  # noqa: F401,E4
 # is served from pyddp._tensor.
 _LAZY_SUBMODULES = frozenset({
     "autograd",     # backward, grad, Function (torch.autograd)
+    "fp16_utils",   # apex.fp16_utils (to_python_float, network_to_half, FP16_Optimizer)
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
