@@ -240,3 +240,36 @@ def test_nccl_through_a_variable_runs_on_cpu_backend(tmp_path):
         print("ok")
         """, tmp_path, PYDDP_CUDA_ON_CPU="1")
     assert "ok" in p.stdout
+
+
+_LAUNCHED = """
+import os
+import pyddp as torch
+import pyddp.distributed as dist
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+dist.init_process_group(backend="nccl")
+t = torch.ones(2).cuda() * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} devices {torch.cuda.device_count()} sum {t.tolist()} "
+      f"on {t.device}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("launcher", [["-m", "pyddp.run", "--standalone"],
+                                      ["-m", "pyddp.launch", "--use-env"]])
+def test_launcher_flag(tmp_path, launcher):
+    script = tmp_path / "train.py"
+    script.write_text(_LAUNCHED)
+    extra = [] if "--standalone" in launcher else [f"--master_port={_free_port()}"]
+    p = _run(launcher + ["--cuda-on-cpu", "--nproc_per_node=3"] + extra + [str(script)], tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(3):
+        assert re.search(rf"rank {r} devices 3 sum \[6\.0, 6\.0\] on cuda:{r}", p.stdout), out
+    assert p.stderr.count(ANNOUNCE) == 1, p.stderr
+    # refused where a GPU is visible, by the launcher, before any worker starts
+    p = _run(launcher + ["--cuda-on-cpu", "--nproc_per_node=2"] + extra + [str(script)], tmp_path,
+             **fakecuda.env(devices=1))
+    assert p.returncode != 0 and "refused" in p.stderr and "rank 0" not in p.stdout, p.stderr

@@ -108,9 +108,9 @@ def announce() -> None:
         return
     os.environ[_SAID_ENV] = "1"   # children (spawn, launchers) inherit it and stay quiet
     print(f"pyddp: {ENV}=1: CUDA is emulated on the CPU, no GPU is used: pyddp.cuda reports "
-          f"{device_count()} device(s) (one per local rank), 'cuda' tensors live in host memory, "
-          "streams and events are no-ops, backend 'nccl' runs on the cpu backend",
-          file=sys.stderr, flush=True)
+          f"one device per local rank (LOCAL_WORLD_SIZE, else {DEVICES_ENV}, default "
+          f"{DEFAULT_DEVICES}), 'cuda' tensors live in host memory, streams and events are "
+          "no-ops, backend 'nccl' runs on the cpu backend", file=sys.stderr, flush=True)
 
 
 def _reset_for_tests():
