@@ -126,10 +126,12 @@ class FP16_Optimizer:
 
     @property
     def param_groups(self):
+        """The wrapped optimizer's groups (holding the float32 masters)."""
         return self.optimizer.param_groups
 
     @property
     def state(self):
+        """The wrapped optimizer's state."""
         return self.optimizer.state
 
     def zero_grad(self, set_grads_to_None=False):

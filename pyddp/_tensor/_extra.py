@@ -793,6 +793,7 @@ def _unary(name, f, df):
             return _new_on(r, x)
         return _mk(r, name, lambda g: (df(g, xd, r),), (x,))
     op.__name__ = name
+    op.__doc__ = f"{name} elementwise (differentiable)."
     return op
 
 
@@ -947,6 +948,9 @@ def _scatter_method(inplace, reduce_default):
         if src is None:
             src = value
         return _scatter(self, dim, index, src, reduce, inplace, "scatter")
+    m.__name__ = "scatter_" if inplace else "scatter"
+    m.__doc__ = ("Write src's elements (or a value) at index along dim" +
+                 (", in place; returns self." if inplace else ", into a copy."))
     return m
 
 
@@ -972,10 +976,15 @@ def _attach():
     T.fill_diagonal_ = fill_diagonal_
     T.scatter = _scatter_method(False, None)
     T.scatter_ = _scatter_method(True, None)
-    T.scatter_add = lambda self, dim, index, src: _scatter(self, dim, index, src, "add", False,
-                                                           "scatter_add")
-    T.scatter_add_ = lambda self, dim, index, src: _scatter(self, dim, index, src, "add", True,
-                                                            "scatter_add_")
+    def scatter_add_method(self, dim, index, src):
+        """A copy with src's elements added at index along dim."""
+        return _scatter(self, dim, index, src, "add", False, "scatter_add")
+
+    def scatter_add_inplace(self, dim, index, src):
+        """Add src's elements at index along dim, in place; returns self."""
+        return _scatter(self, dim, index, src, "add", True, "scatter_add_")
+    T.scatter_add = scatter_add_method
+    T.scatter_add_ = scatter_add_inplace
 
     def norm_method(self, p="fro", dim=None, keepdim=False, dtype=None):
         """The p-norm (2 by default) over dim (all elements when None)."""

@@ -516,7 +516,9 @@ def _legacy(name, dtype_name):
             return T.tensor(args[0], dtype=dt, device=dev)
         return T.empty(*args, dtype=dt, device=dev)
     return _LegacyMeta(name, (), {"__new__": __new__, "_dtype": staticmethod(
-        lambda: __import__("numpy").dtype(dtype_name))})
+        lambda: __import__("numpy").dtype(dtype_name)),
+        "__doc__": f"torch.cuda.{name}(*sizes) or (data): a {dtype_name} tensor on the current "
+                   "emulated device (PYDDP_CUDA_ON_CPU=1); isinstance() checks dtype and device."})
 
 
 FloatTensor = _legacy("FloatTensor", "float32")
