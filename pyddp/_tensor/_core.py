@@ -1228,6 +1228,9 @@ class Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (tuple, list, _pyint)) and \
                 not isinstance(shape[0], np.integer):
             return _place(_new(self._data.view(_dtype(shape[0]))), self._dev)
+        if not shape:
+            raise TypeError("view() received an invalid combination of arguments - got (), but "
+                            "expected one of: (dtype dtype), (tuple of ints size)")
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         xd = self._data
