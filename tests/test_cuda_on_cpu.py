@@ -162,6 +162,8 @@ def test_tensors_streams_events_amp(tmp_path):
         assert x.to(0).device == "cuda:0"
         assert torch.zeros(2, device="cuda").device == "cuda:1"
         assert torch.ones_like(y).device == y.device
+        assert y.new_zeros(2).device == y.device and y.new_tensor([1.0]).device == y.device
+        assert x.new_ones(2).device == "cpu"
         assert torch.tensor([1, 2], device="cuda:0").device == "cuda:0"
         try:
             torch.zeros(1, device="cuda:2")

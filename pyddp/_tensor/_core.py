@@ -698,25 +698,30 @@ class Tensor:
             return self._data.transpose((0,) + tuple(range(2, rank)) + (1,)).flags.c_contiguous
         return self._data.flags.c_contiguous
 
-    def new_zeros(self, *size, dtype=None, requires_grad=False):
-        """zeros with this tensor's dtype."""
-        return zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        """zeros with this tensor's dtype (and device)."""
+        return zeros(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_ones(self, *size, dtype=None, requires_grad=False):
-        """ones with this tensor's dtype."""
-        return ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        """ones with this tensor's dtype (and device)."""
+        return ones(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_empty(self, *size, dtype=None, requires_grad=False):
-        """empty with this tensor's dtype."""
-        return empty(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+        """empty with this tensor's dtype (and device)."""
+        return empty(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_full(self, size, fill_value, dtype=None, requires_grad=False):
-        """full with this tensor's dtype."""
-        return full(size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        """full with this tensor's dtype (and device)."""
+        return full(size, fill_value, dtype=dtype or self.dtype, device=device or self._dev,
+                    requires_grad=requires_grad)
 
-    def new_tensor(self, data, dtype=None, requires_grad=False):
-        """tensor(data) with this tensor's dtype."""
-        return tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        """tensor(data) with this tensor's dtype (and device)."""
+        return tensor(data, dtype=dtype or self.dtype, device=device or self._dev,
+                      requires_grad=requires_grad)
 
     # --- arithmetic -----------------------------------------------------------------------------
     def __add__(self, other):
