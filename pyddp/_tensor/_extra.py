@@ -30,7 +30,9 @@ __all__ = ["eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less
            "clamp_max", "addmm", "baddbmm", "lerp", "erf", "exp2", "log2", "log10", "sinh",
            "cosh", "tan", "asin", "acos", "atan", "atan2", "frac", "trunc", "fmod", "remainder",
            "floor_divide", "true_divide", "reciprocal", "negative", "cosine_similarity",
-           "cdist", "broadcast_to", "diff", "movedim", "moveaxis"]
+           "cdist", "broadcast_to", "diff", "movedim", "moveaxis", "dot", "mv", "inner",
+           "addcmul", "addcdiv", "nan_to_num", "nansum", "nanmean", "repeat_interleave", "tile",
+           "unique", "logaddexp", "logit", "median", "take", "tensor_split", "bernoulli"]
 
 _TopK = namedtuple("topk", ["values", "indices"])
 _Sort = namedtuple("sort", ["values", "indices"])
@@ -922,6 +924,193 @@ def cdist(x1, x2, p=2.0):
 
 
 # ----------------------------------------------------------------------------------------------
+# more of what training code calls
+
+def dot(input, other):
+    """Inner product of two 1-D tensors."""
+    a, b = _t(input), _t(other)
+    if a._data.ndim != 1 or b._data.ndim != 1:
+        raise RuntimeError(f"1D tensors expected, but got {a._data.ndim}D and {b._data.ndim}D "
+                           "tensors")
+    return (a * b).sum()
+
+
+def mv(input, vec):
+    """Matrix-vector product."""
+    return _t(input) @ vec
+
+
+def inner(input, other):
+    """Sum over the last dimensions of the product (dot for 1-D tensors)."""
+    a, b = _t(input), _t(other)
+    if a.ndim == 1 and b.ndim == 1:
+        return dot(a, b)
+    return a @ b.transpose(-1, -2) if b.ndim > 1 else a @ b
+
+
+def addcmul(input, tensor1, tensor2, *, value=1):
+    """input + value * tensor1 * tensor2."""
+    return _t(input) + value * (tensor1 * tensor2)
+
+
+def addcdiv(input, tensor1, tensor2, *, value=1):
+    """input + value * tensor1 / tensor2."""
+    return _t(input) + value * (tensor1 / tensor2)
+
+
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
+    """NaN, +inf and -inf replaced (by 0 and the dtype's largest / smallest finite values)."""
+    x = _t(input)
+    out = np.nan_to_num(x._data, nan=nan, posinf=posinf, neginf=neginf)
+    keep = np.isfinite(x._data) if _is_float_dtype(x._data.dtype) else None
+    return _mk(out, "NanToNumBackward0",
+               lambda g: (g if keep is None else g * keep,), (x,), saves=False)
+
+
+def nansum(input, dim=None, keepdim=False, *, dtype=None):
+    """Sum treating NaN as zero."""
+    x = _t(input)
+    return sum(x.masked_fill(_new(np.isnan(x._data)), 0.0), dim, keepdim, dtype=dtype)
+
+
+def nanmean(input, dim=None, keepdim=False, *, dtype=None):
+    """Mean of the non-NaN elements."""
+    x = _t(input)
+    keep = _new(~np.isnan(x._data))
+    n = sum(keep.to(x.dtype), dim, keepdim)
+    return nansum(x, dim, keepdim, dtype=dtype) / n
+
+
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    """Each element repeated ``repeats`` times (along dim; flattened when None)."""
+    x = _t(input)
+    if dim is None:
+        x = x.reshape(-1)
+        dim = 0
+    d = _dim(dim, x._data.ndim)
+    r = repeats._data if isinstance(repeats, Tensor) else repeats
+    idx = np.repeat(np.arange(x.shape[d]), r)
+    return index_select(x, d, _new(idx.astype(int64)))
+
+
+def tile(input, dims):
+    """input repeated along each dimension (leading ones added as needed)."""
+    x = _t(input)
+    dims = tuple(dims)
+    if len(dims) < x._data.ndim:
+        dims = (1,) * (x._data.ndim - len(dims)) + dims
+    return x.repeat(*dims)
+
+
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
+    """The distinct elements (sorted), with the inverse indices and counts when asked."""
+    x = _t(input)
+    if dim is not None:
+        raise NotImplementedError("unique(dim=...) is not supported; unique over all elements "
+                                  "only")
+    vals, inv, counts = np.unique(x._data, return_inverse=True, return_counts=True)
+    out = [_new_on(vals, x)]
+    if return_inverse:
+        out.append(_new_on(inv.reshape(x.shape).astype(int64), x))
+    if return_counts:
+        out.append(_new_on(counts.astype(int64), x))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def logaddexp(input, other):
+    """log(exp(input) + exp(other)), stably."""
+    a = _t(input)
+    m = a.maximum(other) if isinstance(other, Tensor) else a.clamp(min=other)
+    return m + ((a - m).exp() + (other - m).exp()).log()
+
+
+def logit(input, eps=None):
+    """log(p / (1 - p)) (p clamped to [eps, 1 - eps] when eps is given)."""
+    x = _t(input)
+    if eps is not None:
+        x = x.clamp(eps, 1 - eps)
+    return (x / (1 - x)).log()
+
+
+def median(input, dim=None, keepdim=False):
+    """The lower median of all elements, or (values, indices) along dim."""
+    x = _t(input)
+    if dim is None:
+        flat = x.reshape(-1)
+        return sort(flat).values[(flat.numel() - 1) // 2]
+    d = _dim(dim, x._data.ndim)
+    v, i = sort(x, d)
+    k = (x.shape[d] - 1) // 2
+    vals, idx = v.select(d, k), i.select(d, k)
+    if keepdim:
+        vals, idx = vals.unsqueeze(d), idx.unsqueeze(d)
+    return _Sort(vals, idx)
+
+
+def take(input, index):
+    """input's elements at the flat indices ``index`` (shaped like index)."""
+    x = _t(input).reshape(-1)
+    idx = _index_arg(index, "take")
+    n = x.shape[0]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"out of range: tried to access index {_pyint(idx.max())} on a tensor "
+                         f"of {n} elements.")
+    return x[idx % builtins.max(n, 1)]
+
+
+def tensor_split(input, indices_or_sections, dim=0):
+    """Views of input split into n near-equal parts, or at the given indices, along dim."""
+    x = _t(input)
+    d = _dim(dim, x._data.ndim)
+    n = x.shape[d]
+    if isinstance(indices_or_sections, (_pyint, np.integer)):
+        k = _pyint(indices_or_sections)
+        q, r = divmod(n, k)
+        bounds, start = [], 0
+        for j in range(k):
+            start += q + (1 if j < r else 0)
+            bounds.append(start)
+        bounds = bounds[:-1]
+    else:
+        bounds = [_pyint(b) for b in indices_or_sections]
+    edges = [0] + bounds + [n]
+    return tuple(x.narrow(d, builtins.min(a, n), builtins.max(0, builtins.min(b, n) -
+                                                              builtins.min(a, n)))
+                 for a, b in zip(edges[:-1], edges[1:]))
+
+
+def bernoulli(input, p=None, *, generator=None):
+    """0/1 draws with probability input (or p)."""
+    x = _t(input)
+    prob = x._data if p is None else np.broadcast_to(np.asarray(p), x.shape)
+    g = _np_gen(generator)
+    return _new_on((g.random(x.shape) < prob).astype(x._data.dtype), x)
+
+
+def _index_method(op):
+    def m(self, dim, index, source, *, alpha=1):
+        d = _dim(dim, self._data.ndim)
+        idx = _index_arg(index, "index_" + op).reshape(-1)
+        key = (slice(None),) * d + (idx,)
+        if op == "fill":
+            val = source._data if isinstance(source, Tensor) else source
+            res = self.clone()
+            res._data[key] = val
+            return res
+        src = source._data if isinstance(source, Tensor) else np.asarray(source)
+        res = self.clone() if not (_st.grad and (self._requires_grad or (
+            isinstance(source, Tensor) and source._requires_grad))) else None
+        if res is None:
+            raise NotImplementedError(f"index_{op} with gradients is not supported")
+        if op == "add":
+            np.add.at(res._data, key, src * alpha if alpha != 1 else src)
+        else:
+            res._data[key] = src
+        return res
+    return m
+
+
+# ----------------------------------------------------------------------------------------------
 # Tensor methods: the functions above, and in-place ``_`` variants
 
 def _inplace_of(fname):
@@ -954,6 +1143,22 @@ def _scatter_method(inplace, reduce_default):
     return m
 
 
+def _index_inplace(meth):
+    def m(self, dim, index, source, **kw):
+        _check_inplace(self)
+        r = meth(self, dim, index, source, **kw)
+        self._data[...] = r._data
+        return self
+    m.__name__ = meth.__name__ + "_"
+    m.__doc__ = meth.__doc__.replace("A copy with", "In place:").rstrip(".") + "; returns self."
+    return m
+
+
+def _where_method(self, condition, other):
+    from ._ops import where
+    return where(condition, self, _as_t(other, self) if not isinstance(other, Tensor) else other)
+
+
 def _attach():
     T = Tensor
     for name in ("topk", "sort", "argsort", "gather", "index_select", "masked_select",
@@ -966,6 +1171,36 @@ def _attach():
                  "greater", "greater_equal", "less", "less_equal", "not_equal", "narrow",
                  "select", "unbind", "broadcast_to"):
         setattr(T, name, globals()[name])
+    for name in ("dot", "mv", "inner", "addcmul", "addcdiv", "nan_to_num", "nansum", "nanmean",
+                 "repeat_interleave", "tile", "unique", "logaddexp", "logit", "median", "take",
+                 "tensor_split", "bernoulli"):
+        setattr(T, name, globals()[name])
+    for op in ("add", "fill", "copy"):
+        meth = _index_method(op)
+        meth.__name__ = f"index_{op}"
+        meth.__doc__ = f"A copy with source {'added' if op == 'add' else 'written'} at index " \
+                       "along dim."
+        setattr(T, f"index_{op}", meth)
+        setattr(T, f"index_{op}_", _index_inplace(meth))
+    T.where = lambda self, condition, other: _where_method(self, condition, other)
+    T.where.__doc__ = "self where condition is True, else other (torch.where(condition, self, other))."
+    T.ndimension = T.dim
+    T.is_cpu = property(lambda self: self._dev.type == "cpu", doc="Whether on the CPU.")
+    T.is_complex = lambda self: self._data.dtype.kind == "c"
+    T.is_complex.__doc__ = "Whether the dtype is complex."
+    T.is_signed = lambda self: self._data.dtype.kind in "ifc"
+    T.is_signed.__doc__ = "Whether the dtype is signed."
+    T.isinf = lambda self: _new_on(np.isinf(self._data), self)
+    T.isinf.__doc__ = "Elementwise infinity test (bool)."
+    T.allclose = lambda self, other, rtol=1e-05, atol=1e-08, equal_nan=False: bool(np.allclose(
+        self._data, other._data if isinstance(other, Tensor) else other, rtol, atol, equal_nan))
+    T.allclose.__doc__ = "Whether all elements are close (torch.allclose)."
+    T.short = lambda self: self.to(np.int16)
+    T.short.__doc__ = "int16 version."
+    T.byte = lambda self: self.to(np.uint8)
+    T.byte.__doc__ = "uint8 version."
+    T.char = lambda self: self.to(np.int8)
+    T.char.__doc__ = "int8 version."
     T.arctan2 = atan2
     T.swapaxes = T.swapdims = T.transpose
     T.movedim = T.moveaxis = movedim
