@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-import pyddp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PORTING = os.path.join(HERE, "porting")

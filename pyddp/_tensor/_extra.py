@@ -15,9 +15,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._random import _np_gen
-from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _mk, _new, _new_on, _place,
-                    _red)
-from ._dtypes import _F32, _F64, _dtype, _is_float_dtype, _pyint, bool, int64
+from ._core import Tensor, _as_t, _binop_arrays, _check_inplace, _mk, _new, _new_on, _red
+from ._dtypes import _dtype, _is_float_dtype, _pyint, int64
 from ._grad_mode import _st
 from ._ops import abs, pow, sqrt, sum
 
@@ -405,8 +404,8 @@ def _einsum_parse(eq, arrays):
         lhs, out = eq, None
     ins = lhs.split(",")
     if len(ins) != len(arrays):
-        raise RuntimeError(f"einsum(): more operands were provided than specified in the "
-                           f"equation" if len(arrays) > len(ins) else
+        raise RuntimeError("einsum(): more operands were provided than specified in the "
+                           "equation" if len(arrays) > len(ins) else
                            "einsum(): fewer operands were provided than specified in the equation")
     used = set(eq)
     free = [c for c in string.ascii_letters if c not in used]
@@ -659,7 +658,7 @@ def as_strided(input, size, stride, storage_offset=None):
     size = tuple(_pyint(n) for n in size)
     stride = tuple(_pyint(s) for s in stride)
     if len(size) != len(stride):
-        raise RuntimeError(f"mismatch in length of strides and shape")
+        raise RuntimeError("mismatch in length of strides and shape")
     if builtins.any(n < 0 for n in size) or builtins.any(s < 0 for s in stride) or off < 0:
         raise RuntimeError("as_strided: negative size, stride or storage offset")
     nel = root.size
