@@ -537,8 +537,8 @@ client_io(int fd, void *buf, size_t n, int sending, double deadline,
         return pd_error(PD_EAUTH,
                         "authentication with server %s failed: handshake timed "
                         "out while waiting for %s: the address belongs to "
-                        "another service (a program that is not a pyddp store "
-                        "or rank listens there); give this job a free port "
+                        "another service (another program, not a pyddp store "
+                        "or rank, listens there); give this job a free port "
                         "(MASTER_PORT or the launcher's --master_port)",
                         pn, what);
     }
