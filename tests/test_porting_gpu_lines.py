@@ -86,9 +86,10 @@ def test_seed003_spawn_with_to_rank(tmp_path, emulated):
 
 
 def test_seed000_launch_apex_with_nccl_and_set_device(tmp_path):
-    p, out = _run(["-m", "pyddp.launch", "--nproc_per_node", "2",
+    port = str(_free_port())   # on the command line too: the launcher's default is 29500
+    p, out = _run(["-m", "pyddp.launch", "--nproc_per_node", "2", f"--master_port={port}",
                    _unport("seed000_launch_apex.py", tmp_path)], tmp_path, OPT_LEVEL="O1",
-                  MASTER_PORT=str(_free_port()), PYDDP_CUDA_ON_CPU="1")
+                  MASTER_PORT=port, PYDDP_CUDA_ON_CPU="1")
     assert p.returncode == 0, out
     lines = re.findall(r"rank (\d): opt_level O1 loss ([0-9.]+) -> ([0-9.]+), parameters identical "
                        r"on all ranks: (True|False), restored: (True|False)", p.stdout)
@@ -98,9 +99,10 @@ def test_seed000_launch_apex_with_nccl_and_set_device(tmp_path):
 
 def test_seed001_apex_parallel_with_cuda_calls(tmp_path):
     pytest.importorskip("sklearn")
-    p, out = _run(["-m", "pyddp.launch", "--nproc_per_node=2",
+    port = str(_free_port())
+    p, out = _run(["-m", "pyddp.launch", "--nproc_per_node=2", f"--master_port={port}",
                    _unport("seed001_apex_parallel.py", tmp_path)], tmp_path,
-                  MASTER_PORT=str(_free_port()), PYDDP_CUDA_ON_CPU="1")
+                  MASTER_PORT=port, PYDDP_CUDA_ON_CPU="1")
     assert p.returncode == 0, out
     lines = re.findall(r"rank (\d): train accuracy ([0-9.]+), parameters identical on all ranks: "
                        r"(True|False)", p.stdout)
