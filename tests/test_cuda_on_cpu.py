@@ -212,7 +212,9 @@ def test_tensors_streams_events_amp(tmp_path):
         with torch.cuda.amp.autocast():
             out = m(y)
             assert out.dtype == torch.float16
-        scaler.scale(out.float().sum()).backward()
+        loss = nn.functional.cross_entropy(out.float(), torch.tensor([0, 1]).cuda())
+        assert loss.device == "cuda:1"   # autograd Functions (the losses) keep the device
+        scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         assert torch.accelerator.current_accelerator() == torch.device("cuda")
