@@ -282,7 +282,7 @@ def where(cond, a=None, b=None):
     """where(cond, a, b): a where cond else b (a, b Tensors or numbers); where(cond): indices."""
     c = cond._data if isinstance(cond, Tensor) else np.asarray(cond)
     if a is None:
-        return tuple(_new(i) for i in np.nonzero(c))
+        return tuple(_new_on(i.astype(int64, copy=False), cond) for i in np.nonzero(c))
     if not isinstance(a, Tensor):
         a = _as_t(a, b if isinstance(b, Tensor) else None)
     if not isinstance(b, Tensor):
@@ -446,7 +446,7 @@ def _reduce_minmax(x, dim, keepdim, is_max):
         np.put_along_axis(gx, idx, g if keepdim else np.expand_dims(g, d), axis=d)
         return (gx,)
     v = _mk(vals, "MaxBackward0" if is_max else "MinBackward0", bw, (x,))
-    return _MinMax(v, _new(idx if keepdim else np.squeeze(idx, d)))
+    return _MinMax(v, _new_on(idx if keepdim else np.squeeze(idx, d), x))
 
 
 def max(x, dim=None, keepdim=False):  # noqa: A001
