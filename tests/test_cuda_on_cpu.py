@@ -199,6 +199,9 @@ def test_tensors_streams_events_amp(tmp_path):
         s.record_event().wait()
         torch.cuda.synchronize(); torch.cuda.synchronize(0)
         assert torch.cuda.cudart().cudaProfilerStart() == 0
+        torch.cuda.nvtx.range_push("step"); torch.cuda.nvtx.range_pop()
+        with torch.cuda.nvtx.range("forward"):
+            pass
         ft = torch.cuda.FloatTensor([1.0, 2.0])
         assert ft.is_cuda and ft.dtype == torch.float32 and isinstance(ft, torch.cuda.FloatTensor)
         assert torch.cuda.LongTensor(3).dtype == torch.int64

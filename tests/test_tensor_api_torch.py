@@ -379,3 +379,24 @@ def test_more_training_ops():
     assert P(np.uint8([1])).is_signed() == T(np.uint8([1])).is_signed()
     b = pyddp.bernoulli(P(np.full((1000,), 0.3, np.float32)))
     assert b.dtype == np.float32 and 0.2 < b.mean().item() < 0.4
+
+
+def test_unfold_is_a_view_with_torch_values_and_grads():
+    a = np.arange(20.0, dtype=np.float32).reshape(2, 10)
+    for dim, size, step in ((1, 3, 2), (1, 4, 4), (0, 1, 1), (1, 10, 1)):
+        p, t = P(a, requires_grad=True), T(a, requires_grad=True)
+        pu, tu = p.unfold(dim, size, step), t.unfold(dim, size, step)
+        same(pu, tu)
+        assert pu.stride() == tu.stride()
+        w = np.random.default_rng(0).standard_normal(tuple(tu.shape)).astype(np.float32)
+        (pu * P(w)).sum().backward()
+        (tu * T(w)).sum().backward()
+        same(p.grad, t.grad, 1e-5)
+    x = P(a)
+    assert np.shares_memory(x.unfold(1, 3, 2).numpy(), x.numpy())
+    both_raise(lambda: P(a).unfold(1, 11, 1), lambda: T(a).unfold(1, 11, 1))
+
+
+def test_nvtx_markers():
+    with pytest.raises(RuntimeError, match="NVTX functions not installed"):
+        pyddp.cuda.nvtx.range_push("x")

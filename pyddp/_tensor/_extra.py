@@ -770,6 +770,33 @@ def movedim(input, source, destination):
 moveaxis = movedim
 
 
+def _unfold(self, dimension, size, step):
+    """Tensor.unfold: windows of ``size`` elements every ``step`` along ``dimension``, as a new
+    last dimension (a view)."""
+    xd = self._data
+    d = _dim(dimension, xd.ndim)
+    n = xd.shape[d] if xd.ndim else 1
+    size, step = _pyint(size), _pyint(step)
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    count = (n - size) // step + 1
+    shape = xd.shape[:d] + (count,) + xd.shape[d + 1:] + (size,)
+    strides = xd.strides[:d] + (xd.strides[d] * step,) + xd.strides[d + 1:] + (xd.strides[d],)
+    out = np.lib.stride_tricks.as_strided(xd, shape, strides, writeable=xd.flags.writeable)
+    ishape = xd.shape
+
+    def bw(g):
+        gx = np.zeros(ishape, dtype=g.dtype)
+        for k in range(count):   # windows overlap when step < size: add them one by one
+            win = np.take(g, k, axis=d)                   # (..., [dims after d], size)
+            dst = (slice(None),) * d + (slice(k * step, k * step + size),)
+            gx[dst] += np.moveaxis(win, -1, d)
+        return (gx,)
+    return _mk(out, "UnfoldBackward0", bw, (self,), saves=False)
+
+
 def broadcast_to(input, size):
     """input expanded to size (a view)."""
     return _t(input).expand(*size)
@@ -1200,6 +1227,7 @@ def _attach():
     T.byte.__doc__ = "uint8 version."
     T.char = lambda self: self.to(np.int8)
     T.char.__doc__ = "int8 version."
+    T.unfold = _unfold
     T.arctan2 = atan2
     T.swapaxes = T.swapdims = T.transpose
     T.movedim = T.moveaxis = movedim

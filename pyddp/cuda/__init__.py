@@ -34,7 +34,7 @@ __all__ = ["CudaUnavailableError", "is_available", "device_count", "current_devi
            "reset_max_memory_allocated", "reset_max_memory_cached",
            "reset_accumulated_memory_stats", "Stream", "Event", "stream", "StreamContext",
            "current_stream", "default_stream", "get_device_name", "get_device_properties",
-           "get_device_capability", "cudart", "amp", "FloatTensor", "DoubleTensor", "HalfTensor",
+           "get_device_capability", "cudart", "amp", "nvtx", "FloatTensor", "DoubleTensor", "HalfTensor",
            "LongTensor", "IntTensor", "ByteTensor", "BoolTensor", "is_emulated"]
 
 
@@ -531,9 +531,9 @@ BoolTensor = _legacy("BoolTensor", "bool")
 
 
 def __getattr__(name):
-    if name == "amp":   # torch.cuda.amp: GradScaler, autocast
+    if name in ("amp", "nvtx"):   # torch.cuda.amp (GradScaler, autocast), torch.cuda.nvtx
         import importlib
-        mod = importlib.import_module(f"{__name__}.amp")
-        globals()["amp"] = mod
+        mod = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = mod
         return mod
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
