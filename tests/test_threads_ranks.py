@@ -45,9 +45,9 @@ def test_plain_multiprocessing_ranks_take_their_share():
     res, cores, _, err = _run("plain", PYDDP_DEBUG="INFO")
     share = max(1, cores // 2)
     for rank, before, after, omp in res:
-        assert before == cores      # NumPy started one thread per core in each rank
-        assert after == share       # the group knows 2 ranks share the host
-        assert omp is None          # the environment is the user's
+        assert before == cores or before > share   # NumPy started a thread per core (up to its cap)
+        assert after == min(before, share)         # the group knows 2 ranks share the host
+        assert omp is None                         # the environment is the user's
     assert err.count(LIMITED) == 2, err   # said once per rank, at INFO
 
 
