@@ -138,7 +138,7 @@ def test_device_count_one_per_local_rank(tmp_path):
 
 
 def test_tensors_streams_events_amp(tmp_path):
-    _py("""
+    p = _py("""
         import numpy as np
         import pyddp as torch
         import pyddp.nn as nn
@@ -220,9 +220,27 @@ def test_tensors_streams_events_amp(tmp_path):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
+        class Square(torch.autograd.Function):
+            @staticmethod
+            @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, a):
+                ctx.save_for_backward(a)
+                assert a.dtype == torch.float32 and not torch.is_autocast_enabled()
+                return a * a
+
+            @staticmethod
+            @torch.cuda.amp.custom_bwd
+            def backward(ctx, g):
+                (a,) = ctx.saved_tensors
+                return 2 * a * g
+        h = torch.ones(2, dtype=torch.float16, requires_grad=True)
+        with torch.cuda.amp.autocast():
+            Square.apply(h).sum().backward()
+        assert h.grad.tolist() == [2.0, 2.0]
         assert torch.accelerator.current_accelerator() == torch.device("cuda")
         print("ok")
         """, tmp_path, PYDDP_CUDA_ON_CPU="1")
+    assert p.stdout.strip().endswith("ok"), p.stdout + p.stderr
 
 
 def test_nccl_through_a_variable_runs_on_cpu_backend(tmp_path):

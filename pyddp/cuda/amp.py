@@ -11,7 +11,7 @@ import warnings
 from .. import _autocast
 from ..amp import grad_scaler as _gs
 
-__all__ = ["GradScaler", "autocast"]
+__all__ = ["GradScaler", "autocast", "custom_fwd", "custom_bwd"]
 
 
 def _cuda_ok(what) -> bool:
@@ -52,3 +52,34 @@ class autocast(_autocast.autocast):
             with autocast(self.enabled, self.fast_dtype):
                 return fn(*args, **kwargs)
         return wrapper
+
+
+def custom_fwd(fwd=None, *, cast_inputs=None):
+    """torch.cuda.amp.custom_fwd: decorate an autograd Function's forward.  With
+    ``cast_inputs=dtype`` inside an enabled autocast region, floating-point Tensor arguments are
+    cast to ``dtype`` and forward runs with autocast off (as torch); otherwise it runs as is."""
+    import functools
+
+    if fwd is None:
+        return functools.partial(custom_fwd, cast_inputs=cast_inputs)
+
+    @functools.wraps(fwd)
+    def decorate_fwd(*args, **kwargs):
+        from .._tensor import Tensor
+        from .._tensor._grad_mode import _st
+        if cast_inputs is None or _st.autocast is None:
+            return fwd(*args, **kwargs)
+
+        def cast(x):
+            if isinstance(x, Tensor) and x.is_floating_point():
+                return x.to(cast_inputs)
+            return x
+        with _autocast.autocast("cuda", enabled=False):
+            return fwd(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+    return decorate_fwd
+
+
+def custom_bwd(bwd):
+    """torch.cuda.amp.custom_bwd: decorate an autograd Function's backward (pyddp runs backward
+    without autocast, as a custom_fwd forward with cast inputs ran)."""
+    return bwd
