@@ -25,7 +25,8 @@ except ImportError as _e:
     raise
 
 # torch's CPU generator and data loading (pyddp.default_generator is torch-compatible mt19937)
-from ._random import Generator, default_generator, initial_seed, randperm  # noqa: F401,E402
+# (pyddp.randperm, a Tensor as torch's, is served from pyddp._tensor like the other factories)
+from ._random import Generator, default_generator, initial_seed  # noqa: F401,E402
 
 # The rest is imported on first use (PEP 562 __getattr__ below), so that ``import pyddp.distributed``
 # does not load the tensor library, nn, amp, optim, data loading, checkpoints or notebook_launcher:
@@ -34,6 +35,7 @@ from ._random import Generator, default_generator, initial_seed, randperm  # noq
 # is served from pyddp._tensor.
 _LAZY_SUBMODULES = frozenset({
     "autograd",     # backward, grad, Function (torch.autograd)
+    "fp16_utils",   # apex.fp16_utils (to_python_float, network_to_half, FP16_Optimizer)
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
@@ -105,3 +107,14 @@ def manual_seed(seed):
     from . import _random
 
     return _random.manual_seed(seed)
+
+
+def _cuda_on_cpu():
+    # PYDDP_CUDA_ON_CPU=1 (pyddp.cuda._emulation): refused where a GPU is visible, said once.
+    import os
+    if os.environ.get("PYDDP_CUDA_ON_CPU"):
+        from .cuda import _emulation
+        _emulation.announce()
+
+
+_cuda_on_cpu()

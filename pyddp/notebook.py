@@ -290,14 +290,52 @@ class _NoLostInterrupt:
         return False
 
 
+def _accelerate_names(fn, function, nprocs, num_processes, master_port, use_port, master_addr,
+                      mixed_precision):
+    """Merge accelerate's keyword names into ours; the same thing given twice is a TypeError."""
+    def one(ours, theirs, a, b, default=None):
+        if ours is not None and theirs is not None:
+            raise TypeError(f"notebook_launcher() got both '{a}' and '{b}' (the same argument, "
+                            "pyddp's and accelerate's name)")
+        return ours if ours is not None else theirs if theirs is not None else default
+    fn = one(fn, function, "fn", "function")
+    if fn is None:
+        raise TypeError("notebook_launcher() missing required argument 'fn' (or 'function')")
+    nprocs = one(nprocs, num_processes, "nprocs", "num_processes", 2)
+    if isinstance(use_port, str):
+        if not use_port.strip().isdigit():
+            raise ValueError(f"use_port must be a port number, got {use_port!r}")
+        use_port = int(use_port)
+    master_port = one(master_port, use_port, "master_port", "use_port")
+    if master_addr is not None:
+        import ipaddress
+        import socket as _socket
+        if not isinstance(master_addr, str):
+            raise TypeError(f"master_addr must be a str, got {type(master_addr).__name__}")
+        try:
+            local = master_addr == "localhost" or ipaddress.ip_address(
+                _socket.gethostbyname(master_addr)).is_loopback or \
+                _socket.gethostbyname(master_addr) == _socket.gethostbyname(_socket.gethostname())
+        except (OSError, ValueError):
+            local = False
+        if not local:
+            raise ValueError(f"master_addr={master_addr!r}: notebook_launcher forks every rank on "
+                             "this machine, so the rendezvous address must be local "
+                             "(127.0.0.1, the default)")
+    if mixed_precision not in ("no", None):
+        raise ValueError(f"mixed_precision={mixed_precision!r}: pyddp's notebook_launcher does not "
+                         "change precision; use pyddp.autocast or pyddp.amp inside the function")
+    return fn, nprocs, master_port, master_addr
+
+
 def _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
-                 processes, context, output):
+                 processes, context, output, addr=None):
     """Fork the ranks; each is recorded (to be stopped on any exit) before the next is forked."""
     for rank in range(nprocs):
         env = {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
             "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "MASTER_ADDR": addr or "127.0.0.1", "MASTER_PORT": str(port),
             "PYDDP_SECRET": secret, "PYTHONUNBUFFERED": "1",
         }
         out_r, out_w = os.pipe()
@@ -333,7 +371,8 @@ def _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result
         guard.check()   # a Ctrl-C swallowed by the fork, now that this rank is recorded
 
 
-def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
+def notebook_launcher(fn=None, args=(), nprocs=None, master_port=None, *, function=None,
+                      num_processes=None, use_port=None, master_addr=None, mixed_precision="no"):
     """Run ``fn(*args)`` as a pyddp job of ``nprocs`` ranks and return rank 0's return value.
 
     Made for Jupyter notebooks: ``fn`` may be defined in the notebook itself.  Each rank is forked from
@@ -353,7 +392,15 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     group initialized (the ranks would inherit it), nor have used CUDA, through pyddp (even
     ``pyddp.cuda.is_available()``) or torch: a forked rank cannot use CUDA then, so that is refused
     (as HF accelerate's notebook_launcher refuses).
+
+    Accelerate's keyword names are accepted too, as notebooks written for it call this:
+    ``function`` (= fn), ``num_processes`` (= nprocs), ``use_port`` (= master_port, a str or int),
+    ``master_addr`` (a local address: the ranks are forked here) and ``mixed_precision="no"``
+    (pyddp leaves precision to the script: use pyddp.autocast / amp in fn).
     """
+    fn, nprocs, master_port, addr = _accelerate_names(fn, function, nprocs, num_processes,
+                                                      master_port, use_port, master_addr,
+                                                      mixed_precision)
     _check_fn_args(fn, args)
     _check_nprocs(nprocs)
     _check_port(master_port)
@@ -379,7 +426,7 @@ def notebook_launcher(fn, args=(), nprocs=2, master_port=None):
     try:
         with guard:
             _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
-                         processes, context, output)
+                         processes, context, output, addr)
 
         failure = None
         while True:

@@ -139,6 +139,30 @@ def test_master_port_is_used_and_every_launch_gets_a_fresh_secret(capsys, tmp_pa
     assert first[0]["PYDDP_SECRET"] != second[0]["PYDDP_SECRET"]
 
 
+def test_accelerate_keyword_names(capsys, tmp_path):
+    """Notebooks written for accelerate call notebook_launcher(function, args, num_processes=...,
+    use_port="...", master_addr=...)."""
+    port = free_port()
+    pyddp.notebook_launcher(function=_train, args=(1.0, str(tmp_path)), num_processes=2,
+                            use_port=str(port), master_addr="127.0.0.1", mixed_precision="no")
+    envs = _envs(capsys.readouterr().out)
+    assert sorted(e["RANK"] for e in envs) == ["0", "1"]
+    assert {e["MASTER_PORT"] for e in envs} == {str(port)}
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    with pytest.raises(TypeError, match="'nprocs' and 'num_processes'"):
+        pyddp.notebook_launcher(_train, nprocs=2, num_processes=2)
+    with pytest.raises(TypeError, match="'master_port' and 'use_port'"):
+        pyddp.notebook_launcher(_train, master_port=port, use_port=port)
+    with pytest.raises(ValueError, match="use_port"):
+        pyddp.notebook_launcher(_train, use_port="http")
+    with pytest.raises(ValueError, match="must be local"):
+        pyddp.notebook_launcher(_train, master_addr="192.0.2.7")
+    with pytest.raises(ValueError, match="mixed_precision"):
+        pyddp.notebook_launcher(_train, mixed_precision="fp16")
+    with pytest.raises(TypeError, match="'fn'"):
+        pyddp.notebook_launcher()
+
+
 def _fails(piddir, how):
     import pyddp.distributed as dist
 

@@ -544,3 +544,17 @@ def test_same_results_as_torch():
         except Exception as e:  # noqa: BLE001
             msgs.append((type(e).__name__, str(e)))
     assert msgs[0] == msgs[1]
+
+
+def test_port_held_by_another_job_says_so(monkeypatch):
+    """Another pyddp job (its own secret) holds the port: the error names that cause and how to
+    choose a free port, not only a secret mismatch."""
+    monkeypatch.setenv("PYDDP_SECRET", "the-other-job")
+    m = TCPStore("127.0.0.1", 0, 1, True, timeout=sec(10))
+    monkeypatch.setenv("PYDDP_SECRET", "this-job")
+    with pytest.raises(DistNetworkError) as e:
+        TCPStore("127.0.0.1", m.port, timeout=sec(10))
+    msg = str(e.value)
+    assert "belongs to another job or service" in msg and "free port" in msg, msg
+    assert "MASTER_PORT" in msg and "--master_port" in msg
+    m.set("still", "serving")

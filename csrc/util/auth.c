@@ -536,16 +536,25 @@ client_io(int fd, void *buf, size_t n, int sending, double deadline,
     if (st == PD_ETIMEOUT) {
         return pd_error(PD_EAUTH,
                         "authentication with server %s failed: handshake timed "
-                        "out while waiting for %s (is another program, not a "
-                        "pyddp store or rank, listening there?)", pn, what);
+                        "out while waiting for %s: the address belongs to "
+                        "another service (another program, not a pyddp store "
+                        "or rank, listens there); give this job a free port "
+                        "(MASTER_PORT or the launcher's --master_port)",
+                        pn, what);
     }
     if (st == PD_ENETWORK) {
         char cause[PD_ERRMSG_MAX];
         snprintf(cause, sizeof(cause), "%s", pd_errmsg());
         return pd_error(PD_EAUTH,
                         "authentication with server %s failed: the connection "
-                        "broke while sending or waiting for %s (wrong or "
-                        "missing PYDDP_SECRET?): %s", pn, what, cause);
+                        "broke while sending or waiting for %s (%s): the "
+                        "server refused this job's secret, so the address most "
+                        "likely belongs to another job or service (another "
+                        "pyddp job, whose PYDDP_SECRET differs, or another "
+                        "program); give this job a free port (MASTER_PORT or "
+                        "the launcher's --master_port; pyddp-run --standalone "
+                        "picks one), or, if that server is this job's, give "
+                        "every process the same PYDDP_SECRET", pn, what, cause);
     }
     return st;
 }

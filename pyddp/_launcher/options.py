@@ -93,6 +93,10 @@ def add_launcher_arguments(parser):
          help=f"port of rank 0's rendezvous store on the master; default {DEFAULT_MASTER_PORT}")
     _opt(parser, "--standalone", action="store_true",
          help="single-node job on a free port of localhost (ignores --master-addr/--master-port)")
+    _opt(parser, "--cuda-on-cpu", action="store_true",
+         help="run a GPU script on this machine's CPU (PYDDP_CUDA_ON_CPU=1 for every worker: one "
+              "emulated CUDA device per local rank, 'nccl' on the cpu backend); refused where a "
+              "GPU is visible")
     _opt(parser, "--rdzv-backend", default="static",
          help="'static' (default) or 'c10d': both mean rank 0 hosts the store at the endpoint")
     _opt(parser, "--rdzv-endpoint", default="",
@@ -307,6 +311,16 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
             if master_port == 0:
                 parser.error("argument --master-port: 0 cannot be shared with the other ranks; use "
                              "--standalone for a free port on localhost, or give a port number")
+
+    if args.cuda_on_cpu:
+        # the workers inherit it; said (or refused, where a GPU is visible) here, once
+        os.environ["PYDDP_CUDA_ON_CPU"] = "1"
+        from ..cuda import _emulation
+        _emulation._on = None
+        try:
+            _emulation.announce()
+        except RuntimeError as e:
+            parser.error(f"argument --cuda-on-cpu: {e}")
 
     max_restarts = _int(parser, "--max-restarts", args.max_restarts, 0)
     min_nproc = _int(parser, "--min-nproc", args.min_nproc, 1)

@@ -21,9 +21,10 @@ from . import _core  # noqa: F401  (first: _core imports _factories and _ops at 
 from .._random import default_generator, initial_seed, manual_seed, seed
 from ._core import (Tensor, _rebuild, backward, grad, is_floating_point, is_tensor,  # noqa: F401
                     numel)
-from ._dtypes import (bfloat16, bool, complex64, complex128, device, double, float, float16,
-                      float32, float64, get_default_dtype, half, int, int8, int16, int32, int64,
-                      long, set_default_dtype, short, uint8)
+from ._dtypes import (bfloat16, bool, channels_last, channels_last_3d, complex64, complex128,
+                      contiguous_format, device, double, float, float16, float32, float64,
+                      get_default_dtype, half, int, int8, int16, int32, int64, long,
+                      memory_format, preserve_format, set_default_dtype, short, uint8)
 from ._factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
                          linspace, ones, ones_like, rand, rand_like, randint, randn, randn_like,
                          randperm, tensor, zeros, zeros_like)
@@ -35,6 +36,8 @@ from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm
                    min, minimum, mm, mul, neg, outer, permute, pow, relu, reshape, round, rsqrt,
                    sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
                    swapaxes, tanh, transpose, tril, triu, unsqueeze, var, where)
+from . import _extra  # noqa: E402  (attaches its Tensor methods)
+from ._extra import *  # noqa: F401,F403,E402
 
 # the internal API, importable from here too (as before the split)
 from ..autograd._graph import Node, _edge  # noqa: F401
@@ -58,10 +61,11 @@ __all__ = [
     "ceil", "round", "outer", "tril", "triu", "set_printoptions",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
-]
+    "memory_format", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+] + _extra.__all__
 
 # Pickles and reprs name these pyddp._tensor.X, as they did before the split (a pickled Tensor
 # is rebuilt by pyddp._tensor._rebuild; a pickled device by its class).
-for _obj in (Tensor, device, no_grad, enable_grad, set_grad_enabled, inference_mode, _rebuild):
+for _obj in (Tensor, device, memory_format, no_grad, enable_grad, set_grad_enabled, inference_mode, _rebuild):
     _obj.__module__ = __name__
 del _obj

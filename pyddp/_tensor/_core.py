@@ -21,6 +21,10 @@ from ..autograd._engine import _set_tensor_class, run_backward
 from ..autograd._graph import Node, _add_hook, _edge
 from ._dtypes import (_CPU, _F32, _F64, _HALFS, _dtype, _is_float_dtype, _pybool, _pyfloat, _pyint,
                       bfloat16, bool, float16, int32, int64)
+from ._dtypes import _check_memory_format, _layout, channels_last, channels_last_3d
+from ._dtypes import contiguous_format as _contiguous_format
+from ._dtypes import device as _device
+from ._dtypes import preserve_format as _preserve_format
 from ._grad_mode import _st
 
 
@@ -40,9 +44,23 @@ def _new(a, requires_grad=False):
     return t
 
 
+def _new_on(out, *inputs):
+    """_new(out) on the device of the first input placed on an emulated CUDA device."""
+    r = _new(out)
+    for t in inputs:
+        if isinstance(t, Tensor) and t._dev is not _CPU:
+            r._dev = t._dev
+            break
+    return r
+
+
 def _mk(out, name, fn, inputs, saves=True):
     """Wrap an op's result; record a node when grad mode is on and an input requires grad."""
     r = _new(out)
+    for t in inputs:   # a tensor on an emulated CUDA device gives results on it
+        if t is not None and t._dev is not _CPU:
+            r._dev = t._dev
+            break
     if _st.grad:
         for t in inputs:
             if t is not None and t._requires_grad:
@@ -182,7 +200,7 @@ def _mm(x, y):
     dt = x.dtype
     if dt in _HALFS:
         # overflow to inf is the float16 result (as on float16 hardware), not a warning
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             return np.matmul(x.astype(_F32), y.astype(_F32)).astype(dt)
     return np.matmul(x, y)
 
@@ -234,6 +252,7 @@ class Tensor:
     __slots__ = ("_data", "_requires_grad", "grad_fn", "_grad", "_accum", "_post_hooks",
                  "__dict__", "__weakref__")
     __array_priority__ = 1000
+    _dev = _CPU   # the device; only PYDDP_CUDA_ON_CPU=1 places tensors elsewhere (host memory)
 
     def __init__(self, data=None, requires_grad=False):
         if data is None:
@@ -275,13 +294,14 @@ class Tensor:
 
     @property
     def device(self):
-        """device('cpu') (equal to the string 'cpu')."""
-        return _CPU
+        """device('cpu') (equal to the string 'cpu'); under PYDDP_CUDA_ON_CPU=1 the emulated
+        CUDA device the tensor was placed on."""
+        return self._dev
 
     @property
     def is_cuda(self):
-        """Always False."""
-        return False
+        """False (True only for tensors placed on an emulated CUDA device)."""
+        return self._dev.type == "cuda"
 
     @property
     def is_leaf(self):
@@ -336,7 +356,7 @@ class Tensor:
     @property
     def data(self):
         """A detached Tensor sharing this tensor's array; assigning replaces the array."""
-        return _new(self._data)
+        return _place(_new(self._data), self._dev)
 
     @data.setter
     def data(self, value):
@@ -377,10 +397,6 @@ class Tensor:
         s = tuple(x // self._data.itemsize for x in self._data.strides)
         return s if dim is None else s[dim]
 
-    def is_contiguous(self):
-        """Whether the array is C-contiguous."""
-        return self._data.flags.c_contiguous
-
     def is_floating_point(self):
         """Whether the dtype is a float type."""
         return _is_float_dtype(self._data.dtype) and self._data.dtype.kind != "c"
@@ -390,8 +406,8 @@ class Tensor:
         return self._data.ctypes.data
 
     def get_device(self):
-        """-1 (CPU)."""
-        return -1
+        """-1 (CPU), or the index of the emulated CUDA device."""
+        return -1 if self._dev.type == "cpu" else self._dev.index
 
     # --- NumPy interop --------------------------------------------------------------------------
     def numpy(self, force=False):
@@ -441,16 +457,27 @@ class Tensor:
         return (self[i] for i in range(self._data.shape[0]))
 
     def __bool__(self):
-        return _pybool(self._data)
+        if self._data.size != 1:
+            n = "no values" if not self._data.size else "more than one value"
+            raise RuntimeError(f"Boolean value of Tensor with {n} is ambiguous")
+        return _pybool(self._data.reshape(()).item())
 
     def __float__(self):
-        return _pyfloat(self._data)
+        return _pyfloat(self._scalar())
 
     def __int__(self):
-        return _pyint(self._data)
+        return _pyint(self._scalar())
+
+    def _scalar(self):
+        if self._data.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self._data.reshape(()).item()
 
     def __index__(self):
-        return self._data.__index__()
+        if self._data.size != 1 or self._data.dtype.kind not in "iub":
+            raise TypeError("only integer tensors of a single element can be converted to an "
+                            "index")
+        return _pyint(self._data.reshape(()).item())
 
     def __format__(self, spec):
         if self._data.ndim == 0:
@@ -479,7 +506,7 @@ class Tensor:
 
     def detach(self):
         """A new Tensor sharing the array, outside the graph."""
-        return _new(self._data)
+        return _place(_new(self._data), self._dev)
 
     def detach_(self):
         """Detach in place; returns self."""
@@ -528,28 +555,39 @@ class Tensor:
 
     # --- conversions ----------------------------------------------------------------------------
     def to(self, *args, **kwargs):
-        """to(dtype) / to(device) / to(other): a converted tensor (self when nothing changes)."""
+        """to(dtype) / to(device) / to(device, dtype) / to(other): a converted tensor (self when
+        nothing changes; ``copy=True`` always copies)."""
         dt = kwargs.get("dtype")
         copy = kwargs.get("copy", False)
+        dev = None
         for a in args:
             if isinstance(a, Tensor):
-                dt = a.dtype
+                dt, dev = a.dtype, a._dev
             elif isinstance(a, builtins.bool):   # non_blocking / copy given positionally
                 continue
-            elif isinstance(a, (str, builtins.int)) and not isinstance(a, builtins.bool) or \
-                    type(a).__name__ == "device":
-                _check_device(a)
+            elif isinstance(a, (str, builtins.int, np.integer)) or type(a).__name__ == "device":
+                dev = _check_device(a)
             elif a is not None:
                 try:
                     dt = _dtype(a)
                 except TypeError:
                     raise TypeError(f"to(): unexpected argument {a!r}") from None
         if "device" in kwargs and kwargs["device"] is not None:
-            _check_device(kwargs["device"])
+            dev = _check_device(kwargs["device"])
+        _check_memory_format(kwargs.get("memory_format"), "to")
         dt = _dtype(dt)
-        if dt is None or dt == self._data.dtype:
-            return self.clone() if copy else self
-        return _cast(self, dt)
+        r = self
+        if dev is not None and dev != self._dev:
+            r = _to_device(self, dev)
+            copy = False
+        mf = kwargs.get("memory_format")
+        if dt is not None and dt != r._data.dtype:
+            r = _cast(r, dt)
+        elif copy:
+            r = r.clone()
+        if mf is not None and mf is not _preserve_format:
+            r = r.contiguous(memory_format=mf)
+        return r
 
     def type(self, dtype=None):
         """type(): dtype name; type(dtype): converted tensor."""
@@ -591,45 +629,99 @@ class Tensor:
         """bool version."""
         return self.to(bool)
 
-    def cpu(self):
-        """self (tensors live on the CPU)."""
-        return self
+    def cpu(self, memory_format=None):
+        """self on the CPU (a copy of a tensor on an emulated CUDA device)."""
+        _check_memory_format(memory_format, "cpu")
+        return _to_device(self, _CPU)
 
     def cuda(self, device=None, non_blocking=False, memory_format=None):
-        """Raises as torch's CPU build does (an AssertionError, here also a RuntimeError):
-        pyddp tensors live on the CPU."""
-        raise _cuda_error("Tensor.cuda()")
+        """Under PYDDP_CUDA_ON_CPU=1: this tensor on an emulated CUDA device (the current one
+        by default), in host memory.  Otherwise raises as torch's CPU build does (an
+        AssertionError, here also a RuntimeError): pyddp tensors live on the CPU."""
+        from ..cuda import _emulation
+        if not _emulation.enabled():
+            raise _cuda_error("Tensor.cuda()")
+        _check_memory_format(memory_format, "cuda")
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, (builtins.int, np.integer)) and not isinstance(device,
+                                                                               builtins.bool):
+            device = f"cuda:{device}"
+        dev = _check_device(device)
+        if dev.type != "cuda":
+            raise RuntimeError(f"Invalid device, must be cuda device (got {str(device)!r})")
+        return _to_device(self, dev)
+
+    def record_stream(self, stream):
+        """Under PYDDP_CUDA_ON_CPU=1: nothing to do (host memory, work in program order)."""
+        from ..cuda import _emulation
+        if not _emulation.enabled() or not self.is_cuda:
+            raise RuntimeError("record_stream: the tensor must be on a CUDA device (pyddp "
+                               "tensors are, only under PYDDP_CUDA_ON_CPU=1)")
+
+    def pin_memory(self, device=None):
+        """self's copy in (pageable) host memory; pyddp has no pinned tensors of its own."""
+        if self.is_cuda:
+            raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors "
+                               "can be pinned")
+        return self.clone()
+
+    def is_pinned(self, device=None):
+        """False."""
+        return False
 
     def clone(self, memory_format=None):
-        """A copy in the graph."""
-        return _mk(self._data.copy(), "CloneBackward0", lambda g: (g,), (self,), saves=False)
+        """A copy in the graph (its strides kept, or those of ``memory_format``)."""
+        _check_memory_format(memory_format, "clone")
+        a = self._data
+        out = _layout(a, memory_format, copy=True) if memory_format is not None else \
+            np.copy(a, order="K")
+        return _mk(out, "CloneBackward0", lambda g: (g,), (self,), saves=False)
 
     def contiguous(self, memory_format=None):
-        """self when C-contiguous, else a contiguous copy."""
-        if self._data.flags.c_contiguous:
+        """self when already laid out in ``memory_format`` (C-contiguous by default), else a
+        copy that is."""
+        _check_memory_format(memory_format, "contiguous")
+        out = _layout(self._data, memory_format if memory_format is not None else
+                      _contiguous_format)
+        if out is self._data:
             return self
-        return _mk(np.ascontiguousarray(self._data), "CloneBackward0", lambda g: (g,), (self,),
-                   saves=False)
+        return _mk(out, "CloneBackward0", lambda g: (g,), (self,), saves=False)
 
-    def new_zeros(self, *size, dtype=None, requires_grad=False):
-        """zeros with this tensor's dtype."""
-        return zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def is_contiguous(self, memory_format=None):
+        """Whether the array is laid out in ``memory_format`` (C-contiguous by default)."""
+        _check_memory_format(memory_format, "is_contiguous")
+        if memory_format is channels_last or memory_format is channels_last_3d:
+            rank = 4 if memory_format is channels_last else 5
+            if self._data.ndim != rank:
+                return False
+            return self._data.transpose((0,) + tuple(range(2, rank)) + (1,)).flags.c_contiguous
+        return self._data.flags.c_contiguous
 
-    def new_ones(self, *size, dtype=None, requires_grad=False):
-        """ones with this tensor's dtype."""
-        return ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        """zeros with this tensor's dtype (and device)."""
+        return zeros(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_empty(self, *size, dtype=None, requires_grad=False):
-        """empty with this tensor's dtype."""
-        return empty(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        """ones with this tensor's dtype (and device)."""
+        return ones(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_full(self, size, fill_value, dtype=None, requires_grad=False):
-        """full with this tensor's dtype."""
-        return full(size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+        """empty with this tensor's dtype (and device)."""
+        return empty(*size, dtype=dtype or self.dtype, device=device or self._dev,
+                     requires_grad=requires_grad)
 
-    def new_tensor(self, data, dtype=None, requires_grad=False):
-        """tensor(data) with this tensor's dtype."""
-        return tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        """full with this tensor's dtype (and device)."""
+        return full(size, fill_value, dtype=dtype or self.dtype, device=device or self._dev,
+                    requires_grad=requires_grad)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        """tensor(data) with this tensor's dtype (and device)."""
+        return tensor(data, dtype=dtype or self.dtype, device=device or self._dev,
+                      requires_grad=requires_grad)
 
     # --- arithmetic -----------------------------------------------------------------------------
     def __add__(self, other):
@@ -679,15 +771,15 @@ class Tensor:
 
     def __floordiv__(self, other):
         a, b = _binop_arrays(self, other)
-        return _new(np.floor_divide(a, b))
+        return _new_on(np.floor_divide(a, b), self)
 
     def __mod__(self, other):
         a, b = _binop_arrays(self, other)
-        return _new(np.remainder(a, b))
+        return _new_on(np.remainder(a, b), self)
 
     def _cmp(self, other, f):
         a, b = _binop_arrays(self, other)
-        return _new(f(a, b))
+        return _new_on(f(a, b), self, other)
 
     def __eq__(self, other):
         return self._cmp(other, np.equal)
@@ -724,11 +816,11 @@ class Tensor:
         return self._cmp(other, np.bitwise_xor)
 
     def __invert__(self):
-        return _new(np.invert(self._data))
+        return _new_on(np.invert(self._data), self)
 
     def logical_not(self):
         """Elementwise not (bool)."""
-        return _new(np.logical_not(self._data))
+        return _new_on(np.logical_not(self._data), self)
 
     def add(self, other, alpha=1):
         """self + alpha * other."""
@@ -1050,11 +1142,11 @@ class Tensor:
 
     def isfinite(self):
         """Elementwise finiteness (bool)."""
-        return _new(np.isfinite(self._data))
+        return _new_on(np.isfinite(self._data), self)
 
     def isnan(self):
         """Elementwise NaN test (bool)."""
-        return _new(np.isnan(self._data))
+        return _new_on(np.isnan(self._data), self)
 
     def softmax(self, dim):
         """softmax along dim."""
@@ -1135,17 +1227,38 @@ class Tensor:
         return reshape(self, *shape)
 
     def view(self, *shape):
-        """view(shape) like reshape; view(dtype) reinterprets the bytes (no grad)."""
+        """view(shape): the same memory seen with a new shape (-1 inferred), or torch's error
+        when the strides do not allow it (``reshape`` copies then); view(dtype) reinterprets
+        the bytes (no grad)."""
         if len(shape) == 1 and not isinstance(shape[0], (tuple, list, _pyint)) and \
                 not isinstance(shape[0], np.integer):
-            return _new(self._data.view(_dtype(shape[0])))
-        return reshape(self, *shape)
+            return _place(_new(self._data.view(_dtype(shape[0]))), self._dev)
+        if not shape:
+            raise TypeError("view() received an invalid combination of arguments - got (), but "
+                            "expected one of: (dtype dtype), (tuple of ints size)")
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        xd = self._data
+        out = xd.view()
+        try:
+            out.shape = tuple(_pyint(n) for n in shape)
+        except AttributeError:   # numpy would have to copy
+            raise RuntimeError("view size is not compatible with input tensor's size and stride "
+                               "(at least one dimension spans across two contiguous subspaces). "
+                               "Use .reshape(...) instead.") from None
+        except ValueError:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size "
+                               f"{xd.size}") from None
+        ishape = xd.shape
+        return _mk(out, "ViewBackward0", lambda g: (g.reshape(ishape),), (self,), saves=False)
 
     def view_as(self, other):
+        """view with other's shape."""
+        return self.view(other.shape)
+
+    def reshape_as(self, other):
         """reshape to other's shape."""
         return reshape(self, other.shape)
-
-    reshape_as = view_as
 
     def ravel(self):
         """The elements as one dimension (a view when possible), as torch.ravel."""
@@ -1258,24 +1371,53 @@ def _cuda_error(what):
 
 
 def _check_device(d):
-    """Accept a CPU device ('cpu', 'cpu:0', device('cpu'), torch.device('cpu')); raise what
-    torch's CPU build raises for the others."""
-    if isinstance(d, builtins.bool) or not isinstance(d, (str, builtins.int)) and \
+    """The device a pyddp tensor is placed on for ``d`` ('cpu', 'cpu:0', device('cpu'),
+    torch.device('cpu'); under PYDDP_CUDA_ON_CPU=1 also 'cuda', 'cuda:N', N and CUDA devices,
+    which stay in host memory); raise what torch's CPU build raises for the others."""
+    if isinstance(d, builtins.bool) or not isinstance(d, (str, builtins.int, np.integer)) and \
             not hasattr(d, "type"):
         raise TypeError(f"device must be a str, an int or a device, got {type(d).__name__}")
-    if isinstance(d, builtins.int):   # an accelerator's index, as torch.device(0)
+    from ..cuda import _emulation
+    if isinstance(d, (builtins.int, np.integer)):   # an accelerator's index, as torch.device(0)
+        if _emulation.enabled():
+            if d < 0:
+                raise RuntimeError(f"Device index must not be negative (got {d})")
+            return _device("cuda", _emulation.check_index(builtins.int(d)))
         from .. import accelerator
         if accelerator.is_available():
             raise _cuda_error(f"cannot place a pyddp tensor on device {d}")
         raise RuntimeError("Cannot access accelerator device when none is available "
                            f"(device {d}: pyddp tensors live on the CPU)")
-    s = str(d) if isinstance(d, str) else str(getattr(d, "type", d))
-    kind = s.split(":", 1)[0]
-    if kind == "cpu":
-        return
-    if kind == "cuda":
+    dev = _device(d) if isinstance(d, str) else _device(str(d.type), d.index)
+    if dev.type == "cpu":
+        return _CPU
+    if dev.type == "cuda":
+        if _emulation.enabled():
+            from .. import cuda
+            idx = cuda.current_device() if dev.index is None else \
+                _emulation.check_index(dev.index)
+            return _device("cuda", idx)
         raise _cuda_error(f"cannot place a pyddp tensor on device {str(d)!r}")
     raise RuntimeError(f"pyddp tensors live on the CPU; cannot move to device {str(d)!r}")
+
+
+def _place(t, dev):
+    """``t`` tagged with device ``dev`` (a host-memory placement; see _check_device)."""
+    if dev is not _CPU and dev != _CPU:
+        t._dev = dev
+    return t
+
+
+def _to_device(t, dev, copy=False):
+    """torch's ``t.to(dev)``: t itself on the same device, else a copy on dev (in the graph)."""
+    if dev == t._dev and not copy:
+        return t
+    r = _mk(t._data.copy(), "ToCopyBackward0", lambda g: (g,), (t,), saves=False)
+    if dev == _CPU:
+        r.__dict__.pop("_dev", None)
+    else:
+        r._dev = dev
+    return r
 
 
 def is_tensor(x):

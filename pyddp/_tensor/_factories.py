@@ -7,9 +7,20 @@ import numpy as np
 
 from .._random import _np_gen
 from .. import _random
-from ._core import Tensor, _check_device, _new, _to_array
+from ._core import Tensor, _check_device, _new, _place, _to_array
+from ._dtypes import _check_memory_format, _layout
 from ._dtypes import _F32, _F64, _dtype, _is_float_dtype, _pybool, _pyint, bool, int64
+from ._dtypes import preserve_format as _preserve
 from ._grad_mode import _st
+
+
+def _strided_like(a, like):
+    """``a`` (C-contiguous, like's shape) re-laid out with the order of like's strides, as
+    torch's *_like keep a dense input's strides (preserve_format)."""
+    order = sorted(range(like.ndim), key=lambda i: -like.strides[i])
+    if builtins.any(s <= 0 for s in like.strides) or not like.transpose(order).flags.c_contiguous:
+        return a   # overlapping, reversed or gapped: torch gives a contiguous tensor too
+    return np.ascontiguousarray(a.transpose(order)).transpose(np.argsort(order))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -23,15 +34,14 @@ def _size(size):
 
 def tensor(data, dtype=None, device=None, requires_grad=False):
     """A new tensor holding a copy of data (Python floats -> float32, ints -> int64)."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     dt = _dtype(dtype)
     a = _to_array(data, dt)
     if a is (data._data if isinstance(data, Tensor) else data):
         a = a.copy()
     elif isinstance(data, np.ndarray) and np.shares_memory(a, data):
         a = a.copy()
-    t = _new(a)
+    t = _place(_new(a), dev) if dev is not None else _new(a)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -40,10 +50,11 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
 def as_tensor(data, dtype=None, device=None):
     """A tensor sharing data's memory when possible."""
     if isinstance(data, Tensor):
-        return data.to(dtype) if dtype is not None else data
+        return data.to(device=device, dtype=dtype)
     if isinstance(data, np.ndarray):
-        return _new(data if dtype is None else data.astype(_dtype(dtype), copy=False))
-    return tensor(data, dtype)
+        t = _new(data if dtype is None else data.astype(_dtype(dtype), copy=False))
+        return t.to(device) if device is not None else t
+    return tensor(data, dtype, device)
 
 
 def from_numpy(a):
@@ -53,10 +64,12 @@ def from_numpy(a):
     return _new(a)
 
 
-def _factory(fn, size, dtype, requires_grad, device=None):
-    if device is not None:
-        _check_device(device)
-    t = _new(fn(_size(size), _dtype(dtype) or _st.default))
+def _factory(fn, size, dtype, requires_grad, device=None, memory_format=None):
+    dev = _check_device(device) if device is not None else None
+    _check_memory_format(memory_format, "empty")
+    t = _new(_layout(fn(_size(size), _dtype(dtype) or _st.default), memory_format))
+    if dev is not None:
+        _place(t, dev)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -74,7 +87,7 @@ def ones(*size, dtype=None, device=None, requires_grad=False, out=None):
 
 def empty(*size, dtype=None, device=None, requires_grad=False, out=None, memory_format=None):
     """Uninitialised tensor."""
-    return _factory(np.empty, size, dtype, requires_grad, device)
+    return _factory(np.empty, size, dtype, requires_grad, device, memory_format)
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
@@ -86,10 +99,16 @@ def full(size, fill_value, dtype=None, device=None, requires_grad=False):
                     else (tuple(size),), dtype, requires_grad, device)
 
 
-def _like(fn, t, dtype, requires_grad, device=None):
-    if device is not None:
-        _check_device(device)
-    r = _new(fn(t.shape, _dtype(dtype) or t.dtype))
+def _like(fn, t, dtype, requires_grad, device=None, memory_format=None):
+    dev = _check_device(device) if device is not None else t._dev
+    _check_memory_format(memory_format, "empty_like")
+    a = fn(t.shape, _dtype(dtype) or t.dtype)
+    if memory_format is None or memory_format is _preserve:
+        if not t._data.flags.c_contiguous and t._data.ndim > 1 and t._data.size:
+            a = _strided_like(a, t._data)
+    else:
+        a = _layout(a, memory_format)
+    r = _place(_new(a), dev)
     if requires_grad:
         r.requires_grad = True
     return r
@@ -97,17 +116,17 @@ def _like(fn, t, dtype, requires_grad, device=None):
 
 def zeros_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """zeros shaped like t."""
-    return _like(np.zeros, t, dtype, requires_grad, device)
+    return _like(np.zeros, t, dtype, requires_grad, device, memory_format)
 
 
 def ones_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """ones shaped like t."""
-    return _like(np.ones, t, dtype, requires_grad, device)
+    return _like(np.ones, t, dtype, requires_grad, device, memory_format)
 
 
 def empty_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """uninitialised, shaped like t."""
-    return _like(np.empty, t, dtype, requires_grad, device)
+    return _like(np.empty, t, dtype, requires_grad, device, memory_format)
 
 
 def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
@@ -136,20 +155,21 @@ def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
 
 def randn_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """randn shaped like t."""
-    return _like(lambda s, d: _rand_arr("n", s, d, None), t, dtype, requires_grad, device)
+    return _like(lambda s, d: _rand_arr("n", s, d, None), t, dtype, requires_grad, device,
+                 memory_format)
 
 
 def rand_like(t, dtype=None, device=None, requires_grad=False, memory_format=None):
     """rand shaped like t."""
-    return _like(lambda s, d: _rand_arr("u", s, d, None), t, dtype, requires_grad, device)
+    return _like(lambda s, d: _rand_arr("u", s, d, None), t, dtype, requires_grad, device,
+                 memory_format)
 
 
 def randint(low, high=None, size=None, dtype=None, generator=None, device=None,
             requires_grad=False):
     """Integers in [low, high), int64 unless ``dtype`` says otherwise (a float dtype gives
     integer-valued floats, as in torch).  ``randint(high, size)`` draws from [0, high)."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     if size is None:
         if high is None or isinstance(high, (_pyint, np.integer)):
             raise TypeError("randint() missing required argument 'size' (a tuple of ints)")
@@ -171,6 +191,8 @@ def randint(low, high=None, size=None, dtype=None, generator=None, device=None,
         raise RuntimeError(f"{which} is out of bounds for {dt.name}")
     a = _np_gen(generator).integers(low, high, size=tuple(size), dtype=np.int64)
     t = _new(a.astype(dt, copy=False))
+    if dev is not None:
+        _place(t, dev)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -179,18 +201,18 @@ def randint(low, high=None, size=None, dtype=None, generator=None, device=None,
 def randperm(n, dtype=None, generator=None, device=None):
     """A random permutation of range(n) (int64): torch's values for the default generator or a
     pyddp.Generator (as ``pyddp.randperm``), NumPy's permutation for a numpy.random.Generator."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     dt = _dtype(dtype) or int64
     if isinstance(generator, np.random.Generator):
-        return _new(generator.permutation(n).astype(dt))
-    return _new(_random.randperm(n, generator=generator, dtype=dt))
+        t = _new(generator.permutation(n).astype(dt))
+    else:
+        t = _new(_random.randperm(n, generator=generator, dtype=dt))
+    return _place(t, dev) if dev is not None else t
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
     """Evenly spaced values in [start, end) (int64 for ints, float32 for floats)."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     if end is None:
         start, end = 0, start
     dt = _dtype(dtype)
@@ -198,6 +220,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
         dt = int64 if builtins.all(isinstance(v, (_pyint, np.integer))
                                    for v in (start, end, step)) else _st.default
     t = _new(np.arange(start, end, step).astype(dt, copy=False))
+    if dev is not None:
+        _place(t, dev)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -205,9 +229,10 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
 
 def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
     """steps values from start to end inclusive."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     t = _new(np.linspace(start, end, steps).astype(_dtype(dtype) or _st.default))
+    if dev is not None:
+        _place(t, dev)
     if requires_grad:
         t.requires_grad = True
     return t
@@ -215,9 +240,10 @@ def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
 
 def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     """Identity matrix."""
-    if device is not None:
-        _check_device(device)
+    dev = _check_device(device) if device is not None else None
     t = _new(np.eye(n, m, dtype=_dtype(dtype) or _st.default))
+    if dev is not None:
+        _place(t, dev)
     if requires_grad:
         t.requires_grad = True
     return t

@@ -5,7 +5,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _dims, _mk, _mm, _new, _promote,
+from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _dims, _mk, _mm, _new, _new_on,
+                    _promote,
                     _red)
 from ._dtypes import _F32, _HALFS, _dtype, _is_float_dtype, _pybool, _pyint, int64
 from ._grad_mode import _st
@@ -39,7 +40,7 @@ def add(a, b, alpha=1):
     out = ad + bd
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
-        return _new(out)
+        return _new_on(out, a, b)
     sa, sb, dta = a.shape, (bt.shape if bt is not None else None), a.dtype
     dtb = bt.dtype if bt is not None else None
 
@@ -58,7 +59,7 @@ def sub(a, b, alpha=1):
     out = ad - bd
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
-        return _new(out)
+        return _new_on(out, a, b)
     sa, sb, dta = a.shape, (bt.shape if bt is not None else None), a.dtype
     dtb = bt.dtype if bt is not None else None
 
@@ -77,7 +78,7 @@ def mul(a, b):
     ra = a._requires_grad
     rb = bt is not None and bt._requires_grad
     if not (_st.grad and (ra or rb)):
-        return _new(out)
+        return _new_on(out, a, b)
     sa, dta = a.shape, a.dtype
 
     def bw(g):
@@ -94,7 +95,7 @@ def div(a, b, rounding_mode=None):
     if rounding_mode is not None:
         f = np.floor_divide if rounding_mode == "floor" else (
             lambda x, y: np.trunc(np.true_divide(x, y)).astype(np.result_type(x, y)))
-        return _new(f(ad, bd))
+        return _new_on(f(ad, bd), a, b)
     if not _is_float_dtype(ad.dtype):
         ad = ad.astype(_st.default)
     out = np.true_divide(ad, bd)
@@ -104,7 +105,7 @@ def div(a, b, rounding_mode=None):
     ra = a._requires_grad
     rb = bt is not None and bt._requires_grad
     if not (_st.grad and (ra or rb)):
-        return _new(out)
+        return _new_on(out, a, b)
     sa, dta = a.shape, a.dtype
 
     def bw(g):
@@ -123,7 +124,7 @@ def pow(a, b):
     ra = a._requires_grad
     rb = bt is not None and bt._requires_grad
     if not (_st.grad and (ra or rb)):
-        return _new(out)
+        return _new_on(out, a, b)
     sa, dta = a.shape, a.dtype
 
     def bw(g):
@@ -159,7 +160,7 @@ def _unary(name, f, dfn, use_out=False):
             xd = xd.astype(_st.default)
         out = f(xd)
         if not (_st.grad and x._requires_grad):
-            return _new(out)
+            return _new_on(out, x)
         return _mk(out, name, lambda g: (dfn(g, xd, out),), (x,))
     op.__name__ = name
     return op
@@ -281,7 +282,7 @@ def where(cond, a=None, b=None):
     """where(cond, a, b): a where cond else b (a, b Tensors or numbers); where(cond): indices."""
     c = cond._data if isinstance(cond, Tensor) else np.asarray(cond)
     if a is None:
-        return tuple(_new(i) for i in np.nonzero(c))
+        return tuple(_new_on(i.astype(int64, copy=False), cond) for i in np.nonzero(c))
     if not isinstance(a, Tensor):
         a = _as_t(a, b if isinstance(b, Tensor) else None)
     if not isinstance(b, Tensor):
@@ -308,7 +309,7 @@ def _cast(x, dt):
     else:
         out = x._data.astype(dt)
     if not _is_float_dtype(dt):
-        return _new(out)
+        return _new_on(out, x)
     if src in _HALFS:
         def back(g):
             with np.errstate(over="ignore"):
@@ -330,7 +331,7 @@ def matmul(a, b):
     out = _mm(ad, bd)
     ra, rb = a._requires_grad, b._requires_grad
     if not (_st.grad and (ra or rb)):
-        return _new(out)
+        return _new_on(out, a, b)
 
     def bw(g):
         A = ad[None, :] if ad.ndim == 1 else ad
@@ -445,7 +446,7 @@ def _reduce_minmax(x, dim, keepdim, is_max):
         np.put_along_axis(gx, idx, g if keepdim else np.expand_dims(g, d), axis=d)
         return (gx,)
     v = _mk(vals, "MaxBackward0" if is_max else "MinBackward0", bw, (x,))
-    return _MinMax(v, _new(idx if keepdim else np.squeeze(idx, d)))
+    return _MinMax(v, _new_on(idx if keepdim else np.squeeze(idx, d), x))
 
 
 def max(x, dim=None, keepdim=False):  # noqa: A001
@@ -519,41 +520,41 @@ def argmax(x, dim=None, keepdim=False):
     """Index of the maximum (flattened when dim is None)."""
     xd = x._data
     if dim is None:
-        return _new(np.asarray(np.argmax(xd), dtype=int64))
-    return _new(np.argmax(xd, axis=dim, keepdims=keepdim).astype(int64, copy=False))
+        return _new_on(np.asarray(np.argmax(xd), dtype=int64), x)
+    return _new_on(np.argmax(xd, axis=dim, keepdims=keepdim).astype(int64, copy=False), x)
 
 
 def argmin(x, dim=None, keepdim=False):
     """Index of the minimum (flattened when dim is None)."""
     xd = x._data
     if dim is None:
-        return _new(np.asarray(np.argmin(xd), dtype=int64))
-    return _new(np.argmin(xd, axis=dim, keepdims=keepdim).astype(int64, copy=False))
+        return _new_on(np.asarray(np.argmin(xd), dtype=int64), x)
+    return _new_on(np.argmin(xd, axis=dim, keepdims=keepdim).astype(int64, copy=False), x)
 
 
 def all(x, dim=None):  # noqa: A001
     """All elements true."""
-    return _new(np.asarray(np.all(x._data, axis=dim)))
+    return _new_on(np.asarray(np.all(x._data, axis=dim)), x)
 
 
 def any(x, dim=None):  # noqa: A001
     """Any element true."""
-    return _new(np.asarray(np.any(x._data, axis=dim)))
+    return _new_on(np.asarray(np.any(x._data, axis=dim)), x)
 
 
 def isfinite(x):
     """Elementwise finiteness."""
-    return _new(np.isfinite(x._data))
+    return _new_on(np.isfinite(x._data), x)
 
 
 def isnan(x):
     """Elementwise NaN test."""
-    return _new(np.isnan(x._data))
+    return _new_on(np.isnan(x._data), x)
 
 
 def isinf(x):
     """Elementwise infinity test."""
-    return _new(np.isinf(x._data))
+    return _new_on(np.isinf(x._data), x)
 
 
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):

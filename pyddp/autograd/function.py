@@ -68,6 +68,13 @@ class Function:
             out = cls.forward(ctx, *args, **kwargs)
         single = not isinstance(out, tuple)
         outs = (out,) if single else out
+        # outputs are on the inputs' device (only PYDDP_CUDA_ON_CPU=1 tags tensors with another)
+        dev = next((t._dev for t in tins if t is not None and t._dev.type != "cpu"), None)
+        if dev is not None:
+            for o in outs:
+                if isinstance(o, Tensor) and o._dev.type == "cpu" and \
+                        not any(o is t for t in tins):
+                    o._dev = dev
         if not (_st.grad and any(ctx.needs_input_grad)):
             return out
         nout = len(outs)

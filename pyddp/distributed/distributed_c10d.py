@@ -171,8 +171,10 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """Whether the 'nccl' backend can be used: libnccl (NCCL 2.18 or later) loads; see
-    pyddp.cuda._lib for where pyddp looks.  As torch's, this does not need a GPU."""
-    return _registered_available("nccl")
+    pyddp.cuda._lib for where pyddp looks.  As torch's, this does not need a GPU.  True under
+    PYDDP_CUDA_ON_CPU=1, where "nccl" runs on the cpu backend."""
+    from ..cuda import _emulation
+    return _emulation.enabled() or _registered_available("nccl")
 
 
 def is_mpi_available() -> bool:

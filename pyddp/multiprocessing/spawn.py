@@ -32,6 +32,7 @@ import tempfile
 import time
 import warnings
 
+from .. import _threads
 from .._lifecycle import die_with_parent, signal_name, terminate_with_grace
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ def _wrap(fn, i, args, error_file, parent_pid=None):
     # effect will never join this process.
     if die_with_parent(signal.SIGINT, parent_pid):
         sys.exit(1)
+    _threads.in_child()
     try:
         fn(i, *args)
     except KeyboardInterrupt:
@@ -386,6 +388,22 @@ def _check_fork_safe(start_method, launcher=None):
         f"(the runtime fails there with cudaErrorInitializationError); {fix}")
 
 
+def _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context):
+    for i in range(nprocs):
+        # Each process is assigned a file to write tracebacks to.  We use the file being
+        # non-empty to indicate an exception occurred (vs an expected shutdown).  A file rather
+        # than a multiprocessing.Queue, as in torch: a one-shot message cannot deadlock.
+        tf = tempfile.NamedTemporaryFile(prefix="pyddp-errorfile-", suffix=".pickle", delete=False)
+        tf.close()
+        os.unlink(tf.name)
+        error_files.append(tf.name)
+        process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid),
+                             daemon=daemon)
+        process.start()
+        processes.append(process)
+        context.sentinels[process.sentinel] = i
+
+
 def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
     """Start nprocs processes running fn(i, *args) with the given multiprocessing start method.
 
@@ -406,19 +424,8 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
     processes = []
     context = ProcessContext(processes, error_files)
     try:
-        for i in range(nprocs):
-            # Each process is assigned a file to write tracebacks to.  We use the file being
-            # non-empty to indicate an exception occurred (vs an expected shutdown).  A file rather
-            # than a multiprocessing.Queue, as in torch: a one-shot message cannot deadlock.
-            tf = tempfile.NamedTemporaryFile(prefix="pyddp-errorfile-", suffix=".pickle", delete=False)
-            tf.close()
-            os.unlink(tf.name)
-            error_files.append(tf.name)
-            process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid),
-                                 daemon=daemon)
-            process.start()
-            processes.append(process)
-            context.sentinels[process.sentinel] = i
+        with _threads.for_children(nprocs):   # OMP_NUM_THREADS=1 for the ranks, as launchers do
+            _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context)
     except BaseException:
         context._stop_all(5.0, quiet=True)
         context._cleanup_files()

@@ -1068,6 +1068,113 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         w = w.squeeze(0)
     return out, w
 
+# ------------------------------------------------------------------ more activations, similarity
+# (composed from differentiable tensor ops: autograd follows)
+
+def mish(input, inplace=False):
+    """x * tanh(softplus(x))."""
+    return input * tanh(softplus(input))
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(input, inplace=False):
+    """scale * elu(x, alpha) with SELU's constants."""
+    return elu(input, _SELU_ALPHA) * _SELU_SCALE
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    return relu(input) + _t.clamp(_t.expm1(_t.clamp(input, max=0) / alpha) * alpha, max=0)
+
+
+def hardsigmoid(input, inplace=False):
+    """relu6(x + 3) / 6."""
+    return relu6(input + 3.0) / 6.0
+
+
+def hardswish(input, inplace=False):
+    """x * relu6(x + 3) / 6."""
+    return input * hardsigmoid(input)
+
+
+def logsigmoid(input):
+    """log(sigmoid(x)), stably (-softplus(-x))."""
+    return -softplus(-input)
+
+
+def softsign(input):
+    """x / (1 + |x|)."""
+    return input / (_t.abs(input) + 1.0)
+
+
+def tanhshrink(input):
+    """x - tanh(x)."""
+    return input - tanh(input)
+
+
+def softshrink(input, lambd=0.5):
+    """x - lambd above lambd, x + lambd below -lambd, else 0."""
+    return _t.where(input > lambd, input - lambd,
+                    _t.where(input < -lambd, input + lambd, input * 0.0))
+
+
+def hardshrink(input, lambd=0.5):
+    """x where |x| > lambd, else 0."""
+    return _t.where(_t.abs(input) > lambd, input, input * 0.0)
+
+
+def glu(input, dim=-1):
+    """a * sigmoid(b), a and b the halves of input along dim."""
+    n = input.shape[dim]
+    if n % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {dim % input.ndim} is "
+                           f"size {n}")
+    a, b = input.chunk(2, dim)
+    return a * sigmoid(b)
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    """softmax(-x) along dim."""
+    return softmax(-input, dim, dtype=dtype)
+
+
+def prelu(input, weight):
+    """x where positive, else weight * x (weight per channel, dim 1, or one for all)."""
+    w = weight
+    if w.numel() > 1:
+        if input.ndim < 2 or input.shape[1] != w.numel():
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found "
+                               f"parameter numbers = {w.numel()} and channel size = "
+                               f"{input.shape[1] if input.ndim > 1 else 1}.")
+        w = w.reshape((1, -1) + (1,) * (input.ndim - 2))
+    return _t.where(input > 0, input, input * w)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """Cosine of the angle between x1 and x2 along dim (norms clamped to eps)."""
+    n1 = _t.sqrt(_t.sum(x1 * x1, dim, True))
+    n2 = _t.sqrt(_t.sum(x2 * x2, dim, True))
+    return _t.sum((x1 / _t.clamp(n1, min=eps)) * (x2 / _t.clamp(n2, min=eps)), dim)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """The p-norm of x1 - x2 + eps along the last dimension."""
+    d = x1 - x2 + eps
+    if p == 2:
+        return _t.sqrt(_t.sum(d * d, -1, keepdim))
+    if p == 1:
+        return _t.sum(_t.abs(d), -1, keepdim)
+    return _t.pow(_t.sum(_t.pow(_t.abs(d), p), -1, keepdim), 1.0 / p)
+
+
+__all__ += ["mish", "selu", "celu", "hardsigmoid", "hardswish", "logsigmoid", "softsign",
+            "tanhshrink", "softshrink", "hardshrink", "glu", "softmin", "prelu",
+            "cosine_similarity", "pairwise_distance"]
+
+
 # A NumPy array where a Tensor is expected: torch's TypeError, not an AttributeError (the losses
 # and embedding take arrays and convert them).
 from ._argcheck import require_tensors as _require_tensors  # noqa: E402

@@ -7,5 +7,7 @@ from .fused_adam import FusedAdam
 from .fused_sgd import FusedSGD
 from .optimizer import Optimizer
 from .sgd import SGD
+from ._more import Adadelta, Adagrad, Adamax, NAdam, RAdam, RMSprop, Rprop
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "FusedAdam", "FusedSGD", "lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "FusedAdam", "FusedSGD", "lr_scheduler",
+           "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "Rprop"]

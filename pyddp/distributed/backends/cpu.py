@@ -112,6 +112,9 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         cpg.destroy()
         raise
     if size > 1:
+        # ranks started without a launcher's OMP_NUM_THREADS: each takes its share of the cores
+        from ... import _threads
+        _threads.limit_for_group(nodes.count(nodes[rank]), rank)
         hostsn = len(set(nodes))
         why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
                if transport else

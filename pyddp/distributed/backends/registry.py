@@ -111,7 +111,19 @@ def _invalid(backend) -> ValueError:
 def parse(backend):
     """``(name get_backend() returns, {device: BackendEntry or Unavailable})`` for a backend
     string (see the module docstring).  Raises ValueError for malformed or unknown names,
-    RuntimeError (the backend's reason) when none of the named backends is available."""
+    RuntimeError (the backend's reason) when none of the named backends is available.
+
+    Under PYDDP_CUDA_ON_CPU=1 (pyddp.cuda._emulation) "nccl" runs on the cpu backend: the
+    emulated CUDA tensors are host arrays, so the cpu backend serves the whole plan; the name
+    returned stays the one given (get_backend() answers "nccl" as on a GPU)."""
+    if isinstance(backend, str) and "nccl" in backend.lower():
+        from ...cuda import _emulation
+        if _emulation.enabled():
+            b = backend.lower()
+            rest = [p for p in b.split(",") if p.split(":")[-1].strip() != "nccl"]
+            parse(",".join(rest) if rest else "cpu")   # the other pairs are checked as usual
+            e = _registry.get("cpu")
+            return b, {"cpu": e}
     if backend is None:
         plan = {}
         for device, name in (("cpu", "cpu"), ("cuda", "nccl")):

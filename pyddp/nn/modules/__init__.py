@@ -8,6 +8,10 @@ from .sparse import Embedding  # noqa: F401
 from .dropout import Dropout, Dropout1d, Dropout2d, Dropout3d  # noqa: F401
 from .attention import MultiheadAttention  # noqa: F401
 from .activation import GELU, LogSoftmax, ReLU, Sigmoid, Softmax, Tanh  # noqa: F401
+from .activation import (CELU, ELU, GLU, SELU, CosineSimilarity, Hardshrink,  # noqa: F401
+                         Hardsigmoid, Hardswish, Hardtanh, LeakyReLU, LogSigmoid, Mish,
+                         PairwiseDistance, PReLU, ReLU6, SiLU, Softmin, Softplus, Softshrink,
+                         Softsign, Tanhshrink, Threshold)
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d  # noqa: F401
 from .flatten import Flatten  # noqa: F401
 from .container import (ModuleDict, ModuleList, ParameterDict, ParameterList,  # noqa: F401
@@ -20,5 +24,8 @@ __all__ = [
     "Embedding", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "MultiheadAttention", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax",
     "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Sequential", "ModuleList",
     "ModuleDict", "ParameterList", "ParameterDict", "CrossEntropyLoss", "NLLLoss", "MSELoss",
-    "L1Loss", "BCEWithLogitsLoss",
+    "L1Loss", "BCEWithLogitsLoss", "LeakyReLU", "ELU", "CELU", "SELU", "SiLU", "Mish", "ReLU6",
+    "Hardtanh", "Softplus", "Softsign", "Hardswish", "Hardsigmoid", "LogSigmoid", "Tanhshrink",
+    "Softshrink", "Hardshrink", "Threshold", "GLU", "Softmin", "PReLU", "CosineSimilarity",
+    "PairwiseDistance",
 ]

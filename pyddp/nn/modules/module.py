@@ -646,7 +646,7 @@ class Module:
         and ignored (the state stays in host memory).
         """
         dtype = kwargs.pop("dtype", None)
-        kwargs.pop("device", None)
+        device = kwargs.pop("device", None)
         kwargs.pop("non_blocking", None)
         kwargs.pop("memory_format", None)
         if kwargs:
@@ -657,9 +657,11 @@ class Module:
             elif isinstance(arg, bool) or arg is None:
                 continue  # non_blocking / copy flags
             elif _looks_like_device(arg):
-                continue
+                device = arg
             else:
                 dtype = arg
+        if device is not None:
+            self._place_state(device)
         if dtype is None:
             return self
         dtype = _resolve_dtype(dtype)
@@ -696,12 +698,35 @@ class Module:
         return self._cast_floating(ml_dtypes.bfloat16)
 
     def cpu(self):
-        """No-op (the state already lives in host memory); returns self."""
+        """The state already lives in host memory (under PYDDP_CUDA_ON_CPU=1 its tensors are
+        tagged 'cpu' again); returns self."""
+        self._place_state("cpu")
         return self
 
     def cuda(self, device=None):
-        """Accepted for torch compatibility; the state stays in host memory. Returns self."""
+        """Accepted for torch compatibility; the state stays in host memory (under
+        PYDDP_CUDA_ON_CPU=1 its tensors report the emulated CUDA device). Returns self."""
+        from ...cuda import _emulation
+        if _emulation.enabled():
+            self._place_state("cuda" if device is None else
+                              device if not isinstance(device, int) else f"cuda:{device}")
         return self
+
+    def _place_state(self, device):
+        """Under PYDDP_CUDA_ON_CPU=1, tag every parameter, gradient and buffer with ``device``
+        (a device they would move to on a GPU); elsewhere devices are accepted and ignored."""
+        from ...cuda import _emulation
+        if not _emulation.enabled():
+            return
+        from ..._tensor._core import _check_device
+        dev = _check_device(device)
+        for t in list(self.parameters()) + list(self.buffers()):
+            for x in (t, t.grad):
+                if isinstance(x, Tensor):
+                    if dev.type == "cpu":
+                        x.__dict__.pop("_dev", None)
+                    else:
+                        x._dev = dev
 
     def share_memory(self):
         """No-op kept for torch compatibility; returns self."""

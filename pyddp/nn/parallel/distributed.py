@@ -41,6 +41,7 @@ import weakref
 import numpy as np
 
 from ... import _C
+from ...cuda import _emulation as _cuda_emulation
 from ... import distributed as dist
 from ...distributed import _observe
 from ...distributed.backends.cpu import spare_core
@@ -283,7 +284,10 @@ class _DDPCore:
         self._ctl_device = None  # where the small control arrays go for collectives (None: host)
         if all(ad.is_cpu_device(d) for d in devs):
             self.device_type = "cpu"
-            if device_ids is not None or output_device is not None:
+            # torch raises here; seed scripts pass device_ids=[local_rank] for GPUs, so keep them
+            # running and say what happens (PYDDP_CUDA_ON_CPU=1: silent, as on a GPU)
+            if (device_ids is not None or output_device is not None) and \
+                    not _cuda_emulation.enabled():
                 warnings.warn("DistributedDataParallel: device_ids and output_device are ignored "
                               "for CPU modules (pyddp runs the model where its parameters are)",
                               stacklevel=5)
