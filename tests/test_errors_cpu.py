@@ -221,7 +221,17 @@ def _bad_args_child(rank, ws):
          ["tensor", "dtype"]),
         ("all_reduce of datetime64", lambda: dist.all_reduce(np.zeros(3, "datetime64[s]")), (T,),
          ["tensor", "dtype"]),
-        ("all_reduce op is not a ReduceOp", lambda: dist.all_reduce(f(4), op=42), (T, V), ["op"]),
+        ("all_reduce op is not a ReduceOp", lambda: dist.all_reduce(f(4), op=42), (T,), ["op"]),
+        # issue 35: a bool, a float or a string was once taken as an op (True ran AVG, 3.0 MIN)
+        ("all_reduce op=True", lambda: dist.all_reduce(f(4), op=True), (T,), ["op"]),
+        ("all_reduce op=3.0", lambda: dist.all_reduce(f(4), op=3.0), (T,), ["op"]),
+        ("all_reduce op='sum'", lambda: dist.all_reduce(f(4), op="sum"), (T,), ["op"]),
+        ("all_reduce op=None", lambda: dist.all_reduce(f(4), op=None), (T,), ["op"]),
+        ("all_reduce async op=True", lambda: dist.all_reduce(f(4), op=True, async_op=True), (T,), ["op"]),
+        ("reduce op=1", lambda: dist.reduce(f(4), 0, op=1), (T,), ["op"]),
+        ("reduce_scatter_tensor op='max'", lambda: dist.reduce_scatter_tensor(f(4), f(4 * ws), op="max"), (T,),
+         ["op"]),
+        ("reduce_scatter op=2.0", lambda: dist.reduce_scatter(f(4), [f(4)] * ws, op=2.0), (T,), ["op"]),
         ("all_reduce non-contiguous", lambda: dist.all_reduce(noncontig), (V, T), ["contiguous"]),
         ("all_reduce read-only", lambda: dist.all_reduce(_ro(f(4))), (V, T), ["tensor"]),
         ("broadcast non-contiguous", lambda: dist.broadcast(noncontig, 0), (V, T), ["contiguous"]),
@@ -275,6 +285,21 @@ def _bad_args_child(rank, ws):
         except Exception as e:
             ck.failures.append(f"{label}: raised {type(e).__name__} (want {'/'.join(t.__name__ for t in types)}): "
                                f"{e}")
+    # what torch accepts as an op is still accepted: a RedOpType and a premul-sum object
+    x = np.arange(4, dtype=np.float32) + rank
+    ref = sum(np.arange(4, dtype=np.float32) + r for r in range(ws))
+    ck.call("all_reduce op=ReduceOp.RedOpType.MAX",
+            lambda: dist.all_reduce(x.copy(), op=dist.ReduceOp.RedOpType.MAX))
+    y = x.copy()
+    ck.call("all_reduce premul-sum", lambda: dist.all_reduce(y, op=dist._make_nccl_premul_sum(0.5)))
+    ck.expect("all_reduce premul-sum result", None if np.allclose(y, ref * 0.5) else str(y))
+    z = np.zeros(4, np.float32)
+    ck.call("reduce_scatter_tensor premul-sum",
+            lambda: dist.reduce_scatter_tensor(z, np.tile(x, ws), op=dist._make_nccl_premul_sum(2.0)))
+    ck.expect("reduce_scatter_tensor premul-sum result", None if np.allclose(z, ref * 2.0) else str(z))
+    w = x.copy()
+    ck.call("reduce premul-sum", lambda: dist.reduce(w, 0, op=dist._make_nccl_premul_sum(3.0)))
+    ck.expect("reduce premul-sum result", None if np.allclose(w, ref * 3.0 if rank == 0 else x) else str(w))
     # a non-contiguous array that was rejected was not touched
     ck.expect("rejected array untouched", None if np.array_equal(noncontig, np.arange(0, 20, 2, dtype=np.float32))
               else str(noncontig))
