@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from .. import _C, _interop
+from .. import _C, _config, _interop
 from . import _observe
 from .backends import registry as _registry
 from .backends.interface import BackendOptions
@@ -331,6 +331,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise ValueError("trying to initialize the default process group twice!")
         bname, plan = _registry.parse(backend)
         tsec = _timeout_seconds(timeout)
+        _config.check()  # every PYDDP_*/TORCH_* variable, before anything reads one
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
@@ -450,20 +451,16 @@ def destroy_process_group(group=None):
 def _exit_timeout(default: float) -> float:
     """PYDDP_EXIT_TIMEOUT in seconds (>= 0; 0: do not wait), or ``default`` when unset; a value
     that is not a non-negative number is reported and replaced by the default."""
-    raw = os.environ.get("PYDDP_EXIT_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return default
+    from .. import _config
+
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
+        seconds = _config.get("PYDDP_EXIT_TIMEOUT")
+    except ValueError as e:  # at exit: say so and go on
         import warnings
 
-        warnings.warn(f"PYDDP_EXIT_TIMEOUT must be a number of seconds >= 0, got {raw!r}; "
-                      f"using {default:g}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{e}; using {default:g}", RuntimeWarning, stacklevel=3)
         return default
-    return seconds
+    return default if seconds is None else seconds
 
 
 def _release_store(store, rank, size, rnd):

@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import List, Optional, Union
 
-from .. import _C
+from .. import _C, _config
 from .._C import DistBackendError, DistError, DistNetworkError, DistStoreError
 
 __all__ = [
@@ -112,7 +112,7 @@ def _check_int(value, argname: str = "value") -> int:
 def job_secret() -> Optional[str]:
     """The job secret that authenticates connections: ``PYDDP_SECRET`` from
     the environment (read here, in one place), or None when unset or empty."""
-    return os.environ.get("PYDDP_SECRET") or None
+    return _config.get("PYDDP_SECRET") or None
 
 
 class Store:

@@ -82,14 +82,29 @@ pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
     if (e == NULL || !*e) {
         return dflt;
     }
+    /* The rules of pyddp/_config.py, which refuses a bad value (naming the
+     * variable) before the core reads it: digits, then K or M, nothing else;
+     * here a bad value falls back to the default (strtoull alone would take
+     * "abc" as 0 and "-5" as a huge number). */
+    if (*e < '0' || *e > '9') {
+        return dflt;
+    }
     char *end;
+    errno = 0;
     unsigned long long x = strtoull(e, &end, 10);
+    unsigned shift = 0;
     if (*end == 'K' || *end == 'k') {
-        x <<= 10;
+        shift = 10;
+        end++;
     }
     else if (*end == 'M' || *end == 'm') {
-        x <<= 20;
+        shift = 20;
+        end++;
     }
+    if (errno != 0 || *end != '\0' || x > (ULLONG_MAX >> shift)) {
+        return dflt;
+    }
+    x <<= shift;
     return x >= lo && x <= hi ? (size_t)x : dflt;
 }
 

@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 
-from ... import _C
+from ... import _C, _config
 from .. import _observe
 from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
 from .registry import BackendEntry, register
@@ -24,7 +24,7 @@ __all__ = ["connect_group", "create", "spare_core"]
 
 
 def advertised_host(store) -> str:
-    host = os.environ.get("PYDDP_HOST")
+    host = _config.get("PYDDP_HOST")
     if host:
         return host
     base = store
@@ -51,9 +51,7 @@ TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
 def transport_choice(store, prefix, rank) -> int:
     """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
     if rank == 0:
-        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-        if want not in TRANSPORTS:
-            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
+        want = _config.get("PYDDP_TRANSPORT")
         store.set(f"{prefix}/transport", want)
     return TRANSPORTS[store.get(f"{prefix}/transport").decode()]
 
@@ -61,7 +59,7 @@ def transport_choice(store, prefix, rank) -> int:
 def node_id() -> str:
     """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
     machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
-    nid = os.environ.get("PYDDP_NODE_ID")
+    nid = _config.get("PYDDP_NODE_ID")
     if nid:
         return nid
     try:
@@ -79,6 +77,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     Returns (C process group, round number)."""
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.
+    _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     gen = (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
     secret = job_secret()
@@ -106,7 +105,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         raise
     if size > 1:
         hostsn = len(set(nodes))
-        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+        why = ("PYDDP_TRANSPORT=" + _config.get("PYDDP_TRANSPORT")
                if transport else
                f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
         if cpg.shm_fallback:
@@ -128,9 +127,9 @@ def spare_core(transport, size) -> bool:
     thread would only take turns with backward on the same cores (and add hand-offs), so buckets
     are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
     """
-    v = os.environ.get("PYDDP_DDP_OVERLAP")
-    if v is not None and v != "":
-        return v not in ("0", "false", "False", "no")
+    v = _config.get("PYDDP_DDP_OVERLAP")
+    if v is not None:
+        return v
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
