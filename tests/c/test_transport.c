@@ -82,7 +82,7 @@ connect_ranks(int rank, int n, int mode, uint64_t token)
     pd_transport_events ev = {NULL, NULL, NULL};
     int port = 0;
     at("connect: tcp");
-    T_OK(pd_tcp_create(rank, n, NULL, &ev, &c.t, &port));
+    T_OK(pd_tcp_create(rank, n, NULL, NULL, &ev, &c.t, &port));
     atomic_store(&sh->port[rank], port);
     barrier(n);
     const char *hosts[MAXR];

@@ -17,10 +17,10 @@ import socket
 
 from ... import _C, _config
 from .. import _observe
-from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
+from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
 from .registry import BackendEntry, register
 
-__all__ = ["connect_group", "create", "spare_core"]
+__all__ = ["connect_group", "create", "listen_plan", "spare_core"]
 
 
 def advertised_host(store) -> str:
@@ -70,38 +70,67 @@ def node_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def _net_id() -> str:
+    """This process's network namespace (ranks of one host in different namespaces, as containers
+    are, cannot reach each other on loopback)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
+def listen_plan(store, where, rank) -> tuple:
+    """(address to advertise, address to bind) for this rank's transport listener: loopback when
+    every rank is on this host and in its network namespace (``where``: each rank's host and
+    namespace), else the address its peers reach it at (PYDDP_HOST, or the interface that reaches
+    the store), bound alone when it is one of this host's."""
+    explicit = _config.get("PYDDP_HOST")
+    if explicit:
+        return explicit, bind_address(explicit, f"rank {rank}'s transport")
+    if len(set(where)) == 1:
+        return "127.0.0.1", "127.0.0.1"
+    host = advertised_host(store)
+    return host, bind_address(host, f"rank {rank}'s transport")
+
+
 def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     """Create this rank's member of a group and connect it to the others through `store`.
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
 
     Returns (C process group, round number)."""
+    _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.
-    _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     gen = (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
     secret = job_secret()
-    cpg = _C.ProcessGroup(rank, size, timeout, secret)
+    cpg = None
     try:
         if size > 1:
-            host = advertised_host(store)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            # where every rank is decides where this one listens: nothing wider than needed
             store.set(f"{prefix}/node/{rank}", node_id())
+            store.set(f"{prefix}/net/{rank}", _net_id())
+            nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
+            nets = [store.get(f"{prefix}/net/{r}").decode() for r in range(size)]
+            host, bind = listen_plan(store, list(zip(nodes, nets)), rank)
+            cpg = _C.ProcessGroup(rank, size, timeout, secret, bind)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             if rank == 0:
                 store.set(f"{prefix}/token", str(secrets.randbits(63)))
             transport = transport_choice(store, prefix, rank)
             token = int(store.get(f"{prefix}/token"))
-            hosts, ports, nodes = [], [], []
+            hosts, ports = [], []
             for r in range(size):
                 h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
                 hosts.append(h)
                 ports.append(int(p))
-                nodes.append(store.get(f"{prefix}/node/{r}").decode())
         else:
+            cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport = 0, ["127.0.0.1"], [0], None, 0
         cpg.connect(hosts, ports, token, nodes, transport)
     except BaseException:
-        cpg.destroy()
+        if cpg is not None:
+            cpg.destroy()
         raise
     if size > 1:
         hostsn = len(set(nodes))
