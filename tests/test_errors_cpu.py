@@ -631,6 +631,74 @@ def test_master_port_in_use_raises_dist_network_error_with_address_and_port(ws):
 
 
 # ----------------------------------------------------------------------------------------------
+# a MASTER_ADDR that does not resolve, or a store that never answers (issue 35, item 4)
+
+
+def _resolver_child(rank, ws):
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("cpu")     # the default 30-minute timeout: it must not be waited out
+    except Exception as e:
+        return dict(_exc_info(e), elapsed=time.monotonic() - t0, is_net=isinstance(e, dist.DistNetworkError))
+    dist.destroy_process_group()
+    return {"type": None}
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "999.1.1.1"])
+def test_master_addr_that_does_not_resolve_fails_in_seconds_naming_it(host):
+    # nothing was said until the 30-minute init timeout, even with PYDDP_DEBUG=INFO
+    try:
+        socket.getaddrinfo(host, 29500)
+        pytest.skip(f"{host} resolves here")
+    except socket.gaierror as e:
+        resolver = e.strerror          # the resolver's own words, e.g. "Name or service not known"
+    res = run(_resolver_child, 2, init=False, env={"MASTER_ADDR": host}, timeout=60)
+    for rank, r in enumerate(res):
+        assert r["type"] is not None, f"rank {rank} initialised with MASTER_ADDR={host}"
+        assert r["is_net"], f"rank {rank} raised {r['type']}: {r['msg']}"
+        assert host in r["msg"] and resolver in r["msg"] and "MASTER_ADDR" in r["msg"], r["msg"]
+        assert r["elapsed"] < 10, f"rank {rank} took {r['elapsed']:.1f} s to say {r['msg']!r}"
+        print(f"rank {rank}: {r['elapsed']:.2f} s: {r['msg']}")
+
+
+_WAITING = r"""
+import os, sys, time
+from datetime import timedelta
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+import pyddp.distributed as dist
+t0 = time.monotonic()
+try:
+    dist.init_process_group("cpu", timeout=timedelta(seconds=float(sys.argv[1])))
+except dist.DistNetworkError as e:
+    print(f"ERROR after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+"""
+
+
+def test_waiting_for_the_store_says_what_it_waits_for_at_a_bounded_rate():
+    # rank 1 of 2 with nobody serving MASTER_PORT: it retries (the server may start late) and says
+    # so from the first seconds on, naming the address, how long so far and the last error
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYDDP_SECRET", "PYDDP_DEBUG")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="1", WORLD_SIZE="2", PYDDP_ROOT=root)
+    out = subprocess.run([sys.executable, "-c", _WAITING, "14"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    said = [ln for ln in out.stderr.splitlines() if "still connecting" in ln]
+    assert said, f"nothing said while waiting 14 s: {out.stderr!r}"
+    assert f"127.0.0.1:{port}" in said[0] and "after 3 s" in said[0] and "refused" in said[0], said[0]
+    assert len(said) <= 3, f"said {len(said)} times in 14 s: {said}"   # at 3 s and 12 s
+    assert "ERROR after 1" in out.stdout and f"127.0.0.1:{port}" in out.stdout, out.stdout
+    # PYDDP_DEBUG=OFF silences it
+    env["PYDDP_DEBUG"] = "OFF"
+    out = subprocess.run([sys.executable, "-c", _WAITING, "4"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert "still connecting" not in out.stderr, out.stderr
+
+
+# ----------------------------------------------------------------------------------------------
 # no leaks over 1000 init/destroy cycles
 
 
