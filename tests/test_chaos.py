@@ -688,3 +688,99 @@ def test_idle_strangers_on_rank_0s_port_do_not_delay_init(tmp_path, secret):
     print(f"init after {n} idle strangers ({'secret' if secret else 'no secret'}): "
           + ", ".join(f"{d:.2f} s" for d in delays))
     assert max(delays) < 3.0, f"init waited {max(delays):.1f} s behind {n} idle strangers"
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. a rank stopped inside a collective, every kind and root (issue 35): the timeout names it
+# (rank 0 stopped inside a gather, rank 2 inside a scatter once gave "ranks that never arrived: []")
+
+_KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+          "all_to_all", "barrier"]
+
+
+def _one_call(kind, rank, ws, root):
+    n = 4
+    a = np.full(n, rank + 1.0, np.float32)
+    if kind == "all_reduce":
+        dist.all_reduce(a)
+    elif kind == "broadcast":
+        dist.broadcast(a, root)
+    elif kind == "reduce":
+        dist.reduce(a, root)
+    elif kind == "all_gather":
+        dist.all_gather_into_tensor(np.zeros(n * ws, np.float32), a)
+    elif kind == "gather":
+        dist.gather(a, [np.zeros(n, np.float32) for _ in range(ws)] if rank == root else None, dst=root)
+    elif kind == "scatter":
+        dist.scatter(a, [np.full(n, r, np.float32) for r in range(ws)] if rank == root else None, src=root)
+    elif kind == "reduce_scatter":
+        dist.reduce_scatter_tensor(np.zeros(n, np.float32), np.ones(n * ws, np.float32))
+    elif kind == "all_to_all":
+        dist.all_to_all_single(np.zeros(n * ws, np.float32), np.ones(n * ws, np.float32))
+    else:
+        dist.barrier()
+
+
+def _stopped_inside_child(rank, ws, kind, root, victim):
+    pids = _pids()
+    dist.barrier()
+    ctl = next(r for r in range(ws) if r != victim)   # stops and continues the victim
+    if rank == victim:
+        try:
+            # inside the first call when it is stopped (waiting for the others), or, where its part
+            # of the first needs nobody (an eager root), inside the next
+            for _ in range(4):
+                _one_call(kind, rank, ws, root)
+            return {"type": None}
+        except Exception as e:
+            return _exc_info(e)
+    time.sleep(0.4)
+    if rank == ctl:
+        os.kill(pids[victim], signal.SIGSTOP)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        for _ in range(4):
+            _one_call(kind, rank, ws, root)
+        out = {"type": None}
+    except Exception as e:
+        out = _exc_info(e)
+    out["elapsed"] = time.monotonic() - t0
+    time.sleep(0.5)   # every survivor has its error
+    if rank == ctl:
+        os.kill(pids[victim], signal.SIGCONT)
+    return out
+
+
+def _culprits(msg):
+    """The ranks a timeout message blames: never arrived, did not answer, or entered but stuck."""
+    named = set()
+    for clause in re.findall(r"ranks that (?:never arrived|did not answer): \[([^\]]*)\]", msg):
+        named.update(int(x) for x in re.findall(r"(?:^|, )(\d+)", clause))
+    named.update(int(x) for x in re.findall(r"rank (\d+) entered it but never did its part", msg))
+    return named
+
+
+_STOP_CASES = [(k, root, victim) for k in _KINDS
+               for root, victim in ([(0, 0), (0, 2)] if k in ("broadcast", "reduce", "gather", "scatter")
+                                    else [(0, 1)])]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("kind,root,victim", _STOP_CASES,
+                         ids=[f"{k}-root{r}-stop{v}" for k, r, v in _STOP_CASES])
+def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root, victim, transport):
+    outs = run(_stopped_inside_child, WS, kind, root, victim, timeout=60,
+               init_kwargs={"timeout": timedelta(seconds=3)},
+               env={"PYDDP_EXIT_TIMEOUT": "0.5", "PYDDP_TRANSPORT": transport})
+    for rank, out in enumerate(outs):
+        if rank == victim:
+            continue
+        assert out["type"] is not None, f"rank {rank} finished with rank {victim} stopped"
+        assert out["elapsed"] < 15, f"rank {rank} took {out['elapsed']:.1f} s"
+        if "timed out" in out["msg"]:
+            assert _culprits(out["msg"]) == {victim}, f"rank {rank} blames the wrong ranks: {out['msg']}"
+        else:   # a consequence: a peer's timeout failed the group; it must come from the culprit's peers
+            assert out["mro"] and "DistError" in out["mro"], out
+    timeouts = [o["msg"] for r, o in enumerate(outs) if r != victim and "timed out" in o["msg"]]
+    assert timeouts, f"no rank timed out: {outs}"

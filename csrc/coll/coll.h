@@ -42,6 +42,9 @@ typedef struct pd_coll {
     /* all_reduce of an array in the group's shared memory: every rank's
      * copy of it (own included), or NULL */
     char *const *inshm;
+    /* the peer the wait that timed out waited for (-1: none), so that a
+     * rank that entered the collective but never did its part is named */
+    int waited_for;
 } pd_coll;
 
 /* Run op with the algorithm coll/select.c chooses: over the transport, or
