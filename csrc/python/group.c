@@ -1455,8 +1455,10 @@ static PyType_Slot PG_slots[] = {
     {Py_tp_clear, PG_clear},
     {Py_tp_methods, PG_methods},
     {Py_tp_getset, PG_getset},
-    {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None): one member "
-                "of a pyddp process group (C core)."},
+    {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None, "
+                "bind_host=None): one member of a pyddp process group (C "
+                "core); its transport listens on bind_host (None or '': all "
+                "interfaces)."},
     {0, NULL},
 };
 

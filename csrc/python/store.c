@@ -623,8 +623,9 @@ static PyType_Slot TCPStore_slots[] = {
     {Py_tp_getset, TCPStore_getset},
     {Py_tp_doc, "TCPStore(host, port, world_size=None, is_master=False, "
                 "timeout_s=300.0, wait_for_workers=True, secret=None, "
-                "listen_fd=-1)\n\nA client of a TCP key-value server; the "
-                "master also runs the server (one thread, all interfaces)."},
+                "listen_fd=-1, bind_host=None)\n\nA client of a TCP key-value "
+                "server; the master also runs the server (one thread, on "
+                "bind_host, or on all interfaces when it is None or '')."},
     {0, NULL},
 };
 
