@@ -784,3 +784,76 @@ def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root
             assert out["mro"] and "DistError" in out["mro"], out
     timeouts = [o["msg"] for r, o in enumerate(outs) if r != victim and "timed out" in o["msg"]]
     assert timeouts, f"no rank timed out: {outs}"
+
+
+_BOUNDED = r"""
+import datetime, json, os, select, socket, sys, time
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+from pyddp.distributed.store import TCPStore
+port, flag = int(sys.argv[1]), sys.argv[2]
+s = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=30))
+s.wait(["default_pg/pg/0/addr/0"], datetime.timedelta(seconds=30))
+rank0 = int(s.get("default_pg/pg/0/addr/0").decode().rpartition(":")[2])
+idle = [socket.create_connection(("127.0.0.1", rank0), timeout=5) for _ in range(2)]
+t0 = time.monotonic()
+open(flag, "w").close()
+closed = {}
+while len(closed) < len(idle) and time.monotonic() < t0 + 12:
+    ready, _, _ = select.select([c for c in idle if c.fileno() not in closed], [], [], 0.1)
+    for c in ready:
+        try:
+            data = c.recv(4096)    # the server's hello, then EOF when it gives up on us
+        except OSError:
+            data = b""
+        if not data:
+            closed[c.fileno()] = time.monotonic() - t0
+print(json.dumps(sorted(closed.values())))
+"""
+
+
+def _slow_peers_child(rank, ws, flag, hold):
+    from pyddp.distributed.backends import cpu
+
+    if rank > 0:
+        # ranks 1.. publish their addresses, then stall before connecting: rank 0 sits in its
+        # accept loop with the strangers' connections for `hold` seconds
+        choice = cpu.transport_choice
+
+        def slow(*a, **k):
+            deadline = time.monotonic() + 30
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(hold)
+            return choice(*a, **k)
+        cpu.transport_choice = slow
+    dist.init_process_group("cpu", timeout=timedelta(seconds=60))
+    _check_sum(rank, ws)
+    dist.destroy_process_group()
+    return True
+
+
+def test_an_idle_stranger_is_dropped_after_its_own_5_s_bound(tmp_path):
+    # concurrency must not lift the bound on each connection: a stranger that says nothing is
+    # hung up on after about 5 s, while rank 0 still waits for its peers
+    import json
+    import subprocess
+    import sys
+
+    from _mp import free_port
+
+    port = free_port()
+    flag = str(tmp_path / "connected")
+    env = dict(os.environ, PYDDP_ROOT=_ROOT)
+    env.pop("PYDDP_SECRET", None)
+    stranger = subprocess.Popen([sys.executable, "-c", _BOUNDED, str(port), flag], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert all(run(_slow_peers_child, WS, flag, 7.5, port=port, init=False, timeout=100))
+        out, _ = stranger.communicate(timeout=30)
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+    closed = json.loads(out.strip().splitlines()[-1])
+    print(f"idle strangers dropped after {closed} s")
+    assert len(closed) == 2, f"rank 0 kept an idle stranger's connection: {closed}"
+    assert all(4.0 < t < 7.0 for t in closed), f"idle strangers dropped after {closed} s (bound: 5 s)"
