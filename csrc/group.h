@@ -22,9 +22,11 @@ typedef struct pd_group pd_group;
 typedef struct pd_work pd_work;
 
 /* Create a group member: the transport's listening socket is open after
- * this; *port_out is the port to advertise through the store. */
+ * this; *port_out is the port to advertise through the store.  bind_host:
+ * the address to listen on (NULL or "": every interface). */
 pd_status pd_group_create(int rank, int size, double timeout_s,
-                          const char *secret, pd_group **out, int *port_out);
+                          const char *secret, const char *bind_host,
+                          pd_group **out, int *port_out);
 
 enum { PD_TRANSPORT_AUTO = 0, PD_TRANSPORT_TCP = 1, PD_TRANSPORT_SHM = 2 };
 

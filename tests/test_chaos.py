@@ -428,3 +428,432 @@ def test_killing_the_launcher_mid_job_leaves_no_worker_and_no_shm(tmp_path, sig)
     assert not left, f"/dev/shm entries of the job remain: {left}"
     assert not any(alive(p) for p in pids)
     print(f"chaos launcher {sig.name}: every worker gone {gone:.2f} s after the signal")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. outsiders (issue 35): a stranger process against the store and the ranks' ports, on loopback
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _listeners(pid="self"):
+    """(address, port) of every listening TCP socket process ``pid`` holds."""
+    import ipaddress
+    import socket
+    import struct
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for path, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        with open(path) as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if parts[3] != "0A" or parts[9] not in inodes:   # 0A: LISTEN
+                    continue
+                hexip, hexport = parts[1].split(":")
+                raw = bytes.fromhex(hexip)
+                if v6:
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    ip = str(ipaddress.IPv6Address(raw))
+                else:
+                    ip = socket.inet_ntoa(struct.pack("<I", int(hexip, 16)))
+                out.append((ip, int(hexport, 16)))
+    return out
+
+
+def _non_loopback_ip():
+    """An IPv4 address of this host that is not a loopback one, or None."""
+    import subprocess
+
+    try:
+        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((w for w in words if "." in w and not w.startswith("127.")), None)
+
+
+def _refused(ip, port):
+    import socket
+
+    try:
+        socket.create_connection((ip, port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
+def _loopback_only_child(rank, ws, ip):
+    from pyddp.distributed.backends import cpu
+
+    seen = {"listeners": [], "reached": []}
+
+    class Spy:
+        """pyddp._C, with ProcessGroup looked at while its listener is open (it closes once the
+        mesh is up)."""
+
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+        def ProcessGroup(self, *args, **kwargs):  # noqa: N802
+            pg = self._real.ProcessGroup(*args, **kwargs)
+            seen["listeners"] += _listeners()
+            if ip and not _refused(ip, pg.port):
+                seen["reached"].append(pg.port)
+            return pg
+
+    cpu._C = Spy(cpu._C)
+    dist.init_process_group("cpu", timeout=timedelta(seconds=60))
+    _check_sum(rank, ws)
+    if rank == 0:   # the store server listens all job long
+        port = int(os.environ["MASTER_PORT"])
+        seen["store"] = [(a, p) for a, p in _listeners() if p == port]
+        if ip and not _refused(ip, port):
+            seen["reached"].append(port)
+    seen["secret"] = os.environ.get("PYDDP_SECRET")
+    dist.destroy_process_group()
+    return seen
+
+
+def test_a_job_without_a_secret_on_loopback_listens_on_loopback_only():
+    # env:// with MASTER_ADDR=127.0.0.1 and no PYDDP_SECRET (the harness removes it): the store and
+    # the rank listeners once bound 0.0.0.0, so a stranger on the network could list every key
+    ip = _non_loopback_ip()
+    outs = run(_loopback_only_child, WS, ip, init=False, timeout=60)
+    assert outs[0]["secret"] is None
+    assert outs[0]["store"], "rank 0 holds no store listener"
+    for rank, out in enumerate(outs):
+        assert out["listeners"], f"rank {rank} held no listener"
+        wide = [(a, p) for a, p in out["listeners"] + out.get("store", []) if a not in ("127.0.0.1", "::1")]
+        assert not wide, f"rank {rank} listens beyond loopback: {wide}"
+        assert not out["reached"], f"rank {rank}'s ports {out['reached']} answered at {ip}"
+
+
+_STRANGER = r"""
+import datetime, json, os, socket, sys, time
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+from pyddp.distributed.store import TCPStore
+store_port = int(sys.argv[1])
+out = {}
+try:   # the store: list a key, set one, store a big value
+    s = TCPStore("127.0.0.1", store_port, timeout=datetime.timedelta(seconds=5))
+    out["token"] = s.get("default_pg/pg/0/token").decode()
+    s.set("evil", "1")
+    s.set("big", b"x" * (64 << 20))
+    out["store"] = "in"
+except Exception as e:
+    out["store"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def _spawned_job(i, port, path):
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    os.environ.update(RANK=str(i), WORLD_SIZE=str(WS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(WS))
+    dist.init_process_group("cpu", timeout=timedelta(seconds=60))
+    secret = os.environ.get("PYDDP_SECRET") or ""
+    report = {"secret": hashlib.sha256(secret.encode()).hexdigest() if secret else None}
+    if i == 0:
+        env = {k: v for k, v in os.environ.items() if k != "PYDDP_SECRET"}
+        env["PYDDP_ROOT"] = _ROOT
+        res = subprocess.run([sys.executable, "-c", _STRANGER, str(port)], env=env,
+                             capture_output=True, text=True, timeout=60)
+        report["stranger"] = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() \
+            else {"error": res.stderr[-2000:]}
+    objs = [{"from": 0, "n": 42}] if i == 0 else [None]
+    dist.broadcast_object_list(objs, src=0)
+    report["object"] = objs[0]
+    _check_sum(i, WS)
+    with open(f"{path}.{i}", "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+def test_spawn_gives_its_job_a_fresh_secret_and_a_stranger_gets_nothing(tmp_path, monkeypatch):
+    # pyddp.multiprocessing.spawn once started jobs with no secret: a stranger listed the group
+    # token, set keys, stored a big value, and could feed object collectives (pickle)
+    import json
+
+    from _mp import free_port
+    from pyddp.multiprocessing import start_processes
+
+    monkeypatch.delenv("PYDDP_SECRET", raising=False)
+    secrets_seen = []
+    for job in range(2):
+        path = str(tmp_path / f"job{job}")
+        start_processes(_spawned_job, args=(free_port(), path), nprocs=WS, start_method="fork")
+        reports = []
+        for i in range(WS):
+            with open(f"{path}.{i}") as f:
+                reports.append(json.load(f))
+        secret = reports[0]["secret"]
+        assert secret is not None, "spawn gave the job no PYDDP_SECRET"
+        assert all(r["secret"] == secret for r in reports), "the ranks of one job got different secrets"
+        secrets_seen.append(secret)
+        stranger = reports[0]["stranger"]
+        assert "error" not in stranger, stranger
+        assert "token" not in stranger and stranger["store"] != "in", stranger
+        assert "secret" in stranger["store"], stranger     # "the server requires a secret"
+        assert all(r["object"] == {"from": 0, "n": 42} for r in reports)
+    assert secrets_seen[0] != secrets_seen[1], "two spawns shared a secret"
+    assert "PYDDP_SECRET" not in os.environ
+
+
+_IDLE = r"""
+import datetime, os, socket, sys, time
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+from pyddp.distributed.store import TCPStore
+port, n, flag, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+# The test's stranger learns rank 0's port from the store (a real one would scan for it).
+s = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=30))
+s.wait(["default_pg/pg/0/addr/0"], datetime.timedelta(seconds=30))
+rank0 = int(s.get("default_pg/pg/0/addr/0").decode().rpartition(":")[2])
+idle = [socket.create_connection(("127.0.0.1", rank0), timeout=5) for _ in range(n)]
+time.sleep(0.2)   # rank 0 has them queued before any peer connects
+open(flag, "w").close()
+end = time.monotonic() + hold
+while time.monotonic() < end:    # and one that keeps reconnecting
+    try:
+        socket.create_connection(("127.0.0.1", rank0), timeout=1).close()
+    except OSError:
+        pass
+    time.sleep(0.05)
+"""
+
+
+def _idle_strangers_child(rank, ws, flag):
+    from pyddp.distributed.backends import cpu
+
+    t_flag = None
+    if rank > 0:
+        # ranks 1.. hold back after rank 0 listens, until the strangers have connected to it
+        plan = cpu.listen_plan
+
+        def held(*a, **k):
+            nonlocal t_flag
+            deadline = time.monotonic() + 30
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            t_flag = time.monotonic()
+            return plan(*a, **k)
+        cpu.listen_plan = held
+    t0 = time.monotonic()
+    dist.init_process_group("cpu", timeout=timedelta(seconds=90))
+    t1 = time.monotonic()
+    _check_sum(rank, ws)
+    dist.destroy_process_group()
+    return {"init": t1 - t0, "after_strangers": (t1 - t_flag) if t_flag else None}
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret"], ids=["no_secret", "secret"])
+def test_idle_strangers_on_rank_0s_port_do_not_delay_init(tmp_path, secret):
+    # six idle connections to rank 0's transport port were served one at a time, 5 s each:
+    # init took 30.5 s; now they authenticate concurrently (each still bounded by 5 s)
+    import subprocess
+    import sys
+
+    from _mp import free_port
+
+    n = 6
+    port = free_port()
+    flag = str(tmp_path / "strangers-connected")
+    env = dict(os.environ, PYDDP_ROOT=_ROOT)
+    env.pop("PYDDP_SECRET", None)
+    if secret:
+        env["PYDDP_SECRET"] = secret
+    stranger = subprocess.Popen([sys.executable, "-c", _IDLE, str(port), str(n), flag, "20"], env=env)
+    try:
+        outs = run(_idle_strangers_child, WS, flag, port=port, init=False, timeout=100,
+                   env={"PYDDP_SECRET": secret})
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+    assert os.path.exists(flag), "the strangers never connected"
+    delays = [o["after_strangers"] for o in outs[1:]]
+    print(f"init after {n} idle strangers ({'secret' if secret else 'no secret'}): "
+          + ", ".join(f"{d:.2f} s" for d in delays))
+    assert max(delays) < 3.0, f"init waited {max(delays):.1f} s behind {n} idle strangers"
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. a rank stopped inside a collective, every kind and root (issue 35): the timeout names it
+# (rank 0 stopped inside a gather, rank 2 inside a scatter once gave "ranks that never arrived: []")
+
+_KINDS = ["all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter", "reduce_scatter",
+          "all_to_all", "barrier"]
+
+
+def _one_call(kind, rank, ws, root):
+    n = 4
+    a = np.full(n, rank + 1.0, np.float32)
+    if kind == "all_reduce":
+        dist.all_reduce(a)
+    elif kind == "broadcast":
+        dist.broadcast(a, root)
+    elif kind == "reduce":
+        dist.reduce(a, root)
+    elif kind == "all_gather":
+        dist.all_gather_into_tensor(np.zeros(n * ws, np.float32), a)
+    elif kind == "gather":
+        dist.gather(a, [np.zeros(n, np.float32) for _ in range(ws)] if rank == root else None, dst=root)
+    elif kind == "scatter":
+        dist.scatter(a, [np.full(n, r, np.float32) for r in range(ws)] if rank == root else None, src=root)
+    elif kind == "reduce_scatter":
+        dist.reduce_scatter_tensor(np.zeros(n, np.float32), np.ones(n * ws, np.float32))
+    elif kind == "all_to_all":
+        dist.all_to_all_single(np.zeros(n * ws, np.float32), np.ones(n * ws, np.float32))
+    else:
+        dist.barrier()
+
+
+def _stopped_inside_child(rank, ws, kind, root, victim):
+    pids = _pids()
+    dist.barrier()
+    ctl = next(r for r in range(ws) if r != victim)   # stops and continues the victim
+    if rank == victim:
+        try:
+            # inside the first call when it is stopped (waiting for the others), or, where its part
+            # of the first needs nobody (an eager root), inside the next
+            for _ in range(4):
+                _one_call(kind, rank, ws, root)
+            return {"type": None}
+        except Exception as e:
+            return _exc_info(e)
+    time.sleep(0.4)
+    if rank == ctl:
+        os.kill(pids[victim], signal.SIGSTOP)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        for _ in range(4):
+            _one_call(kind, rank, ws, root)
+        out = {"type": None}
+    except Exception as e:
+        out = _exc_info(e)
+    out["elapsed"] = time.monotonic() - t0
+    time.sleep(0.5)   # every survivor has its error
+    if rank == ctl:
+        os.kill(pids[victim], signal.SIGCONT)
+    return out
+
+
+def _culprits(msg):
+    """The ranks a timeout message blames: never arrived, did not answer, or entered but stuck."""
+    named = set()
+    for clause in re.findall(r"ranks that (?:never arrived|did not answer): \[([^\]]*)\]", msg):
+        named.update(int(x) for x in re.findall(r"(?:^|, )(\d+)", clause))
+    named.update(int(x) for x in re.findall(r"rank (\d+) entered it but never did its part", msg))
+    return named
+
+
+_STOP_CASES = [(k, root, victim) for k in _KINDS
+               for root, victim in ([(0, 0), (0, 2)] if k in ("broadcast", "reduce", "gather", "scatter")
+                                    else [(0, 1)])]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("kind,root,victim", _STOP_CASES,
+                         ids=[f"{k}-root{r}-stop{v}" for k, r, v in _STOP_CASES])
+def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root, victim, transport):
+    outs = run(_stopped_inside_child, WS, kind, root, victim, timeout=60,
+               init_kwargs={"timeout": timedelta(seconds=3)},
+               env={"PYDDP_EXIT_TIMEOUT": "0.5", "PYDDP_TRANSPORT": transport})
+    for rank, out in enumerate(outs):
+        if rank == victim:
+            continue
+        assert out["type"] is not None, f"rank {rank} finished with rank {victim} stopped"
+        assert out["elapsed"] < 15, f"rank {rank} took {out['elapsed']:.1f} s"
+        if "timed out" in out["msg"]:
+            assert _culprits(out["msg"]) == {victim}, f"rank {rank} blames the wrong ranks: {out['msg']}"
+        else:   # a consequence: a peer's timeout failed the group; it must come from the culprit's peers
+            assert out["mro"] and "DistError" in out["mro"], out
+    timeouts = [o["msg"] for r, o in enumerate(outs) if r != victim and "timed out" in o["msg"]]
+    assert timeouts, f"no rank timed out: {outs}"
+
+
+_BOUNDED = r"""
+import datetime, json, os, select, socket, sys, time
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+from pyddp.distributed.store import TCPStore
+port, flag = int(sys.argv[1]), sys.argv[2]
+s = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=30))
+s.wait(["default_pg/pg/0/addr/0"], datetime.timedelta(seconds=30))
+rank0 = int(s.get("default_pg/pg/0/addr/0").decode().rpartition(":")[2])
+idle = [socket.create_connection(("127.0.0.1", rank0), timeout=5) for _ in range(2)]
+t0 = time.monotonic()
+open(flag, "w").close()
+closed = {}
+while len(closed) < len(idle) and time.monotonic() < t0 + 12:
+    ready, _, _ = select.select([c for c in idle if c.fileno() not in closed], [], [], 0.1)
+    for c in ready:
+        try:
+            data = c.recv(4096)    # the server's hello, then EOF when it gives up on us
+        except OSError:
+            data = b""
+        if not data:
+            closed[c.fileno()] = time.monotonic() - t0
+print(json.dumps(sorted(closed.values())))
+"""
+
+
+def _slow_peers_child(rank, ws, flag, hold):
+    from pyddp.distributed.backends import cpu
+
+    if rank > 0:
+        # ranks 1.. publish their addresses, then stall before connecting: rank 0 sits in its
+        # accept loop with the strangers' connections for `hold` seconds
+        choice = cpu.transport_choice
+
+        def slow(*a, **k):
+            deadline = time.monotonic() + 30
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(hold)
+            return choice(*a, **k)
+        cpu.transport_choice = slow
+    dist.init_process_group("cpu", timeout=timedelta(seconds=60))
+    _check_sum(rank, ws)
+    dist.destroy_process_group()
+    return True
+
+
+def test_an_idle_stranger_is_dropped_after_its_own_5_s_bound(tmp_path):
+    # concurrency must not lift the bound on each connection: a stranger that says nothing is
+    # hung up on after about 5 s, while rank 0 still waits for its peers
+    import json
+    import subprocess
+    import sys
+
+    from _mp import free_port
+
+    port = free_port()
+    flag = str(tmp_path / "connected")
+    env = dict(os.environ, PYDDP_ROOT=_ROOT)
+    env.pop("PYDDP_SECRET", None)
+    stranger = subprocess.Popen([sys.executable, "-c", _BOUNDED, str(port), flag], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert all(run(_slow_peers_child, WS, flag, 7.5, port=port, init=False, timeout=100))
+        out, _ = stranger.communicate(timeout=30)
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+    closed = json.loads(out.strip().splitlines()[-1])
+    print(f"idle strangers dropped after {closed} s")
+    assert len(closed) == 2, f"rank 0 kept an idle stranger's connection: {closed}"
+    assert all(4.0 < t < 7.0 for t in closed), f"idle strangers dropped after {closed} s (bound: 5 s)"

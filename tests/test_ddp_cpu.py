@@ -3,6 +3,8 @@
 Real rank processes (tests/_mp.py, a timeout on every wait); the ranks' parameters are checked
 against single-process pyddp training on the concatenated batches.
 """
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
@@ -184,6 +186,62 @@ def test_an_unused_parameter_without_find_unused_parameters_raises_torch_error_n
         assert not o.ok and o.exc_type.endswith("RuntimeError"), o.describe()
         assert "Expected to have finished reduction in the prior iteration" in o.message
         assert "unused.weight" in o.message and "unused.bias" in o.message
+
+
+class _Boom(pyddp.autograd.Function):
+    """Identity whose backward raises when armed: a backward that fails mid-way, after the buckets
+    of the layers above it were reduced."""
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        if _Boom.armed:
+            raise ValueError("boom in backward")
+        return g
+
+
+class _BoomNet(_Net):
+    def forward(self, x):
+        return self.fc3(_Boom.apply(F.tanh(self.fc2(F.tanh(self.fc1(x))))))
+
+
+def _backward_raised(rank, ws, fails_on):
+    pyddp.manual_seed(0)
+    m = _BoomNet().double()
+    ddp = DDP(m, bucket_cap_mb=0.0001)          # a bucket per parameter: fc3's reduce first
+    X, Y = _data(ws, 3)
+    out = {}
+    for s in range(3):
+        _Boom.armed = s == 1 and rank == fails_on
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        try:
+            F.mse_loss(ddp(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+        except ValueError as e:       # the rank carries on, as the issue's did
+            out["backward"] = str(e)
+            continue
+        except Exception as e:
+            out[f"step{s}"] = f"{type(e).__name__}: {e}"
+            return out
+    out["finished"] = True
+    return out
+
+
+def test_a_rank_whose_backward_raised_mid_way_gets_torch_error_at_the_next_forward():
+    # it once got a collective mismatch like every other rank; the docstring promises torch's error
+    outs = run_outcomes(_backward_raised, 2, 1, timeout=90, init_kwargs={"timeout": timedelta(seconds=10)})
+    assert all(o.ok for o in outs), [o.describe() for o in outs]
+    failed = outs[1].value
+    assert failed.get("backward") == "boom in backward", failed
+    msg = failed.get("step2", "")
+    assert msg.startswith("RuntimeError: Expected to have finished reduction in the prior iteration"), failed
+    # the parameters below the failure never got their gradients; fc3's did
+    assert "fc1.weight" in msg and "fc2.bias" in msg and "fc3" not in msg.split("Parameters which")[1], msg
+    other = outs[0].value
+    assert "finished" not in other, f"rank 0 went on as if nothing happened: {other}"
 
 
 def test_find_unused_parameters_leaves_globally_unused_grads_untouched():

@@ -221,7 +221,17 @@ def _bad_args_child(rank, ws):
          ["tensor", "dtype"]),
         ("all_reduce of datetime64", lambda: dist.all_reduce(np.zeros(3, "datetime64[s]")), (T,),
          ["tensor", "dtype"]),
-        ("all_reduce op is not a ReduceOp", lambda: dist.all_reduce(f(4), op=42), (T, V), ["op"]),
+        ("all_reduce op is not a ReduceOp", lambda: dist.all_reduce(f(4), op=42), (T,), ["op"]),
+        # issue 35: a bool, a float or a string was once taken as an op (True ran AVG, 3.0 MIN)
+        ("all_reduce op=True", lambda: dist.all_reduce(f(4), op=True), (T,), ["op"]),
+        ("all_reduce op=3.0", lambda: dist.all_reduce(f(4), op=3.0), (T,), ["op"]),
+        ("all_reduce op='sum'", lambda: dist.all_reduce(f(4), op="sum"), (T,), ["op"]),
+        ("all_reduce op=None", lambda: dist.all_reduce(f(4), op=None), (T,), ["op"]),
+        ("all_reduce async op=True", lambda: dist.all_reduce(f(4), op=True, async_op=True), (T,), ["op"]),
+        ("reduce op=1", lambda: dist.reduce(f(4), 0, op=1), (T,), ["op"]),
+        ("reduce_scatter_tensor op='max'", lambda: dist.reduce_scatter_tensor(f(4), f(4 * ws), op="max"), (T,),
+         ["op"]),
+        ("reduce_scatter op=2.0", lambda: dist.reduce_scatter(f(4), [f(4)] * ws, op=2.0), (T,), ["op"]),
         ("all_reduce non-contiguous", lambda: dist.all_reduce(noncontig), (V, T), ["contiguous"]),
         ("all_reduce read-only", lambda: dist.all_reduce(_ro(f(4))), (V, T), ["tensor"]),
         ("broadcast non-contiguous", lambda: dist.broadcast(noncontig, 0), (V, T), ["contiguous"]),
@@ -275,6 +285,21 @@ def _bad_args_child(rank, ws):
         except Exception as e:
             ck.failures.append(f"{label}: raised {type(e).__name__} (want {'/'.join(t.__name__ for t in types)}): "
                                f"{e}")
+    # what torch accepts as an op is still accepted: a RedOpType and a premul-sum object
+    x = np.arange(4, dtype=np.float32) + rank
+    ref = sum(np.arange(4, dtype=np.float32) + r for r in range(ws))
+    ck.call("all_reduce op=ReduceOp.RedOpType.MAX",
+            lambda: dist.all_reduce(x.copy(), op=dist.ReduceOp.RedOpType.MAX))
+    y = x.copy()
+    ck.call("all_reduce premul-sum", lambda: dist.all_reduce(y, op=dist._make_nccl_premul_sum(0.5)))
+    ck.expect("all_reduce premul-sum result", None if np.allclose(y, ref * 0.5) else str(y))
+    z = np.zeros(4, np.float32)
+    ck.call("reduce_scatter_tensor premul-sum",
+            lambda: dist.reduce_scatter_tensor(z, np.tile(x, ws), op=dist._make_nccl_premul_sum(2.0)))
+    ck.expect("reduce_scatter_tensor premul-sum result", None if np.allclose(z, ref * 2.0) else str(z))
+    w = x.copy()
+    ck.call("reduce premul-sum", lambda: dist.reduce(w, 0, op=dist._make_nccl_premul_sum(3.0)))
+    ck.expect("reduce premul-sum result", None if np.allclose(w, ref * 3.0 if rank == 0 else x) else str(w))
     # a non-contiguous array that was rejected was not touched
     ck.expect("rejected array untouched", None if np.array_equal(noncontig, np.arange(0, 20, 2, dtype=np.float32))
               else str(noncontig))
@@ -603,6 +628,74 @@ def test_master_port_in_use_raises_dist_network_error_with_address_and_port(ws):
         assert f"127.0.0.1:{port}" in r["msg"] and "another program" in r["msg"], \
             f"rank {rank}: message does not name the port and the likely cause: {r['msg']!r}"
         assert r["elapsed"] < 12, f"rank {rank} took {r['elapsed']:.1f} s with timeout=4 s"
+
+
+# ----------------------------------------------------------------------------------------------
+# a MASTER_ADDR that does not resolve, or a store that never answers (issue 35, item 4)
+
+
+def _resolver_child(rank, ws):
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("cpu")     # the default 30-minute timeout: it must not be waited out
+    except Exception as e:
+        return dict(_exc_info(e), elapsed=time.monotonic() - t0, is_net=isinstance(e, dist.DistNetworkError))
+    dist.destroy_process_group()
+    return {"type": None}
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "999.1.1.1"])
+def test_master_addr_that_does_not_resolve_fails_in_seconds_naming_it(host):
+    # nothing was said until the 30-minute init timeout, even with PYDDP_DEBUG=INFO
+    try:
+        socket.getaddrinfo(host, 29500)
+        pytest.skip(f"{host} resolves here")
+    except socket.gaierror as e:
+        resolver = e.strerror          # the resolver's own words, e.g. "Name or service not known"
+    res = run(_resolver_child, 2, init=False, env={"MASTER_ADDR": host}, timeout=60)
+    for rank, r in enumerate(res):
+        assert r["type"] is not None, f"rank {rank} initialised with MASTER_ADDR={host}"
+        assert r["is_net"], f"rank {rank} raised {r['type']}: {r['msg']}"
+        assert host in r["msg"] and resolver in r["msg"] and "MASTER_ADDR" in r["msg"], r["msg"]
+        assert r["elapsed"] < 10, f"rank {rank} took {r['elapsed']:.1f} s to say {r['msg']!r}"
+        print(f"rank {rank}: {r['elapsed']:.2f} s: {r['msg']}")
+
+
+_WAITING = r"""
+import os, sys, time
+from datetime import timedelta
+sys.path.insert(0, os.environ["PYDDP_ROOT"])
+import pyddp.distributed as dist
+t0 = time.monotonic()
+try:
+    dist.init_process_group("cpu", timeout=timedelta(seconds=float(sys.argv[1])))
+except dist.DistNetworkError as e:
+    print(f"ERROR after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+"""
+
+
+def test_waiting_for_the_store_says_what_it_waits_for_at_a_bounded_rate():
+    # rank 1 of 2 with nobody serving MASTER_PORT: it retries (the server may start late) and says
+    # so from the first seconds on, naming the address, how long so far and the last error
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYDDP_SECRET", "PYDDP_DEBUG")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="1", WORLD_SIZE="2", PYDDP_ROOT=root)
+    out = subprocess.run([sys.executable, "-c", _WAITING, "14"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    said = [ln for ln in out.stderr.splitlines() if "still connecting" in ln]
+    assert said, f"nothing said while waiting 14 s: {out.stderr!r}"
+    assert f"127.0.0.1:{port}" in said[0] and "after 3 s" in said[0] and "refused" in said[0], said[0]
+    assert len(said) <= 3, f"said {len(said)} times in 14 s: {said}"   # at 3 s and 12 s
+    assert "ERROR after 1" in out.stdout and f"127.0.0.1:{port}" in out.stdout, out.stdout
+    # PYDDP_DEBUG=OFF silences it
+    env["PYDDP_DEBUG"] = "OFF"
+    out = subprocess.run([sys.executable, "-c", _WAITING, "4"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert "still connecting" not in out.stderr, out.stderr
 
 
 # ----------------------------------------------------------------------------------------------

@@ -203,3 +203,55 @@ def _p2p_then_collective_child(rank, ws):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_pending_small_isend_does_not_block_a_later_collective(ws):
     assert_clean(run(_p2p_then_collective_child, ws))
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 35: the dtype and element count must agree, not only the bytes (gloo is silent here)
+
+_MISMATCH = {
+    # case: (what rank 0 sends, what rank 1 receives into); same byte count in each
+    "float32_into_int32": (lambda: np.ones(10, np.float32), lambda: np.zeros(10, np.int32)),
+    "count_differs": (lambda: np.ones(10, np.float32), lambda: np.zeros(5, np.float64)),
+    "any_source": (lambda: np.ones(8, np.int64), lambda: np.zeros(8, np.float64)),
+    "irecv": (lambda: np.ones(6, np.uint16), lambda: np.zeros(6, np.float16)),
+}
+
+
+def _p2p_mismatch_child(rank, ws, case):
+    make_send, make_recv = _MISMATCH[case]
+    out = {}
+    try:
+        if rank == 0:
+            dist.send(make_send(), 1)
+        else:
+            buf = make_recv()
+            if case == "any_source":
+                dist.recv(buf)
+            elif case == "irecv":
+                dist.irecv(buf, 0).wait()
+            else:
+                dist.recv(buf, 0)
+            out["received"] = buf.tolist()
+        dist.barrier()   # the sender's send has left: it learns at its next call
+        out["barrier"] = "ok"
+    except Exception as e:
+        out["type"], out["msg"] = type(e).__name__, str(e)
+        out["is_dist"] = isinstance(e, dist.DistError)
+    if rank == 1 and "received" not in out:
+        out["untouched"] = not np.any(buf)
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("case", sorted(_MISMATCH))
+def test_send_recv_with_different_dtype_or_count_raises_on_both_sides(case, transport):
+    outs = run(_p2p_mismatch_child, 2, case, env={"PYDDP_TRANSPORT": transport}, timeout=60)
+    sent, recvd = _MISMATCH[case][0](), _MISMATCH[case][1]()
+    for rank, out in enumerate(outs):
+        assert "msg" in out, f"rank {rank} saw no error: {out}"
+        assert out["is_dist"], out
+        msg = out["msg"]
+        assert "send/recv mismatch" in msg, msg
+        assert f"dtype={sent.dtype.name}, count={sent.size}" in msg, msg
+        assert f"dtype={recvd.dtype.name}, count={recvd.size}" in msg, msg
+    assert outs[1]["untouched"], "the receive buffer was written despite the mismatch"

@@ -196,6 +196,19 @@ def test_file_store_kept_without_world_size(tmp_path):
     assert FileStore(path).get("a") == b"b"
 
 
+def test_file_store_file_is_private_to_its_owner(tmp_path):
+    # issue 35: the file holds the group token and the ranks' addresses; it was created 0644
+    old = os.umask(0)  # even a permissive umask must not widen it
+    try:
+        path = str(tmp_path / "fs")
+        s = FileStore(path, 2)
+        s.set("k", "v")
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        del s
+    finally:
+        os.umask(old)
+
+
 def test_file_store_no_fd_leak(tmp_path):
     fds = len(os.listdir("/proc/self/fd"))
     for i in range(200):

@@ -271,7 +271,7 @@ def test_port_in_use_message(master):
     with pytest.raises(DistNetworkError) as ei:
         TCPStore("127.0.0.1", master.port, 1, True, timeout=sec(1))
     msg = str(ei.value)
-    assert f"0.0.0.0:{master.port}" in msg and "address already in use" in msg
+    assert f"127.0.0.1:{master.port}" in msg and "address already in use" in msg
 
 
 def test_port_in_use_by_other_socket():
@@ -414,6 +414,128 @@ def test_stranger_does_not_block_server(master):
     assert b"HTTP" not in data
     silent.close()
     junk.close()
+
+
+# ------------------------------------------------- outsiders (issue 35): where the server listens
+
+
+def _listening_addrs(port):
+    """The addresses this process listens on at ``port`` (from /proc/net/tcp)."""
+    import struct
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            hexip, hexport = parts[1].split(":")
+            if parts[3] == "0A" and parts[9] in inodes and int(hexport, 16) == port:
+                out.append(socket.inet_ntoa(struct.pack("<I", int(hexip, 16))))
+    return out
+
+
+def _host_ip():
+    try:
+        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        words = []
+    ip = next((w for w in words if "." in w and not w.startswith("127.")), None)
+    if ip is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    return ip
+
+
+def test_loopback_master_listens_on_loopback_only():
+    m = TCPStore("127.0.0.1", 0, 1, True, timeout=sec(10))
+    assert _listening_addrs(m.port) == ["127.0.0.1"]     # it was 0.0.0.0
+    with pytest.raises(OSError):
+        socket.create_connection((_host_ip(), m.port), timeout=2).close()
+
+
+def test_listener_beyond_loopback_without_a_secret_warns_once_naming_pyddp_secret(monkeypatch):
+    import warnings
+
+    from pyddp.distributed import store as store_mod
+
+    ip = _host_ip()
+    monkeypatch.setattr(store_mod, "_open_warned", [False])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        a = TCPStore(ip, 0, 1, True, timeout=sec(10))
+        b = TCPStore(ip, 0, 1, True, timeout=sec(10))
+        loop = TCPStore("127.0.0.1", 0, 1, True, timeout=sec(10))
+    said = [str(w.message) for w in seen if "PYDDP_SECRET" in str(w.message)]
+    assert len(said) == 1, said
+    assert ip in said[0] and "unpickle" in said[0], said[0]
+    # bound to the address clients use, not every interface
+    assert _listening_addrs(a.port) == [ip] and _listening_addrs(b.port) == [ip]
+    assert _listening_addrs(loop.port) == ["127.0.0.1"]
+    # with a secret it is not said
+    monkeypatch.setattr(store_mod, "_open_warned", [False])
+    monkeypatch.setenv("PYDDP_SECRET", "s3cret")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        TCPStore(ip, 0, 1, True, timeout=sec(10))
+    assert not [w for w in seen if "PYDDP_SECRET" in str(w.message)]
+
+
+@pytest.mark.timeout(60)
+def test_stranger_without_the_secret_lists_sets_and_stores_nothing(monkeypatch):
+    # without a secret a stranger once listed every key, set its own and stored 600 MB on rank 0
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+    import struct
+
+    import _peers as P
+
+    monkeypatch.setenv("PYDDP_SECRET", "job-secret")
+    m = TCPStore("127.0.0.1", 0, 1, True, timeout=sec(10))
+    m.set("pg/0/token", "1234")
+    keys = m.num_keys()
+    before = P.vm_kib()
+    # 1. the no-secret handshake: the server hangs up
+    s = P.connect(m.port)
+    with pytest.raises(ConnectionError):
+        P.auth_client(s, None)
+    s.close()
+    # 2. a wrong secret
+    s = P.connect(m.port)
+    with pytest.raises((ConnectionError, OSError)):
+        P.auth_client(s, "guess")
+    s.close()
+    # 3. no handshake at all: a SET frame claiming 600 MB, then data
+    s = P.connect(m.port)
+    try:
+        s.sendall(struct.pack("<I", 600 << 20) + struct.pack("<BI", P.SET, 1) + b"x" * (1 << 20))
+    except OSError:
+        pass   # the server may hang up while we send
+    got = P.drain(s, timeout=2)
+    assert len(got) <= 40, f"the server answered a stranger: {got[:80]!r}"   # its hello + nonce only
+    s.close()
+    time.sleep(0.3)
+    assert (P.vm_kib() - before) // 1024 < 256, "the server allocated what a stranger claimed"
+    assert m.num_keys() == keys and m.get("pg/0/token") == b"1234"
+    # 4. a stranger process with the pyddp client and no secret
+    code = ("import datetime\nfrom pyddp.distributed.store import TCPStore\n"
+            "try:\n"
+            f"    s = TCPStore('127.0.0.1', {m.port}, timeout=datetime.timedelta(seconds=5))\n"
+            "    print('IN', s.get('pg/0/token'))\n"
+            "except Exception as e:\n"
+            "    print('OUT', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "PYDDP_SECRET"}
+    env["PYTHONPATH"] = root
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=JOIN_TIMEOUT)
+    assert out.stdout.startswith("OUT") and "secret" in out.stdout, out.stdout + out.stderr
+    assert m.num_keys() == keys
 
 
 # ----------------------------------------------------------------- leaks

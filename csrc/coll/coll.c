@@ -50,6 +50,7 @@ pd_coll_wait(pd_coll *c, pd_req *reqs, size_t n)
         }
         pd_status st = c->progress(c->progress_ctx, c->deadline);
         if (st == PD_ETIMEOUT) {
+            c->waited_for = reqs[i].peer;
             return pd_error(st,
                             "rank %d: %s (sequence number %llu) timed out "
                             "waiting for rank %d",

@@ -45,6 +45,9 @@ typedef struct pd_coll {
     /* the group's rules of algorithm choice (coll/rules.h); NULL: the
      * defaults */
     const pd_rules *rules;
+    /* the peer the wait that timed out waited for (-1: none), so that a
+     * rank that entered the collective but never did its part is named */
+    int waited_for;
 } pd_coll;
 
 /* Run op with the algorithm coll/select.c chooses: over the transport, or

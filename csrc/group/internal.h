@@ -123,7 +123,7 @@ pd_status pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
 
 /* diag.c */
 void pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq,
-                            double timeout, int on_progress);
+                            double timeout, int on_progress, int waited_for);
 
 /* shm_buffers.c */
 shm_buf *pd_grp_find_shm_buf(pd_group *g, const char *p, size_t len);

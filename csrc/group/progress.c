@@ -47,6 +47,10 @@ run_work(pd_group *g, pd_work *w)
         else {
             r->expect.type = PD_FRAME_P2P;
             r->expect.tag = op->tag;
+            /* the sender's dtype and element count must agree too, not just
+             * the bytes: 10 float32 into 10 int32 is a mismatch */
+            r->expect.dtype = (uint8_t)op->dtype;
+            r->expect.count = op->count;
             r->buf = op->out[0];
             r->len = op->out_len[0];
             st = g->t->ops->post_recv(g->t, r);

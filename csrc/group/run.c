@@ -56,6 +56,7 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
     c.op = op;
     c.rules = &g->rules;
     c.deadline = deadline;
+    c.waited_for = -1;
     c.base.magic = PD_FRAME_MAGIC;
     c.base.type = PD_FRAME_COLL;
     c.base.kind = (uint8_t)op->kind;
@@ -150,7 +151,10 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
     if (st != PD_OK && st != PD_ECLOSED) {
         if (st == PD_ETIMEOUT && op->kind != PD_K_MONITORED_BARRIER &&
             pd_grp_err(g) == PD_OK) {
-            pd_grp_explain_timeout(g, op, seq, timeout, x->on_progress);
+            int waited = c.shm != NULL ? pd_shm_waited_for(c.shm)
+                                       : c.waited_for;
+            pd_grp_explain_timeout(g, op, seq, timeout, x->on_progress,
+                                   waited);
         }
         else {
             char msg[PD_ERRMSG_MAX];

@@ -19,7 +19,7 @@
 
 pd_status
 pd_group_create(int rank, int size, double timeout_s, const char *secret,
-                pd_group **out, int *port_out)
+                const char *bind_host, pd_group **out, int *port_out)
 {
     if (size < 1) {
         return pd_error(PD_EINVAL, "world_size must be >= 1, got %d", size);
@@ -46,7 +46,8 @@ pd_group_create(int rank, int size, double timeout_s, const char *secret,
     atomic_init(&g->err, PD_OK);
     atomic_init(&g->err_claim, 0);
     pd_transport_events ev = {g, pd_grp_cb_on_abort, pd_grp_cb_current_seq};
-    pd_status st = pd_tcp_create(rank, size, secret, &ev, &g->t, port_out);
+    pd_status st = pd_tcp_create(rank, size, secret, bind_host, &ev, &g->t,
+                                 port_out);
     if (st != PD_OK) {
         pd_group_destroy(g);
         return st;

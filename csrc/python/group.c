@@ -254,12 +254,14 @@ pg_state(PyObject *self)
 static PyObject *
 PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"rank", "size", "timeout", "secret", NULL};
+    static char *kwlist[] = {"rank", "size", "timeout", "secret", "bind_host",
+                             NULL};
     int rank, size;
     double timeout;
-    const char *secret = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iid|z:ProcessGroup", kwlist,
-                                     &rank, &size, &timeout, &secret)) {
+    const char *secret = NULL, *bind_host = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iid|zz:ProcessGroup", kwlist,
+                                     &rank, &size, &timeout, &secret,
+                                     &bind_host)) {
         return NULL;
     }
     PGObject *self = (PGObject *)type->tp_alloc(type, 0);
@@ -270,7 +272,7 @@ PG_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     char msg[PD_ERRMSG_MAX];
     pd_group *g = NULL;
     int port = 0;
-    st = pd_group_create(rank, size, timeout, secret, &g, &port);
+    st = pd_group_create(rank, size, timeout, secret, bind_host, &g, &port);
     if (st != PD_OK) {
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
         Py_DECREF(self);
@@ -1558,8 +1560,10 @@ static PyType_Slot PG_slots[] = {
     {Py_tp_clear, PG_clear},
     {Py_tp_methods, PG_methods},
     {Py_tp_getset, PG_getset},
-    {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None): one member "
-                "of a pyddp process group (C core)."},
+    {Py_tp_doc, "ProcessGroup(rank, size, timeout, secret=None, "
+                "bind_host=None): one member of a pyddp process group (C "
+                "core); its transport listens on bind_host (None or '': all "
+                "interfaces)."},
     {0, NULL},
 };
 

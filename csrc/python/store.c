@@ -532,20 +532,20 @@ TCPStore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"host", "port", "world_size", "is_master",
                              "timeout_s", "wait_for_workers", "secret",
-                             "listen_fd", NULL};
+                             "listen_fd", "bind_host", NULL};
     const char *host;
     int port, is_master = 0, wait_workers = 1, listen_fd = -1;
     PyObject *ws_obj = Py_None;
     double timeout = 300.0;
-    const char *secret = NULL;
+    const char *secret = NULL, *bind_host = NULL;
     pd_tcp_store_opts o;
     pd_module_state *ms = pd_state_from_type(type);
 
     if (ms == NULL ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "si|Opdpzi:TCPStore", kwlist,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "si|Opdpziz:TCPStore", kwlist,
                                      &host, &port, &ws_obj, &is_master,
                                      &timeout, &wait_workers, &secret,
-                                     &listen_fd)) {
+                                     &listen_fd, &bind_host)) {
         return NULL;
     }
     pd_tcp_store_opts_init(&o);
@@ -556,6 +556,7 @@ TCPStore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     o.wait_for_workers = wait_workers;
     o.secret = secret;
     o.listen_fd = listen_fd;
+    o.bind_host = bind_host;
     if (ws_obj != Py_None) {
         long ws = PyLong_AsLong(ws_obj);
         if (ws == -1 && PyErr_Occurred()) {
@@ -622,8 +623,9 @@ static PyType_Slot TCPStore_slots[] = {
     {Py_tp_getset, TCPStore_getset},
     {Py_tp_doc, "TCPStore(host, port, world_size=None, is_master=False, "
                 "timeout_s=300.0, wait_for_workers=True, secret=None, "
-                "listen_fd=-1)\n\nA client of a TCP key-value server; the "
-                "master also runs the server (one thread, all interfaces)."},
+                "listen_fd=-1, bind_host=None)\n\nA client of a TCP key-value "
+                "server; the master also runs the server (one thread, on "
+                "bind_host, or on all interfaces when it is None or '')."},
     {0, NULL},
 };
 

@@ -622,8 +622,9 @@ pd_file_store_new(const char *path, int world_size, double timeout,
     }
     f->mu_init = 1;
     PD_CHECK_GOTO(pd_kvmap_init(&f->cache), st, fail);
+    /* 0600: the file holds the group token and the ranks' addresses */
     do {
-        f->fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        f->fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     } while (f->fd < 0 && errno == EINTR);
     if (f->fd < 0) {
         st = pd_syserror(PD_ESYS, "FileStore: open %s", path);

@@ -132,6 +132,8 @@ typedef struct pd_tcp_store_opts {
     int wait_for_workers; /* add 1 to "init/"; the master waits for all */
     const char *secret;   /* NULL or "": no secret, magic word only */
     int listen_fd;        /* master only: adopt this listening socket; -1 */
+    const char *bind_host; /* master only: listen on this address; NULL or
+                            * "": every interface */
 } pd_tcp_store_opts;
 
 void pd_tcp_store_opts_init(pd_tcp_store_opts *o);
@@ -146,9 +148,11 @@ pd_status pd_tcp_store_ping(pd_store *s);
 
 /* The server alone: an event loop on one thread serving many clients.
  * port 0 picks a free port; listen_fd >= 0 adopts a listening socket
- * (closed by pd_tcp_server_stop).  Listens on all IPv4 interfaces. */
+ * (closed by pd_tcp_server_stop).  Listens on bind_host, or on all IPv4
+ * interfaces when it is NULL or "". */
 typedef struct pd_tcp_server pd_tcp_server;
-pd_status pd_tcp_server_start(int port, int listen_fd, const char *secret,
+pd_status pd_tcp_server_start(const char *bind_host, int port, int listen_fd,
+                              const char *secret,
                               pd_tcp_server **out);
 int pd_tcp_server_port(const pd_tcp_server *srv);
 /* Stops the thread, closes every socket, frees everything.  Accepts NULL. */

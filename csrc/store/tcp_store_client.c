@@ -792,7 +792,8 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
                 goto fail;
             }
         }
-        st = pd_tcp_server_start(o->port, lfd, o->secret, &t->server);
+        st = pd_tcp_server_start(o->bind_host, o->port, lfd, o->secret,
+                                 &t->server);
         if (st != PD_OK) {
             if (st == PD_ENETWORK && strstr(pd_errmsg(), "EADDRINUSE") != NULL) {
                 char cause[PD_ERRMSG_MAX];

@@ -917,8 +917,8 @@ pd_tcp_server_stop(pd_tcp_server *srv)
 }
 
 pd_status
-pd_tcp_server_start(int port, int listen_fd, const char *secret,
-                    pd_tcp_server **out)
+pd_tcp_server_start(const char *bind_host, int port, int listen_fd,
+                    const char *secret, pd_tcp_server **out)
 {
     pd_status st = PD_OK;
     pd_tcp_server *srv = calloc(1, sizeof(*srv));
@@ -940,7 +940,7 @@ pd_tcp_server_start(int port, int listen_fd, const char *secret,
         PD_CHECK_GOTO(pd_net_local_addr(listen_fd, addr, sizeof(addr),
                                         &srv->port), st, fail);
     } else {
-        PD_CHECK_GOTO(pd_net_listen(NULL, port, SRV_BACKLOG, &srv->lfd,
+        PD_CHECK_GOTO(pd_net_listen(bind_host, port, SRV_BACKLOG, &srv->lfd,
                                     &srv->port), st, fail);
     }
     PD_CHECK_GOTO(pd_net_set_nonblock(srv->lfd, 1), st, fail);

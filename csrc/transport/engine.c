@@ -451,7 +451,9 @@ static void
 describe(const pd_hdr *h, size_t nbytes, char *buf, size_t len)
 {
     if (h->type == PD_FRAME_P2P) {
-        snprintf(buf, len, "send/recv(tag=%d, %zu bytes)", h->tag, nbytes);
+        snprintf(buf, len, "send/recv(tag=%d, dtype=%s, count=%llu, %zu bytes)",
+                 h->tag, pd_dtype_name((pd_dtype)h->dtype),
+                 (unsigned long long)h->count, nbytes);
         return;
     }
     int kind = h->kind;
@@ -486,6 +488,15 @@ mismatch(engine *t, int p, const pd_hdr *got, const pd_hdr *want,
     char a[256], b[256];
     describe(want, want_len, a, sizeof(a));
     describe(got, got->nbytes, b, sizeof(b));
+    if (got->type == PD_FRAME_P2P && want->type == PD_FRAME_P2P) {
+        /* "send/recv(" is 10 characters: recv(...) and send(...) read
+         * better here */
+        return fail(t, PD_EMISMATCH,
+                    "send/recv mismatch between ranks: rank %d posted "
+                    "recv(%s but rank %d sent send(%s; the sender's send has "
+                    "returned, so it sees this error at its next call",
+                    t->base.rank, a + 10, p, b + 10);
+    }
     return fail(t, PD_EMISMATCH,
                 "collective mismatch between ranks: rank %d called %s but "
                 "rank %d called %s",
@@ -505,7 +516,10 @@ match(const pd_req *r, const pd_hdr *h)
         if (h->tag != e->tag) {
             return 0;
         }
-        return h->nbytes == r->len ? 1 : -1;
+        return h->nbytes == r->len && h->dtype == e->dtype &&
+                       h->count == e->count
+                   ? 1
+                   : -1;
     }
     if (h->seq != e->seq || h->tag != e->tag) {
         return 0;
@@ -721,12 +735,7 @@ route_frame(engine *t, int p)
         for (pd_req *r = t->any_head; r != NULL; r = r->next) {
             int m = match(r, h);
             if (m < 0) {
-                char a[128];
-                describe(h, h->nbytes, a, sizeof(a));
-                return fail(t, PD_EMISMATCH,
-                            "send/recv size mismatch: rank %d sent %s but "
-                            "rank %d posted a recv of %zu bytes",
-                            p, a, t->base.rank, r->len);
+                return mismatch(t, p, h, &r->expect, r->len);
             }
             if (m > 0) {
                 unlink_req(&t->any_head, &t->any_tail, r);

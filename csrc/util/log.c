@@ -10,6 +10,7 @@
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pd_log_level threshold = PD_LOG_OFF;
+static int notices = 1;
 static char subsystems[256];
 
 /* The environment is read once, so logging costs one comparison when off. */
@@ -27,11 +28,21 @@ read_env(void)
         else if (strcasecmp(v, "WARN") == 0) {
             threshold = PD_LOG_WARN;
         }
+        else if (strcasecmp(v, "OFF") == 0) {
+            notices = 0;
+        }
     }
     const char *s = getenv("PYDDP_DEBUG_SUBSYS");
     if (s != NULL) {
         snprintf(subsystems, sizeof(subsystems), ",%s,", s);
     }
+}
+
+int
+pd_log_notices_enabled(void)
+{
+    pthread_once(&once, read_env);
+    return notices;
 }
 
 int

@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
+
 /* Longest "host:port" text we format: an IPv6 literal in brackets plus port. */
 #define ADDR_TEXT_MAX (INET6_ADDRSTRLEN + 16)
 
@@ -31,6 +33,14 @@
  * flooding it. */
 #define CONNECT_BACKOFF_MIN 0.01
 #define CONNECT_BACKOFF_MAX 1.0
+/* A name that does not resolve (EAI_NONAME) is a typo far more often than a
+ * DNS entry about to appear: retried this long, then an error naming it. */
+#define RESOLVE_GRACE 3.0
+/* A connection still failing is said after this many seconds, then at
+ * growing intervals up to CONNECT_SAY_MAX (a wait that says nothing looks
+ * like a hang; one that says too much drowns the log). */
+#define CONNECT_SAY_FIRST 3.0
+#define CONNECT_SAY_MAX 60.0
 
 static const char *
 errno_name(int err)
@@ -442,6 +452,8 @@ pd_net_connect(const char *host, int port, double deadline, int *fd_out)
     int last_gai = 0;
     double backoff = CONNECT_BACKOFF_MIN;
     double start = pd_now();
+    double say_gap = CONNECT_SAY_FIRST;
+    double say_at = start + say_gap;
 
     *fd_out = -1;
     if (host == NULL || host[0] == '\0') {
@@ -466,13 +478,19 @@ pd_net_connect(const char *host, int port, double deadline, int *fd_out)
              * connection, except for errors that cannot go away. */
             last_gai = gai;
             last_err = gai == EAI_SYSTEM ? errno : 0;
-            if (gai != EAI_AGAIN && gai != EAI_NONAME && gai != EAI_SYSTEM
+            int noname = gai == EAI_NONAME
 #ifdef EAI_NODATA
-                && gai != EAI_NODATA
+                         || gai == EAI_NODATA
 #endif
-            ) {
-                return pd_error(PD_ENETWORK, "connect %s: cannot resolve host: %s",
-                                hp, gai_strerror(gai));
+                ;
+            if (gai != EAI_AGAIN && !noname && gai != EAI_SYSTEM) {
+                return pd_error(PD_ENETWORK, "connect %s: cannot resolve host "
+                                "'%s': %s", hp, host, gai_strerror(gai));
+            }
+            if (noname && pd_now() - start >= RESOLVE_GRACE) {
+                return pd_error(PD_ENETWORK, "connect %s: cannot resolve host "
+                                "'%s': %s (for %.0f s; is the name right?)",
+                                hp, host, gai_strerror(gai), RESOLVE_GRACE);
             }
         } else {
             /* Try every address (e.g. ::1 then 127.0.0.1); give up early
@@ -516,6 +534,30 @@ pd_net_connect(const char *host, int port, double deadline, int *fd_out)
             return net_error(PD_ENETWORK, last_err,
                              "connect %s: timed out after %.0fms; last error",
                              hp, waited * 1000.0);
+        }
+        double now = pd_now();
+        if (now >= say_at) {
+            char why[256];
+            if (last_gai != 0) {
+                snprintf(why, sizeof(why), "cannot resolve host: %s",
+                         last_gai == EAI_SYSTEM ? strerror(last_err)
+                                                : gai_strerror(last_gai));
+            }
+            else {
+                snprintf(why, sizeof(why), "%s", strerror(last_err));
+            }
+            if (deadline > 0) {
+                PD_NOTICE("net", "still connecting to %s after %.0f s (%s); "
+                          "giving up in %.0f s", hp, now - start, why,
+                          deadline - now);
+            }
+            else {
+                PD_NOTICE("net", "still connecting to %s after %.0f s (%s)",
+                          hp, now - start, why);
+            }
+            say_gap = say_gap * 3 > CONNECT_SAY_MAX ? CONNECT_SAY_MAX
+                                                    : say_gap * 3;
+            say_at = now + say_gap;
         }
         double pause = backoff;
         if (deadline > 0 && pd_now() + pause > deadline) {

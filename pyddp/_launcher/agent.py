@@ -21,6 +21,7 @@ import threading
 import time
 from typing import List, Optional
 
+from .. import _config
 from .._lifecycle import describe_exit, signal_group, signal_name, terminate_with_grace, wait_until_gone
 from .errors import Failure, first_failure_order, format_summary, read_failure
 from .guardian import Guardian
@@ -62,9 +63,9 @@ class LauncherInterrupted(Exception):
 
 def _grace() -> float:
     try:
-        return max(0.0, float(os.environ.get(GRACE_ENV, _DEFAULT_GRACE)))
-    except ValueError:
-        raise LaunchError(f"{GRACE_ENV} must be a number of seconds, got {os.environ[GRACE_ENV]!r}") from None
+        return _config.get(GRACE_ENV)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
 
 
 def free_port() -> int:
@@ -198,7 +199,7 @@ class Agent:
 
     def _secret(self) -> str:
         """One secret per job; several nodes must share it, so it must come from outside then."""
-        s = os.environ.get("PYDDP_SECRET")
+        s = _config.get("PYDDP_SECRET")
         if s:
             return s
         if max(self.cfg.nnodes, self.cfg.max_nodes) > 1:

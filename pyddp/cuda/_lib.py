@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 
-from .. import _C
+from .. import _C, _config
 
 __all__ = ["cudart_candidates", "nccl_candidates", "load_cudart", "load_nccl", "cudart_loaded",
            "nccl_version_tuple", "cuda_version_str"]
@@ -74,7 +74,7 @@ def _torch_lib_dir():
 
 def _steps(spec):
     """The search, in order: a list of ``(step description, [paths], note when none)``."""
-    explicit = os.environ.get(spec.env, "")
+    explicit = _config.get(spec.env) or ""
     if explicit:
         return [(f"${spec.env}", [explicit], "")]
     wheels = [os.path.join(entry or os.curdir, rel)

@@ -50,6 +50,7 @@ from .distributed_c10d import (  # noqa: F401
     isend,
     monitored_barrier,
     _shared_array,
+    _make_nccl_premul_sum,
     new_group,
     recv,
     reduce,

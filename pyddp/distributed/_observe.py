@@ -28,7 +28,7 @@ import socket
 import threading
 import weakref
 
-from .. import _C
+from .. import _C, _config
 
 log = logging.getLogger("pyddp.distributed")
 
@@ -174,7 +174,7 @@ _lock = threading.Lock()
 
 
 def _fr_dir():
-    return os.environ.get("PYDDP_FLIGHT_RECORDER_DIR") or None
+    return _config.get("PYDDP_FLIGHT_RECORDER_DIR") or None
 
 
 def _fr_path(directory, rank, label, token):
@@ -262,7 +262,7 @@ def _timeline_start(rank):
     """Open this process's timeline once, when PYDDP_TIMELINE is set; whether it is on."""
     if _tl_state["started"]:
         return _C.timeline_enabled()
-    spec = os.environ.get("PYDDP_TIMELINE")
+    spec = _config.get("PYDDP_TIMELINE")
     if not spec:
         return False
     with _lock:

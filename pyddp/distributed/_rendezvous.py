@@ -8,7 +8,7 @@ from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
 from . import _cluster
-from .store import FileStore, TCPStore
+from .store import DistNetworkError, FileStore, TCPStore
 
 __all__ = ["rendezvous", "check_rank"]
 
@@ -33,16 +33,15 @@ def rendezvous(init_method, rank, world_size, timeout):
             os.environ.setdefault(k, v)
         # torchrun's flag: the launcher hosts the store (pyddp-run --elastic), every rank is a client
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true")
-        store = TCPStore(env.master_addr, env.master_port, world_size, rank == 0 and not agent,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        store = _store(env.master_addr, env.master_port, world_size, rank, timeout, "MASTER_ADDR",
+                       master=rank == 0 and not agent)
         return store, rank, world_size
     if url.scheme == "tcp":
         _need_rank_and_size(rank, world_size, "tcp", " (argument or query)")
         if not url.hostname or not url.port:
             raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
         check_rank(rank, world_size)
-        store = TCPStore(url.hostname, url.port, world_size, rank == 0,
-                         timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        store = _store(url.hostname, url.port, world_size, rank, timeout, "the init_method's host")
         return store, rank, world_size
     if url.scheme == "file":
         _need_rank_and_size(rank, world_size, "file")
@@ -53,6 +52,19 @@ def rendezvous(init_method, rank, world_size, timeout):
         return store, rank, world_size
     raise ValueError(f"init_method {init_method!r}: unsupported scheme {url.scheme!r} "
                      "(expected env://, tcp://host:port or file:///path)")
+
+
+def _store(host, port, world_size, rank, timeout, what, master=None):
+    """The job's TCPStore (rank 0 runs the server unless ``master`` says otherwise); a host name
+    that does not resolve is an error within seconds naming ``what`` (MASTER_ADDR), the name and
+    the resolver's message."""
+    try:
+        return TCPStore(host, port, world_size, rank == 0 if master is None else master,
+                        timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    except DistNetworkError as e:
+        if "cannot resolve host" in str(e):
+            raise DistNetworkError(f"{what} {host!r} does not resolve: {e}") from None
+        raise
 
 
 def check_rank(rank, world_size):

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from .. import _C, _interop
+from .. import _C, _config, _interop
 from . import _observe
 from .backends import registry as _registry
 from .backends.interface import BackendOptions
@@ -333,6 +333,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
             raise ValueError("trying to initialize the default process group twice!")
         bname, plan = _registry.parse(backend)
         tsec = _timeout_seconds(timeout)
+        _config.check()  # every PYDDP_*/TORCH_* variable, before anything reads one
         if store is not None and init_method is not None:
             raise ValueError("Cannot specify both init_method and store.")
         if not isinstance(world_size, int) or not isinstance(rank, int):
@@ -452,20 +453,16 @@ def destroy_process_group(group=None):
 def _exit_timeout(default: float) -> float:
     """PYDDP_EXIT_TIMEOUT in seconds (>= 0; 0: do not wait), or ``default`` when unset; a value
     that is not a non-negative number is reported and replaced by the default."""
-    raw = os.environ.get("PYDDP_EXIT_TIMEOUT")
-    if raw is None or raw.strip() == "":
-        return default
+    from .. import _config
+
     try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
+        seconds = _config.get("PYDDP_EXIT_TIMEOUT")
+    except ValueError as e:  # at exit: say so and go on
         import warnings
 
-        warnings.warn(f"PYDDP_EXIT_TIMEOUT must be a number of seconds >= 0, got {raw!r}; "
-                      f"using {default:g}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{e}; using {default:g}", RuntimeWarning, stacklevel=3)
         return default
-    return seconds
+    return default if seconds is None else seconds
 
 
 def _release_store(store, rank, size, rnd):
@@ -515,14 +512,72 @@ def _destroy_at_exit():
 
 # ------------------------------------------------------------------------------- helpers
 
-def _op_of(op) -> ReduceOp:
-    if isinstance(op, ReduceOp):
+class _PremulSum:
+    """A PREMUL_SUM reduction (``_make_nccl_premul_sum(factor)``, torch's): each rank's input is
+    multiplied by ``factor`` before a SUM."""
+    __slots__ = ("factor",)
+
+    op = "PREMUL_SUM"
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __repr__(self):
+        return f"<RedOpType.PREMUL_SUM factor={self.factor!r}>"
+
+
+def _make_nccl_premul_sum(factor):
+    """torch's ``dist._make_nccl_premul_sum(factor)``: an op that scales every rank's input by
+    ``factor`` (a number, or a one-element array) and sums (all_reduce, reduce, reduce_scatter)."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        try:
+            arr = np.asarray(factor)
+        except Exception:
+            arr = None
+        if arr is None or arr.size != 1 or arr.dtype.kind not in "iuf":
+            raise TypeError(f"_make_nccl_premul_sum: factor must be a real number or a one-element "
+                            f"array, got {type(factor).__name__}")
+    return _PremulSum(factor)
+
+
+def _op_of(op, premul=False):
+    """The ReduceOp of ``op``, as torch accepts it: a ReduceOp member (``ReduceOp.SUM``, which is
+    also ``ReduceOp.RedOpType.SUM``), torch's own ReduceOp / RedOpType objects, and with
+    ``premul`` a premul-sum object; anything else (a bool, an int, a float, a string) is a
+    TypeError, never a silent reinterpretation (``op=True`` is not AVG)."""
+    if type(op) is ReduceOp:
         return op
-    try:
-        return ReduceOp(op)
-    except (ValueError, TypeError):
-        raise ValueError(f"op must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), "
-                         f"got {op!r}") from None
+    if type(op) is _PremulSum:
+        if premul:
+            return op
+        raise ValueError("op: PREMUL_SUM is supported by all_reduce, reduce and reduce_scatter only")
+    mod = type(op).__module__ or ""
+    if mod.split(".")[0] == "torch":  # torch.distributed.ReduceOp(.RedOpType) objects
+        inner = getattr(op, "op", op)  # a ReduceOp instance wraps a RedOpType
+        name = getattr(inner, "name", None)
+        if name == "PREMUL_SUM":
+            if not premul:
+                raise ValueError("op: PREMUL_SUM is supported by all_reduce, reduce and "
+                                 "reduce_scatter only")
+            return _PremulSum(getattr(op, "factor", None))
+        if isinstance(name, str) and name in ReduceOp.__members__:
+            return ReduceOp[name]
+    raise TypeError(f"op must be a ReduceOp (ReduceOp.SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR) "
+                    f"or a premul-sum op, got {op!r} of type {type(op).__name__}")
+
+
+def _premul_input(pg, a, op, what):
+    """For a PREMUL_SUM ``op``: ``a`` (a host array) scaled by the factor, and SUM; else (a, op)."""
+    if type(op) is not _PremulSum:
+        return a, op
+    if type(a) is not np.ndarray:
+        raise ValueError(f"{what}: PREMUL_SUM is supported on host (NumPy) arrays only")
+    if a.dtype.kind not in "fc":
+        raise ValueError(f"{what}: PREMUL_SUM needs a floating-point tensor, got {a.dtype}")
+    factor = op.factor
+    if factor is None:
+        raise ValueError(f"{what}: PREMUL_SUM without a factor")
+    return a * np.asarray(factor, dtype=a.dtype).reshape(()), ReduceOp.SUM
 
 
 _TORCH_TYPE_NAMES = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "Short",
@@ -555,7 +610,7 @@ def supports_complex(reduceOp) -> bool:  # noqa: N803 (torch's name)
     """Whether ``reduceOp`` may reduce complex tensors (SUM and AVG), as torch answers."""
     try:
         op = _op_of(reduceOp)
-    except ValueError:
+    except (ValueError, TypeError):
         return True
     return op not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT) + _BITWISE
 
@@ -688,11 +743,14 @@ def _ret(work, async_op):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``tensor`` over every rank of ``group`` with ``op`` (a ReduceOp) and leave the result
     in ``tensor`` on every rank, in place. Returns a Work with ``async_op=True``, else None."""
-    pg = _start(group, not async_op, _K_ALLREDUCE, tensor, op)
+    pg = _start(group, not async_op and type(op) is ReduceOp, _K_ALLREDUCE, tensor, op)
     if pg is None:
         return None
-    op = _op_of(op)
+    op = _op_of(op, premul=True)
     a, code = as_array(tensor, "tensor", True, pg._on_device)
+    if type(op) is _PremulSum:
+        scaled, op = _premul_input(pg, a, op, "all_reduce")
+        a[...] = scaled
     _check_reduce_op(a, code, op, "all_reduce", value_error=True)
     return _ret(pg._submit(_C.K_ALLREDUCE, code, op, 0, 0, a.size, (), (a,),
                            name="all_reduce", result=tensor, async_op=async_op), async_op)
@@ -733,15 +791,16 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""
-    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
-                _K_REDUCE, tensor, op, None, dst or 0)
+    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int)
+                and type(op) is ReduceOp, _K_REDUCE, tensor, op, None, dst or 0)
     if pg is None:
         return None
-    op = _op_of(op)
+    op = _op_of(op, premul=True)
     root = _root(pg, group_dst, dst, "dst")
     a, code = as_array(tensor, "tensor", True, pg._on_device)
+    src, op = _premul_input(pg, a, op, "reduce")
     _check_reduce_op(a, code, op, "reduce")
-    return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (a,), (a,),
+    return _ret(pg._submit(_C.K_REDUCE, code, op, root, 0, a.size, (src,), (a,),
                            name="reduce", result=tensor, async_op=async_op), async_op)
 
 
@@ -812,12 +871,17 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input_list`` element-wise over the ranks with ``op``; rank i receives the i-th
     reduced array in ``output``."""
-    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input_list)
+    pg = _start(group, not async_op and type(op) is ReduceOp, _K_REDUCE_SCATTER, output, op,
+                input_list)
     if pg is None:
         return None
-    op = _op_of(op)
+    op = _op_of(op, premul=True)
     o, code = as_array(output, "output", True, pg._on_device)
     ins = _rank_arrays(pg, input_list, "input_list", o, code, "output", False)
+    if type(op) is _PremulSum:
+        premul = op
+        ins = tuple(_premul_input(pg, x, premul, "reduce_scatter")[0] for x in ins)
+        op = ReduceOp.SUM
     _check_reduce_op(o, code, op, "reduce_scatter")
     return _ret(pg._submit(_C.K_REDUCE_SCATTER, code, op, 0, 0, o.size, ins, (o,),
                            name="reduce_scatter", result=output, async_op=async_op), async_op)
@@ -826,13 +890,14 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input`` (world_size times the size of ``output``) over the ranks with ``op``; rank i
     receives the i-th chunk in ``output``."""
-    pg = _start(group, not async_op, _K_REDUCE_SCATTER, output, op, input)
+    pg = _start(group, not async_op and type(op) is ReduceOp, _K_REDUCE_SCATTER, output, op, input)
     if pg is None:
         return None
-    op = _op_of(op)
+    op = _op_of(op, premul=True)
     o, code = as_array(output, "output", True, pg._on_device)
     a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
+    a, op = _premul_input(pg, a, op, "reduce_scatter_tensor")
     _check_reduce_op(a, code, op, "all_reduce")  # torch's message names all_reduce here too
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "

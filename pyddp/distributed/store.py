@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import List, Optional, Union
 
-from .. import _C
+from .. import _C, _config
 from .._C import DistBackendError, DistError, DistNetworkError, DistStoreError
 
 __all__ = [
@@ -112,7 +112,104 @@ def _check_int(value, argname: str = "value") -> int:
 def job_secret() -> Optional[str]:
     """The job secret that authenticates connections: ``PYDDP_SECRET`` from
     the environment (read here, in one place), or None when unset or empty."""
-    return os.environ.get("PYDDP_SECRET") or None
+    return _config.get("PYDDP_SECRET") or None
+
+
+# ------------------------------------------------------------------ where listeners bind
+# A store server and each rank's transport listen for connections.  They bind the one address
+# their peers connect to (loopback when that is a loopback address or every rank is on this
+# host), never wider unless the address is not one of this host's (behind NAT): then every
+# interface.  Without PYDDP_SECRET, a listener beyond loopback is said once per process: anyone
+# who reaches it can join the job, and object collectives unpickle what peers send.
+
+_open_warned = [False]
+
+
+def _addresses(host: str) -> List[str]:
+    """The numeric addresses ``host`` resolves to ([] when it does not)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    out = []
+    for info in infos:
+        addr = info[4][0]
+        if addr not in out:
+            out.append(addr)
+    return out
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback one (False when it resolves to none)."""
+    import ipaddress
+
+    addrs = _addresses(host)
+    try:
+        return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+    except ValueError:
+        return False
+
+
+def _bindable(addr: str) -> bool:
+    """Whether ``addr`` is one of this host's addresses (a socket can bind it)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((addr, 0))
+        return True
+    except OSError:
+        return False
+
+
+def bind_address(host: str, what: str) -> str:
+    """The address a listener (``what``, for the warning) binds so that peers reach it at ``host``:
+    ``host``'s own address when it is one of this host's (a loopback one included), else ''
+    (every interface).  Without a secret, a listener beyond loopback is reported once."""
+    addrs = _addresses(host)
+    if not addrs:
+        return "127.0.0.1"  # the client's connection reports the name that does not resolve
+    chosen = next((a for a in addrs if _bindable(a)), "")
+    if chosen and is_loopback(chosen) and not _literal_loopback(host):
+        # a host name this host maps to loopback (Debian's 127.0.1.1 for its own name) may name
+        # a routable address on the other hosts: every interface, as torch
+        chosen = ""
+    if not (chosen and is_loopback(chosen)):
+        warn_open_listener(what, chosen or "every interface")
+    return chosen
+
+
+def _literal_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address written out, or 'localhost'."""
+    import ipaddress
+
+    if host.strip().lower().rstrip(".") in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_open_listener(what: str, where: str) -> None:
+    """Say once per process that ``what`` listens on ``where`` (beyond loopback) without
+    PYDDP_SECRET; nothing when a secret is set."""
+    if job_secret() is not None or _open_warned[0]:
+        return
+    _open_warned[0] = True
+    import warnings
+
+    warnings.warn(
+        f"pyddp: {what} listens on {where} without a secret (PYDDP_SECRET is unset): anyone who "
+        f"can reach it can join this job, and object collectives unpickle what peers send, so "
+        f"they could run code in every rank. Give every rank the same PYDDP_SECRET (pyddp-run, "
+        f"pyddp.multiprocessing.spawn and notebook_launcher do this for you), e.g. export "
+        f"PYDDP_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))'), or use a "
+        f"loopback MASTER_ADDR (127.0.0.1) when every rank is on this host.",
+        RuntimeWarning, stacklevel=3)
 
 
 class Store:
@@ -384,7 +481,9 @@ _tenants_lock = threading.Lock()
 
 class TCPStore(_QueueMixin, _CStore):
     """A TCP key-value store: the master runs the server (one thread in this
-    process, listening on all interfaces), every instance is a client.
+    process), every instance is a client.  The server listens on the address
+    ``host_name`` resolves to when that is one of this host's (so a loopback
+    ``host_name`` keeps it on loopback), else on every interface.
 
     ``port=0`` on the master picks a free port (see ``.port``).  With
     ``wait_for_workers`` and a ``world_size``, the master's constructor waits
@@ -427,6 +526,8 @@ class TCPStore(_QueueMixin, _CStore):
             if not is_master:
                 raise ValueError("master_listen_fd is only valid with is_master=True")
         secret = job_secret()
+        # the server binds the address clients connect to (host_name), no wider where it can
+        bind = bind_address(host_name, "the TCPStore server") if is_master and listen_fd < 0 else ""
 
         self._use_libuv = bool(use_libuv)
         self._holder = None
@@ -441,12 +542,12 @@ class TCPStore(_QueueMixin, _CStore):
                                           bool(wait_for_workers), secret, -1)
                     return
                 self._c = _C.TCPStore(host_name, port, world_size, True, seconds,
-                                      bool(wait_for_workers), secret, listen_fd)
+                                      bool(wait_for_workers), secret, listen_fd, bind)
                 self._holder = _ServerHolder(self._c)
                 _tenants[self._c.port] = weakref.ref(self._holder)
                 return
         self._c = _C.TCPStore(host_name, port, world_size, is_master, seconds,
-                              bool(wait_for_workers), secret, listen_fd)
+                              bool(wait_for_workers), secret, listen_fd, bind)
 
     @property
     def host(self) -> str:

@@ -20,19 +20,23 @@ leaving processes behind:
 - An exception in the parent while it waits (KeyboardInterrupt) terminates the children before it
   propagates; a failure to start the n-th process terminates the ones already started.
 - Error files are removed once read.
+- Each call gives its processes a fresh PYDDP_SECRET (unless the caller set one), as pyddp-run
+  does, so the job's store and connections authenticate: a stranger who reaches the port cannot
+  join or send objects to unpickle.
 """
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import secrets
 import signal
 import sys
 import tempfile
 import time
 import warnings
 
-from .. import _threads
+from .. import _config, _threads
 from .._lifecycle import die_with_parent, signal_name, terminate_with_grace
 
 log = logging.getLogger(__name__)
@@ -115,7 +119,11 @@ def _remove(path: str) -> None:
         pass
 
 
-def _wrap(fn, i, args, error_file, parent_pid=None):
+def _wrap(fn, i, args, error_file, parent_pid=None, secret=None):
+    # The job's secret travels with the arguments (a pipe, not the command line), so it reaches
+    # the child whatever the start method (a forkserver's children have the server's environment).
+    if secret is not None:
+        os.environ["PYDDP_SECRET"] = secret
     # prctl(2) is Linux-specific (elsewhere this does nothing): a child whose parent dies gets SIGINT,
     # as in torch, so it can leave its process group cleanly.  A parent that died before that took
     # effect will never join this process.
@@ -388,7 +396,7 @@ def _check_fork_safe(start_method, launcher=None):
         f"(the runtime fails there with cudaErrorInitializationError); {fix}")
 
 
-def _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context):
+def _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context, secret):
     for i in range(nprocs):
         # Each process is assigned a file to write tracebacks to.  We use the file being
         # non-empty to indicate an exception occurred (vs an expected shutdown).  A file rather
@@ -397,7 +405,7 @@ def _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files,
         tf.close()
         os.unlink(tf.name)
         error_files.append(tf.name)
-        process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid),
+        process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid, secret),
                              daemon=daemon)
         process.start()
         processes.append(process)
@@ -423,9 +431,14 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
     error_files = []
     processes = []
     context = ProcessContext(processes, error_files)
+    # A fresh secret per job, as pyddp-run gives: the store and the ranks' connections then
+    # authenticate, and a stranger on the port cannot join (or feed object collectives).  One the
+    # caller has set (PYDDP_SECRET) is kept, so jobs spanning several spawns can share it.
+    secret = None if _config.get("PYDDP_SECRET") else secrets.token_hex(32)
     try:
         with _threads.for_children(nprocs):   # OMP_NUM_THREADS=1 for the ranks, as launchers do
-            _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context)
+            _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files, context,
+                       secret)
     except BaseException:
         context._stop_all(5.0, quiet=True)
         context._cleanup_files()

@@ -51,7 +51,7 @@ connect_group(int rank, int n, int transport, double timeout)
 {
     pd_group *g = NULL;
     int port = 0;
-    T_OK(pd_group_create(rank, n, timeout, NULL, &g, &port));
+    T_OK(pd_group_create(rank, n, timeout, NULL, NULL, &g, &port));
     atomic_store(&sh->port[rank], port);
     barrier(n);
     const char *hosts[MAXR];

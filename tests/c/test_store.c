@@ -863,7 +863,7 @@ static void
 test_tcp_wire(void)
 {
     pd_tcp_server *srv = NULL;
-    T_OK(pd_tcp_server_start(0, -1, NULL, &srv));
+    T_OK(pd_tcp_server_start(NULL, 0, -1, NULL, &srv));
     if (srv == NULL) {
         return;
     }

@@ -82,7 +82,7 @@ connect_ranks(int rank, int n, int mode, uint64_t token)
     pd_transport_events ev = {NULL, NULL, NULL};
     int port = 0;
     at("connect: tcp");
-    T_OK(pd_tcp_create(rank, n, NULL, &ev, &c.t, &port));
+    T_OK(pd_tcp_create(rank, n, NULL, NULL, &ev, &c.t, &port));
     atomic_store(&sh->port[rank], port);
     barrier(n);
     const char *hosts[MAXR];
@@ -354,8 +354,9 @@ child_mismatch(int rank, int n, int mode, uint64_t token)
         T_OK(t->ops->post_recv(t, &r));
         pd_req *w = &r;
         T_ST(wait_reqs(t, &w, 1, 20), PD_EMISMATCH);
-        T_MSG_HAS("rank 1 called send/recv(tag=5, 32 bytes) but rank 0 "
-                  "called send/recv(tag=5, 64 bytes)");
+        T_MSG_HAS("rank 1 posted recv(tag=5, dtype=bool, count=0, 32 bytes) "
+                  "but rank 0 sent send(tag=5, dtype=bool, count=0, 64 "
+                  "bytes)");
         /* the error is sticky */
         T_ST(t->ops->progress(t, 0), PD_EMISMATCH);
     }

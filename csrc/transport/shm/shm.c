@@ -73,6 +73,7 @@ struct pd_shm {
     uint64_t cma_word; /* what the peers' probes read (cma.c) */
     char *scratch;     /* pd_shm_scratch */
     size_t scratch_bytes;
+    int waited_for;    /* the peer the last timed-out wait waited for */
 };
 
 size_t
@@ -82,14 +83,29 @@ pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
     if (e == NULL || !*e) {
         return dflt;
     }
+    /* The rules of pyddp/_config.py, which refuses a bad value (naming the
+     * variable) before the core reads it: digits, then K or M, nothing else;
+     * here a bad value falls back to the default (strtoull alone would take
+     * "abc" as 0 and "-5" as a huge number). */
+    if (*e < '0' || *e > '9') {
+        return dflt;
+    }
     char *end;
+    errno = 0;
     unsigned long long x = strtoull(e, &end, 10);
+    unsigned shift = 0;
     if (*end == 'K' || *end == 'k') {
-        x <<= 10;
+        shift = 10;
+        end++;
     }
     else if (*end == 'M' || *end == 'm') {
-        x <<= 20;
+        shift = 20;
+        end++;
     }
+    if (errno != 0 || *end != '\0' || x > (ULLONG_MAX >> shift)) {
+        return dflt;
+    }
+    x <<= shift;
     return x >= lo && x <= hi ? (size_t)x : dflt;
 }
 
@@ -227,6 +243,7 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     s->spin = spin;
     s->token = token;
     s->node = node;
+    s->waited_for = -1;
     s->bank_bytes = pd_shm_bank_bytes();
     s->ring_off = CTRL_BYTES + 2 * s->bank_bytes;
     s->seg_bytes = s->ring_off + (size_t)size * sizeof(ring_ctl) +
@@ -504,6 +521,7 @@ wait_checks(pd_shm *s, const pd_shm_waiter *w, int p, uint32_t target)
         return pd_error(PD_EINTR, "interrupted");
     }
     if (w->deadline > 0 && pd_now() >= w->deadline) {
+        s->waited_for = p;
         return pd_error(PD_ETIMEOUT, "timed out waiting for local rank %d",
                         p);
     }
@@ -776,6 +794,12 @@ uint64_t
 pd_shm_value(pd_shm *s, int p, uint64_t seq)
 {
     return pd_shm_ctrl_of(s, p)->value[seq & 1];
+}
+
+int
+pd_shm_waited_for(const pd_shm *s)
+{
+    return s->waited_for;
 }
 
 uint64_t

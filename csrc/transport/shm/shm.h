@@ -164,6 +164,10 @@ pd_status pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
                                   const char *(*kind_name)(int), int src);
 /* The value peer p published with its identity for seq. */
 uint64_t pd_shm_value(pd_shm *s, int p, uint64_t seq);
+/* The local rank the last wait that timed out waited for (-1: none); a
+ * rank that entered the collective but never did its part (stopped, or
+ * stuck) shows here, not in pd_shm_entered (timeout diagnosis). */
+int pd_shm_waited_for(const pd_shm *s);
 /* Highest sequence number peer p has entered (timeout diagnosis). */
 uint64_t pd_shm_entered(pd_shm *s, int p);
 

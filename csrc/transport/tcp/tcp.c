@@ -8,8 +8,10 @@
  */
 #include "tcp.h"
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +55,7 @@ mesh_release(void *state)
 }
 
 pd_status
-pd_tcp_create(int rank, int size, const char *secret,
+pd_tcp_create(int rank, int size, const char *secret, const char *bind_host,
               const pd_transport_events *ev, pd_transport **out, int *port_out)
 {
     pd_transport *t;
@@ -69,7 +71,7 @@ pd_tcp_create(int rank, int size, const char *secret,
     }
     pd_engine_set_setup(t, m, mesh_release);
     if (size > 1) {
-        pd_status st = pd_net_listen(NULL, 0, 4 * size + 16, &m->lfd,
+        pd_status st = pd_net_listen(bind_host, 0, 4 * size + 16, &m->lfd,
                                      port_out);
         if (st != PD_OK) {
             t->ops->close(t);
@@ -123,6 +125,230 @@ setup_socket(int fd)
     return pd_net_set_nonblock(fd, 1);
 }
 
+/* An accepted connection on its way to becoming a rank's channel: the
+ * server side of the handshake, then the hello, each step taken when the
+ * socket is ready, within its own deadline. */
+typedef struct pending {
+    int fd;
+    int stage; /* PEND_AUTH, PEND_HELLO */
+    double deadline;
+    size_t off;
+    hello h;
+    pd_auth_srv auth;
+} pending;
+
+enum { PEND_AUTH = 0, PEND_HELLO = 1 };
+
+/* Connections authenticating at once; when full, a new one displaces the
+ * oldest (a peer finishes in milliseconds, a stranger only ages). */
+#define PENDING_MAX 64
+/* Seconds one connection may take to authenticate and say hello. */
+#define PENDING_SECONDS 5.0
+
+static void
+pending_drop(pending *pend, int *npend, int i)
+{
+    if (pend[i].fd >= 0) {
+        close(pend[i].fd);
+    }
+    memset(&pend[i].auth, 0, sizeof(pend[i].auth)); /* the secret */
+    pend[i] = pend[*npend - 1];
+    pend[*npend - 1].fd = -1;
+    (*npend)--;
+}
+
+/* One step of pending connection c; 1 when it became a rank's channel (the
+ * fd then belongs to the transport), 0 while in progress, -1 to drop it. */
+static int
+pending_step(pd_transport *t, pending *c, uint64_t token, pd_status *fatal)
+{
+    int rank = t->rank, size = t->size;
+    if (c->stage == PEND_AUTH) {
+        if (pd_auth_srv_step(&c->auth, c->fd) != PD_OK) {
+            PD_LOG(PD_LOG_INFO, "tcp", "rank %d: dropped a connection: %s",
+                   rank, pd_errmsg());
+            return -1;
+        }
+        if (!c->auth.done) {
+            return 0;
+        }
+        c->stage = PEND_HELLO;
+        c->off = 0;
+    }
+    while (c->off < sizeof(c->h)) {
+        ssize_t r = recv(c->fd, (char *)&c->h + c->off, sizeof(c->h) - c->off,
+                         MSG_DONTWAIT);
+        if (r > 0) {
+            c->off += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        }
+        return -1; /* closed or failed */
+    }
+    hello h = c->h;
+    if (h.magic != HELLO_MAGIC || h.token != token ||
+        h.size != (uint32_t)size || h.rank <= (uint32_t)rank ||
+        h.rank >= (uint32_t)size || h.channel > 1 ||
+        connected(t, (int)h.rank, (int)h.channel)) {
+        PD_LOG(PD_LOG_INFO, "tcp", "rank %d: dropped a connection with a "
+               "stale or foreign hello", rank);
+        return -1;
+    }
+    uint32_t ok = HELLO_MAGIC;
+    if (pd_net_send_all(c->fd, &ok, sizeof(ok), c->deadline) != PD_OK ||
+        pd_net_set_nonblock(c->fd, 0) != PD_OK) {
+        return -1;
+    }
+    int afd = c->fd;
+    c->fd = -1;
+    *fatal = install(t, (int)h.rank, (int)h.channel, afd);
+    return 1;
+}
+
+/* Accept the channels of every higher rank.  Connections authenticate
+ * concurrently, each within PENDING_SECONDS, so a stranger's idle or slow
+ * handshake never delays a peer's (served one at a time, six idle
+ * connections once delayed init by 30 s). */
+static pd_status
+accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
+{
+    int need = 2 * (t->size - 1 - t->rank);
+    pd_status st = PD_OK;
+    if (need <= 0) {
+        return PD_OK;
+    }
+    pending *pend = calloc(PENDING_MAX, sizeof(*pend));
+    struct pollfd *pfd = calloc(PENDING_MAX + 1, sizeof(*pfd));
+    if (pend == NULL || pfd == NULL) {
+        free(pend);
+        free(pfd);
+        return pd_error(PD_ENOMEM, "tcp transport: out of memory");
+    }
+    int npend = 0;
+    while (need > 0) {
+        double now = pd_now();
+        if (deadline > 0 && now >= deadline) {
+            st = pd_error(PD_ETIMEOUT,
+                          "accept: no connection arrived before the deadline");
+            goto out;
+        }
+        /* expired handshakes go; the soonest deadline bounds the wait */
+        double wake = deadline;
+        for (int i = 0; i < npend;) {
+            if (pend[i].deadline <= now) {
+                PD_LOG(PD_LOG_INFO, "tcp", "rank %d: dropped a connection "
+                       "that did not authenticate within %.0f s", t->rank,
+                       PENDING_SECONDS);
+                pending_drop(pend, &npend, i);
+                continue;
+            }
+            if (wake <= 0 || pend[i].deadline < wake) {
+                wake = pend[i].deadline;
+            }
+            i++;
+        }
+        pfd[0].fd = m->lfd;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        for (int i = 0; i < npend; i++) {
+            int w = pend[i].stage == PEND_AUTH && pend[i].auth.want_write;
+            pfd[i + 1].fd = pend[i].fd;
+            pfd[i + 1].events = w ? POLLOUT : POLLIN;
+            pfd[i + 1].revents = 0;
+        }
+        int ms = -1;
+        if (wake > 0) {
+            double left = wake - now;
+            ms = left > 3600.0 ? 3600000 : (int)(left * 1000.0) + 1;
+        }
+        int r = poll(pfd, (nfds_t)npend + 1, ms);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            st = pd_syserror(PD_ESYS, "poll (accepting ranks)");
+            goto out;
+        }
+        /* Step the connections that are ready, from the last so that a
+         * drop (which moves the last into its slot) skips none. */
+        for (int i = npend - 1; i >= 0; i--) {
+            if (pfd[i + 1].revents == 0) {
+                continue;
+            }
+            pd_status fatal = PD_OK;
+            int done = pending_step(t, &pend[i], token, &fatal);
+            if (fatal != PD_OK) {
+                st = fatal;
+                goto out;
+            }
+            if (done != 0) {
+                pending_drop(pend, &npend, i);
+                need -= done > 0;
+            }
+        }
+        if (need <= 0 || !(pfd[0].revents & POLLIN)) {
+            continue;
+        }
+        int fd = accept4(m->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            int err = errno;
+            if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK ||
+                err == ECONNABORTED || err == EPROTO) {
+                continue;
+            }
+            st = pd_syserror(err == EMFILE || err == ENFILE ? PD_ESYS
+                                                            : PD_ENETWORK,
+                             "accept");
+            goto out;
+        }
+        (void)pd_net_set_nodelay(fd);
+        if (npend == PENDING_MAX) {
+            int oldest = 0;
+            for (int i = 1; i < npend; i++) {
+                if (pend[i].deadline < pend[oldest].deadline) {
+                    oldest = i;
+                }
+            }
+            pending_drop(pend, &npend, oldest);
+        }
+        pending *c = &pend[npend++];
+        memset(c, 0, sizeof(*c));
+        c->fd = fd;
+        c->stage = PEND_AUTH;
+        c->deadline = pd_now() + PENDING_SECONDS;
+        if (deadline > 0 && deadline < c->deadline) {
+            c->deadline = deadline;
+        }
+        if (pd_auth_srv_init(&c->auth, m->secret) != PD_OK) {
+            pending_drop(pend, &npend, npend - 1);
+            continue;
+        }
+        /* the server speaks first: start now rather than after a poll */
+        pd_status fatal = PD_OK;
+        int done = pending_step(t, c, token, &fatal);
+        if (fatal != PD_OK) {
+            st = fatal;
+            goto out;
+        }
+        if (done != 0) {
+            pending_drop(pend, &npend, npend - 1);
+            need -= done > 0;
+        }
+    }
+out:
+    while (npend > 0) {
+        pending_drop(pend, &npend, npend - 1);
+    }
+    free(pend);
+    free(pfd);
+    return st;
+}
+
 pd_status
 pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
                uint64_t token, double deadline)
@@ -167,45 +393,7 @@ pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
         }
     }
     /* Accept every higher rank; drop strangers and stale connections. */
-    int need = 2 * (size - 1 - rank);
-    while (need > 0) {
-        PD_CHECK_GOTO(pd_net_accept(m->lfd, deadline, &fd), st, fail_acc);
-        /* A stranger gets a short deadline so it cannot stall the mesh. */
-        double d = pd_now() + 5.0;
-        if (deadline > 0 && deadline < d) {
-            d = deadline;
-        }
-        if (pd_auth_server(fd, m->secret, d) != PD_OK) {
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        hello h;
-        if (pd_net_recv_all(fd, &h, sizeof(h), d) != PD_OK ||
-            h.magic != HELLO_MAGIC || h.token != token ||
-            h.size != (uint32_t)size || h.rank <= (uint32_t)rank ||
-            h.rank >= (uint32_t)size || h.channel > 1) {
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        if (connected(t, (int)h.rank, (int)h.channel)) {
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        uint32_t ok = HELLO_MAGIC;
-        if (pd_net_send_all(fd, &ok, sizeof(ok), d) != PD_OK) {
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        int afd = fd;
-        fd = -1;
-        PD_CHECK_GOTO(install(t, (int)h.rank, (int)h.channel, afd), st,
-                      fail_acc);
-        need--;
-    }
+    PD_CHECK_GOTO(accept_peers(t, m, token, deadline), st, fail_acc);
     for (int p = 0; p < size; p++) {
         if (p == rank) {
             continue;

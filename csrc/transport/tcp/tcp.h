@@ -10,11 +10,12 @@
 
 #include "../transport.h"
 
-/* Create the transport and its listening socket (all interfaces, a free
- * port); *port_out is the port to advertise. */
+/* Create the transport and its listening socket (on bind_host, or on all
+ * interfaces when it is NULL or ""; a free port); *port_out is the port to
+ * advertise. */
 pd_status pd_tcp_create(int rank, int size, const char *secret,
-                        const pd_transport_events *ev, pd_transport **out,
-                        int *port_out);
+                        const char *bind_host, const pd_transport_events *ev,
+                        pd_transport **out, int *port_out);
 
 /* Connect the mesh: rank r connects to every lower rank and accepts every
  * higher one.  Connections must authenticate (PYDDP_SECRET) and present the

@@ -15,17 +15,17 @@ import os
 import secrets
 import socket
 
-from ... import _C
+from ... import _C, _config
 from .. import _observe
-from ..store import DistError, HashStore, PrefixStore, TCPStore, job_secret
+from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
 from . import tuning
 from .registry import BackendEntry, register
 
-__all__ = ["connect_group", "create", "spare_core"]
+__all__ = ["connect_group", "create", "listen_plan", "spare_core"]
 
 
 def advertised_host(store) -> str:
-    host = os.environ.get("PYDDP_HOST")
+    host = _config.get("PYDDP_HOST")
     if host:
         return host
     base = store
@@ -52,9 +52,7 @@ TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
 def transport_choice(store, prefix, rank) -> int:
     """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
     if rank == 0:
-        want = os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
-        if want not in TRANSPORTS:
-            raise ValueError(f"PYDDP_TRANSPORT must be 'tcp' or 'shm' (or unset), got {want!r}")
+        want = _config.get("PYDDP_TRANSPORT")
         store.set(f"{prefix}/transport", want)
     return TRANSPORTS[store.get(f"{prefix}/transport").decode()]
 
@@ -62,7 +60,7 @@ def transport_choice(store, prefix, rank) -> int:
 def node_id() -> str:
     """This host's identity: ranks with equal ids share memory (hostname plus boot id, so two
     machines with one name differ; PYDDP_NODE_ID overrides it, e.g. to test several hosts)."""
-    nid = os.environ.get("PYDDP_NODE_ID")
+    nid = _config.get("PYDDP_NODE_ID")
     if nid:
         return nid
     try:
@@ -73,22 +71,51 @@ def node_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def _net_id() -> str:
+    """This process's network namespace (ranks of one host in different namespaces, as containers
+    are, cannot reach each other on loopback)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
+def listen_plan(store, where, rank) -> tuple:
+    """(address to advertise, address to bind) for this rank's transport listener: loopback when
+    every rank is on this host and in its network namespace (``where``: each rank's host and
+    namespace), else the address its peers reach it at (PYDDP_HOST, or the interface that reaches
+    the store), bound alone when it is one of this host's."""
+    explicit = _config.get("PYDDP_HOST")
+    if explicit:
+        return explicit, bind_address(explicit, f"rank {rank}'s transport")
+    if len(set(where)) == 1:
+        return "127.0.0.1", "127.0.0.1"
+    host = advertised_host(store)
+    return host, bind_address(host, f"rank {rank}'s transport")
+
+
 def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     """Create this rank's member of a group and connect it to the others through `store`.
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
 
     Returns (C process group, round number)."""
+    _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.
     gen = (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
     secret = job_secret()
-    cpg = _C.ProcessGroup(rank, size, timeout, secret)
+    cpg = None
     try:
         if size > 1:
-            host = advertised_host(store)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            # where every rank is decides where this one listens: nothing wider than needed
             store.set(f"{prefix}/node/{rank}", node_id())
+            store.set(f"{prefix}/net/{rank}", _net_id())
+            nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
+            nets = [store.get(f"{prefix}/net/{r}").decode() for r in range(size)]
+            host, bind = listen_plan(store, list(zip(nodes, nets)), rank)
+            cpg = _C.ProcessGroup(rank, size, timeout, secret, bind)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             if rank == 0:
                 # the group's random id and rank 0's rules of algorithm choice (backends.tuning):
                 # every rank applies the same ones
@@ -97,26 +124,27 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
             rules = tuning.decode(rules)
-            hosts, ports, nodes = [], [], []
+            hosts, ports = [], []
             for r in range(size):
                 h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
                 hosts.append(h)
                 ports.append(int(p))
-                nodes.append(store.get(f"{prefix}/node/{r}").decode())
         else:
+            cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
         cpg.connect(hosts, ports, token, nodes, transport)
         if rules is not None:
             cpg.set_rules(*rules)
     except BaseException:
-        cpg.destroy()
+        if cpg is not None:
+            cpg.destroy()
         raise
     if size > 1:
         # ranks started without a launcher's OMP_NUM_THREADS: each takes its share of the cores
         from ... import _threads
         _threads.limit_for_group(nodes.count(nodes[rank]), rank)
         hostsn = len(set(nodes))
-        why = ("PYDDP_TRANSPORT=" + os.environ.get("PYDDP_TRANSPORT", "").strip().lower()
+        why = ("PYDDP_TRANSPORT=" + _config.get("PYDDP_TRANSPORT")
                if transport else
                f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
         if cpg.shm_fallback:
@@ -138,9 +166,9 @@ def spare_core(transport, size) -> bool:
     thread would only take turns with backward on the same cores (and add hand-offs), so buckets
     are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
     """
-    v = os.environ.get("PYDDP_DDP_OVERLAP")
-    if v is not None and v != "":
-        return v not in ("0", "false", "False", "no")
+    v = _config.get("PYDDP_DDP_OVERLAP")
+    if v is not None:
+        return v
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux

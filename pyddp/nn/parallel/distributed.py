@@ -8,8 +8,10 @@ post-accumulate-grad hooks).
 
 How a step runs:
 
-* forward: a rank that did not finish the previous reduction raises torch's "Expected to have
-  finished reduction in the prior iteration ..." error; buckets are rebuilt once (second
+* forward: a rank that did not finish the previous reduction (a parameter got no gradient, or
+  its backward raised mid-way after some buckets were reduced) raises torch's "Expected to have
+  finished reduction in the prior iteration ..." error (its peers, whose reductions it left
+  unmatched, get the group's error instead); buckets are rebuilt once (second
   iteration) in the order gradients became ready on rank 0; buffers are broadcast from rank 0.
 * backward: the hook of each parameter fires when its gradient is final. After the first
   reducing iteration ``param.grad`` *is* a view of the parameter's slot in its bucket, so autograd
@@ -473,6 +475,12 @@ class _DDPCore:
         return hook
 
     def _pre_forward(self):
+        if self._unfinished is None and self._expect_hooks and self._hook_seen:
+            # the last backward started reducing (a hook fired) but never reached its end (it
+            # raised mid-way, so the end-of-backward callback never ran): as torch, this rank
+            # cannot start a new iteration; the parameters whose gradients never came are named
+            self._unfinished = [i for i, r in enumerate(self._ready) if not r]
+            self._expect_hooks = False
         if self._unfinished is not None:
             idx = self._unfinished
             raise RuntimeError(_UNFINISHED_MSG.format(

@@ -45,14 +45,13 @@ cost about 30 us.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 import numpy as np
 
-from .... import _C
+from .... import _C, _config
 from ..._observe import describe_signature as _describe
 from .. import staging as _staging
 from ..interface import Backend
@@ -183,9 +182,9 @@ def cuda_aware() -> bool:
     """Whether the MPI takes CUDA device pointers: PYDDP_MPI_CUDA_AWARE (0/1) when set, else
     mpi4py's query where it has one, else Open MPI's MPIX_Query_cuda_support."""
     global _cuda_aware
-    env = os.environ.get("PYDDP_MPI_CUDA_AWARE", "").strip().lower()
-    if env:
-        return env in ("1", "true", "yes", "on")
+    env = _config.get("PYDDP_MPI_CUDA_AWARE")
+    if env is not None:
+        return env
     if _cuda_aware is None:
         mpi = load()
         q = getattr(mpi, "Query_cuda_support", None)
@@ -379,7 +378,7 @@ class MpiBackend(Backend):
         self.ranks = list(opts.global_ranks_in_group)
         self.name = str(opts.group_id)
         self.timeout = opts.timeout.total_seconds()
-        self.check = os.environ.get("PYDDP_MPI_CHECK", "1").strip() != "0"
+        self.check = _config.get("PYDDP_MPI_CHECK")
         self.error = None
         self.seq = 0
         self.lock = threading.RLock()
@@ -419,7 +418,7 @@ class MpiBackend(Backend):
         self._left_to_mpi = []  # buffers of abandoned checks: MPI may still write them
         self._cuda = None
         self._mc = None
-        if os.environ.get("PYDDP_MPI_FROM_C", "1").strip() != "0":
+        if _config.get("PYDDP_MPI_FROM_C"):
             self._mc = self._c_comm(mpi)
             if self._mc is not None:  # one C call per small collective (see MpiComm)
                 self.fast = self._mc.fast

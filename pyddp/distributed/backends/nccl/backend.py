@@ -30,12 +30,11 @@ NCCL unchanged.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 
 import numpy as np
 
-from .... import _C
+from .... import _C, _config
 from ..._observe import describe_signature as _describe
 from ..cpu import connect_group
 from ..interface import Backend
@@ -47,11 +46,10 @@ _KIND_NAMES = {v["code"]: k for k, v in _C.KINDS.items()}
 _DTYPE_NAMES = {v: k for k, v in _C.DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in _C.REDUCE_OPS.items()}
 _SIG = 8  # int64 fields of a signature: seq, kind, dtype, op, root, count, 0, 0
-_TRUE = ("1", "true", "yes", "on")
 
 
 def _env_flag(*names) -> bool:
-    return any(os.environ.get(n, "").strip().lower() in _TRUE for n in names)
+    return any(_config.get(n) for n in names)
 
 
 def _argname(view) -> str:
@@ -133,7 +131,7 @@ class NcclBackend(Backend):
         self.store = opts.store
         self._cuda = cuda
         self.device_id = getattr(opts, "device_id", None)
-        self.check = os.environ.get("PYDDP_NCCL_CHECK", "1").strip() != "0"
+        self.check = _config.get("PYDDP_NCCL_CHECK")
         self.blocking_wait = _env_flag("TORCH_NCCL_BLOCKING_WAIT", "PYDDP_NCCL_BLOCKING_WAIT")
         self.comms = {}        # device -> NcclComm
         self.pending = {}      # NcclComm -> deque of NcclWork, oldest first
@@ -277,7 +275,7 @@ class NcclBackend(Backend):
                 f"{self.timeout:g} s); a rank did not reach it, died or is stuck")
 
     def _watch(self):
-        interval = float(os.environ.get("PYDDP_NCCL_WATCHDOG_INTERVAL", "0.05"))
+        interval = _config.get("PYDDP_NCCL_WATCHDOG_INTERVAL")
         while not self._stop.wait(interval):
             try:
                 self._poll()
