@@ -111,8 +111,8 @@ def manual_seed(seed):
 
 def _cuda_on_cpu():
     # PYDDP_CUDA_ON_CPU=1 (pyddp.cuda._emulation): refused where a GPU is visible, said once.
-    import os
-    if os.environ.get("PYDDP_CUDA_ON_CPU"):
+    from . import _config
+    if _config.get("PYDDP_CUDA_ON_CPU"):
         from .cuda import _emulation
         _emulation.announce()
 

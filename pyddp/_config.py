@@ -119,7 +119,17 @@ _V = [
     Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M)", _bytes(0)),
     Var("PYDDP_PROGRESS_SPIN", "0 (sleep) or 1 (spin)", _bit),
     Var("PYDDP_DDP_OVERLAP", "0 or 1 (also false/true, no/yes, off/on)", _bool),
+    Var("PYDDP_TUNING_FILE", "the path of a rules file (python -m pyddp.tools.tune writes one)",
+        _text),
+    Var("PYDDP_TUNING", "0 (the built-in constants) or 1 (the rules file, the default)", _bit, True),
+    # CPU stand-in for CUDA (pyddp.cuda._emulation)
+    Var("PYDDP_CUDA_ON_CPU", "0 or 1 (also false/true, no/yes, off/on)", _bool, False),
+    Var("PYDDP_CUDA_ON_CPU_DEVICES", "a whole number of devices of at least 1", _int(1), 2),
     # lifecycle and launcher
+    Var("PYDDP_ELASTIC_ID", "a worker id set by pyddp-run --elastic", _text),
+    Var("PYDDP_ELASTIC_STORE_FILE", "a file holding the store's address (set by pyddp-run --elastic)",
+        _text),
+    Var("PYDDP_ELASTIC_LAST_CALL", "a number of seconds >= 0", _seconds(False), 2.0),
     Var("PYDDP_EXIT_TIMEOUT", "a number of seconds >= 0", _seconds(False)),
     Var("PYDDP_RUN_GRACE", "a number of seconds >= 0", _seconds(False), 30.0),
     # device backends

@@ -53,16 +53,9 @@ _K_GEN = "elastic/gen"
 
 
 def _last_call() -> float:
-    raw = os.environ.get("PYDDP_ELASTIC_LAST_CALL", "").strip()
-    if not raw:
-        return 2.0
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not v >= 0:
-        raise ValueError(f"PYDDP_ELASTIC_LAST_CALL must be a number of seconds >= 0, got {raw!r}")
-    return v
+    from .. import _config
+
+    return _config.get("PYDDP_ELASTIC_LAST_CALL")
 
 
 def _is_local(host) -> bool:

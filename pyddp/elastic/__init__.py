@@ -208,7 +208,9 @@ class _Link:
     new address to ``PYDDP_ELASTIC_STORE_FILE``; ``call`` then reconnects there and retries."""
 
     def __init__(self, timeout):
-        self.file = os.environ.get("PYDDP_ELASTIC_STORE_FILE")
+        from pyddp import _config
+
+        self.file = _config.get("PYDDP_ELASTIC_STORE_FILE")
         self.timeout = timeout
         self.endpoint = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
         self.store = self._connect(self.endpoint)

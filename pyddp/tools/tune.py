@@ -133,12 +133,12 @@ def _worker(args):
     import numpy as np
 
     import pyddp.distributed as dist
-    from pyddp import _C
+    from pyddp import _C, _config
 
     dist.init_process_group("cpu", init_method="env://")
     rank, n = dist.get_rank(), dist.get_world_size()
     cpg = dist.distributed_c10d._world.default_pg._cpg
-    path = "tcp" if os.environ.get("PYDDP_TRANSPORT") == "tcp" else "shm"
+    path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
     base_cma, base_small = (list(v) for v in cpg.rules)
     base_cma = [0 if v is None else v for v in base_cma]
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
@@ -268,14 +268,14 @@ def _print_rows(n, res, out):
 
 def show(out=sys.stdout, size=None):
     """Print the rules file in force and the rules a group applies (``--show``)."""
-    from pyddp import _C
+    from pyddp import _C, _config
     from pyddp.distributed.backends import tuning
 
     path, explicit = tuning.path_in_force()
     print(f"host: {json.dumps(tuning.host_facts())}", file=out)
     print(f"this host's file: {tuning.default_path()}", file=out)
     if path is None:
-        why = "PYDDP_TUNING=0" if os.environ.get("PYDDP_TUNING", "").strip() == "0" else \
+        why = "PYDDP_TUNING=0" if not _config.get("PYDDP_TUNING") else \
             "no rules file for this host (python -m pyddp.tools.tune writes one)"
         print(f"rules in force: the built-in constants ({why})", file=out)
         doc = None
@@ -380,7 +380,9 @@ def main(argv=None):
             print(f"  {n} ranks: direct over TCP up to " + ", ".join(
                 f"{k} {'always' if v >= _NEVER_SMALL else _fmt(v)}"
                 for k, v in t["small_bytes"].items()))
-    if args.out and not os.environ.get("PYDDP_TUNING_FILE"):
+    from pyddp import _config
+
+    if args.out and not _config.get("PYDDP_TUNING_FILE"):
         print(f"groups read it with PYDDP_TUNING_FILE={out}")
     return 0
 

@@ -25,7 +25,7 @@ import os
 import platform
 import warnings
 
-from ... import _C
+from ... import _C, _config
 
 __all__ = ["FORMAT", "host_facts", "host_key", "default_path", "path_in_force", "load", "table_for",
            "encode", "decode", "describe", "KIND_NAMES"]
@@ -73,12 +73,9 @@ def default_path(facts=None) -> str:
 def path_in_force():
     """(path, explicit): the file groups read now (None: none, built-in constants), and whether
     PYDDP_TUNING_FILE named it."""
-    off = os.environ.get("PYDDP_TUNING", "").strip()
-    if off not in ("", "0", "1"):
-        raise ValueError(f"PYDDP_TUNING must be 0 (built-in constants) or 1 (default), got {off!r}")
-    if off == "0":
+    if not _config.get("PYDDP_TUNING"):
         return None, False
-    named = os.environ.get("PYDDP_TUNING_FILE", "").strip()
+    named = (_config.get("PYDDP_TUNING_FILE") or "").strip()
     if named:
         return named, True
     path = default_path()
@@ -167,8 +164,8 @@ def describe() -> str:
     try:
         path, explicit = path_in_force()
         if path is None:
-            return "built-in constants" + (" (PYDDP_TUNING=0)" if os.environ.get(
-                "PYDDP_TUNING", "").strip() == "0" else "")
+            return "built-in constants" + (" (PYDDP_TUNING=0)" if not _config.get(
+                "PYDDP_TUNING") else "")
         doc = load(path)
     except ValueError as e:
         return f"built-in constants ({e})"
