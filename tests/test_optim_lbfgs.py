@@ -189,6 +189,8 @@ def test_errors_like_torch():
         opt = mod.LBFGS(params)
         with pytest.raises(TypeError, match="missing 1 required positional argument: 'closure'"):
             opt.step()
+        with pytest.raises(TypeError):
+            opt.step(None)
         with pytest.raises(ValueError, match="Invalid learning rate"):
             mod.LBFGS(params, lr=-1)
     two_p = [{"params": [pyddp.nn.Parameter(pyddp.ones(2))]},

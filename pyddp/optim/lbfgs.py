@@ -224,6 +224,9 @@ class LBFGS(Optimizer):
 
     def step(self, closure):
         """Run the L-BFGS iterations; returns the loss ``closure()`` gave before them."""
+        if not callable(closure):
+            raise TypeError("LBFGS.step() needs a closure that zeroes the gradients, recomputes "
+                            f"the loss, calls backward() and returns the loss; got {closure!r}")
         if len(self.param_groups) != 1:
             raise AssertionError(
                 f"Expected exactly one param_group, but got {len(self.param_groups)}")
