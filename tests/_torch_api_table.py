@@ -133,6 +133,8 @@ DIFFERS = {
                               "CuPy's streams on a GPU",
     ("torch.cuda", "Event"): "as Stream",
     ("torch.cuda", "get_device_name"): "only under PYDDP_CUDA_ON_CPU=1 (names the stand-in)",
+    ("torch.optim", "SparseAdam"): "raises NotImplementedError when constructed: pyddp has no "
+                                   "sparse tensors",
     ("torch.utils.data", "DataLoader"): "workers are forked processes; pin_memory has no effect",
 }
 
