@@ -347,17 +347,28 @@ pd_group_set_rules(pd_group *g, const size_t *cma_from,
         return pd_error(PD_EINVAL, "set_rules: %zu kinds given, the table "
                         "has %d", n, PD_NKINDS);
     }
-    pthread_mutex_lock(&g->mu);
-    /* idle: the next collective takes mu to start, so it sees them */
-    int idle = g->qh == NULL && !g->running;
-    if (idle) {
-        for (size_t k = 0; k < n; k++) {
-            g->rules.cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
-            g->rules.small_bytes[k] = small_bytes != NULL ? small_bytes[k]
-                                                          : 0;
+    /* idle: the next collective takes mu to start, so it sees them.  The
+     * progress thread clears `running` just after it completed the caller's
+     * last work: give it a moment (up to a second) before calling it busy */
+    int idle = 0;
+    double until = pd_now() + 1.0;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        idle = g->qh == NULL && !g->running;
+        if (idle) {
+            for (size_t k = 0; k < n; k++) {
+                g->rules.cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
+                g->rules.small_bytes[k] =
+                    small_bytes != NULL ? small_bytes[k] : 0;
+            }
         }
+        pthread_mutex_unlock(&g->mu);
+        if (idle || pd_now() > until) {
+            break;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
     }
-    pthread_mutex_unlock(&g->mu);
     if (!idle) {
         return pd_error(PD_EINVAL, "set_rules: a collective is queued or "
                         "running; set the rules between collectives");

@@ -1424,7 +1424,10 @@ PG_set_rules(PGObject *self, PyObject *args)
             return NULL;
         }
     }
-    pd_status st = pd_group_set_rules(self->g, a, b, PD_NKINDS);
+    pd_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pd_group_set_rules(self->g, a, b, PD_NKINDS);
+    Py_END_ALLOW_THREADS
     if (st != PD_OK) {
         return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
     }
