@@ -252,7 +252,7 @@ def test_a_second_ddp_of_a_module_takes_the_hooks_over():
         dist.destroy_process_group()
 
 
-def _agents(specs, kill_after=None, timeout=180):
+def _agents(specs, kill_after=None, timeout=180, nnodes="1:3"):
     """Start one pyddp-run --elastic agent per spec (delay s, nproc, extra options) against one
     rendezvous endpoint; kill_after: (index, seconds) SIGKILLs that agent (and so its workers).
     Returns (the agents' (returncode, stderr), the workers' records)."""
@@ -271,7 +271,7 @@ def _agents(specs, kill_after=None, timeout=180):
     for delay, nproc, opts in specs:
         while _time.monotonic() - t0 < delay:
             _time.sleep(0.05)
-        cmd = [sys.executable, "-m", "pyddp.run", "--elastic", "--nnodes", "1:3",
+        cmd = [sys.executable, "-m", "pyddp.run", "--elastic", "--nnodes", nnodes,
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", str(nproc), *opts,
                SCRIPT]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -447,3 +447,49 @@ def test_hosts_added_and_removed_in_network_namespaces(three_hosts, fault_free):
     assert sorted(r["id"] for r in res) == ["0.0.0", "0.1.1", "2.0.0"], (res, errs)
     assert "4 workers on 3 node(s)" in errs[0] and "3 workers on 2 node(s)" in errs[0], errs[0]
     _check(res, fault_free)
+
+
+def test_checkpoint_to_writes_every_nth_commit_and_a_new_job_resumes_from_it(tmp_path):
+    import pyddp.elastic as elastic
+
+    path = tmp_path / "state.pkl"
+    s = elastic.State(step=0, w=np.zeros(3))
+    s.checkpoint_to(path, every=2)
+    assert not path.exists()
+    for i in range(1, 6):
+        s.step = i
+        s.w += 1
+        s.commit()
+    # commits 2 and 4 were written; 5 was not
+    again = elastic.State(step=0, w=np.zeros(3))
+    again.checkpoint_to(path, every=2)
+    assert again.step == 4 and np.array_equal(again.w, [4.0, 4.0, 4.0])
+    again.step = 9
+    again.restore()  # the loaded checkpoint is the commit to go back to
+    assert again.step == 4
+    with pytest.raises(ValueError, match="every must be an int >= 1"):
+        s.checkpoint_to(path, every=0)
+
+
+def test_rdzv_conf_is_checked(capsys):
+    from pyddp import run
+
+    def config(argv):
+        return run.config_from_args(run.parse_args(argv))
+
+    cfg = config(["--elastic", "--nnodes", "1:2", "--master-addr", "127.0.0.1", "--rdzv-conf",
+                  "last_call_timeout=0.5,join_timeout=30", SCRIPT])
+    assert cfg.rdzv_conf == {"last_call_timeout": 0.5, "join_timeout": 30.0}
+    with pytest.raises(SystemExit):
+        config(["--rdzv-conf", "lastcall=1", SCRIPT])
+    assert "'lastcall=1': expected key=value with key one of last_call_timeout" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config(["--rdzv-conf", "join_timeout=-1", SCRIPT])
+    assert "join_timeout must be a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_too_few_nodes_within_join_timeout_fails_the_job():
+    agents, _ = _agents([(0, 1, ["--rdzv-conf", "join_timeout=1"])], nnodes="2:3")
+    assert agents[0][0] == 1, agents
+    assert "1 of --nnodes MIN 2 nodes joined within join_timeout 1 s" in agents[0][1]

@@ -249,6 +249,11 @@ class ElasticNode:
         registered = int(self.store.add("elastic/nodes", 0))
         if self.gen < 0:  # the start: MIN nodes, then the last call (or MAX)
             if len(nodes) < cfg.nnodes:
+                if time.monotonic() - self.begun > self.join_timeout:
+                    self.store.set("elastic/job", f"failed: {len(nodes)} of --nnodes MIN "
+                                                  f"{cfg.nnodes} nodes joined within join_timeout "
+                                                  f"{self.join_timeout:g} s")
+                    return False
                 return True
             if self.started_at is None:
                 self.started_at = time.monotonic()
@@ -376,7 +381,9 @@ class ElasticNode:
         from .._lifecycle import signal_name
 
         cfg = self.cfg
-        self.last_call = _last_call()
+        self.last_call = cfg.rdzv_conf.get("last_call_timeout", _last_call())
+        self.join_timeout = cfg.rdzv_conf.get("join_timeout", 600.0)
+        self.begun = time.monotonic()
         self._connect()
         self.node = int(self.store.add("elastic/nodes", 1)) - 1
         if self.node >= cfg.max_nodes:

@@ -48,6 +48,7 @@ class LaunchConfig:
     elastic: bool = False          # --elastic: in-process recovery (pyddp.elastic), the agent's store
     min_nproc: int = 1             # --elastic: fewest workers the job goes on with
     max_nodes: int = 0             # --nnodes MIN:MAX: MAX (0: as nnodes)
+    rdzv_conf: Dict[str, float] = field(default_factory=dict)  # --rdzv-conf, checked
 
     @property
     def world_size(self) -> int:
@@ -102,6 +103,10 @@ def add_launcher_arguments(parser):
     _opt(parser, "--rdzv-endpoint", default="",
          help=f"host[:port] of the rendezvous (port default {DEFAULT_RDZV_PORT}); sets MASTER_ADDR/PORT")
     _opt(parser, "--rdzv-id", default="none", help="job id, exported as TORCHELASTIC_RUN_ID")
+    _opt(parser, "--rdzv-conf", default="",
+         help="rendezvous settings key=value,...: last_call_timeout (seconds the job waits, once "
+              "--nnodes MIN nodes are there, for more; default 2), join_timeout (seconds to wait "
+              "for MIN nodes; default 600), read_timeout and timeout (accepted)")
     _opt(parser, "--role", default="default", help="worker role name (ROLE_NAME); default 'default'")
     _opt(parser, "--max-restarts", default="0",
          help="restart all workers up to this many times after a failure; default 0")
@@ -191,6 +196,30 @@ def _gpu_count():
     from .. import cuda
 
     return cuda.device_count()
+
+
+_RDZV_KEYS = ("last_call_timeout", "join_timeout", "read_timeout", "timeout", "close_timeout")
+
+
+def _rdzv_conf(parser, value) -> Dict[str, float]:
+    """torchrun's --rdzv-conf 'key=value,...' (the keys pyddp's rendezvous reads: seconds)."""
+    out: Dict[str, float] = {}
+    for part in str(value or "").split(","):
+        if not part.strip():
+            continue
+        key, sep, v = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _RDZV_KEYS:
+            parser.error(f"argument --rdzv-conf: {part.strip()!r}: expected key=value with key one "
+                         f"of {', '.join(_RDZV_KEYS)}")
+        try:
+            out[key] = float(v)
+        except ValueError:
+            out[key] = -1.0
+        if not out[key] >= 0:
+            parser.error(f"argument --rdzv-conf: {key} must be a number of seconds >= 0, got "
+                         f"{v.strip()!r}")
+    return out
 
 
 def _nproc(parser, value):
@@ -324,6 +353,7 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
 
     max_restarts = _int(parser, "--max-restarts", args.max_restarts, 0)
     min_nproc = _int(parser, "--min-nproc", args.min_nproc, 1)
+    rdzv_conf = _rdzv_conf(parser, args.rdzv_conf)
     if min_nproc > nproc:
         parser.error(f"argument --min-nproc: {min_nproc} is more than --nproc-per-node {nproc}")
     try:
@@ -381,5 +411,6 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
         timeline=timeline,
         elastic=bool(args.elastic),
         max_nodes=max_nodes,
+        rdzv_conf=rdzv_conf,
         min_nproc=min_nproc,
     )

@@ -115,6 +115,7 @@ class State:
         object.__setattr__(self, "_snapshot", None)
         object.__setattr__(self, "_commits", 0)
         object.__setattr__(self, "check_every", 1)
+        object.__setattr__(self, "_disk", None)  # (path, every): checkpoint_to
         for k, v in items.items():
             setattr(self, k, v)
         self._take()
@@ -126,7 +127,7 @@ class State:
         raise AttributeError(f"State has no item {name!r}")
 
     def __setattr__(self, name, value):
-        if name.startswith("_") or name == "check_every":
+        if name.startswith("_") or name in ("check_every", "checkpoint_to"):
             object.__setattr__(self, name, value)
             return
         if type(value).__name__ == "ZeroRedundancyOptimizer":
@@ -156,11 +157,42 @@ class State:
         self._values.clear()
         self._values.update(copy.deepcopy(snap["values"]))
 
+    def checkpoint_to(self, path, every=100):
+        """Also write every ``every``-th commit to ``path`` (rank 0 of the group, atomically), for
+        what memory cannot survive: every worker holding the state lost, or the job stopped.  When
+        ``path`` exists already (a job started again), the state is loaded from it now."""
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"checkpoint_to: every must be an int >= 1, got {every!r}")
+        path = os.fspath(path)
+        object.__setattr__(self, "_disk", (path, every))
+        if os.path.exists(path):
+            import pickle
+
+            with open(path, "rb") as f:
+                snap = pickle.load(f)
+            object.__setattr__(self, "_snapshot", snap)
+            self._load(snap)
+
+    def _write(self):
+        import pickle
+
+        import pyddp.distributed as dist
+
+        path, _ = self._disk
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(self._snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
     def commit(self):
         """Record the state as a consistent point; every ``check_every`` commits, learn (all
         ranks together) whether the membership changed, and if so re-form the group here."""
         self._take()
         object.__setattr__(self, "_commits", self._commits + 1)
+        if self._disk is not None and self._commits % self._disk[1] == 0:
+            self._write()
         ctx = _ctx
         if ctx is not None and self._commits % max(1, int(self.check_every)) == 0:
             ctx.check_generation()
