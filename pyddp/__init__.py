@@ -111,6 +111,9 @@ def manual_seed(seed):
 
 def _cuda_on_cpu():
     # PYDDP_CUDA_ON_CPU=1 (pyddp.cuda._emulation): refused where a GPU is visible, said once.
+    import os
+    if "PYDDP_CUDA_ON_CPU" not in os.environ:  # (most imports: no config table to load)
+        return
     from . import _config
     if _config.get("PYDDP_CUDA_ON_CPU"):
         from .cuda import _emulation

@@ -15,7 +15,7 @@ import math
 import os
 import re
 import warnings
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 __all__ = ["VARIABLES", "check", "get"]
 
@@ -25,11 +25,15 @@ _BYTES = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 _FR_MAX = 1 << 22  # csrc/group/flight.c FR_MAX
 
 
-class Var(NamedTuple):
-    name: str
-    expects: str                     # what the error message says it expects
-    parse: Callable[[str], Any]      # text -> value; ValueError (any message) on a bad value
-    default: Any = None
+class Var:
+    """One variable: its name, what the error message says it expects, a parser (text -> value;
+    ValueError, any message, on a bad value) and its default.  (A plain class: typing.NamedTuple
+    costs a millisecond of every ``import pyddp``.)"""
+
+    __slots__ = ("name", "expects", "parse", "default")
+
+    def __init__(self, name: str, expects: str, parse: Callable[[str], Any], default: Any = None):
+        self.name, self.expects, self.parse, self.default = name, expects, parse, default
 
 
 def _bool(text: str) -> bool:

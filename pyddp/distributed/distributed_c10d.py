@@ -23,7 +23,6 @@ from . import _observe
 from .backends import registry as _registry
 from .backends.interface import BackendOptions
 from .process_group import Future, ProcessGroup, Work, _objects  # noqa: F401  (public here)
-from ._rendezvous import check_rank as _check_rank, rendezvous as _rendezvous
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
 
@@ -350,6 +349,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                 raise ValueError("world_size must be positive if using store")
             if rank < 0:
                 raise ValueError("rank must be non-negative if using store")
+            from ._rendezvous import check_rank as _check_rank  # (at init: a lighter import)
+
             _check_rank(rank, world_size)
             owns = False
         else:
@@ -358,6 +359,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                 # launcher's variables leave open (MASTER_ADDR across hosts, ...) comes from MPI
                 for hook in dict.fromkeys(h for h in hooks if h is not None):
                     hook.prepare_env(os.environ)
+            from ._rendezvous import rendezvous as _rendezvous
+
             store, rank, world_size = _rendezvous(init_method or "env://", rank, world_size, tsec)
             owns = True
         pstore = PrefixStore("default_pg", store)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _C
 from . import _observe
-from .backends import registry as _registry, staging as _staging
+from .backends import registry as _registry
 from .backends.interface import Request, runner as _runner
 
 __all__ = ["ProcessGroup", "Work", "Future"]
@@ -21,6 +21,13 @@ __all__ = ["ProcessGroup", "Work", "Future"]
 DistError = _C.DistError
 _new_request = tuple.__new__  # a Request built as a tuple: its generated __new__ is a call more
 _objects = threading.local()  # .active: an object collective runs on this thread
+
+
+def _staging():
+    """backends.staging, imported when a CUDA array is first staged (import stays light)."""
+    from .backends import staging
+
+    return staging
 
 
 class ProcessGroup:
@@ -104,7 +111,7 @@ class ProcessGroup:
         cw = run(_new_request(Request, (kind, dtype, int(op), root, tag, count, inputs, outputs,
                                         in_splits, out_splits, float(timeout), bool(wait_all),
                                         name, not async_op and not source)))
-        after = _staging.copy_back_fn(outputs) if self._staging else None
+        after = _staging().copy_back_fn(outputs) if self._staging else None
         if cw is None:  # ran to completion on this thread
             if after is not None:
                 after()
@@ -145,7 +152,7 @@ class ProcessGroup:
         view.checked(name, writable)
         if stage:
             self._staging = True
-            return _staging.stage(view, name, writable), view.code
+            return _staging().stage(view, name, writable), view.code
         return view, view.code
 
     def _route_arrays(self, inputs, outputs, name):

@@ -18,7 +18,6 @@ import socket
 from ... import _C, _config
 from .. import _observe
 from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
-from . import tuning
 from .registry import BackendEntry, register
 
 __all__ = ["connect_group", "create", "listen_plan", "spare_core"]
@@ -99,6 +98,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
 
     Returns (C process group, round number)."""
+    from . import tuning  # the rules file (read by rank 0 at each group's creation)
+
     _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.

@@ -19,10 +19,8 @@ algorithm choice must agree across ranks.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import warnings
 
 from ... import _C, _config
@@ -40,6 +38,8 @@ _warned = set()
 
 def host_facts() -> dict:
     """What a rules file is keyed by: CPU model, usable cores, kernel release."""
+    import platform  # (here: groups without a rules file never need it)
+
     model = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -59,6 +59,8 @@ def host_facts() -> dict:
 
 def host_key(facts=None) -> str:
     """A file name for this host's rules (``<cores>c-<hash of the facts>``)."""
+    import hashlib
+
     facts = facts or host_facts()
     h = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
     return f"{facts['cores']}c-{h}"
