@@ -218,7 +218,7 @@ def test_example_backend_registers_and_runs(tmp_path, monkeypatch):
             assert dist.get_backend() == "solo" and dist.is_backend_available("solo")
             a = np.arange(4.0)
             dist.all_reduce(a)
-            assert dist.all_reduce(a, async_op=True).wait()
+            assert dist.all_reduce(a, async_op=True).wait(timedelta(seconds=30))
             out = [np.zeros(4)]
             dist.all_gather(out, a)
             assert np.array_equal(out[0], np.arange(4.0))
