@@ -71,6 +71,34 @@ def _rules():
     return tuning.describe()
 
 
+def handoff(seconds=0.2):
+    """How fast data crosses between two cores right now: (one-way handoff of a cache line in ns,
+    GB/s of 1 MiB handed over through shared memory), from pyddp._C.probe_handoff; None on one core
+    or without pyddp's extension.  On some virtual machines it changes while a benchmark runs (the
+    host moves the virtual CPUs between cores that share a cache and cores that do not), and every
+    collective between ranks changes with it, so tables print it."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        from pyddp import _C
+
+        return _C.probe_handoff(seconds)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def fmt_handoff(probes):
+    """'51 ns, 24.3 GB/s' for one probe, 'min-max' ranges for several (None entries skipped)."""
+    probes = [p for p in probes if p]
+    if not probes:
+        return ""
+    ns = [p[0] for p in probes]
+    gb = [p[1] for p in probes]
+    if len(probes) == 1:
+        return f"{ns[0]:.0f} ns, {gb[0]:.1f} GB/s"
+    return f"{min(ns):.0f}-{max(ns):.0f} ns, {min(gb):.1f}-{max(gb):.1f} GB/s over {len(probes)} probes"
+
+
 def machine(memcpy=True):
     """The facts of the header as a dict: date (UTC), cpu, cores, loadavg, memcpy_gbs (None when not
     measured), python, numpy, torch (None when not installed)."""
@@ -90,6 +118,7 @@ def machine(memcpy=True):
         "numpy": np.__version__,
         "torch": _version("torch"),
         "rules": _rules(),
+        "handoff": fmt_handoff([handoff()]),
     }
 
 
@@ -121,6 +150,8 @@ def header(argv=None, script=None, info=None):
     parts.append(f"Python {m['python']}, NumPy {m['numpy']}")
     if m.get("torch"):
         parts.append(f"torch {m['torch']}")
+    if m.get("handoff"):
+        parts.append(f"between cores {m['handoff']} (pyddp._C.probe_handoff)")
     if m.get("rules"):
         parts.append(f"pyddp rules: {m['rules']}")
     return [f"Command: `{command(argv, script)}`  ", "Machine: " + ", ".join(parts)]

@@ -6,7 +6,7 @@
     python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096 --no-plot
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
---peers LIST (pyddp,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck; default: all found), --json OUT, --plot FILE (default
+--peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck; default: all found), --json OUT, --plot FILE (default
 docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
@@ -16,7 +16,9 @@ ratios (gloo/pyddp, mpi/pyddp, gloo/pyddp-tcp: > 1, pyddp is faster) and, for al
 fraction of memcpy (pyddp/memcpy, shm-buf/memcpy).
 
 Libraries: "pyddp" (the transport pyddp picks itself: shared memory for ranks on one host, where the build
-has it), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
+has it; the rules of algorithm choice in force, tuned by python -m pyddp.tools.tune where it ran), "pyddp
+untuned" (the same with PYDDP_TUNING=0: the built-in constants; by default only where a rules file is in
+force, so that one run shows what tuning gives), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
 by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
 note says so when the build has no _shared_array), "torch gloo" and "Open MPI".
 
@@ -55,18 +57,18 @@ if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will 
 from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
 import _report  # noqa: E402
 
-PEERS = ("pyddp", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
+PEERS = ("pyddp", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
-COLUMNS = ("pyddp", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
-LABEL = {"pyddp": "pyddp", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
+COLUMNS = ("pyddp", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
+LABEL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp untuned", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
          "mpi": "Open MPI", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck"}
-IMPL = {"pyddp": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
+IMPL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
         "pyddp-mpi-nocheck": "pyddp-mpi"}
 # pyddp's backend "mpi" against the raw mpi4py calls of the "mpi" peer on the same arrays (the issue:
 # at most 5% slower from 64 KiB, within 1.5 us at 4 B); "nocheck" runs it with PYDDP_MPI_CHECK=0.
 MPI_PEERS = ("mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
 # Ratio columns, numerator / denominator of times (> 1: the denominator is faster), where both ran.
-RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
+RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
           ("pyddp-mpi-nocheck", "mpi"))
 # allreduce only: algbw / memcpy bandwidth, with the short names of the column heads.
 FRACTIONS = (("pyddp", "pyddp/"), ("pyddp-shm", "shm-buf/"))
@@ -107,7 +109,7 @@ def free_port():
 
 def available(peer):
     """(True, '') when the peer can run here, else (False, why)."""
-    if peer in ("pyddp", "pyddp-tcp"):
+    if peer in ("pyddp", "pyddp-untuned", "pyddp-tcp"):
         return True, ""
     if peer == "gloo":
         try:
@@ -129,6 +131,18 @@ def available(peer):
     return False, f"unknown peer {peer!r}"
 
 
+def tuned_here():
+    """Whether pyddp's groups read a rules file on this host (pyddp.tools.tune wrote one, or
+    PYDDP_TUNING_FILE names one): then "pyddp-untuned" (PYDDP_TUNING=0, the built-in constants)
+    differs from "pyddp"."""
+    try:
+        from pyddp.distributed.backends import tuning
+
+        return tuning.path_in_force()[0] is not None
+    except (ImportError, ValueError):
+        return False
+
+
 # One secret for every rank of this run (as a launcher sets it): the ranks prove they belong to the job.
 JOB_SECRET = os.environ.get("PYDDP_SECRET") or secrets.token_hex(16)
 
@@ -148,6 +162,9 @@ def peer_env(peer):
     """Environment entries that make a peer what its name says."""
     if peer == "pyddp-mpi-nocheck":
         return {"PYDDP_MPI_CHECK": "0"}
+    if peer == "pyddp-untuned":
+        # the built-in constants of csrc/coll/rules.c, whatever rules file this host has
+        return {"PYDDP_TUNING": "0"}
     return {"PYDDP_TRANSPORT": "tcp"} if peer == "pyddp-tcp" else {}
 
 
@@ -430,17 +447,17 @@ def summary_block(args, results, world, memcpy):
     or no peer ran."""
     blocks = []
     info = None
-    for peer in ("mpi", "gloo"):
-        if not (results.get(peer) and results.get("pyddp")):
+    for peer, mine in (("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp")):
+        if not (results.get(peer) and results.get(mine)):
             continue
-        ops = [op for op in args.ops if op in results[peer]["ops"] and op in results["pyddp"]["ops"]]
-        sizes = sorted({r["bytes"] for op in ops for r in results["pyddp"]["ops"][op]})
+        ops = [op for op in args.ops if op in results[peer]["ops"] and op in results[mine]["ops"]]
+        sizes = sorted({r["bytes"] for op in ops for r in results[mine]["ops"][op]})
         if len(sizes) < 2:
             continue
         rows, ahead, total = [], 0, 0
         for op in ops:
             a = {r["bytes"]: r for r in results[peer]["ops"][op]}
-            b = {r["bytes"]: r for r in results["pyddp"]["ops"][op]}
+            b = {r["bytes"]: r for r in results[mine]["ops"][op]}
             cells = [op]
             for n in sizes:
                 v = ratio_value(a.get(n), b.get(n))
@@ -457,10 +474,11 @@ def summary_block(args, results, world, memcpy):
             if big:
                 info["memcpy_gbs"] = big["gbps"]
         rounds = getattr(args, "rounds", 1)
+        who = LABEL[mine] + (" (PYDDP_TUNING=0: the built-in constants)" if mine != "pyddp" else "")
         blocks.append(_report.block(
-            f"{LABEL[peer]} time / pyddp time, {world} ranks, float32, median of "
+            f"{LABEL[peer]} time / {who} time, {world} ranks, float32, median of "
             f"{rounds} round{'s' if rounds > 1 else ''}' medians (> 1: pyddp ahead; **bold**: "
-            f"behind): pyddp ahead at {ahead} of {total} points",
+            f"behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
             ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info,
             align="l" + "r" * len(sizes)))
     return "\n\n".join(blocks) if blocks else None
@@ -511,7 +529,7 @@ def plot(path, ops, results, world, memcpy):
     nrows = math.ceil(len(ops) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.4 * nrows), squeeze=False)
     # One colour and marker per library in every panel.
-    styles = {"pyddp": ("o-", "C0"), "pyddp-shm": ("D-", "C1"), "pyddp-tcp": ("s-", "C2"), "gloo": ("^-", "C3"),
+    styles = {"pyddp": ("o-", "C0"), "pyddp-untuned": ("o--", "C7"), "pyddp-shm": ("D-", "C1"), "pyddp-tcp": ("s-", "C2"), "gloo": ("^-", "C3"),
               "mpi": ("v-", "C4"), "pyddp-mpi": ("^-", "C5"), "pyddp-mpi-nocheck": ("^--", "C6")}
     for ax, op in zip(axes.flat, ops):
         xs_all = set()
@@ -562,9 +580,9 @@ def main(argv=None):
                     help="timed iterations for small sizes (large sizes get fewer), default 200")
     ap.add_argument("--budget-bytes", default="2G",
                     help="cap on iterations*size per row, which keeps large sizes short; default 2G")
-    ap.add_argument("--peers", default=",".join(PEERS),
-                    help=f"comma-separated subset of {','.join(PEERS)} (default: all found); pyddp also "
-                         "runs the shm-buffer allreduce")
+    ap.add_argument("--peers", default=None,
+                    help=f"comma-separated subset of {','.join(PEERS)} (default: all found; pyddp-untuned "
+                         "only where a rules file is in force); pyddp also runs the shm-buffer allreduce")
     ap.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     ap.add_argument("--plot", metavar="FILE", default=None,
                     help="PNG of algbw against size (default docs/img/collectives.png; needs matplotlib, "
@@ -578,6 +596,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if args.peers is None:
+        args.peers = ",".join(p for p in PEERS if p != "pyddp-untuned" or tuned_here())
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for o in args.ops:
         if o not in OPS:
@@ -626,6 +646,7 @@ def main(argv=None):
 
     results, notes, raw = {}, {}, {}
     runs = {}
+    probes = []  # core-to-core handoff before every library's run: the machine's phase (_report.handoff)
     with tempfile.TemporaryDirectory(prefix="pyddp-bench-") as tmpdir:
         for rnd in range(args.rounds):
             # alternate the order, so that no library always runs first (or after the same one)
@@ -636,6 +657,9 @@ def main(argv=None):
                 if not ok:
                     notes[peer] = f"skipped: {why}"
                     continue
+                probe = _report.handoff()
+                if probe:
+                    probes.append(probe)
                 t0 = time.monotonic()
                 result, note = run_peer(peer, args, sizes, tmpdir)
                 if result:
@@ -644,6 +668,7 @@ def main(argv=None):
                     notes[peer] = note
                 print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s"
                       + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else "")
+                      + (f", between cores before it: {_report.fmt_handoff([probe])}" if probe else "")
                       + (" (see note)" if note else ""), flush=True)
         for peer in args.peers:
             if peer not in runs:
@@ -664,6 +689,14 @@ def main(argv=None):
                 elif shm.get("error"):
                     notes["pyddp-shm"] = "allreduce failed: " + shm["error"].strip().splitlines()[-1]
 
+    if probes:
+        args.machine = dict(args.machine, handoff=_report.fmt_handoff(probes))
+        ns = [p[0] for p in probes]
+        if max(ns) > 2 * min(ns):
+            print(f"# WARNING: data crossed between cores {max(ns) / min(ns):.1f}x slower at some "
+                  "library's start than at another's (see the handoff after each run time): the machine "
+                  "changed phase during the run, so ratios between libraries mix phases; rerun, or "
+                  "compare rounds of one phase")
     print_tables(args, results, notes, args.nproc, memcpy)
     if not args.no_plot:
         path = args.plot or DEFAULT_PLOT
@@ -672,7 +705,7 @@ def main(argv=None):
         print(f"# note: plot {note}" if note else f"# plot: {path if shown.startswith(os.pardir) else shown}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"nproc": args.nproc, "sizes": sizes,
+            json.dump({"nproc": args.nproc, "sizes": sizes, "handoff_probes": probes,
                        "memcpy": {str(n): m for n, m in memcpy.items()},
                        "memcpy_gbps": {str(n): m["gbps"] for n, m in memcpy.items()},
                        "results": raw, "notes": notes}, f, indent=1)

@@ -303,3 +303,28 @@ def test_elastic_quick_table():
                     r"([0-9.]+)x \|$", proc.stdout, re.M)
     assert row, out
     assert all(float(x) > 0 for x in row.groups()), out
+
+
+def test_untuned_pyddp_runs_beside_the_tuned_one_in_the_same_table():
+    """Issue 37: with a rules file in force, "pyddp-untuned" (PYDDP_TUNING=0, the built-in constants)
+    runs in the same run, gets its own ratio column and its own README block against Open MPI."""
+    import types
+
+    mod = _collectives()
+    assert mod.peer_env("pyddp-untuned") == {"PYDDP_TUNING": "0"}
+    assert mod.peer_env("pyddp") == {}
+    results, memcpy = _fake_results(mod)
+    slow = {op: [dict(r, median_us=r["median_us"] * 4) for r in rows]
+            for op, rows in results["pyddp"]["ops"].items()}
+    results["pyddp-untuned"] = {"ops": slow, "errors": {}}
+    text = "\n".join(mod.table("allreduce", results, 2, memcpy))
+    assert "pyddp untuned" in text and "mpi/" in text, text
+    args = types.SimpleNamespace(ops=list(OPS), rounds=3)
+    blocks = mod.summary_block(args, results, 2, memcpy)
+    assert "Open MPI time / pyddp untuned (PYDDP_TUNING=0: the built-in constants) time" in blocks, blocks
+    # every untuned point is 4x slower than the tuned one: the untuned block counts fewer points ahead
+    import re
+
+    counts = re.findall(r"(pyddp(?: untuned)?) ahead at (\d+) of (\d+) points on this machine", blocks)
+    got = {who: int(n) for who, n, _ in counts}
+    assert got["pyddp"] > got["pyddp untuned"], counts

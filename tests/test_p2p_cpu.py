@@ -248,7 +248,7 @@ def test_send_recv_with_different_dtype_or_count_raises_on_both_sides(case, tran
     outs = run(_p2p_mismatch_child, 2, case, env={"PYDDP_TRANSPORT": transport}, timeout=60)
     sent, recvd = _MISMATCH[case][0](), _MISMATCH[case][1]()
     for rank, out in enumerate(outs):
-        assert "msg" in out, f"rank {rank} saw no error: {out}"
+        assert "msg" in out, f"rank {rank} saw no error; every rank's outcome: {outs}"
         assert out["is_dist"], out
         msg = out["msg"]
         assert "send/recv mismatch" in msg, msg

@@ -218,3 +218,30 @@ def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
         assert res[0][0][_C.K_ALLREDUCE] is None
     elif cma:
         assert res[0][0][_C.K_ALLREDUCE] == cma
+
+
+def test_probe_handoff_measures_both_numbers_and_checks_its_argument():
+    """Issue 37: the core-to-core probe printed beside benchmark tables and kept with the rules."""
+    import os
+
+    from pyddp import _C
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: nothing crosses between cores")
+    ns, gbps = _C.probe_handoff(0.05)
+    # a cache line takes tens to thousands of ns between cores; 1 MiB crosses at well under 1 TB/s
+    assert 1 < ns < 1e6 and 0.01 < gbps < 1000, (ns, gbps)
+    for bad in (0, -1, 61, float("nan")):
+        with pytest.raises(ValueError, match="seconds must be in"):
+            _C.probe_handoff(bad)
+
+
+def test_phase_note_warns_only_when_the_probes_disagree():
+    from pyddp.tools import tune
+
+    same = [{"before": (50.0, 24.0), "after": (60.0, 22.0)}]
+    assert tune._phase_note(same) == ""
+    assert tune._phase_note([]) == ""
+    moved = same + [{"before": (280.0, 4.0), "after": (275.0, 4.1)}]
+    note = tune._phase_note(moved)
+    assert "changed phase" in note and "50 ns" in note and "280 ns" in note, note

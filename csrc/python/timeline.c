@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "../util/probe.h"
 #include "../util/timeline.h"
 
 static PyObject *
@@ -73,7 +74,39 @@ tl_event(PyObject *Py_UNUSED(m), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* probe_handoff(seconds=0.2) -> (ns, gbps): util/probe.c */
+static PyObject *
+tl_probe_handoff(PyObject *Py_UNUSED(m), PyObject *args)
+{
+    double seconds = 0.2, ns, gbps;
+    if (!PyArg_ParseTuple(args, "|d:probe_handoff", &seconds)) {
+        return NULL;
+    }
+    if (!(seconds > 0 && seconds <= 60)) {
+        PyErr_Format(PyExc_ValueError,
+                     "probe_handoff: seconds must be in (0, 60], got %g",
+                     seconds);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pd_probe_handoff(seconds, &ns, &gbps);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "probe_handoff: no complete round (out of memory, no "
+                        "thread, or too short a time)");
+        return NULL;
+    }
+    return Py_BuildValue("(dd)", ns, gbps);
+}
+
 static PyMethodDef tl_methods[] = {
+    {"probe_handoff", tl_probe_handoff, METH_VARARGS,
+     "probe_handoff(seconds=0.2) -> (ns, gbps): two threads take turns on "
+     "one cache line (one-way handoff, ns) and hand 1 MiB over through a "
+     "shared buffer (GB/s): how fast data crosses between cores right "
+     "now (benchmarks print it; it changes on some virtual machines)."},
     {"timeline_open", tl_open, METH_VARARGS,
      "timeline_open(path, pid, process_name): start this process's "
      "timeline (Chrome trace JSON)."},

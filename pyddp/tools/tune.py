@@ -237,6 +237,38 @@ def _launch(n, path, args, tmp):
         return json.load(f)
 
 
+def _handoff():
+    """(ns, GB/s) of data crossing between two cores now (pyddp._C.probe_handoff), or None."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        from pyddp import _C
+
+        return _C.probe_handoff(0.2)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def _now_handoff():
+    p = _handoff()
+    return f"{p[0]:.0f} ns" if p else "not measured"
+
+
+def _phase_note(probes):
+    """A warning when data crossed between cores much slower at some point of the tuning than at
+    another: on some virtual machines the host moves the virtual CPUs between cores that share a
+    cache and cores that do not, for minutes at a time, and every collective slows with it (2-core
+    VM: a 1 MiB all_reduce 98 us in one phase, 500 us in the other); rules measured across both
+    phases compare candidates measured in different ones.  '' when the probes agree."""
+    ns = [x for p in probes for x in (p["before"][0], p["after"][0])]
+    if len(ns) < 2 or max(ns) <= 2 * min(ns):
+        return ""
+    return (f"the machine changed phase while tuning: a cache line crossed between cores in "
+            f"{min(ns):.0f} ns at one point and {max(ns):.0f} ns at another (see 'between cores' "
+            "above); candidates are alternated round by round, so each size compares both in "
+            "similar conditions, but rerun the tuner to check the rules")
+
+
 def _table(results):
     """{"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} from one rank count's
     measurements."""
@@ -284,6 +316,13 @@ def show(out=sys.stdout, size=None):
         print(f"rules in force: {path}" + (" (PYDDP_TUNING_FILE)" if explicit else ""), file=out)
         print(f"  written {doc.get('created', '?')} by pyddp {doc.get('pyddp', '?')} on "
               f"{json.dumps(doc.get('host', {}))}", file=out)
+        probes = (doc.get("measured") or {}).get("handoff") or []
+        ns = [x for p in probes for x in (p["before"][0], p["after"][0])]
+        if ns:
+            print(f"  a cache line crossed between cores in {min(ns):.0f}-{max(ns):.0f} ns while "
+                  f"it was measured (now: {_now_handoff()})", file=out)
+        if (doc.get("measured") or {}).get("phase_note"):
+            print(f"  note: {doc['measured']['phase_note']}", file=out)
     sizes = [size] if size else sorted({2, 4} | {int(k) for k in (doc or {}).get("tables", {})})
     for n in sizes:
         enc = tuning.encode(n)
@@ -353,18 +392,29 @@ def main(argv=None):
     doc = {"format": tuning.FORMAT, "host": facts,
            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "pyddp": pyddp.__version__, "tables": {}, "measured": {}}
+    probes = doc["measured"]["handoff"] = []
     with tempfile.TemporaryDirectory(prefix="pyddp-tune-") as tmp:
         for n in counts:
             results = []
             for path in ("shm",) if args.no_tcp else ("shm", "tcp"):
                 t0 = time.monotonic()
-                print(f"measuring {n} ranks over {path} ...", flush=True)
+                probe = _handoff()
+                print(f"measuring {n} ranks over {path} ..." +
+                      (f" (between cores: {probe[0]:.0f} ns, {probe[1]:.1f} GB/s)" if probe else ""),
+                      flush=True)
                 res = _launch(n, path, args, tmp)
+                after = _handoff()
+                if probe and after:
+                    probes.append({"ranks": n, "path": path, "before": probe, "after": after})
                 _print_rows(n, res, sys.stdout)
                 print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
                 results.append(res)
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
+    phase = _phase_note(probes)
+    if phase:
+        doc["measured"]["phase_note"] = phase
+        print(f"warning: {phase}", flush=True)
     tuning.validate(doc)
     out = args.out or tuning.default_path(facts)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
