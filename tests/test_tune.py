@@ -245,3 +245,14 @@ def test_phase_note_warns_only_when_the_probes_disagree():
     moved = same + [{"before": (280.0, 4.0), "after": (275.0, 4.1)}]
     note = tune._phase_note(moved)
     assert "changed phase" in note and "50 ns" in note and "280 ns" in note, note
+
+
+def test_a_tie_on_shared_memory_goes_to_single_copies():
+    """Issue 37: within the tie fraction the second candidate counts as winning (single copies keep
+    their speed when the machine's phase changes; the banks do not)."""
+    from pyddp.tools.tune import SHM_TIE
+
+    rows = [(1, 1.0, 2.0), (2, 1.0, 1.1), (4, 1.0, 0.9)]
+    assert crossover(rows) == 4
+    assert crossover(rows, SHM_TIE) == 2
+    assert crossover([(1, 1.0, 1.0 + SHM_TIE + 0.01)], SHM_TIE) is None

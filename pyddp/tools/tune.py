@@ -24,7 +24,9 @@ Timing: every rank runs each candidate in turn (alternating, round by round, so 
 both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX
 of the ranks' times) and a candidate's time at a size is the median over calls and rounds.  The
 rule for a kind is the smallest measured size from which the second candidate wins at every larger
-measured size (never, when it loses at the largest).  Every rank of a group applies rank 0's rules
+measured size (never, when it loses at the largest); on shared memory a tie within 15% counts as a
+win for single copies, whose speed does not follow the machine's phase (SHM_TIE says why).  Every
+rank of a group applies rank 0's rules
 (backends.tuning), so the choice is the same everywhere.
 """
 from __future__ import annotations
@@ -70,13 +72,24 @@ def _fmt(n):
     return str(n)
 
 
-def crossover(rows):
+# On shared memory a tie goes to single copies: where the banks and single copies are within this
+# fraction of each other, single copies are taken.  The banks hand every byte over through a small
+# shared window that one core writes and the other reads at once, so their speed follows how fast
+# data crosses between the cores, which on some virtual machines changes for minutes at a time (on
+# the 2-core VM of the docs, a 1 MiB all_reduce through the banks took 98 us in one phase and 510 us
+# in the other, single copies 102 and 106); single copies read the peer's buffer once and keep
+# their speed.  A tie measured in one phase is a clear win in the other.
+SHM_TIE = 0.15
+
+
+def crossover(rows, tie=0.0):
     """``rows``: (size, time of the first candidate, time of the second) ascending in size.  The
-    smallest size from which the second wins at every larger size, or None (it loses at the
-    largest, or there are no rows)."""
+    smallest size from which the second wins (is faster, or slower by at most ``tie`` as a
+    fraction of the first's time) at every larger size, or None (it loses at the largest, or there
+    are no rows)."""
     start = None
     for size, a, b in reversed(rows):
-        if b < a:
+        if b < a * (1.0 + tie):
             start = size
         else:
             break
@@ -275,7 +288,7 @@ def _table(results):
     t = {"cma_from": {}, "small_bytes": {}}
     for res in results:
         for kind, rows in res["kinds"].items():
-            start = crossover(rows)
+            start = crossover(rows, SHM_TIE if res["path"] == "shm" else 0.0)
             if res["path"] == "shm":
                 t["cma_from"][kind] = start
             else:
@@ -294,7 +307,8 @@ def _print_rows(n, res, out):
     for kind, rows in res["kinds"].items():
         print(f"  {n} ranks, {res['path']}, {kind}: {a_name} us / {b_name} us", file=out)
         for size, a, b in rows:
-            mark = "  <-" if b < a else ""
+            tie = SHM_TIE if res["path"] == "shm" else 0.0
+            mark = "  <-" if b < a else "  <= (a tie: single copies)" if b < a * (1 + tie) else ""
             print(f"    {_fmt(size):>6}  {a:10.1f}  {b:10.1f}  x{a / b:5.2f}{mark}", file=out)
 
 
