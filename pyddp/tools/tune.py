@@ -24,7 +24,7 @@ Timing: every rank runs each candidate in turn (alternating, round by round, so 
 both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX
 of the ranks' times) and a candidate's time at a size is the median over calls and rounds.  The
 rule for a kind is the smallest measured size from which the second candidate wins at every larger
-measured size (never, when it loses at the largest); on shared memory a tie within 15% counts as a
+measured size (never, when it loses at the largest); on shared memory a tie within 20% counts as a
 win for single copies, whose speed does not follow the machine's phase (SHM_TIE says why).  Every
 rank of a group applies rank 0's rules
 (backends.tuning), so the choice is the same everywhere.
@@ -79,7 +79,7 @@ def _fmt(n):
 # the 2-core VM of the docs, a 1 MiB all_reduce through the banks took 98 us in one phase and 510 us
 # in the other, single copies 102 and 106); single copies read the peer's buffer once and keep
 # their speed.  A tie measured in one phase is a clear win in the other.
-SHM_TIE = 0.15
+SHM_TIE = 0.20
 
 
 def crossover(rows, tie=0.0):
