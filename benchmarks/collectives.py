@@ -440,11 +440,44 @@ def target_lines(results, memcpy, ops):
     return lines
 
 
-def summary_block(args, results, world, memcpy):
+def phase_results(phased, peers):
+    """[(label, results)] for the phases of the machine seen in the run, when it changed phase.
+
+    A run is in the near phase when the probes before and after it are both within 2x of the
+    fastest probe of the whole run (data crossed between cores quickly all along), in the far phase
+    when both are slower than that, mixed otherwise (left out).  A phase is reported when every
+    library that ran has a run in it; its results are the median over those runs (merge_rounds).
+    Empty when the probes never differed by 2x (the main summary says it all) or were not taken."""
+    ns = [p[0] for _, _, b, a in phased for p in (b, a) if p]
+    if len(ns) < 2 or max(ns) <= 2 * min(ns):
+        return []
+    limit = 2 * min(ns)
+    by = {"near": {}, "far": {}}
+    for peer, result, before, after in phased:
+        if not (before and after):
+            continue
+        if before[0] <= limit and after[0] <= limit:
+            by["near"].setdefault(peer, []).append(result)
+        elif before[0] > limit and after[0] > limit:
+            by["far"].setdefault(peer, []).append(result)
+    ran = {peer for peer, *_ in phased}
+    out = []
+    for phase, runs in by.items():
+        if not ran or set(runs) != ran:
+            continue
+        res = {peer: merge_rounds(rs) for peer, rs in runs.items()}
+        counts = ", ".join(f"{LABEL[p]} {len(runs[p])}" for p in peers if p in runs)
+        where = (f"at most {limit:.0f} ns" if phase == "near" else f"over {limit:.0f} ns")
+        out.append((f"only the runs in the {phase} phase (a cache line crossed between cores in {where} "
+                    f"before and after the run; runs: {counts})", res))
+    return out
+
+
+def summary_block(args, results, world, memcpy, phase=None):
     """The README's table of one run: for each peer pyddp is compared with (Open MPI, gloo), a
     collective x size table of peer time / pyddp time (> 1: pyddp ahead) and how many points pyddp
     leads, under the Command/Machine lines (benchmarks/_report.py).  None when fewer than two sizes
-    or no peer ran."""
+    or no peer ran.  phase: the title says which runs it compares (phase_results)."""
     blocks = []
     info = None
     for peer, mine in (("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp")):
@@ -475,10 +508,10 @@ def summary_block(args, results, world, memcpy):
                 info["memcpy_gbs"] = big["gbps"]
         rounds = getattr(args, "rounds", 1)
         who = LABEL[mine] + (" (PYDDP_TUNING=0: the built-in constants)" if mine != "pyddp" else "")
+        over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
         blocks.append(_report.block(
-            f"{LABEL[peer]} time / {who} time, {world} ranks, float32, median of "
-            f"{rounds} round{'s' if rounds > 1 else ''}' medians (> 1: pyddp ahead; **bold**: "
-            f"behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
+            f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
+            f"**bold**: behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
             ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info,
             align="l" + "r" * len(sizes)))
     return "\n\n".join(blocks) if blocks else None
@@ -646,7 +679,8 @@ def main(argv=None):
 
     results, notes, raw = {}, {}, {}
     runs = {}
-    probes = []  # core-to-core handoff before every library's run: the machine's phase (_report.handoff)
+    probes = []  # core-to-core handoff around every library's run: the machine's phase (_report.handoff)
+    phased = []  # (peer, result, probe before, probe after) of every run
     with tempfile.TemporaryDirectory(prefix="pyddp-bench-") as tmpdir:
         for rnd in range(args.rounds):
             # alternate the order, so that no library always runs first (or after the same one)
@@ -662,13 +696,18 @@ def main(argv=None):
                     probes.append(probe)
                 t0 = time.monotonic()
                 result, note = run_peer(peer, args, sizes, tmpdir)
+                after = _report.handoff() if probe else None
+                if after:
+                    probes.append(after)
                 if result:
                     runs.setdefault(peer, []).append(result)
+                    phased.append((peer, result, probe, after))
                 if note:
                     notes[peer] = note
                 print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s"
                       + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else "")
-                      + (f", between cores before it: {_report.fmt_handoff([probe])}" if probe else "")
+                      + (f", between cores before/after it: {probe[0]:.0f}/{after[0]:.0f} ns"
+                         if probe and after else "")
                       + (" (see note)" if note else ""), flush=True)
         for peer in args.peers:
             if peer not in runs:
@@ -693,11 +732,15 @@ def main(argv=None):
         args.machine = dict(args.machine, handoff=_report.fmt_handoff(probes))
         ns = [p[0] for p in probes]
         if max(ns) > 2 * min(ns):
-            print(f"# WARNING: data crossed between cores {max(ns) / min(ns):.1f}x slower at some "
-                  "library's start than at another's (see the handoff after each run time): the machine "
-                  "changed phase during the run, so ratios between libraries mix phases; rerun, or "
-                  "compare rounds of one phase")
+            print(f"# WARNING: data crossed between cores {max(ns) / min(ns):.1f}x slower at one point of "
+                  "the run than at another (the probes after each run time): the machine changed phase, "
+                  "so the tables below mix phases; the summaries at the end compare runs of one phase")
     print_tables(args, results, notes, args.nproc, memcpy)
+    for label, sub in phase_results(phased, args.peers):
+        summary = summary_block(args, sub, args.nproc, memcpy, phase=label)
+        if summary:
+            print()
+            print(summary)
     if not args.no_plot:
         path = args.plot or DEFAULT_PLOT
         note = plot(path, args.ops, results, args.nproc, memcpy)

@@ -328,3 +328,19 @@ def test_untuned_pyddp_runs_beside_the_tuned_one_in_the_same_table():
     counts = re.findall(r"(pyddp(?: untuned)?) ahead at (\d+) of (\d+) points on this machine", blocks)
     got = {who: int(n) for who, n, _ in counts}
     assert got["pyddp"] > got["pyddp untuned"], counts
+
+
+def test_phase_results_compare_runs_of_one_phase_only():
+    """Issue 37: when the machine changed phase during a run (the core-to-core probe moved by more
+    than 2x), the summaries compare only runs whose probes before and after agree on the phase."""
+    mod = _collectives()
+    results, _ = _fake_results(mod)
+    fast, slow = (50.0, 24.0), (300.0, 13.0)
+    p, m = results["pyddp"], results["mpi"]
+    assert mod.phase_results([("pyddp", p, fast, fast), ("mpi", m, fast, fast)], ["pyddp", "mpi"]) == []
+    phased = [("pyddp", p, fast, fast), ("mpi", m, slow, slow), ("pyddp", p, slow, slow),
+              ("mpi", m, fast, slow)]  # the last one is mixed: left out
+    out = mod.phase_results(phased, ["pyddp", "mpi"])
+    assert [label.split(" phase")[0] for label, _ in out] == ["only the runs in the far"], out
+    label, res = out[0]
+    assert "Open MPI 1" in label and "pyddp 1" in label and set(res) == {"pyddp", "mpi"}
