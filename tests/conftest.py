@@ -9,6 +9,15 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# The rules file of algorithm choice a developer's own `python -m pyddp.tools.tune` wrote in the per-user
+# cache must not change what the tests run (CI has none): every test sees an empty cache and no
+# PYDDP_TUNING_FILE unless it sets them itself (tests/test_tune.py does).
+import tempfile  # noqa: E402
+
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pyddp-test-cache-")
+os.environ.pop("PYDDP_TUNING_FILE", None)
+os.environ.pop("PYDDP_TUNING", None)
+
 # Several tests check what Ctrl-C does (SIGINT to a blocking collective, to a launcher). A test
 # session started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
 # *ignored*, and an ignored signal stays ignored across exec, so every child would ignore it too.

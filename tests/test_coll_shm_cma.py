@@ -203,3 +203,20 @@ def test_a_rank_whose_kernel_refuses_makes_every_rank_fall_back_to_the_banks():
                                          "PYDDP_CMA_THRESHOLD": "0"},
                rank_env={1: {"PYDDP_TEST_CMA_FAIL": "EPERM"}})
     assert outs == [("shm", False, True)] * 3, outs
+
+
+def test_ranks_forked_after_the_parent_read_the_threshold_read_their_own():
+    """The C core reads PYDDP_CMA_THRESHOLD once per process; a process forked after its parent read
+    it (this harness forks every rank from pytest) must read its own environment again, or two ranks
+    told different thresholds would silently agree on the parent's (a rule the mismatch check exists
+    for).  The parent reads it here through a one-rank group's rules."""
+    import pyddp.distributed as dist
+    from pyddp.distributed.distributed_c10d import _world
+
+    dist.init_process_group("cpu", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        _world.default_pg._cpg.rules  # noqa: B018 (reads the threshold in this process)
+    finally:
+        dist.destroy_process_group()
+    test_ranks_with_different_thresholds_fail_clearly_instead_of_misreading_a_bank()
+

@@ -2,6 +2,8 @@
  * status -> exception mapping.  Multi-phase init with heap types, no global
  * mutable state (CPython's Modules/_bz2module.c pattern). */
 #include "binding.h"
+#include <pthread.h>
+#include "../transport/shm/shm.h"
 
 static struct PyModuleDef pd_module;
 
@@ -109,6 +111,17 @@ pd_exec(PyObject *m)
         pd_random_add_types(m, st) < 0 || pd_cuda_add_functions(m, st) < 0 ||
         pd_nccl_add_types(m, st) < 0 || pd_mpi_add_types(m, st) < 0 || pd_timeline_add_functions(m, st) < 0) {
         return -1;
+    }
+    /* A child forked after the environment was read (os.fork, a test
+     * harness's ranks, multiprocessing's fork) reads its own. */
+    static int atfork_registered = 0;
+    if (!atfork_registered) {
+        if (pthread_atfork(NULL, NULL, pd_shm_env_forget) != 0) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "pyddp: pthread_atfork failed");
+            return -1;
+        }
+        atfork_registered = 1;
     }
     return 0;
 }

@@ -12,31 +12,44 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+/* PYDDP_CMA and PYDDP_CMA_THRESHOLD, read once per process: a process
+ * forked after the first read (a test harness's ranks, a launcher's
+ * workers) reads them again from its own environment (pd_cma_env_forget,
+ * run in the child of every fork). */
+static int wanted_cached = -1;
+static size_t threshold_cached = 0;
+static int threshold_read = 0;
+
+void
+pd_cma_env_forget(void)
+{
+    wanted_cached = -1;
+    threshold_cached = 0;
+    threshold_read = 0;
+}
+
 int
 pd_cma_wanted(void)
 {
-    static int cached = -1;
-    if (cached < 0) {
+    if (wanted_cached < 0) {
         const char *e = getenv("PYDDP_CMA");
-        cached = !(e != NULL && strcmp(e, "0") == 0);
+        wanted_cached = !(e != NULL && strcmp(e, "0") == 0);
     }
-    return cached;
+    return wanted_cached;
 }
 
 size_t
 pd_cma_threshold(void)
 {
-    static size_t cached = 0;
-    static int read = 0;
-    if (!read) {
+    if (!threshold_read) {
         /* unset, or past every size: PD_CMA_DEFAULT (each collective's
          * own threshold) */
-        size_t v = pd_shm_env_bytes("PYDDP_CMA_THRESHOLD", PD_CMA_DEFAULT, 0,
-                                    PD_CMA_DEFAULT - 1);
-        cached = v;
-        read = 1;
+        threshold_cached = pd_shm_env_bytes("PYDDP_CMA_THRESHOLD",
+                                            PD_CMA_DEFAULT, 0,
+                                            PD_CMA_DEFAULT - 1);
+        threshold_read = 1;
     }
-    return cached;
+    return threshold_cached;
 }
 
 /* One transfer, looping over partial ones and EINTR. */

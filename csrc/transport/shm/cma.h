@@ -28,6 +28,9 @@ int pd_cma_wanted(void);
 #define PD_CMA_DEFAULT ((size_t)-1)
 size_t pd_cma_threshold(void);
 
+/* Forget the cached PYDDP_CMA / PYDDP_CMA_THRESHOLD (pd_shm_env_forget). */
+void pd_cma_env_forget(void);
+
 /* Read every peer's probe word.  PD_OK: every read returned the word the
  * peer published; else the status and message say why (the caller falls
  * back: it is not an error of the group). */

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #endif
 #include "shm.h"
+#include "cma.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -109,27 +110,38 @@ pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
     return x >= lo && x <= hi ? (size_t)x : dflt;
 }
 
+/* PYDDP_SHM_CHUNK and PYDDP_SHM_STREAM, read once per process (and again
+ * in a forked child: pd_shm_env_forget). */
+static size_t bank_cached;
+static size_t stream_cached;
+
+void
+pd_shm_env_forget(void)
+{
+    bank_cached = 0;
+    stream_cached = 0;
+    pd_cma_env_forget();
+}
+
 size_t
 pd_shm_bank_bytes(void)
 {
-    static size_t cached;
-    if (cached == 0) {
-        cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10, 4096,
-                           (size_t)64 << 20) &
-                 ~(size_t)4095;
+    if (bank_cached == 0) {
+        bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10,
+                                       4096, (size_t)64 << 20) &
+                      ~(size_t)4095;
     }
-    return cached;
+    return bank_cached;
 }
 
 size_t
 pd_shm_stream_bytes(void)
 {
-    static size_t cached;
-    if (cached == 0) {
-        cached = pd_shm_env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
-                           SIZE_MAX);
+    if (stream_cached == 0) {
+        stream_cached = pd_shm_env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
+                                         SIZE_MAX);
     }
-    return cached;
+    return stream_cached;
 }
 
 /* Fault injection for the tests (tests/test_chaos.py): PYDDP_TEST_SHM_FAIL

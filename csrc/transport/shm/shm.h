@@ -99,6 +99,11 @@ size_t pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi);
  * 4x that: below, its output still gains from staying in cache). */
 size_t pd_shm_stream_bytes(void);
 
+/* Forget the environment read once per process (PYDDP_SHM_CHUNK,
+ * PYDDP_SHM_STREAM, PYDDP_CMA, PYDDP_CMA_THRESHOLD), so that a forked child
+ * reads its own: the extension runs it in the child of every fork. */
+void pd_shm_env_forget(void);
+
 /* Create and map this rank's segment (rank, size: indices in the local set;
  * node: distinguishes the hosts of one group in segment names); *out is
  * half-built until pd_shm_attach succeeds. */
