@@ -623,6 +623,10 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")
     ap.add_argument("--quick", action="store_true", help="few sizes, few iterations (smoke test)")
+    ap.add_argument("--split-ops", action="store_true",
+                    help="run every collective in processes of its own, the libraries alternating per "
+                         "collective: the runs compared are seconds apart, so more of them fall in one phase "
+                         "of a machine whose speed between cores changes (see the handoff probes)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every library this many times, in alternating order, and report the median "
                          "of its per-round medians (default 1)")
@@ -682,33 +686,39 @@ def main(argv=None):
     probes = []  # core-to-core handoff around every library's run: the machine's phase (_report.handoff)
     phased = []  # (peer, result, probe before, probe after) of every run
     with tempfile.TemporaryDirectory(prefix="pyddp-bench-") as tmpdir:
-        for rnd in range(args.rounds):
-            # alternate the order, so that no library always runs first (or after the same one)
-            for peer in (args.peers if rnd % 2 == 0 else args.peers[::-1]):
-                if peer in notes and peer not in runs:
-                    continue  # skipped or failed in an earlier round
-                ok, why = available(peer)
-                if not ok:
-                    notes[peer] = f"skipped: {why}"
-                    continue
-                probe = _report.handoff()
-                if probe:
-                    probes.append(probe)
-                t0 = time.monotonic()
-                result, note = run_peer(peer, args, sizes, tmpdir)
-                after = _report.handoff() if probe else None
-                if after:
-                    probes.append(after)
-                if result:
-                    runs.setdefault(peer, []).append(result)
-                    phased.append((peer, result, probe, after))
-                if note:
-                    notes[peer] = note
-                print(f"# {LABEL[peer]}: {time.monotonic() - t0:.1f} s"
-                      + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else "")
-                      + (f", between cores before/after it: {probe[0]:.0f}/{after[0]:.0f} ns"
-                         if probe and after else "")
-                      + (" (see note)" if note else ""), flush=True)
+        # --split-ops: every collective in processes of its own, the libraries alternating per
+        # collective, so that the runs compared are seconds apart (a machine's phase lasts 10-30 s)
+        groups = [[op] for op in args.ops] if args.split_ops else [list(args.ops)]
+        steps = [(rnd, ops, peer) for rnd in range(args.rounds) for gi, ops in enumerate(groups)
+                 # alternate the order, so that no library always runs first (or after the same one)
+                 for peer in (args.peers if (rnd + gi) % 2 == 0 else args.peers[::-1])]
+        for rnd, ops, peer in steps:
+            if peer in notes and peer not in runs:
+                continue  # skipped or failed in an earlier round
+            ok, why = available(peer)
+            if not ok:
+                notes[peer] = f"skipped: {why}"
+                continue
+            probe = _report.handoff()
+            if probe:
+                probes.append(probe)
+            t0 = time.monotonic()
+            result, note = run_peer(peer, argparse.Namespace(**dict(vars(args), ops=ops)), sizes,
+                                    tmpdir)
+            after = _report.handoff() if probe else None
+            if after:
+                probes.append(after)
+            if result:
+                runs.setdefault(peer, []).append(result)
+                phased.append((peer, result, probe, after))
+            if note:
+                notes[peer] = note
+            print(f"# {LABEL[peer]}{' ' + ops[0] if args.split_ops else ''}: "
+                  f"{time.monotonic() - t0:.1f} s"
+                  + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else "")
+                  + (f", between cores before/after it: {probe[0]:.0f}/{after[0]:.0f} ns"
+                     if probe and after else "")
+                  + (" (see note)" if note else ""), flush=True)
         for peer in args.peers:
             if peer not in runs:
                 continue

@@ -344,3 +344,26 @@ def test_phase_results_compare_runs_of_one_phase_only():
     assert [label.split(" phase")[0] for label, _ in out] == ["only the runs in the far"], out
     label, res = out[0]
     assert "Open MPI 1" in label and "pyddp 1" in label and set(res) == {"pyddp", "mpi"}
+
+
+def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
+    """--split-ops: each collective in processes of its own, libraries alternating per collective;
+    every table still has every library's rows, and each run's probes are printed."""
+    try:
+        import pyddp.distributed as dist  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"pyddp is not importable: {e}")
+    ops = "allreduce,broadcast"
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--split-ops", "--ops", ops, "--peers", "pyddp,pyddp-tcp",
+         "--max-bytes", "1024", "--timeout", "120", "--no-plot"],
+        cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=150,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    runs = [line for line in proc.stdout.splitlines() if re.match(r"# pyddp(-tcp)? (allreduce|broadcast): ", line)]
+    assert len(runs) == 4, out  # two libraries x two collectives, one round
+    for op in ops.split(","):
+        m = re.search(rf"^# {op} .*?(?=^# (?:allreduce|broadcast) |^# target|^# note|\Z)", proc.stdout, re.M | re.S)
+        assert m and "pyddp-tcp" in m.group(0), out
+        assert "WRONG RESULT" not in m.group(0), out
