@@ -72,19 +72,13 @@ def _rules():
 
 
 def handoff(seconds=0.2):
-    """How fast data crosses between two cores right now: (one-way handoff of a cache line in ns,
-    GB/s of 1 MiB handed over through shared memory), from pyddp._C.probe_handoff; None on one core
-    or without pyddp's extension.  On some virtual machines it changes while a benchmark runs (the
-    host moves the virtual CPUs between cores that share a cache and cores that do not), and every
-    collective between ranks changes with it, so tables print it."""
-    if (os.cpu_count() or 1) < 2:
-        return None
+    """pyddp.tools.tune.handoff (how fast data crosses between two cores right now), or None
+    without pyddp."""
     try:
-        from pyddp import _C
-
-        return _C.probe_handoff(seconds)
-    except (ImportError, AttributeError, RuntimeError):
+        from pyddp.tools.tune import handoff as probe
+    except ImportError:
         return None
+    return probe(seconds)
 
 
 def fmt_handoff(probes):

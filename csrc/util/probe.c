@@ -95,7 +95,7 @@ side(probe *p, int me)
             }
             /* take what the other side wrote, leave data of its own */
             memcpy(p->priv[me], p->shared, PROBE_BYTES);
-            memcpy(p->shared, p->priv[me] + 64, PROBE_BYTES - 64);
+            memcpy(p->shared, p->priv[me], PROBE_BYTES);
             atomic_store_explicit(&p->turn, 2 * c + (unsigned long)me + 1,
                                   memory_order_release);
         }

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["main", "crossover"]
+__all__ = ["main", "crossover", "handoff"]
 
 # what each rule's candidates are called in the output
 _SHM_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
@@ -250,20 +250,24 @@ def _launch(n, path, args, tmp):
         return json.load(f)
 
 
-def _handoff():
-    """(ns, GB/s) of data crossing between two cores now (pyddp._C.probe_handoff), or None."""
+def handoff(seconds=0.2):
+    """How fast data crosses between two cores right now: (one-way handoff of a cache line in ns,
+    GB/s of 1 MiB handed over through shared memory), from ``pyddp._C.probe_handoff``; None on one
+    core.  On some virtual machines it changes while a job runs (the host moves the virtual CPUs
+    between cores that share a cache and cores that do not), and every collective between ranks
+    changes with it: the tuner and the benchmarks print it beside what they measure."""
     if (os.cpu_count() or 1) < 2:
         return None
-    try:
-        from pyddp import _C
+    from pyddp import _C
 
-        return _C.probe_handoff(0.2)
-    except (ImportError, AttributeError, RuntimeError):
+    try:
+        return _C.probe_handoff(seconds)
+    except RuntimeError:  # no complete round: no second thread, or out of memory
         return None
 
 
 def _now_handoff():
-    p = _handoff()
+    p = handoff()
     return f"{p[0]:.0f} ns" if p else "not measured"
 
 
@@ -412,12 +416,12 @@ def main(argv=None):
             results = []
             for path in ("shm",) if args.no_tcp else ("shm", "tcp"):
                 t0 = time.monotonic()
-                probe = _handoff()
+                probe = handoff()
                 print(f"measuring {n} ranks over {path} ..." +
                       (f" (between cores: {probe[0]:.0f} ns, {probe[1]:.1f} GB/s)" if probe else ""),
                       flush=True)
                 res = _launch(n, path, args, tmp)
-                after = _handoff()
+                after = handoff()
                 if probe and after:
                     probes.append({"ranks": n, "path": path, "before": probe, "after": after})
                 _print_rows(n, res, sys.stdout)
