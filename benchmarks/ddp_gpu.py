@@ -31,6 +31,9 @@ def _parse():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models", default="cnn,transformer")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="after the table, profile STEPS steps of each configuration with cProfile and print "
+                         "the functions that take the most host time (where a gap between the two comes from)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the same steps on the CPU (gloo, CPU autocast): checks the script, times nothing "
                          "worth reading")
@@ -98,6 +101,29 @@ def _models(torch, which, dev="cuda"):
             return x, torch.randint(0, 1000, (16 * 128,), device=dev, generator=g)
         out["transformer (2 layers, d 256, seq 128, batch 16)"] = (tiny, tiny_batch, nn.CrossEntropyLoss())
     return out
+
+
+def _profile(keys, steps, n, sync, top=25):
+    """cProfile over n steps of each configuration: the functions with the most own host time."""
+    import cProfile
+    import io
+    import pstats
+
+    for k in keys:
+        for name, fn in steps:
+            prof = cProfile.Profile()
+            sync()
+            prof.enable()
+            for _ in range(n):
+                fn(k)
+            sync()
+            prof.disable()
+            buf = io.StringIO()
+            st = pstats.Stats(prof, stream=buf)
+            print(f"# profile: {name}, {k}, {n} steps, {st.total_tt / n * 1e3:.3f} ms of host time per step "
+                  f"(under the profiler)")
+            st.sort_stats("tottime").print_stats(top)
+            print("\n".join("#   " + line for line in buf.getvalue().splitlines() if line.strip()))
 
 
 def main():
@@ -188,6 +214,8 @@ def main():
         rows.append([k, f"{q * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / q:.3f}"])
         out[k] = {"torch_ms": q * 1e3, "pyddp_ms": p * 1e3, "ratio": p / q,
                   "torch_all_ms": [v * 1e3 for v in t["torch"]], "pyddp_all_ms": [v * 1e3 for v in t["pyddp"]]}
+    if args.profile:
+        _profile(keys, (("pyddp", pyddp_step), ("torch", torch_step)), args.profile, sync)
     print(_report.block(
         "One training step on one GPU: pyddp DDP + amp O1 vs torch DDP (nccl) + torch.amp (median of "
         f"{args.rounds} rounds x {args.steps} steps)",

@@ -75,21 +75,31 @@ def _torch_future_child(rank, ws):
     n = 1 << 22
     x = torch.arange(n, dtype=torch.float64, device="cuda")  # float64: the sums below are exact
     out = torch.zeros(n, dtype=torch.float64, device="cuda")
-    dist.all_gather_into_tensor(out, x)  # the communicator, warm
+    behind = torch.cuda.Event()
+
+    def step(cycles):
+        torch.cuda._sleep(cycles)  # on the current stream: the collective waits for it
+        x.add_(1)
+        behind.record()  # ends with the write the collective must see
+        t0 = time.monotonic()
+        work = dist.all_gather_into_tensor(out, x, async_op=True)
+        fut = work.get_future()
+        done, pending = fut.done(), not work.is_completed()
+        still_busy = not behind.query()  # asked after the work: its pending is meaningful only if so
+        chained = fut.then(lambda f: f.value()[0].sum())  # runs now, on a stream ordered after the collective
+        launch = time.monotonic() - t0
+        total = chained.wait().item()  # the current stream waits for the callback's stream
+        return {"done": done, "pending": pending, "still_busy": still_busy, "launch_s": launch, "total": total}
+
+    # Every kernel of the sequence once before the timed run: CUDA loads a module at its first launch
+    # (lazy loading), and that load can wait for the kernels in flight, so a first add_() after the
+    # sleep would block the host until the sleep had ended (seen on an H100, CUDA 13).
+    x.sub_(1)
+    step(1000)
     torch.cuda.synchronize()
     out.zero_()
-    torch.cuda._sleep(400_000_000)  # ~0.2 s on the current stream: the collective waits for it
-    x.add_(1)
-    t0 = time.monotonic()
-    work = dist.all_gather_into_tensor(out, x, async_op=True)
-    fut = work.get_future()
-    done, pending = fut.done(), not work.is_completed()
-    chained = fut.then(lambda f: f.value()[0].sum())  # runs now, on a stream ordered after the collective
-    launch = time.monotonic() - t0
-    total = chained.wait().item()  # the current stream waits for the callback's stream
-    want = float(n) * (n + 1) / 2
-    res = {"done": done, "pending": pending, "launch_s": launch, "total": total, "want": want,
-           "out": out[:3].tolist()}
+    res = step(400_000_000)  # ~0.2 s at 2 GHz
+    res.update(want=float(n) * (n + 1) / 2, out=out[:3].tolist())
     dist.destroy_process_group()
     return res
 
@@ -97,6 +107,7 @@ def _torch_future_child(rank, ws):
 def test_torch_cuda_futures_complete_at_launch_and_order_the_consumer():
     need("torch", "nccl")
     (res,) = run(_torch_future_child, 1, init=False, timeout=240, start_method="spawn")
+    assert res["still_busy"], f"the host waited for the 0.2 s kernel before the collective ran: {res}"
     assert res["done"] and res["launch_s"] < 0.1, res
     assert res["pending"], res  # the collective still waited for the 0.2 s kernel
     assert res["total"] == res["want"] and res["out"] == [1.0, 2.0, 3.0], res

@@ -152,6 +152,11 @@ class PyddpAdapter:
         np.copyto(dst, src, casting="unsafe")
 
     @staticmethod
+    def copy_many(dsts, srcs):
+        for d, s in zip(dsts, srcs):
+            np.copyto(d, s, casting="unsafe")
+
+    @staticmethod
     def scale_(dst, src, factor):
         """dst = src * factor (dst may be src)."""
         np.multiply(src, factor, out=dst, casting="unsafe")
@@ -315,6 +320,18 @@ class TorchAdapter:
     @staticmethod
     def copy_(dst, src):
         dst.copy_(src)
+
+    @staticmethod
+    def copy_many(dsts, srcs):
+        """dst.copy_(src) for each pair, as one torch call (one kernel launch per bucket on a GPU)."""
+        import torch
+
+        if len(dsts) > 1 and hasattr(torch, "_foreach_copy_"):
+            with torch.no_grad():
+                torch._foreach_copy_(dsts, srcs)
+        else:
+            for d, s in zip(dsts, srcs):
+                d.copy_(s)
 
     @staticmethod
     def scale_(dst, src, factor):

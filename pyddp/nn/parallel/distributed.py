@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 import sys
 import warnings
 import weakref
@@ -73,7 +72,7 @@ _UNFINISHED_MSG = (
 
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
-                 "offsets", "t_launch")
+                 "offsets", "t_launch", "fresh")
 
     def __init__(self, index, params, dtype, buffer, views, offsets, shared):
         self.index = index
@@ -87,6 +86,7 @@ class _Bucket:
         self.shared = shared
         self.offsets = offsets      # per parameter: its first element in buffer
         self.t_launch = 0.0         # timeline: when its allreduce started (wall clock)
+        self.fresh = []             # (parameter index, gradient) still to copy into the bucket
 
 
 class _JoinState:
@@ -565,6 +565,7 @@ class _DDPCore:
         self._used_local[:] = 0
         for b in self._buckets:
             b.pending = len(b.params)
+            b.fresh = []
             b.work = None
             b.future = None
 
@@ -646,18 +647,33 @@ class _DDPCore:
                 if w is None or w() is not t:
                     self._wrefs[i] = weakref.ref(t)
                 del t
-            else:
+            elif scale:
                 g = ad.grad_array(self._params[i])
                 self._reclaim(i)
-                if scale:
-                    ad.scale_(view, g, 1.0 / self._div)
-                else:
-                    ad.copy_(view, g)
+                ad.scale_(view, g, 1.0 / self._div)
                 del g
                 self._install(i)
+            else:
+                # copied in with the rest of the bucket's fresh gradients, in one call, once the
+                # bucket is complete (one kernel launch per bucket on a GPU, not one per gradient)
+                b.fresh.append((i, ad.grad_array(self._params[i])))
         b.pending -= 1
         if b.pending == 0:
+            if b.fresh:
+                self._copy_fresh(b)
             self._launch_ready_buckets()
+
+    def _copy_fresh(self, b):
+        """Copy bucket b's fresh gradients into their slots, then make them the slots' views."""
+        idx = [i for i, _ in b.fresh]
+        grads = [g for _, g in b.fresh]
+        b.fresh = []
+        for i in idx:
+            self._reclaim(i)
+        self._ad.copy_many([self._views[i] for i in idx], grads)
+        del grads
+        for i in idx:
+            self._install(i)
 
     def _launch_ready_buckets(self):
         bs = self._buckets
