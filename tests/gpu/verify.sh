@@ -54,8 +54,11 @@ TAIL=60 step abi "$PY" tests/gpu/abi_facts.py
 # 3. the tests
 XDIST=()
 if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "${VERIFY_WORKERS:-8}"); fi
-TAIL=40 step gpu_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -rs -q "${XDIST[@]}" -p no:cacheprovider \
-    --timeout 240 --junitxml "$LOG/gpu_tests.xml" tests/gpu
+# -v: every test is logged as it ends (with its worker), so a run the step timeout stops still says which
+# tests had not ended; a test's own limit stays under the step's, so a stuck one fails with its stack
+TEST_TIMEOUT=$(( STEP_TIMEOUT * 3 / 4 < 240 ? STEP_TIMEOUT * 3 / 4 : 240 ))
+TAIL=40 step gpu_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -rs -v --durations 15 "${XDIST[@]}" \
+    -p no:cacheprovider --timeout "$TEST_TIMEOUT" --junitxml "$LOG/gpu_tests.xml" tests/gpu
 TAIL=10 step stand_in_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -q "${XDIST[@]}" -p no:cacheprovider \
     --timeout 240 tests/test_nccl_backend.py tests/test_fakecuda.py
 
