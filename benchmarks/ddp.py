@@ -45,6 +45,10 @@ def _parse():
     ap.add_argument("--rounds", type=int, default=7, help="rounds (each runs every configuration)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--interleave", choices=("block", "step"), default="block",
+                    help="block: each configuration runs --steps steps in a row, round by round; step: "
+                         "the configurations take turns step by step (a change of the machine's speed "
+                         "within a round then hits all of them alike)")
     ap.add_argument("--no-torch", action="store_true", help="pyddp.nn rows only")
     ap.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--torch-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -75,6 +79,22 @@ def _torch_setup(h, wrap, set_to_none=True):
         lossf(model(x), y).backward()
         opt.step()
     return step, sum(p.numel() for p in m.parameters())
+
+
+def _copied_in(wrap):
+    """pyddp's DDP with every gradient copied into a shared bucket (PYDDP_DDP_IN_PLACE=0 while it
+    is built: what it did before large gradients were reduced where autograd puts them)."""
+    def make(m):
+        old = os.environ.get("PYDDP_DDP_IN_PLACE")
+        os.environ["PYDDP_DDP_IN_PLACE"] = "0"
+        try:
+            return wrap(m)
+        finally:
+            if old is None:
+                del os.environ["PYDDP_DDP_IN_PLACE"]
+            else:
+                os.environ["PYDDP_DDP_IN_PLACE"] = old
+    return make
 
 
 def _noop_hook(state, bucket):
@@ -192,6 +212,7 @@ def _worker(args):
             configs["torch DDP (gloo)"] = _torch_setup(h, TDDP)
             configs["torch DDP (gloo), no-op comm hook"] = _torch_setup(h, _torch_noop)
             configs["pyddp DDP, torch model"] = _torch_setup(h, PDDP)
+            configs["pyddp DDP, torch model, gradients copied into buckets"] = _torch_setup(h, _copied_in(PDDP))
             configs["pyddp DDP, torch model, zero_grad(set_to_none=False)"] = _torch_setup(
                 h, PDDP, set_to_none=False)
         configs["pyddp.nn plain"] = _pyddp_setup(h, None)
@@ -202,6 +223,14 @@ def _worker(args):
             for _ in range(3):
                 step()
         for _ in range(args.rounds):
+            if args.interleave == "step":
+                for _ in range(args.steps):
+                    for name, (step, _) in configs.items():
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        step()
+                        times[name].append(time.perf_counter() - t0)
+                continue
             for name, (step, _) in configs.items():
                 dist.barrier()
                 for _ in range(args.steps):
@@ -242,7 +271,8 @@ def main():
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "pyddp.run", "--standalone", "--nproc-per-node", str(args.nproc),
                os.path.abspath(__file__), "--worker", out, "--torch-port", str(_free_port()),
-               "--sizes", args.sizes, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+               "--sizes", args.sizes, "--rounds", str(args.rounds), "--steps", str(args.steps),
+               "--interleave", args.interleave]
         if args.no_torch:
             cmd.append("--no-torch")
         subprocess.run(cmd, env=env, check=True, timeout=3600)
@@ -274,6 +304,7 @@ def main():
         t = r["times"]
         for name, plain, floor in (
                 ("pyddp DDP, torch model", "torch plain", FLOOR_TORCH),
+                ("pyddp DDP, torch model, gradients copied into buckets", "torch plain", FLOOR_TORCH),
                 ("pyddp DDP, torch model, zero_grad(set_to_none=False)",
                  "torch plain, zero_grad(set_to_none=False)", FLOOR_TORCH),
                 ("pyddp DDP, pyddp.nn model", "pyddp.nn plain", FLOOR_ALLREDUCE)):

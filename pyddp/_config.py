@@ -123,6 +123,7 @@ _V = [
     Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M)", _bytes(0)),
     Var("PYDDP_PROGRESS_SPIN", "0 (sleep) or 1 (spin)", _bit),
     Var("PYDDP_DDP_OVERLAP", "0 or 1 (also false/true, no/yes, off/on)", _bool),
+    Var("PYDDP_DDP_IN_PLACE", "a byte count of at least 0 (e.g. 1M; 0 turns it off)", _bytes(0), 1 << 20),
     Var("PYDDP_TUNING_FILE", "the path of a rules file (python -m pyddp.tools.tune writes one)",
         _text),
     Var("PYDDP_TUNING", "0 (the built-in constants) or 1 (the rules file, the default)", _bit, True),

@@ -18,6 +18,11 @@ from pyddp.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from _mp import free_port, run, run_outcomes  # noqa: E402
 
 B = 4  # samples per rank per step
+# PYDDP_DDP_IN_PLACE: the default (1 MiB) reduces none of these small models' gradients in place;
+# 256 bytes reduces every weight in place (a bucket of its own, autograd's gradient itself) and
+# keeps the biases in shared buckets, so one model runs both paths at once.
+IN_PLACE = pytest.mark.parametrize("in_place", [None, {"PYDDP_DDP_IN_PLACE": "256"}],
+                                   ids=["buckets", "in_place"])
 
 
 def _model(seed=0, bn=False, extra=False):
@@ -91,17 +96,80 @@ def _train(rank, ws, steps, ddp_kwargs, zero_grad_none=True, seed_per_rank=True)
     return _params(m)
 
 
+@IN_PLACE
 @pytest.mark.parametrize("ws", [2, 3])
 @pytest.mark.parametrize("kw", [
     {},
     {"bucket_cap_mb": 0.0005},                                   # one bucket per parameter or so
     {"gradient_as_bucket_view": True, "bucket_cap_mb": 0.001},
 ])
-def test_ddp_steps_equal_single_process_training_on_the_full_batch(ws, kw):
+def test_ddp_steps_equal_single_process_training_on_the_full_batch(ws, kw, in_place):
     steps = 4
     want = _reference(ws, steps)
-    for got in run(_train, ws, steps, kw):
+    for got in run(_train, ws, steps, kw, env=in_place):
         _close(got, want)
+
+
+def _in_place_grads(rank, ws, keep):
+    """Which buckets are single gradients reduced in place, and whether each .grad after a step is
+    the tensor autograd made (not a view of a bucket) holding the average."""
+    m = _model()
+    ddp = DDP(m)
+    made = {}
+    for i, p in enumerate(m.parameters()):  # registered after DDP's hook: sees what DDP left
+        p.register_post_accumulate_grad_hook(lambda p, i=i: made.__setitem__(i, p.grad.data_ptr()))
+    X, Y = _data(ws, 2)
+    out = []
+    for s in range(2):
+        if not keep:
+            ddp.zero_grad(set_to_none=True)
+        else:
+            ddp.zero_grad(set_to_none=False)
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        out.append([p.grad.data_ptr() == made[i] for i, p in enumerate(m.parameters())])
+    solo = sorted(i for b in ddp._buckets if b.solo for i in b.params)
+    shared = [int(b.buffer.data_ptr()) for b in ddp._buckets if not b.solo]
+    return solo, out, [p.grad.numpy().copy() for p in m.parameters()], len(shared)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["set_to_none", "zero_to_zero"])
+def test_large_gradients_are_reduced_where_autograd_put_them(keep):
+    ws = 2
+    m = _model()
+    X, Y = _data(ws, 2)
+    for s in range(2):
+        if not keep:
+            m.zero_grad(set_to_none=True)
+        else:
+            m.zero_grad(set_to_none=False)
+        torch.nn.functional.mse_loss(m(X[s]), Y[s]).backward()
+    want = [p.grad.numpy() for p in m.parameters()]
+    for solo, same, grads, nshared in run(_in_place_grads, ws, keep, env={"PYDDP_DDP_IN_PLACE": "256"}):
+        assert solo == [0, 2, 4], solo  # the three weights (768, 2048, 384 bytes); the biases share
+        assert nshared >= 1
+        # a weight's .grad stays the tensor autograd accumulated into (no copy into a bucket)
+        assert all(same[-1][i] for i in solo), same
+        _close(grads, want)
+
+
+def _rank_in_place(rank, ws):
+    import os
+
+    os.environ["PYDDP_DDP_IN_PLACE"] = "256" if rank == 0 else "0"
+    m = _model()
+    ddp = DDP(m)
+    X, Y = _data(ws, 1)
+    x, y = X[0, rank * B:(rank + 1) * B], Y[0, rank * B:(rank + 1) * B]
+    torch.nn.functional.mse_loss(ddp(x), y).backward()
+    return "finished"
+
+
+def test_ranks_with_different_in_place_thresholds_fail_clearly():
+    outs = run_outcomes(_rank_in_place, 2, timeout=60)
+    for o in outs:
+        assert not o.ok, o.describe()
+        assert "mismatch" in o.describe().lower() or "differ" in o.describe().lower(), o.describe()
 
 
 def test_ddp_over_tcp_equals_shared_memory():
@@ -111,10 +179,11 @@ def test_ddp_over_tcp_equals_shared_memory():
         _close(got, want)
 
 
-def test_gradient_as_bucket_view_with_zero_grad_to_zero_keeps_grads_as_views():
+@IN_PLACE
+def test_gradient_as_bucket_view_with_zero_grad_to_zero_keeps_grads_as_views(in_place):
     steps = 4
     want = _reference(2, steps)
-    for got in run(_train, 2, steps, {"gradient_as_bucket_view": True}, False):
+    for got in run(_train, 2, steps, {"gradient_as_bucket_view": True}, False, env=in_place):
         _close(got, want)
 
 
@@ -145,13 +214,14 @@ def _no_sync(rank, ws, micro):
     return [p.grad.numpy().copy() for p in m.parameters()]
 
 
-def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum():
+@IN_PLACE
+def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum(in_place):
     ws, micro = 2, 3
     m = _model()
     X, Y = _data(ws * micro, 1)
     torch.nn.functional.mse_loss(m(X[0]), Y[0], reduction="sum").backward()
     want = [p.grad.numpy() / ws for p in m.parameters()]
-    for got in run(_no_sync, ws, micro):
+    for got in run(_no_sync, ws, micro, env=in_place):
         _close(got, want)
 
 
@@ -221,8 +291,9 @@ def _uneven(rank, ws, counts, divide):
     return _params(m)
 
 
+@IN_PLACE
 @pytest.mark.parametrize("divide", [True, False])
-def test_join_with_uneven_inputs_finishes_and_matches_torch_semantics(divide):
+def test_join_with_uneven_inputs_finishes_and_matches_torch_semantics(divide, in_place):
     ws, counts = 2, (2, 4)
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -241,7 +312,7 @@ def test_join_with_uneven_inputs_finishes_and_matches_torch_semantics(divide):
             p.grad = g / div
         opt.step()
     want = _params(m)
-    for got in run(_uneven, ws, counts, divide):
+    for got in run(_uneven, ws, counts, divide, env=in_place):
         _close(got, want)
 
 
@@ -292,9 +363,10 @@ def _hooked(rank, ws, which):
     return [p.grad.numpy().copy() for p in m.parameters()], twice, calls if which == "custom" else None
 
 
+@IN_PLACE
 @pytest.mark.parametrize("which,rtol", [("allreduce", 1e-6), ("fp16", 2e-3), ("bf16", 1.6e-2),
                                         ("custom", 1e-6)])
-def test_comm_hooks(which, rtol):
+def test_comm_hooks(which, rtol, in_place):
     ws = 2
     m = _model().float()
     X, Y = _data(ws, 1)
@@ -302,13 +374,15 @@ def test_comm_hooks(which, rtol):
     want = [p.grad.numpy() for p in m.parameters()]
     if which == "custom":
         want = [2 * w for w in want]
-    for grads, twice, calls in run(_hooked, ws, which):
+    for grads, twice, calls in run(_hooked, ws, which, env=in_place):
         for g, w in zip(grads, want):
             np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * np.abs(w).max())
         assert twice and "can only be called once" in twice
         if calls is not None:
             assert [c[0] for c in calls] == list(range(len(calls))) and calls[-1][1]
             assert sum(c[2] for c in calls) == 6
+            if in_place:  # two float32 weights (384 and 1024 bytes) are buckets of their own
+                assert [c[2] for c in calls].count(1) >= 2, calls
 
 
 def _mismatch(rank, ws):

@@ -58,22 +58,33 @@ pd_cma_end(pd_coll *c)
 }
 
 /* Bytes of one chunk of a reduction: each peer's piece and the result stay
- * in this core's cache between the read, the reduction and the writes. */
-#define CMA_CHUNK ((size_t)128 << 10)
+ * in this core's caches between the read, the reduction and the writes.
+ * Fewer, larger chunks pay the system calls and page pinning of
+ * cross-memory attach less often: 1 MiB of pieces in all, but at least
+ * 128 KiB each (2 ranks: 512 KiB chunks, measured 10-15% faster than 128 KiB
+ * from 16 MiB on a 2-core EPYC with 512 KiB of L2 per core; more ranks keep
+ * their pieces in cache). */
+static size_t
+cma_chunk(int n)
+{
+    size_t c = ((size_t)1 << 20) / (size_t)(n > 0 ? n : 1);
+    return c < ((size_t)128 << 10) ? (size_t)128 << 10 : c & ~(size_t)4095;
+}
 
 pd_status
 pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
 {
     int n = c->size, r = c->rank;
     size_t esz = pd_dtype_size((pd_dtype)c->id.dtype);
-    size_t per = CMA_CHUNK / esz;
+    const size_t chunk = cma_chunk(n);
+    size_t per = chunk / esz;
     char *stack[PD_SHM_STACK_RANKS];
     char **src = pd_shm_ptrs(c, stack);
     if (src == NULL) {
         return PD_ENOMEM;
     }
     pd_status st = PD_OK;
-    char *scratch = pd_shm_scratch(c->shm, CMA_CHUNK * (size_t)n);
+    char *scratch = pd_shm_scratch(c->shm, chunk * (size_t)n);
     if (scratch == NULL) {
         st = PD_ENOMEM;
         goto out;
@@ -97,7 +108,7 @@ pd_cma_reduce(pd_coll *c, const pd_cma_red *x, size_t count)
         }
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;
-            src[i] = scratch + (size_t)i * CMA_CHUNK;
+            src[i] = scratch + (size_t)i * chunk;
             PD_CHECK_GOTO(pd_cma_read(c->shm, p, src[i], x->from[p] + off,
                                       bytes, c->op->name),
                           st, out);

@@ -41,7 +41,7 @@ import weakref
 
 import numpy as np
 
-from ... import _C
+from ... import _C, _config
 from ...cuda import _emulation as _cuda_emulation
 from ... import distributed as dist
 from ...distributed import _observe
@@ -72,7 +72,7 @@ _UNFINISHED_MSG = (
 
 class _Bucket:
     __slots__ = ("index", "params", "dtype", "buffer", "views", "pending", "work", "future", "shared",
-                 "offsets", "t_launch", "fresh")
+                 "offsets", "t_launch", "fresh", "solo")
 
     def __init__(self, index, params, dtype, buffer, views, offsets, shared):
         self.index = index
@@ -87,6 +87,7 @@ class _Bucket:
         self.offsets = offsets      # per parameter: its first element in buffer
         self.t_launch = 0.0         # timeline: when its allreduce started (wall clock)
         self.fresh = []             # (parameter index, gradient) still to copy into the bucket
+        self.solo = False           # one gradient reduced where autograd put it (no buffer of its own)
 
 
 class _JoinState:
@@ -243,6 +244,13 @@ class _DDPCore:
         self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
         self._shared_ok = pg._transport == "shm" and all(ad.on_host(a) for a in self._arrays)
+        # Large gradients of a torch model on the CPU are reduced where autograd put them (single
+        # copies read a peer's private memory by address), not copied into a shared bucket first:
+        # that copy is a pass over the gradient every step once zero_grad() hands autograd None.
+        # Every rank decides alike (same model, same group, the same PYDDP_DDP_IN_PLACE).
+        solo = _config.get("PYDDP_DDP_IN_PLACE")
+        self._solo_min = solo if (solo and ad.name == "torch" and self._shared_ok
+                                  and not self.find_unused_parameters and not self.static_graph) else 0
         # a model on a GPU always launches its buckets asynchronously: on nccl the allreduce is
         # ordered on the streams and needs no spare host core
         self._overlap = self._ctl_device is not None or _overlap_default(pg)
@@ -432,7 +440,15 @@ class _DDPCore:
         bucket_of = [None] * len(self._params)
         views = [None] * len(self._params)
         ad = self._ad
-        for bi, idxs in enumerate(assignment):
+        for idxs in self._split_solo(assignment):
+            bi = len(buckets)
+            if idxs[0] < 0:  # a gradient reduced in place: no buffer, no view
+                i = -1 - idxs[0]
+                b = _Bucket(bi, [i], self._arrays[i].dtype, None, [None], [0], False)
+                b.solo = True
+                buckets.append(b)
+                bucket_of[i] = bi
+                continue
             dt = self._arrays[idxs[0]].dtype
             total = sum(ad.numel(self._arrays[i]) for i in idxs)
             buf, shared = self._alloc(total, dt, self._arrays[idxs[0]])
@@ -455,17 +471,37 @@ class _DDPCore:
         self._buckets = buckets
         self._bucket_of = bucket_of
         self._views = views
-        self._vptr = [ad.ptr(v) if ad.numel(v) else -1 for v in views]
+        self._vptr = [ad.ptr(v) if v is not None and ad.numel(v) else -1 for v in views]
         # per parameter, the array handed out as its .grad's memory (a view of its slot; only that
         # object, so sys.getrefcount tells whether anything still refers to it) and a weak
         # reference to the tensor wrapping it
-        self._marks = [ad.alias(v) for v in views]
+        self._marks = [ad.alias(v) if v is not None else None for v in views]
         self._wrefs = [None] * len(views)
         self._saved = {}
         for i in moving:
+            if views[i] is None:  # now reduced in place: the gradient gets memory of its own
+                ad.set_grad(self._params[i], ad.clone(ad.grad_array(self._params[i])))
+                continue
             ad.copy_(views[i], ad.grad_array(self._params[i]))
             self._install(i)
         del old
+
+    def _split_solo(self, assignment):
+        """The buckets of ``assignment`` with every gradient of at least PYDDP_DDP_IN_PLACE bytes
+        taken out into a bucket of its own, written [-1 - index], placed before the rest of the
+        bucket it came from (the same order on every rank)."""
+        lim = self._solo_min
+        out = []
+        for idxs in assignment:
+            idxs = list(idxs)
+            if lim:
+                solo = [i for i in idxs if self._arrays[i].nbytes >= lim
+                        and self._ad.host_dtype(self._arrays[i].dtype) is not None]
+                out.extend([-1 - i] for i in solo)
+                idxs = [i for i in idxs if i not in solo]
+            if idxs:
+                out.append(idxs)
+        return out
 
     # ----------------------------------------------------------------------------- forward
 
@@ -534,7 +570,7 @@ class _DDPCore:
         """Before slot i is written while parameter i's .grad is not its view: a .grad handed out
         earlier and still held (kept by the caller across zero_grad(set_to_none=True)) gets memory
         of its own, so the holder never sees it change."""
-        if not self._held(i):
+        if self._marks[i] is None or not self._held(i):  # (reduced in place: nothing handed out)
             return
         ad = self._ad
         ad.offer_grad_dest(self._params[i], None)  # DDP's own offer is no holder
@@ -566,6 +602,9 @@ class _DDPCore:
         for b in self._buckets:
             b.pending = len(b.params)
             b.fresh = []
+            if b.solo:  # the last step's gradient: not kept past its iteration
+                b.buffer = None
+                b.views = [None]
             b.work = None
             b.future = None
 
@@ -613,6 +652,9 @@ class _DDPCore:
         view = self._views[i]
         b = self._buckets[self._bucket_of[i]]
         ad = self._ad
+        if b.solo:
+            self._solo_ready(b, i)
+            return
         gp = ad.grad_ptr(self._params[i])
         ours = gp == self._vptr[i]
         # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in the
@@ -662,6 +704,21 @@ class _DDPCore:
             if b.fresh:
                 self._copy_fresh(b)
             self._launch_ready_buckets()
+
+    def _solo_ready(self, b, i):
+        """Parameter i's gradient, in a bucket of its own, is final: it is the bucket (in place)."""
+        p = self._params[i]
+        g = p.grad  # (only used gradients get here: no unused-parameter detection with in-place)
+        if not g.is_contiguous() or g.requires_grad:
+            g = g.detach().contiguous()
+            p.grad = g
+        if self._comm_hook is None and not self._avg:
+            g.mul_(1.0 / self._div)
+        self._used_local[i] = 1
+        b.buffer = g.detach().view(-1)
+        b.views = [g.detach()]
+        b.pending -= 1
+        self._launch_ready_buckets()
 
     def _copy_fresh(self, b):
         """Copy bucket b's fresh gradients into their slots, then make them the slots' views."""
@@ -719,6 +776,12 @@ class _DDPCore:
         for b in self._buckets:
             self._wait_bucket(b)
             self._tl_bucket_done(b)
+            if b.solo and self._comm_hook is None:
+                # let the gradient go with its .grad (a hook's callbacks may still read the bucket:
+                # then at the next iteration): zero_grad(set_to_none=True) frees it before forward,
+                # so the allocator reuses its memory, as without DDP
+                b.buffer = None
+                b.views = [None]
         used = None
         if self.find_unused_parameters or self.static_graph:
             used = self._ctl_all_reduce(self._used_local.copy(), dist.ReduceOp.MAX)
@@ -868,6 +931,10 @@ class _DDPCore:
         # gradients stay as they are, as in torch: those that are bucket views move out first)
         self._grads_out_of_buckets()
         for b in self._buckets:
+            if b.solo:  # the others reduce their gradient in place: this rank adds zeros
+                i = b.params[0]
+                b.buffer = self._ad.zeros(self._ad.numel(self._arrays[i]), b.dtype, like=self._arrays[i])
+                b.views = [b.buffer.view(self._arrays[i].shape)]
             self._ad.zero_(b.buffer)
             if self._comm_hook is not None:
                 b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
