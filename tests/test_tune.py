@@ -256,3 +256,35 @@ def test_a_tie_on_shared_memory_goes_to_single_copies():
     assert crossover(rows) == 4
     assert crossover(rows, SHM_TIE) == 2
     assert crossover([(1, 1.0, 1.0 + SHM_TIE + 0.01)], SHM_TIE) is None
+
+
+def test_rounds_are_weighed_by_the_phase_they_ran_in():
+    """Each round carries rank 0's probe before it; a candidate's time is its expected time over the
+    fast and slow phases, weighted by how many of the measurement's rounds were slow."""
+    from pyddp.tools.tune import weigh_phases
+
+    # banks: 10 us fast, 50 us slow; single copies 13 us in either; half the rounds slow
+    fast, slow = 50.0, 300.0
+    rounds = [(fast, 10.0, 13.0), (slow, 50.0, 13.0), (fast, 10.0, 13.0), (slow, 50.0, 13.0)]
+    res = {"kinds": {"reduce": [(4096, 10.0, 13.0)]}, "rounds": {"reduce": [(4096, rounds)]}}
+    rows, info = weigh_phases(res)
+    assert info["phases"] == 2 and info["slow_fraction"] == 0.5, info
+    (size, a, b), = rows["reduce"]
+    assert size == 4096 and a == pytest.approx(30.0) and b == pytest.approx(13.0)
+    assert crossover(rows["reduce"]) == 4096  # the medians alone (10 vs 13) would keep the banks
+    assert crossover(res["kinds"]["reduce"]) is None
+
+    # a size seen in the fast phase only gets the kind's slow/fast ratio of each candidate
+    res["kinds"]["reduce"].append((16384, 20.0, 26.0))
+    res["rounds"]["reduce"].append((16384, [(fast, 20.0, 26.0), (fast, 20.0, 26.0)]))
+    rows, _ = weigh_phases(res)
+    p = 2 / 6  # two of the measurement's six rounds were slow
+    assert rows["reduce"][1][1] == pytest.approx((1 - p) * 20.0 + p * 100.0)
+    assert rows["reduce"][1][2] == pytest.approx(26.0)
+
+    # one phase throughout (or no probes): the medians stay
+    calm = {"kinds": {"reduce": [(4096, 10.0, 13.0)]},
+            "rounds": {"reduce": [(4096, [(fast, 10.0, 13.0)] * 2), (8192, [(55.0, 1.0, 1.0)] * 2)]}}
+    rows, info = weigh_phases(calm)
+    assert rows is calm["kinds"] and info["phases"] == 1
+    assert weigh_phases({"kinds": {"reduce": []}})[1] == {"phases": 1}

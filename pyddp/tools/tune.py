@@ -25,7 +25,13 @@ both), a barrier before every timed call; a call's time is the slowest rank's (a
 of the ranks' times) and a candidate's time at a size is the median over calls and rounds.  The
 rule for a kind is the smallest measured size from which the second candidate wins at every larger
 measured size (never, when it loses at the largest); on shared memory a tie within 20% counts as a
-win for single copies, whose speed does not follow the machine's phase (SHM_TIE says why).  Every
+win for single copies, whose speed does not follow the machine's phase (SHM_TIE says why).
+
+Phases: before each round rank 0 measures how fast a cache line crosses between two cores (a 10 ms
+``pyddp._C.probe_handoff`` while the other ranks sleep).  On a machine that switches between a fast
+and a slow phase while it is measured, each candidate's time at a size is the time it is expected
+to take over both, weighted by the share of rounds that ran slow (``weigh_phases``): a candidate 1.5x
+ahead in the fast phase and 4x behind in the slow one loses.  Every
 rank of a group applies rank 0's rules
 (backends.tuning), so the choice is the same everywhere.
 """
@@ -96,6 +102,86 @@ def crossover(rows, tie=0.0):
     return start
 
 
+# ------------------------------------------------------------------------------------- phases
+
+PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
+
+
+def _round_probe(dist, rank, _C):
+    """Rank 0's cache-line handoff (ns) right before a round, measured while the other ranks sleep
+    (a rank spinning in a barrier would take a core from the probe's two threads); None where it
+    cannot be measured."""
+    dist.barrier()
+    ns = None
+    if rank == 0:
+        try:
+            ns = float(_C.probe_handoff(PHASE_PROBE_S)[0]) if (os.cpu_count() or 1) > 1 else None
+        except RuntimeError:
+            ns = None
+    else:
+        time.sleep(PHASE_PROBE_S * 1.5)
+    dist.barrier()
+    return ns
+
+
+def weigh_phases(res, slow_factor=2.0):
+    """The rows of one measurement (``res["kinds"]``: kind -> [(size, a, b)]) recomputed as the
+    time each candidate is expected to take over the machine's phases, from the per-round data
+    (``res["rounds"]``: kind -> [(size, [(probe ns, a, b) per round])]).
+
+    A round is slow when rank 0's probe before it exceeds ``slow_factor`` times the 10th percentile
+    of all the measurement's probes.  A candidate's expected time at a size is (1 - p) x its median
+    over fast rounds + p x its median over slow rounds, p being the fraction of slow rounds in the
+    whole measurement (how much of its time the machine spent in the slow phase).  A size measured
+    in one phase only gets the other phase's time from the kind's median slow/fast ratio of that
+    candidate (over the sizes seen in both).  Returns (rows by kind, info); rows are
+    ``res["kinds"]`` unchanged when the measurement stayed in one phase."""
+    rounds = res.get("rounds") or {}
+    probes = sorted(r[0] for v in rounds.values() for _, rs in v for r in rs if r[0] is not None)
+    if len(probes) < 4:
+        return res["kinds"], {"phases": 1}
+    ref = probes[len(probes) // 10]
+    limit = ref * slow_factor
+    nslow = sum(1 for x in probes if x > limit)
+    p = nslow / len(probes)
+    info = {"phases": 2 if 0 < nslow < len(probes) else 1, "slow_fraction": round(p, 3),
+            "fast_probe_ns": round(ref, 1), "slow_above_ns": round(limit, 1)}
+    if info["phases"] == 1:
+        return res["kinds"], info
+
+    def med(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+    out = {}
+    for kind, rows in res["kinds"].items():
+        per = dict((size, rs) for size, rs in rounds.get(kind, []))
+        split = {}
+        for size, _, _ in rows:
+            rs = [r for r in per.get(size, []) if r[0] is not None]
+            f = [r for r in rs if r[0] <= limit]
+            sl = [r for r in rs if r[0] > limit]
+            split[size] = [(med([r[1 + c] for r in f]) if f else None,
+                            med([r[1 + c] for r in sl]) if sl else None) for c in (0, 1)]
+        ratio = []
+        for c in (0, 1):
+            rr = [s / f for f, s in (split[z][c] for z in split) if f and s]
+            ratio.append(med(rr) if rr else None)
+        new = []
+        for size, a, b in rows:
+            exp = []
+            for c, plain in ((0, a), (1, b)):
+                f, sl = split[size][c]
+                if f is None and sl is not None and ratio[c]:
+                    f = sl / ratio[c]
+                if sl is None and f is not None and ratio[c]:
+                    sl = f * ratio[c]
+                exp.append((1 - p) * f + p * sl if f is not None and sl is not None else plain)
+            new.append((size, exp[0], exp[1]))
+        out[kind] = new
+    return out, info
+
+
 # ------------------------------------------------------------------------------------- worker
 
 def _sizes(lo, hi, step=4):
@@ -161,8 +247,9 @@ def _worker(args):
         kinds = []  # no second candidate: single copies are not possible here
     times = np.zeros(1, dtype=np.float64)
     budget = args.budget_bytes
+    result["rounds"] = {}
     for kind in kinds:
-        rows = []
+        rows, rounds = [], []
         lo = max(args.min_bytes, 4 * n) if path == "tcp" else args.min_bytes
         for size in _sizes(lo, args.max_bytes):
             count = max(1, size // 4)
@@ -171,7 +258,10 @@ def _worker(args):
             run = _op(dist, kind, rank, n, count, np)
             iters = max(3, min(args.iters, budget // max(1, count * 4 * n)))
             samples = {0: [], 1: []}
+            per_round = []
             for _ in range(args.rounds):
+                probe = _round_probe(dist, rank, _C)
+                mark = {c: len(samples[c]) for c in (0, 1)}
                 for cand in (0, 1):
                     cma, small = list(base_cma), list(base_small)
                     if path == "shm":
@@ -188,9 +278,13 @@ def _worker(args):
                         times[0] = time.perf_counter() - t0
                         dist.all_reduce(times, op=dist.ReduceOp.MAX)
                         samples[cand].append(float(times[0]))
+                per_round.append([probe] + [float(np.median(samples[c][mark[c]:])) * 1e6
+                                            for c in (0, 1)])
             a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
             rows.append((_rule_bytes(kind, path, count, n), a, b))
+            rounds.append([_rule_bytes(kind, path, count, n), per_round])
         result["kinds"][kind] = rows
+        result["rounds"][kind] = rounds
         dist.barrier()
         cpg.set_rules(base_cma, base_small)
     dist.barrier()
@@ -421,6 +515,13 @@ def main(argv=None):
                       (f" (between cores: {probe[0]:.0f} ns, {probe[1]:.1f} GB/s)" if probe else ""),
                       flush=True)
                 res = _launch(n, path, args, tmp)
+                res["median_rows"] = res["kinds"]
+                res["kinds"], res["phases"] = weigh_phases(res)
+                if res["phases"]["phases"] == 2:
+                    print(f"  the machine changed phase during it: {res['phases']['slow_fraction']:.0%} "
+                          f"of the rounds slow (probe over {res['phases']['slow_above_ns']:.0f} ns); "
+                          "each candidate's time below is its expected time over both phases",
+                          flush=True)
                 after = handoff()
                 if probe and after:
                     probes.append({"ranks": n, "path": path, "before": probe, "after": after})
