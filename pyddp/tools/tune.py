@@ -149,9 +149,7 @@ def weigh_phases(res, slow_factor=2.0):
     if info["phases"] == 1:
         return res["kinds"], info
 
-    def med(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+    from statistics import median as med
 
     out = {}
     for kind, rows in res["kinds"].items():
