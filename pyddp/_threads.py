@@ -14,6 +14,15 @@ thread (OMP_NUM_THREADS=1, torchrun's policy).  Here the two other ways:
   ``torch.set_num_threads`` when torch is loaded.  Said once at INFO (PYDDP_DEBUG=INFO).
 
 Nothing is changed when the user set any of the thread variables below.
+
+The same launchers also set ``THP_MEM_ALLOC_ENABLE=1`` for ranks that share a host (unless it is
+set): torch's CPU allocator then backs every tensor of 2 MiB or more with transparent huge pages.
+A gradient autograd allocates is private memory that DDP reduces in place, where the peer ranks
+read it with single copies (process_vm_readv); the kernel pins and copies such memory page by
+page, and with 2 MiB pages a 16 MiB all-reduce of it takes 2.6 ms instead of 3.2-3.6 ms on the
+2-core machine pyddp is developed on (level with NumPy's arrays, which NumPy already puts on huge
+pages).  torch reads the variable once, at its first large allocation, so it must be in the
+environment the rank starts with; a forked rank (notebook_launcher) keeps its parent's choice.
 """
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ import sys
 import warnings
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+HUGE_PAGES_VAR = "THP_MEM_ALLOC_ENABLE"   # torch's: huge pages for tensors of >= 2 MiB
 _CHILD_MARK = "_PYDDP_SPAWN_THREADS"   # set for spawn's children: their pools are limited too
 _limited = False
 
@@ -39,20 +49,28 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def huge_pages(env: dict, local_ranks: int) -> None:
+    """``THP_MEM_ALLOC_ENABLE=1`` in ``env`` (a rank's environment) when ``local_ranks`` ranks
+    share the host and the user did not set it (see the module's docstring)."""
+    if local_ranks > 1 and HUGE_PAGES_VAR not in os.environ:
+        env[HUGE_PAGES_VAR] = "1"
+
+
 @contextlib.contextmanager
 def for_children(nprocs: int):
     """While starting ``nprocs`` rank processes: OMP_NUM_THREADS=1 in the environment they
-    inherit (unless the user set a thread variable, or there is one rank); restored after."""
-    if nprocs <= 1 or user_set():
-        yield False
-        return
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ[_CHILD_MARK] = "1"
+    inherit (unless the user set a thread variable, or there is one rank), and
+    THP_MEM_ALLOC_ENABLE=1 (unless set); restored after."""
+    added = {}
+    huge_pages(added, nprocs)
+    if nprocs > 1 and not user_set():
+        added.update({"OMP_NUM_THREADS": "1", _CHILD_MARK: "1"})
+    os.environ.update(added)
     try:
-        yield True
+        yield "OMP_NUM_THREADS" in added
     finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
-        os.environ.pop(_CHILD_MARK, None)
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def in_child() -> None:

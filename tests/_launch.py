@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SCRUB_PREFIXES = ("PET_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_")
 _SCRUB = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
           "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYDDP_SECRET",
-          "PYDDP_NODE_ID", "OMP_NUM_THREADS", "PYDDP_RUN_GRACE", "PYDDP_TRANSPORT"}
+          "PYDDP_NODE_ID", "OMP_NUM_THREADS", "PYDDP_RUN_GRACE", "PYDDP_TRANSPORT",
+          "THP_MEM_ALLOC_ENABLE"}
 
 
 def launcher_env(**extra):

@@ -23,7 +23,7 @@ def child(rank, port, q, block):
     dist.init_process_group("gloo")
     after = None if block else blas()
     dist.destroy_process_group()
-    q.put((rank, before, after, os.environ.get("OMP_NUM_THREADS")))
+    q.put((rank, before, after, os.environ.get("OMP_NUM_THREADS"), os.environ.get("THP_MEM_ALLOC_ENABLE")))
 
 
 def spawned(rank, port, q):
@@ -48,5 +48,6 @@ if __name__ == "__main__":
         pmp.start_processes(spawned, args=(port, q), nprocs=2, start_method=how)
         res = sorted(q.get(timeout=60) for _ in range(2))
     print("parent", os.environ.get("OMP_NUM_THREADS"))
+    print("parent_thp", os.environ.get("THP_MEM_ALLOC_ENABLE"))
     print("cores", len(os.sched_getaffinity(0)))
     print("result", res, flush=True)

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(120)
 ENV_KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-            "TORCHELASTIC_ERROR_FILE", "PYDDP_SECRET", "OMP_NUM_THREADS", "PYDDP_NODE_ID"]
+            "TORCHELASTIC_ERROR_FILE", "PYDDP_SECRET", "OMP_NUM_THREADS", "PYDDP_NODE_ID",
+            "THP_MEM_ALLOC_ENABLE"]
 
 ENV_SCRIPT = f"""
 import json, os, sys
@@ -57,6 +58,7 @@ def test_every_worker_gets_torchruns_environment(tmp_path):
         assert d["TORCHELASTIC_RUN_ID"] == "none"
         assert d["TORCHELASTIC_ERROR_FILE"].endswith(os.path.join(str(rank), "error.json"))
         assert d["OMP_NUM_THREADS"] == "1"
+        assert d["THP_MEM_ALLOC_ENABLE"] == "1"   # torch's large tensors on huge pages
         # As `python -u env.py OUT --lr 0.1` would see it.
         assert d["argv"] == [script, str(out), "--lr", "0.1"]
         assert (d["name"], d["file"], d["path0"]) == ("__main__", script, str(tmp_path))
@@ -75,11 +77,11 @@ def test_every_worker_gets_torchruns_environment(tmp_path):
     for f in out.iterdir():
         f.unlink()
     rc, _, err = run(["--standalone", "--nproc_per_node", 2, script, out],
-                     env=launcher_env(PYDDP_SECRET="s3cret", OMP_NUM_THREADS=3))
+                     env=launcher_env(PYDDP_SECRET="s3cret", OMP_NUM_THREADS=3, THP_MEM_ALLOC_ENABLE=0))
     assert rc == 0, err
     seen = read_json_files(out, n=2)
     for d in seen.values():
-        assert (d["PYDDP_SECRET"], d["OMP_NUM_THREADS"]) == ("s3cret", "3")
+        assert (d["PYDDP_SECRET"], d["OMP_NUM_THREADS"], d["THP_MEM_ALLOC_ENABLE"]) == ("s3cret", "3", "0")
         assert d["MASTER_ADDR"] == "127.0.0.1" and d["MASTER_PORT"] != "29500"
         assert re.fullmatch(r"[0-9a-f-]{36}", d["TORCHELASTIC_RUN_ID"])
     assert "OMP_NUM_THREADS" not in err

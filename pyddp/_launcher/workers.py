@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Optional, Set
 
-from .. import _lifecycle
+from .. import _lifecycle, _threads
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py")
 
@@ -63,6 +63,7 @@ def worker_env(cfg, local_rank, restart, master_port, secret, error_file, omp_th
     })
     if omp_threads is not None:
         env["OMP_NUM_THREADS"] = str(omp_threads)
+    _threads.huge_pages(env, cfg.nproc_per_node)   # torch's large tensors on huge pages
     if cfg.timeline:
         env["PYDDP_TIMELINE"] = os.path.join(os.path.abspath(cfg.timeline), "")
     return env
