@@ -44,7 +44,8 @@ def test_set_rules_checks_its_arguments_and_rules_reads_back():
         n = _C.NKINDS
         cma, small = cpg.rules
         assert len(cma) == len(small) == n
-        assert cma[_C.K_ALLREDUCE] == 32 << 20 and cma[_C.K_BROADCAST] is None
+        assert cma[_C.K_ALLREDUCE] == 32 << 20 and cma[_C.K_BROADCAST] == 1 << 20
+        assert cma[_C.K_REDUCE] is None
         assert set(small) == {64 << 10}
         with pytest.raises(ValueError, match=f"cma_from must have {n} entries"):
             cpg.set_rules([0] * (n - 1), [0] * n)

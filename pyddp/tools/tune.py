@@ -448,7 +448,7 @@ def show(out=sys.stdout, size=None):
             s = ("always" if s >= _NEVER_SMALL else _fmt(s)) if s else "default"
             print(f"  {kind:<16}{c:>20}{s:>24}", file=out)
     print("(default: the built-in constants of csrc/coll/rules.c: single copies from 32M for "
-          "all_reduce and 16M for gather and scatter, never for the others; direct up to 64K)",
+          "all_reduce, 1M for broadcast and 16M for gather and scatter, never for the others; direct up to 64K)",
           file=out)
 
 
