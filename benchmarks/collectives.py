@@ -6,7 +6,8 @@
     python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096 --no-plot
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
---peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck; default: all found), --json OUT, --plot FILE (default
+--peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
+floor), --json OUT, --plot FILE (default
 docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
@@ -20,7 +21,9 @@ has it; the rules of algorithm choice in force, tuned by python -m pyddp.tools.t
 untuned" (the same with PYDDP_TUNING=0: the built-in constants; by default only where a rules file is in
 force, so that one run shows what tuning gives), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
 by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
-note says so when the build has no _shared_array), "torch gloo" and "Open MPI".
+note says so when the build has no _shared_array), "torch gloo" and "Open MPI"; "copy floor" (named in --peers only)
+is no library: every rank copies, at the same time, its even share of the bytes the collective must write
+into output memory (bench_worker.FloorImpl), and a last table gives each library's time as a multiple of it.
 
 Method (as nccl-tests): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
@@ -57,13 +60,16 @@ if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will 
 from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
 import _report  # noqa: E402
 
-PEERS = ("pyddp", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
+PEERS = ("pyddp", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck", "floor")
+# Run only when --peers names them.
+OPT_IN = ("floor",)
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
-COLUMNS = ("pyddp", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
+COLUMNS = ("pyddp", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck",
+           "floor")
 LABEL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp untuned", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
-         "mpi": "Open MPI", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck"}
+         "mpi": "Open MPI", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck", "floor": "copy floor"}
 IMPL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
-        "pyddp-mpi-nocheck": "pyddp-mpi"}
+        "pyddp-mpi-nocheck": "pyddp-mpi", "floor": "floor"}
 # pyddp's backend "mpi" against the raw mpi4py calls of the "mpi" peer on the same arrays (the issue:
 # at most 5% slower from 64 KiB, within 1.5 us at 4 B); "nocheck" runs it with PYDDP_MPI_CHECK=0.
 MPI_PEERS = ("mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
@@ -109,7 +115,7 @@ def free_port():
 
 def available(peer):
     """(True, '') when the peer can run here, else (False, why)."""
-    if peer in ("pyddp", "pyddp-untuned", "pyddp-tcp"):
+    if peer in ("pyddp", "pyddp-untuned", "pyddp-tcp", "floor"):
         return True, ""
     if peer == "gloo":
         try:
@@ -517,6 +523,50 @@ def summary_block(args, results, world, memcpy, phase=None):
     return "\n\n".join(blocks) if blocks else None
 
 
+def floor_block(args, results, world, phase=None):
+    """With the "floor" peer: each library's time as a multiple of the copy floor's (every rank
+    copying its even share of the bytes the collective writes, bench_worker.FloorImpl), per
+    collective and size, and the points where pyddp is behind Open MPI with both multiples."""
+    floor = results.get("floor")
+    libs = [c for c in ("pyddp", "pyddp-untuned", "mpi") if results.get(c)]
+    if not floor or not libs:
+        return None
+    ops = [op for op in args.ops if op in floor["ops"]]
+    sizes = sorted({r["bytes"] for op in ops for r in floor["ops"][op]})
+    rows = []
+    for op in ops:
+        f = {r["bytes"]: r for r in floor["ops"][op]}
+        for c in libs:
+            m = {r["bytes"]: r for r in results[c]["ops"].get(op, [])}
+            cells = [op, LABEL[c]]
+            for n in sizes:
+                v = ratio_value(m.get(n), f.get(n))
+                cells.append("-" if v is None else f"{v:.2f}")
+            rows.append(cells)
+    info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
+    rounds = getattr(args, "rounds", 1)
+    over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
+    text = _report.block(
+        f"time / copy floor time, {world} ranks, float32, {over} (1.00: the library writes its output "
+        "as fast as plain copies of the same bytes, every rank copying its share at the same time)",
+        ["collective", "library"] + [fmt_size_short(n) for n in sizes], rows, info=info,
+        align="ll" + "r" * len(sizes))
+    if results.get("mpi") and results.get("pyddp"):
+        behind = []
+        for op in ops:
+            f = {r["bytes"]: r for r in floor["ops"][op]}
+            a = {r["bytes"]: r for r in results["mpi"]["ops"].get(op, [])}
+            b = {r["bytes"]: r for r in results["pyddp"]["ops"].get(op, [])}
+            for n in sizes:
+                v = ratio_value(a.get(n), b.get(n))
+                if v is not None and v < 1 and f.get(n):
+                    behind.append(f"{op} {fmt_size_short(n)} (Open MPI/pyddp {v:.2f}; pyddp "
+                                  f"{ratio_value(b[n], f[n]):.2f}x the floor, Open MPI "
+                                  f"{ratio_value(a[n], f[n]):.2f}x)")
+        text += "\n\npyddp behind Open MPI at: " + ("; ".join(behind) if behind else "no point")
+    return text
+
+
 def print_tables(args, results, notes, world, memcpy):
     if getattr(args, "rounds", 1) > 1:
         print()
@@ -536,6 +586,10 @@ def print_tables(args, results, notes, world, memcpy):
     if summary:
         print()
         print(summary)
+    floors = floor_block(args, results, world)
+    if floors:
+        print()
+        print(floors)
 
 
 def fmt_size_short(n):
@@ -634,7 +688,7 @@ def main(argv=None):
 
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     if args.peers is None:
-        args.peers = ",".join(p for p in PEERS if p != "pyddp-untuned" or tuned_here())
+        args.peers = ",".join(p for p in PEERS if p not in OPT_IN and (p != "pyddp-untuned" or tuned_here()))
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for o in args.ops:
         if o not in OPS:
@@ -751,6 +805,10 @@ def main(argv=None):
         if summary:
             print()
             print(summary)
+        floors = floor_block(args, sub, args.nproc, phase=label)
+        if floors:
+            print()
+            print(floors)
     if not args.no_plot:
         path = args.plot or DEFAULT_PLOT
         note = plot(path, args.ops, results, args.nproc, memcpy)

@@ -367,3 +367,32 @@ def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
         m = re.search(rf"^# {op} .*?(?=^# (?:allreduce|broadcast) |^# target|^# note|\Z)", proc.stdout, re.M | re.S)
         assert m and "pyddp-tcp" in m.group(0), out
         assert "WRONG RESULT" not in m.group(0), out
+
+
+@pytest.mark.timeout(180)
+def test_collectives_copy_floor_peer():
+    """--peers ...,floor: every rank copies its share of the collective's output bytes from memory
+    the next rank just wrote; a last table gives each library's time as a multiple of it."""
+    try:
+        import pyddp.distributed as dist
+    except ImportError as e:
+        pytest.skip(f"pyddp is not importable: {e}")
+    if not hasattr(dist, "init_process_group"):
+        pytest.skip("pyddp.distributed has no process groups in this build")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,floor", "--ops", "allreduce,broadcast,scatter",
+         "--min-bytes", "4K", "--max-bytes", "1M", "--timeout", "120", "--no-plot"],
+        cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=150,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "time / copy floor time, 2 ranks" in proc.stdout, out
+    rows = re.findall(r"^\| (allreduce|broadcast|scatter) \| pyddp \|(.*)\|$", proc.stdout, re.M)
+    assert [op for op, _ in rows] == ["allreduce", "broadcast", "scatter"], out
+    for _, cells in rows:
+        vals = [float(c) for c in cells.split("|")]
+        assert len(vals) == 3 and all(v > 0 for v in vals), out   # 4K, 64K, 1M (--quick: step 16)
+    assert "leaked shared_memory" not in out, out
+    # the default peers leave the floor out
+    mod = _collectives()
+    assert "floor" in mod.PEERS and "floor" in mod.OPT_IN
