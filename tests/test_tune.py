@@ -289,3 +289,78 @@ def test_rounds_are_weighed_by_the_phase_they_ran_in():
     rows, info = weigh_phases(calm)
     assert rows is calm["kinds"] and info["phases"] == 1
     assert weigh_phases({"kinds": {"reduce": []}})[1] == {"phases": 1}
+
+
+def _online(rank, world_size, how):
+    import pyddp.distributed as dist
+    from pyddp.tools import tune
+
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    before = [list(x) for x in cpg.rules]
+    table = None
+    if how == "call":
+        table = tune.online(kinds=["all_reduce", "broadcast", "all_gather"], min_bytes=4 << 10,
+                            max_bytes=256 << 10, rounds=1, iters=3)
+    after = [list(x) for x in cpg.rules]
+    checked = _collectives(rank, world_size)   # results stay exact whatever was chosen
+    return {"table": table, "before": before, "after": after, "bad": checked["bad"],
+            "transport": checked["transport"]}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_online_tuning_measures_on_the_job_and_every_rank_applies_the_same_rules(transport):
+    env = {"PYDDP_TUNING": "0"}   # start from the built-in constants
+    if transport == "tcp":
+        env["PYDDP_TRANSPORT"] = "tcp"
+    res = run(_online, 2, "call", timeout=180, env=env)
+    assert [r["bad"] for r in res] == [[], []]
+    assert res[0]["transport"] == transport
+    assert res[0]["after"] == res[1]["after"]
+    assert res[0]["table"] == res[1]["table"]
+    cma, small = res[0]["after"]
+    measured = {4 << 10, 16 << 10, 64 << 10, 256 << 10, None}
+    if transport == "shm":
+        assert set(res[0]["table"]["cma_from"]) == {"all_reduce", "broadcast", "all_gather"}
+        for kind, v in res[0]["table"]["cma_from"].items():
+            assert v in measured, (kind, v)
+            assert cma[_C.KINDS[kind]["code"]] == v
+        # kinds it did not measure keep their rules
+        assert cma[_C.K_GATHER] == res[0]["before"][0][_C.K_GATHER] == 16 << 20
+        assert small == res[0]["before"][1]
+    else:
+        assert res[0]["table"]["cma_from"] == {}
+        assert set(res[0]["table"]["small_bytes"]) == {"all_reduce", "broadcast", "all_gather"}
+        assert cma == res[0]["before"][0]
+
+
+def test_online_tuning_at_init_with_the_environment_variable():
+    res = run(_online, 2, "env", timeout=240,
+              env={"PYDDP_TUNING": "0", "PYDDP_TUNING_ONLINE": "1", "PYDDP_DEBUG": "INFO"})
+    assert [r["bad"] for r in res] == [[], []]
+    assert res[0]["before"] == res[1]["before"]   # already tuned when the group was made
+    # every collective it measures has a rule of the sizes it measured (16 KiB-16 MiB) or never,
+    # none keeps a built-in constant (all_reduce 32 MiB, broadcast 1 MiB, gather/scatter 16 MiB)
+    cma = res[0]["before"][0]
+    for kind in ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
+                 "reduce_scatter", "all_to_all"):
+        v = cma[_C.KINDS[kind]["code"]]
+        assert v is None or v in {16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20}, (kind, v)
+    assert cma[_C.K_ALLREDUCE] != 32 << 20
+
+
+def test_online_tuning_checks_its_arguments():
+    from pyddp.tools import tune
+
+    with pytest.raises(RuntimeError, match="call init_process_group first"):
+        tune.online()
+    dist, cpg = _group()
+    try:
+        with pytest.raises(ValueError, match="unknown collective"):
+            tune.online(kinds=["allreduce"])
+        with pytest.raises(ValueError, match="min_bytes must be an int >= 1"):
+            tune.online(min_bytes=0)
+        with pytest.raises(ValueError, match="larger than max_bytes"):
+            tune.online(min_bytes=2 << 20, max_bytes=1 << 20)
+        assert tune.online() == {}   # one rank: nothing to choose
+    finally:
+        dist.destroy_process_group()

@@ -380,6 +380,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.pg_count = 1
         _world.non_member_ranks = None
         _set_world(pg)
+    if _config.get("PYDDP_TUNING_ONLINE") and world_size > 1 and \
+            hasattr(getattr(pg, "_cpg", None), "set_rules"):
+        # measure the crossovers of algorithm choice on this job's own ranks (a collective)
+        from ..tools import tune as _tune
+
+        _tune.online()
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None,

@@ -34,6 +34,10 @@ to take over both, weighted by the share of rounds that ran slow (``weigh_phases
 ahead in the fast phase and 4x behind in the slow one loses.  Every
 rank of a group applies rank 0's rules
 (backends.tuning), so the choice is the same everywhere.
+
+Online: ``online()`` (or ``PYDDP_TUNING_ONLINE=1`` at ``init_process_group``) measures the same
+candidates on the running job's default group and applies the crossovers to it, agreed the same way
+(every call's time the slowest rank's; rank 0's rules broadcast), without writing a file.
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["main", "crossover", "handoff"]
+__all__ = ["main", "crossover", "handoff", "online"]
 
 # what each rule's candidates are called in the output
 _SHM_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
@@ -226,70 +230,152 @@ def _rule_bytes(kind, path, count, n):
     return b
 
 
-def _worker(args):
+def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True):
+    """Both candidates of every kind of ``kinds`` on the default group, size by size: {"path",
+    "ranks", "single_copy", "kinds": kind -> [(size, first us, second us)], "rounds": kind ->
+    [(size, [(probe ns, first us, second us) per round])]}.  Every rank gets the same numbers (a
+    call's time is the slowest rank's, through an all_reduce MAX).  Leaves the rules as it found
+    them."""
     import numpy as np
 
-    import pyddp.distributed as dist
-    from pyddp import _C, _config
+    from pyddp import _C
 
-    dist.init_process_group("cpu", init_method="env://")
     rank, n = dist.get_rank(), dist.get_world_size()
-    cpg = dist.distributed_c10d._world.default_pg._cpg
-    path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
-    base_cma, base_small = (list(v) for v in cpg.rules)
-    base_cma = [0 if v is None else v for v in base_cma]
+    base_cma, base_small = (list(v) for v in cpg.rules)  # (None: never)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
-    result = {"path": path, "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {}}
-    kinds = [k for k in args.kinds if k in (_TCP_KINDS if path == "tcp" else _SHM_KINDS)]
+    result = {"path": path, "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
+              "rounds": {}}
+    kinds = [k for k in kinds if k in (_TCP_KINDS if path == "tcp" else _SHM_KINDS)]
     if path == "shm" and not cpg.single_copy:
         kinds = []  # no second candidate: single copies are not possible here
     times = np.zeros(1, dtype=np.float64)
-    budget = args.budget_bytes
-    result["rounds"] = {}
-    for kind in kinds:
-        rows, rounds = [], []
-        lo = max(args.min_bytes, 4 * n) if path == "tcp" else args.min_bytes
-        for size in _sizes(lo, args.max_bytes):
-            count = max(1, size // 4)
-            if path == "tcp" and kind == "all_gather":
-                count = max(1, size // (4 * n))
-            run = _op(dist, kind, rank, n, count, np)
-            iters = max(3, min(args.iters, budget // max(1, count * 4 * n)))
-            samples = {0: [], 1: []}
-            per_round = []
-            for _ in range(args.rounds):
-                probe = _round_probe(dist, rank, _C)
-                mark = {c: len(samples[c]) for c in (0, 1)}
-                for cand in (0, 1):
-                    cma, small = list(base_cma), list(base_small)
-                    if path == "shm":
-                        cma[codes[kind]] = None if cand == 0 else 1
-                    else:
-                        small[codes[kind]] = _NEVER_SMALL if cand == 0 else 1
-                    dist.barrier()
-                    cpg.set_rules(cma, small)
-                    run()  # warm-up
-                    for _ in range(iters):
+    try:
+        for kind in kinds:
+            rows, rounds_out = [], []
+            lo = max(min_bytes, 4 * n) if path == "tcp" else min_bytes
+            for size in _sizes(lo, max_bytes):
+                count = max(1, size // 4)
+                if path == "tcp" and kind == "all_gather":
+                    count = max(1, size // (4 * n))
+                run = _op(dist, kind, rank, n, count, np)
+                calls = max(3, min(iters, budget // max(1, count * 4 * n)))
+                samples = {0: [], 1: []}
+                per_round = []
+                for _ in range(rounds):
+                    ns = _round_probe(dist, rank, _C) if probe else None
+                    mark = {c: len(samples[c]) for c in (0, 1)}
+                    for cand in (0, 1):
+                        cma, small = list(base_cma), list(base_small)
+                        if path == "shm":
+                            cma[codes[kind]] = None if cand == 0 else 1
+                        else:
+                            small[codes[kind]] = _NEVER_SMALL if cand == 0 else 1
                         dist.barrier()
-                        t0 = time.perf_counter()
-                        run()
-                        times[0] = time.perf_counter() - t0
-                        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-                        samples[cand].append(float(times[0]))
-                per_round.append([probe] + [float(np.median(samples[c][mark[c]:])) * 1e6
-                                            for c in (0, 1)])
-            a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
-            rows.append((_rule_bytes(kind, path, count, n), a, b))
-            rounds.append([_rule_bytes(kind, path, count, n), per_round])
-        result["kinds"][kind] = rows
-        result["rounds"][kind] = rounds
+                        cpg.set_rules(cma, small)
+                        run()  # warm-up
+                        for _ in range(calls):
+                            dist.barrier()
+                            t0 = time.perf_counter()
+                            run()
+                            times[0] = time.perf_counter() - t0
+                            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                            samples[cand].append(float(times[0]))
+                    per_round.append([ns] + [float(np.median(samples[c][mark[c]:])) * 1e6
+                                             for c in (0, 1)])
+                a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
+                rows.append((_rule_bytes(kind, path, count, n), a, b))
+                rounds_out.append([_rule_bytes(kind, path, count, n), per_round])
+            result["kinds"][kind] = rows
+            result["rounds"][kind] = rounds_out
+    finally:
         dist.barrier()
         cpg.set_rules(base_cma, base_small)
+    return result
+
+
+def _worker(args):
+    import pyddp.distributed as dist
+    from pyddp import _config
+
+    dist.init_process_group("cpu", init_method="env://")
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
+    result = _measure(dist, cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
+                      args.iters, args.budget_bytes)
     dist.barrier()
-    if rank == 0:
+    if dist.get_rank() == 0:
         with open(args.worker_out, "w", encoding="utf-8") as f:
             json.dump(result, f)
     dist.destroy_process_group()
+
+
+def online(kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=10,
+           budget_bytes=256 << 20):
+    """Tune the default process group's algorithm choice in the job itself, on its own ranks.
+
+    Collective: every rank of the default group calls it (``PYDDP_TUNING_ONLINE=1`` makes
+    ``init_process_group`` call it).  For each collective of ``kinds`` (default: all) it times both
+    candidates (shared memory: the banks and single copies; TCP: direct and ring) at sizes from
+    ``min_bytes`` to ``max_bytes`` (x4 apart), ``rounds`` alternations of at most ``iters`` calls,
+    each call's time the slowest rank's; the crossovers are then worked out as the offline tuner
+    does, rank 0's are broadcast, and every rank applies the same rules to the group (they last as
+    long as the group; ``python -m pyddp.tools.tune`` writes a file that every later group reads).
+    Returns {"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for
+    a group of one rank or one without these choices.
+    """
+    import numpy as np
+
+    import pyddp.distributed as dist
+    from pyddp import _C
+
+    pg = dist.distributed_c10d._world.default_pg
+    if pg is None:
+        raise RuntimeError("pyddp.tools.tune.online: call init_process_group first")
+    cpg = getattr(pg, "_cpg", None)
+    if cpg is None or not hasattr(cpg, "set_rules"):
+        raise RuntimeError(f"pyddp.tools.tune.online: the default group's backend {pg._backend!r} "
+                           "has no rules of algorithm choice (backend 'cpu' has)")
+    kinds = list(_SHM_KINDS) if kinds is None else [str(k) for k in kinds]
+    bad = [k for k in kinds if k not in _SHM_KINDS]
+    if bad:
+        raise ValueError(f"kinds: unknown collective(s) {', '.join(bad)} (expected "
+                         f"{', '.join(_SHM_KINDS)})")
+    for name, v in (("min_bytes", min_bytes), ("max_bytes", max_bytes), ("rounds", rounds),
+                    ("iters", iters), ("budget_bytes", budget_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if min_bytes > max_bytes:
+        raise ValueError(f"min_bytes ({min_bytes}) is larger than max_bytes ({max_bytes})")
+    path = pg._transport
+    if pg.size() < 2 or path not in ("shm", "tcp"):
+        return {}
+    res = _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
+                   probe=False)
+    table = _table([res])
+    codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
+    cma, small = (list(v) for v in cpg.rules)  # (None: never)
+    for kind, v in table["cma_from"].items():
+        cma[codes[kind]] = v
+    for kind, v in table["small_bytes"].items():
+        small[codes[kind]] = v
+    never = -1
+    # every rank computed the same rules from the same numbers; rank 0's are the ones applied
+    # everywhere all the same, so no rank ever acts on a choice of its own
+    agreed = np.array([never if v is None else v for v in cma] + small, dtype=np.int64)
+    dist.broadcast(agreed, src=0)
+    k = len(cma)
+    cma = [None if v == never else int(v) for v in agreed[:k].tolist()]
+    small = [int(v) for v in agreed[k:].tolist()]
+    dist.barrier()
+    cpg.set_rules(cma, small)
+    dist.barrier()
+    from pyddp.distributed import _observe
+
+    _observe.info("tuned online (%s, %d ranks): single copies from %s; direct up to %s", path,
+                  pg.size(), table["cma_from"], table["small_bytes"], rank=pg.rank())
+    return {"cma_from": {kd: (None if cma[codes[kd]] is None else cma[codes[kd]])
+                         for kd in table["cma_from"]},
+            "small_bytes": {kd: small[codes[kd]] for kd in table["small_bytes"]}}
 
 
 # ------------------------------------------------------------------------------------- parent
