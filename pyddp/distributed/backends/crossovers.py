@@ -1,0 +1,257 @@
+"""The crossovers of algorithm choice, measured on a running group (backend "cpu").
+
+Both candidates of a collective kind (on one host: the shared banks or single copies; over TCP: the
+direct algorithms or the rings) are timed size by size on the group's own ranks, a barrier before
+every call and each call's time the slowest rank's (an all_reduce MAX), so every rank holds the same
+numbers; ``crossover`` turns a kind's rows into its rule.  ``python -m pyddp.tools.tune`` runs this in
+fresh groups and writes the rules file every later group reads; ``online()`` runs it on the job's
+default group and applies the result to it (``PYDDP_TUNING_ONLINE=1``: at ``init_process_group``).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+_SHM_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter",
+              "reduce_scatter", "all_to_all")
+_TCP_KINDS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
+_NEVER_SMALL = 1 << 62  # small_bytes past every message: direct algorithms always
+
+
+# On shared memory a tie goes to single copies: where the banks and single copies are within this
+# fraction of each other, single copies are taken.  The banks hand every byte over through a small
+# shared window that one core writes and the other reads at once, so their speed follows how fast
+# data crosses between the cores, which on some virtual machines changes for minutes at a time (on
+# the 2-core VM of the docs, a 1 MiB all_reduce through the banks took 98 us in one phase and 510 us
+# in the other, single copies 102 and 106); single copies read the peer's buffer once and keep
+# their speed.  A tie measured in one phase is a clear win in the other.
+SHM_TIE = 0.20
+
+
+def crossover(rows, tie=0.0):
+    """``rows``: (size, time of the first candidate, time of the second) ascending in size.  The
+    smallest size from which the second wins (is faster, or slower by at most ``tie`` as a
+    fraction of the first's time) at every larger size, or None (it loses at the largest, or there
+    are no rows)."""
+    start = None
+    for size, a, b in reversed(rows):
+        if b < a * (1.0 + tie):
+            start = size
+        else:
+            break
+    return start
+
+
+PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
+
+
+def _round_probe(dist, rank, _C):
+    """Rank 0's cache-line handoff (ns) right before a round, measured while the other ranks sleep
+    (a rank spinning in a barrier would take a core from the probe's two threads); None where it
+    cannot be measured."""
+    dist.barrier()
+    ns = None
+    if rank == 0:
+        try:
+            ns = float(_C.probe_handoff(PHASE_PROBE_S)[0]) if (os.cpu_count() or 1) > 1 else None
+        except RuntimeError:
+            ns = None
+    else:
+        time.sleep(PHASE_PROBE_S * 1.5)
+    dist.barrier()
+    return ns
+
+
+def _sizes(lo, hi, step=4):
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= step
+    return out
+
+
+def _op(dist, kind, rank, n, count, np):
+    """(callable running one ``kind`` of ``count`` float32 per rank's block, its check)."""
+    a = np.full(count, rank + 1, dtype=np.float32)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(a)
+    if kind == "reduce":
+        return lambda: dist.reduce(a, dst=0)
+    if kind == "broadcast":
+        return lambda: dist.broadcast(a, src=0)
+    if kind == "all_gather":
+        out = np.empty(count * n, dtype=np.float32)
+        return lambda: dist.all_gather_into_tensor(out, a)
+    if kind == "gather":
+        lst = [np.empty(count, dtype=np.float32) for _ in range(n)] if rank == 0 else None
+        return lambda: dist.gather(a, lst, dst=0)
+    if kind == "scatter":
+        lst = [np.full(count, r, dtype=np.float32) for r in range(n)] if rank == 0 else None
+        return lambda: dist.scatter(a, lst, src=0)
+    if kind == "reduce_scatter":
+        big = np.ones(count * n, dtype=np.float32)
+        return lambda: dist.reduce_scatter_tensor(a, big)
+    if kind == "all_to_all":
+        src = np.ones(count * n, dtype=np.float32)
+        out = np.empty(count * n, dtype=np.float32)
+        return lambda: dist.all_to_all_single(out, src)
+    raise ValueError(kind)
+
+
+def _rule_bytes(kind, path, count, n):
+    """The message size in the unit the C core's rule reads (coll/select.c, cma_common.c)."""
+    b = count * 4
+    if path == "tcp" and kind == "all_gather":
+        return b * n  # all_gather's transport crossover is on the whole output
+    return b
+
+
+def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True):
+    """Both candidates of every kind of ``kinds`` on the default group, size by size: {"path",
+    "ranks", "single_copy", "kinds": kind -> [(size, first us, second us)], "rounds": kind ->
+    [(size, [(probe ns, first us, second us) per round])]}.  Every rank gets the same numbers (a
+    call's time is the slowest rank's, through an all_reduce MAX).  Leaves the rules as it found
+    them."""
+    import numpy as np
+
+    from ... import _C
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    base_cma, base_small = (list(v) for v in cpg.rules)  # (None: never)
+    codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
+    result = {"path": path, "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
+              "rounds": {}}
+    kinds = [k for k in kinds if k in (_TCP_KINDS if path == "tcp" else _SHM_KINDS)]
+    if path == "shm" and not cpg.single_copy:
+        kinds = []  # no second candidate: single copies are not possible here
+    times = np.zeros(1, dtype=np.float64)
+    try:
+        for kind in kinds:
+            rows, rounds_out = [], []
+            lo = max(min_bytes, 4 * n) if path == "tcp" else min_bytes
+            for size in _sizes(lo, max_bytes):
+                count = max(1, size // 4)
+                if path == "tcp" and kind == "all_gather":
+                    count = max(1, size // (4 * n))
+                run = _op(dist, kind, rank, n, count, np)
+                calls = max(3, min(iters, budget // max(1, count * 4 * n)))
+                samples = {0: [], 1: []}
+                per_round = []
+                for _ in range(rounds):
+                    ns = _round_probe(dist, rank, _C) if probe else None
+                    mark = {c: len(samples[c]) for c in (0, 1)}
+                    for cand in (0, 1):
+                        cma, small = list(base_cma), list(base_small)
+                        if path == "shm":
+                            cma[codes[kind]] = None if cand == 0 else 1
+                        else:
+                            small[codes[kind]] = _NEVER_SMALL if cand == 0 else 1
+                        dist.barrier()
+                        cpg.set_rules(cma, small)
+                        run()  # warm-up
+                        for _ in range(calls):
+                            dist.barrier()
+                            t0 = time.perf_counter()
+                            run()
+                            times[0] = time.perf_counter() - t0
+                            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                            samples[cand].append(float(times[0]))
+                    per_round.append([ns] + [float(np.median(samples[c][mark[c]:])) * 1e6
+                                             for c in (0, 1)])
+                a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
+                rows.append((_rule_bytes(kind, path, count, n), a, b))
+                rounds_out.append([_rule_bytes(kind, path, count, n), per_round])
+            result["kinds"][kind] = rows
+            result["rounds"][kind] = rounds_out
+    finally:
+        dist.barrier()
+        cpg.set_rules(base_cma, base_small)
+    return result
+
+
+def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=10,
+           budget_bytes=256 << 20):
+    """Tune the default process group's algorithm choice in the job itself, on its own ranks.
+
+    Collective: every rank of the default group ``pg`` calls it, ``dist`` the API module that runs
+    the collectives (``pyddp.tools.tune.online()`` passes them; ``PYDDP_TUNING_ONLINE=1`` makes
+    ``init_process_group`` call it).  For each collective of ``kinds`` (default: all) it times both
+    candidates (shared memory: the banks and single copies; TCP: direct and ring) at sizes from
+    ``min_bytes`` to ``max_bytes`` (x4 apart), ``rounds`` alternations of at most ``iters`` calls,
+    each call's time the slowest rank's; the crossovers are then worked out as the offline tuner
+    does, rank 0's are broadcast, and every rank applies the same rules to the group (they last as
+    long as the group; ``python -m pyddp.tools.tune`` writes a file that every later group reads).
+    Returns {"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for
+    a group of one rank or one without these choices.
+    """
+    import numpy as np
+
+    from ... import _C
+
+    if pg is None:
+        raise RuntimeError("pyddp.tools.tune.online: call init_process_group first")
+    cpg = getattr(pg, "_cpg", None)
+    if cpg is None or not hasattr(cpg, "set_rules"):
+        raise RuntimeError(f"pyddp.tools.tune.online: the default group's backend {pg._backend!r} "
+                           "has no rules of algorithm choice (backend 'cpu' has)")
+    kinds = list(_SHM_KINDS) if kinds is None else [str(k) for k in kinds]
+    bad = [k for k in kinds if k not in _SHM_KINDS]
+    if bad:
+        raise ValueError(f"kinds: unknown collective(s) {', '.join(bad)} (expected "
+                         f"{', '.join(_SHM_KINDS)})")
+    for name, v in (("min_bytes", min_bytes), ("max_bytes", max_bytes), ("rounds", rounds),
+                    ("iters", iters), ("budget_bytes", budget_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if min_bytes > max_bytes:
+        raise ValueError(f"min_bytes ({min_bytes}) is larger than max_bytes ({max_bytes})")
+    path = pg._transport
+    if pg.size() < 2 or path not in ("shm", "tcp"):
+        return {}
+    res = _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
+                   probe=False)
+    table = _table([res])
+    codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
+    cma, small = (list(v) for v in cpg.rules)  # (None: never)
+    for kind, v in table["cma_from"].items():
+        cma[codes[kind]] = v
+    for kind, v in table["small_bytes"].items():
+        small[codes[kind]] = v
+    never = -1
+    # every rank computed the same rules from the same numbers; rank 0's are the ones applied
+    # everywhere all the same, so no rank ever acts on a choice of its own
+    agreed = np.array([never if v is None else v for v in cma] + small, dtype=np.int64)
+    dist.broadcast(agreed, src=0)
+    k = len(cma)
+    cma = [None if v == never else int(v) for v in agreed[:k].tolist()]
+    small = [int(v) for v in agreed[k:].tolist()]
+    dist.barrier()
+    cpg.set_rules(cma, small)
+    dist.barrier()
+    from .. import _observe
+
+    _observe.info("tuned online (%s, %d ranks): single copies from %s; direct up to %s", path,
+                  pg.size(), table["cma_from"], table["small_bytes"], rank=pg.rank())
+    return {"cma_from": {kd: (None if cma[codes[kd]] is None else cma[codes[kd]])
+                         for kd in table["cma_from"]},
+            "small_bytes": {kd: small[codes[kd]] for kd in table["small_bytes"]}}
+
+
+def _table(results):
+    """{"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} from one rank count's
+    measurements."""
+    t = {"cma_from": {}, "small_bytes": {}}
+    for res in results:
+        for kind, rows in res["kinds"].items():
+            start = crossover(rows, SHM_TIE if res["path"] == "shm" else 0.0)
+            if res["path"] == "shm":
+                t["cma_from"][kind] = start
+            else:
+                if start is None:
+                    t["small_bytes"][kind] = _NEVER_SMALL
+                else:  # direct through the last size where it won
+                    below = [s for s, _, _ in rows if s < start]
+                    t["small_bytes"][kind] = below[-1] if below else max(1, start - 1)
+        if res["path"] == "shm" and not res["single_copy"]:
+            t["note"] = "single copies (cross-memory attach) are not possible on this host"
+    return t
