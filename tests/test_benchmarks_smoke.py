@@ -39,6 +39,16 @@ def _has_matplotlib():
     return True
 
 
+def _need_process_groups():
+    """Skip where this build of pyddp cannot start a process group."""
+    try:
+        import pyddp.distributed as dist
+    except ImportError as e:
+        pytest.skip(f"pyddp is not importable: {e}")
+    if not hasattr(dist, "init_process_group"):
+        pytest.skip("pyddp.distributed has no process groups in this build")
+
+
 def _collectives():
     spec = importlib.util.spec_from_file_location("bench_collectives", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
@@ -48,12 +58,7 @@ def _collectives():
 
 @pytest.mark.timeout(180)
 def test_collectives_quick_table(tmp_path):
-    try:
-        import pyddp.distributed as dist
-    except ImportError as e:
-        pytest.skip(f"pyddp is not importable: {e}")
-    if not hasattr(dist, "init_process_group"):
-        pytest.skip("pyddp.distributed has no process groups in this build")
+    _need_process_groups()
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,pyddp-tcp", "--max-bytes", "4096",
@@ -373,12 +378,7 @@ def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
 def test_collectives_copy_floor_peer():
     """--peers ...,floor: every rank copies its share of the collective's output bytes from memory
     the next rank just wrote; a last table gives each library's time as a multiple of it."""
-    try:
-        import pyddp.distributed as dist
-    except ImportError as e:
-        pytest.skip(f"pyddp is not importable: {e}")
-    if not hasattr(dist, "init_process_group"):
-        pytest.skip("pyddp.distributed has no process groups in this build")
+    _need_process_groups()
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,floor", "--ops", "allreduce,broadcast,scatter",
          "--min-bytes", "4K", "--max-bytes", "1M", "--timeout", "120", "--no-plot"],
