@@ -88,9 +88,13 @@ def _torch_future_child(rank, ws):
         still_busy = not behind.query()  # asked after the work: its pending is meaningful only if so
         chained = fut.then(lambda f: f.value()[0].sum())  # runs now, on a stream ordered after the collective
         launch = time.monotonic() - t0
-        # torch.futures.Future.wait() takes no timeout: the rank runs under run(timeout=240) below,
-        # which kills it and fails the test if this never returns
-        total = chained.wait().item()  # the current stream waits for the callback's stream
+        # torch.futures.Future.wait() takes no timeout: poll done() against a deadline first
+        deadline = time.monotonic() + 60
+        while not chained.done():
+            if time.monotonic() > deadline:
+                raise AssertionError("the chained future did not complete within 60 s")
+            time.sleep(0.001)
+        total = chained.wait().item()  # complete: the current stream waits for the callback's stream
         return {"done": done, "pending": pending, "still_busy": still_busy, "launch_s": launch, "total": total}
 
     # Every kernel of the sequence once before the timed run: CUDA loads a module at its first launch
