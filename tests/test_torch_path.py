@@ -245,6 +245,25 @@ def test_ddp_gpu_benchmark_steps_run_on_the_cpu():
     assert "| cnn (3 conv, 32x32, batch 64) |" in p.stdout and "not a measurement" in p.stdout
 
 
+def test_ddp_gpu_benchmark_breakdown_and_operator_counts_run_on_the_cpu():
+    # --breakdown (the mixed configurations) and --kernels (torch.profiler counts) on the CPU
+    import subprocess
+    import sys
+
+    import _launch
+
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "ddp_gpu.py"),
+                        "--cpu-smoke", "--models", "cnn", "--rounds", "1", "--steps", "1", "--warmup", "1",
+                        "--breakdown", "--kernels", "1"],
+                       capture_output=True, text=True, timeout=400, env=_launch.launcher_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    for name in ("pyddp DDP + torch.amp", "torch DDP + amp O1", "no DDP + amp O1", "no DDP + torch.amp",
+                 "pyddp DDP + amp O1, casts off in backward"):
+        assert f"| cnn (3 conv, 32x32, batch 64) | {name} |" in p.stdout, p.stdout[-3000:]
+    counts = [line for line in p.stdout.splitlines() if line.startswith("# profiler: cnn")]
+    assert len(counts) == 7 and all(" aten operators, " in line for line in counts), counts
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_pyddp_grad_scaler_on_torch_params_equals_torchs(fused):
     # pyddp.amp.GradScaler on torch gradients: torch's fused unscale-and-check, a flag per device; with a

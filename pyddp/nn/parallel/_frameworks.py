@@ -206,8 +206,9 @@ class TorchAdapter:
     @staticmethod
     def set_grad(p, arr):
         # a fresh alias each time: DDP keeps only a weak reference to what it hands out, so that
-        # a .grad still held elsewhere after zero_grad(set_to_none=True) is seen (see _held)
-        t = p.grad = arr.view(arr.shape)
+        # a .grad still held elsewhere after zero_grad(set_to_none=True) is seen (see _held);
+        # detach() makes it in 0.35 us, view(shape) took 2.5 (a step calls this once per parameter)
+        t = p.grad = arr.detach()
         return t
 
     @staticmethod
@@ -311,7 +312,7 @@ class TorchAdapter:
 
     @staticmethod
     def alias(v):
-        return v.view(v.shape)
+        return v.detach()
 
     @staticmethod
     def clone(v):

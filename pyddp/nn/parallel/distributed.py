@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import sys
 import warnings
 import weakref
@@ -506,9 +507,8 @@ class _DDPCore:
     # ----------------------------------------------------------------------------- forward
 
     def _make_hook(self, i):
-        def hook(*_):
-            self._autograd_hook(i)
-        return hook
+        # a partial, not a closure: one Python frame less per gradient (a step runs one per parameter)
+        return functools.partial(self._autograd_hook, i)
 
     def _pre_forward(self):
         if self._unfinished is None and self._expect_hooks and self._hook_seen:
@@ -629,7 +629,7 @@ class _DDPCore:
 
     # ---------------------------------------------------------------------------- backward
 
-    def _autograd_hook(self, i):
+    def _autograd_hook(self, i, *_):
         if not self._expect_hooks:
             return
         if not self._hook_seen:
