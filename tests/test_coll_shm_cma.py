@@ -114,6 +114,17 @@ def test_every_collective_matches_numpy_with_single_copies_forced(ws):
     assert res == [_expected(_COUNTS)] * ws, res
 
 
+def test_uneven_single_copy_shares_of_three_ranks_with_a_core_each_match_numpy():
+    # with a core per rank, reduce gives its root a larger slice and gather's root reads the tail of
+    # every sender's block (csrc/coll/allreduce_cma.c, gather_cma.c); this machine has 2 cores, so
+    # PYDDP_TEST_SPIN=1 takes those paths with 3 ranks (every root, odd sizes, unaligned views)
+    res = run(_every_collective_child, 3, True, _COUNTS,
+              env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": "0",
+                   "PYDDP_TEST_SPIN": "1"},
+              timeout=300)
+    assert res == [_expected(_COUNTS)] * 3, res
+
+
 def test_every_collective_matches_numpy_with_single_copies_off():
     counts = _COUNTS[::2] + [300_001]
     res = run(_every_collective_child, 2, False, counts,

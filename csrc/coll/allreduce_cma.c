@@ -5,8 +5,47 @@
  * (reduce).  Only rank r reads or writes slice r anywhere, and it reads a
  * chunk before writing it, so in-place calls are safe.  The result is the
  * same on every rank (one rank reduces each element).  One sync after the
- * addresses are published, one before the buffers are released. */
+ * addresses are published, one before the buffers are released.
+ *
+ * Reduce: a rank other than the root also writes its slice's result into
+ * the root, a copy between processes that costs about three local copies
+ * (process_vm_readv of 1 MiB: 90 us against memcpy's 26 on a 2-core EPYC),
+ * so the root takes a larger slice: per byte of its slice a rank reads n-1
+ * pieces (3 units each) and reduces them (1), and the others write the
+ * result too (3): the slices are sized inversely to those costs, which
+ * evens out the cores' work (2 ranks: the root's slice is 7/11 of the
+ * array instead of 1/2).  Measured on 2 ranks (2-core EPYC, float32, A/B
+ * in the same processes): 64 KiB 10.4 -> 8.9 us, 1 MiB 103-119 -> 84-88,
+ * 4 MiB 364-438 -> 274-294, 16 MiB 1.52-1.79 -> 1.45-1.47 ms.  Where ranks
+ * share cores (4 ranks on 2) it gained nothing (0.97-1.06x): even slices. */
 #include "coll.h"
+
+/* Costs per byte of a slice, in local copies: a copy between processes, a
+ * reduction of the pieces. */
+#define CROSS_COST 3
+#define REDUCE_COST 1
+
+/* off[0..n]: the slices of count elements, rank order; the root's weighted
+ * against the others' as above (every rank computes the same). */
+static void
+reduce_split(size_t count, int n, int root, size_t *off)
+{
+    size_t w_root = (size_t)n * CROSS_COST + REDUCE_COST;        /* 1/others' cost */
+    size_t w_other = (size_t)(n - 1) * CROSS_COST + REDUCE_COST; /* 1/root's cost */
+    size_t total = w_root + (size_t)(n - 1) * w_other;
+    size_t mine = count / total * w_root + count % total * w_root / total;
+    size_t rest = count - mine;
+    size_t q = rest / (size_t)(n - 1), rem = rest % (size_t)(n - 1);
+    off[0] = 0;
+    for (int p = 0, k = 0; p < n; p++) {
+        size_t sz = mine;
+        if (p != root) {
+            sz = q + ((size_t)k < rem ? 1 : 0);
+            k++;
+        }
+        off[p + 1] = off[p] + sz;
+    }
+}
 
 static pd_status
 run(pd_coll *c, const char *in, char *out, size_t count, int root)
@@ -29,7 +68,12 @@ run(pd_coll *c, const char *in, char *out, size_t count, int root)
         st = pd_error(PD_ENOMEM, "%s: out of memory", c->op->name);
         goto out;
     }
-    pd_coll_split(count, n, split);
+    if (root >= 0 && n > 1 && pd_shm_spins(c->shm)) {
+        reduce_split(count, n, root, split);
+    }
+    else {
+        pd_coll_split(count, n, split);
+    }
     size_t lo = split[r] * esz;
     for (int p = 0; p < n; p++) {
         uint64_t *t = pd_cma_table(c, p, b);

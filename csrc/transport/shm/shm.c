@@ -387,6 +387,12 @@ pd_shm_close(pd_shm *s)
 }
 
 int
+pd_shm_spins(const pd_shm *s)
+{
+    return s->spin;
+}
+
+int
 pd_shm_rank(const pd_shm *s)
 {
     return s->rank;

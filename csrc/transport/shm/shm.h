@@ -118,6 +118,9 @@ void pd_shm_unlink(pd_shm *s, int all);
 void pd_shm_close(pd_shm *s);
 
 int pd_shm_rank(const pd_shm *s);
+/* 1 when every local rank has a core of its own (waits spin), 0 on an
+ * oversubscribed host. */
+int pd_shm_spins(const pd_shm *s);
 int pd_shm_size(const pd_shm *s);
 pd_shm_ctrl *pd_shm_ctrl_of(pd_shm *s, int p);
 /* Data bank b (0/1) of rank p. */
