@@ -125,6 +125,16 @@ def test_uneven_single_copy_shares_of_three_ranks_with_a_core_each_match_numpy()
     assert res == [_expected(_COUNTS)] * 3, res
 
 
+def test_ranks_that_count_cores_differently_agree_on_the_shares():
+    # whether the shares are uneven is agreed at attach (every rank's answer ANDed), never a rank's
+    # own count: of 3 ranks on this 2-core machine one is told it has a core of its own, the others
+    # count none; all take even shares
+    res = run(_every_collective_child, 3, True, _COUNTS,
+              env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": "0"},
+              rank_env={0: {"PYDDP_TEST_SPIN": "1"}}, timeout=300)
+    assert res == [_expected(_COUNTS)] * 3, res
+
+
 def test_every_collective_matches_numpy_with_single_copies_off():
     counts = _COUNTS[::2] + [300_001]
     res = run(_every_collective_child, 2, False, counts,

@@ -7,13 +7,13 @@
  * Gather: the root, after copying its own block, reads the tail of every
  * other rank's block itself, so that its core copies too instead of
  * waiting (see root_tail).  Measured on 2 ranks (2-core EPYC, float32,
- * A/B in the same processes): 256 KiB 27-30 -> 17-21 us, 1 MiB 98 -> 57,
- * 4 MiB 268-321 -> 192-195; at 16 MiB it lost (1.43-1.91 -> 1.67-2.05 ms),
- * so blocks from 8 MiB are moved by the senders alone; and so are all
- * blocks where ranks share cores (4 ranks on 2: 1 MiB 134 -> 196 us).  Scatter the same
- * way (the root writing the tails into the receivers) lost at 4 MiB
- * (168-200 -> 255-262 us) and gained nothing below: the receivers read
- * their whole blocks. */
+ * A/B in the same processes): 256 KiB 27-30 -> 17-21 us, 1 MiB 80-98 ->
+ * 55-57, 4 MiB 164-321 -> 181-197; at 16 MiB it lost (1.43-1.91 ->
+ * 1.67-2.05 ms), so blocks from 8 MiB are moved by the senders alone, and
+ * so are all blocks where ranks share cores (4 ranks on 2: 1 MiB 134 ->
+ * 196 us).  Scatter the same way (the root writing the tails into the
+ * receivers) lost at 4 MiB (168-200 -> 255-262 us) and gained nothing
+ * below: the receivers read their whole blocks. */
 #include <string.h>
 
 #include "coll.h"

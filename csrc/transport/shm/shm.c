@@ -58,6 +58,7 @@ struct pd_shm {
     int rank;
     int size;
     int spin;          /* 1: busy poll first; 0: yield (oversubscribed) */
+    int cores_all;     /* every rank's spin was 1 (pd_shm_spins) */
     uint64_t token;
     uint32_t node;
     size_t bank_bytes;
@@ -300,6 +301,7 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     s->mapped[rank] = 1;
     pd_shm_ctrl *c = p;
     c->pid = (int32_t)getpid();
+    c->cores = spin ? 1u : 0u;
     /* the word a peer's cross-memory-attach probe reads (cma.c): a value
      * it cannot guess, so a pid that names another process fails */
     if (pd_random_bytes(&s->cma_word, sizeof(s->cma_word)) != PD_OK) {
@@ -342,6 +344,12 @@ pd_shm_attach(pd_shm *s)
         }
         s->base[q] = p;
         s->mapped[q] = 1;
+    }
+    s->cores_all = 1;
+    for (int q = 0; q < s->size; q++) {
+        if (pd_shm_ctrl_of(s, q)->cores != 1u) {
+            s->cores_all = 0;
+        }
     }
     return PD_OK;
 }
@@ -389,7 +397,7 @@ pd_shm_close(pd_shm *s)
 int
 pd_shm_spins(const pd_shm *s)
 {
-    return s->spin;
+    return s->cores_all;
 }
 
 int

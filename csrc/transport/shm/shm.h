@@ -55,7 +55,8 @@ typedef struct pd_shm_ctrl {
     int32_t pid;
     uint64_t value[2];           /* small per-op value (by seq parity) */
     _Atomic uint32_t left;       /* owner destroyed its group */
-    uint32_t pad0[7];
+    uint32_t cores;              /* 1: the owner counts a core per rank */
+    uint32_t pad0[6];
     /* line 1: the owner sleeps on some peer's step.  A line of its own:
      * every bump reads each peer's, and where it shared the step's line,
      * which the peer writes every call, that read crossed between cores
@@ -123,8 +124,10 @@ void pd_shm_unlink(pd_shm *s, int all);
 void pd_shm_close(pd_shm *s);
 
 int pd_shm_rank(const pd_shm *s);
-/* 1 when every local rank has a core of its own (waits spin), 0 on an
- * oversubscribed host. */
+/* 1 when every local rank counted a core of its own at creation (the
+ * same answer on every rank: the single-copy shares that depend on it
+ * must match), 0 where any did not (an oversubscribed host).  Valid after
+ * pd_shm_attach. */
 int pd_shm_spins(const pd_shm *s);
 int pd_shm_size(const pd_shm *s);
 pd_shm_ctrl *pd_shm_ctrl_of(pd_shm *s, int p);
