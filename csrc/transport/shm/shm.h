@@ -51,19 +51,14 @@ typedef struct pd_shm_ident {
 typedef struct pd_shm_ctrl {
     /* line 0: the flags (written only by the owner) */
     _Alignas(PD_SHM_LINE) _Atomic uint32_t step;
+    _Atomic uint32_t sleeping;   /* owner sleeps on some peer's step */
     _Atomic uint32_t abort;      /* owner's group failed: status code */
     int32_t pid;
     uint64_t value[2];           /* small per-op value (by seq parity) */
     _Atomic uint32_t left;       /* owner destroyed its group */
     uint32_t cores;              /* 1: the owner counts a core per rank */
     uint32_t pad0[6];
-    /* line 1: the owner sleeps on some peer's step.  A line of its own:
-     * every bump reads each peer's, and where it shared the step's line,
-     * which the peer writes every call, that read crossed between cores
-     * each time; alone it changes only when the peer sleeps or wakes, and
-     * the read is a hit in this core's cache. */
-    _Alignas(PD_SHM_LINE) _Atomic uint32_t sleeping;
-    /* line 2: identities by seq parity */
+    /* line 1: identities by seq parity */
     _Alignas(PD_SHM_LINE) pd_shm_ident ident[2];
     /* the owner's error message when abort != 0 */
     _Alignas(PD_SHM_LINE) char abort_msg[PD_ERRMSG_MAX];
