@@ -41,8 +41,8 @@ def _parse():
                     help="also time the mixed configurations (pyddp DDP + torch.amp, torch DDP + pyddp amp O1, "
                          "O1 with the casts off during backward, no DDP) to attribute a gap to DDP or to amp")
     ap.add_argument("--kernels", type=int, default=0, metavar="STEPS",
-                    help="count the GPU kernels of STEPS steps of each configuration (torch.profiler) and list "
-                         "the kernels whose counts differ")
+                    help="count the operators and GPU kernels of STEPS steps of each configuration "
+                         "(torch.profiler) and list those whose counts differ")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the same steps on the CPU (gloo, CPU autocast): checks the script, times nothing "
                          "worth reading")

@@ -94,7 +94,9 @@ def _torch_future_child(rank, ws):
             if time.monotonic() > deadline:
                 raise AssertionError("the chained future did not complete within 60 s")
             time.sleep(0.001)
-        total = chained.wait().item()  # complete: the current stream waits for the callback's stream
+        # done() was seen above, so wait() returns at once; it (not value()) makes the current stream wait
+        # for the callback's stream, which .item() then reads on
+        total = chained.wait().item()
         return {"done": done, "pending": pending, "still_busy": still_busy, "launch_s": launch, "total": total}
 
     # Every kernel of the sequence once before the timed run: CUDA loads a module at its first launch
