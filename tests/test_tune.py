@@ -203,7 +203,7 @@ def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
     assert set(t["small_bytes"]) == {"all_reduce"}  # gather has no transport crossover
     for res in doc["measured"]["2"]:
         for rows in res["kinds"].values():
-            assert [r[0] for r in rows] == [4096, 16384, 65536]
+            assert [r[0] for r in rows] == [4096, 8192, 16384, 32768, 65536]  # --step 2
             assert all(a > 0 and b > 0 for _, a, b in rows)
     p = subprocess.run([sys.executable, "-m", "pyddp.tools.tune", "--show"],
                        env=dict(env, PYDDP_TUNING_FILE=str(out)), capture_output=True, text=True,
@@ -221,6 +221,78 @@ def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
         assert res[0][0][_C.K_ALLREDUCE] == cma
 
 
+def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
+    """--merge: the second run's rounds are the first run's plus its own at every size, the TCP
+    measurement and table the second run skipped (--no-tcp) are kept, and the file records what it
+    merged."""
+    out = tmp_path / "rules.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    base = [sys.executable, "-m", "pyddp.tools.tune", "--quick", "--kinds", "all_reduce,gather",
+            "--max-bytes", "16K", "--out", str(out), "--timeout", "120"]
+    p = subprocess.run(base + ["--merge"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "no file at" in p.stdout
+    first = tuning.load(str(out))
+    shm1 = [m for m in first["measured"]["2"] if m["path"] == "shm"][0]
+    assert all(len(rs) == 1 for v in shm1["rounds"].values() for _, rs in v)
+    p = subprocess.run(base + ["--merge", "--no-tcp"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "merged 6 rounds" in p.stdout  # 2 kinds x 3 sizes, one round each
+    second = tuning.load(str(out))
+    assert second["merged"] == [first["created"]]
+    paths = [m["path"] for m in second["measured"]["2"]]
+    assert sorted(paths) == ["shm", "tcp"]
+    shm2 = [m for m in second["measured"]["2"] if m["path"] == "shm"][0]
+    assert all(len(rs) == 2 for v in shm2["rounds"].values() for _, rs in v)
+    assert second["tables"]["2"]["small_bytes"] == first["tables"]["2"]["small_bytes"]
+    # another host's file is not merged
+    doc = json.loads(out.read_text())
+    doc["host"] = dict(doc["host"], cpu="another cpu")
+    out.write_text(json.dumps(doc))
+    p = subprocess.run(base + ["--merge", "--no-tcp", "--kinds", "gather"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "measured on another host" in p.stdout and "merged" not in p.stdout.split("not merged")[1]
+    assert "merged" not in tuning.load(str(out))
+
+
+def test_merge_rounds_takes_the_median_over_both_runs():
+    from pyddp.tools.tune import merge_rounds
+
+    new = {"path": "shm", "ranks": 2, "kinds": {"gather": [(4096, 10.0, 20.0), (8192, 5.0, 5.0)]},
+           "rounds": {"gather": [(4096, [[50.0, 10.0, 20.0]]), (8192, [[50.0, 5.0, 5.0]])]}}
+    old = {"path": "shm", "ranks": 2,
+           "rounds": {"gather": [[4096, [[300.0, 40.0, 21.0], [310.0, 42.0, 22.0]]],
+                                 [16384, [[50.0, 1.0, 1.0]]]]}}
+    assert merge_rounds(new, dict(old, ranks=4)) == 0 and merge_rounds(new, None) == 0
+    assert merge_rounds(new, dict(old, path="tcp")) == 0
+    assert merge_rounds(new, old) == 2
+    assert new["kinds"]["gather"] == [(4096, 40.0, 21.0), (8192, 5.0, 5.0)]
+    assert len(new["rounds"]["gather"][0][1]) == 3
+    # the merged rounds are weighed by phase like the run's own
+    from pyddp.tools.tune import weigh_phases
+    rows, info = weigh_phases(new)
+    assert info["phases"] == 2 and info["slow_fraction"] == 0.5
+
+
+def test_weighed_phases_decide_without_the_tie():
+    from pyddp.distributed.backends.crossovers import SHM_TIE, _table, _tie
+
+    assert _tie({"path": "tcp"}) == 0.0
+    assert _tie({"path": "shm"}) == SHM_TIE
+    assert _tie({"path": "shm", "phases": {"phases": 1}}) == SHM_TIE
+    assert _tie({"path": "shm", "phases": {"phases": 2, "slow_fraction": 0.03}}) == SHM_TIE
+    assert _tie({"path": "shm", "phases": {"phases": 2, "slow_fraction": 0.3}}) == 0.0
+    rows = [(4096, 10.0, 11.0)]
+    res = {"path": "shm", "ranks": 2, "single_copy": True, "kinds": {"gather": rows},
+           "phases": {"phases": 2, "slow_fraction": 0.3}}
+    assert _table([res])["cma_from"]["gather"] is None
+    res["phases"]["slow_fraction"] = 0.0
+    assert _table([res])["cma_from"]["gather"] == 4096
+
+
 def test_probe_handoff_measures_both_numbers_and_checks_its_argument():
     """Issue 37: the core-to-core probe printed beside benchmark tables and kept with the rules."""
     import os
@@ -229,7 +301,9 @@ def test_probe_handoff_measures_both_numbers_and_checks_its_argument():
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing crosses between cores")
-    ns, gbps = _C.probe_handoff(0.05)
+    # half a second: with the suite's other processes holding both cores (a tuner test's ranks
+    # beside it), 50 ms could pass without one complete round
+    ns, gbps = _C.probe_handoff(0.5)
     # a cache line takes tens to thousands of ns between cores, up to a scheduler's time slice when
     # other processes hold the cores (the suite runs beside this test); 1 MiB crosses at well under
     # 1 TB/s

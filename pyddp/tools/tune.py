@@ -21,19 +21,23 @@ peer in one round (latency-optimal: one round trip), the rings send 1/n of it n-
 (bandwidth-optimal); the crossover is where the extra bytes cost more than the extra round trips.
 
 Timing: every rank runs each candidate in turn (alternating, round by round, so that drift hits
-both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX
-of the ranks' times) and a candidate's time at a size is the median over calls and rounds.  The
-rule for a kind is the smallest measured size from which the second candidate wins at every larger
-measured size (never, when it loses at the largest); on shared memory a tie within 20% counts as a
-win for single copies, whose speed does not follow the machine's phase (SHM_TIE says why).
+both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX of
+the ranks' times) and a candidate's time at a size is the median over calls and rounds.  A round is
+one pass over every collective and size, so that the rounds of a size are spread over the whole
+measurement rather than taken back to back.  The sizes are 2x apart (``--step``); the rule for a
+kind is the smallest measured size from which the second candidate wins at every larger measured
+size (never, when it loses at the largest).  On shared memory a tie within 20% counts as a win for
+single copies, whose speed does not follow the machine's phase (SHM_TIE says why), unless both
+phases were measured and weighed (below).
 
 Phases: before each round rank 0 measures how fast a cache line crosses between two cores (a 10 ms
 ``pyddp._C.probe_handoff`` while the other ranks sleep).  On a machine that switches between a fast
 and a slow phase while it is measured, each candidate's time at a size is the time it is expected
 to take over both, weighted by the share of rounds that ran slow (``weigh_phases``): a candidate 1.5x
-ahead in the fast phase and 4x behind in the slow one loses.  Every
-rank of a group applies rank 0's rules
-(backends.tuning), so the choice is the same everywhere.
+ahead in the fast phase and 4x behind in the slow one loses.  With at least a tenth of the rounds
+slow the weighed times decide alone (no tie).  Phases can last minutes, longer than one run:
+``--merge`` adds a run's rounds to those the file already holds, so runs at different times add up.
+Every rank of a group applies rank 0's rules (backends.tuning), so the choice is the same everywhere.
 
 Online: ``online()`` (or ``PYDDP_TUNING_ONLINE=1`` at ``init_process_group``) measures the same
 candidates on the running job's default group and applies the crossovers to it, agreed the same way
@@ -54,9 +58,9 @@ import time
 
 from pyddp.distributed.backends import crossovers as _crossovers
 from pyddp.distributed.backends.crossovers import (  # noqa: F401  (crossover: API)
-    _NEVER_SMALL, _SHM_KINDS, SHM_TIE, _measure, _table, crossover)
+    _NEVER_SMALL, _SHM_KINDS, SHM_TIE, _measure, _table, _tie, crossover)
 
-__all__ = ["main", "crossover", "handoff", "online"]
+__all__ = ["main", "crossover", "handoff", "online", "merge_rounds", "weigh_phases", "SHM_TIE"]
 
 
 def online(kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=10,
@@ -154,6 +158,34 @@ def weigh_phases(res, slow_factor=2.0):
     return out, info
 
 
+def merge_rounds(res, old):
+    """``res`` (one measurement: its ``"rounds"``) with the rounds of ``old`` (an earlier measurement
+    of the same rank count and path, from a rules file's ``"measured"``) added at every collective
+    and size the two share; each candidate's time at a size becomes the median of its rounds' times
+    over both.  Returns the number of rounds added (0: ``res`` unchanged).
+
+    On a machine that changes phase for minutes at a time, one run of the tuner may see only one
+    phase; ``--merge`` runs add up, so that ``weigh_phases`` weighs the phases over all of them."""
+    from statistics import median as med
+
+    if not old or old.get("path") != res.get("path") or old.get("ranks") != res.get("ranks"):
+        return 0
+    earlier = {(kind, size): rs for kind, v in (old.get("rounds") or {}).items()
+               for size, rs in v}
+    added = 0
+    for kind, v in (res.get("rounds") or {}).items():
+        rows = []
+        for (size, rs), row in zip(v, res["kinds"][kind]):
+            more = [list(r) for r in earlier.get((kind, size), []) if len(r) == 3]
+            if more:
+                rs.extend(more)
+                added += len(more)
+                row = (size, med(r[1] for r in rs), med(r[2] for r in rs))
+            rows.append(row)
+        res["kinds"][kind] = rows
+    return added
+
+
 # ------------------------------------------------------------------------------------- worker
 
 def _worker(args):
@@ -164,7 +196,7 @@ def _worker(args):
     cpg = dist.distributed_c10d._world.default_pg._cpg
     path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
     result = _measure(dist, cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
-                      args.iters, args.budget_bytes)
+                      args.iters, args.budget_bytes, step=args.step)
     dist.barrier()
     if dist.get_rank() == 0:
         with open(args.worker_out, "w", encoding="utf-8") as f:
@@ -194,7 +226,8 @@ def _launch(n, path, args, tmp):
         env.pop("PYDDP_TRANSPORT", None)
     cmd = [sys.executable, "-m", "pyddp.tools.tune", "--worker-out", out,
            "--kinds", ",".join(args.kinds), "--min-bytes", str(args.min_bytes),
-           "--max-bytes", str(args.max_bytes), "--rounds", str(args.rounds),
+           "--max-bytes", str(args.max_bytes), "--step", str(args.step),
+           "--rounds", str(args.rounds),
            "--iters", str(args.iters), "--budget-bytes", str(args.budget_bytes)]
     procs = []
     for r in range(n):
@@ -262,8 +295,8 @@ def _print_rows(n, res, out):
     a_name, b_name = ("banks", "single copy") if res["path"] == "shm" else ("direct", "ring")
     for kind, rows in res["kinds"].items():
         print(f"  {n} ranks, {res['path']}, {kind}: {a_name} us / {b_name} us", file=out)
+        tie = _tie(res)
         for size, a, b in rows:
-            tie = SHM_TIE if res["path"] == "shm" else 0.0
             mark = "  <-" if b < a else "  <= (a tie: single copies)" if b < a * (1 + tie) else ""
             print(f"    {_fmt(size):>6}  {a:10.1f}  {b:10.1f}  x{a / b:5.2f}{mark}", file=out)
 
@@ -323,7 +356,12 @@ def main(argv=None):
                     help="comma-separated collectives (default: all)")
     ap.add_argument("--min-bytes", type=_parse_bytes, default=_parse_bytes("4K"))
     ap.add_argument("--max-bytes", type=_parse_bytes, default=_parse_bytes("64M"))
-    ap.add_argument("--rounds", type=int, default=3, help="alternations of the candidates")
+    ap.add_argument("--step", type=int, choices=(2, 4), default=2,
+                    help="size multiplier between measured sizes (default 2: a crossover found "
+                         "within a factor of 2)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternations of the candidates: passes over every collective and size, "
+                         "so that a size's rounds are spread over the whole measurement")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per round (at most)")
     ap.add_argument("--budget-bytes", type=_parse_bytes, default=_parse_bytes("1G"),
                     help="cap on calls x bytes per size, which keeps large sizes short")
@@ -331,6 +369,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="4K to 1M, one round of 5 calls: a check that it works, not a tuning")
     ap.add_argument("--out", help="where to write (default: this host's file, --show says where)")
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's rounds to those the file (--out, or this host's) already "
+                         "holds, for the same rank counts and collectives, before choosing: runs at "
+                         "different times add up, so a machine that changes phase is weighed over "
+                         "both phases")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -363,6 +406,17 @@ def main(argv=None):
            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "pyddp": pyddp.__version__, "tables": {}, "measured": {}}
     probes = doc["measured"]["handoff"] = []
+    merged = None
+    if args.merge:
+        where = args.out or tuning.default_path(facts)
+        if os.path.exists(where):
+            merged = tuning.load(where)
+            if merged.get("host") != facts:
+                print(f"--merge: {where} was measured on another host ({merged.get('host')}); "
+                      "not merged", flush=True)
+                merged = None
+        else:
+            print(f"--merge: no file at {where} yet; this run starts it", flush=True)
     with tempfile.TemporaryDirectory(prefix="pyddp-tune-") as tmp:
         for n in counts:
             results = []
@@ -373,6 +427,13 @@ def main(argv=None):
                       (f" (between cores: {probe[0]:.0f} ns, {probe[1]:.1f} GB/s)" if probe else ""),
                       flush=True)
                 res = _launch(n, path, args, tmp)
+                if merged is not None:
+                    old = [m for m in merged.get("measured", {}).get(str(n), [])
+                           if isinstance(m, dict) and m.get("path") == path]
+                    added = merge_rounds(res, old[0] if old else None)
+                    if added:
+                        print(f"  merged {added} rounds of the file's earlier measurement "
+                              f"({merged.get('created', '?')})", flush=True)
                 res["median_rows"] = res["kinds"]
                 res["kinds"], res["phases"] = weigh_phases(res)
                 if res["phases"]["phases"] == 2:
@@ -386,8 +447,22 @@ def main(argv=None):
                 _print_rows(n, res, sys.stdout)
                 print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
                 results.append(res)
+            if merged is not None:
+                # a path not measured this time (--no-tcp) keeps the file's measurement
+                done = {r["path"] for r in results}
+                results += [m for m in merged.get("measured", {}).get(str(n), [])
+                            if isinstance(m, dict) and m.get("path") not in done
+                            and isinstance(m.get("kinds"), dict)]
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
+    if merged is not None:
+        # rank counts not measured this time keep the file's tables
+        for n, t in (merged.get("tables") or {}).items():
+            if n not in doc["tables"]:
+                doc["tables"][n] = t
+                if n in merged.get("measured", {}):
+                    doc["measured"][n] = merged["measured"][n]
+        doc["merged"] = list(merged.get("merged") or []) + [merged.get("created")]
     phase = _phase_note(probes)
     if phase:
         doc["measured"]["phase_note"] = phase

@@ -106,12 +106,18 @@ def _rule_bytes(kind, path, count, n):
     return b
 
 
-def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True):
-    """Both candidates of every kind of ``kinds`` on the default group, size by size: {"path",
-    "ranks", "single_copy", "kinds": kind -> [(size, first us, second us)], "rounds": kind ->
-    [(size, [(probe ns, first us, second us) per round])]}.  Every rank gets the same numbers (a
-    call's time is the slowest rank's, through an all_reduce MAX).  Leaves the rules as it found
-    them."""
+def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True,
+             step=4):
+    """Both candidates of every kind of ``kinds`` on the default group, size by size (``step``
+    apart): {"path", "ranks", "single_copy", "kinds": kind -> [(size, first us, second us)],
+    "rounds": kind -> [(size, [(probe ns, first us, second us) per round])]}.  Every rank gets the
+    same numbers (a call's time is the slowest rank's, through an all_reduce MAX).  Leaves the rules
+    as it found them.
+
+    The rounds are passes over every kind and size in turn, not back to back at one size: a pass
+    takes a few seconds on shared memory, so the rounds of one size are spread over the whole
+    measurement, and a machine that changes phase while it runs (see SHM_TIE) has every size
+    measured in both phases, which ``weigh_phases`` needs."""
     import numpy as np
 
     from ... import _C
@@ -125,19 +131,22 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     if path == "shm" and not cpg.single_copy:
         kinds = []  # no second candidate: single copies are not possible here
     times = np.zeros(1, dtype=np.float64)
+    lo = max(min_bytes, 4 * n) if path == "tcp" else min_bytes
+    sizes = _sizes(lo, max_bytes, step)
+    # (kind, size) -> calls per candidate and round, both candidates' samples, the rounds' rows
+    state = {(kind, size): {"samples": {0: [], 1: []}, "rounds": []}
+             for kind in kinds for size in sizes}
     try:
-        for kind in kinds:
-            rows, rounds_out = [], []
-            lo = max(min_bytes, 4 * n) if path == "tcp" else min_bytes
-            for size in _sizes(lo, max_bytes):
-                count = max(1, size // 4)
-                if path == "tcp" and kind == "all_gather":
-                    count = max(1, size // (4 * n))
-                run = _op(dist, kind, rank, n, count, np)
-                calls = max(3, min(iters, budget // max(1, count * 4 * n)))
-                samples = {0: [], 1: []}
-                per_round = []
-                for _ in range(rounds):
+        for _ in range(rounds):
+            for kind in kinds:
+                for size in sizes:
+                    st = state[(kind, size)]
+                    count = max(1, size // 4)
+                    if path == "tcp" and kind == "all_gather":
+                        count = max(1, size // (4 * n))
+                    run = _op(dist, kind, rank, n, count, np)
+                    calls = max(3, min(iters, budget // max(1, count * 4 * n)))
+                    samples = st["samples"]
                     ns = _round_probe(dist, rank, _C) if probe else None
                     mark = {c: len(samples[c]) for c in (0, 1)}
                     for cand in (0, 1):
@@ -156,11 +165,17 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
                             times[0] = time.perf_counter() - t0
                             dist.all_reduce(times, op=dist.ReduceOp.MAX)
                             samples[cand].append(float(times[0]))
-                    per_round.append([ns] + [float(np.median(samples[c][mark[c]:])) * 1e6
-                                             for c in (0, 1)])
-                a, b = (float(np.median(samples[c])) * 1e6 for c in (0, 1))
-                rows.append((_rule_bytes(kind, path, count, n), a, b))
-                rounds_out.append([_rule_bytes(kind, path, count, n), per_round])
+                    st["rounds"].append([ns] + [float(np.median(samples[c][mark[c]:])) * 1e6
+                                                for c in (0, 1)])
+                    st["bytes"] = _rule_bytes(kind, path, count, n)
+                    del run
+        for kind in kinds:
+            rows, rounds_out = [], []
+            for size in sizes:
+                st = state[(kind, size)]
+                a, b = (float(np.median(st["samples"][c])) * 1e6 for c in (0, 1))
+                rows.append((st["bytes"], a, b))
+                rounds_out.append([st["bytes"], st["rounds"]])
             result["kinds"][kind] = rows
             result["rounds"][kind] = rounds_out
     finally:
@@ -237,13 +252,25 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
             "small_bytes": {kd: small[codes[kd]] for kd in table["small_bytes"]}}
 
 
+def _tie(res):
+    """The tie of one measurement's crossovers: SHM_TIE on shared memory, unless the measurement
+    weighed both of the machine's phases (``tune.weigh_phases``, at least a tenth of its rounds
+    slow): then the times already hold what the tie stands in for, and the faster one wins."""
+    if res["path"] != "shm":
+        return 0.0
+    ph = res.get("phases") or {}
+    if ph.get("phases") == 2 and ph.get("slow_fraction", 0.0) >= 0.1:
+        return 0.0
+    return SHM_TIE
+
+
 def _table(results):
     """{"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} from one rank count's
     measurements."""
     t = {"cma_from": {}, "small_bytes": {}}
     for res in results:
         for kind, rows in res["kinds"].items():
-            start = crossover(rows, SHM_TIE if res["path"] == "shm" else 0.0)
+            start = crossover(rows, _tie(res))
             if res["path"] == "shm":
                 t["cma_from"][kind] = start
             else:
