@@ -26,6 +26,14 @@ def test_crossover_is_where_the_second_candidate_wins_for_good():
     # a win below a loss does not count: only a run of wins up to the largest size
     assert crossover([(1, 3.0, 2.0), (2, 1.0, 2.0), (4, 5.0, 2.0)]) == 4
     assert crossover([(1, 3.0, 2.0), (2, 3.0, 2.0)]) == 1
+    # one noisy size does not outweigh the others: a loss at the largest size among wins from 2 on
+    # (the rule used to be "wins at every larger size", which gave never here)
+    rows = [(1, 1.0, 2.0), (2, 4.0, 2.0), (4, 8.0, 2.0), (8, 16.0, 2.0), (16, 10.0, 11.0)]
+    assert crossover(rows) == 2
+    # ... but a loss that outweighs the wins below it moves the threshold past it
+    assert crossover([(1, 1.0, 2.0), (2, 1.1, 1.0), (4, 1.0, 5.0), (8, 2.0, 1.0)]) == 8
+    # equal times: the first candidate keeps the size
+    assert crossover([(1, 1.0, 1.0)]) is None
 
 
 def _group():

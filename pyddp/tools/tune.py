@@ -25,8 +25,9 @@ both), a barrier before every timed call; a call's time is the slowest rank's (a
 the ranks' times) and a candidate's time at a size is the median over calls and rounds.  A round is
 one pass over every collective and size, so that the rounds of a size are spread over the whole
 measurement rather than taken back to back.  The sizes are 2x apart (``--step``); the rule for a
-kind is the smallest measured size from which the second candidate wins at every larger measured
-size (never, when it loses at the largest).  On shared memory a tie within 20% counts as a win for
+kind is the threshold (a measured size, or never) that loses the least over all measured sizes, a
+size's loss being log(time taken / the faster one's time) (``crossover``): where the second
+candidate wins from some size on and loses below it, that size; one noisy size does not move it.  On shared memory a tie within 20% counts as a win for
 single copies, whose speed does not follow the machine's phase (SHM_TIE says why), unless both
 phases were measured and weighed (below).
 

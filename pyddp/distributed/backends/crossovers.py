@@ -30,16 +30,33 @@ SHM_TIE = 0.20
 
 def crossover(rows, tie=0.0):
     """``rows``: (size, time of the first candidate, time of the second) ascending in size.  The
-    smallest size from which the second wins (is faster, or slower by at most ``tie`` as a
-    fraction of the first's time) at every larger size, or None (it loses at the largest, or there
-    are no rows)."""
-    start = None
-    for size, a, b in reversed(rows):
-        if b < a * (1.0 + tie):
-            start = size
-        else:
-            break
-    return start
+    size from which the second candidate is taken, or None (never; also for no rows): the threshold
+    that loses the least over all the measured sizes, each size's loss being log(time taken / time
+    of the faster one there), the second candidate's times counted ``tie`` (a fraction) faster.
+
+    Where the second candidate wins at every size from some point on and loses below it, that point
+    has no loss and is the answer; a single noisy size (one that loses among larger sizes that win,
+    or wins among smaller ones that lose) moves the threshold only when it outweighs the sizes on
+    the other side of it.  Among thresholds that lose the same, the largest."""
+    import math
+
+    if not rows:
+        return None
+    loss_a = []
+    loss_b = []
+    for _, a, b in rows:
+        b = b / (1.0 + tie)
+        best = min(a, b)
+        loss_a.append(math.log(a / best) if best > 0 else 0.0)
+        loss_b.append(math.log(b / best) if best > 0 else 0.0)
+    # threshold at rows[i] (second candidate from there); i == len(rows): never
+    best_i, best_cost = len(rows), sum(loss_a)
+    cost = best_cost
+    for i in range(len(rows) - 1, -1, -1):
+        cost += loss_b[i] - loss_a[i]
+        if cost < best_cost - 1e-12:
+            best_i, best_cost = i, cost
+    return None if best_i == len(rows) else rows[best_i][0]
 
 
 PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
