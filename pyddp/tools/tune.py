@@ -27,9 +27,9 @@ one pass over every collective and size, so that the rounds of a size are spread
 measurement rather than taken back to back.  The sizes are 2x apart (``--step``); the rule for a
 kind is the threshold (a measured size, or never) that loses the least over all measured sizes, a
 size's loss being log(time taken / the faster one's time) (``crossover``): where the second
-candidate wins from some size on and loses below it, that size; one noisy size does not move it.  On shared memory a tie within 20% counts as a win for
-single copies, whose speed does not follow the machine's phase (SHM_TIE says why), unless both
-phases were measured and weighed (below).
+candidate wins from some size on and loses below it, that size; one noisy size does not move it.
+On shared memory a tie within 20% counts as a win for single copies, whose speed does not follow
+the machine's phase (SHM_TIE says why), unless both phases were measured and weighed (below).
 
 Phases: before each round rank 0 measures how fast a cache line crosses between two cores (a 10 ms
 ``pyddp._C.probe_handoff`` while the other ranks sleep).  On a machine that switches between a fast
