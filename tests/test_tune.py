@@ -196,6 +196,43 @@ def _rules_only(rank, world_size):
     return [list(x) for x in dist.distributed_c10d._world.default_pg._cpg.rules]
 
 
+def _bound_rules(rank, world_size):
+    """The rules a rank bound to one CPU (as mpirun binds ranks) applies."""
+    import pyddp.distributed as dist
+
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
+    dist.init_process_group("cpu")
+    try:
+        return len(os.sched_getaffinity(0)), [list(x) for x in
+                                              dist.distributed_c10d._world.default_pg._cpg.rules]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_bound_to_one_core_read_this_hosts_file(tmp_path):
+    """A launcher that binds every rank to a core (mpirun's default) leaves one CPU in each rank's
+    affinity mask; the host's file is keyed by the host's cores, so those ranks read it too."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity here")
+    cache = tmp_path / "cache"
+    env = {"XDG_CACHE_HOME": str(cache), "PYDDP_TUNING_FILE": None, "PYDDP_TUNING": None}
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        path = tuning.default_path()
+    finally:
+        if old is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+    os.makedirs(os.path.dirname(path))
+    _write_rules(path, cma=12345, small=4321)
+    res = run(_bound_rules, 2, timeout=60, env=env, init=False)
+    for ncpu, (cma, small) in res:
+        assert ncpu == 1
+        assert cma[_C.K_ALLREDUCE] == 12345 and small[_C.K_ALLREDUCE] == 4321
+
+
 def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
     out = tmp_path / "rules.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
