@@ -396,3 +396,64 @@ def test_collectives_copy_floor_peer():
     # the default peers leave the floor out
     mod = _collectives()
     assert "floor" in mod.PEERS and "floor" in mod.OPT_IN
+
+
+def test_interleaved_quick_table():
+    """benchmarks/interleaved.py, tiny: pyddp and Open MPI in the same processes, every row of the
+    ratio table and of the times table, both libraries checked against NumPy (skipped without
+    mpirun and mpi4py)."""
+    import shutil
+
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpirun and mpi4py")
+    _need_process_groups()
+    script = os.path.join(ROOT, "benchmarks", "interleaved.py")
+    proc = subprocess.run([sys.executable, script, "--quick", "--ops", "allreduce,gather,alltoall",
+                           "--max-bytes", "16K", "--times", "--timeout", "150"],
+                          cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True,
+                          timeout=170)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "WRONG RESULT" not in out, out
+    assert re.search(r"pyddp ahead at [0-6] of 6 points on this machine", proc.stdout), out
+    assert re.search(r"^Machine: .*between cores [0-9]+-[0-9]+ ns over 6 probes", proc.stdout,
+                     re.M), out
+    for op in ("allreduce", "gather", "alltoall"):
+        assert re.search(rf"^\| {op} \| (\**[0-9.]+\**) \| (\**[0-9.]+\**) \|$", proc.stdout,
+                         re.M), out
+        for size in ("4K", "16K"):
+            assert re.search(rf"^\| {op} \| {size} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| 20 \|",
+                             proc.stdout, re.M), out
+
+
+def test_interleaved_report_marks_what_is_behind_and_wrong():
+    spec = importlib.util.spec_from_file_location(
+        "bench_interleaved", os.path.join(ROOT, "benchmarks", "interleaved.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def cell(n, p, m, ok=True):
+        return {"bytes": n, "iters": 5, "probe_ns": 50.0, "pyddp_us": p, "mpi_us": m,
+                "pyddp_correct": ok, "mpi_correct": True}
+
+    result = {"world": 2, "ops": {"allreduce": [cell(4096, 1.0, 2.0), cell(16384, 4.0, 2.0)],
+                                  "gather": [cell(4096, 1.0, 1.0, ok=False), cell(16384, 1.0, 3.0)]}}
+
+    class A:
+        ops, times = ["allreduce", "gather"], False
+
+    info = {"date": "d", "cpu": "c", "cores": 2, "python": "3", "numpy": "2"}
+    text, ahead, total, wrong = mod.report(result, A, info)
+    assert (ahead, total, wrong) == (3, 4, True)
+    assert "| allreduce | 2.00 | **0.50** |" in text and "| gather | 1.00 | 3.00 |" in text
+    assert "pyddp behind Open MPI at: allreduce 16K (0.50)" in text
+    assert "WRONG RESULT: pyddp gather 4K" in text
+
+
+def test_interleaved_says_what_is_missing():
+    script = os.path.join(ROOT, "benchmarks", "interleaved.py")
+    env = dict(_env_with_this_pyddp(), PATH=os.path.dirname(sys.executable))
+    proc = subprocess.run([sys.executable, script, "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "interleaved.py: skipped: mpirun not found" in proc.stdout, (
+        proc.stdout + proc.stderr)
