@@ -212,7 +212,7 @@ def report(result, args, info):
     if args.times:
         out.append("")
         out += _report.table(["collective", "size", "pyddp us", "Open MPI us", "mpi/pyddp",
-                              "calls", "probe ns"], time_rows)
+                              "calls", "probe ns"], time_rows, align="llrrrrr")
     return "\n".join(out), ahead, total, bool(wrong)
 
 

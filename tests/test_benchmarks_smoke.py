@@ -416,8 +416,11 @@ def test_interleaved_quick_table():
     assert proc.returncode == 0, out
     assert "WRONG RESULT" not in out, out
     assert re.search(r"pyddp ahead at [0-6] of 6 points on this machine", proc.stdout), out
-    assert re.search(r"^Machine: .*between cores [0-9]+-[0-9]+ ns over 6 probes", proc.stdout,
-                     re.M), out
+    machine = re.search(r"^Machine: .*$", proc.stdout, re.M)
+    assert machine, out
+    # one probe before each row; a probe that finds no complete round on a loaded machine is left out
+    probes = re.search(r"between cores [0-9]+-[0-9]+ ns over ([0-9]+) probes", machine.group(0))
+    assert probes is None or 1 <= int(probes.group(1)) <= 6, out
     for op in ("allreduce", "gather", "alltoall"):
         assert re.search(rf"^\| {op} \| (\**[0-9.]+\**) \| (\**[0-9.]+\**) \|$", proc.stdout,
                          re.M), out
