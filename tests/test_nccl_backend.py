@@ -733,7 +733,7 @@ def _p2p_stall(rank, n, how):
         if how == "dead":
             time.sleep(0.5)
             os._exit(3)  # never posts its receive, and its host group connection drops
-        time.sleep(6)  # never posts its receive
+        time.sleep(10)  # never posts its receive (past rank 0's deadline, even on a loaded host)
         return None
     if how == "sigint":
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -757,7 +757,8 @@ def test_send_whose_peer_never_posts_ends_within_the_timeout(how):
     assert outs[0].ok, outs[0].describe()
     what, took, msg = outs[0].value
     if how == "timeout":
-        assert what == "DistBackendError" and 1.5 < took < 5.0, (what, took, msg)
+        # 2 s group timeout; up to 8 s where the suite's other processes hold the cores
+        assert what == "DistBackendError" and 1.5 < took < 8.0, (what, took, msg)
         assert "still in progress" in msg and "rank 0" in msg and "aborted" in msg, msg
     elif how == "dead":
         assert what == "DistBackendError" and took < 10.0, (what, took, msg)
