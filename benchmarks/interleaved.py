@@ -36,22 +36,11 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import bench_worker as bw  # noqa: E402
+from pyddp.tools.tune import _parse_bytes as parse_bytes  # noqa: E402  (4K, 64M, ...)
 
 LABEL = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgather",
          "reduce_scatter": "reduce_scatter", "reduce": "reduce", "gather": "gather",
          "scatter": "scatter", "alltoall": "alltoall"}
-
-
-def parse_bytes(text):
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        v = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 4K or 64M, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size > 0, got {text!r}")
-    return v
 
 
 def fmt_size(n):
@@ -153,9 +142,9 @@ def missing():
     """Why this benchmark cannot run here, or None."""
     if shutil.which("mpirun") is None:
         return "mpirun not found (Open MPI: apt install openmpi-bin libopenmpi-dev)"
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
         return "mpi4py not installed (pip install mpi4py)"
     return None
 
