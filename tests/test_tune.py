@@ -292,6 +292,11 @@ def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     shm2 = [m for m in second["measured"]["2"] if m["path"] == "shm"][0]
     assert all(len(rs) == 2 for v in shm2["rounds"].values() for _, rs in v)
     assert second["tables"]["2"]["small_bytes"] == first["tables"]["2"]["small_bytes"]
+    p = subprocess.run([sys.executable, "-m", "pyddp.tools.tune", "--show"],
+                       env=dict(env, PYDDP_TUNING_FILE=str(out)), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert f"with the rounds of earlier runs (--merge): {first['created']}" in p.stdout, p.stdout
     # another host's file is not merged
     doc = json.loads(out.read_text())
     doc["host"] = dict(doc["host"], cpu="another cpu")

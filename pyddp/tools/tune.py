@@ -325,6 +325,15 @@ def show(out=sys.stdout, size=None):
         if ns:
             print(f"  a cache line crossed between cores in {min(ns):.0f}-{max(ns):.0f} ns while "
                   f"it was measured (now: {_now_handoff()})", file=out)
+        if doc.get("merged"):
+            print(f"  with the rounds of earlier runs (--merge): {', '.join(map(str, doc['merged']))}",
+                  file=out)
+        for n, results in sorted((doc.get("measured") or {}).items()):
+            for res in results if isinstance(results, list) else []:
+                ph = res.get("phases") if isinstance(res, dict) else None
+                if ph and ph.get("phases") == 2:
+                    print(f"  {n} ranks over {res.get('path')}: {ph['slow_fraction']:.0%} of the "
+                          "rounds in the slow phase, weighed", file=out)
         if (doc.get("measured") or {}).get("phase_note"):
             print(f"  note: {doc['measured']['phase_note']}", file=out)
     sizes = [size] if size else sorted({2, 4} | {int(k) for k in (doc or {}).get("tables", {})})
