@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,11 +35,8 @@ sys.path.insert(0, HERE)
 
 import _report  # noqa: E402
 import bench_worker as bw  # noqa: E402
+from pyddp.tools.tune import _free_port as free_port  # noqa: E402
 from pyddp.tools.tune import _parse_bytes as parse_bytes  # noqa: E402  (4K, 64M, ...)
-
-LABEL = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgather",
-         "reduce_scatter": "reduce_scatter", "reduce": "reduce", "gather": "gather",
-         "scatter": "scatter", "alltoall": "alltoall"}
 
 
 def fmt_size(n):
@@ -125,18 +121,11 @@ def worker(args):
             print(f"# {op}: done", file=sys.stderr, flush=True)
     if rank == 0:
         with open(args.worker_out, "w", encoding="utf-8") as f:
-            json.dump({"world": world, "ops": rows,
-                       "affinity": len(os.sched_getaffinity(0))}, f)
+            json.dump({"world": world, "ops": rows}, f)
     pimpl.close()
 
 
 # ------------------------------------------------------------------------------------------ parent
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def missing():
     """Why this benchmark cannot run here, or None."""

@@ -281,6 +281,13 @@ def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     first = tuning.load(str(out))
     shm1 = [m for m in first["measured"]["2"] if m["path"] == "shm"][0]
     assert all(len(rs) == 1 for v in shm1["rounds"].values() for _, rs in v)
+    # a rank count this run does not measure keeps its measurement; its table is worked out again
+    # by the rule in force (here single copies win at 4 KiB: the stale table's 999 goes)
+    doc = json.loads(out.read_text())
+    doc["tables"]["4"] = {"cma_from": {"gather": 999}, "small_bytes": {}}
+    doc["measured"]["4"] = [{"path": "shm", "ranks": 4, "single_copy": True,
+                             "kinds": {"gather": [[4096, 10.0, 1.0]]}}]
+    out.write_text(json.dumps(doc))
     p = subprocess.run(base + ["--merge", "--no-tcp"], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -292,6 +299,8 @@ def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     shm2 = [m for m in second["measured"]["2"] if m["path"] == "shm"][0]
     assert all(len(rs) == 2 for v in shm2["rounds"].values() for _, rs in v)
     assert second["tables"]["2"]["small_bytes"] == first["tables"]["2"]["small_bytes"]
+    assert second["tables"]["4"]["cma_from"] == {"gather": 4096}
+    assert second["measured"]["4"][0]["kinds"]["gather"] == [[4096, 10.0, 1.0]]
     p = subprocess.run([sys.executable, "-m", "pyddp.tools.tune", "--show"],
                        env=dict(env, PYDDP_TUNING_FILE=str(out)), capture_output=True, text=True,
                        timeout=60)

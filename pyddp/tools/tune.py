@@ -466,12 +466,15 @@ def main(argv=None):
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
     if merged is not None:
-        # rank counts not measured this time keep the file's tables
+        # rank counts not measured this time keep the file's measurements, their tables worked
+        # out again by the rule in force now
         for n, t in (merged.get("tables") or {}).items():
             if n not in doc["tables"]:
+                kept = merged.get("measured", {}).get(n)
+                if isinstance(kept, list) and kept:
+                    doc["measured"][n] = kept
+                    t = _table(kept)
                 doc["tables"][n] = t
-                if n in merged.get("measured", {}):
-                    doc["measured"][n] = merged["measured"][n]
         doc["merged"] = list(merged.get("merged") or []) + [merged.get("created")]
     phase = _phase_note(probes)
     if phase:

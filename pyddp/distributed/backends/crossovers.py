@@ -150,7 +150,7 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     times = np.zeros(1, dtype=np.float64)
     lo = max(min_bytes, 4 * n) if path == "tcp" else min_bytes
     sizes = _sizes(lo, max_bytes, step)
-    # (kind, size) -> calls per candidate and round, both candidates' samples, the rounds' rows
+    # (kind, size) -> both candidates' samples and the rounds' rows, filled pass by pass
     state = {(kind, size): {"samples": {0: [], 1: []}, "rounds": []}
              for kind in kinds for size in sizes}
     try:
