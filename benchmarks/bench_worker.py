@@ -7,7 +7,9 @@ Started by collectives.py, never by hand:
 
 Every rank times every iteration itself (a barrier before each, the collective alone inside the clock);
 the per-iteration times are reduced with MAX over ranks through the implementation's own all_reduce, and
-rank 0 writes them as JSON to --out. The parent takes the median over iterations.
+rank 0 writes them as JSON to --out. The parent takes the median over iterations. With --timing loop an
+iteration is a batch of calls back to back (a barrier before the batch only), and its time is the batch's
+divided by its calls.
 
 The transport of pyddp is the parent's business (PYDDP_TRANSPORT in the environment: "pyddp-tcp" is this
 worker with PYDDP_TRANSPORT=tcp). --shm-buffer (pyddp only) adds, after the other collectives, an allreduce
@@ -58,6 +60,14 @@ def whole_bytes(op, n_in, n_out):
 def iterations(nbytes, max_iters, budget_bytes):
     """Timed iterations for one size: max_iters for small arrays, fewer for large ones (same on all ranks)."""
     return int(max(5, min(max_iters, budget_bytes // max(nbytes, 1))))
+
+
+def loop_batches(iters):
+    """--timing loop: (batches, calls per batch) for a row of iters timed calls.  The calls of a batch
+    run back to back (nccl-tests' method); only the batches have a barrier before them.  At least 10
+    batches where there are enough calls, so that the median over batches means something."""
+    batches = min(10, iters)
+    return batches, max(1, iters // batches)
 
 
 def warmups(nbytes):
@@ -408,23 +418,27 @@ def run_op(impl, op, sizes, args, make=None):
         for _ in range(warmups(nbytes)):
             impl.barrier()
             fn(ta, tout)
-        times = np.zeros(iters, dtype=np.float64)
+        timing = getattr(args, "timing", "call")  # (other scripts pass args of their own)
+        batches, per = loop_batches(iters) if timing == "loop" else (iters, 1)
+        times = np.zeros(batches, dtype=np.float64)
         clock = time.perf_counter
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for i in range(iters):
+        for i in range(batches):
             impl.barrier()
             t0 = clock()
-            fn(ta, tout)
-            times[i] = clock() - t0
+            for _ in range(per):
+                fn(ta, tout)
+            times[i] = (clock() - t0) / per
         # page faults per iteration (this rank; --json only): a library that maps fresh memory on
         # every call (a temporary buffer above malloc's mmap threshold) shows it here
-        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / iters
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / (batches * per)
         times = impl.max_over_ranks(times)
         whole = whole_bytes(op, n_in, n_out)
         rows.append({
             "bytes": whole,
             "count": whole // 4,
-            "iters": iters,
+            "iters": batches * per,
+            "timing": timing,
             "median_us": float(np.median(times) * 1e6),
             "min_us": float(times.min() * 1e6),
             "correct": ok,
@@ -453,6 +467,9 @@ def main():
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", required=True, help="comma-separated byte sizes")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--timing", choices=("call", "loop"), default="call",
+                   help="call: a barrier before every call, each timed alone; loop: batches of calls "
+                        "back to back, a barrier before each batch, time per call = batch time / calls")
     p.add_argument("--budget-bytes", type=int, default=2 << 30)
     p.add_argument("--out", required=True)
     p.add_argument("--shm-buffer", action="store_true",

@@ -8,7 +8,8 @@
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
 --peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
 floor), --json OUT, --plot FILE (default
-docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick.
+docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick, --split-ops, --rounds N,
+--timing call|loop.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
 reduce_scatter_tensor, reduce, gather, scatter, alltoall = all_to_all_single; root 0) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
@@ -29,6 +30,10 @@ Method (as nccl-tests): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
 a free port; MPI: mpirun -np N); per size a correctness check, warm-up iterations, then timed iterations each
 preceded by a barrier; each iteration's time is the slowest rank's; the table shows the median over iterations.
+With --timing loop an iteration is a batch of calls back to back (as nccl-tests times them), a barrier before
+the batch only, and its time per call is the slowest rank's batch time divided by the calls: where ranks share
+cores, a call timed alone from each rank's barrier exit measures the order in which each library's barrier
+lets its ranks go as much as the call.
 size is the whole array: allgather's output, reduce_scatter's input. busbw = algbw * factor: allreduce
 2(n-1)/n, allgather and reduce_scatter (n-1)/n, broadcast 1. memcpy: median time of np.copyto into a
 preallocated array of the same number of bytes, warm, many repetitions, measured here before the libraries
@@ -220,7 +225,8 @@ def run_peer(peer, args, sizes, tmpdir):
     out = os.path.join(tmpdir, f"{peer}.json")
     wargs = [sys.executable, WORKER, "--impl", IMPL[peer], "--ops", ",".join(args.ops),
              "--sizes", ",".join(str(s) for s in sizes), "--iters", str(args.iters),
-             "--budget-bytes", str(args.budget_bytes), "--out", out]
+             "--budget-bytes", str(args.budget_bytes), "--out", out,
+             "--timing", getattr(args, "timing", "call")]
     if peer == "pyddp" and "allreduce" in args.ops:
         wargs.append("--shm-buffer")
     if peer in MPI_PEERS:
@@ -515,6 +521,8 @@ def summary_block(args, results, world, memcpy, phase=None):
         rounds = getattr(args, "rounds", 1)
         who = LABEL[mine] + (" (PYDDP_TUNING=0: the built-in constants)" if mine != "pyddp" else "")
         over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
+        if getattr(args, "timing", "call") == "loop":
+            over += ", calls back to back (--timing loop)"
         blocks.append(_report.block(
             f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
             f"**bold**: behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
@@ -546,6 +554,8 @@ def floor_block(args, results, world, phase=None):
     info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
     rounds = getattr(args, "rounds", 1)
     over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
+    if getattr(args, "timing", "call") == "loop":
+        over += ", calls back to back (--timing loop)"
     text = _report.block(
         f"time / copy floor time, {world} ranks, float32, {over} (1.00: the library writes its output "
         "as fast as plain copies of the same bytes, every rank copying its share at the same time)",
@@ -681,6 +691,12 @@ def main(argv=None):
                     help="run every collective in processes of its own, the libraries alternating per "
                          "collective: the runs compared are seconds apart, so more of them fall in one phase "
                          "of a machine whose speed between cores changes (see the handoff probes)")
+    ap.add_argument("--timing", choices=("call", "loop"), default="call",
+                    help="call (default): a barrier before every call, each call timed alone, the slowest "
+                         "rank's time; loop: batches of calls back to back (nccl-tests' method), a barrier "
+                         "before each batch, time per call = the slowest rank's batch time / calls (see "
+                         "docs/benchmarks.md: where ranks share cores, a call's own clock measures the "
+                         "order in which each library's barrier lets the ranks go)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every library this many times, in alternating order, and report the median "
                          "of its per-round medians (default 1)")

@@ -56,6 +56,14 @@ def _collectives():
     return mod
 
 
+def _worker_module():
+    spec = importlib.util.spec_from_file_location(
+        "bench_worker", os.path.join(ROOT, "benchmarks", "bench_worker.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.timeout(180)
 def test_collectives_quick_table(tmp_path):
     _need_process_groups()
@@ -396,6 +404,34 @@ def test_collectives_copy_floor_peer():
     # the default peers leave the floor out
     mod = _collectives()
     assert "floor" in mod.PEERS and "floor" in mod.OPT_IN
+
+
+@pytest.mark.timeout(180)
+def test_collectives_loop_timing_runs_calls_back_to_back(tmp_path):
+    """--timing loop: batches of calls back to back, a barrier before each batch only; the rows
+    say so in the JSON and the summary's title names it; results are still checked."""
+    _need_process_groups()
+    out_json = tmp_path / "loop.json"
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,pyddp-tcp", "--ops", "allreduce,gather",
+         "--min-bytes", "4K", "--max-bytes", "64K", "--timing", "loop", "--timeout", "120", "--no-plot",
+         "--json", str(out_json)],
+        cwd=ROOT, env=_env_with_this_pyddp(), capture_output=True, text=True, timeout=150,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "WRONG RESULT" not in out, out
+    doc = json.loads(out_json.read_text())
+    for peer in ("pyddp", "pyddp-tcp"):
+        for op in ("allreduce", "gather"):
+            rows = doc["results"][peer]["ops"][op]
+            assert rows and all(r["timing"] == "loop" and r["correct"] and r["median_us"] > 0
+                                for r in rows), rows
+            # --quick: 10 timed calls, so 10 batches of one call; batches never lose calls
+            assert all(r["iters"] == 10 for r in rows), rows
+    wmod = _worker_module()
+    assert wmod.loop_batches(200) == (10, 20) and wmod.loop_batches(5) == (5, 1)
+    assert wmod.loop_batches(1) == (1, 1)
 
 
 def test_interleaved_quick_table():

@@ -352,6 +352,63 @@ def test_weighed_phases_decide_without_the_tie():
     assert _table([res])["cma_from"]["gather"] == 4096
 
 
+def test_the_worse_phase_decides_each_size_whatever_share_of_rounds_it_had():
+    """Shared memory measured in both phases: a size's loss is the phase where it is larger, so a
+    candidate 1.65x slower in the fast phase and 2.8x faster in the slow one is taken however few
+    rounds ran slow (the 4-rank reduce of the docs' VM at 1 MiB: banks 164/938 us fast/slow, single
+    copies 271/330).  Weighing the phases by their share of rounds (10% slow here) kept the banks."""
+    from pyddp.distributed.backends.crossovers import _table, phase_times
+    from pyddp.tools.tune import weigh_phases
+
+    fast, slow = 50.0, 300.0
+    # (size, banks fast, banks slow, single copies fast, single copies slow)
+    sizes = [(65536, 25.0, 73.0, 45.0, 95.0), (1048576, 164.0, 938.0, 271.0, 330.0)]
+    rounds = {"reduce": [(z, [(fast, af, bf)] * 9 + [(slow, asl, bsl)]) for z, af, asl, bf, bsl in sizes]}
+    res = {"path": "shm", "ranks": 4, "single_copy": True, "rounds": rounds,
+           "kinds": {"reduce": [(z, af, bf) for z, af, _, bf, _ in sizes]}}
+    by_phase, info = phase_times(res)
+    assert info["phases"] == 2 and info["slow_fraction"] == pytest.approx(0.1)
+    assert by_phase["reduce"][1] == (1048576, (164.0, 938.0), (271.0, 330.0))
+    res["kinds"], res["phases"] = weigh_phases(res)
+    # the weighed times alone: banks ahead at both sizes (1 MiB: 241 vs 277 us)
+    assert crossover(res["kinds"]["reduce"]) is None
+    assert _table([res])["cma_from"]["reduce"] == 1048576
+    # over TCP the phases are not told apart: the weighed times decide
+    tcp = dict(res, path="tcp")
+    assert _table([tcp])["small_bytes"]["reduce"] == 1 << 62
+    # tuples straight into crossover: the larger of the per-phase losses
+    assert crossover([(1, (1.0, 4.0), (1.5, 2.0))]) == 1
+    assert crossover([(1, (1.0, 2.0), (3.0, 2.1))]) is None
+
+
+def test_one_sizes_stray_slow_rounds_do_not_outweigh_its_neighbours():
+    """Split by phase, a size has few rounds per phase: the rule reads each size's per-phase ratio
+    as the median of its own and its neighbours' (smooth_phases), so one size whose slow rounds
+    landed far off (the 4-rank reduce of the docs' VM: banks 264 us at 1 MiB in the slow phase,
+    393 at 512 KiB, 1635 at 2 MiB) does not keep the banks there."""
+    from pyddp.distributed.backends.crossovers import _table, smooth_phases
+    from pyddp.tools.tune import weigh_phases
+
+    fast, slow = 50.0, 300.0
+    # (size, banks fast, banks slow, single copies fast, single copies slow): measured 2026-11-28
+    sizes = [(262144, 86.3, 216.2, 130.1, 141.3), (524288, 92.1, 393.0, 210.0, 162.1),
+             (1048576, 207.2, 264.1, 352.9, 253.0), (2097152, 307.9, 1635.4, 385.8, 412.0)]
+    rounds = {"reduce": [(z, [(fast, af, bf)] * 3 + [(slow, asl, bsl)]) for z, af, asl, bf, bsl in sizes]}
+    res = {"path": "shm", "ranks": 4, "single_copy": True, "rounds": rounds,
+           "kinds": {"reduce": [(z, af, bf) for z, af, _, bf, _ in sizes]}}
+    res["kinds"], res["phases"] = weigh_phases(res)
+    rows = [(z, (af, asl), (bf, bsl)) for z, af, asl, bf, bsl in sizes]
+    # each size's own ratios: the 1 MiB row's losses outweigh the three sizes around it
+    assert crossover(rows) == 2097152
+    smooth = smooth_phases(rows)
+    assert smooth[0][1] == pytest.approx((86.3 / 130.1, 216.2 / 141.3))  # an end keeps its own
+    assert smooth[2][1][1] == pytest.approx(393.0 / 162.1)  # median of 2.42, 1.04, 3.97
+    assert all(r[2] == (1.0, 1.0) for r in smooth)
+    # smoothed: single copies from 1 MiB (at 512 KiB the banks' 1.7x in the fast phase, against
+    # the slow phase's 1.5x, keeps them)
+    assert _table([res])["cma_from"]["reduce"] == 1048576
+
+
 def test_probe_handoff_measures_both_numbers_and_checks_its_argument():
     """Issue 37: the core-to-core probe printed beside benchmark tables and kept with the rules."""
     import os

@@ -29,15 +29,18 @@ kind is the threshold (a measured size, or never) that loses the least over all 
 size's loss being log(time taken / the faster one's time) (``crossover``): where the second
 candidate wins from some size on and loses below it, that size; one noisy size does not move it.
 On shared memory a tie within 20% counts as a win for single copies, whose speed does not follow
-the machine's phase (SHM_TIE says why), unless both phases were measured and weighed (below).
+the machine's phase (SHM_TIE says why), unless both phases were measured (below).
 
 Phases: before each round rank 0 measures how fast a cache line crosses between two cores (a 10 ms
 ``pyddp._C.probe_handoff`` while the other ranks sleep).  On a machine that switches between a fast
-and a slow phase while it is measured, each candidate's time at a size is the time it is expected
-to take over both, weighted by the share of rounds that ran slow (``weigh_phases``): a candidate 1.5x
-ahead in the fast phase and 4x behind in the slow one loses.  With at least a tenth of the rounds
-slow the weighed times decide alone (no tie).  Phases can last minutes, longer than one run:
-``--merge`` adds a run's rounds to those the file already holds, so runs at different times add up.
+and a slow phase while it is measured, each candidate gets a time per phase (``phase_times``), and a
+size's loss is the one of the phase where it is larger (``crossover``): a candidate 1.5x ahead in the
+fast phase and 4x behind in the slow one loses, whatever share of the rounds each phase had (that
+share follows the hour more than the machine: on the docs' VM a quarter of the rounds one morning,
+nearly all of them the next).  With each phase in at least a tenth of the rounds the phases decide
+alone (no tie).  The tuner prints each phase's times, or where one phase was seen, the medians.
+Phases can last minutes, longer than one run: ``--merge`` adds a run's rounds to those the file
+already holds, so runs at different times add up.
 Every rank of a group applies rank 0's rules (backends.tuning), so the choice is the same everywhere.
 
 Online: ``online()`` (or ``PYDDP_TUNING_ONLINE=1`` at ``init_process_group``) measures the same
@@ -59,7 +62,8 @@ import time
 
 from pyddp.distributed.backends import crossovers as _crossovers
 from pyddp.distributed.backends.crossovers import (  # noqa: F401  (crossover: API)
-    _NEVER_SMALL, _SHM_KINDS, SHM_TIE, _measure, _table, _tie, crossover)
+    _NEVER_SMALL, _SHM_KINDS, SHM_TIE, SLOW_FACTOR, _both_phases, _measure, _phase_loss, _table,
+    _tie, crossover, phase_times)
 
 __all__ = ["main", "crossover", "handoff", "online", "merge_rounds", "weigh_phases", "SHM_TIE"]
 
@@ -103,58 +107,28 @@ def _fmt(n):
 
 # ------------------------------------------------------------------------------------- phases
 
-def weigh_phases(res, slow_factor=2.0):
+def weigh_phases(res, slow_factor=SLOW_FACTOR):
     """The rows of one measurement (``res["kinds"]``: kind -> [(size, a, b)]) recomputed as the
     time each candidate is expected to take over the machine's phases, from the per-round data
-    (``res["rounds"]``: kind -> [(size, [(probe ns, a, b) per round])]).
-
-    A round is slow when rank 0's probe before it exceeds ``slow_factor`` times the 10th percentile
-    of all the measurement's probes.  A candidate's expected time at a size is (1 - p) x its median
-    over fast rounds + p x its median over slow rounds, p being the fraction of slow rounds in the
-    whole measurement (how much of its time the machine spent in the slow phase).  A size measured
-    in one phase only gets the other phase's time from the kind's median slow/fast ratio of that
-    candidate (over the sizes seen in both).  Returns (rows by kind, info); rows are
-    ``res["kinds"]`` unchanged when the measurement stayed in one phase."""
-    rounds = res.get("rounds") or {}
-    probes = sorted(r[0] for v in rounds.values() for _, rs in v for r in rs if r[0] is not None)
-    if len(probes) < 4:
-        return res["kinds"], {"phases": 1}
-    ref = probes[len(probes) // 10]
-    limit = ref * slow_factor
-    nslow = sum(1 for x in probes if x > limit)
-    p = nslow / len(probes)
-    info = {"phases": 2 if 0 < nslow < len(probes) else 1, "slow_fraction": round(p, 3),
-            "fast_probe_ns": round(ref, 1), "slow_above_ns": round(limit, 1)}
-    if info["phases"] == 1:
+    (``res["rounds"]``, split by ``phase_times``): (1 - p) x its fast-phase time + p x its
+    slow-phase time, p being the fraction of slow rounds in the whole measurement.  These are the
+    times the tuner prints; the rules take each phase's times (``_table``).  Returns (rows by kind,
+    info); rows are ``res["kinds"]`` unchanged when the measurement stayed in one phase."""
+    by_phase, info = phase_times(res, slow_factor)
+    p = info.get("slow_fraction")
+    if p is not None:
+        info["slow_fraction"] = round(p, 3)
+    if by_phase is None:
         return res["kinds"], info
-
-    from statistics import median as med
-
     out = {}
     for kind, rows in res["kinds"].items():
-        per = dict((size, rs) for size, rs in rounds.get(kind, []))
-        split = {}
-        for size, _, _ in rows:
-            rs = [r for r in per.get(size, []) if r[0] is not None]
-            f = [r for r in rs if r[0] <= limit]
-            sl = [r for r in rs if r[0] > limit]
-            split[size] = [(med([r[1 + c] for r in f]) if f else None,
-                            med([r[1 + c] for r in sl]) if sl else None) for c in (0, 1)]
-        ratio = []
-        for c in (0, 1):
-            rr = [s / f for f, s in (split[z][c] for z in split) if f and s]
-            ratio.append(med(rr) if rr else None)
+        split = {size: (a, b) for size, a, b in by_phase.get(kind, [])}
         new = []
         for size, a, b in rows:
-            exp = []
-            for c, plain in ((0, a), (1, b)):
-                f, sl = split[size][c]
-                if f is None and sl is not None and ratio[c]:
-                    f = sl / ratio[c]
-                if sl is None and f is not None and ratio[c]:
-                    sl = f * ratio[c]
-                exp.append((1 - p) * f + p * sl if f is not None and sl is not None else plain)
-            new.append((size, exp[0], exp[1]))
+            if size in split:
+                (af, asl), (bf, bsl) = split[size]
+                a, b = (1 - p) * af + p * asl, (1 - p) * bf + p * bsl
+            new.append((size, a, b))
         out[kind] = new
     return out, info
 
@@ -294,7 +268,19 @@ def _phase_note(probes):
 
 def _print_rows(n, res, out):
     a_name, b_name = ("banks", "single copy") if res["path"] == "shm" else ("direct", "ring")
+    by_phase = phase_times(res)[0] if _both_phases(res) else None
     for kind, rows in res["kinds"].items():
+        split = by_phase.get(kind) if by_phase else None
+        if split and len(split) == len(rows):
+            # the rule reads each phase's times: show them, and which way the worse phase goes
+            print(f"  {n} ranks, {res['path']}, {kind}: {a_name} us fast/slow phase, {b_name} us "
+                  "fast/slow phase", file=out)
+            for size, a, b in split:
+                best = (min(a[0], b[0]), min(a[1], b[1]))
+                mark = "  <-" if _phase_loss(b, best) < _phase_loss(a, best) else ""
+                print(f"    {_fmt(size):>6}  {a[0]:10.1f} {a[1]:10.1f}  {b[0]:10.1f} {b[1]:10.1f}"
+                      f"{mark}", file=out)
+            continue
         print(f"  {n} ranks, {res['path']}, {kind}: {a_name} us / {b_name} us", file=out)
         tie = _tie(res)
         for size, a, b in rows:
@@ -332,8 +318,10 @@ def show(out=sys.stdout, size=None):
             for res in results if isinstance(results, list) else []:
                 ph = res.get("phases") if isinstance(res, dict) else None
                 if ph and ph.get("phases") == 2:
+                    how = ("each phase's times decide, the worse phase per size" if _both_phases(res)
+                           else "times weighed by that share")
                     print(f"  {n} ranks over {res.get('path')}: {ph['slow_fraction']:.0%} of the "
-                          "rounds in the slow phase, weighed", file=out)
+                          f"rounds in the slow phase; {how}", file=out)
         if (doc.get("measured") or {}).get("phase_note"):
             print(f"  note: {doc['measured']['phase_note']}", file=out)
     sizes = [size] if size else sorted({2, 4} | {int(k) for k in (doc or {}).get("tables", {})})
@@ -382,7 +370,7 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="add this run's rounds to those the file (--out, or this host's) already "
                          "holds, for the same rank counts and collectives, before choosing: runs at "
-                         "different times add up, so a machine that changes phase is weighed over "
+                         "different times add up, so a machine that changes phase is measured in "
                          "both phases")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -447,10 +435,12 @@ def main(argv=None):
                 res["median_rows"] = res["kinds"]
                 res["kinds"], res["phases"] = weigh_phases(res)
                 if res["phases"]["phases"] == 2:
+                    how = ("each candidate's times in the fast and the slow phase below; the worse "
+                           "phase decides each size" if _both_phases(res) else
+                           "each candidate's time below is its expected time over both phases")
                     print(f"  the machine changed phase during it: {res['phases']['slow_fraction']:.0%} "
                           f"of the rounds slow (probe over {res['phases']['slow_above_ns']:.0f} ns); "
-                          "each candidate's time below is its expected time over both phases",
-                          flush=True)
+                          f"{how}", flush=True)
                 after = handoff()
                 if probe and after:
                     probes.append({"ranks": n, "path": path, "before": probe, "after": after})

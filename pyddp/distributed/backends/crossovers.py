@@ -28,27 +28,38 @@ _NEVER_SMALL = 1 << 62  # small_bytes past every message: direct algorithms alwa
 SHM_TIE = 0.20
 
 
+def _phase_loss(times, best):
+    """log(time / best time) in the phase where it is largest (``times`` and ``best``: one number
+    per phase)."""
+    import math
+
+    return max(math.log(t / b) if b > 0 else 0.0 for t, b in zip(times, best))
+
+
 def crossover(rows, tie=0.0):
-    """``rows``: (size, time of the first candidate, time of the second) ascending in size.  The
-    size from which the second candidate is taken, or None (never; also for no rows): the threshold
-    that loses the least over all the measured sizes, each size's loss being log(time taken / time
-    of the faster one there), the second candidate's times counted ``tie`` (a fraction) faster.
+    """``rows``: (size, time of the first candidate, time of the second) ascending in size; a time
+    is a number, or a tuple of one time per phase of the machine (``phase_times``).  The size from
+    which the second candidate is taken, or None (never; also for no rows): the threshold that
+    loses the least over all the measured sizes, each size's loss being log(time taken / time of
+    the faster one there) in the phase where that is largest, the second candidate's times counted
+    ``tie`` (a fraction) faster.
 
     Where the second candidate wins at every size from some point on and loses below it, that point
     has no loss and is the answer; a single noisy size (one that loses among larger sizes that win,
     or wins among smaller ones that lose) moves the threshold only when it outweighs the sizes on
-    the other side of it.  Among thresholds that lose the same, the largest."""
-    import math
-
+    the other side of it.  Among thresholds that lose the same, the largest.  With one time per
+    phase, a candidate that is a little slower in one phase and much faster in the other loses the
+    little (the worse phase decides each size, whichever phase the machine happens to be in)."""
     if not rows:
         return None
     loss_a = []
     loss_b = []
     for _, a, b in rows:
-        b = b / (1.0 + tie)
-        best = min(a, b)
-        loss_a.append(math.log(a / best) if best > 0 else 0.0)
-        loss_b.append(math.log(b / best) if best > 0 else 0.0)
+        a = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+        b = tuple(x / (1.0 + tie) for x in (b if isinstance(b, (tuple, list)) else (b,)))
+        best = tuple(min(x, y) for x, y in zip(a, b))
+        loss_a.append(_phase_loss(a, best))
+        loss_b.append(_phase_loss(b, best))
     # threshold at rows[i] (second candidate from there); i == len(rows): never
     best_i, best_cost = len(rows), sum(loss_a)
     cost = best_cost
@@ -57,6 +68,101 @@ def crossover(rows, tie=0.0):
         if cost < best_cost - 1e-12:
             best_i, best_cost = i, cost
     return None if best_i == len(rows) else rows[best_i][0]
+
+
+# A round is slow when rank 0's probe before it took over this many times the measurement's
+# fastest probes (their 10th percentile).
+SLOW_FACTOR = 2.0
+# Per-phase times decide a measurement's rules only where each phase holds at least this share of
+# its rounds (fewer rounds make a phase's medians one or two samples).
+PHASE_SHARE = 0.1
+
+
+def phase_times(res, slow_factor=SLOW_FACTOR):
+    """Each candidate's time in the fast and in the slow phase of the machine, from one
+    measurement's per-round data (``res["rounds"]``: kind -> [(size, [(probe ns, a, b) per
+    round])], as ``_measure`` returns it).
+
+    A round is slow when rank 0's probe before it exceeds ``slow_factor`` times the 10th
+    percentile of all the measurement's probes.  A candidate's time in a phase is its median over
+    that phase's rounds; a size measured in one phase only gets the other phase's time from the
+    kind's median slow/fast ratio of that candidate (over the sizes seen in both).  Returns
+    (rows by kind: [(size, (a fast, a slow), (b fast, b slow))] ascending, info); rows is None when
+    the measurement stayed in one phase (or has no probes).  info: {"phases": 1 or 2,
+    "slow_fraction", "fast_probe_ns", "slow_above_ns"}."""
+    from statistics import median as med
+
+    rounds = res.get("rounds") or {}
+    probes = sorted(r[0] for v in rounds.values() for _, rs in v for r in rs if r[0] is not None)
+    if len(probes) < 4:
+        return None, {"phases": 1}
+    ref = probes[len(probes) // 10]
+    limit = ref * slow_factor
+    nslow = sum(1 for x in probes if x > limit)
+    p = nslow / len(probes)
+    info = {"phases": 2 if 0 < nslow < len(probes) else 1, "slow_fraction": p,
+            "fast_probe_ns": round(ref, 1), "slow_above_ns": round(limit, 1)}
+    if info["phases"] == 1:
+        return None, info
+    out = {}
+    for kind, v in rounds.items():
+        split = {}
+        for size, rs in v:
+            rs = [r for r in rs if r[0] is not None]
+            f = [r for r in rs if r[0] <= limit]
+            sl = [r for r in rs if r[0] > limit]
+            split[size] = [(med([r[1 + c] for r in f]) if f else None,
+                            med([r[1 + c] for r in sl]) if sl else None) for c in (0, 1)]
+        ratio = []
+        for c in (0, 1):
+            rr = [s / f for f, s in (split[z][c] for z in split) if f and s]
+            ratio.append(med(rr) if rr else None)
+        rows = []
+        for size in sorted(split):
+            both = []
+            for c in (0, 1):
+                f, sl = split[size][c]
+                if f is None and sl is not None and ratio[c]:
+                    f = sl / ratio[c]
+                if sl is None and f is not None and ratio[c]:
+                    sl = f * ratio[c]
+                both.append((f, sl))
+            if all(x is not None for t in both for x in t):
+                rows.append((size, both[0], both[1]))
+        out[kind] = rows
+    return out, info
+
+
+def smooth_phases(rows):
+    """Per-phase rows (``phase_times``) as each size's time ratio first / second candidate in each
+    phase, taken as the median of that size's and its two neighbours' ratios (the end sizes keep
+    their own): (size, (fast ratio, slow ratio), (1.0, 1.0)), which ``crossover`` reads as it reads
+    times.  Split by phase, a size has a few rounds per phase (on the docs' VM a quarter to a half of
+    them slow), and one size's slow rounds could land 3x off its neighbours' (a 4-rank reduce of
+    1 MiB through the banks: 264 us against 393 at 512 KiB and 1635 at 2 MiB) and outweigh the sizes
+    around it."""
+    from statistics import median as med
+
+    ratios = [tuple(a[k] / b[k] if b[k] > 0 else 1.0 for k in range(len(a))) for _, a, b in rows]
+    out = []
+    for i, (size, a, _) in enumerate(rows):
+        if 0 < i < len(rows) - 1:
+            r = tuple(med(x[k] for x in ratios[i - 1:i + 2]) for k in range(len(a)))
+        else:
+            r = ratios[i]
+        out.append((size, r, (1.0,) * len(a)))
+    return out
+
+
+def _both_phases(res):
+    """A shared-memory measurement that saw both phases, each in at least PHASE_SHARE of its
+    rounds: its rules take each phase's times (``_table``).  Not over TCP: loopback sockets keep
+    their speed across the phases (within the rounds' noise, 10-20%), and the worse of two noisy
+    medians would only add the noise up."""
+    ph = res.get("phases") or {}
+    p = ph.get("slow_fraction", 0.0)
+    return (res.get("path") == "shm" and ph.get("phases") == 2
+            and PHASE_SHARE <= p <= 1.0 - PHASE_SHARE)
 
 
 PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
@@ -271,12 +377,9 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
 
 def _tie(res):
     """The tie of one measurement's crossovers: SHM_TIE on shared memory, unless the measurement
-    weighed both of the machine's phases (``tune.weigh_phases``, at least a tenth of its rounds
-    slow): then the times already hold what the tie stands in for, and the faster one wins."""
-    if res["path"] != "shm":
-        return 0.0
-    ph = res.get("phases") or {}
-    if ph.get("phases") == 2 and ph.get("slow_fraction", 0.0) >= 0.1:
+    saw both of the machine's phases (``_both_phases``): then each phase's times decide (see
+    ``_table``), and they already hold what the tie stands in for."""
+    if res["path"] != "shm" or _both_phases(res):
         return 0.0
     return SHM_TIE
 
@@ -286,7 +389,12 @@ def _table(results):
     measurements."""
     t = {"cma_from": {}, "small_bytes": {}}
     for res in results:
+        # both phases seen (shared memory): each size's loss is the worse phase's (crossover), on
+        # the ratios smoothed over neighbouring sizes
+        by_phase = phase_times(res)[0] if _both_phases(res) else None
         for kind, rows in res["kinds"].items():
+            if by_phase and len(by_phase.get(kind) or ()) == len(rows):
+                rows = smooth_phases(by_phase[kind])
             start = crossover(rows, _tie(res))
             if res["path"] == "shm":
                 t["cma_from"][kind] = start
