@@ -62,12 +62,21 @@ def iterations(nbytes, max_iters, budget_bytes):
     return int(max(5, min(max_iters, budget_bytes // max(nbytes, 1))))
 
 
-def loop_batches(iters):
-    """--timing loop: (batches, calls per batch) for a row of iters timed calls.  The calls of a batch
-    run back to back (nccl-tests' method); only the batches have a barrier before them.  At least 10
-    batches where there are enough calls, so that the median over batches means something."""
-    batches = min(10, iters)
-    return batches, max(1, iters // batches)
+LOOP_CALLS = 5000  # --timing loop: calls per row at most (small sizes), in LOOP_BATCHES batches
+LOOP_BATCHES = 5
+
+
+def loop_batches(iters, nbytes, budget_bytes):
+    """--timing loop: (batches, calls per batch) for one size.  The calls of a batch run back to
+    back (nccl-tests' method); only the batches have a barrier before them.  A batch holds many
+    calls (up to LOOP_CALLS / LOOP_BATCHES, within budget_bytes of data per row, never fewer than
+    the per-call timing's iters): a library whose ranks may run ahead (a gather's senders, an
+    eager broadcast's root) buffers some calls' data, and a short batch would time the buffering
+    instead of the steady pace of a loop (Open MPI's 4 KiB gather on 4 ranks sharing 2 cores:
+    6.5 us per call in batches of 20, 15-18 us over 2000 calls)."""
+    total = max(iters, min(LOOP_CALLS, budget_bytes // max(nbytes, 1)))
+    batches = min(LOOP_BATCHES, total)
+    return batches, max(1, total // batches)
 
 
 def warmups(nbytes):
@@ -419,7 +428,8 @@ def run_op(impl, op, sizes, args, make=None):
             impl.barrier()
             fn(ta, tout)
         timing = getattr(args, "timing", "call")  # (other scripts pass args of their own)
-        batches, per = loop_batches(iters) if timing == "loop" else (iters, 1)
+        batches, per = (loop_batches(iters, nbytes, args.budget_bytes) if timing == "loop"
+                        else (iters, 1))
         times = np.zeros(batches, dtype=np.float64)
         clock = time.perf_counter
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

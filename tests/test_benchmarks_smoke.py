@@ -427,11 +427,17 @@ def test_collectives_loop_timing_runs_calls_back_to_back(tmp_path):
             rows = doc["results"][peer]["ops"][op]
             assert rows and all(r["timing"] == "loop" and r["correct"] and r["median_us"] > 0
                                 for r in rows), rows
-            # --quick: 10 timed calls, so 10 batches of one call; batches never lose calls
-            assert all(r["iters"] == 10 for r in rows), rows
     wmod = _worker_module()
-    assert wmod.loop_batches(200) == (10, 20) and wmod.loop_batches(5) == (5, 1)
-    assert wmod.loop_batches(1) == (1, 1)
+    # many calls per batch for small sizes, fewer as the budget of bytes per row runs out
+    assert wmod.loop_batches(200, 4096, 2 << 30) == (5, 1000)
+    assert wmod.loop_batches(200, 1 << 20, 2 << 30) == (5, 409)
+    assert wmod.loop_batches(5, 64 << 20, 64 << 20) == (5, 1)
+    assert wmod.loop_batches(1, 64 << 20, 1 << 20) == (1, 1)
+    for peer in ("pyddp", "pyddp-tcp"):   # --quick: a budget of 64 MiB per row
+        for op in ("allreduce", "gather"):
+            for r in doc["results"][peer]["ops"][op]:
+                b, per = wmod.loop_batches(10, r["bytes"], 64 << 20)
+                assert r["iters"] == b * per, r
 
 
 def test_interleaved_quick_table():

@@ -336,6 +336,26 @@ def test_merge_rounds_takes_the_median_over_both_runs():
     assert info["phases"] == 2 and info["slow_fraction"] == 0.5
 
 
+def test_merge_keeps_the_collectives_this_run_did_not_measure():
+    """--kinds reduce --merge: the other collectives keep the file's measurement (their plain
+    medians and rounds), so their rules are not lost to the built-in constants."""
+    from pyddp.distributed.backends.crossovers import _table
+    from pyddp.tools.tune import merge_rounds
+
+    new = {"path": "shm", "ranks": 2, "single_copy": True,
+           "kinds": {"reduce": [(4096, 10.0, 20.0)]},
+           "rounds": {"reduce": [(4096, [[50.0, 10.0, 20.0]])]}}
+    old = {"path": "shm", "ranks": 2,
+           "kinds": {"gather": [(4096, 99.0, 99.0)], "reduce": [(4096, 1.0, 1.0)]},
+           "median_rows": {"gather": [(4096, 9.0, 3.0)], "reduce": [(4096, 1.0, 1.0)]},
+           "rounds": {"gather": [[4096, [[50.0, 9.0, 3.0]]]], "reduce": [[4096, [[50.0, 12.0, 22.0]]]]}}
+    assert merge_rounds(new, old) == 2
+    assert new["kinds"]["gather"] == [(4096, 9.0, 3.0)]  # the plain medians, not the weighed rows
+    assert new["rounds"]["gather"] == [[4096, [[50.0, 9.0, 3.0]]]]
+    assert new["kinds"]["reduce"] == [(4096, 11.0, 21.0)]  # measured again: both runs' rounds
+    assert _table([new])["cma_from"] == {"gather": 4096, "reduce": None}
+
+
 def test_weighed_phases_decide_without_the_tie():
     from pyddp.distributed.backends.crossovers import SHM_TIE, _table, _tie
 

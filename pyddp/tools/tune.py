@@ -137,7 +137,8 @@ def merge_rounds(res, old):
     """``res`` (one measurement: its ``"rounds"``) with the rounds of ``old`` (an earlier measurement
     of the same rank count and path, from a rules file's ``"measured"``) added at every collective
     and size the two share; each candidate's time at a size becomes the median of its rounds' times
-    over both.  Returns the number of rounds added (0: ``res`` unchanged).
+    over both.  A collective this run did not measure (``--kinds``) keeps the earlier measurement.
+    Returns the number of rounds added (0: ``res`` unchanged).
 
     On a machine that changes phase for minutes at a time, one run of the tuner may see only one
     phase; ``--merge`` runs add up, so that ``weigh_phases`` weighs the phases over all of them."""
@@ -158,6 +159,14 @@ def merge_rounds(res, old):
                 row = (size, med(r[1] for r in rs), med(r[2] for r in rs))
             rows.append(row)
         res["kinds"][kind] = rows
+    # collectives this run did not measure (--kinds) keep the earlier measurement as it was
+    plain = old.get("median_rows") or old.get("kinds") or {}  # (before weigh_phases)
+    for kind, rows in plain.items():
+        if kind not in res["kinds"] and kind in (old.get("rounds") or {}):
+            res["kinds"][kind] = [tuple(r) for r in rows]
+            res.setdefault("rounds", {})[kind] = [[size, [list(r) for r in rs]]
+                                                  for size, rs in old["rounds"][kind]]
+            added += sum(len(rs) for _, rs in old["rounds"][kind])
     return added
 
 
