@@ -49,19 +49,19 @@ def _need_process_groups():
         pytest.skip("pyddp.distributed has no process groups in this build")
 
 
-def _collectives():
-    spec = importlib.util.spec_from_file_location("bench_collectives", SCRIPT)
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _collectives():
+    return _load("bench_collectives", SCRIPT)
 
 
 def _worker_module():
-    spec = importlib.util.spec_from_file_location(
-        "bench_worker", os.path.join(ROOT, "benchmarks", "bench_worker.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("bench_worker", os.path.join(ROOT, "benchmarks", "bench_worker.py"))
 
 
 @pytest.mark.timeout(180)
@@ -472,10 +472,7 @@ def test_interleaved_quick_table():
 
 
 def test_interleaved_report_marks_what_is_behind_and_wrong():
-    spec = importlib.util.spec_from_file_location(
-        "bench_interleaved", os.path.join(ROOT, "benchmarks", "interleaved.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("bench_interleaved", os.path.join(ROOT, "benchmarks", "interleaved.py"))
 
     def cell(n, p, m, ok=True):
         return {"bytes": n, "iters": 5, "probe_ns": 50.0, "pyddp_us": p, "mpi_us": m,
