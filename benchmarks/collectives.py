@@ -485,6 +485,15 @@ def phase_results(phased, peers):
     return out
 
 
+def _over(args, phase=None):
+    """What a summary's times are: the phase's runs, or the median over the rounds; and the timing."""
+    rounds = getattr(args, "rounds", 1)
+    over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
+    if getattr(args, "timing", "call") == "loop":
+        over += ", calls back to back (--timing loop)"
+    return over
+
+
 def summary_block(args, results, world, memcpy, phase=None):
     """The README's table of one run: for each peer pyddp is compared with (Open MPI, gloo), a
     collective x size table of peer time / pyddp time (> 1: pyddp ahead) and how many points pyddp
@@ -518,11 +527,8 @@ def summary_block(args, results, world, memcpy, phase=None):
             big = memcpy.get(max(memcpy)) if memcpy else None
             if big:
                 info["memcpy_gbs"] = big["gbps"]
-        rounds = getattr(args, "rounds", 1)
         who = LABEL[mine] + (" (PYDDP_TUNING=0: the built-in constants)" if mine != "pyddp" else "")
-        over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
-        if getattr(args, "timing", "call") == "loop":
-            over += ", calls back to back (--timing loop)"
+        over = _over(args, phase)
         blocks.append(_report.block(
             f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
             f"**bold**: behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
@@ -552,10 +558,7 @@ def floor_block(args, results, world, phase=None):
                 cells.append("-" if v is None else f"{v:.2f}")
             rows.append(cells)
     info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
-    rounds = getattr(args, "rounds", 1)
-    over = phase or f"median of {rounds} round{'s' if rounds > 1 else ''}' medians"
-    if getattr(args, "timing", "call") == "loop":
-        over += ", calls back to back (--timing loop)"
+    over = _over(args, phase)
     text = _report.block(
         f"time / copy floor time, {world} ranks, float32, {over} (1.00: the library writes its output "
         "as fast as plain copies of the same bytes, every rank copying its share at the same time)",
