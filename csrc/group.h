@@ -35,10 +35,13 @@ enum { PD_TRANSPORT_AUTO = 0, PD_TRANSPORT_TCP = 1, PD_TRANSPORT_SHM = 2 };
  * id), or NULL to compare addresses.  When every rank is on this host (and
  * transport is not PD_TRANSPORT_TCP) collectives move through shared
  * memory; the connections stay for point-to-point traffic, aborts and
- * noticing dead peers. */
+ * noticing dead peers.  cores: how many cores this host's ranks can keep
+ * busy at once (0: the online CPUs); with fewer cores than ranks here,
+ * waiters sleep instead of spinning. */
 pd_status pd_group_connect(pd_group *g, const char *const *hosts,
                            const int *ports, uint64_t token,
-                           const char *const *nodes, int transport);
+                           const char *const *nodes, int transport,
+                           int cores);
 
 /* The group's sticky error: PD_OK, or its status with the message copied
  * into buf (cap bytes).  Any thread; never blocks. */

@@ -42,11 +42,87 @@ def user_set() -> bool:
     return any(os.environ.get(v) for v in THREAD_VARS)
 
 
-def cores() -> int:
+def affinity() -> set:
+    """The CPUs this process may run on (taskset, cpusets), unlike os.cpu_count()."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):   # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def _cgroup_dirs(root: str, path: str):
+    """``root``/``path`` and each of its parents up to ``root``: every level's limit applies."""
+    parts = [p for p in path.split("/") if p]
+    for i in range(len(parts), -1, -1):
+        yield os.path.join(root, *parts[:i])
+
+
+def _read(path: str):
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().split()
+    except OSError:
+        return None
+
+
+def quota(cgroup_file: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup"):
+    """Whole CPUs that this process's cgroup CPU bandwidth limit allows (``docker --cpus``,
+    Kubernetes CPU limits): the quota over the period, rounded down (at least 1), the smallest
+    over the cgroup and its parents; None without a limit.  cgroup v2 (``cpu.max``) and v1
+    (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``)."""
+    limits = []
+    try:
+        with open(cgroup_file, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if controllers == "":   # v2: one hierarchy
+            roots = [mount] if os.path.exists(os.path.join(mount, "cgroup.controllers")) else []
+            roots.append(os.path.join(mount, "unified"))
+            for root in roots:
+                for d in _cgroup_dirs(root, path):
+                    v = _read(os.path.join(d, "cpu.max"))
+                    if v and len(v) == 2 and v[0] != "max":
+                        limits.append((int(v[0]), int(v[1])))
+        elif "cpu" in controllers.split(","):
+            for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                for d in _cgroup_dirs(os.path.join(mount, name), path):
+                    q = _read(os.path.join(d, "cpu.cfs_quota_us"))
+                    p = _read(os.path.join(d, "cpu.cfs_period_us"))
+                    if q and p and int(q[0]) > 0 and int(p[0]) > 0:
+                        limits.append((int(q[0]), int(p[0])))
+    return min((max(1, q // p) for q, p in limits), default=None)
+
+
+def cores(cpus=None) -> int:
+    """CPUs this process can keep busy at once: those it may run on (``cpus``, default its
+    affinity), no more than its cgroup's CPU limit allows."""
+    n = len(affinity() if cpus is None else cpus) or 1
+    q = quota()
+    return n if q is None else min(n, q)
+
+
+def encode_cpus(cpus) -> str:
+    """A CPU set as ranges (``0-3,8``), for the other ranks of the host."""
+    import itertools
+
+    out = []
+    for _, run in itertools.groupby(enumerate(sorted(cpus)), lambda ic: ic[1] - ic[0]):
+        run = [c for _, c in run]
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def decode_cpus(text: str) -> set:
+    out = set()
+    for part in text.split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def huge_pages(env: dict, local_ranks: int) -> None:
@@ -102,22 +178,24 @@ def _limit(n: int) -> bool:
     return ok
 
 
-def limit_for_group(local_ranks: int, rank: int) -> None:
-    """A process group found ``local_ranks`` ranks on this host: give this process its share of
-    the cores, once per process, unless the user set a thread variable."""
+def limit_for_group(local_ranks: int, rank: int, host_cores: int = 0) -> None:
+    """A process group found ``local_ranks`` ranks on this host, which share ``host_cores``
+    cores (default: this process's): give this process its share of them, once per process,
+    unless the user set a thread variable."""
     global _limited
     if _limited or local_ranks <= 1 or user_set():
         return
     _limited = True
-    n = max(1, cores() // local_ranks)
+    host_cores = host_cores or cores()
+    n = max(1, host_cores // local_ranks)
     from .distributed import _observe
     if _limit(n):
         _observe.info("%d ranks share this host's %d cores: limited this process's BLAS/OpenMP "
                       "thread pools to %d thread(s) (set OMP_NUM_THREADS to choose)",
-                      local_ranks, cores(), n, rank=rank)
+                      local_ranks, host_cores, n, rank=rank)
     else:
         warnings.warn(
-            f"pyddp: {local_ranks} ranks share this host's {cores()} cores and NumPy's BLAS runs "
+            f"pyddp: {local_ranks} ranks share this host's {host_cores} cores and NumPy's BLAS runs "
             "one thread per core in each, which can make training many times slower; install "
             "threadpoolctl (pyddp then limits each rank to its share) or set "
             f"OMP_NUM_THREADS={n} before starting the ranks", RuntimeWarning, stacklevel=2)

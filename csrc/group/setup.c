@@ -265,7 +265,8 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id,
 
 pd_status
 pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
-                 uint64_t token, const char *const *nodes, int transport)
+                 uint64_t token, const char *const *nodes, int transport,
+                 int cores)
 {
     if (g->size > 1) {
         PD_CHECK(pd_tcp_connect(g->t, hosts, ports, token,
@@ -280,7 +281,9 @@ pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
             local++;
         }
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the cores this host's ranks can keep busy at once (the caller knows
+     * their CPU sets and the cgroup's CPU limit), else the online CPUs */
+    long ncpu = cores > 0 ? cores : sysconf(_SC_NPROCESSORS_ONLN);
     int spin = ncpu > 0 && local <= ncpu;
     /* for the tests: the paths of a host with a core per rank, on a smaller
      * one (slow there, never wrong) */

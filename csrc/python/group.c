@@ -361,9 +361,15 @@ PG_connect(PGObject *self, PyObject *args)
 {
     PyObject *hosts, *ports, *nodes = Py_None;
     unsigned long long token;
-    int transport = PD_TRANSPORT_AUTO;
-    if (!PyArg_ParseTuple(args, "OOK|Oi:connect", &hosts, &ports, &token,
-                          &nodes, &transport)) {
+    int transport = PD_TRANSPORT_AUTO, cores = 0;
+    if (!PyArg_ParseTuple(args, "OOK|Oii:connect", &hosts, &ports, &token,
+                          &nodes, &transport, &cores)) {
+        return NULL;
+    }
+    if (cores < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "connect: cores must be >= 0 (0: this host's online "
+                     "CPUs), got %d", cores);
         return NULL;
     }
     if (pg_check(self) < 0) {
@@ -407,7 +413,7 @@ PG_connect(PGObject *self, PyObject *args)
     char msg[PD_ERRMSG_MAX];
     Py_BEGIN_ALLOW_THREADS
     st = pd_group_connect(self->g, h, p, (uint64_t)token,
-                          nodes != Py_None ? nd : NULL, transport);
+                          nodes != Py_None ? nd : NULL, transport, cores);
     if (st != PD_OK) {
         snprintf(msg, sizeof(msg), "%s", pd_errmsg());
     }

@@ -167,11 +167,11 @@ def _int(parser, name, value, minimum=None, maximum=None):
 
 
 def cpu_count() -> int:
-    """CPUs this process may run on (honours taskset/cpusets, unlike os.cpu_count())."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """CPUs this process can keep busy (honours taskset, cpusets and the cgroup's CPU limit,
+    unlike os.cpu_count())."""
+    from .. import _threads
+
+    return _threads.cores()
 
 
 def _nnodes(parser, value, elastic=False):

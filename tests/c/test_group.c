@@ -61,7 +61,7 @@ connect_group(int rank, int n, int transport, double timeout)
         ports[p] = atomic_load(&sh->port[p]);
     }
     T_OK(pd_group_connect(g, hosts, ports, 0x6a0b0000u + (uint64_t)getppid(),
-                          NULL, transport));
+                          NULL, transport, 0));
     return g;
 }
 

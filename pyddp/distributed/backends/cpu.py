@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 
-from ... import _C, _config
+from ... import _C, _config, _threads
 from .. import _observe
 from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
 from .registry import BackendEntry, register
@@ -112,7 +112,15 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             # where every rank is decides where this one listens: nothing wider than needed
             store.set(f"{prefix}/node/{rank}", node_id())
             store.set(f"{prefix}/net/{rank}", _net_id())
+            store.set(f"{prefix}/cpus/{rank}", _threads.encode_cpus(_threads.affinity()))
             nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
+            # the cores this host's ranks can keep busy at once (their CPU sets together, within
+            # the cgroup's CPU limit): the C core spins only where each rank has one
+            cpus = set()
+            for r in range(size):
+                if nodes[r] == nodes[rank]:
+                    cpus |= _threads.decode_cpus(store.get(f"{prefix}/cpus/{r}").decode())
+            host_cores = _threads.cores(cpus)
             nets = [store.get(f"{prefix}/net/{r}").decode() for r in range(size)]
             host, bind = listen_plan(store, list(zip(nodes, nets)), rank)
             cpg = _C.ProcessGroup(rank, size, timeout, secret, bind)
@@ -133,7 +141,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         else:
             cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
-        cpg.connect(hosts, ports, token, nodes, transport)
+            host_cores = _threads.cores()
+        cpg.connect(hosts, ports, token, nodes, transport, host_cores)
         if rules is not None:
             cpg.set_rules(*rules)
     except BaseException:
@@ -142,12 +151,11 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         raise
     if size > 1:
         # ranks started without a launcher's OMP_NUM_THREADS: each takes its share of the cores
-        from ... import _threads
-        _threads.limit_for_group(nodes.count(nodes[rank]), rank)
+        _threads.limit_for_group(nodes.count(nodes[rank]), rank, host_cores)
         hostsn = len(set(nodes))
         why = ("PYDDP_TRANSPORT=" + _config.get("PYDDP_TRANSPORT")
                if transport else
-               f"every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
+               "every rank on this host" if hostsn == 1 else f"ranks on {hostsn} hosts")
         if cpg.shm_fallback:
             # a full or unwritable /dev/shm somewhere: the job runs, slower, and says why
             why = cpg.shm_fallback
@@ -170,10 +178,7 @@ def spare_core(transport, size) -> bool:
     v = _config.get("PYDDP_DDP_OVERLAP")
     if v is not None:
         return v
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
+    cores = _threads.cores()
     local = size if transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     return cores > local
 
