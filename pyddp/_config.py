@@ -21,7 +21,7 @@ __all__ = ["VARIABLES", "check", "get"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_BYTES = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_BYTES = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)\s*$")
 _FR_MAX = 1 << 22  # csrc/group/flight.c FR_MAX
 
 
@@ -56,7 +56,7 @@ def _bytes(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
         m = _BYTES.match(text)
         if m is None:
             raise ValueError
-        n = int(m.group(1)) << {"": 0, "k": 10, "m": 20}[m.group(2).lower()]
+        n = int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
         if n < lo or (hi is not None and n > hi):
             raise ValueError
         return n
@@ -120,7 +120,7 @@ _V = [
         _bytes(4096, 64 << 20), 256 << 10),
     Var("PYDDP_SHM_STREAM", "a byte count of at least 1 (e.g. 8M)", _bytes(1), 8 << 20),
     Var("PYDDP_CMA", "0 (off) or 1 (on)", _bit, True),
-    Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M)", _bytes(0)),
+    Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M, 1G)", _bytes(0)),
     Var("PYDDP_PROGRESS_SPIN", "0 (sleep) or 1 (spin)", _bit),
     Var("PYDDP_DDP_OVERLAP", "0 or 1 (also false/true, no/yes, off/on)", _bool),
     Var("PYDDP_DDP_IN_PLACE", "a byte count of at least 0 (e.g. 1M; 0 turns it off)", _bytes(0), 1 << 20),

@@ -270,7 +270,7 @@ def test_torch_backend_quick_table():
     want = (r["torch DDP (pyddp), no-op comm hook"]
             + r["torch plain + one allreduce of the gradients' size (pyddp)"] - 1.0)
     m = re.search(r"^target 0.27M torch DDP \(pyddp\): ([0-9.]+) of plain, no-op hook [0-9.]+ \+ "
-                  r"allreduce alone -?[0-9.]+ = ([0-9.]+) -> [-+][0-9.]+ \((within|NOT within) 0.05\)$",
+                  r"allreduce alone -?[0-9.]+ = (-?[0-9.]+) -> [-+][0-9.]+ \((within|NOT within) 0.05\)$",
                   proc.stdout, re.M)
     assert m, out
     assert abs(float(m.group(1)) - ratio) <= 0.0011 and abs(float(m.group(2)) - want) <= 0.0021, out

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,6 +439,34 @@ test_sweep_stale(void)
     T_CHECK(rmdir(dir) == 0);
 }
 
+/* Byte counts from the environment, by the rules of pyddp/_config.py
+ * (tests/test_config_env.py has the same cases): digits, then K, M or G,
+ * blanks around either; anything else is the default. */
+static void
+test_env_bytes(void)
+{
+    static const struct {
+        const char *text;
+        size_t want;
+    } cases[] = {
+        {"262144", 262144},         {"256K", (size_t)256 << 10},
+        {"1m", (size_t)1 << 20},    {" 256 K ", (size_t)256 << 10},
+        {"1G", (size_t)1 << 30},    {"2g", (size_t)2 << 30},
+        {"0", 0},                   {"abc", 77},
+        {"-5", 77},                 {"256KB", 77},
+        {"1.5M", 77},               {"K", 77},
+        {"", 77},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        setenv("PYDDP_TEST_ENV_BYTES", cases[i].text, 1);
+        T_CHECK(pd_shm_env_bytes("PYDDP_TEST_ENV_BYTES", 77, 0, SIZE_MAX) ==
+                cases[i].want);
+    }
+    setenv("PYDDP_TEST_ENV_BYTES", "8M", 1); /* out of [lo, hi]: default */
+    T_CHECK(pd_shm_env_bytes("PYDDP_TEST_ENV_BYTES", 77, 0, 1 << 20) == 77);
+    unsetenv("PYDDP_TEST_ENV_BYTES");
+}
+
 int
 main(void)
 {
@@ -455,5 +484,6 @@ main(void)
     T_RUN(test_rings);
     T_RUN(test_cma);
     T_RUN(test_sweep_stale);
+    T_RUN(test_env_bytes);
     return pd_test_result();
 }

@@ -86,9 +86,13 @@ pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
         return dflt;
     }
     /* The rules of pyddp/_config.py, which refuses a bad value (naming the
-     * variable) before the core reads it: digits, then K or M, nothing else;
-     * here a bad value falls back to the default (strtoull alone would take
-     * "abc" as 0 and "-5" as a huge number). */
+     * variable) before the core reads it: digits, then K, M or G, blanks
+     * around either, nothing else; here a bad value falls back to the
+     * default (strtoull alone would take "abc" as 0 and "-5" as a huge
+     * number). */
+    while (*e == ' ' || *e == '\t') {
+        e++;
+    }
     if (*e < '0' || *e > '9') {
         return dflt;
     }
@@ -96,12 +100,22 @@ pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi)
     errno = 0;
     unsigned long long x = strtoull(e, &end, 10);
     unsigned shift = 0;
+    while (*end == ' ' || *end == '\t') {
+        end++;
+    }
     if (*end == 'K' || *end == 'k') {
         shift = 10;
         end++;
     }
     else if (*end == 'M' || *end == 'm') {
         shift = 20;
+        end++;
+    }
+    else if (*end == 'G' || *end == 'g') {
+        shift = 30;
+        end++;
+    }
+    while (*end == ' ' || *end == '\t') {
         end++;
     }
     if (errno != 0 || *end != '\0' || x > (ULLONG_MAX >> shift)) {
