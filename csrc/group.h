@@ -58,15 +58,18 @@ int pd_group_single_copy(const pd_group *g);
  * each (n <= the number of kinds), indexed by kind; 0 keeps the default,
  * PD_RULE_NEVER turns single copies off for the kind.  Every rank sets the
  * same rules at the same point (pyddp takes rank 0's through the store).
- * PD_EINVAL while a collective is queued or running. */
+ * gap_lo/gap_hi (NULL: none): the banks again in [gap_lo, gap_hi) above
+ * cma_from.  PD_EINVAL while a collective is queued or running. */
 pd_status pd_group_set_rules(pd_group *g, const size_t *cma_from,
-                             const size_t *small_bytes, size_t n);
+                             const size_t *small_bytes, const size_t *gap_lo,
+                             const size_t *gap_hi, size_t n);
 
 /* The thresholds in force for kind: single copies from *cma_from bytes
  * (PD_RULE_NEVER: never; PYDDP_CMA_THRESHOLD, the rules, the default, in
- * that order), direct algorithms over the transport up to *small bytes. */
+ * that order), except in [*gap_lo, *gap_hi) (0, 0: no gap), direct
+ * algorithms over the transport up to *small bytes. */
 void pd_group_rules_in_force(const pd_group *g, int kind, size_t *cma_from,
-                             size_t *small);
+                             size_t *small, size_t *gap_lo, size_t *gap_hi);
 
 /* Why the group fell back to TCP because a rank could not set up shared
  * memory (its /dev/shm full or unwritable; PYDDP_TRANSPORT unset), or

@@ -62,9 +62,16 @@ def test_set_rules_checks_its_arguments_and_rules_reads_back():
                 cpg.set_rules([0, 0, bad] + [0] * (n - 3), [0] * n)
         with pytest.raises(ValueError, match=r"small_bytes\[0\] must be an int >= 0"):
             cpg.set_rules([0] * n, [None] * n)
-        cpg.set_rules([None, 5] + [0] * (n - 2), [7] + [0] * (n - 1))
+        for bad in ((5, 10, 10), (5, 20, 10), (5, 10), (5, -1, 10), [5, 10, 20]):
+            with pytest.raises(ValueError, match=r"cma_from\[2\] must be an int >= 0.*gap_lo"):
+                cpg.set_rules([0, 0, bad] + [0] * (n - 3), [0] * n)
+        rules = [None, 5] + [0] * (n - 2)
+        rules[_C.K_ALLGATHER] = (16, 512, 2048)
+        cpg.set_rules(rules, [7] + [0] * (n - 1))
         cma, small = cpg.rules
         assert cma[0] is None and cma[1] == 5 and cma[_C.K_ALLREDUCE] == 32 << 20
+        # single copies from 16 B, the banks in [512, 2048)
+        assert cma[_C.K_ALLGATHER] == (16, 512, 2048)
         assert small[0] == 7 and small[1] == 64 << 10
         a = np.arange(10.0)
         dist.all_reduce(a)  # still runs
@@ -73,12 +80,14 @@ def test_set_rules_checks_its_arguments_and_rules_reads_back():
         dist.destroy_process_group()
 
 
-def _write_rules(path, cma=1, small=1):
+def _write_rules(path, cma=1, small=1, gap=None):
     doc = {"format": tuning.FORMAT, "host": tuning.host_facts(), "created": "test",
            "pyddp": pyddp.__version__,
            "tables": {"2": {"cma_from": {k: cma for k in KINDS},
                             "small_bytes": {k: small for k in KINDS
                                             if k not in ("gather", "scatter", "all_to_all")}}}}
+    if gap is not None:
+        doc["tables"]["2"]["cma_gap"] = {k: list(gap) for k in KINDS}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
 
@@ -149,6 +158,76 @@ def test_every_rank_applies_rank_0s_rules_and_results_stay_exact(tmp_path, trans
     res = run(_collectives, 2, timeout=120, env=dict(env, PYDDP_TUNING="0"))
     assert [r["bad"] for r in res] == [[], []]
     assert res[0]["rules"][0][_C.K_ALLREDUCE] == 32 << 20
+
+
+def test_a_gap_of_banks_reaches_every_rank_and_results_stay_exact(tmp_path):
+    # single copies from the first byte but the banks from 100 KB to 1 MB: of the sizes
+    # _collectives runs (4 B, 4 KB, 280 KB, 1.2 MB per rank) the third runs in the gap
+    path = str(tmp_path / "rules.json")
+    _write_rules(path, cma=1, small=1, gap=(100_000, 1_000_000))
+    res = run(_collectives, 2, timeout=120,
+              rank_env={0: {"PYDDP_TUNING_FILE": path}, 1: {"PYDDP_TUNING": "0"}})
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+    assert res[0]["rules"] == res[1]["rules"]
+    cma = res[0]["rules"][0]
+    assert cma[_C.K_ALLGATHER] == [1, 100_000, 1_000_000] or \
+        tuple(cma[_C.K_ALLGATHER]) == (1, 100_000, 1_000_000)
+
+
+def test_gap_is_the_band_where_the_first_candidate_wins_again():
+    from pyddp.distributed.backends.crossovers import gap
+
+    # the 2-rank all_gather of the 2-core VM (us, banks / single copies, 2026-11-28 10:44):
+    # single copies from 16K, the banks faster at 512K-1M, single copies again from 2M
+    K, M = 1 << 10, 1 << 20
+    rows = [(4 * K, 2.2, 4.4), (8 * K, 2.9, 4.8), (16 * K, 4.8, 6.0), (32 * K, 7.0, 7.8),
+            (64 * K, 14.1, 10.8), (128 * K, 24.4, 20.6), (256 * K, 43.8, 35.0),
+            (512 * K, 52.7, 64.3), (1 * M, 108.8, 124.3), (2 * M, 230.9, 206.3),
+            (4 * M, 947.6, 596.5), (8 * M, 2053.8, 1773.9), (16 * M, 4159.4, 4046.6)]
+    start = crossover(rows)
+    assert start == 64 * K
+    assert gap(rows, start) == [512 * K, 2 * M]
+    # one size a little behind among wins: no gap (it saves less than GAP_GAIN)
+    rows2 = [(1, 2.0, 1.0), (2, 2.0, 1.0), (4, 1.0, 1.1), (8, 2.0, 1.0), (16, 2.0, 1.0)]
+    assert crossover(rows2) == 1 and gap(rows2, 1) is None
+    # the first candidate from some size to the largest is a later threshold (crossover's), not
+    # a gap; nothing above "never"
+    rows3 = [(1, 2.0, 1.0), (2, 2.0, 1.0), (4, 1.0, 2.0), (8, 1.0, 2.0)]
+    assert crossover(rows3) is None and gap(rows3, crossover(rows3)) is None
+    assert gap(rows, None) is None and gap([], 1) is None
+    # the tables take a gap only from measurements of GAP_ROUNDS rounds or more
+    from pyddp.distributed.backends.crossovers import _table
+
+    def res(k):   # k rounds per size, in both phases (each phase's times decide: no tie)
+        probes = [50.0, 500.0, 50.0][:k]
+        return {"path": "shm", "single_copy": True, "kinds": {"all_gather": rows},
+                "phases": {"phases": 2, "slow_fraction": 1 / 3},
+                "rounds": {"all_gather": [[sz, [[p, a, b] for p in probes]]
+                                          for sz, a, b in rows]}}
+    assert _table([res(3)])["cma_gap"] == {"all_gather": [512 * K, 2 * M]}
+    assert _table([res(2)])["cma_gap"] == {}
+    assert _table([res(3)], gaps=False)["cma_gap"] == {}
+
+
+def test_a_gap_in_a_file_is_checked(tmp_path, monkeypatch):
+    path = str(tmp_path / "rules.json")
+    for bad in ([10, 10], [20, 10], [10], "10-20", [10, True]):
+        _write_rules(path, gap=bad)
+        with pytest.raises(ValueError, match="cma_gap.broadcast must be \\[lo, hi\\]"):
+            tuning.load(path)
+    _write_rules(path, cma=None, gap=(10, 20))
+    with pytest.raises(ValueError, match="a gap needs a cma_from threshold"):
+        tuning.load(path)
+    _write_rules(path, cma=4096, gap=(10_000, 20_000))
+    monkeypatch.setenv("PYDDP_TUNING_FILE", path)
+    cma, _ = tuning.decode(tuning.encode(2))
+    assert cma[_C.K_ALLGATHER] == (4096, 10_000, 20_000)
+    from pyddp.tools.tune import show
+    import io
+    out = io.StringIO()
+    show(out, size=2)
+    assert "4K, banks 10000-20000" in out.getvalue(), out.getvalue()
 
 
 def test_rules_files_that_cannot_be_used_are_named(tmp_path, monkeypatch):

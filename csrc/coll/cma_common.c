@@ -13,8 +13,8 @@
 int
 pd_cma_use(pd_coll *c, size_t bytes)
 {
-    size_t at = pd_rules_cma_from(c->rules, c->id.kind);
-    return pd_shm_cma(c->shm) && c->inshm == NULL && bytes >= at &&
+    return pd_shm_cma(c->shm) && c->inshm == NULL &&
+           pd_rules_cma(c->rules, c->id.kind, bytes) &&
            (size_t)c->size * 3 * sizeof(uint64_t) <=
                pd_shm_bank_size(c->shm);
 }

@@ -45,6 +45,25 @@ pd_rules_cma_from(const pd_rules *r, int kind)
     return pd_coll_cma_threshold(kind);
 }
 
+void
+pd_rules_cma_gap(const pd_rules *r, int kind, size_t *lo, size_t *hi)
+{
+    *lo = *hi = 0;
+    if (pd_cma_threshold() == PD_CMA_DEFAULT && r != NULL && kind >= 0 &&
+        kind < PD_NKINDS && r->cma_gap_lo[kind] < r->cma_gap_hi[kind]) {
+        *lo = r->cma_gap_lo[kind];
+        *hi = r->cma_gap_hi[kind];
+    }
+}
+
+int
+pd_rules_cma(const pd_rules *r, int kind, size_t bytes)
+{
+    size_t lo, hi;
+    pd_rules_cma_gap(r, kind, &lo, &hi);
+    return bytes >= pd_rules_cma_from(r, kind) && !(bytes >= lo && bytes < hi);
+}
+
 size_t
 pd_rules_small(const pd_rules *r, int kind)
 {

@@ -118,8 +118,12 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
             /* ranks must agree on when single copies start: a rank with
              * another PYDDP_CMA_THRESHOLD or other rules would read a bank
              * as addresses */
+            size_t glo, ghi;
+            pd_rules_cma_gap(&g->rules, op->kind, &glo, &ghi);
             c.id.aux = ((uint64_t)pd_rules_cma_from(&g->rules, op->kind)
                         << 1) ^
+                       ((uint64_t)glo * 0x9e3779b97f4a7c15ull) ^
+                       ((uint64_t)ghi * 0xc2b2ae3d27d4eb4full) ^
                        0xc3a0000000000000ull;
         }
         st = PD_OK;

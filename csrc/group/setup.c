@@ -350,7 +350,8 @@ pd_group_single_copy(const pd_group *g)
 
 pd_status
 pd_group_set_rules(pd_group *g, const size_t *cma_from,
-                   const size_t *small_bytes, size_t n)
+                   const size_t *small_bytes, const size_t *gap_lo,
+                   const size_t *gap_hi, size_t n)
 {
     if (n > PD_NKINDS) {
         return pd_error(PD_EINVAL, "set_rules: %zu kinds given, the table "
@@ -369,6 +370,8 @@ pd_group_set_rules(pd_group *g, const size_t *cma_from,
                 g->rules.cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
                 g->rules.small_bytes[k] =
                     small_bytes != NULL ? small_bytes[k] : 0;
+                g->rules.cma_gap_lo[k] = gap_lo != NULL ? gap_lo[k] : 0;
+                g->rules.cma_gap_hi[k] = gap_hi != NULL ? gap_hi[k] : 0;
             }
         }
         pthread_mutex_unlock(&g->mu);
@@ -387,9 +390,10 @@ pd_group_set_rules(pd_group *g, const size_t *cma_from,
 
 void
 pd_group_rules_in_force(const pd_group *g, int kind, size_t *cma_from,
-                        size_t *small)
+                        size_t *small, size_t *gap_lo, size_t *gap_hi)
 {
     *cma_from = pd_rules_cma_from(&g->rules, kind);
+    pd_rules_cma_gap(&g->rules, kind, gap_lo, gap_hi);
     *small = pd_rules_small(&g->rules, kind);
 }
 

@@ -1372,10 +1372,29 @@ PG_flight_configure(PGObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* One table of set_rules: a sequence with an int >= 0 per kind (0: the
- * default) or None (never). */
+/* One entry of set_rules' cma_from: an int >= 0 (bytes; 0: the default),
+ * None (never), or (from, gap_lo, gap_hi): single copies from `from` bytes
+ * but the banks again in [gap_lo, gap_hi). */
 static int
-rules_arg(PyObject *seq, size_t *out, const char *what)
+rules_size(PyObject *v, size_t *out)
+{
+    unsigned long long x = PyLong_Check(v) && !PyBool_Check(v)
+                               ? PyLong_AsUnsignedLongLong(v)
+                               : (unsigned long long)-1;
+    if (PyErr_Occurred() || !PyLong_Check(v) || PyBool_Check(v) ||
+        x >= (unsigned long long)((size_t)-1)) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = (size_t)x;
+    return 0;
+}
+
+/* One table of set_rules: a sequence with an entry per kind (above; the
+ * gaps go to lo/hi when given, else only ints and None are taken). */
+static int
+rules_arg(PyObject *seq, size_t *out, size_t *lo, size_t *hi,
+          const char *what)
 {
     PyObject *fast = PySequence_Fast(seq, "set_rules: expected a sequence");
     if (fast == NULL) {
@@ -1391,23 +1410,34 @@ rules_arg(PyObject *seq, size_t *out, const char *what)
     }
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *v = PySequence_Fast_GET_ITEM(fast, k);
+        int ok = 0;
+        if (lo != NULL) {
+            lo[k] = hi[k] = 0;
+        }
         if (v == Py_None) {
             out[k] = (size_t)-1;
-            continue;
+            ok = 1;
         }
-        unsigned long long x = PyLong_Check(v) && !PyBool_Check(v)
-                                   ? PyLong_AsUnsignedLongLong(v)
-                                   : (unsigned long long)-1;
-        if (PyErr_Occurred() || !PyLong_Check(v) || PyBool_Check(v) ||
-            x >= (unsigned long long)((size_t)-1)) {
-            PyErr_Clear();
+        else if (lo != NULL && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 3) {
+            ok = rules_size(PyTuple_GET_ITEM(v, 0), &out[k]) == 0 &&
+                 rules_size(PyTuple_GET_ITEM(v, 1), &lo[k]) == 0 &&
+                 rules_size(PyTuple_GET_ITEM(v, 2), &hi[k]) == 0 &&
+                 lo[k] < hi[k];
+        }
+        else {
+            ok = rules_size(v, &out[k]) == 0;
+        }
+        if (!ok) {
             PyErr_Format(PyExc_ValueError, "set_rules: %s[%zd] must be an int "
-                         ">= 0 (bytes; 0: the default) or None (never), "
-                         "got %R", what, k, v);
+                         ">= 0 (bytes; 0: the default)%s or None (never), "
+                         "got %R", what, k,
+                         lo != NULL ? ", a tuple (from, gap_lo, gap_hi) of "
+                                      "them with gap_lo < gap_hi,"
+                                    : "",
+                         v);
             Py_DECREF(fast);
             return -1;
         }
-        out[k] = (size_t)x;
     }
     Py_DECREF(fast);
     return 0;
@@ -1417,10 +1447,10 @@ static PyObject *
 PG_set_rules(PGObject *self, PyObject *args)
 {
     PyObject *cma, *small;
-    size_t a[PD_NKINDS], b[PD_NKINDS];
+    size_t a[PD_NKINDS], b[PD_NKINDS], lo[PD_NKINDS], hi[PD_NKINDS];
     if (!PyArg_ParseTuple(args, "OO:set_rules", &cma, &small) ||
-        pg_check(self) < 0 || rules_arg(cma, a, "cma_from") < 0 ||
-        rules_arg(small, b, "small_bytes") < 0) {
+        pg_check(self) < 0 || rules_arg(cma, a, lo, hi, "cma_from") < 0 ||
+        rules_arg(small, b, NULL, NULL, "small_bytes") < 0) {
         return NULL;
     }
     for (int k = 0; k < PD_NKINDS; k++) {
@@ -1432,7 +1462,7 @@ PG_set_rules(PGObject *self, PyObject *args)
     }
     pd_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = pd_group_set_rules(self->g, a, b, PD_NKINDS);
+    st = pd_group_set_rules(self->g, a, b, lo, hi, PD_NKINDS);
     Py_END_ALLOW_THREADS
     if (st != PD_OK) {
         return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
@@ -1453,10 +1483,13 @@ PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
         return NULL;
     }
     for (int k = 0; k < PD_NKINDS; k++) {
-        size_t a, b;
-        pd_group_rules_in_force(self->g, k, &a, &b);
+        size_t a, b, lo, hi;
+        pd_group_rules_in_force(self->g, k, &a, &b, &lo, &hi);
         PyObject *x = a == (size_t)-1 ? Py_NewRef(Py_None)
-                                       : PyLong_FromSize_t(a);
+                      : lo < hi       ? Py_BuildValue("(nnn)", (Py_ssize_t)a,
+                                                      (Py_ssize_t)lo,
+                                                      (Py_ssize_t)hi)
+                                      : PyLong_FromSize_t(a);
         PyObject *y = PyLong_FromSize_t(b);
         if (x == NULL || y == NULL) {
             Py_XDECREF(x);
@@ -1511,7 +1544,8 @@ static PyGetSetDef PG_getset[] = {
      "(cross-memory attach; PYDDP_CMA, PYDDP_CMA_THRESHOLD)", NULL},
     {"rules", (getter)PG_get_rules, NULL,
      "(cma_from, small_bytes): per kind (pyddp._C.KINDS), the bytes from "
-     "which single copies run (None: never) and up to which direct "
+     "which single copies run (None: never; (from, gap_lo, gap_hi): the "
+     "banks again in [gap_lo, gap_hi)) and up to which direct "
      "algorithms run over the transport, as in force",
      NULL},
     {"shm_fallback", (getter)PG_get_shm_fallback, NULL,
@@ -1546,7 +1580,8 @@ static PyMethodDef PG_methods[] = {
      "records as JSON now."},
     {"set_rules", (PyCFunction)PG_set_rules, METH_VARARGS,
      "set_rules(cma_from, small_bytes): the group's rules of algorithm "
-     "choice, one entry per kind (0: the default; cma_from None: never); "
+     "choice, one entry per kind (0: the default; cma_from None: never, "
+     "or (from, gap_lo, gap_hi): the banks again in [gap_lo, gap_hi)); "
      "between collectives, the same on every rank."},
     {"set_timeline_track", (PyCFunction)PG_set_timeline_track, METH_O,
      "set_timeline_track(tid): this group's track in the timeline."},

@@ -76,7 +76,8 @@ def online(kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=1
     at most ``iters`` calls, each call's time the slowest rank's; rank 0's crossovers are then
     broadcast and every rank applies the same rules to the group for its lifetime (nothing is
     written: ``python -m pyddp.tools.tune`` writes the file later groups read).  Returns
-    {"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for one rank.
+    {"cma_from": {kind: bytes or None}, "cma_gap": {kind: [lo, hi]}, "small_bytes": {kind: bytes}}
+    (None: never; a gap: the banks again in [lo, hi) above the threshold); {} for one rank.
     """
     import pyddp.distributed as dist
 
@@ -343,7 +344,9 @@ def show(out=sys.stdout, size=None):
         for kind in tuning.KIND_NAMES:
             code = _C.KINDS[kind]["code"]
             c = cma[code]
-            c = "never" if c is None else _fmt(c) if c else "default"
+            c = ("never" if c is None else
+                 f"{_fmt(c[0])}, banks {_fmt(c[1])}-{_fmt(c[2])}" if isinstance(c, tuple) else
+                 _fmt(c) if c else "default")
             s = small[code]
             s = ("always" if s >= _NEVER_SMALL else _fmt(s)) if s else "default"
             print(f"  {kind:<16}{c:>20}{s:>24}", file=out)
@@ -490,6 +493,9 @@ def main(argv=None):
     for n, t in doc["tables"].items():
         print(f"  {n} ranks: single copies from " + ", ".join(
             f"{k} {_fmt(v)}" for k, v in t["cma_from"].items()))
+        if t.get("cma_gap"):
+            print(f"  {n} ranks: but the banks in " + ", ".join(
+                f"{k} [{_fmt(lo)}, {_fmt(hi)})" for k, (lo, hi) in t["cma_gap"].items()))
         if t["small_bytes"]:
             print(f"  {n} ranks: direct over TCP up to " + ", ".join(
                 f"{k} {'always' if v >= _NEVER_SMALL else _fmt(v)}"

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "pd_test.h"
+#include "coll/rules.h"
 #include "transport/shm/cma.h"
 #include "transport/shm/shm.h"
 
@@ -467,6 +468,31 @@ test_env_bytes(void)
     unsetenv("PYDDP_TEST_ENV_BYTES");
 }
 
+/* A rule with a gap: single copies from cma_from, the banks again in
+ * [gap_lo, gap_hi); PYDDP_CMA_THRESHOLD overrides both. */
+static void
+test_rules_gap(void)
+{
+    pd_rules r;
+    memset(&r, 0, sizeof(r));
+    int k = PD_K_ALLGATHER;
+    r.cma_from[k] = 16 << 10;
+    r.cma_gap_lo[k] = 512 << 10;
+    r.cma_gap_hi[k] = 2 << 20;
+    T_CHECK(!pd_rules_cma(&r, k, 8 << 10));
+    T_CHECK(pd_rules_cma(&r, k, 16 << 10));
+    T_CHECK(pd_rules_cma(&r, k, (512 << 10) - 1));
+    T_CHECK(!pd_rules_cma(&r, k, 512 << 10));
+    T_CHECK(!pd_rules_cma(&r, k, (2 << 20) - 1));
+    T_CHECK(pd_rules_cma(&r, k, 2 << 20));
+    size_t lo, hi;
+    pd_rules_cma_gap(&r, k, &lo, &hi);
+    T_CHECK(lo == (size_t)512 << 10 && hi == (size_t)2 << 20);
+    pd_rules_cma_gap(&r, PD_K_ALLREDUCE, &lo, &hi); /* none for the others */
+    T_CHECK(lo == 0 && hi == 0);
+    T_CHECK(!pd_rules_cma(NULL, PD_K_REDUCE, (size_t)1 << 30));
+}
+
 int
 main(void)
 {
@@ -485,5 +511,6 @@ main(void)
     T_RUN(test_cma);
     T_RUN(test_sweep_stale);
     T_RUN(test_env_bytes);
+    T_RUN(test_rules_gap);
     return pd_test_result();
 }

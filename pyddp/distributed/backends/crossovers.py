@@ -36,6 +36,18 @@ def _phase_loss(times, best):
     return max(math.log(t / b) if b > 0 else 0.0 for t, b in zip(times, best))
 
 
+def _losses(rows, tie):
+    """Each size's loss (``crossover``) with the first candidate and with the second."""
+    loss_a, loss_b = [], []
+    for _, a, b in rows:
+        a = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+        b = tuple(x / (1.0 + tie) for x in (b if isinstance(b, (tuple, list)) else (b,)))
+        best = tuple(min(x, y) for x, y in zip(a, b))
+        loss_a.append(_phase_loss(a, best))
+        loss_b.append(_phase_loss(b, best))
+    return loss_a, loss_b
+
+
 def crossover(rows, tie=0.0):
     """``rows``: (size, time of the first candidate, time of the second) ascending in size; a time
     is a number, or a tuple of one time per phase of the machine (``phase_times``).  The size from
@@ -52,14 +64,7 @@ def crossover(rows, tie=0.0):
     little (the worse phase decides each size, whichever phase the machine happens to be in)."""
     if not rows:
         return None
-    loss_a = []
-    loss_b = []
-    for _, a, b in rows:
-        a = tuple(a) if isinstance(a, (tuple, list)) else (a,)
-        b = tuple(x / (1.0 + tie) for x in (b if isinstance(b, (tuple, list)) else (b,)))
-        best = tuple(min(x, y) for x, y in zip(a, b))
-        loss_a.append(_phase_loss(a, best))
-        loss_b.append(_phase_loss(b, best))
+    loss_a, loss_b = _losses(rows, tie)
     # threshold at rows[i] (second candidate from there); i == len(rows): never
     best_i, best_cost = len(rows), sum(loss_a)
     cost = best_cost
@@ -68,6 +73,42 @@ def crossover(rows, tie=0.0):
         if cost < best_cost - 1e-12:
             best_i, best_cost = i, cost
     return None if best_i == len(rows) else rows[best_i][0]
+
+
+# A gap (the first candidate again in a band above the threshold) is kept only where it spans at
+# least GAP_SIZES measured sizes and saves at least GAP_GAIN over them together (a sum of log time
+# ratios: 0.25, 13% at each of two sizes): a machine with two crossings, not one noisy size.
+GAP_GAIN = 0.25
+GAP_SIZES = 2
+# ... and only from measurements of at least this many rounds per size (``--quick``, one round,
+# finds bands in noise).
+GAP_ROUNDS = 3
+
+
+def gap(rows, start, tie=0.0):
+    """[lo, hi): the band of sizes above the threshold ``start`` (``crossover``'s) where taking the
+    first candidate again saves the most, or None where no band of ``GAP_SIZES`` sizes or more
+    saves ``GAP_GAIN``.  The band
+    starts above ``start`` and ends before the largest size (a band to the end would be a larger
+    threshold, which ``crossover`` weighed); hi is the first size after it, where the second
+    candidate is taken again.  Measured so on the 2-core VM of the docs: 2-rank all_gather by
+    single copies from 16 KiB, the banks 12-18% faster at 512 KiB-1 MiB, single copies again from
+    2 MiB."""
+    if start is None or not rows:
+        return None
+    loss_a, loss_b = _losses(rows, tie)
+    above = [i for i, r in enumerate(rows) if r[0] > start]
+    best, best_gain = None, GAP_GAIN
+    for a in range(len(above)):
+        saved = 0.0
+        for b in range(a, len(above)):
+            i = above[b]
+            if i == len(rows) - 1:
+                break
+            saved += loss_b[i] - loss_a[i]
+            if b - a + 1 >= GAP_SIZES and saved > best_gain + 1e-12:
+                best, best_gain = (above[a], i + 1), saved
+    return None if best is None else [rows[best[0]][0], rows[best[1]][0]]
 
 
 # A round is slow when rank 0's probe before it took over this many times the measurement's
@@ -348,21 +389,25 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
         return {}
     res = _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
                    probe=False)
-    table = _table([res])
+    table = _table([res], gaps=False)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
-    cma, small = (list(v) for v in cpg.rules)  # (None: never)
+    cma, small = (list(v) for v in cpg.rules)  # (None: never; (from, lo, hi): with a gap)
     for kind, v in table["cma_from"].items():
-        cma[codes[kind]] = v
+        band = table["cma_gap"].get(kind)
+        cma[codes[kind]] = (v, *band) if band else v
     for kind, v in table["small_bytes"].items():
         small[codes[kind]] = v
     never = -1
     # every rank computed the same rules from the same numbers; rank 0's are the ones applied
     # everywhere all the same, so no rank ever acts on a choice of its own
-    agreed = np.array([never if v is None else v for v in cma] + small, dtype=np.int64)
+    flat = [(never, 0, 0) if v is None else tuple(v) if isinstance(v, tuple) else (v, 0, 0)
+            for v in cma]
+    agreed = np.array([x for f in flat for x in f] + small, dtype=np.int64)
     dist.broadcast(agreed, src=0)
     k = len(cma)
-    cma = [None if v == never else int(v) for v in agreed[:k].tolist()]
-    small = [int(v) for v in agreed[k:].tolist()]
+    trip = agreed[:3 * k].reshape(k, 3).tolist()
+    cma = [None if f == never else (f, lo, hi) if lo < hi else f for f, lo, hi in trip]
+    small = [int(v) for v in agreed[3 * k:].tolist()]
     dist.barrier()
     cpg.set_rules(cma, small)
     dist.barrier()
@@ -384,10 +429,11 @@ def _tie(res):
     return SHM_TIE
 
 
-def _table(results):
-    """{"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} from one rank count's
-    measurements."""
-    t = {"cma_from": {}, "small_bytes": {}}
+def _table(results, gaps=True):
+    """{"cma_from": {kind: bytes or None}, "cma_gap": {kind: [lo, hi]}, "small_bytes": {kind:
+    bytes}} from one rank count's measurements (``gaps``: look for them; online tuning measures
+    too few rounds, 4x apart, to tell a second crossing from noise)."""
+    t = {"cma_from": {}, "cma_gap": {}, "small_bytes": {}}
     for res in results:
         # both phases seen (shared memory): each size's loss is the worse phase's (crossover), on
         # the ratios smoothed over neighbouring sizes
@@ -398,6 +444,11 @@ def _table(results):
             start = crossover(rows, _tie(res))
             if res["path"] == "shm":
                 t["cma_from"][kind] = start
+                rounds = [len(r[1]) for r in (res.get("rounds") or {}).get(kind) or []]
+                enough = bool(rounds) and min(rounds) >= GAP_ROUNDS
+                band = gap(rows, start, _tie(res)) if gaps and enough else None
+                if band is not None:
+                    t["cma_gap"][kind] = band
             else:
                 if start is None:
                     t["small_bytes"][kind] = _NEVER_SMALL

@@ -116,6 +116,17 @@ def validate(doc, path="the rules file") -> dict:
                 if rule == "small_bytes" and v is None:
                     raise ValueError(f"{path}: tables[{n}].small_bytes.{kind} must be a byte "
                                      "count")
+        for kind, v in (t.get("cma_gap") or {}).items():
+            where = f"{path}: tables[{n}].cma_gap.{kind}"
+            if kind not in KIND_NAMES:
+                raise ValueError(f"{where}: unknown collective (expected one of "
+                                 f"{', '.join(KIND_NAMES)})")
+            if (not isinstance(v, list) or len(v) != 2 or
+                    any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v) or
+                    v[0] >= v[1]):
+                raise ValueError(f"{where} must be [lo, hi], byte counts with lo < hi, got {v!r}")
+            if (t.get("cma_from") or {}).get(kind) is None:
+                raise ValueError(f"{where}: a gap needs a cma_from threshold for {kind}")
     return doc
 
 
@@ -158,8 +169,10 @@ def encode(size) -> str:
         return ""
     cma = [0] * _NKINDS
     small = [0] * _NKINDS
+    gaps = t.get("cma_gap") or {}
     for kind, v in (t.get("cma_from") or {}).items():
-        cma[KIND_NAMES[kind]] = v
+        # a gap: the banks again in [lo, hi) above the threshold
+        cma[KIND_NAMES[kind]] = [v] + list(gaps[kind]) if kind in gaps else v
     for kind, v in (t.get("small_bytes") or {}).items():
         small[KIND_NAMES[kind]] = v
     return json.dumps([cma, small], separators=(",", ":"))
@@ -184,4 +197,4 @@ def decode(text):
     if not text:
         return None
     cma, small = json.loads(text)
-    return cma, small
+    return [tuple(v) if isinstance(v, list) else v for v in cma], small
