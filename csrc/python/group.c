@@ -6,6 +6,7 @@
  * it.  A Work owns the array views until the operation has completed.
  * Every blocking call releases the GIL.
  */
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -641,6 +642,24 @@ fast_absent(PyObject *obj)
             PySequence_Fast_GET_SIZE(obj) == 0);
 }
 
+/* Whether any of the n input blocks shares bytes with any output block
+ * (all_to_all on one array in place): the Python path copies the input
+ * first, since the peers read a rank's input while it writes its output. */
+static int
+blocks_overlap(char *const *ip, const size_t *il, char *const *op,
+               const size_t *ol, int n)
+{
+    for (int p = 0; p < n; p++) {
+        for (int q = 0; q < n; q++) {
+            uintptr_t a = (uintptr_t)ip[p], b = (uintptr_t)op[q];
+            if (il[p] > 0 && ol[q] > 0 && a < b + ol[q] && b < a + il[p]) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* PG_fast for the collectives with blocks: reduce (out = the array, arg =
  * op, root), gather (in = the array, out = the root's list, arg = root),
  * scatter (out = the array, in = the root's list, arg = root), all_gather
@@ -711,7 +730,7 @@ fast_blocks(PGObject *self, int kind, PyObject *outobj, long arg,
         ok = inlist == outlist &&
              fast_side(self, &fv, inobj, n, 0, !inlist, &dt, ip, il) &&
              fast_side(self, &fv, outobj, n, 1, !outlist, &dt, opp, ol) &&
-             il[rank] == ol[rank];
+             il[rank] == ol[rank] && !blocks_overlap(ip, il, opp, ol, n);
         name = inlist ? "all_to_all" : "all_to_all_single";
         break;
     default:

@@ -959,9 +959,19 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if ins[pg.rank()].nbytes != outs[pg.rank()].nbytes:
         raise ValueError(f"output_tensor_list[{pg.rank()}] must match input_tensor_list[{pg.rank()}] "
                          "in size (the block a rank sends to itself)")
+    ins = _unaliased(ins, outs)
     return _ret(pg._submit(_C.K_ALLTOALL, code, 0, 0, 0, 0, tuple(ins), tuple(outs),
                            name="all_to_all", result=output_tensor_list, async_op=async_op),
                 async_op)
+
+
+def _unaliased(ins, outs):
+    """``ins``, copied when any of them shares memory with an output (all_to_all in place: the
+    peers read a rank's input while it writes its output, so it must not change under them)."""
+    host = all(type(a) is np.ndarray for a in ins) and all(type(o) is np.ndarray for o in outs)
+    if host and any(np.may_share_memory(a, o) for a in ins for o in outs):
+        return [a.copy() for a in ins]
+    return ins
 
 
 def _nbytes_per_row(a) -> int:
@@ -1007,6 +1017,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if ins[pg.rank()] != outs[pg.rank()]:
         raise ValueError(f"input_split_sizes[{pg.rank()}] and output_split_sizes[{pg.rank()}] must "
                          "match (the block a rank sends to itself)")
+    a, = _unaliased([a], [o])
     return _ret(pg._submit(_C.K_ALLTOALL, code, 0, 0, 0, 0, (a,), (o,), in_splits=ins,
                            out_splits=outs, name="all_to_all_single", result=output,
                            async_op=async_op), async_op)
