@@ -1391,9 +1391,8 @@ PG_flight_configure(PGObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* One entry of set_rules' cma_from: an int >= 0 (bytes; 0: the default),
- * None (never), or (from, gap_lo, gap_hi): single copies from `from` bytes
- * but the banks again in [gap_lo, gap_hi). */
+/* A byte count of set_rules: an int >= 0 that fits a size_t (not a bool);
+ * -1 without an exception set otherwise. */
 static int
 rules_size(PyObject *v, size_t *out)
 {
@@ -1409,8 +1408,10 @@ rules_size(PyObject *v, size_t *out)
     return 0;
 }
 
-/* One table of set_rules: a sequence with an entry per kind (above; the
- * gaps go to lo/hi when given, else only ints and None are taken). */
+/* One table of set_rules: a sequence with an entry per kind, each an int
+ * >= 0 (bytes; 0: the default) or None (never); with lo/hi (cma_from) also
+ * (from, gap_lo, gap_hi): single copies from `from` bytes but the banks
+ * again in [gap_lo, gap_hi). */
 static int
 rules_arg(PyObject *seq, size_t *out, size_t *lo, size_t *hi,
           const char *what)

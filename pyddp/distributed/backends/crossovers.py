@@ -88,10 +88,9 @@ GAP_ROUNDS = 3
 def gap(rows, start, tie=0.0):
     """[lo, hi): the band of sizes above the threshold ``start`` (``crossover``'s) where taking the
     first candidate again saves the most, or None where no band of ``GAP_SIZES`` sizes or more
-    saves ``GAP_GAIN``.  The band
-    starts above ``start`` and ends before the largest size (a band to the end would be a larger
-    threshold, which ``crossover`` weighed); hi is the first size after it, where the second
-    candidate is taken again.  Measured so on the 2-core VM of the docs: 2-rank all_gather by
+    saves ``GAP_GAIN``.  The band starts above ``start`` and ends before the largest size (a band
+    to the end would be a larger threshold, which ``crossover`` weighed); hi is the first size
+    after it, where the second candidate is taken again.  Measured so on the 2-core VM of the docs: 2-rank all_gather by
     single copies from 16 KiB, the banks 12-18% faster at 512 KiB-1 MiB, single copies again from
     2 MiB."""
     if start is None or not rows:
@@ -393,8 +392,7 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
     cma, small = (list(v) for v in cpg.rules)  # (None: never; (from, lo, hi): with a gap)
     for kind, v in table["cma_from"].items():
-        band = table["cma_gap"].get(kind)
-        cma[codes[kind]] = (v, *band) if band else v
+        cma[codes[kind]] = v   # no gap online; a rules file's gaps (tuples) for other kinds stay
     for kind, v in table["small_bytes"].items():
         small[codes[kind]] = v
     never = -1
