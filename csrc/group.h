@@ -64,12 +64,37 @@ pd_status pd_group_set_rules(pd_group *g, const size_t *cma_from,
                              const size_t *small_bytes, const size_t *gap_lo,
                              const size_t *gap_hi, size_t n);
 
-/* The thresholds in force for kind: single copies from *cma_from bytes
+/* Rules for the machine's slow phase, as pd_group_set_rules, and the
+ * phase threshold: every few collectives ranks 0 and 1 hand a cache line
+ * back and forth (when every rank has a core to spin on); a one-way
+ * handoff above phase_ns ns is the slow phase, and from the next
+ * collective but one every rank uses these rules instead (rank 0's
+ * verdict travels in its collective identity, so every rank switches at
+ * the same collective).  phase_ns 0: no phases, the rules only. */
+pd_status pd_group_set_slow_rules(pd_group *g, const size_t *cma_from,
+                                  const size_t *small_bytes,
+                                  const size_t *gap_lo, const size_t *gap_hi,
+                                  size_t n, double phase_ns);
+
+/* The phase probe now, on every rank at the same point (after a barrier):
+ * *ns the one-way handoff between ranks 0 and 1 on rank 0, -1 elsewhere
+ * or unanswered (the tuner records it beside its rounds).  PD_EINVAL while
+ * a collective is queued or running. */
+pd_status pd_group_probe_phase(pd_group *g, double *ns);
+
+/* The phase in force (0 fast, 1 slow), rank 0's last probe (ns; -1: none
+ * or unanswered; other ranks: -1), the threshold (0: no phases) and the
+ * probes run so far. */
+void pd_group_phase(const pd_group *g, int *phase, double *probe_ns,
+                    double *phase_ns, uint64_t *probes);
+
+/* The thresholds in force for kind (slow: of the slow phase's table): single copies from *cma_from bytes
  * (PD_RULE_NEVER: never; PYDDP_CMA_THRESHOLD, the rules, the default, in
  * that order), except in [*gap_lo, *gap_hi) (0, 0: no gap), direct
  * algorithms over the transport up to *small bytes. */
-void pd_group_rules_in_force(const pd_group *g, int kind, size_t *cma_from,
-                             size_t *small, size_t *gap_lo, size_t *gap_hi);
+void pd_group_rules_in_force(const pd_group *g, int slow, int kind,
+                             size_t *cma_from, size_t *small, size_t *gap_lo,
+                             size_t *gap_hi);
 
 /* Why the group fell back to TCP because a rank could not set up shared
  * memory (its /dev/shm full or unwritable; PYDDP_TRANSPORT unset), or

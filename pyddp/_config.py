@@ -153,6 +153,8 @@ _V = [
         lambda t: {"ENOSPC": "ENOSPC", "EACCES": "EACCES"}[t]),
     Var("PYDDP_TEST_CMA_FAIL", "EPERM (tests only)", lambda t: {"EPERM": "EPERM"}[t]),
     Var("PYDDP_TEST_SPIN", "1 (tests only)", lambda t: {"1": "1"}[t]),
+    Var("PYDDP_TEST_PHASE", "fast or slow (tests only)",
+        lambda t: {"fast": "fast", "slow": "slow"}[t]),
 ]
 # Read by the build (setup.py) and pyddp's own test harness, never at run time.
 _BUILD_AND_TESTS = {"PYDDP_SANITIZE", "PYDDP_WERROR", "PYDDP_ROOT", "PYDDP_SKIPPED_FILE",

@@ -73,7 +73,35 @@ struct pd_group {
     /* algorithm choice (coll/rules.h): set before the first collective
      * (pd_group_set_rules), read-only after */
     pd_rules rules;
+    /* the machine's phases (group/run.c): where pyddp.tools.tune measured
+     * a slow phase (data crossing between cores several times slower for
+     * minutes on some virtual machines), the rules for it; every rank
+     * switches at the same collective, to what rank 0's probe saw */
+    pd_rules rules_slow;
+    double phase_ns;     /* a handoff above this many ns: slow; 0: no phases */
+    int phase_force;     /* PYDDP_TEST_PHASE: -1 none, else rank 0's verdict */
+    double phase_weight; /* collectives' weight since the last probe */
+    int phase;           /* the phase in force (0 fast, 1 slow) */
+    int verdict;         /* rank 0: the phase its last probe saw */
+    double probe_ns;     /* rank 0: the last probe's handoff (-1: none) */
+    uint64_t probes;     /* probes run, answered or not */
+    uint64_t manual_probes; /* pd_group_probe_phase calls */
 };
+
+/* The phase probe (group/run.c): due when the collectives since the last
+ * one weigh this much (one each, plus one per 256 KiB of message), with
+ * this many round trips, rank 0 waiting at most PD_PHASE_WAIT_S for an
+ * answer. */
+#define PD_PHASE_EVERY 1024.0
+#define PD_PHASE_TRIPS 8
+#define PD_PHASE_WAIT_S 50e-6
+
+/* Hold the group idle on this thread (no collective starts meanwhile;
+ * waits while one runs; PD_ECLOSED once destroyed) and let go of it,
+ * waking the progress thread if work was queued meanwhile
+ * (group/shm_buffers.c). */
+pd_status pd_grp_acquire_idle(pd_group *g, const char *what);
+void pd_grp_release_idle(pd_group *g);
 
 /* Buffers in the group's shared memory: allreduce without the copy-in. */
 typedef struct shm_buf {

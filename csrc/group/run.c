@@ -36,6 +36,35 @@ shm_interrupted(void *arg)
     return x->interrupted != NULL && x->interrupted(x->ictx);
 }
 
+/* The phase probe, at the start of collective seq on every rank when the
+ * collectives since the last one weigh PD_PHASE_EVERY (the same on every
+ * rank): ranks 0 and 1 hand a cache line back and forth; rank 0 keeps what
+ * it saw as its verdict, which it publishes with its next collectives'
+ * identities (run below).  Only where every rank spins on a core of its
+ * own: ranks sharing a core would measure the scheduler.  An unanswered
+ * probe (rank 1 late) keeps the verdict. */
+static void
+phase_probe(pd_group *g, uint64_t seq)
+{
+    g->phase_weight = 0;
+    if (g->rank == 0 && g->phase_force >= 0) {
+        g->verdict = g->phase_force;
+        return;
+    }
+    if (g->phase_force >= 0 || g->rank > 1 || !pd_shm_spins(g->shm)) {
+        return;
+    }
+    double ns = pd_shm_pingpong(g->shm, seq + 1, PD_PHASE_TRIPS,
+                                pd_now() + PD_PHASE_WAIT_S);
+    if (g->rank == 0) {
+        g->probes++;
+        g->probe_ns = ns;
+        if (ns > 0) {
+            g->verdict = ns > g->phase_ns;
+        }
+    }
+}
+
 /* Run one collective (sequence number seq) on this thread.  Returns its
  * status; on failure the message names the call.  PD_EINTR: the first sync
  * was interrupted and the collective must be resumed (resume = 1). */
@@ -88,6 +117,23 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         c.id.dtype = c.base.dtype;
         c.id.op = c.base.op;
         c.id.root = c.base.root;
+        st = PD_OK;
+        if (!resume) {
+            if (g->phase_ns > 0 && g->phase_weight >= PD_PHASE_EVERY) {
+                phase_probe(g, seq);
+            }
+            /* after an eager collective: everyone entered it, alike */
+            st = pd_shm_entry(g->shm, &c.waiter, pd_kind_name);
+            if (st == PD_EINTR) {
+                goto out; /* nothing published: *published stays 0 */
+            }
+            if (g->phase_ns > 0 && seq > 0) {
+                /* rank 0 entered the last collective: its verdict */
+                g->phase = pd_shm_phase_of(g->shm, seq - 1, g->phase);
+            }
+        }
+        c.rules = g->phase ? &g->rules_slow : &g->rules;
+        c.id.phase = g->rank == 0 ? (uint8_t)g->verdict : 0;
         uint64_t value = 0;
         if (op->kind == PD_K_ALLTOALL) {
             for (int p = 0; p < g->size; p++) {
@@ -116,25 +162,23 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         }
         else if (pd_shm_cma(g->shm)) {
             /* ranks must agree on when single copies start: a rank with
-             * another PYDDP_CMA_THRESHOLD or other rules would read a bank
-             * as addresses */
+             * another PYDDP_CMA_THRESHOLD or other rules (or phase) would
+             * read a bank as addresses */
             size_t glo, ghi;
-            pd_rules_cma_gap(&g->rules, op->kind, &glo, &ghi);
-            c.id.aux = ((uint64_t)pd_rules_cma_from(&g->rules, op->kind)
+            pd_rules_cma_gap(c.rules, op->kind, &glo, &ghi);
+            c.id.aux = ((uint64_t)pd_rules_cma_from(c.rules, op->kind)
                         << 1) ^
                        ((uint64_t)glo * 0x9e3779b97f4a7c15ull) ^
                        ((uint64_t)ghi * 0xc2b2ae3d27d4eb4full) ^
                        0xc3a0000000000000ull;
         }
-        st = PD_OK;
-        if (!resume) {
-            /* after an eager collective: everyone entered it, alike */
-            st = pd_shm_entry(g->shm, &c.waiter, pd_kind_name);
-            if (st == PD_EINTR) {
-                goto out; /* nothing published: *published stays 0 */
-            }
-            if (st == PD_OK) {
-                pd_shm_enter(g->shm, &c.id, value);
+        if (!resume && st == PD_OK) {
+            pd_shm_enter(g->shm, &c.id, value);
+            if (g->phase_ns > 0) {
+                /* the same on every rank: the identity's count */
+                g->phase_weight += 1.0 + (double)(c.id.count *
+                                                  pd_dtype_size(op->dtype)) /
+                                             (256.0 * 1024.0);
             }
         }
         if (st == PD_OK) {

@@ -348,18 +348,21 @@ pd_group_single_copy(const pd_group *g)
     return g->shm != NULL && pd_shm_cma(g->shm);
 }
 
-pd_status
-pd_group_set_rules(pd_group *g, const size_t *cma_from,
-                   const size_t *small_bytes, const size_t *gap_lo,
-                   const size_t *gap_hi, size_t n)
+/* Fill one table of rules (dst: the group's rules or its slow-phase
+ * rules) while the group is idle: the next collective takes mu to start,
+ * so it sees them.  The progress thread clears `running` just after it
+ * completed the caller's last work: give it a moment (up to a second)
+ * before calling it busy.  phase_ns >= 0 (the slow table): the phases'
+ * threshold too, and the phase state starts over. */
+static pd_status
+set_table(pd_group *g, pd_rules *dst, const size_t *cma_from,
+          const size_t *small_bytes, const size_t *gap_lo,
+          const size_t *gap_hi, size_t n, double phase_ns, const char *what)
 {
     if (n > PD_NKINDS) {
-        return pd_error(PD_EINVAL, "set_rules: %zu kinds given, the table "
-                        "has %d", n, PD_NKINDS);
+        return pd_error(PD_EINVAL, "%s: %zu kinds given, the table has %d",
+                        what, n, PD_NKINDS);
     }
-    /* idle: the next collective takes mu to start, so it sees them.  The
-     * progress thread clears `running` just after it completed the caller's
-     * last work: give it a moment (up to a second) before calling it busy */
     int idle = 0;
     double until = pd_now() + 1.0;
     for (;;) {
@@ -367,11 +370,21 @@ pd_group_set_rules(pd_group *g, const size_t *cma_from,
         idle = g->qh == NULL && !g->running;
         if (idle) {
             for (size_t k = 0; k < n; k++) {
-                g->rules.cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
-                g->rules.small_bytes[k] =
-                    small_bytes != NULL ? small_bytes[k] : 0;
-                g->rules.cma_gap_lo[k] = gap_lo != NULL ? gap_lo[k] : 0;
-                g->rules.cma_gap_hi[k] = gap_hi != NULL ? gap_hi[k] : 0;
+                dst->cma_from[k] = cma_from != NULL ? cma_from[k] : 0;
+                dst->small_bytes[k] = small_bytes != NULL ? small_bytes[k]
+                                                          : 0;
+                dst->cma_gap_lo[k] = gap_lo != NULL ? gap_lo[k] : 0;
+                dst->cma_gap_hi[k] = gap_hi != NULL ? gap_hi[k] : 0;
+            }
+            if (phase_ns >= 0) {
+                const char *f = getenv("PYDDP_TEST_PHASE");
+                g->phase_ns = phase_ns;
+                g->phase = g->verdict = 0;
+                g->probe_ns = -1;
+                g->phase_weight = PD_PHASE_EVERY; /* the next one probes */
+                g->phase_force = f == NULL || *f == '\0' ? -1
+                                 : strcmp(f, "slow") == 0 ? 1
+                                                          : 0;
             }
         }
         pthread_mutex_unlock(&g->mu);
@@ -382,19 +395,69 @@ pd_group_set_rules(pd_group *g, const size_t *cma_from,
         nanosleep(&ts, NULL);
     }
     if (!idle) {
-        return pd_error(PD_EINVAL, "set_rules: a collective is queued or "
-                        "running; set the rules between collectives");
+        return pd_error(PD_EINVAL, "%s: a collective is queued or running; "
+                        "set the rules between collectives", what);
     }
     return PD_OK;
 }
 
-void
-pd_group_rules_in_force(const pd_group *g, int kind, size_t *cma_from,
-                        size_t *small, size_t *gap_lo, size_t *gap_hi)
+pd_status
+pd_group_set_rules(pd_group *g, const size_t *cma_from,
+                   const size_t *small_bytes, const size_t *gap_lo,
+                   const size_t *gap_hi, size_t n)
 {
-    *cma_from = pd_rules_cma_from(&g->rules, kind);
-    pd_rules_cma_gap(&g->rules, kind, gap_lo, gap_hi);
-    *small = pd_rules_small(&g->rules, kind);
+    return set_table(g, &g->rules, cma_from, small_bytes, gap_lo, gap_hi, n,
+                     -1, "set_rules");
+}
+
+pd_status
+pd_group_set_slow_rules(pd_group *g, const size_t *cma_from,
+                        const size_t *small_bytes, const size_t *gap_lo,
+                        const size_t *gap_hi, size_t n, double phase_ns)
+{
+    if (!(phase_ns >= 0)) {
+        return pd_error(PD_EINVAL, "set_slow_rules: the threshold must be "
+                        ">= 0 ns (0: no phases), got %g", phase_ns);
+    }
+    return set_table(g, &g->rules_slow, cma_from, small_bytes, gap_lo, gap_hi,
+                     n, phase_ns, "set_slow_rules");
+}
+
+pd_status
+pd_group_probe_phase(pd_group *g, double *ns)
+{
+    *ns = -1;
+    if (g->shm == NULL || g->size < 2) {
+        return PD_OK;
+    }
+    PD_CHECK(pd_grp_acquire_idle(g, "probe_phase"));
+    /* tags apart from the collectives' (their sequence numbers + 1) */
+    uint64_t tag = ((uint64_t)1 << 55) | ++g->manual_probes;
+    *ns = pd_shm_pingpong(g->shm, tag, PD_PHASE_TRIPS * 4,
+                          pd_now() + 100 * PD_PHASE_WAIT_S);
+    pd_grp_release_idle(g);
+    return PD_OK;
+}
+
+void
+pd_group_phase(const pd_group *g, int *phase, double *probe_ns,
+               double *phase_ns, uint64_t *probes)
+{
+    *phase = g->phase;
+    *probe_ns = g->probe_ns;
+    *phase_ns = g->phase_ns;
+    *probes = g->probes;
+}
+
+void
+pd_group_rules_in_force(const pd_group *g, int slow, int kind,
+                        size_t *cma_from, size_t *small, size_t *gap_lo,
+                        size_t *gap_hi)
+{
+    const pd_rules *r = slow ? &g->rules_slow : &g->rules;
+    *cma_from = pd_rules_cma_from(r, kind);
+    pd_rules_cma_gap(r, kind, gap_lo, gap_hi);
+    *small = pd_rules_small(r, kind);
 }
 
 void

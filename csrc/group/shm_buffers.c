@@ -42,8 +42,8 @@ pd_grp_free_shm_buf(shm_buf *b, int size)
 
 /* Take the right to run collectives on this thread, once the group is idle
  * (pending work finished). */
-static pd_status
-acquire_idle(pd_group *g, const char *what)
+pd_status
+pd_grp_acquire_idle(pd_group *g, const char *what)
 {
     for (;;) {
         if (atomic_load(&g->stopping)) {
@@ -69,8 +69,8 @@ acquire_idle(pd_group *g, const char *what)
     }
 }
 
-static void
-release_idle(pd_group *g)
+void
+pd_grp_release_idle(pd_group *g)
 {
     pthread_mutex_lock(&g->mu);
     g->running = 0;
@@ -99,6 +99,7 @@ alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
     id.seq = ++g->seq;
     id.kind = PD_K_SHM_ALLOC;
     id.count = len;
+    id.phase = g->rank == 0 ? (uint8_t)g->verdict : 0; /* carried on */
     run_ctx x = {g, 0, 0.0, NULL, NULL};
     pd_shm_waiter w = {pd_now() + g->timeout, pd_grp_shm_check, NULL, &x, 0};
     /* after an eager collective (a broadcast root that did not wait for
@@ -142,7 +143,7 @@ pd_group_shm_alloc(pd_group *g, size_t len, void **out, size_t *maplen)
         len = 1;
     }
     len = (len + 4095) & ~(size_t)4095;
-    PD_CHECK(acquire_idle(g, "_shared_array"));
+    PD_CHECK(pd_grp_acquire_idle(g, "_shared_array"));
     pd_status st = PD_OK;
     char why[PD_ERRMSG_MAX] = "";
     uint64_t bid = ++g->nbufs;
@@ -222,7 +223,7 @@ pd_group_shm_alloc(pd_group *g, size_t len, void **out, size_t *maplen)
     b->peer = peer;
     b->next = g->bufs;
     g->bufs = b;
-    release_idle(g);
+    pd_grp_release_idle(g);
     *out = b->own;
     *maplen = len;
     return PD_OK;
@@ -242,14 +243,14 @@ fail:
     else {
         free(peer);
     }
-    release_idle(g);
+    pd_grp_release_idle(g);
     return st;
 }
 
 void
 pd_group_shm_forget(pd_group *g, void *own)
 {
-    if (acquire_idle(g, "_shared_array") != PD_OK) {
+    if (pd_grp_acquire_idle(g, "_shared_array") != PD_OK) {
         return;
     }
     for (shm_buf **pp = &g->bufs; *pp != NULL; pp = &(*pp)->next) {
@@ -260,5 +261,5 @@ pd_group_shm_forget(pd_group *g, void *own)
             break;
         }
     }
-    release_idle(g);
+    pd_grp_release_idle(g);
 }

@@ -93,7 +93,7 @@ fuzz_shm(PyObject *m, PyObject *args)
                         (size_t)rings.len);
     pd_shm_ident id = {.seq = seq, .count = count, .aux = aux,
                        .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
-                       .op = (uint8_t)op, .pad = 0, .root = root};
+                       .op = (uint8_t)op, .phase = 0, .root = root};
     pd_shm_waiter w = {.deadline = pd_now(), .check = NULL,
                        .interrupted = NULL, .ctx = NULL};
     char *buf = calloc(1, (size_t)(readlen > writelen ? readlen : writelen)

@@ -1463,13 +1463,13 @@ rules_arg(PyObject *seq, size_t *out, size_t *lo, size_t *hi,
     return 0;
 }
 
+/* set_rules / set_slow_rules: the two tables parsed, then the group's. */
 static PyObject *
-PG_set_rules(PGObject *self, PyObject *args)
+set_rules_common(PGObject *self, PyObject *cma, PyObject *small, int slow,
+                 double phase_ns)
 {
-    PyObject *cma, *small;
     size_t a[PD_NKINDS], b[PD_NKINDS], lo[PD_NKINDS], hi[PD_NKINDS];
-    if (!PyArg_ParseTuple(args, "OO:set_rules", &cma, &small) ||
-        pg_check(self) < 0 || rules_arg(cma, a, lo, hi, "cma_from") < 0 ||
+    if (pg_check(self) < 0 || rules_arg(cma, a, lo, hi, "cma_from") < 0 ||
         rules_arg(small, b, NULL, NULL, "small_bytes") < 0) {
         return NULL;
     }
@@ -1482,7 +1482,9 @@ PG_set_rules(PGObject *self, PyObject *args)
     }
     pd_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = pd_group_set_rules(self->g, a, b, lo, hi, PD_NKINDS);
+    st = slow ? pd_group_set_slow_rules(self->g, a, b, lo, hi, PD_NKINDS,
+                                        phase_ns)
+              : pd_group_set_rules(self->g, a, b, lo, hi, PD_NKINDS);
     Py_END_ALLOW_THREADS
     if (st != PD_OK) {
         return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
@@ -1491,7 +1493,56 @@ PG_set_rules(PGObject *self, PyObject *args)
 }
 
 static PyObject *
-PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
+PG_set_rules(PGObject *self, PyObject *args)
+{
+    PyObject *cma, *small;
+    if (!PyArg_ParseTuple(args, "OO:set_rules", &cma, &small)) {
+        return NULL;
+    }
+    return set_rules_common(self, cma, small, 0, -1);
+}
+
+static PyObject *
+PG_set_slow_rules(PGObject *self, PyObject *args)
+{
+    PyObject *cma, *small;
+    double phase_ns;
+    if (!PyArg_ParseTuple(args, "OOd:set_slow_rules", &cma, &small,
+                          &phase_ns)) {
+        return NULL;
+    }
+    if (!(phase_ns >= 0) || phase_ns > 1e9) {
+        PyErr_Format(PyExc_ValueError, "set_slow_rules: phase_ns must be a "
+                     "number of ns in [0, 1e9] (0: no phases), got %g",
+                     phase_ns);
+        return NULL;
+    }
+    return set_rules_common(self, cma, small, 1, phase_ns);
+}
+
+static PyObject *
+PG_probe_phase(PGObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    double ns;
+    pd_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = pd_group_probe_phase(self->g, &ns);
+    Py_END_ALLOW_THREADS
+    if (st != PD_OK) {
+        return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
+    }
+    if (ns > 0) {
+        return PyFloat_FromDouble(ns);
+    }
+    Py_RETURN_NONE;
+}
+
+/* (cma_from, small_bytes) of one table, as in force. */
+static PyObject *
+rules_tuple(PGObject *self, int slow)
 {
     if (pg_check(self) < 0) {
         return NULL;
@@ -1504,7 +1555,7 @@ PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
     }
     for (int k = 0; k < PD_NKINDS; k++) {
         size_t a, b, lo, hi;
-        pd_group_rules_in_force(self->g, k, &a, &b, &lo, &hi);
+        pd_group_rules_in_force(self->g, slow, k, &a, &b, &lo, &hi);
         PyObject *x = a == (size_t)-1 ? Py_NewRef(Py_None)
                       : lo < hi       ? Py_BuildValue("(nnn)", (Py_ssize_t)a,
                                                       (Py_ssize_t)lo,
@@ -1522,6 +1573,39 @@ PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
         PyTuple_SET_ITEM(small, k, y);
     }
     return Py_BuildValue("(NN)", cma, small);
+}
+
+static PyObject *
+PG_get_rules(PGObject *self, void *Py_UNUSED(closure))
+{
+    return rules_tuple(self, 0);
+}
+
+static PyObject *
+PG_get_slow_rules(PGObject *self, void *Py_UNUSED(closure))
+{
+    return rules_tuple(self, 1);
+}
+
+static PyObject *
+PG_get_phase(PGObject *self, void *Py_UNUSED(closure))
+{
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    int phase;
+    double probe_ns, phase_ns;
+    uint64_t probes;
+    pd_group_phase(self->g, &phase, &probe_ns, &phase_ns, &probes);
+    PyObject *last = probe_ns > 0 ? PyFloat_FromDouble(probe_ns)
+                                  : Py_NewRef(Py_None);
+    if (last == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("{s:s,s:N,s:d,s:K}", "phase",
+                         phase ? "slow" : "fast", "probe_ns", last,
+                         "phase_ns", phase_ns, "probes",
+                         (unsigned long long)probes);
 }
 
 static PyObject *
@@ -1568,6 +1652,13 @@ static PyGetSetDef PG_getset[] = {
      "banks again in [gap_lo, gap_hi)) and up to which direct "
      "algorithms run over the transport, as in force",
      NULL},
+    {"slow_rules", (getter)PG_get_slow_rules, NULL,
+     "the same for the machine's slow phase (set_slow_rules)", NULL},
+    {"phase", (getter)PG_get_phase, NULL,
+     "{'phase': 'fast' or 'slow' (the rules in force), 'probe_ns': rank "
+     "0's last probe of the handoff between cores (None: none or "
+     "unanswered), 'phase_ns': the threshold (0: no phases), 'probes'}",
+     NULL},
     {"shm_fallback", (getter)PG_get_shm_fallback, NULL,
      "None, or why shared memory could not be set up (collectives use TCP)",
      NULL},
@@ -1603,6 +1694,16 @@ static PyMethodDef PG_methods[] = {
      "choice, one entry per kind (0: the default; cma_from None: never, "
      "or (from, gap_lo, gap_hi): the banks again in [gap_lo, gap_hi)); "
      "between collectives, the same on every rank."},
+    {"probe_phase", (PyCFunction)PG_probe_phase, METH_NOARGS,
+     "probe_phase() -> float or None: every rank at the same point (after "
+     "a barrier); rank 0 gets the one-way handoff of a cache line between "
+     "ranks 0 and 1 in ns (the probe that switches the phases' rules), "
+     "the others None."},
+    {"set_slow_rules", (PyCFunction)PG_set_slow_rules, METH_VARARGS,
+     "set_slow_rules(cma_from, small_bytes, phase_ns): rules for the "
+     "machine's slow phase, which every rank uses from the collective "
+     "after rank 0 probes a cache line's handoff between cores above "
+     "phase_ns (0: no phases); as set_rules otherwise."},
     {"set_timeline_track", (PyCFunction)PG_set_timeline_track, METH_O,
      "set_timeline_track(tid): this group's track in the timeline."},
     {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,

@@ -63,7 +63,7 @@ import time
 from pyddp.distributed.backends import crossovers as _crossovers
 from pyddp.distributed.backends.crossovers import (  # noqa: F401  (crossover: API)
     _NEVER_SMALL, _SHM_KINDS, SHM_TIE, SLOW_FACTOR, _both_phases, _measure, _phase_loss, _table,
-    _tie, crossover, phase_times)
+    _tie, crossover, phase_times, phased)
 
 __all__ = ["main", "crossover", "handoff", "online", "merge_rounds", "weigh_phases", "SHM_TIE"]
 
@@ -147,8 +147,11 @@ def merge_rounds(res, old):
 
     if not old or old.get("path") != res.get("path") or old.get("ranks") != res.get("ranks"):
         return 0
-    earlier = {(kind, size): rs for kind, v in (old.get("rounds") or {}).items()
-               for size, rs in v}
+    # rounds probed another way (files of older versions: probe_handoff's threads, not the
+    # run-time probe) keep their times but not their probes, which classify in other units
+    keep = old.get("probe", "handoff") == res.get("probe", "handoff")
+    earlier = {(kind, size): [[r[0] if keep else None] + list(r[1:]) for r in rs]
+               for kind, v in (old.get("rounds") or {}).items() for size, rs in v}
     added = 0
     for kind, v in (res.get("rounds") or {}).items():
         rows = []
@@ -165,8 +168,8 @@ def merge_rounds(res, old):
     for kind, rows in plain.items():
         if kind not in res["kinds"] and kind in (old.get("rounds") or {}):
             res["kinds"][kind] = [tuple(r) for r in rows]
-            res.setdefault("rounds", {})[kind] = [[size, [list(r) for r in rs]]
-                                                  for size, rs in old["rounds"][kind]]
+            res.setdefault("rounds", {})[kind] = [[size, earlier[(kind, size)]]
+                                                  for size, _ in old["rounds"][kind]]
             added += sum(len(rs) for _, rs in old["rounds"][kind])
     return added
 
@@ -298,6 +301,24 @@ def _print_rows(n, res, out):
             print(f"    {_fmt(size):>6}  {a:10.1f}  {b:10.1f}  x{a / b:5.2f}{mark}", file=out)
 
 
+def _add_phased(doc, n, results):
+    """The phases' rules of ``n`` ranks into ``doc["phased"]`` where its shared-memory measurement
+    saw both phases, classified by the run-time probe (``phased``): the fast phase's single-copy
+    rules, the slow phase's, and the probe's threshold between them; printed too."""
+    shm = [r for r in results if isinstance(r, dict) and r.get("path") == "shm"]
+    if not shm or not phased(shm[0]):
+        return
+    fast, slow = (_table(shm, phase=k) for k in (0, 1))
+    ph = {"fast": {"cma_from": fast["cma_from"], "cma_gap": fast["cma_gap"]},
+          "slow": {"cma_from": slow["cma_from"], "cma_gap": slow["cma_gap"]},
+          "phase_ns": shm[0]["phases"]["slow_above_ns"]}
+    doc.setdefault("phased", {})[str(n)] = ph
+    print(f"  {n} ranks: rules of their own for each phase (slow: the probe over "
+          f"{ph['phase_ns']:.0f} ns): single copies from " + ", ".join(
+              f"{k} {_fmt(v)} / {_fmt(slow['cma_from'].get(k))}"
+              for k, v in fast["cma_from"].items()), flush=True)
+
+
 def show(out=sys.stdout, size=None):
     """Print the rules file in force and the rules a group applies (``--show``)."""
     from pyddp import _C, _config
@@ -335,21 +356,31 @@ def show(out=sys.stdout, size=None):
         if (doc.get("measured") or {}).get("phase_note"):
             print(f"  note: {doc['measured']['phase_note']}", file=out)
     sizes = [size] if size else sorted({2, 4} | {int(k) for k in (doc or {}).get("tables", {})})
+    def cell(c):
+        return ("never" if c is None else
+                f"{_fmt(c[0])}, banks {_fmt(c[1])}-{_fmt(c[2])}" if isinstance(c, tuple) else
+                _fmt(c) if c else "default")
+
     for n in sizes:
-        enc = tuning.encode(n)
-        cma, small = tuning.decode(enc) or ([0] * _C.NKINDS, [0] * _C.NKINDS)
+        enc = tuning.encode(n, n)
+        rules = tuning.decode(enc) or ([0] * _C.NKINDS, [0] * _C.NKINDS)
+        cma, small = rules[:2]
+        slow = rules[2] if len(rules) == 4 else None
         print(f"a group of {n} ranks:" + ("" if enc else " built-in constants"), file=out)
-        print(f"  {'collective':<16}{'single copies from':>20}{'direct over TCP up to':>24}",
+        head = "single copies from"
+        if slow is not None:
+            print(f"  the machine's phases: from the collective after rank 0's probe of the "
+                  f"handoff between ranks 0 and 1 exceeds {rules[3]:.0f} ns, the slow phase's "
+                  "rules (ranks sharing cores: the table for both phases)", file=out)
+            head = "single copies (fast phase / slow phase) from"
+        print(f"  {'collective':<16}{head:>{max(20, len(head) + 2)}}{'direct over TCP up to':>24}",
               file=out)
         for kind in tuning.KIND_NAMES:
             code = _C.KINDS[kind]["code"]
-            c = cma[code]
-            c = ("never" if c is None else
-                 f"{_fmt(c[0])}, banks {_fmt(c[1])}-{_fmt(c[2])}" if isinstance(c, tuple) else
-                 _fmt(c) if c else "default")
+            c = cell(cma[code]) + (f" / {cell(slow[code])}" if slow is not None else "")
             s = small[code]
             s = ("always" if s >= _NEVER_SMALL else _fmt(s)) if s else "default"
-            print(f"  {kind:<16}{c:>20}{s:>24}", file=out)
+            print(f"  {kind:<16}{c:>{max(20, len(head) + 2)}}{s:>24}", file=out)
     print("(default: the built-in constants of csrc/coll/rules.c: single copies from 32M for "
           "all_reduce, 1M for broadcast and 16M for gather and scatter, never for the others; direct up to 64K)",
           file=out)
@@ -467,6 +498,7 @@ def main(argv=None):
                             and isinstance(m.get("kinds"), dict)]
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
+            _add_phased(doc, n, results)
     if merged is not None:
         # rank counts not measured this time keep the file's measurements, their tables worked
         # out again by the rule in force now
@@ -476,6 +508,7 @@ def main(argv=None):
                 if isinstance(kept, list) and kept:
                     doc["measured"][n] = kept
                     t = _table(kept)
+                    _add_phased(doc, int(n), kept)
                 doc["tables"][n] = t
         doc["merged"] = list(merged.get("merged") or []) + [merged.get("created")]
     phase = _phase_note(probes)

@@ -1012,3 +1012,55 @@ pd_shm_fuzz_publish(pd_shm *s, int p, const void *ctrl, size_t ctrl_len,
     memset((void *)rctl(s, p, 0), 0, rb);
     memcpy((void *)rctl(s, p, 0), rings, rings_len < rb ? rings_len : rb);
 }
+
+double
+pd_shm_pingpong(pd_shm *s, uint64_t tag, int k, double deadline)
+{
+    if (s->rank > 1 || s->size < 2) {
+        return 0;
+    }
+    _Atomic uint64_t *ping = &pd_shm_ctrl_of(s, 0)->probe;
+    _Atomic uint64_t *pong = &pd_shm_ctrl_of(s, 1)->probe;
+    double trip[64];
+    k = k < 2 ? 2 : k > 64 ? 64 : k;
+    for (int i = 1; i <= k; i++) {
+        uint64_t v = (tag << 8) | (uint64_t)i;
+        double t0 = pd_now();
+        if (s->rank == 0) {
+            atomic_store_explicit(ping, v, memory_order_release);
+        }
+        _Atomic uint64_t *wait = s->rank == 0 ? pong : ping;
+        unsigned spins = 0;
+        while (atomic_load_explicit(wait, memory_order_acquire) != v) {
+            cpu_relax();
+            if ((++spins & 63u) == 0 && pd_now() > deadline) {
+                return s->rank == 0 ? -1.0 : 0.0;
+            }
+        }
+        if (s->rank == 1) {
+            atomic_store_explicit(pong, v, memory_order_release);
+        }
+        trip[i - 1] = pd_now() - t0;
+    }
+    if (s->rank != 0) {
+        return 0;
+    }
+    /* the median trip after the first (which waits for rank 1 to come) */
+    int m = k - 1;
+    double *t = trip + 1;
+    for (int i = 1; i < m; i++) {
+        for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    }
+    return t[m / 2] * 1e9 / 2.0;
+}
+
+int
+pd_shm_phase_of(pd_shm *s, uint64_t seq, int keep)
+{
+    const pd_shm_ident *o = &pd_shm_ctrl_of(s, 0)->ident[seq & 1];
+    return o->seq == seq ? o->phase : keep;
+}

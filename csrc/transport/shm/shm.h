@@ -44,7 +44,8 @@ typedef struct pd_shm_ident {
     uint8_t kind;
     uint8_t dtype;
     uint8_t op;
-    uint8_t pad;
+    uint8_t phase;    /* rank 0's: the machine's phase (pd_shm_pingpong);
+                         not compared between ranks */
     int32_t root;
 } pd_shm_ident;
 
@@ -66,6 +67,8 @@ typedef struct pd_shm_ctrl {
      * word in the owner's private memory and the value it holds */
     _Alignas(PD_SHM_LINE) uint64_t cma_addr;
     uint64_t cma_cookie;
+    /* the phase probe (pd_shm_pingpong): rank 0's ping, rank 1's pong */
+    _Alignas(PD_SHM_LINE) _Atomic uint64_t probe;
 } pd_shm_ctrl;
 
 typedef struct pd_shm pd_shm;
@@ -126,6 +129,18 @@ int pd_shm_rank(const pd_shm *s);
 int pd_shm_spins(const pd_shm *s);
 int pd_shm_size(const pd_shm *s);
 pd_shm_ctrl *pd_shm_ctrl_of(pd_shm *s, int p);
+
+/* The phase probe: ranks 0 and 1 hand a cache line back and forth k times
+ * (tag: the same nonzero number on both, below 2^56), each waiting at most
+ * until `deadline` (pd_now()).  Rank 0 returns the one-way handoff in ns,
+ * or -1 when rank 1 did not answer in time; the other ranks return 0 at
+ * once (rank 1 after answering). */
+double pd_shm_pingpong(pd_shm *s, uint64_t tag, int k, double deadline);
+
+/* Rank 0's phase as it published it with collective seq (its identity),
+ * or `keep` when that identity is not there (seq was not a shared-memory
+ * collective).  Call after pd_shm_entry of collective seq + 1. */
+int pd_shm_phase_of(pd_shm *s, uint64_t seq, int keep);
 /* Data bank b (0/1) of rank p. */
 char *pd_shm_bank(pd_shm *s, int p, int b);
 /* Flip the bank bit for a new copy-in phase; returns the bank to use. */

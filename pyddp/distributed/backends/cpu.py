@@ -128,7 +128,11 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             if rank == 0:
                 # the group's random id and rank 0's rules of algorithm choice (backends.tuning):
                 # every rank applies the same ones
-                store.set(f"{prefix}/token", f"{secrets.randbits(63)} {tuning.encode(size)}")
+                # (the phases' rules only where each of this host's ranks has a core)
+                local = nodes.count(nodes[rank])
+                local = local if local <= host_cores else None
+                store.set(f"{prefix}/token",
+                          f"{secrets.randbits(63)} {tuning.encode(size, local)}")
             transport = transport_choice(store, prefix, rank)
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
@@ -144,7 +148,9 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             host_cores = _threads.cores()
         cpg.connect(hosts, ports, token, nodes, transport, host_cores)
         if rules is not None:
-            cpg.set_rules(*rules)
+            cpg.set_rules(*rules[:2])
+            if len(rules) == 4:  # the phases' rules: rules[0] fast, rules[2] slow
+                cpg.set_slow_rules(rules[2], rules[1], rules[3])
     except BaseException:
         if cpg is not None:
             cpg.destroy()

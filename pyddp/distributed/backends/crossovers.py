@@ -116,6 +116,9 @@ SLOW_FACTOR = 2.0
 # Per-phase times decide a measurement's rules only where each phase holds at least this share of
 # its rounds (fewer rounds make a phase's medians one or two samples).
 PHASE_SHARE = 0.1
+# A measurement gives each phase rules of its own (``phased``) from this many slow rounds on: a
+# size seen in one phase only takes the kind's slow/fast ratio (``phase_times``).
+PHASED_ROUNDS = 6
 
 
 def phase_times(res, slow_factor=SLOW_FACTOR):
@@ -208,12 +211,18 @@ def _both_phases(res):
 PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
 
 
-def _round_probe(dist, rank, _C):
-    """Rank 0's cache-line handoff (ns) right before a round, measured while the other ranks sleep
-    (a rank spinning in a barrier would take a core from the probe's two threads); None where it
-    cannot be measured."""
+def _round_probe(dist, rank, _C, cpg=None):
+    """Rank 0's cache-line handoff (ns) right before a round; None where it cannot be measured.
+    With ``cpg`` (a group that has it): ``probe_phase``, ranks 0 and 1 handing a line back and
+    forth, the probe that switches a group between the phases' rules at run time, so that the
+    rounds are classified in its units.  Else ``probe_handoff``'s two threads in rank 0, measured
+    while the other ranks sleep (a rank spinning in a barrier would take a core from them)."""
     dist.barrier()
     ns = None
+    if cpg is not None:
+        ns = cpg.probe_phase()
+        dist.barrier()
+        return ns
     if rank == 0:
         try:
             ns = float(_C.probe_handoff(PHASE_PROBE_S)[0]) if (os.cpu_count() or 1) > 1 else None
@@ -288,8 +297,9 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     rank, n = dist.get_rank(), dist.get_world_size()
     base_cma, base_small = (list(v) for v in cpg.rules)  # (None: never)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
+    pingpong = path == "shm" and hasattr(cpg, "probe_phase")
     result = {"path": path, "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
-              "rounds": {}}
+              "rounds": {}, "probe": "pingpong" if pingpong else "handoff"}
     kinds = [k for k in kinds if k in (_TCP_KINDS if path == "tcp" else _SHM_KINDS)]
     if path == "shm" and not cpg.single_copy:
         kinds = []  # no second candidate: single copies are not possible here
@@ -310,7 +320,8 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
                     run = _op(dist, kind, rank, n, count, np)
                     calls = max(3, min(iters, budget // max(1, count * 4 * n)))
                     samples = st["samples"]
-                    ns = _round_probe(dist, rank, _C) if probe else None
+                    ns = (_round_probe(dist, rank, _C, cpg if pingpong else None)
+                          if probe else None)
                     mark = {c: len(samples[c]) for c in (0, 1)}
                     for cand in (0, 1):
                         cma, small = list(base_cma), list(base_small)
@@ -427,18 +438,36 @@ def _tie(res):
     return SHM_TIE
 
 
-def _table(results, gaps=True):
+def phased(res):
+    """Whether a shared-memory measurement can give each of the machine's phases rules of its
+    own (``_table(..., phase=)``), which a group switches between at run time: both phases seen,
+    the slow one in at least PHASED_ROUNDS rounds, classified by the run-time probe
+    (``probe_phase``; older measurements' probe measured something else)."""
+    ph = res.get("phases") or {}
+    if res.get("path") != "shm" or res.get("probe") != "pingpong" or ph.get("phases") != 2:
+        return False
+    limit = ph.get("slow_above_ns") or 0
+    slow = sum(1 for v in (res.get("rounds") or {}).values() for _, rs in v for r in rs
+               if r[0] is not None and r[0] > limit)
+    return slow >= PHASED_ROUNDS
+
+
+def _table(results, gaps=True, phase=None):
     """{"cma_from": {kind: bytes or None}, "cma_gap": {kind: [lo, hi]}, "small_bytes": {kind:
     bytes}} from one rank count's measurements (``gaps``: look for them; online tuning measures
-    too few rounds, 4x apart, to tell a second crossing from noise)."""
+    too few rounds, 4x apart, to tell a second crossing from noise).  ``phase`` 0 or 1: the rules
+    of the fast or the slow phase alone, from the rounds in that phase (``phased``)."""
     t = {"cma_from": {}, "cma_gap": {}, "small_bytes": {}}
     for res in results:
         # both phases seen (shared memory): each size's loss is the worse phase's (crossover), on
-        # the ratios smoothed over neighbouring sizes
-        by_phase = phase_times(res)[0] if _both_phases(res) else None
+        # the ratios smoothed over neighbouring sizes; or one phase's, for that phase's rules
+        both = phased(res) if phase is not None else _both_phases(res)
+        by_phase = phase_times(res)[0] if both else None
         for kind, rows in res["kinds"].items():
             if by_phase and len(by_phase.get(kind) or ()) == len(rows):
                 rows = smooth_phases(by_phase[kind])
+                if phase is not None:
+                    rows = [(size, (a[phase],), (b[phase],)) for size, a, b in rows]
             start = crossover(rows, _tie(res))
             if res["path"] == "shm":
                 t["cma_from"][kind] = start

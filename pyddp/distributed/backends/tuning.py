@@ -127,6 +127,20 @@ def validate(doc, path="the rules file") -> dict:
                 raise ValueError(f"{where} must be [lo, hi], byte counts with lo < hi, got {v!r}")
             if (t.get("cma_from") or {}).get(kind) is None:
                 raise ValueError(f"{where}: a gap needs a cma_from threshold for {kind}")
+    phased = doc.get("phased", {})
+    if not isinstance(phased, dict):
+        raise ValueError(f"{path}: 'phased' must map rank counts to the phases' rules")
+    for n, ph in phased.items():
+        where = f"{path}: phased[{n!r}]"
+        if str(n) not in tables or not isinstance(ph, dict):
+            raise ValueError(f"{where} must be the phases' rules of a rank count in 'tables'")
+        ns = ph.get("phase_ns")
+        if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not 0 < ns <= 1e9:
+            raise ValueError(f"{where}.phase_ns must be a number of ns in (0, 1e9], got {ns!r}")
+        for key in ("fast", "slow"):
+            if not isinstance(ph.get(key), dict):
+                raise ValueError(f"{where}.{key} must be a table of cma_from (and cma_gap)")
+            validate({"format": FORMAT, "tables": {str(n): ph[key]}}, f"{where}.{key}")
     return doc
 
 
@@ -148,9 +162,10 @@ def table_for(doc, size):
     return doc["tables"][str(counts[-1])] if counts else None
 
 
-def encode(size) -> str:
-    """Rank 0's rules for a group of ``size`` ranks, compact, for the address exchange: '' for
-    the built-in constants."""
+def encode(size, local=None) -> str:
+    """Rank 0's rules for a group of ``size`` ranks (``local`` of them on its host: the phases'
+    rules need a core for each), compact, for the address exchange: '' for the built-in
+    constants."""
     path, explicit = path_in_force()
     if path is None or size < 2:
         return ""
@@ -167,15 +182,41 @@ def encode(size) -> str:
     t = table_for(doc, size)
     if t is None:
         return ""
-    cma = [0] * _NKINDS
     small = [0] * _NKINDS
+    for kind, v in (t.get("small_bytes") or {}).items():
+        small[KIND_NAMES[kind]] = v
+    ph = phased_for(doc, size, local)
+    if ph is None:
+        return json.dumps([_cma_list(t), small], separators=(",", ":"))
+    # each phase's own single-copy rules; the group switches between them at run time
+    return json.dumps([_cma_list(ph["fast"]), small, _cma_list(ph["slow"]), ph["phase_ns"]],
+                      separators=(",", ":"))
+
+
+def _cma_list(t):
+    """A table's single-copy rules as set_rules takes them, one entry per kind (0: default)."""
+    cma = [0] * _NKINDS
     gaps = t.get("cma_gap") or {}
     for kind, v in (t.get("cma_from") or {}).items():
         # a gap: the banks again in [lo, hi) above the threshold
         cma[KIND_NAMES[kind]] = [v] + list(gaps[kind]) if kind in gaps else v
-    for kind, v in (t.get("small_bytes") or {}).items():
-        small[KIND_NAMES[kind]] = v
-    return json.dumps([cma, small], separators=(",", ":"))
+    return cma
+
+
+def phased_for(doc, size, local):
+    """The phases' rules of ``doc`` for a group of ``size`` ranks, ``local`` of them on each
+    host at most, or None: only for the rank count the table in force was measured at, and only
+    where each local rank has a core (the probe that switches phases spins on two of them; ranks
+    sharing cores keep the table made for both phases)."""
+    counts = sorted(int(n) for n in doc["tables"] if int(n) <= size)
+    if not counts:
+        return None
+    n = str(counts[-1])
+    ph = (doc.get("phased") or {}).get(n)
+    cores = (doc.get("host") or {}).get("cores") or 0
+    if ph is None or local is None or local > cores:
+        return None
+    return ph
 
 
 def describe() -> str:
@@ -193,8 +234,16 @@ def describe() -> str:
 
 
 def decode(text):
-    """(cma_from, small_bytes) lists for ``ProcessGroup.set_rules``, or None for ''."""
+    """(cma_from, small_bytes) lists for ``ProcessGroup.set_rules``, with the slow phase's
+    cma_from and the phase threshold (ns) for ``set_slow_rules`` after them where the file has
+    the phases' rules; None for ''."""
     if not text:
         return None
-    cma, small = json.loads(text)
-    return [tuple(v) if isinstance(v, list) else v for v in cma], small
+    parts = json.loads(text)
+
+    def cma(v):
+        return [tuple(x) if isinstance(x, list) else x for x in v]
+
+    if len(parts) == 4:
+        return cma(parts[0]), parts[1], cma(parts[2]), float(parts[3])
+    return cma(parts[0]), parts[1]
