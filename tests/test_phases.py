@@ -216,3 +216,27 @@ def test_merging_rounds_of_another_probe_keeps_their_times_not_their_probes():
                                              [None, 42.0, 22.0]]
     assert new["kinds"]["gather"] == [(4096, 40.0, 21.0)]
     assert new["rounds"]["scatter"] == [[4096, [[None, 1.0, 2.0]]]]
+
+
+def _online_with_phases(rank, world_size):
+    import pyddp.distributed as dist
+    from pyddp.tools.tune import online
+
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    cma, small = cpg.rules
+    slow = [1] * len(cma)
+    cpg.set_slow_rules(slow, list(small), 77.0)
+    online(kinds=["all_gather"], min_bytes=16 << 10, max_bytes=64 << 10)
+    a = np.arange(8, dtype=np.float32) + rank
+    dist.all_reduce(a)
+    return {"phase": cpg.phase, "slow": list(cpg.slow_rules[0]), "a": a.tolist()}
+
+
+def test_measuring_turns_the_phases_off_and_back_on():
+    """The tuner's candidates are set with set_rules; a group in the slow phase would run the slow
+    phase's rules instead, so measuring (here: online tuning) turns the phases off while it runs,
+    then restores the slow-phase rules and threshold as they were."""
+    res = run(_online_with_phases, 2, timeout=120, rank_env={0: {"PYDDP_TEST_PHASE": "slow"}})
+    for r in res:
+        assert r["phase"]["phase_ns"] == 77.0 and r["slow"] == [1] * _C.NKINDS
+        assert r["a"] == (2 * np.arange(8) + 1).tolist()

@@ -309,6 +309,12 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     # (kind, size) -> both candidates' samples and the rounds' rows, filled pass by pass
     state = {(kind, size): {"samples": {0: [], 1: []}, "rounds": []}
              for kind in kinds for size in sizes}
+    # a group with the phases' rules (a rules file's) would run the slow phase's instead of the
+    # candidate set below whenever rank 0's probe saw that phase: off while measuring
+    phases = getattr(cpg, "phase", {}).get("phase_ns") or 0.0
+    slow_cma = list(cpg.slow_rules[0]) if phases else None
+    if phases:
+        cpg.set_slow_rules(slow_cma, base_small, 0.0)
     try:
         for _ in range(rounds):
             for kind in kinds:
@@ -355,6 +361,8 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     finally:
         dist.barrier()
         cpg.set_rules(base_cma, base_small)
+        if phases:
+            cpg.set_slow_rules(slow_cma, base_small, phases)
     return result
 
 
@@ -418,7 +426,7 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
     cma = [None if f == never else (f, lo, hi) if lo < hi else f for f, lo, hi in trip]
     small = [int(v) for v in agreed[3 * k:].tolist()]
     dist.barrier()
-    cpg.set_rules(cma, small)
+    cpg.set_rules(cma, small)  # a rules file's slow-phase rules (set_slow_rules) stay
     dist.barrier()
     from .. import _observe
 
