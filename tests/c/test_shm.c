@@ -158,6 +158,56 @@ test_sync_and_banks(void)
     run(3, child_sync);
 }
 
+/* The phase probe: ranks 0 and 1 hand a line back and forth (rank 0 gets a
+ * handoff time, the others 0 at once); a probe rank 1 never answers
+ * returns -1 on rank 0 by its deadline; rank 0's phase in its identity of
+ * a collective is what every rank reads back for that sequence number. */
+static void
+child_pingpong(int rank, int n, uint64_t token)
+{
+    pd_shm *s = setup(rank, n, token);
+    for (uint64_t tag = 1; tag <= 50; tag++) {
+        double ns = pd_shm_pingpong(s, tag, 8, pd_now() + 10);
+        if (rank == 0) {
+            T_CHECK(ns > 0 && ns < 1e8);
+        }
+        else {
+            T_CHECK(ns == 0);
+        }
+    }
+    barrier(n);
+    if (rank == 0) {
+        /* rank 1 does not take part: unanswered by the deadline */
+        double t0 = pd_now();
+        T_CHECK(pd_shm_pingpong(s, 99, 8, t0 + 0.01) == -1.0);
+        T_CHECK(pd_now() - t0 < 5.0);
+    }
+    barrier(n);
+    pd_shm_waiter w = {pd_now() + 20, NULL, NULL, NULL, 0};
+    for (uint64_t seq = 1; seq <= 6; seq++) {
+        pd_shm_ident id = ident(seq, 10);
+        id.phase = rank == 0 ? (uint8_t)(seq % 3 == 0) : 0;
+        T_OK(pd_shm_entry(s, &w, kind_name));
+        if (seq > 1) {
+            T_CHECK(pd_shm_phase_of(s, seq - 1, 7) == ((seq - 1) % 3 == 0));
+        }
+        pd_shm_enter(s, &id, 0);
+        T_OK(pd_shm_sync(s, &w));
+        T_OK(pd_shm_check_ident(s, &id, kind_name));
+    }
+    /* a sequence number rank 0's identities no longer hold: keep */
+    T_CHECK(pd_shm_phase_of(s, 2, 7) == 7);
+    barrier(n);
+    pd_shm_close(s);
+}
+
+static void
+test_pingpong(void)
+{
+    run(2, child_pingpong);
+    run(3, child_pingpong);
+}
+
 /* The last rank calls with another count at sequence number 5. */
 static void
 child_mismatch(int rank, int n, uint64_t token)
@@ -512,5 +562,6 @@ main(void)
     T_RUN(test_sweep_stale);
     T_RUN(test_env_bytes);
     T_RUN(test_rules_gap);
+    T_RUN(test_pingpong);
     return pd_test_result();
 }
