@@ -85,6 +85,8 @@ struct pd_group {
     int verdict;         /* rank 0: the phase its last probe saw */
     double probe_ns;     /* rank 0: the last probe's handoff (-1: none) */
     uint64_t probes;     /* probes run, answered or not */
+    uint64_t phase_read; /* from this collective on, read rank 0's verdict
+                            once (0: read) */
     uint64_t manual_probes; /* pd_group_probe_phase calls */
 };
 

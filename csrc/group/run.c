@@ -47,6 +47,7 @@ static void
 phase_probe(pd_group *g, uint64_t seq)
 {
     g->phase_weight = 0;
+    g->phase_read = seq + 1; /* every rank reads the verdict then */
     if (g->rank == 0 && g->phase_force >= 0) {
         g->verdict = g->phase_force;
         return;
@@ -127,9 +128,14 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
             if (st == PD_EINTR) {
                 goto out; /* nothing published: *published stays 0 */
             }
-            if (g->phase_ns > 0 && seq > 0) {
-                /* rank 0 entered the last collective: its verdict */
+            if (g->phase_ns > 0 && g->phase_read != 0 &&
+                seq >= g->phase_read) {
+                /* rank 0 entered the last collective (the probe's, or a
+                 * shared-array allocation after it): its verdict, read
+                 * once per probe (a line rank 0 writes at every
+                 * collective costs the others a miss) */
                 g->phase = pd_shm_phase_of(g->shm, seq - 1, g->phase);
+                g->phase_read = 0;
             }
         }
         c.rules = g->phase ? &g->rules_slow : &g->rules;
