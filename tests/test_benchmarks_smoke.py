@@ -499,3 +499,38 @@ def test_interleaved_says_what_is_missing():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "interleaved.py: skipped: mpirun not found" in proc.stdout, (
         proc.stdout + proc.stderr)
+
+
+def test_phases_quick_table(tmp_path):
+    """benchmarks/phases.py, a few seconds on a rules file with rules for each phase (the host's
+    facts, so that this host reads it): every row filed under a phase, both configurations checked
+    against NumPy first; without such a file it says so and exits 0."""
+    _need_process_groups()
+    from pyddp.distributed.backends import tuning
+
+    script = os.path.join(ROOT, "benchmarks", "phases.py")
+    env = dict(_env_with_this_pyddp(), PYDDP_TUNING="0")
+    proc = subprocess.run([sys.executable, script, "--minutes", "0.02"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "no rules for each phase for 2 ranks" in proc.stdout, (
+        proc.stdout + proc.stderr)
+    kinds = list(tuning.KIND_NAMES)
+    doc = {"format": tuning.FORMAT, "host": dict(tuning.host_facts(), cores=2), "created": "test",
+           "pyddp": "test", "tables": {"2": {"cma_from": {k: 16384 for k in kinds}}},
+           "phased": {"2": {"fast": {"cma_from": {k: 65536 for k in kinds}},
+                            "slow": {"cma_from": {k: 4096 for k in kinds}}, "phase_ns": 1e6}}}
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps(doc))
+    env = dict(_env_with_this_pyddp(), PYDDP_TUNING_FILE=str(path))
+    proc = subprocess.run([sys.executable, script, "--minutes", "0.05", "--ops",
+                           "all_gather,reduce_scatter", "--sizes", "8K,32K", "--calls", "5"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"^Machine: .*pyddp rules: tuned test", proc.stdout, re.M), out
+    # a threshold of 1 ms: every answered probe is the fast phase
+    for op in ("all_gather", "reduce_scatter"):
+        for size in ("8K", "32K"):
+            assert re.search(rf"^\| fast \| {op} \| {size} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| "
+                             r"[0-9]+ \|$", proc.stdout, re.M), out
+    assert "| slow |" not in proc.stdout, out
