@@ -4,15 +4,16 @@
     python benchmarks/phases.py --minutes 10 --ops all_gather,broadcast --sizes 8K,16K,32K,1M
 
 On a machine whose speed between cores changes for minutes at a time (the machine's phases in
-docs/benchmarks.md) the tuner writes single-copy rules for each phase beside the table made for both,
-and a group switches between them at run time after its probe (ranks 0 and 1 handing a cache line back
-and forth).  This measures what that gives: the ranks (started here by pyddp's launcher) run batches of
-each collective and size with the two configurations alternating, the phases' rules (the fast and the
-slow table, switching) and the table for both phases (no switching), for as long as asked; before each
-pair of batches rank 0 probes the handoff the same way the group does, so every pair is filed under the
-phase it ran in.  A batch's time per call is the slowest rank's batch time over its calls.  The table
-gives, per phase, collective and size, the median time of each configuration and their ratio (> 1: the
-phases' rules faster), with the number of pairs; results are checked against NumPy first.
+docs/benchmarks.md) the tuner writes single-copy rules for each phase beside the table made for
+both, and a group switches between them at run time after its probe (ranks 0 and 1 handing a cache
+line back and forth). This measures what that gives: the ranks (started here by pyddp's launcher)
+run batches of each collective and size with the two configurations alternating, the phases' rules
+(the fast and the slow table, switching) and the table for both phases (no switching), for as long
+as asked; before each pair of batches rank 0 probes the handoff the same way the group does, so
+every pair is filed under the phase it ran in. A batch's time per call is the slowest rank's batch
+time over its calls. The table gives, per phase, collective and size, the median time of each
+configuration and their ratio (> 1: the phases' rules faster), with the number of pairs; results are
+checked against NumPy first.
 
 Needs a rules file with the phases' rules for the rank count (python -m pyddp.tools.tune, where it saw
 both phases; --show says): says so and exits 0 without one.
@@ -180,7 +181,7 @@ def main(argv=None):
     info = _report.machine()
     with tempfile.TemporaryDirectory(prefix="pyddp-phases-") as tmp:
         out = os.path.join(tmp, "rows.json")
-        cmd = [sys.executable, "-m", "pyddp.run", "--nproc-per-node", str(args.nproc),
+        cmd = [sys.executable, "-m", "pyddp.run", "--standalone", "--nproc-per-node", str(args.nproc),
                os.path.abspath(__file__), "--worker", "--out", out, "--ops", args.ops,
                "--sizes", args.sizes, "--minutes", str(args.minutes), "--calls", str(args.calls)]
         subprocess.run(cmd, check=True, timeout=120 + 90 * args.minutes)

@@ -340,6 +340,19 @@ def _listing_child(rank, ws, mode):
     return left
 
 
+def _three_rank_jobs(names):
+    """The names of jobs of three ranks or more (a segment of rank 2 under the same job token): a
+    test running beside this one (pytest -n) may have a job of two ranks whose segments exist for
+    a moment."""
+    def rank(name):  # pyddp.TOKEN.NODE.RANK (a rank's segment), pyddp.TOKEN.RANK.bID (an array's)
+        parts = name.split(".")
+        return parts[2] if parts[-1].startswith("b") else parts[-1]
+
+    names = set(names)
+    jobs = {n.split(".")[1] for n in names if n.count(".") >= 3 and rank(n) == "2"}
+    return {n for n in names if n.split(".")[1] in jobs}
+
+
 @pytest.mark.parametrize("mode", ["normal", "raise", "kill"])
 def test_nothing_is_left_in_dev_shm(mode):
     before = _segments()
@@ -350,11 +363,11 @@ def test_nothing_is_left_in_dev_shm(mode):
             assert o.ok, o
             # segments are unlinked once every rank mapped them: none visible while running
             # (besides any another, earlier run left behind before this test began)
-            assert sorted(set(o.value) - before) == [], o.value
+            assert sorted(_three_rank_jobs(set(o.value) - before)) == [], o.value
         if mode == "raise":
             assert not o.ok and "user code failed" in o.message, o
     time.sleep(0.2)
-    assert _segments() - before == set()
+    assert _three_rank_jobs(_segments() - before) == set()
 
 
 def _allreduce_once(rank, ws):

@@ -75,8 +75,8 @@ def _run(binding):
     here = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYDDP_DEBUG"] = "INFO"
-    p = subprocess.run([sys.executable, "-m", "pyddp.run", "--nproc-per-node", "2", SCRIPT,
-                        binding], env=env, capture_output=True, text=True, timeout=100)
+    p = subprocess.run([sys.executable, "-m", "pyddp.run", "--standalone", "--nproc-per-node", "2",
+                        SCRIPT, binding], env=env, capture_output=True, text=True, timeout=100)
     assert p.returncode == 0, p.stdout + p.stderr   # each rank checked its result
     return [ln for ln in p.stderr.splitlines() if "connected (2 ranks on this host" in ln]
 

@@ -188,7 +188,8 @@ def test_each_phase_gets_the_crossover_of_its_own_rounds():
               8.0 * i, 14.0 * i)
              for i, z in enumerate([16384, 65536, 262144, 1 << 20, 2 << 20, 4 << 20, 8 << 20], 1)]
     res = {"path": "shm", "ranks": 2, "single_copy": True, "probe": "pingpong",
-           "rounds": _rounds(sizes), "kinds": {"all_gather": [(z, a, b) for z, a, _, b, _ in sizes]}}
+           "rounds": _rounds(sizes),
+           "kinds": {"all_gather": [(z, a, b) for z, a, _, b, _ in sizes]}}
     res["kinds"], res["phases"] = weigh_phases(res)
     assert phased(res)
     assert _table([res], phase=0)["cma_from"]["all_gather"] == 4 << 20
