@@ -124,7 +124,9 @@ def worker(args):
         kind, size = ops[k % len(ops)]
         run, _ = _op(dist, kind, rank, n, max(1, size // 4))
         calls = max(5, min(args.calls, (64 << 20) // max(1, size)))
-        order = ("phases", "both") if k % 2 == 0 else ("both", "phases")
+        # which goes first alternates pass by pass (a pass: every collective and size once), so
+        # each cell has both orders
+        order = ("phases", "both") if (k // len(ops)) % 2 == 0 else ("both", "phases")
         dist.barrier()
         ns = cpg.probe_phase()
         got, in_force = {}, None
