@@ -523,13 +523,13 @@ def test_phases_quick_table(tmp_path):
     path.write_text(json.dumps(doc))
     env = dict(_env_with_this_pyddp(), PYDDP_TUNING_FILE=str(path))
     proc = subprocess.run([sys.executable, script, "--minutes", "0.05", "--ops",
-                           "all_gather,reduce_scatter", "--sizes", "8K,32K", "--calls", "5"],
+                           "allgather,reduce_scatter", "--sizes", "8K,32K", "--calls", "5"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(r"^Machine: .*pyddp rules: tuned test", proc.stdout, re.M), out
     # a threshold of 1 ms: every answered probe is the fast phase
-    for op in ("all_gather", "reduce_scatter"):
+    for op in ("allgather", "reduce_scatter"):
         for size in ("8K", "32K"):
             assert re.search(rf"^\| fast \| {op} \| {size} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| "
                              r"[0-9]+ \|$", proc.stdout, re.M), out
