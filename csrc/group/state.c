@@ -14,6 +14,7 @@
 
 #include "../util/log.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,18 +31,32 @@ pd_group_error(pd_group *g, char *buf, size_t cap)
 }
 
 /* Make st the group's sticky error (any thread; the first one wins) and tell
- * the ranks on this host through shared memory at once. */
+ * the ranks on this host through shared memory at once.  On return the
+ * group's error is set (this one or the winner's), so a caller may report
+ * pd_grp_err(g) and g->errmsg.  A thread that loses the claim waits for the
+ * winner's store: the caller's own error (a mismatch its collective found)
+ * must not turn into the group's error read before the winner wrote it,
+ * PD_OK: a collective that failed returning as if it had worked (seen
+ * once: the progress thread claimed the error a peer's abort brought while
+ * the caller's thread was reporting the mismatch itself). */
 void
 pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
 {
     int zero = 0;
     if (!atomic_compare_exchange_strong(&g->err_claim, &zero, 1)) {
+        /* the winner is a message copy away from its store */
+        while (atomic_load_explicit(&g->err, memory_order_acquire) == PD_OK) {
+            sched_yield();
+        }
         return;
     }
-    PD_LOG(PD_LOG_WARN, "group", "rank %d: group failed (%s): %s", g->rank,
-           pd_status_name(st), msg);
+    if (st == PD_OK) {
+        st = PD_EBACKEND; /* a failure without a status: still a failure */
+    }
     snprintf(g->errmsg, sizeof(g->errmsg), "%s", msg);
     atomic_store_explicit(&g->err, (int)st, memory_order_release);
+    PD_LOG(PD_LOG_WARN, "group", "rank %d: group failed (%s): %s", g->rank,
+           pd_status_name(st), msg);
     if (g->shm != NULL) {
         pd_shm_abort(g->shm, st, g->errmsg);
     }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "group.h"
+#include "group/internal.h"
 #include "pd_test.h"
 #include "util/sync.h"
 #include "util/timeline.h"
@@ -337,6 +338,41 @@ test_destroy_with_pending_work(void)
     run(3, PD_TRANSPORT_AUTO, child_destroy_busy);
 }
 
+/* The sticky error, claimed by one thread while another reports its own:
+ * the one that loses the claim returns only once the winner's error is
+ * there.  Before, it returned at once and its caller read the group's
+ * error as PD_OK, so a collective whose mismatch that thread had found
+ * returned as if it had worked (a rank's progress thread had claimed the
+ * abort a peer sent about the same mismatch). */
+static void *
+slow_winner(void *arg)
+{
+    pd_group *g = arg;
+    usleep(50 * 1000); /* between its claim and its store */
+    snprintf(g->errmsg, sizeof(g->errmsg), "%s", "the winner's error");
+    atomic_store_explicit(&g->err, (int)PD_ENETWORK, memory_order_release);
+    return NULL;
+}
+
+static void
+test_fatal_claim_loser_waits(void)
+{
+    pd_group *g = calloc(1, sizeof(*g));
+    T_CHECK(g != NULL);
+    if (g == NULL) {
+        return;
+    }
+    atomic_init(&g->err, PD_OK);
+    atomic_init(&g->err_claim, 1); /* claimed, not yet stored */
+    pthread_t t;
+    T_CHECK(pthread_create(&t, NULL, slow_winner, g) == 0);
+    pd_grp_record_fatal(g, PD_EMISMATCH, "this thread's error");
+    T_CHECK(pd_grp_err(g) == PD_ENETWORK);
+    T_CHECK(strcmp(g->errmsg, "the winner's error") == 0);
+    pthread_join(t, NULL);
+    free(g);
+}
+
 int
 main(void)
 {
@@ -353,5 +389,6 @@ main(void)
     T_RUN(test_timeout_shm);
     T_RUN(test_timeout_tcp);
     T_RUN(test_destroy_with_pending_work);
+    T_RUN(test_fatal_claim_loser_waits);
     return pd_test_result();
 }
