@@ -17,7 +17,11 @@ with no DDP around it: the reduction itself, with no copy in or out), for the py
 torch plain step, so each DDP ratio is read against the floor of its own framework; and the
 pyddp.nn plain step followed by one copy of gradient-sized memory (what one pass over the gradients
 costs). "torch DDP (gloo), no-op comm hook" is torch's own DDP cost without communication (a hook
-that returns the bucket as it is).
+that returns the bucket as it is). For torch models two more floors: one allreduce of a private
+array of the gradients' size (the memory autograd's gradients are in, which no peer maps), and the
+plain step with one allreduce of each gradient where autograd put it, after backward (the same
+allreduces DDP has to make, on the same memory, with no DDP around them: on a host without a spare
+core for overlap, what DDP's own machinery costs is the difference to this row).
 
 pyddp's DDP makes each ``.grad`` a view of its bucket, so with ``zero_grad(set_to_none=False)``
 autograd accumulates straight into the buckets and a torch model's step makes no copy at all; with
@@ -61,7 +65,7 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _torch_setup(h, wrap, set_to_none=True):
+def _torch_setup(h, wrap, set_to_none=True, after=None):
     import torch
 
     torch.manual_seed(0)
@@ -77,8 +81,18 @@ def _torch_setup(h, wrap, set_to_none=True):
     def step():
         opt.zero_grad(set_to_none=set_to_none)
         lossf(model(x), y).backward()
+        if after is not None:
+            after(m)
         opt.step()
     return step, sum(p.numel() for p in m.parameters())
+
+
+def _allreduce_each(dist):
+    """After backward: one allreduce (AVG) of each parameter's gradient where autograd put it."""
+    def after(m):
+        for p in m.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    return after
 
 
 def _copied_in(wrap):
@@ -151,6 +165,7 @@ FLOOR_COPY = "floor: pyddp.nn plain + one copy of the gradients"
 FLOOR_ALLREDUCE = "floor: pyddp.nn plain + one allreduce of the gradients in shared memory"
 FLOOR_TORCH = "floor: torch plain + one allreduce of the gradients in shared memory"
 FLOOR_TORCH_PRIVATE = "floor: torch plain + one allreduce of a private array of the gradients' size"
+FLOOR_TORCH_EACH = "floor: torch plain + one allreduce of each gradient after backward"
 
 
 def _floor_setup(plain, dist, torch_plain=None):
@@ -227,6 +242,8 @@ def _worker(args):
         configs["pyddp.nn plain"] = _pyddp_setup(h, None)
         configs["pyddp DDP, pyddp.nn model"] = _pyddp_setup(h, PDDP)
         configs.update(_floor_setup(configs["pyddp.nn plain"], dist, configs.get("torch plain")))
+        if use_torch:
+            configs[FLOOR_TORCH_EACH] = _torch_setup(h, None, after=_allreduce_each(dist))
         times = {k: [] for k in configs}
         for name, (step, _) in configs.items():   # warm-up (and bucket rebuild)
             for _ in range(3):
@@ -297,7 +314,8 @@ def main():
             plain = t["pyddp.nn plain"]
             if name.endswith("zero_grad(set_to_none=False)"):
                 plain = t["torch plain, zero_grad(set_to_none=False)"]
-            elif name.startswith(("torch", "pyddp DDP, torch", FLOOR_TORCH, FLOOR_TORCH_PRIVATE)):
+            elif name.startswith(("torch", "pyddp DDP, torch", FLOOR_TORCH, FLOOR_TORCH_PRIVATE,
+                                  FLOOR_TORCH_EACH)):
                 plain = t["torch plain"]
             vs = f"{tddp / v:.2f}x faster" if tddp and name.startswith("pyddp DDP") else ""
             rows.append((f"{size} ({r['params'] / 1e6:.2f}M)", name, f"{v * 1e3:.2f}",
@@ -317,13 +335,15 @@ def main():
                 ("pyddp DDP, torch model, zero_grad(set_to_none=False)",
                  "torch plain, zero_grad(set_to_none=False)", FLOOR_TORCH),
                 *((n, "torch plain", FLOOR_TORCH_PRIVATE) for n in torch_rows),
+                *((n, "torch plain", FLOOR_TORCH_EACH) for n in torch_rows),
                 ("pyddp DDP, pyddp.nn model", "pyddp.nn plain", FLOOR_ALLREDUCE)):
             if name in t and floor in t:
                 # the floor: the allreduce's time (floor row - its plain step) added to this plain step
                 base = "pyddp.nn plain" if floor == FLOOR_ALLREDUCE else "torch plain"
                 ratio, fl = t[name] / t[plain], 1.0 + (t[floor] - t[base]) / t[plain]
                 ok = ratio <= fl + 0.04
-                which = " (private-array floor)" if floor == FLOOR_TORCH_PRIVATE else ""
+                which = {FLOOR_TORCH_PRIVATE: " (private-array floor)",
+                         FLOOR_TORCH_EACH: " (each-gradient floor)"}.get(floor, "")
                 print(f"{size} {name}: {ratio:.3f} of plain, floor{which} {fl:.3f} -> {ratio - fl:+.3f} "
                       f"over the floor ({'within' if ok else 'NOT within'} +0.04)")
         if "torch DDP (gloo), no-op comm hook" in t:
