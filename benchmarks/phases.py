@@ -10,11 +10,11 @@ line back and forth). This measures what that gives: the ranks (started here by 
 run batches of each collective and size with the two configurations alternating, the phases' rules
 (the fast and the slow table, switching) and the table for both phases (no switching), for as long
 as asked; before each pair of batches rank 0 probes the handoff the same way the group does, so
-every pair is filed under the phase it ran in. The collectives and their check against NumPy are collectives.py's
-(bench_worker). A batch's time per call is the slowest rank's batch
-time over its calls. The table gives, per phase, collective and size, the median time of each
-configuration and their ratio (> 1: the phases' rules faster), with the number of pairs; results are
-checked against NumPy first.
+every pair is filed under the phase it ran in. The collectives and their check against NumPy are
+collectives.py's (bench_worker). A batch's time per call is the slowest rank's batch time over its
+calls. The table gives, per phase, collective and size, the median time of each configuration and
+their ratio (> 1: the phases' rules faster), with the number of pairs; results are checked against
+NumPy first.
 
 Needs a rules file with the phases' rules for the rank count (python -m pyddp.tools.tune, where it saw
 both phases; --show says): says so and exits 0 without one.
