@@ -207,6 +207,17 @@ class _Output:
                 pass
 
 
+def _unreaped(process) -> bool:
+    """Whether the rank is running or exited but not yet waited for, found without reaping it."""
+    if not hasattr(os, "waitid"):
+        return process.exitcode is None
+    try:
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):
+        return False  # reaped already
+    return True
+
+
 class _GroupContext(ProcessContext):
     """Stops a rank's whole process group (what the rank started, too), quietly: the exception
     notebook_launcher raises says what happened."""
@@ -215,7 +226,9 @@ class _GroupContext(ProcessContext):
 
     def _signal_group(self, process, sig):
         # Only while the rank is unreaped: until then its pid, the group's id, cannot be reused.
-        if process.exitcode is None and not signal_group(process.pid, sig):
+        # Asked without reaping it: process.exitcode would reap a rank that has just exited and then
+        # leave what it started in its group running (a rank returning as another one failed).
+        if _unreaped(process) and not signal_group(process.pid, sig):
             try:
                 os.kill(process.pid, sig)
             except OSError:

@@ -219,6 +219,32 @@ def test_processes_a_rank_leaves_behind_are_stopped(tmp_path, fail):
     assert_all_gone(_read_pids(str(tmp_path), 2, timeout=0))
 
 
+def _exit_leaving_a_child(piddir):
+    os.setpgid(0, 0)  # as a rank: its own process group
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(os.path.join(piddir, "child.pid"), "w") as f:
+        f.write(str(child.pid))
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="needs os.waitid")
+def test_a_rank_that_exited_unreaped_has_its_group_stopped(tmp_path):
+    """A rank that returned (exited, not yet waited for) just as another failed: stopping the job
+    signals its group still, where asking its exit code first reaped it and left what it started
+    running (seen once in CI, test_processes_a_rank_leaves_behind_are_stopped[True])."""
+    import multiprocessing
+
+    from pyddp.notebook import _GroupContext
+
+    p = multiprocessing.get_context("fork").Process(target=_exit_leaving_a_child, args=(str(tmp_path),))
+    p.start()
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # a zombie now, not reaped
+    child = int((tmp_path / "child.pid").read_text())
+    ctx = _GroupContext.__new__(_GroupContext)
+    ctx._terminate_process(p)
+    p.join(5)
+    assert_all_gone([child])
+
+
 def _unpicklable():
     return threading.Lock()
 
