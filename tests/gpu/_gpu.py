@@ -158,6 +158,10 @@ class TorchArrays:
     def elapsed_ms(self, start, end):
         return start.elapsed_time(end)
 
+    def reached(self, event):
+        """Whether the stream has passed ``event`` (never blocks)."""
+        return event.query()
+
     def sync_current(self):
         self.torch.cuda.current_stream().synchronize()
 
@@ -206,6 +210,10 @@ class CupyArrays:
 
     def elapsed_ms(self, start, end):
         return self.cupy.cuda.get_elapsed_time(start, end)
+
+    def reached(self, event):
+        """Whether the stream has passed ``event`` (never blocks)."""
+        return event.done
 
     def sync_current(self):
         self.cupy.cuda.get_current_stream().synchronize()

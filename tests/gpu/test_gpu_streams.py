@@ -28,6 +28,15 @@ def _warm(arrays, x):
     arrays.sync_device()
 
 
+def _early(arrays, done, written):
+    """True when a work (or future) said ``done`` while its input was not yet written on the stream:
+    asked in that order, so a stream that passed ``written`` only after ``done`` was read still counts.
+    With NCCL the launch returns at once and the work must not be done behind the busy stream; the 'cpu'
+    backend's staging waits on the host for the stream at the launch (its documented behaviour), after
+    which the work may complete at any moment: the check holds for both."""
+    return bool(done) and not arrays.reached(written)
+
+
 def _stream_child(rank, ws, arrays, side):
     x = arrays.to_device(np.zeros(1 << 20, np.float32))
     _warm(arrays, x)
@@ -35,9 +44,11 @@ def _stream_child(rank, ws, arrays, side):
     with arrays.use(arrays.new_stream()) if side else contextlib.nullcontext():
         arrays.spin(cycles)  # a slow kernel on the current stream, then the input is written behind it
         arrays.fill(x, rank + 1)
+        written = arrays.event()
+        written.record()
         t0 = time.monotonic()
         work = dist.all_reduce(x, async_op=True)
-        early = work.is_completed()
+        early = _early(arrays, work.is_completed(), written)
         work.wait()
         y = x * 2  # a kernel on the current stream that reads the output
         host_s = time.monotonic() - t0
@@ -75,9 +86,13 @@ def _work_child(rank, ws, arrays):
     cycles = spin_cycles(arrays, SPIN_MS)
     arrays.spin(cycles)
     arrays.fill(x, rank + 1)
+    written = arrays.event()
+    written.record()
     work = dist.all_reduce(x, async_op=True)
     fut = work.get_future()
-    res = {"early": work.is_completed(), "fut_early": fut.done()}
+    completed, fut_done = work.is_completed(), fut.done()
+    res = {"early": _early(arrays, completed, written), "fut_done": fut_done,
+           "fut_early": _early(arrays, fut_done, written)}
     work.synchronize()  # the current stream waits for the collective
     y = x * 2
     arrays.sync_current()
@@ -113,10 +128,12 @@ def test_work_is_completed_synchronize_and_future(lib, backend, ws):
         if r["early"]:
             problems.append(f"rank {rank}: is_completed() was True before the stream reached the collective")
         # torch: a NCCL work's future is done once launched (reading it orders the caller's stream); with
-        # host staging it is done when the host part is
-        if r["fut_early"] != (backend == "nccl"):
-            problems.append(f"rank {rank}: get_future().done() was {r['fut_early']} right after the launch, "
-                            f"behind a busy stream")
+        # host staging it is done when the host part is, never before the stream wrote the input
+        if backend == "nccl" and not r["fut_done"]:
+            problems.append(f"rank {rank}: get_future().done() was False right after the launch (torch's NCCL "
+                            "future is done once the collective is queued)")
+        if backend != "nccl" and r["fut_early"]:
+            problems.append(f"rank {rank}: get_future().done() was True before the stream wrote the input")
         if not r["completed"]:
             problems.append(f"rank {rank}: is_completed() still False 10 s after synchronize() and a stream sync")
         if r["value"] != "list of 1" or r["value_wrong"]:
