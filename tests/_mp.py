@@ -268,10 +268,26 @@ def run_outcomes(fn, world_size, *args, timeout=DEFAULT_TIMEOUT, init=True, back
         q.close()
 
 
-def run(fn, world_size, *args, **kwargs):
-    """Like run_outcomes, but every rank must succeed; returns the list of values, by rank."""
-    outs = run_outcomes(fn, world_size, *args, **kwargs)
-    bad = [o for o in outs if not o.ok]
+# a rank's failure that says the MASTER_PORT picked by free_port() was taken before rank 0 bound it
+_PORT_TAKEN = ("EADDRINUSE", "Address already in use", "address already in use")
+
+
+def _port_taken(outcome):
+    return any(s in outcome.describe() for s in _PORT_TAKEN)
+
+
+def run(fn, world_size, *args, port_retries=2, **kwargs):
+    """Like run_outcomes, but every rank must succeed; returns the list of values, by rank.
+
+    The port free_port() picks is closed again before rank 0 binds it; with many tests in parallel
+    (spawned ranks take seconds to get there) another process can take it first.  When a rank says
+    so, the whole run starts again on a new port, up to port_retries times (never when the caller
+    chose the port: a test about a port in use sees its failure)."""
+    for attempt in range(port_retries + 1):
+        outs = run_outcomes(fn, world_size, *args, **kwargs)
+        bad = [o for o in outs if not o.ok]
+        if not (bad and kwargs.get("port") is None and any(map(_port_taken, bad))):
+            break
     if bad:
         raise AssertionError(f"{len(bad)} of {world_size} ranks failed:\n"
                              + "\n".join(o.describe() for o in bad))
