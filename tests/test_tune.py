@@ -655,3 +655,46 @@ def test_online_tuning_checks_its_arguments():
         assert tune.online() == {}   # one rank: nothing to choose
     finally:
         dist.destroy_process_group()
+
+
+def test_the_tuners_arrays_are_like_a_jobs_on_pages_of_their_own():
+    """crossovers.user_array: the value asked for, writable float32, a mapping of its own per array
+    (no two share memory), 2 MiB-aligned from 2 MiB on with huge pages asked for, kept alive by the
+    array alone."""
+    import gc
+    import re
+
+    from pyddp.distributed.backends.crossovers import HUGE_PAGE, user_array
+
+    for count, value in ((1, 3.0), (1000, 0.0), (HUGE_PAGE // 4, 1.0), (HUGE_PAGE, 2.5)):
+        a = user_array(count, value)
+        assert a.dtype == np.float32 and a.shape == (count,) and a.flags.writeable
+        assert a.flags.c_contiguous and np.all(a == value)
+        if count * 4 >= HUGE_PAGE:
+            assert a.ctypes.data % HUGE_PAGE == 0
+    x, y = user_array(1 << 20, 1.0), user_array(1 << 20, 2.0)
+    assert not np.shares_memory(x, y)
+    view = user_array(HUGE_PAGE, 7.0)[5:10]
+    gc.collect()
+    assert np.all(view == 7.0)  # the mapping lives while a view does
+    # where the kernel gives transparent huge pages on request, a large array is on them
+    mode = defrag = ""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+        with open("/sys/kernel/mm/transparent_hugepage/defrag") as f:
+            defrag = f.read()  # compaction at the fault for a region that asked: the page is there
+    except OSError:
+        pass
+    if ("[always]" in mode or "[madvise]" in mode) and ("[always]" in defrag or "madvise]" in defrag):
+        big = user_array(8 * HUGE_PAGE // 4, 1.0)
+        start = big.ctypes.data
+        with open("/proc/self/smaps") as f:
+            text = f.read()
+        huge_kb = 0
+        for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+            lo, hi = (int(v, 16) for v in block.split(None, 1)[0].split("-"))
+            if lo <= start < hi:
+                m = re.search(r"AnonHugePages:\s+(\d+) kB", block)
+                huge_kb = int(m.group(1)) if m else 0
+        assert huge_kb > 0, "no huge pages under an 8 MiB array although the kernel gives them on request"

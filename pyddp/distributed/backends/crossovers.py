@@ -242,9 +242,38 @@ def _sizes(lo, hi, step=4):
     return out
 
 
-def _op(dist, kind, rank, n, count, np):
+HUGE_PAGE = 2 << 20
+
+
+def user_array(count, value=0.0):
+    """``count`` float32 of ``value`` on memory like a training job's arrays: a fresh anonymous
+    mapping (so the pages do not depend on what the process allocated before), from 2 MiB on
+    2 MiB-aligned with transparent huge pages asked for, as torch's allocator does under
+    THP_MEM_ALLOC_ENABLE=1 (which pyddp's launchers set) and NumPy does from 4 MiB.  Single copies
+    pin the pages they read one page at a time, so whether the pages are huge moves the crossover:
+    a 4 MiB all_gather on 2 ranks through the banks ran at 0.64x Open MPI on huge pages and ahead
+    of it on small ones.  The tuner measures on these; ``benchmarks/`` allocates them for every
+    library."""
+    import mmap
+
+    import numpy as np
+
+    nbytes = max(count, 1) * 4
+    huge = nbytes >= HUGE_PAGE
+    m = mmap.mmap(-1, nbytes + (HUGE_PAGE if huge else 0),
+                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)  # before the first touch
+    raw = np.frombuffer(m, dtype=np.uint8)  # the array keeps the mapping alive
+    off = (-raw.ctypes.data) % HUGE_PAGE if huge else 0
+    a = raw[off:off + count * 4].view(np.float32)
+    a[...] = value
+    return a
+
+
+def _op(dist, kind, rank, n, count):
     """(callable running one ``kind`` of ``count`` float32 per rank's block, its check)."""
-    a = np.full(count, rank + 1, dtype=np.float32)
+    a = user_array(count, rank + 1)
     if kind == "all_reduce":
         return lambda: dist.all_reduce(a)
     if kind == "reduce":
@@ -252,20 +281,20 @@ def _op(dist, kind, rank, n, count, np):
     if kind == "broadcast":
         return lambda: dist.broadcast(a, src=0)
     if kind == "all_gather":
-        out = np.empty(count * n, dtype=np.float32)
+        out = user_array(count * n)
         return lambda: dist.all_gather_into_tensor(out, a)
     if kind == "gather":
-        lst = [np.empty(count, dtype=np.float32) for _ in range(n)] if rank == 0 else None
+        lst = [user_array(count) for _ in range(n)] if rank == 0 else None
         return lambda: dist.gather(a, lst, dst=0)
     if kind == "scatter":
-        lst = [np.full(count, r, dtype=np.float32) for r in range(n)] if rank == 0 else None
+        lst = [user_array(count, r) for r in range(n)] if rank == 0 else None
         return lambda: dist.scatter(a, lst, src=0)
     if kind == "reduce_scatter":
-        big = np.ones(count * n, dtype=np.float32)
+        big = user_array(count * n, 1)
         return lambda: dist.reduce_scatter_tensor(a, big)
     if kind == "all_to_all":
-        src = np.ones(count * n, dtype=np.float32)
-        out = np.empty(count * n, dtype=np.float32)
+        src = user_array(count * n, 1)
+        out = user_array(count * n)
         return lambda: dist.all_to_all_single(out, src)
     raise ValueError(kind)
 
@@ -323,7 +352,7 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
                     count = max(1, size // 4)
                     if path == "tcp" and kind == "all_gather":
                         count = max(1, size // (4 * n))
-                    run = _op(dist, kind, rank, n, count, np)
+                    run = _op(dist, kind, rank, n, count)
                     calls = max(3, min(iters, budget // max(1, count * 4 * n)))
                     samples = st["samples"]
                     ns = (_round_probe(dist, rank, _C, cpg if pingpong else None)
