@@ -101,9 +101,9 @@ def _expected(counts):
     return sum(9 * (3 if i % 2 == 0 else 2) + 1 for i in range(len(counts)))
 
 
-# Sizes (elements) from empty through the bank size (256 KiB) to more than one reduction chunk (1 MiB
-# of pieces per chunk: 512 KiB each on 2 ranks, 340 KiB on 3), odd ones included.
-_COUNTS = [0, 1, 7, 1000, 4097, 65_537, 100_003, 300_001]
+# Sizes (elements) from empty through the bank size (256 KiB) to more than one reduction chunk in every
+# dtype (2 MiB of pieces per chunk: 1 MiB each on 2 ranks, 682 KiB on 3), odd ones included.
+_COUNTS = [0, 1, 7, 1000, 4097, 65_537, 100_003, 300_001, 700_001]
 
 
 @pytest.mark.parametrize("ws", [2, 3])

@@ -60,14 +60,19 @@ pd_cma_end(pd_coll *c)
 /* Bytes of one chunk of a reduction: each peer's piece and the result stay
  * in this core's caches between the read, the reduction and the writes.
  * Fewer, larger chunks pay the system calls and page pinning of
- * cross-memory attach less often: 1 MiB of pieces in all, but at least
- * 128 KiB each (2 ranks: 512 KiB chunks, measured 10-15% faster than 128 KiB
- * from 16 MiB on a 2-core EPYC with 512 KiB of L2 per core; more ranks keep
- * their pieces in cache). */
+ * cross-memory attach less often: 2 MiB of pieces in all, but at least
+ * 128 KiB each.  2 ranks: 512 KiB chunks were 10-15% faster than 128 KiB
+ * from 16 MiB (2-core EPYC, 512 KiB of L2 per core); 1 MiB chunks, on
+ * arrays on huge pages (as torch's under THP_MEM_ALLOC_ENABLE=1), against
+ * 512 KiB, alternating runs, Open MPI in the same processes: all_reduce
+ * 2 MiB 108-129 us against 131 (Open MPI 107-127 and 119-121), 4 MiB 218-245
+ * against 227-228, reduce 8 MiB 608-628 against 708-775 and 16 MiB 1354-1377
+ * against 1512-1518; 2 MiB chunks no better than 1 MiB, worse at 16 MiB.
+ * 4 ranks sharing 2 cores: no difference beyond the noise. */
 static size_t
 cma_chunk(int n)
 {
-    size_t c = ((size_t)1 << 20) / (size_t)(n > 0 ? n : 1);
+    size_t c = ((size_t)2 << 20) / (size_t)(n > 0 ? n : 1);
     return c < ((size_t)128 << 10) ? (size_t)128 << 10 : c & ~(size_t)4095;
 }
 
