@@ -283,7 +283,7 @@ def run(fn, world_size, *args, port_retries=2, **kwargs):
     (spawned ranks take seconds to get there) another process can take it first.  When a rank says
     so, the whole run starts again on a new port, up to port_retries times (never when the caller
     chose the port: a test about a port in use sees its failure)."""
-    for attempt in range(port_retries + 1):
+    for _ in range(port_retries + 1):
         outs = run_outcomes(fn, world_size, *args, **kwargs)
         bad = [o for o in outs if not o.ok]
         if not (bad and kwargs.get("port") is None and any(map(_port_taken, bad))):

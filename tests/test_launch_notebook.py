@@ -237,7 +237,13 @@ def test_a_rank_that_exited_unreaped_has_its_group_stopped(tmp_path):
 
     p = multiprocessing.get_context("fork").Process(target=_exit_leaving_a_child, args=(str(tmp_path),))
     p.start()
-    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # a zombie now, not reaped
+    deadline = time.monotonic() + 30
+    while os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # not reaped
+        if time.monotonic() > deadline:
+            p.kill()
+            p.join(5)
+            pytest.fail("the forked rank did not exit within 30 s")
+        time.sleep(0.01)
     child = int((tmp_path / "child.pid").read_text())
     ctx = _GroupContext.__new__(_GroupContext)
     ctx._terminate_process(p)
