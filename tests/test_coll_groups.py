@@ -196,3 +196,118 @@ def _alternate_child(rank, ws):
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_two_overlapping_groups_used_alternately_stay_independent(ws):
     assert_clean(run(_alternate_child, ws), min_checks=20)
+
+
+# ------------------------------------------------------------ use_local_synchronization (issue 50)
+
+def _sum_in(g, rank, ranks):
+    a = np.full(3, rank + 1.0)
+    dist.all_reduce(a, group=g)
+    return a, np.full(3, float(sum(r + 1 for r in ranks)))
+
+
+def _local_disjoint_child(rank, ws, rounds):
+    """Ranks 0,1 make [0, 1] while ranks 2,3 make [2, 3], each pair alone (the pattern the
+    option exists for), several times over (a repeated rank list gets a name of its own)."""
+    ck = Checker(rank)
+    mine = [0, 1] if rank < 2 else [2, 3]
+    names = []
+    for it in range(rounds):
+        g = dist.new_group(mine, use_local_synchronization=True)
+        names.append(g.group_name)
+        got, want = _sum_in(g, rank, mine)
+        ck.expect(f"round {it}: all_reduce in {mine}", mismatch(got, want, "float64"))
+        if it % 2:
+            dist.destroy_process_group(g)
+    ck.expect("each round's group has a name of its own",
+              None if len(set(names)) == len(names) else f"names repeat: {names}")
+    return ck.report(), names
+
+
+def test_local_synchronization_groups_of_disjoint_ranks_made_at_once_stay_apart():
+    outs = run(_local_disjoint_child, 4, 6, timeout=120, init_kwargs={"timeout": timedelta(seconds=30)})
+    assert_clean([o[0] for o in outs], min_checks=7)
+    names = [o[1] for o in outs]
+    assert names[0] == names[1] and names[2] == names[3], names   # members agree on the name
+    assert not set(names[0]) & set(names[2]), names                # the two pairs never share one
+
+
+def _local_overlap_child(rank, ws):
+    """Overlapping groups, each made by its members only: [0, 1] by ranks 0 and 1 and [1, 2] by
+    ranks 1 and 2 (rank 1 makes both); rank 3 makes none.  Then a group every rank makes (its
+    name comes from a count every rank advances: the local groups must not have moved it)."""
+    ck = Checker(rank)
+    made = {}
+    for ranks in ([0, 1], [1, 2]):
+        if rank in ranks:
+            made[tuple(ranks)] = dist.new_group(ranks, use_local_synchronization=True)
+    # a non-member's call with the option returns at once, without the members
+    other = dist.new_group([0, 1], use_local_synchronization=True) if rank == 3 else None
+    if rank == 3:
+        ck.expect("non-member gets NON_GROUP_MEMBER",
+                  None if other is dist.GroupMember.NON_GROUP_MEMBER else repr(other))
+    for ranks, g in made.items():
+        for it in range(3):
+            got, want = _sum_in(g, rank, ranks)
+            ck.expect(f"all_reduce {it} in {list(ranks)}", mismatch(got, want, "float64"))
+    everyone = dist.new_group([3, 2, 1, 0])
+    got, want = _sum_in(everyone, rank, range(ws))
+    ck.expect("all_reduce in a group every rank made afterwards", mismatch(got, want, "float64"))
+    sub = dist.new_group([0, 2])
+    if rank in (0, 2):
+        got, want = _sum_in(sub, rank, [0, 2])
+        ck.expect("all_reduce in [0, 2] made by every rank", mismatch(got, want, "float64"))
+    return ck.report()
+
+
+def test_local_synchronization_groups_overlapping_and_then_a_group_of_every_rank():
+    assert_clean(run(_local_overlap_child, 4, timeout=120,
+                     init_kwargs={"timeout": timedelta(seconds=20)}), min_checks=2)
+
+
+def _local_names_child(rank, ws):
+    # the same rank list made twice by its members: two groups, both live, each its own
+    g1 = dist.new_group([0, 1], use_local_synchronization=True)
+    g2 = dist.new_group([0, 1], use_local_synchronization=True)
+    a, b = np.full(2, rank + 1.0), np.full(2, 10.0 * (rank + 1))
+    w1 = dist.all_reduce(a, group=g1, async_op=True)
+    w2 = dist.all_reduce(b, group=g2, async_op=True)
+    w2.wait()
+    w1.wait()
+    return g1.group_name, g2.group_name, a.tolist(), b.tolist()
+
+
+def test_local_synchronization_names_follow_torch_and_repeat_lists_get_new_ones():
+    import hashlib
+
+    outs = run(_local_names_child, 2, timeout=60)
+    first = hashlib.sha1(b"0_1").hexdigest()   # torch's _hash_ranks_to_str
+    second = hashlib.sha1((first + "_").encode()).hexdigest()
+    for n1, n2, a, b in outs:
+        assert (n1, n2) == (first, second)
+        assert a == [3.0, 3.0] and b == [30.0, 30.0]
+
+
+def _key_count_child(rank, ws, cycles):
+    store = dist.distributed_c10d._get_default_store()
+    counts = []
+    for it in range(cycles):
+        g = dist.new_group(list(range(ws)))
+        a = np.ones(2)
+        dist.all_reduce(a, group=g)
+        dist.destroy_process_group(g)
+        if rank in (0, 1):
+            h = dist.new_group([0, 1], use_local_synchronization=True)
+            dist.all_reduce(a, group=h)
+            dist.destroy_process_group(h)
+        dist.barrier()
+        if rank == 0:
+            counts.append(store.num_keys())
+        dist.barrier()   # nobody starts the next cycle's keys before rank 0 counted
+    return counts
+
+
+def test_destroyed_groups_leave_no_keys_in_the_store():
+    counts = run(_key_count_child, 3, 30, timeout=120)[0]
+    # keys are deleted when every rank has connected: after the first cycles the count stays put
+    assert counts[-1] == counts[2], f"the store grew from {counts[2]} to {counts[-1]} keys: {counts}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import enum
 import functools
+import hashlib
 import io
 import os
 import pickle
@@ -128,7 +129,9 @@ class _World:
         self.store = None
         self.backend = None
         self.groups = []  # every live ProcessGroup, default first
-        self.group_count = 0
+        self.group_count = 0  # new_group calls every rank makes (groups named pg1, pg2, ...)
+        # new_group(use_local_synchronization=True) calls per rank list, made by its members only
+        self.local_counts = {}
         self.owns_store = False  # the store came from init_method rendezvous
         self.round = 0
         self.device_id = None  # init_process_group's device_id, inherited by new_group
@@ -202,6 +205,12 @@ def _default_pg() -> ProcessGroup:
         raise ValueError("Default process group has not been initialized, please make sure to "
                          "call init_process_group.")
     return _world.default_pg
+
+
+def _get_default_store():
+    """The store of the default process group (torch's ``_get_default_store``)."""
+    _default_pg()
+    return _world.store
 
 
 def _resolve(group) -> ProcessGroup | None:
@@ -377,6 +386,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.device_id = dev
         _world.groups = [pg]
         _world.group_count = 0
+        _world.local_counts = {}
         _world.pg_count = 1
         _world.non_member_ranks = None
         _set_world(pg)
@@ -409,10 +419,17 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
             raise ValueError(f"rank {r} in ranks is out of range [0, {n - 1}]")
     bname, plan = _registry.parse(backend) if backend is not None else (world._backend, world._plan)
     tsec = _timeout_seconds(timeout) if timeout is not None else world._timeout
-    with _world.lock:
-        _world.group_count += 1
-        name = f"pg{_world.group_count}"
     me = world.rank()
+    if use_local_synchronization and me not in ranks:
+        # only the members synchronise (torch's option): a non-member's call is a no-op
+        _world.non_member_ranks = list(ranks)
+        return GroupMember.NON_GROUP_MEMBER
+    with _world.lock:
+        if use_local_synchronization:
+            name = _local_group_name(ranks)
+        else:
+            _world.group_count += 1
+            name = f"pg{_world.group_count}"
     # A device backend that splits its communicators (NCCL's ncclCommSplit) does it with every
     # rank of the default group taking part, members or not.
     parent = (world._backends or {}).get("cuda")
@@ -431,10 +448,26 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     opts = BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
                                    group_desc or name, ranks, pg_options, dev)
     opts.split_from = parent
+    opts.once = True
     pg = ProcessGroup(_registry.create(plan, opts), ranks, bname, group_desc or name, tsec,
                       ranks.index(me), plan)
     _world.groups.append(pg)
     return pg
+
+
+def _local_group_name(ranks):
+    """The name of a group that only its members create (use_local_synchronization): derived
+    from what those ranks share, the rank list and how many groups of that list they made
+    before, never from a count that ranks outside it do not advance (two disjoint sets making
+    their groups at once must not meet under one name).  torch's names: the SHA-1 of the rank
+    list, rehashed with "_" for each earlier group of the same list.  Called under _world.lock."""
+    key = tuple(ranks)
+    k = _world.local_counts.get(key, 0)
+    _world.local_counts[key] = k + 1
+    name = hashlib.sha1("_".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()
+    for _ in range(k):
+        name = hashlib.sha1((name + "_").encode(), usedforsecurity=False).hexdigest()
+    return name
 
 
 def destroy_process_group(group=None):
@@ -449,6 +482,7 @@ def destroy_process_group(group=None):
             _release_store(store, world.rank(), world.size(), _world.round)
         del store
         _set_world(None)
+        _world.local_counts = {}
         _world.pg_count = 0
         _world.non_member_ranks = None
         return

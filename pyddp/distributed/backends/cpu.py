@@ -93,9 +93,26 @@ def listen_plan(store, where, rank) -> tuple:
     return host, bind_address(host, f"rank {rank}'s transport")
 
 
-def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
+def _forget_setup(store, prefix, size):
+    """Every rank has read what the others published under ``prefix`` (each calls this after
+    connecting): the last to arrive deletes those keys, so a job that makes and destroys groups
+    all along does not grow its store.  A store without delete_key keeps them."""
+    keys = [f"{prefix}/{part}/{r}" for part in ("node", "net", "cpus", "addr") for r in range(size)]
+    keys += [f"{prefix}/token", f"{prefix}/transport", f"{prefix}/connected"]
+    if int(store.add(f"{prefix}/connected", 1)) != size:
+        return
+    try:
+        for key in keys:
+            store.delete_key(key)
+    except NotImplementedError:
+        pass
+
+
+def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", once=False):
     """Create this rank's member of a group and connect it to the others through `store`.
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
+    ``once``: no other group of this job will use ``name`` in ``store`` (new_group's groups), so
+    no round counter is kept there.
 
     Returns (C process group, round number)."""
     from . import tuning  # the rules file (read by rank 0 at each group's creation)
@@ -103,7 +120,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     _config.check()  # a bad PYDDP_* value is an error before the C core reads it
     # Several rounds may use the same store (init, destroy, init again): the counter gives
     # each round its own keys, so no rank reads a stale address.
-    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
+    gen = 0 if once else (int(store.add(f"{name}/round", 1)) - 1) // size
     prefix = f"{name}/{gen}"
     secret = job_secret()
     cpg = None
@@ -151,6 +168,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             cpg.set_rules(*rules[:2])
             if len(rules) == 4:  # the phases' rules: rules[0] fast, rules[2] slow
                 cpg.set_slow_rules(rules[2], rules[1], rules[3])
+        if size > 1:
+            _forget_setup(store, prefix, size)
     except BaseException:
         if cpg is not None:
             cpg.destroy()
@@ -192,7 +211,8 @@ def spare_core(transport, size) -> bool:
 def create(opts):
     """The factory registered for backend 'cpu': the C process group of one group and rank."""
     cpg, opts.round = connect_group(opts.store, opts.group_rank, opts.group_size,
-                                    opts.timeout.total_seconds(), "pg", label=opts.group_id)
+                                    opts.timeout.total_seconds(), "pg", label=opts.group_id,
+                                    once=opts.once)
     return cpg
 
 

@@ -127,7 +127,8 @@ class BackendOptions:
     ``round`` (a backend that connects through the store records its rendezvous round there)."""
 
     __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
-                 "global_ranks_in_group", "pg_options", "round", "device_id", "split_from")
+                 "global_ranks_in_group", "pg_options", "round", "device_id", "split_from",
+                 "once")
 
     def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
                  pg_options=None, device_id=None):
@@ -142,3 +143,5 @@ class BackendOptions:
         self.device_id = device_id  # the CUDA ordinal a group is bound to, or None
         self.split_from = None  # new_group: the default group's backend object for this device,
         # when it can split its communicators (every rank of the default group calls its split())
+        self.once = False  # new_group: the store prefix names this group alone, never reused
+        # within the job (no round counter; every setup key is deleted once all ranks connected)

@@ -143,7 +143,7 @@ class NcclBackend(Backend):
         self._sig = np.zeros(_SIG, np.int64)
         self._sigs = np.zeros((self.size, _SIG), np.int64)
         self.host, self.round = connect_group(self.store, self.rank, self.size, self.timeout,
-                                              "nccl")
+                                              "nccl", once=getattr(opts, "once", False))
         opts.round = self.round
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
@@ -203,6 +203,13 @@ class NcclBackend(Backend):
                 raise _C.DistBackendError(self._advice(
                     f"ncclCommInitRank failed on rank {self.rank} (cuda:{device}) of "
                     f"{self._where()}: NCCL error {r}: {text}", device))
+            if self.rank == 0:
+                # ready means every rank joined, so each has read the unique id: a group that
+                # makes communicators all along does not grow the store
+                try:
+                    self.store.delete_key(key)
+                except NotImplementedError:
+                    pass
             self.comms[device] = c
             self.pending[c] = collections.deque()
             return c
