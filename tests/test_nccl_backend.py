@@ -848,3 +848,30 @@ def test_aborted_work_keeps_its_arrays_until_the_abort_returned():
     assert failed == -1
     assert not early, "the array was let go before ncclCommAbort returned"
     assert freed, "the array was never let go after the abort"
+
+
+# ------------------------------------------------- several ranks: NCCL's group jobs (issue 51)
+
+def _concurrent_entries(rank, n, calls):
+    dist = _init(rank)
+    x = _dev(np.full(4, rank + 1.0, np.float32), rank)
+    for _ in range(calls):
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    got = x.numpy()
+    dist.destroy_process_group()
+    lib = ctypes.CDLL(os.environ["PYDDP_NCCL_LIBRARY"])
+    lib.fakencclConcurrentEntries.restype = ctypes.c_long
+    return int(lib.fakencclConcurrentEntries()), got.tolist()
+
+
+def test_the_watchdog_never_enters_a_communicator_a_launch_is_in():
+    """With two ranks every NCCL call is a group job that stays in progress while the launching
+    thread polls ncclCommGetAsyncError; the watchdog's own query of the same communicator must
+    not run beside it (NCCL joins and frees the finished job in that call).  The stand-in counts
+    every entry into a communicator another thread is inside."""
+    outs = _spawn(_concurrent_entries, 2, 300, timeout=150,
+                  env=_env(FAKENCCL_CONCURRENT="count", FAKENCCL_JOB_US="300",
+                           PYDDP_NCCL_WATCHDOG_INTERVAL="0.0005"))
+    for rank, (entries, got) in enumerate(outs):
+        assert entries == 0, f"rank {rank}: {entries} concurrent entries into a communicator"
+        assert got == [2.0] * 4, f"rank {rank}: {got}"

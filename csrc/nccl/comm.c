@@ -1,5 +1,5 @@
 /* The communicator's lifecycle: creation (non-blocking, polled), split
- * with its polling and orphans, the lock-free error query, abort, destroy
+ * with its polling and orphans, the error query that never waits, abort, destroy
  * and release (csrc/nccl/comm.h). */
 #include "internal.h"
 
@@ -301,19 +301,23 @@ pd_ncomm_split(pd_ncomm *parent, pd_ncomm *child, int color, int key,
 pd_nccl_res
 pd_ncomm_async_error(pd_ncomm *c)
 {
-    /* Without the mutex (a launch may hold it while NCCL connects): a reader
-     * count keeps abort/destroy from freeing the communicator meanwhile
-     * (take_comm); ncclCommGetAsyncError is thread-safe. */
+    /* NCCL gives no thread-safety guarantee for a communicator, and
+     * ncclCommGetAsyncError joins and frees a finished group job: two threads
+     * in it at once can free one twice (torch's watchdog hit this, hence its
+     * mutex).  Every call into the communicator holds mu; this query (the
+     * watchdog's) never waits behind one: while a launch holds mu it polls
+     * the same error itself, so the round is skipped (in progress). */
+    if (pthread_mutex_trylock(&c->mu) != 0) {
+        return PD_NCCL_IN_PROGRESS;
+    }
     pd_nccl_res r = PD_NCCL_INTERNAL;
-    atomic_fetch_add(&c->users, 1);
-    pd_nccl_comm comm = __atomic_load_n(&c->comm, __ATOMIC_SEQ_CST);
-    if (comm != NULL && !atomic_load(&c->aborted)) {
-        pd_nccl_res q = c->nc->CommGetAsyncError(comm, &r);
+    if (c->comm != NULL && !atomic_load(&c->aborted)) {
+        pd_nccl_res q = c->nc->CommGetAsyncError(c->comm, &r);
         if (q != PD_NCCL_SUCCESS) {
             r = q;
         }
     }
-    atomic_fetch_sub(&c->users, 1);
+    pthread_mutex_unlock(&c->mu);
     return r;
 }
 
@@ -337,7 +341,7 @@ pd_ncomm_wait_ready(pd_ncomm *c, double timeout)
 const char *
 pd_ncomm_error_string(pd_ncomm *c, pd_nccl_res r, char *buf, size_t cap)
 {
-    atomic_fetch_add(&c->users, 1); /* as async_error: no mutex */
+    atomic_fetch_add(&c->users, 1); /* no mutex: ncclGetLastError reads no job */
     pd_nccl_text(c->nc, __atomic_load_n(&c->comm, __ATOMIC_SEQ_CST), r, buf,
                  cap);
     atomic_fetch_sub(&c->users, 1);

@@ -37,8 +37,8 @@ typedef struct pd_ncomm {
                              * needs meanwhile takes it) */
     pthread_mutex_t pool_mu; /* the event pool alone; held briefly */
     pd_nccl_comm comm;      /* NULL once aborted or destroyed (set under mu;
-                             * read without it by async_error: see users) */
-    atomic_int users;       /* lock-free readers of comm (take_comm waits) */
+                             * read without it by error_string: see users) */
+    atomic_int users;       /* readers of comm without mu (take_comm waits) */
     atomic_int abort_done;  /* ncclCommAbort or destroy returned */
     double timeout;         /* seconds a call may stay ncclInProgress; 0: none */
     pd_cuda_stream stream;
@@ -98,7 +98,8 @@ pd_status pd_ncomm_init(pd_ncomm *c, const pd_nccl_uid *uid);
 pd_status pd_ncomm_split(pd_ncomm *parent, pd_ncomm *child, int color, int key,
                          double timeout, int *orphaned);
 /* ncclCommGetAsyncError's result (ncclInProgress while a non-blocking call
- * is in progress); ncclInternalError once aborted.  Lock-free. */
+ * is in progress); ncclInternalError once aborted.  Under mu, never waiting
+ * for it: ncclInProgress while another thread is inside the communicator. */
 pd_nccl_res pd_ncomm_async_error(pd_ncomm *c);
 /* The result once no call is in progress (ncclInProgress: the timeout
  * passed first). */

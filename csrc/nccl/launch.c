@@ -56,7 +56,7 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
     pd_nccl_res r = PD_NCCL_SUCCESS;
     pd_cuda_err e = 0;
     const char *what = NULL;
-    int closed = 0, stalled = 0, intr = 0;
+    int closed = 0, stalled = 0, intr = 0, polled = 0;
     int prev = -1;
     pd_cuda_event end = NULL;
     double waited = 0;
@@ -90,6 +90,7 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
             double t0 = pd_now();
             double deadline = c->timeout > 0 ? t0 + c->timeout : 0;
             while (r == PD_NCCL_IN_PROGRESS) {
+                polled = 1;
                 double slice = pd_now() + 0.05;
                 if (deadline > 0 && deadline < slice) {
                     slice = deadline;
@@ -161,6 +162,17 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
         }
         if (e) {
             return pd_ncomm_cuda_error(c->rt, what, e);
+        }
+        if (polled) {
+            /* the call was taken (ncclInProgress); NCCL's job failed later:
+             * the communicator's asynchronous error, as the watchdog says */
+            char text[PD_ERRMSG_MAX / 2];
+            return pd_error(PD_EBACKEND,
+                            "%s on rank %d (cuda:%d) reported an asynchronous "
+                            "error while in progress: NCCL error %d: %s",
+                            what, c->rank, c->device, r,
+                            pd_nccl_text(c->nc, c->comm, r, text,
+                                         sizeof(text)));
         }
         return pd_ncomm_nccl_error(c, what, r);
     }

@@ -169,8 +169,9 @@ Comm_split(CommObject *self, PyObject *args)
 }
 
 /* async_error() -> ncclResult_t of ncclCommGetAsyncError (7 while a
- * non-blocking call is in progress); 3 (internal) once aborted.  Lock-free
- * (a launch may hold the mutex while NCCL connects). */
+ * non-blocking call is in progress, or another thread is inside the
+ * communicator: never waits); 3 (internal) once aborted.  Serialised with
+ * every other call into the communicator, never waiting behind one. */
 static PyObject *
 Comm_async_error(CommObject *self, PyObject *Py_UNUSED(ignored))
 {

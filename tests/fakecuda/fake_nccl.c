@@ -28,7 +28,20 @@
  *   non-blocking communicator answers ncclInProgress meanwhile, connecting
  *   and launching from a thread of its own; ncclCommSplit on a non-blocking
  *   parent answers ncclInProgress with *newcomm still NULL and writes the
- *   child from its own thread, the parent in progress until then. */
+ *   child from its own thread, the parent in progress until then.
+ * - Like NCCL with two or more ranks (src/group.cc): on a non-blocking
+ *   communicator of 2+ ranks every collective and point-to-point call (or
+ *   ncclGroupEnd) starts a group job on a thread of its own and answers
+ *   ncclInProgress; ncclCommGetAsyncError joins the finished job (two threads
+ *   doing so at once would join it twice).  One rank: inline, as NCCL's
+ *   ncclLaunchOneRank.  FAKENCCL_JOB_US (default 50) is how long a job takes
+ *   before it launches.
+ * - NCCL gives no thread-safety guarantee for a communicator: a second thread
+ *   entering one (a call, ncclCommGetAsyncError, finalize, destroy, split)
+ *   while another is inside it is reported on stderr and aborts the process
+ *   (FAKENCCL_CONCURRENT=count: only counted, fakencclConcurrentEntries()).
+ *   ncclCommAbort may come from any thread, and waits until the
+ *   communicator's queued and running operations stopped, as NCCL's. */
 #define _GNU_SOURCE
 #include "fakecuda.h"
 
@@ -173,6 +186,10 @@ struct ncclComm {
     _Atomic int finalizing;
     _Atomic int released; /* ncclCommDestroy or ncclCommAbort gave the user's reference back */
     _Atomic int busy;     /* a non-blocking split or group is still in progress (its thread) */
+    _Atomic int inside;   /* a thread is inside a call on this communicator */
+    pthread_mutex_t job_mu;
+    pthread_t job;        /* the last group job's thread, joined by the next query */
+    int job_unjoined;     /* under job_mu */
     int error_after; /* FAKENCCL_ASYNC_ERROR_AFTER for this rank, or -1 */
     int ops;         /* tasks run (by the stream worker) */
     int splits;
@@ -183,6 +200,43 @@ struct ncclComm {
 typedef struct ncclComm *ncclComm_t;
 
 static _Atomic int live_comms;
+static _Atomic long concurrent_entries;
+
+/* A thread enters the communicator (every call but ncclCommAbort): NCCL gives
+ * no thread-safety guarantee, so a second thread inside at once is the
+ * caller's bug.  Returns whether this call owns the entry (leave() it). */
+static int enter(struct ncclComm *c, const char *what)
+{
+    int zero = 0;
+    if (atomic_compare_exchange_strong(&c->inside, &zero, 1))
+        return 1;
+    atomic_fetch_add(&concurrent_entries, 1);
+    const char *mode = getenv("FAKENCCL_CONCURRENT");
+    if (mode && !strcmp(mode, "count"))
+        return 0;
+    fprintf(stderr, "%d fakenccl: %s entered communicator %s (rank %d) while another thread was inside "
+            "it: NCCL gives no thread-safety guarantee, calls into one communicator must be serialised\n",
+            (int)getpid(), what, c->name, c->rank);
+    fflush(stderr);
+    abort();
+}
+
+static void leave(struct ncclComm *c, int owned)
+{
+    if (owned)
+        atomic_store(&c->inside, 0);
+}
+
+/* Join the last group job if it has finished (wait: whether or not). */
+static void join_job(struct ncclComm *c, int wait)
+{
+    pthread_mutex_lock(&c->job_mu);
+    if (c->job_unjoined && (wait || !atomic_load(&c->busy))) {
+        pthread_join(c->job, NULL);
+        c->job_unjoined = 0;
+    }
+    pthread_mutex_unlock(&c->job_mu);
+}
 
 static struct member *member(struct ncclComm *c, int r)
 {
@@ -200,6 +254,7 @@ static void comm_unref(struct ncclComm *c)
         return;
     munmap(c->seg, c->size);
     c->magic = 0;
+    pthread_mutex_destroy(&c->job_mu);
     free(c);
     atomic_fetch_sub(&live_comms, 1);
 }
@@ -208,8 +263,19 @@ static void comm_unref(struct ncclComm *c)
  * first (the watchdog may abort a comm that another thread is destroying). */
 static void release_user_ref(struct ncclComm *c)
 {
-    if (!atomic_exchange(&c->released, 1))
+    if (!atomic_exchange(&c->released, 1)) {
+        /* a job still waiting for a peer keeps its own reference and ends on its own */
+        pthread_mutex_lock(&c->job_mu);
+        if (c->job_unjoined) {
+            if (atomic_load(&c->busy))
+                pthread_detach(c->job);
+            else
+                pthread_join(c->job, NULL);
+            c->job_unjoined = 0;
+        }
+        pthread_mutex_unlock(&c->job_mu);
         comm_unref(c);
+    }
 }
 
 static void backoff(unsigned *idle)
@@ -334,6 +400,7 @@ static ncclResult_t comm_create(struct ncclComm **out, int nranks, const char *n
     c->blocking = blocking;
     c->seg = m;
     c->size = size;
+    pthread_mutex_init(&c->job_mu, NULL);
     snprintf(c->name, sizeof c->name, "%s", name);
     atomic_store(&c->state, ncclInProgress);
     atomic_store(&c->refs, 1);
@@ -823,6 +890,12 @@ static void *connect_thread(void *arg)
     struct connect_job *j = arg;
     struct ncclComm *c = j->ops[0].comm;
     cudaSetDevice(c->device); /* as NCCL's own threads */
+    const char *us = getenv("FAKENCCL_JOB_US");
+    long job_us = us && *us ? atol(us) : 50;
+    if (job_us > 0) {
+        struct timespec ts = {job_us / 1000000, (job_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (wait_connected(j->ops, j->n) == 0 && launch(j->ops, j->n) != ncclSuccess) {
         int ok = ncclSuccess;
         atomic_compare_exchange_strong(&c->state, &ok, ncclUnhandledCudaError);
@@ -837,16 +910,19 @@ static void *connect_thread(void *arg)
  * (busy) and referenced until fn ends (fn clears busy, unrefs, frees job). */
 static ncclResult_t in_background(struct ncclComm *c, void *(*fn)(void *), void *job)
 {
+    join_job(c, 1); /* the previous job ended (the communicator was not busy) */
     atomic_fetch_add(&c->refs, 1);
     atomic_store(&c->busy, 1);
-    pthread_t t;
-    if (pthread_create(&t, NULL, fn, job)) {
+    pthread_mutex_lock(&c->job_mu);
+    int e = pthread_create(&c->job, NULL, fn, job);
+    c->job_unjoined = !e;
+    pthread_mutex_unlock(&c->job_mu);
+    if (e) {
         atomic_store(&c->busy, 0);
         atomic_fetch_sub(&c->refs, 1);
         free(job);
         return ncclSystemError;
     }
-    pthread_detach(t);
     return ncclInProgress;
 }
 
@@ -857,7 +933,8 @@ static ncclResult_t connect_and_launch(const struct op *ops, int n)
     for (int i = 0; i < n; i++)
         if (ops[i].kind == SEND || ops[i].kind == RECV)
             atomic_store(&chan(c, c->rank, ops[i].root)->hello, 1);
-    if (all_connected(ops, n))
+    int group_job = !c->blocking && c->nranks >= 2;
+    if (all_connected(ops, n) && !group_job)
         return launch(ops, n);
     if (c->blocking) {
         if (wait_connected(ops, n))
@@ -908,7 +985,9 @@ ncclResult_t ncclGroupEnd(void)
                     grp.ops[j].comm = NULL;
             }
         }
+        int owned = enter(part[0].comm, "ncclGroupEnd");
         ncclResult_t q = connect_and_launch(part, k);
+        leave(part[0].comm, owned);
         if (q == ncclInProgress)
             inprog = 1; /* reported once the other parts are launched */
         else
@@ -1001,18 +1080,26 @@ static ncclResult_t check_args(const struct op *o)
     return r;
 }
 
-static ncclResult_t submit(struct op o)
+static ncclResult_t submit_in(struct op o)
 {
     ncclResult_t r = ensure_ready(o.comm, opname[o.kind]);
     if (!r)
         r = check_args(&o);
+    if (!r && o.count) {
+        /* the stream is looked at by the call, not by the job that launches later */
+        cudaError_t e = cudaStreamQuery(o.stream);
+        if (e != cudaSuccess && e != cudaErrorNotReady) {
+            warn("Cuda failure '%s'", cudaGetErrorString(e));
+            r = ncclUnhandledCudaError;
+        }
+    }
     if (r || !o.count) {
         if (r && grp.depth && !grp.err)
             grp.err = r;
         return r;
     }
     if (!grp.depth)
-        return o.kind == SEND || o.kind == RECV ? connect_and_launch(&o, 1) : launch(&o, 1);
+        return connect_and_launch(&o, 1);
     if (grp.n == grp.cap) {
         grp.cap = grp.cap ? 2 * grp.cap : 16;
         struct op *p = realloc(grp.ops, (size_t)grp.cap * sizeof *p);
@@ -1024,6 +1111,20 @@ static ncclResult_t submit(struct op o)
     }
     grp.ops[grp.n++] = o;
     return ncclSuccess;
+}
+
+static ncclResult_t submit(struct op o)
+{
+    ncclResult_t r = comm_check(o.comm, opname[o.kind]);
+    if (r) {
+        if (grp.depth && !grp.err)
+            grp.err = r;
+        return r;
+    }
+    int owned = enter(o.comm, opname[o.kind]);
+    r = submit_in(o);
+    leave(o.comm, owned);
+    return r;
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncclComm_t comm,
@@ -1214,7 +1315,20 @@ static void *split_thread(void *arg)
     return NULL;
 }
 
+static ncclResult_t split_in(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *config);
+
 ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *config)
+{
+    ncclResult_t r = comm_check(c, "CommSplit");
+    if (r)
+        return r;
+    int owned = enter(c, "ncclCommSplit");
+    r = split_in(c, color, key, out, config);
+    leave(c, owned);
+    return r;
+}
+
+static ncclResult_t split_in(ncclComm_t c, int color, int key, ncclComm_t *out, ncclConfig_t *config)
 {
     ncclResult_t r = ensure_ready(c, "CommSplit");
     if (r)
@@ -1248,11 +1362,14 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *res)
         warn("ncclGetAsyncError : asyncError argument is NULL");
         return ncclInvalidArgument;
     }
+    int owned = enter(c, "ncclCommGetAsyncError");
+    join_job(c, 0);
     r = check_joined(c);
     if (r == ncclSuccess && ((atomic_load(&c->finalizing) && atomic_load(&c->pending)) ||
                              atomic_load(&c->busy)))
         r = ncclInProgress;
     *res = r;
+    leave(c, owned);
     return ncclSuccess;
 }
 
@@ -1261,10 +1378,14 @@ ncclResult_t ncclCommFinalize(ncclComm_t c)
     ncclResult_t r = comm_check(c, "CommFinalize");
     if (r)
         return r;
+    int owned = enter(c, "ncclCommFinalize");
     atomic_store(&c->finalizing, 1);
     if (c->blocking)
-        return spin(c, no_pending, 0) ? ncclInvalidUsage : ncclSuccess;
-    return no_pending(c, 0) ? ncclSuccess : ncclInProgress;
+        r = spin(c, no_pending, 0) ? ncclInvalidUsage : ncclSuccess;
+    else
+        r = no_pending(c, 0) ? ncclSuccess : ncclInProgress;
+    leave(c, owned);
+    return r;
 }
 
 /* Waits for the outstanding work (forever if it hangs, as NCCL's does,
@@ -1276,8 +1397,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t c)
     ncclResult_t r = comm_check(c, "CommDestroy");
     if (r)
         return r;
+    int owned = enter(c, "ncclCommDestroy");
     atomic_fetch_add(&c->refs, 1);
     spin(c, no_pending, 0);
+    leave(c, owned);
     release_user_ref(c);
     comm_unref(c);
     return ncclSuccess;
@@ -1299,6 +1422,10 @@ ncclResult_t ncclCommAbort(ncclComm_t c)
         nanosleep(&ts, NULL);
     }
     atomic_store(&c->abort, 1);
+    /* as NCCL's: returns once the communicator's operations stopped (they see the flag) */
+    unsigned idle = 0;
+    while (atomic_load(&c->pending) > 0)
+        backoff(&idle);
     release_user_ref(c);
     return ncclSuccess;
 }
@@ -1355,3 +1482,6 @@ const char *ncclGetLastError(ncclComm_t c)
 
 /* Test-only: communicators created and not yet freed in this process. */
 int fakencclCommCount(void) { return atomic_load(&live_comms); }
+
+/* Test-only: how many times a thread entered a communicator another thread was inside. */
+long fakencclConcurrentEntries(void) { return atomic_load(&concurrent_entries); }
