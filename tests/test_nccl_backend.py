@@ -875,3 +875,31 @@ def test_the_watchdog_never_enters_a_communicator_a_launch_is_in():
     for rank, (entries, got) in enumerate(outs):
         assert entries == 0, f"rank {rank}: {entries} concurrent entries into a communicator"
         assert got == [2.0] * 4, f"rank {rank}: {got}"
+
+
+def _destroy_beside_a_stuck_kernel(rank, n):
+    dist = _init(rank)
+    g = dist.new_group([0, 1])
+    x = _dev(np.full(4, rank + 1.0, np.float32), rank)
+    dist.all_reduce(x, group=g)
+    dist.barrier(group=g)          # the barrier's device bytes are made for g's communicator
+    got = x.numpy().tolist()
+    other = fakecuda.Stream(rank % 2)
+    gate = other.hold()            # a kernel of someone else's on this device that does not end
+    t0 = time.monotonic()
+    try:
+        dist.destroy_process_group(g)
+        took = time.monotonic() - t0
+    finally:
+        gate.set()
+    dist.destroy_process_group()
+    return got, took
+
+
+def test_destroying_a_group_does_not_wait_for_another_kernel_on_its_device():
+    """Destroy frees nothing that synchronises the device (cudaFree does: the barrier's bytes are
+    one buffer per device for the process)."""
+    outs = _spawn(_destroy_beside_a_stuck_kernel, 2, timeout=120)
+    for rank, (got, took) in enumerate(outs):
+        assert got == [3.0] * 4, f"rank {rank}: {got}"
+        assert took < 5.0, f"rank {rank}: destroying the group took {took:.1f} s behind another kernel"

@@ -138,6 +138,35 @@ pd_ncomm_settle(pd_ncomm *c, pd_nccl_comm comm, double deadline)
 
 /* ---------------------------------------------------------- creation */
 
+/* The barrier's 4 device bytes: one buffer per device for the process, never
+ * freed.  cudaFree synchronises the whole device, so freeing a communicator's
+ * own at destroy (under its lock) could wait behind another group's stuck
+ * kernel; what the barrier writes there is never read. */
+#define PD_SCRATCH_DEVICES 1024
+static pthread_mutex_t scratch_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *scratch_of[PD_SCRATCH_DEVICES];
+
+/* With `device` current. */
+static pd_cuda_err
+device_scratch(const struct pd_cudart *rt, int device, void **out)
+{
+    pd_cuda_err e = 0;
+    *out = NULL;
+    if (device < 0 || device >= PD_SCRATCH_DEVICES) {
+        return rt->Malloc(out, 4); /* never: no host has so many; leaked */
+    }
+    pthread_mutex_lock(&scratch_mu);
+    if (scratch_of[device] == NULL) {
+        e = rt->Malloc(&scratch_of[device], 4);
+        if (e) {
+            scratch_of[device] = NULL;
+        }
+    }
+    *out = scratch_of[device];
+    pthread_mutex_unlock(&scratch_mu);
+    return e;
+}
+
 static int
 init_stream(pd_ncomm *c, pd_cuda_err *e, const char **what)
 {
@@ -151,7 +180,7 @@ init_stream(pd_ncomm *c, pd_cuda_err *e, const char **what)
         *what = "cudaEventCreateWithFlags";
         return -1;
     }
-    if ((*e = c->rt->Malloc(&c->scratch, 4))) {
+    if ((*e = device_scratch(c->rt, c->device, &c->scratch))) {
         *what = "cudaMalloc";
         return -1;
     }
@@ -399,10 +428,7 @@ free_resources(pd_ncomm *c)
         c->rt->EventDestroy(c->start);
         c->start = NULL;
     }
-    if (c->scratch != NULL && !atomic_load(&c->aborted)) {
-        c->rt->Free(c->scratch);
-    }
-    c->scratch = NULL;
+    c->scratch = NULL; /* the device's, kept (device_scratch) */
     if (c->stream != NULL) {
         c->rt->StreamDestroy(c->stream);
         c->stream = NULL;

@@ -45,7 +45,7 @@ typedef struct pd_ncomm {
     pd_cuda_event start;    /* recorded on the caller's stream per launch */
     pd_cuda_event *pool;    /* free end events */
     int npool, cappool;
-    void *scratch;          /* 4 device bytes: barrier */
+    void *scratch;          /* the device's 4 barrier bytes (never freed) */
     int device, rank, size;
     atomic_int aborted;
     pthread_mutex_t why_mu; /* reason alone: the first abort takes it before

@@ -22,7 +22,8 @@
  * - An event belongs to the device current when it was created: recording it
  *   on another device's stream is cudaErrorInvalidResourceHandle, as in CUDA
  *   (a stream may wait on another device's event: CUDA allows that).
- * - cudaFreeHost waits for the work of every stream first, as CUDA's does.
+ * - cudaFreeHost waits for the work of every stream first, as CUDA's does;
+ *   cudaFree for the streams of the memory's device (an implicit device sync).
  * - Test-only exports: fakecudaStreamSleep (a slow kernel), fakecudaMemStats,
  *   fakecudaStreamCount, fakecudaHostFreeCount, fakecudaClearError.
  * A child forked after this process initialised CUDA (any call but the
@@ -522,14 +523,26 @@ static cudaError_t release(void *p, int type)
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) { return ret(alloc(p, n, 2)); }
-cudaError_t cudaFree(void *p) { return ret(release(p, 2)); }
+static cudaError_t sync_streams(int device);
+
+/* As CUDA's cudaFree: an implicit synchronisation of the device the memory is
+ * on (every stream of it, so a stuck kernel of anyone's makes it wait). */
+cudaError_t cudaFree(void *p)
+{
+    int device = -2, type = 0;
+    cudaError_t e = p ? ready() : cudaSuccess;
+    if (!e && p) {
+        lookup(p, 0, &device, &type);
+        if (type == 2)
+            e = sync_streams(device);
+    }
+    return ret(e ? e : release(p, 2));
+}
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
     return ret(flags & ~7u ? cudaErrorInvalidValue : alloc(p, n, 1));
 }
-
-static cudaError_t sync_streams(int device);
 
 /* CUDA's cudaFreeHost waits for the device: so does this one. */
 cudaError_t cudaFreeHost(void *p)
