@@ -332,7 +332,7 @@ def test_use_after_free_is_an_illegal_address():
     x = DeviceArray(1024, dtype=np.uint8)
     gate = s.hold()
     cuda_call("cudaMemsetAsync", x.ptr, 1, 1024, s.handle)
-    del x                                  # freed before the memset runs
+    x.free_unsynced()                      # back to a caching allocator before the memset runs
     gate.set()
     lib = fc.cudart()
     try:

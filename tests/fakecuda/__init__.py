@@ -148,7 +148,7 @@ _CUDART_PROTOS = {
     "cudaFree": [_p], "cudaHostAlloc": [_pp, _z, _u], "cudaFreeHost": [_p],
     "cudaPointerGetAttributes": [ctypes.POINTER(PointerAttributes), _p], "cudaGetLastError": [],
     "cudaRuntimeGetVersion": [_pi], "cudaDriverGetVersion": [_pi], "cudaLaunchHostFunc": [_p, HOST_FN, _p],
-    "fakecudaStreamSleep": [_p, _u], "fakecudaStreamCount": [],
+    "fakecudaStreamSleep": [_p, _u], "fakecudaStreamCount": [], "fakecudaFreeUnsynced": [_p],
     "fakecudaMemStats": [_pi, ctypes.POINTER(ctypes.c_size_t), _pi],
 }
 _NCCL_PROTOS = {
@@ -606,6 +606,12 @@ class DeviceArray:
         addr = ctypes.addressof(m)
         _exported[addr] = (m, shape, strides, self)
         return _capi.PyCapsule_New(addr, name, _capsule_destructor_c)
+
+    def free_unsynced(self):
+        """Give the memory back without cudaFree's device synchronisation, as a caching allocator
+        hands it to its pool: work still queued on it then touches an illegal address."""
+        cuda_call("fakecudaFreeUnsynced", self.ptr)
+        self.ptr = 0
 
     def __del__(self):
         if _libs and self.__dict__.get("ptr"):

@@ -24,7 +24,8 @@
  *   (a stream may wait on another device's event: CUDA allows that).
  * - cudaFreeHost waits for the work of every stream first, as CUDA's does;
  *   cudaFree for the streams of the memory's device (an implicit device sync).
- * - Test-only exports: fakecudaStreamSleep (a slow kernel), fakecudaMemStats,
+ * - Test-only exports: fakecudaStreamSleep (a slow kernel), fakecudaFreeUnsynced
+ *   (a caching allocator's free), fakecudaMemStats,
  *   fakecudaStreamCount, fakecudaHostFreeCount, fakecudaClearError.
  * A child forked after this process initialised CUDA (any call but the
  * version and error-string queries) gets cudaErrorInitializationError from
@@ -538,6 +539,11 @@ cudaError_t cudaFree(void *p)
     }
     return ret(e ? e : release(p, 2));
 }
+
+/* Test-only: free without that synchronisation, as a caching allocator hands
+ * memory back to its pool (torch's does): a kernel still queued on it then
+ * touches an illegal address. */
+cudaError_t fakecudaFreeUnsynced(void *p) { return ret(release(p, 2)); }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {

@@ -384,8 +384,9 @@ class NcclBackend(Backend):
         dev = self._device_of(views, name)
         comm = self.comms.get(dev) or self._comm(dev)
         stream_fn = _stream_family(views[0])
-        w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
-                         views)
+        with self.lock:  # as run: one call into NCCL at a time, in the order of the calls
+            w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
+                             views)
         work = NcclWork(self, comm, w, (f"{name} ({len(ops)} operations)", None, None), stream_fn)
         self.pending[comm].append(work)
         return work
