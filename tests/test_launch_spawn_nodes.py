@@ -147,3 +147,94 @@ def test_slurm_tasks_each_spawning_with_file_init_run(tmp_path):
                                 lambda nr: [])
     # the job shares a secret through the file (created 0600): connections still authenticate
     assert all(r["secret"] for r in results)
+
+
+# A rank of a two-rank job, started by hand: rank and secret from the command line.
+_RANK = textwrap.dedent(r"""
+    import json, os, sys
+    from datetime import timedelta
+
+    import numpy as np
+    import pyddp.distributed as dist
+
+    rank, init, out, timeout = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+    dist.init_process_group("gloo", init_method=init, world_size=2, rank=rank,
+                            timeout=timedelta(seconds=timeout))
+    x = np.arange(3, dtype=np.float64) + rank
+    dist.all_reduce(x)
+    with open(out, "w") as f:
+        json.dump(x.tolist(), f)
+    dist.destroy_process_group()
+""")
+
+
+def _wait_for_text(path, text, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(path, errors="replace") as fh:
+            got = fh.read()
+        if text in got:
+            return got
+        time.sleep(0.1)
+    with open(path, errors="replace") as fh:
+        return fh.read()
+
+
+def test_the_store_host_says_at_once_that_it_refused_a_peer_and_the_job_still_runs(tmp_path):
+    # rank 0's store server refuses rank 1's secret: rank 0 once waited without a word until its
+    # timeout.  It says so at once, naming the peer's address and PYDDP_SECRET, and goes on
+    # waiting: a stranger can claim to be anyone and must not be able to stop the job, so the
+    # right rank 1 still joins it.
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    logs = [open(tmp_path / f"{name}.log", "w+") for name in ("rank0", "wrong", "rank1")]
+    outs = [str(tmp_path / f"{name}.json") for name in ("rank0", "wrong", "rank1")]
+    start = time.monotonic()
+    procs = [_start(str(script), ["0", "env://", outs[0], "60"], _env(dict(base, PYDDP_SECRET="a" * 64)),
+                    logs[0])]
+    try:
+        wrong = _start(str(script), ["1", "env://", outs[1], "60"], _env(dict(base, PYDDP_SECRET="b" * 64)),
+                       logs[1])
+        assert wrong.wait(timeout=WAIT) != 0
+        said = _wait_for_text(logs[0].name, "refused a connection", 20)
+        assert "refused a connection" in said, said
+        assert time.monotonic() - start < 40, "the host said it only at its timeout"
+        assert "127.0.0.1:" in said and "PYDDP_SECRET" in said, said
+        assert procs[0].poll() is None, "a refused peer stopped the host:\n" + said
+        procs.append(_start(str(script), ["1", "env://", outs[2], "60"],
+                            _env(dict(base, PYDDP_SECRET="a" * 64)), logs[2]))
+    finally:
+        codes, texts = _wait_all(procs, [logs[0], logs[2]][:len(procs)])
+        for log in logs:
+            log.close()
+    assert codes == [0, 0], "\n----\n".join(t[-3000:] for t in texts)
+    want = (np.arange(3) * 2 + 1).tolist()
+    assert [json.load(open(outs[i])) for i in (0, 2)] == [want, want]
+
+
+def test_rank_0_says_at_once_that_it_refused_a_peer_and_names_it_at_its_timeout(tmp_path):
+    # file:// has no store server: rank 0's transport listener refuses rank 1's secret.  Rank 0
+    # once reported only "no connection arrived before the deadline".  (A FileStore job cannot
+    # take a restarted rank: the refused one already counted itself in the file.)
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    url = f"file://{tmp_path / 'rdzv'}"
+    logs = [open(tmp_path / f"{name}.log", "w+") for name in ("rank0", "wrong")]
+    start = time.monotonic()
+    procs = [_start(str(script), ["0", url, str(tmp_path / "0.json"), "20"],
+                    _env({"PYDDP_SECRET": "a" * 64}), logs[0])]
+    try:
+        procs.append(_start(str(script), ["1", url, str(tmp_path / "1.json"), "20"],
+                            _env({"PYDDP_SECRET": "b" * 64}), logs[1]))
+        said = _wait_for_text(logs[0].name, "refused a connection", 15)
+        assert "refused a connection" in said, said
+        assert time.monotonic() - start < 18, "rank 0 said it only at its timeout"
+        assert "rank 0 refused a connection" in said and "PYDDP_SECRET" in said, said
+    finally:
+        codes, texts = _wait_all(procs, logs)
+        for log in logs:
+            log.close()
+    assert codes[0] != 0 and codes[1] != 0
+    assert "no connection arrived before the deadline; meanwhile 1 connection was refused, the last: " \
+        "authentication of client 127.0.0.1:" in texts[0], texts[0][-3000:]
