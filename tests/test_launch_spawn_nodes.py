@@ -138,6 +138,16 @@ def test_two_shells_each_spawning_half_of_an_env_job_run(tmp_path):
         assert "PYDDP_SECRET" in out
 
 
+def test_two_shells_with_the_same_exported_secret_keep_it(tmp_path):
+    # the recipe the warning gives: export PYDDP_SECRET in every shell; nothing to say then
+    port = free_port()
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYDDP_SECRET": "c" * 64}
+    results, outs = _two_halves(tmp_path, "env://", lambda nr: base,
+                                lambda nr: ["--nodes", "2", "--nr", str(nr)])
+    assert all(r["secret"] for r in results)
+    assert not any("runs without a secret" in out for out in outs), outs
+
+
 def test_slurm_tasks_each_spawning_with_file_init_run(tmp_path):
     # one mp.spawn per Slurm task (SLURM_PROCID / SLURM_NTASKS), file:// init on a shared file
     init = "file://" + str(tmp_path / "rdzv")
@@ -147,6 +157,22 @@ def test_slurm_tasks_each_spawning_with_file_init_run(tmp_path):
                                 lambda nr: [])
     # the job shares a secret through the file (created 0600): connections still authenticate
     assert all(r["secret"] for r in results)
+    assert not any("runs without a secret" in out for out in outs), outs
+
+
+def test_slurm_tasks_with_a_file_others_can_read_run_without_a_secret_and_say_so(tmp_path):
+    # a rendezvous file made beforehand with the umask's 0644: a secret written there would be
+    # anyone's, so the job shares none and each task's spawn says so once
+    path = tmp_path / "rdzv"
+    path.touch()
+    os.chmod(path, 0o644)
+    results, outs = _two_halves(tmp_path, "file://" + str(path),
+                                lambda nr: {"SLURM_PROCID": str(nr), "SLURM_NTASKS": "2"},
+                                lambda nr: [])
+    assert not any(r["secret"] for r in results)
+    for nr, out in enumerate(outs):
+        assert out.count("runs without a secret") == 1, f"task {nr}:\n{out[-3000:]}"
+        assert "other users can read it" in out and "PYDDP_SECRET" in out
 
 
 # A rank of a two-rank job, started by hand: rank and secret from the command line.

@@ -79,6 +79,7 @@ def spawn_secret(rank, world_size, file_store=None, path=None):
         return
     nprocs, index = invented
     mod._drop_invented_secret()
+    reach = "its ports (only local users while every rank is on this host with a loopback MASTER_ADDR)"
     if file_store is not None:
         if rank == 0:
             import secrets
@@ -89,6 +90,7 @@ def spawn_secret(rank, world_size, file_store=None, path=None):
         if shared:
             os.environ["PYDDP_SECRET"] = shared
             return
+        reach = f"its ports or read {path} (other users can read it, so it shares no secret)"
     if index == 0:
         import warnings
 
@@ -96,8 +98,7 @@ def spawn_secret(rank, world_size, file_store=None, path=None):
             f"pyddp: this job has {world_size} processes and this pyddp.multiprocessing.spawn "
             f"started {nprocs} of them; the others (another shell's, node's or Slurm task's spawn) "
             f"cannot know the PYDDP_SECRET it invented, so the job runs without a secret, as "
-            f"torch's does: anyone who can reach its ports can join it (only local users while "
-            f"every rank is on this host with a loopback MASTER_ADDR). To keep strangers out, give "
+            f"torch's does: anyone who can reach {reach} can join it. To keep strangers out, give "
             f"every shell or task the same PYDDP_SECRET before it starts, e.g. export "
             f"PYDDP_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))').",
             RuntimeWarning, stacklevel=4)

@@ -132,7 +132,7 @@ def _invented_secret():
     if _invented is None:
         return None
     nprocs, index, secret = _invented
-    if os.environ.get("PYDDP_SECRET") != secret:   # fn set one of its own
+    if _config.get("PYDDP_SECRET") != secret:   # fn set one of its own
         return None
     return nprocs, index
 
@@ -140,8 +140,8 @@ def _invented_secret():
 def _drop_invented_secret():
     """Forget the invented secret (PYDDP_SECRET unset), for a job it cannot serve."""
     global _invented
-    if _invented is not None and os.environ.get("PYDDP_SECRET") == _invented[2]:
-        del os.environ["PYDDP_SECRET"]
+    if _invented is not None and _config.get("PYDDP_SECRET") == _invented[2]:
+        os.environ.pop("PYDDP_SECRET", None)
     _invented = None
 
 
