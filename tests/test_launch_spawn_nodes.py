@@ -95,14 +95,17 @@ def _wait_all(procs, logs, timeout=WAIT):
 
 def _check_results(out_dir, world_size, outs):
     want = sum(np.arange(5, dtype=np.float64) * (r + 1) for r in range(world_size))
+    results = []
     for rank in range(world_size):
         path = os.path.join(out_dir, f"{rank}.json")
-        assert os.path.exists(path), f"rank {rank} wrote no result:\n" + "\n----\n".join(o[-3000:] for o in outs)
+        assert os.path.exists(path), \
+            f"rank {rank} wrote no result:\n" + "\n----\n".join(o[-3000:] for o in outs)
         with open(path) as fh:
             got = json.load(fh)
         np.testing.assert_array_equal(np.array(got["sum"]), want)
         assert got["object"] == {"from": 0, "n": 42}
-    return [json.load(open(os.path.join(out_dir, f"{r}.json"))) for r in range(world_size)]
+        results.append(got)
+    return results
 
 
 def _two_halves(tmp_path, init, env_extra, argv_of):
@@ -219,6 +222,7 @@ def test_the_store_host_says_at_once_that_it_refused_a_peer_and_the_job_still_ru
     start = time.monotonic()
     procs = [_start(str(script), ["0", "env://", outs[0], "60"], _env(dict(base, PYDDP_SECRET="a" * 64)),
                     logs[0])]
+    wrong = None
     try:
         wrong = _start(str(script), ["1", "env://", outs[1], "60"], _env(dict(base, PYDDP_SECRET="b" * 64)),
                        logs[1])
@@ -231,6 +235,9 @@ def test_the_store_host_says_at_once_that_it_refused_a_peer_and_the_job_still_ru
         procs.append(_start(str(script), ["1", "env://", outs[2], "60"],
                             _env(dict(base, PYDDP_SECRET="a" * 64)), logs[2]))
     finally:
+        if wrong is not None and wrong.poll() is None:
+            wrong.kill()
+            wrong.wait(timeout=30)
         codes, texts = _wait_all(procs, [logs[0], logs[2]][:len(procs)])
         for log in logs:
             log.close()
