@@ -141,6 +141,53 @@ def test_two_shells_each_spawning_half_of_an_env_job_run(tmp_path):
         assert "PYDDP_SECRET" in out
 
 
+_TORCH_MAIN = textwrap.dedent(r"""
+    import json, os, sys
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import pyddp.torch_backend  # noqa: F401
+    import pyddp.multiprocessing as mp
+
+
+    def train(gpu, nr, out):
+        rank = nr * 2 + gpu
+        dist.init_process_group("pyddp", init_method="env://", world_size=4, rank=rank,
+                                timeout=timedelta(seconds=30))
+        x = torch.arange(5, dtype=torch.float64) * (rank + 1)
+        dist.all_reduce(x)
+        with open(os.path.join(out, f"{rank}.json"), "w") as f:
+            json.dump({"sum": x.tolist(), "object": {"from": 0, "n": 42},
+                       "secret": bool(os.environ.get("PYDDP_SECRET"))}, f)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        mp.spawn(train, nprocs=2, args=(int(sys.argv[1]), sys.argv[2]))
+""")
+
+
+def test_two_shells_each_spawning_half_of_a_torch_job_on_the_pyddp_backend_run(tmp_path):
+    # the same with torch.distributed on pyddp's backend: torch's store, pyddp's connections
+    pytest.importorskip("torch")
+    script = tmp_path / "main.py"
+    script.write_text(_TORCH_MAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    logs = [open(tmp_path / f"node{nr}.log", "w+") for nr in range(2)]
+    procs = [_start(str(script), [str(nr), str(out)], env, logs[nr]) for nr in range(2)]
+    codes, outs = _wait_all(procs, logs)
+    for log in logs:
+        log.close()
+    assert codes == [0, 0], "\n----\n".join(o[-4000:] for o in outs)
+    results = _check_results(str(out), 4, outs)
+    assert not any(r["secret"] for r in results)
+    for nr, text in enumerate(outs):
+        assert text.count("runs without a secret") == 1, f"node {nr}:\n{text[-3000:]}"
+
+
 def test_two_shells_with_the_same_exported_secret_keep_it(tmp_path):
     # the recipe the warning gives: export PYDDP_SECRET in every shell; nothing to say then
     port = free_port()
