@@ -127,11 +127,13 @@ def _two_halves(tmp_path, init, env_extra, argv_of):
     return _check_results(str(out), 4, outs), outs
 
 
-def test_two_shells_each_spawning_half_of_an_env_job_run(tmp_path):
+@pytest.mark.parametrize("scheme", ["env", "tcp"])
+def test_two_shells_each_spawning_half_of_a_job_run(tmp_path, scheme):
     # python main.py --nodes 2 --nr 0 & python main.py --nodes 2 --nr 1 (torch runs this unchanged)
     port = free_port()
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    results, outs = _two_halves(tmp_path, "env://", lambda nr: base,
+    init = "env://" if scheme == "env" else f"tcp://127.0.0.1:{port}"
+    results, outs = _two_halves(tmp_path, init, lambda nr: base,
                                 lambda nr: ["--nodes", "2", "--nr", str(nr)])
     # the spawns' secrets, each known to half the job only, were not used ...
     assert not any(r["secret"] for r in results)
