@@ -212,6 +212,29 @@ def test_slurm_tasks_each_spawning_with_file_init_run(tmp_path):
     assert not any("runs without a secret" in out for out in outs), outs
 
 
+def test_a_slurm_task_whose_rank_0_shares_no_secret_says_so(tmp_path):
+    # task 0 has PYDDP_SECRET exported, task 1 not: task 1's ranks wait for a secret from rank 0
+    # through the file that never comes, and say why at their timeout instead of a bare key name
+    script = tmp_path / "main.py"
+    script.write_text(_MAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    init = "file://" + str(tmp_path / "rdzv")
+    logs = [open(tmp_path / f"task{nr}.log", "w+") for nr in range(2)]
+    procs = []
+    for nr in range(2):
+        env = {"SLURM_PROCID": str(nr), "SLURM_NTASKS": "2"}
+        if nr == 0:
+            env["PYDDP_SECRET"] = "d" * 64
+        procs.append(_start(str(script), ["--init", init, "--out", str(out), "--timeout", "8"], _env(env),
+                            logs[nr]))
+    codes, outs = _wait_all(procs, logs)
+    for log in logs:
+        log.close()
+    assert codes[1] != 0, outs[1][-3000:]
+    assert "rank 0 shared no secret through" in outs[1] and "PYDDP_SECRET" in outs[1], outs[1][-3000:]
+
+
 def test_slurm_tasks_with_a_file_others_can_read_run_without_a_secret_and_say_so(tmp_path):
     # a rendezvous file made beforehand with the umask's 0644: a secret written there would be
     # anyone's, so the job shares none and each task's spawn says so once

@@ -9,7 +9,7 @@ from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
 from . import _cluster
-from .store import DistNetworkError, FileStore, TCPStore
+from .store import DistNetworkError, DistStoreError, FileStore, TCPStore
 
 __all__ = ["rendezvous", "check_rank"]
 
@@ -86,7 +86,14 @@ def spawn_secret(rank, world_size, file_store=None, path=None):
 
             private = _private_file(path)
             file_store.set(_SECRET_KEY, secrets.token_hex(32) if private else "")
-        shared = file_store.get(_SECRET_KEY).decode()
+        try:
+            shared = file_store.get(_SECRET_KEY).decode()
+        except DistStoreError as e:
+            raise DistStoreError(
+                f"rank {rank}: rank 0 shared no secret through {path} ({e}): it was not started by "
+                f"a pyddp.multiprocessing.spawn that invented one (its shell or task has "
+                f"PYDDP_SECRET set, or it started otherwise), or it has not come; give every shell "
+                f"or task that starts a part of the job the same PYDDP_SECRET, or none") from None
         if shared:
             os.environ["PYDDP_SECRET"] = shared
             return
