@@ -155,6 +155,9 @@ pd_status pd_tcp_server_start(const char *bind_host, int port, int listen_fd,
                               const char *secret,
                               pd_tcp_server **out);
 int pd_tcp_server_port(const pd_tcp_server *srv);
+/* Append to this thread's error message the clients the server refused for
+ * their secret (nothing when none); keeps and returns st. */
+pd_status pd_tcp_server_explain_refusals(pd_tcp_server *srv, pd_status st);
 /* Stops the thread, closes every socket, frees everything.  Accepts NULL. */
 void pd_tcp_server_stop(pd_tcp_server *srv);
 

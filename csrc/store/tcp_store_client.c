@@ -483,7 +483,8 @@ ts_get(pd_store *s, const char *key, double timeout, uint8_t **val,
     pd_wbuf_str(&r.b, USER_PREFIX, key);
     pd_status st = ts_req_call(&r, 1, timeout);
     if (st == PD_ETIMEOUT) {
-        return pd_store_timeout_error(USER_PREFIX, timeout, &key, 1);
+        return pd_tcp_server_explain_refusals(
+            r.t->server, pd_store_timeout_error(USER_PREFIX, timeout, &key, 1));
     }
     PD_CHECK(st);
     return ts_req_end_bytes(&r, val, n);
@@ -535,7 +536,8 @@ ts_keys_cmd(tcp_store *t, uint8_t cmd, const char *const *keys, size_t n,
     }
     pd_status st = ts_req_call(&r, cmd == PD_TS_WAIT, timeout);
     if (st == PD_ETIMEOUT) {
-        return pd_store_timeout_error(USER_PREFIX, timeout, keys, n);
+        return pd_tcp_server_explain_refusals(
+            t->server, pd_store_timeout_error(USER_PREFIX, timeout, keys, n));
     }
     PD_CHECK(st);
     if (cmd == PD_TS_CHECK) {
@@ -713,10 +715,12 @@ wait_for_workers(tcp_store *t, const pd_tcp_store_opts *o)
     }
     while (joined < o->world_size) {
         if (deadline > 0 && pd_now() >= deadline) {
-            return pd_error(PD_ESTORE,
-                            "Timed out after %.0f seconds waiting for clients. "
-                            "%" PRId64 "/%d clients joined.",
-                            pd_now() - start, joined, o->world_size);
+            return pd_tcp_server_explain_refusals(
+                t->server,
+                pd_error(PD_ESTORE,
+                         "Timed out after %.0f seconds waiting for clients. "
+                         "%" PRId64 "/%d clients joined.",
+                         pd_now() - start, joined, o->world_size));
         }
         sleep_seconds(pause);
         pause = pause * 2 > 0.01 ? 0.01 : pause * 2;

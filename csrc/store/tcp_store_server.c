@@ -90,6 +90,11 @@ struct pd_tcp_server {
     double accept_resume;
     pthread_t thread;
     char *secret;
+    /* Clients refused for their secret: written by the loop, read by the
+     * waits of this process's client (their timeout message names them). */
+    pthread_mutex_t refused_mu;
+    int refused_mu_init;
+    pd_auth_refusals refused;
     pd_kvmap map;
     srv_conn *conns;
     srv_conn *dead;
@@ -703,6 +708,16 @@ conn_auth_step(pd_tcp_server *srv, srv_conn *c)
 {
     pd_status st = pd_auth_srv_step(&c->auth, c->fd);
     if (st != PD_OK) {
+        if (c->auth.refused) {
+            /* perhaps a rank started with another secret: said at once,
+             * and the job goes on waiting (a stranger can claim anything) */
+            char who[64];
+            snprintf(who, sizeof(who), "the TCPStore server on port %d",
+                     srv->port);
+            pthread_mutex_lock(&srv->refused_mu);
+            pd_auth_note_refusal(&srv->refused, "store", who);
+            pthread_mutex_unlock(&srv->refused_mu);
+        }
         conn_kill(srv, c);
         return;
     }
@@ -882,6 +897,18 @@ pd_tcp_server_port(const pd_tcp_server *srv)
     return srv->port;
 }
 
+pd_status
+pd_tcp_server_explain_refusals(pd_tcp_server *srv, pd_status st)
+{
+    if (srv == NULL || !srv->refused_mu_init) {
+        return st;
+    }
+    pthread_mutex_lock(&srv->refused_mu);
+    st = pd_auth_refusals_explain(&srv->refused, st);
+    pthread_mutex_unlock(&srv->refused_mu);
+    return st;
+}
+
 void
 pd_tcp_server_stop(pd_tcp_server *srv)
 {
@@ -909,6 +936,9 @@ pd_tcp_server_stop(pd_tcp_server *srv)
         (void)close(srv->lfd);
     }
     pd_kvmap_free(&srv->map);
+    if (srv->refused_mu_init) {
+        pthread_mutex_destroy(&srv->refused_mu);
+    }
     if (srv->secret != NULL) {
         memset(srv->secret, 0, strlen(srv->secret));
         free(srv->secret);
@@ -933,6 +963,11 @@ pd_tcp_server_start(const char *bind_host, int port, int listen_fd,
         goto fail;
     }
     PD_CHECK_GOTO(pd_kvmap_init(&srv->map), st, fail);
+    if (pthread_mutex_init(&srv->refused_mu, NULL) != 0) {
+        st = pd_error(PD_ESYS, "TCPStore server: pthread_mutex_init failed");
+        goto fail;
+    }
+    srv->refused_mu_init = 1;
 
     if (listen_fd >= 0) {
         char addr[64];

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "log.h"
 #include "net.h"
 
 #define AUTH_VERSION 1
@@ -434,7 +435,11 @@ pd_auth_srv_step(pd_auth_srv *a, int fd)
             if (!complete) {
                 return PD_OK;
             }
+            if (memcmp(a->buf, "PDDP", 4) == 0) {
+                a->refused = 1; /* a pyddp process: only a failure counts */
+            }
             PD_CHECK(check_word(fd, a->buf, has, "client"));
+            a->refused = 0;
             a->off = 0;
             if (!has) {
                 a->stage = SRV_DONE;
@@ -456,6 +461,7 @@ pd_auth_srv_step(pd_auth_srv *a, int fd)
             if (!ct_equal(expect, a->buf + AUTH_NONCE, AUTH_MAC)) {
                 char pn[INET6_ADDRSTRLEN + 16];
                 peer_name(fd, pn, sizeof(pn));
+                a->refused = 1;
                 return pd_error(PD_EAUTH,
                                 "authentication of client %s failed: wrong "
                                 "secret (PYDDP_SECRET differs)", pn);
@@ -483,6 +489,38 @@ pd_auth_srv_step(pd_auth_srv *a, int fd)
             return PD_OK;
         }
     }
+}
+
+void
+pd_auth_note_refusal(pd_auth_refusals *r, const char *subsys, const char *who)
+{
+    r->count++;
+    pd_strlcpy(r->last, pd_errmsg(), sizeof(r->last));
+    if (r->count > PD_AUTH_REFUSALS_SAID) {
+        return;
+    }
+    PD_NOTICE(subsys,
+              "%s refused a connection: %s. If that was a process of this "
+              "job, give every process of the job the same PYDDP_SECRET (set "
+              "it in every shell or task that starts one, or in none); this "
+              "process keeps waiting for the job's ranks until its timeout%s",
+              who, r->last,
+              r->count == PD_AUTH_REFUSALS_SAID
+                  ? " (further refusals are counted, not said)" : "");
+}
+
+pd_status
+pd_auth_refusals_explain(const pd_auth_refusals *r, pd_status st)
+{
+    if (r->count == 0) {
+        return st;
+    }
+    char msg[PD_ERRMSG_MAX];
+    pd_strlcpy(msg, pd_errmsg(), sizeof(msg));
+    return pd_error(st,
+                    "%s; meanwhile %d connection%s refused, the last: %s "
+                    "(every process of the job needs the same PYDDP_SECRET)",
+                    msg, r->count, r->count == 1 ? " was" : "s were", r->last);
 }
 
 pd_status

@@ -36,6 +36,11 @@ typedef struct pd_auth_srv {
     int stage;
     int done;
     int want_write;
+    /* Set when the step failed for a client that speaks pyddp's handshake
+     * (a wrong or missing secret, another version): perhaps a process of the
+     * job started with another PYDDP_SECRET, worth saying at once
+     * (pd_auth_note_refusal); not for a port scanner or a hang-up. */
+    int refused;
     size_t off;
     uint8_t buf[128];
     uint8_t nonce_s[32];
@@ -46,5 +51,24 @@ typedef struct pd_auth_srv {
 
 pd_status pd_auth_srv_init(pd_auth_srv *a, const char *secret);
 pd_status pd_auth_srv_step(pd_auth_srv *a, int fd);
+
+/* What a listener (the store server, a rank accepting its peers) refused:
+ * a refusal never ends the wait (a stranger can claim to be anyone, and must
+ * not be able to stop a job), but the first few are said at once on stderr
+ * and the count and the last one go into the wait's timeout message. */
+#define PD_AUTH_REFUSALS_SAID 4
+typedef struct pd_auth_refusals {
+    int count;
+    char last[512];
+} pd_auth_refusals;
+
+/* Record the refusal whose message is this thread's pd_errmsg() and, for the
+ * first PD_AUTH_REFUSALS_SAID, say it (a notice of subsys, who: what
+ * refused it, e.g. "the TCPStore server on port 29500"). */
+void pd_auth_note_refusal(pd_auth_refusals *r, const char *subsys,
+                          const char *who);
+/* Append to this thread's error message what r holds (nothing when empty),
+ * keeping status st; returns st. */
+pd_status pd_auth_refusals_explain(const pd_auth_refusals *r, pd_status st);
 
 #endif

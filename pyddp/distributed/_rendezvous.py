@@ -4,11 +4,12 @@ one with a launcher of its own (mpi) has a hook in the registry instead (backend
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
 from . import _cluster
-from .store import DistNetworkError, FileStore, TCPStore
+from .store import DistNetworkError, DistStoreError, FileStore, TCPStore
 
 __all__ = ["rendezvous", "check_rank"]
 
@@ -31,6 +32,7 @@ def rendezvous(init_method, rank, world_size, timeout):
         # DataLoader workers, subprocesses) finds it; PYDDP_SECRET before the store reads it.
         for k, v in env.derived.items():
             os.environ.setdefault(k, v)
+        spawn_secret(rank, world_size)
         # torchrun's flag: the launcher hosts the store (pyddp-run --elastic), every rank is a client
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true")
         store = _store(env.master_addr, env.master_port, world_size, rank, timeout, "MASTER_ADDR",
@@ -41,6 +43,7 @@ def rendezvous(init_method, rank, world_size, timeout):
         if not url.hostname or not url.port:
             raise ValueError(f"init_method {init_method!r} must look like tcp://host:port")
         check_rank(rank, world_size)
+        spawn_secret(rank, world_size)
         store = _store(url.hostname, url.port, world_size, rank, timeout, "the init_method's host")
         return store, rank, world_size
     if url.scheme == "file":
@@ -49,9 +52,71 @@ def rendezvous(init_method, rank, world_size, timeout):
         path = url.path if not url.netloc else url.netloc + url.path
         store = FileStore(path, world_size)
         store.set_timeout(timedelta(seconds=timeout))
+        spawn_secret(rank, world_size, store, path)
         return store, rank, world_size
     raise ValueError(f"init_method {init_method!r}: unsupported scheme {url.scheme!r} "
                      "(expected env://, tcp://host:port or file:///path)")
+
+
+# The key under which file:// init shares a job secret (spawn_secret).
+_SECRET_KEY = "pyddp/spawn_secret"
+
+
+def spawn_secret(rank, world_size, file_store=None, path=None):
+    """Set aside a PYDDP_SECRET that pyddp.multiprocessing.spawn invented when the job has more
+    processes than that spawn started: the others (another shell's, node's or Slurm task's spawn)
+    cannot know it, and every connection to them would be refused.
+
+    With file:// init the job gets a secret through the file instead (rank 0 writes a fresh one):
+    FileStore files are 0600, so whoever can read it could join through the file anyway.  A file
+    that others can read shares no secret.  Otherwise the job runs without one, as torch's does
+    (listeners stay on loopback where the job allows), and the spawn's first process says so once,
+    naming PYDDP_SECRET.  Every rank decides alike: the world size is the job's, and file:// ranks
+    take rank 0's word."""
+    mod = sys.modules.get("pyddp.multiprocessing.spawn")
+    invented = mod._invented_secret() if mod is not None else None
+    if invented is None or world_size <= invented[0]:
+        return
+    nprocs, index = invented
+    mod._drop_invented_secret()
+    reach = "its ports (only local users while every rank is on this host with a loopback MASTER_ADDR)"
+    if file_store is not None:
+        if rank == 0:
+            import secrets
+
+            private = _private_file(path)
+            file_store.set(_SECRET_KEY, secrets.token_hex(32) if private else "")
+        try:
+            shared = file_store.get(_SECRET_KEY).decode()
+        except DistStoreError as e:
+            raise DistStoreError(
+                f"rank {rank}: rank 0 shared no secret through {path} ({e}): it was not started by "
+                f"a pyddp.multiprocessing.spawn that invented one (its shell or task has "
+                f"PYDDP_SECRET set, or it started otherwise), or it has not come; give every shell "
+                f"or task that starts a part of the job the same PYDDP_SECRET, or none") from None
+        if shared:
+            os.environ["PYDDP_SECRET"] = shared
+            return
+        reach = f"its ports or read {path} (other users can read it, so it shares no secret)"
+    if index == 0:
+        import warnings
+
+        warnings.warn(
+            f"pyddp: this job has {world_size} processes and this pyddp.multiprocessing.spawn "
+            f"started {nprocs} of them; the others (another shell's, node's or Slurm task's spawn) "
+            f"cannot know the PYDDP_SECRET it invented, so the job runs without a secret, as "
+            f"torch's does: anyone who can reach {reach} can join it. To keep strangers out, give "
+            f"every shell or task the same PYDDP_SECRET before it starts, e.g. export "
+            f"PYDDP_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))').",
+            RuntimeWarning, stacklevel=4)
+
+
+def _private_file(path):
+    """Whether only this user can read the file at ``path`` (no group or other permissions)."""
+    try:
+        return (os.stat(path).st_mode & 0o077) == 0
+    except OSError:
+        return False
 
 
 def _store(host, port, world_size, rank, timeout, what, master=None):

@@ -46,6 +46,7 @@ from torch.futures import Future
 
 from .. import _C, _interop
 from . import _observe
+from ._rendezvous import spawn_secret as _spawn_secret
 from .backends import registry as _registry
 from .backends.cpu import connect_group as _connect_group, spare_core as _spare_core
 from .backends.interface import Backend, BackendOptions
@@ -400,6 +401,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._timeout = _seconds(timeout) or 1800.0
+        # torch's rendezvous is not pyddp's: a secret that pyddp.multiprocessing.spawn invented
+        # for fewer processes than the group has is set aside here (_rendezvous.spawn_secret)
+        _spawn_secret(rank, size)
         self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
                                       label="torch", backend=BACKEND_NAME)
         # pyddp's ProcessGroup routes every request to the backend of its arrays' device, as

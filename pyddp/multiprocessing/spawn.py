@@ -22,7 +22,9 @@ leaving processes behind:
 - Error files are removed once read.
 - Each call gives its processes a fresh PYDDP_SECRET (unless the caller set one), as pyddp-run
   does, so the job's store and connections authenticate: a stranger who reaches the port cannot
-  join or send objects to unpickle.
+  join or send objects to unpickle.  Only these processes know it: a job of more processes than
+  this call starts (one spawn per node, from its own shell or Slurm task) cannot use it, and
+  init_process_group sets it aside there (see _rendezvous.spawn_secret).
 """
 import logging
 import multiprocessing
@@ -119,11 +121,37 @@ def _remove(path: str) -> None:
         pass
 
 
-def _wrap(fn, i, args, error_file, parent_pid=None, secret=None):
+# In a process started by start_processes with a secret it invented: (nprocs, index, secret).
+# That secret is known to those nprocs processes only (_invented_secret).
+_invented = None
+
+
+def _invented_secret():
+    """(nprocs, index) when PYDDP_SECRET is still the one the spawn that started this process
+    invented for its nprocs processes (index is this process's), else None."""
+    if _invented is None:
+        return None
+    nprocs, index, secret = _invented
+    if _config.get("PYDDP_SECRET") != secret:   # fn set one of its own
+        return None
+    return nprocs, index
+
+
+def _drop_invented_secret():
+    """Forget the invented secret (PYDDP_SECRET unset), for a job it cannot serve."""
+    global _invented
+    if _invented is not None and _config.get("PYDDP_SECRET") == _invented[2]:
+        os.environ.pop("PYDDP_SECRET", None)
+    _invented = None
+
+
+def _wrap(fn, i, args, error_file, parent_pid=None, secret=None, nprocs=None):
     # The job's secret travels with the arguments (a pipe, not the command line), so it reaches
     # the child whatever the start method (a forkserver's children have the server's environment).
+    global _invented
     if secret is not None:
         os.environ["PYDDP_SECRET"] = secret
+        _invented = (nprocs, i, secret)
     # prctl(2) is Linux-specific (elsewhere this does nothing): a child whose parent dies gets SIGINT,
     # as in torch, so it can leave its process group cleanly.  A parent that died before that took
     # effect will never join this process.
@@ -405,7 +433,7 @@ def _start_all(mp, fn, args, nprocs, daemon, parent_pid, processes, error_files,
         tf.close()
         os.unlink(tf.name)
         error_files.append(tf.name)
-        process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid, secret),
+        process = mp.Process(target=_wrap, args=(fn, i, tuple(args), tf.name, parent_pid, secret, nprocs),
                              daemon=daemon)
         process.start()
         processes.append(process)
@@ -433,7 +461,8 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
     context = ProcessContext(processes, error_files)
     # A fresh secret per job, as pyddp-run gives: the store and the ranks' connections then
     # authenticate, and a stranger on the port cannot join (or feed object collectives).  One the
-    # caller has set (PYDDP_SECRET) is kept, so jobs spanning several spawns can share it.
+    # caller has set (PYDDP_SECRET) is kept, so jobs spanning several spawns can share it; a job
+    # larger than nprocs sets the invented one aside at init (_rendezvous.spawn_secret).
     secret = None if _config.get("PYDDP_SECRET") else secrets.token_hex(32)
     try:
         with _threads.for_children(nprocs):   # OMP_NUM_THREADS=1 for the ranks, as launchers do

@@ -414,6 +414,79 @@ test_nonblocking_server_tcp(void)
     close(lfd);
 }
 
+/* Drive the non-blocking server against a client thread (secret csecret),
+ * or against raw bytes (garbage, then a hang-up), until it fails; returns
+ * a.refused, the "say it at once" mark. */
+static int
+refused_by_server(const char *ssecret, const char *csecret,
+                  const char *garbage)
+{
+    int sv[2];
+    pthread_t th;
+    side cli;
+    pd_auth_srv a;
+    pd_status st = PD_OK;
+
+    T_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    T_OK(pd_net_set_nonblock(sv[0], 1));
+    if (garbage != NULL) {
+        T_CHECK(write(sv[1], garbage, strlen(garbage)) ==
+                (ssize_t)strlen(garbage));
+        shutdown(sv[1], SHUT_WR); /* then nothing more: EOF */
+    } else {
+        cli.fd = sv[1];
+        cli.secret = csecret;
+        cli.timeout = 5.0;
+        pthread_create(&th, NULL, client_thread, &cli);
+    }
+    T_OK(pd_auth_srv_init(&a, ssecret));
+    double deadline = pd_now() + 5.0;
+    while (st == PD_OK && !a.done && pd_now() < deadline) {
+        st = pd_auth_srv_step(&a, sv[0]);
+        if (st == PD_OK && !a.done) {
+            struct pollfd p = {sv[0], a.want_write ? POLLOUT : POLLIN, 0};
+            poll(&p, 1, 100);
+        }
+    }
+    T_ST(st, PD_EAUTH);
+    int refused = a.refused;
+    close(sv[0]); /* the client, refused, sees the hang-up */
+    if (garbage == NULL) {
+        pthread_join(th, NULL);
+        T_ST(cli.st, PD_EAUTH);
+    }
+    close(sv[1]);
+    return refused;
+}
+
+/* A pyddp client with the wrong secret, or none, is a refusal worth saying
+ * at once; a stranger that is not pyddp, or one that hangs up, is not. */
+static void
+test_refusals(void)
+{
+    T_CHECK(refused_by_server("right", "wrong", NULL) == 1);
+    T_CHECK(refused_by_server("right", NULL, NULL) == 1);
+    T_CHECK(refused_by_server(NULL, "only-client", NULL) == 1);
+    T_CHECK(refused_by_server("x", NULL, "GET / HTTP/1.1\r\n\r\n") == 0);
+    T_CHECK(refused_by_server("x", NULL, "PDD") == 0); /* hangs up */
+
+    /* the record: counted always, the last kept, added to a timeout */
+    pd_auth_refusals r = {0};
+    T_ST(pd_auth_refusals_explain(&r, pd_error(PD_ETIMEOUT, "waited")),
+         PD_ETIMEOUT);
+    T_CHECK(strcmp(pd_errmsg(), "waited") == 0);
+    for (int i = 0; i < PD_AUTH_REFUSALS_SAID + 3; i++) {
+        pd_error(PD_EAUTH, "client 10.0.0.%d: wrong secret", i);
+        pd_auth_note_refusal(&r, "test", "the test's listener");
+    }
+    T_CHECK(r.count == PD_AUTH_REFUSALS_SAID + 3);
+    T_ST(pd_auth_refusals_explain(&r, pd_error(PD_ESTORE, "waited")),
+         PD_ESTORE);
+    T_MSG_HAS("waited; meanwhile 7 connections were refused, the last: "
+              "client 10.0.0.6: wrong secret");
+    T_MSG_HAS("PYDDP_SECRET");
+}
+
 int
 main(void)
 {
@@ -430,5 +503,6 @@ main(void)
     T_RUN(test_no_secret_on_wire);
     T_RUN(test_client_checks_server);
     T_RUN(test_nonblocking_server_tcp);
+    T_RUN(test_refusals);
     return pd_test_result();
 }

@@ -160,13 +160,21 @@ pending_drop(pending *pend, int *npend, int i)
 /* One step of pending connection c; 1 when it became a rank's channel (the
  * fd then belongs to the transport), 0 while in progress, -1 to drop it. */
 static int
-pending_step(pd_transport *t, pending *c, uint64_t token, pd_status *fatal)
+pending_step(pd_transport *t, pending *c, uint64_t token,
+             pd_auth_refusals *refused, pd_status *fatal)
 {
     int rank = t->rank, size = t->size;
     if (c->stage == PEND_AUTH) {
         if (pd_auth_srv_step(&c->auth, c->fd) != PD_OK) {
             PD_LOG(PD_LOG_INFO, "tcp", "rank %d: dropped a connection: %s",
                    rank, pd_errmsg());
+            if (c->auth.refused) {
+                /* perhaps a rank started with another secret: said at
+                 * once, and the wait goes on (a stranger can claim anything) */
+                char who[32];
+                snprintf(who, sizeof(who), "rank %d", rank);
+                pd_auth_note_refusal(refused, "tcp", who);
+            }
             return -1;
         }
         if (!c->auth.done) {
@@ -230,11 +238,14 @@ accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
         return pd_error(PD_ENOMEM, "tcp transport: out of memory");
     }
     int npend = 0;
+    pd_auth_refusals refused = {0};
     while (need > 0) {
         double now = pd_now();
         if (deadline > 0 && now >= deadline) {
-            st = pd_error(PD_ETIMEOUT,
-                          "accept: no connection arrived before the deadline");
+            st = pd_auth_refusals_explain(
+                &refused,
+                pd_error(PD_ETIMEOUT,
+                         "accept: no connection arrived before the deadline"));
             goto out;
         }
         /* expired handshakes go; the soonest deadline bounds the wait */
@@ -281,7 +292,7 @@ accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
                 continue;
             }
             pd_status fatal = PD_OK;
-            int done = pending_step(t, &pend[i], token, &fatal);
+            int done = pending_step(t, &pend[i], token, &refused, &fatal);
             if (fatal != PD_OK) {
                 st = fatal;
                 goto out;
@@ -330,7 +341,7 @@ accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
         }
         /* the server speaks first: start now rather than after a poll */
         pd_status fatal = PD_OK;
-        int done = pending_step(t, c, token, &fatal);
+        int done = pending_step(t, c, token, &refused, &fatal);
         if (fatal != PD_OK) {
             st = fatal;
             goto out;
