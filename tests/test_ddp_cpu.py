@@ -166,19 +166,46 @@ def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum():
         _close(got, want)
 
 
-def _unused(rank, ws, find_unused, used_on):
+class _Extra(nn.Module):
+    """_Net, then its ``unused`` layer on the ranks in ``used_on`` (rank-dependent control flow
+    inside forward: an unused parameter elsewhere)."""
+
+    def __init__(self, net, use):
+        super().__init__()
+        self.net = net
+        self.use = use
+
+    def forward(self, x):
+        z = self.net(x)
+        return self.net.unused(z) if self.use else z
+
+
+def _unused(rank, ws, find_unused, used_on, outside=False):
     m = _model(extra=True)
-    ddp = DDP(m, find_unused_parameters=find_unused)
+    ddp = DDP(m if outside else _Extra(m, rank in used_on), find_unused_parameters=find_unused)
     X, Y = _data(ws, 2)
     out = []
     for s in range(2):
         x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
         z = ddp(pyddp.tensor(x))
-        if rank in used_on:
-            z = m.unused(z)
+        if outside and rank in used_on:
+            z = m.unused(z)   # a parameter used outside DDP's forward
         F.mse_loss(z, pyddp.tensor(y)).backward()
         out.append(None if m.unused.weight.grad is None else m.unused.weight.grad.numpy().copy())
     return out
+
+
+def test_a_parameter_used_outside_forward_with_find_unused_parameters_raises_torch_error():
+    # torch 2.13 (gloo, 2 ranks): "Expected to mark a variable ready only once. This error is
+    # caused by one of the following reasons: 1) Use of a module parameter outside the `forward`
+    # function. ..." on the rank that used it; its peer then fails on the group
+    outs = run_outcomes(_unused, 2, True, (1,), True, timeout=60,
+                        init_kwargs={"timeout": timedelta(seconds=10)})
+    assert not outs[1].ok and outs[1].exc_type.endswith("RuntimeError"), outs[1].describe()
+    assert outs[1].message.startswith("Expected to mark a variable ready only once. This error is "
+                                      "caused by one of the following reasons: 1) Use of a module "
+                                      "parameter outside the `forward` function."), outs[1].message
+    assert "'unused.weight'" in outs[1].message or "'unused.bias'" in outs[1].message
 
 
 def test_an_unused_parameter_without_find_unused_parameters_raises_torch_error_naming_it():
@@ -507,3 +534,62 @@ def test_gradients_kept_by_the_caller_are_never_overwritten_by_the_next_step():
     for ids in run(_kept_grads_child, 2):
         # one bucket, rebuilt once (second step), then the same shared array for every step
         assert ids[1] == ids[2] == ids[3] == ids[4], ids
+
+
+class _BnHeadNet(nn.Module):
+    """fc1 -> SyncBatchNorm -> fc2, then a head that only some ranks use (rank-dependent control
+    flow: an unused parameter on the others)."""
+
+    def __init__(self, use_head):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.bn = nn.SyncBatchNorm(8)
+        self.fc2 = nn.Linear(8, 400)
+        self.head = nn.Linear(400, 400)   # over torch's 1 MiB first bucket: a bucket of its own
+        self.use_head = use_head
+
+    def forward(self, x):
+        z = self.fc2(F.tanh(self.bn(self.fc1(x))))
+        return (self.head(z) if self.use_head else z)[:, :3]
+
+
+def _bn_head(rank, ws, steps):
+    pyddp.manual_seed(0)
+    m = _BnHeadNet(rank == 1).double()
+    # the head's bucket (the last layer's) is reduced first where it is used, then one bucket
+    # per parameter
+    ddp = DDP(m, find_unused_parameters=True, bucket_cap_mb=0.0001)
+    X, Y = _data(ws, steps)
+    grads = []
+    for s in range(steps):
+        x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
+        for p in m.parameters():
+            p.grad = None
+        F.mse_loss(ddp(pyddp.tensor(x)), pyddp.tensor(y)).backward()
+        grads.append({n: (None if p.grad is None else p.grad.numpy().copy())
+                      for n, p in m.named_parameters()})
+    return grads
+
+
+def test_find_unused_parameters_with_sync_batchnorm_keeps_every_rank_s_collectives_in_order():
+    """SyncBatchNorm all-reduces in backward; the bucket of a parameter one rank does not use must
+    not go at the end of that rank's backward while the others reduce it before SyncBatchNorm's
+    (torch marks the unused parameters ready when backward starts).  Gradients against one process
+    running the whole batch (BatchNorm over both ranks' rows, the head on rank 1's rows)."""
+    ws, steps = 2, 2
+    outs = run(_bn_head, ws, steps, timeout=90, init_kwargs={"timeout": timedelta(seconds=20)})
+    X, Y = _data(ws, steps)
+    for s in range(steps):
+        pyddp.manual_seed(0)
+        m = _BnHeadNet(False).double()
+        m.bn = nn.BatchNorm1d(8).double()
+        z = m.fc2(F.tanh(m.bn(m.fc1(pyddp.tensor(X[s, :ws * B])))))
+        z0, z1 = z[:B, :3], m.head(z[B:])[:, :3]
+        loss = (F.mse_loss(z0, pyddp.tensor(Y[s, :B])) + F.mse_loss(z1, pyddp.tensor(Y[s, B:2 * B]))) / 2
+        loss.backward()
+        for name, p in m.named_parameters():
+            for rank in range(ws):
+                got = outs[rank][s][name]
+                assert got is not None, f"rank {rank} step {s}: {name} has no gradient"
+                np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-9, atol=1e-12,
+                                           err_msg=f"rank {rank} step {s}: {name}")

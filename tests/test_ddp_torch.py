@@ -38,15 +38,18 @@ def _model(seed=0, bn=False, extra=False):
 
 
 class _WithExtra(torch.nn.Module):
-    """A Sequential plus a layer its forward does not call (the tests call it when they want)."""
+    """A Sequential plus a layer its forward calls only when ``use`` is set (rank-dependent control
+    flow: an unused parameter on the other ranks)."""
 
     def __init__(self, seq):
         super().__init__()
         self.seq = seq
         self.unused = torch.nn.Linear(3, 3).double()
+        self.use = False
 
     def forward(self, x):
-        return self.seq(x)
+        z = self.seq(x)
+        return self.unused(z) if self.use else z
 
     def __getitem__(self, i):
         return self.seq[i]
@@ -227,14 +230,13 @@ def test_no_sync_accumulates_locally_and_the_next_backward_reduces_the_sum(in_pl
 
 def _unused(rank, ws, find_unused, used_on):
     m = _model(extra=True)
+    m.use = rank in used_on
     ddp = DDP(m, find_unused_parameters=find_unused)
     X, Y = _data(ws, 2)
     out = []
     for s in range(2):
         x, y = X[s, rank * B:(rank + 1) * B], Y[s, rank * B:(rank + 1) * B]
         z = ddp(x)
-        if rank in used_on:
-            z = m.unused(z)
         torch.nn.functional.mse_loss(z, y).backward()
         out.append(None if m.unused.weight.grad is None else m.unused.weight.grad.numpy().copy())
     return out, m[0].weight.grad.numpy().copy()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import functools
 import sys
 import warnings
@@ -234,8 +235,8 @@ class _DDPCore:
         self._expect_hooks = False
         self._dests_offered = False
         self._warned_held = False
-        self._hook_seen = False
         self._unfinished = None
+        self._unused_at_start = None  # find_unused_parameters: marked ready when backward starts
         self._ready = [False] * len(self._params)
         self._ready_order = []
         self._next_bucket = 0
@@ -536,9 +537,21 @@ class _DDPCore:
         if join is not None:
             sync = self._join_sync_flag(sync) and sync
         self._expect_hooks = sync
+        self._unused_at_start = None
         if sync:
             self._reset_iteration()
         self._offer_grad_dests(sync)
+
+    def _post_forward(self, output):
+        """With find_unused_parameters: the parameters the output does not depend on, found by
+        walking its autograd graph (torch's prepare_for_backward); they are marked ready when
+        backward starts, so a bucket holding one goes in its turn on every rank, not at the end
+        of backward on the ranks that did not use it while the others reduce it earlier (out of
+        order with collectives that run during backward, SyncBatchNorm's)."""
+        if self._expect_hooks and self.find_unused_parameters and not self.static_graph:
+            reached = _reachable_leaves(output)
+            self._unused_at_start = [i for i, p in enumerate(self._params) if id(p) not in reached]
+        return output
 
     def _offer_grad_dests(self, sync):
         """In a reducing iteration, offer every parameter without a gradient its bucket slot as the
@@ -637,11 +650,10 @@ class _DDPCore:
             self._ad.queue_callback(self._finalize_backward)
             if getattr(self, "_tl", False):
                 self._tl_backward = _C.wall()
+            for j in self._unused_at_start or ():
+                self._mark_ready(j, False)
         if self._ready[i]:
-            raise RuntimeError(
-                f"Expected to mark a variable ready only once. Parameter {i} ({self._param_names[i]!r}) "
-                "has been marked as ready twice. This means that multiple autograd engine hooks have "
-                "fired for this particular parameter during this iteration.")
+            raise RuntimeError(_READY_TWICE_MSG.format(index=i, name=self._param_names[i]))
         self._mark_ready(i, True)
 
     def _mark_ready(self, i, used):
@@ -968,6 +980,61 @@ def _register_joinable():
 _register_joinable()
 
 
+_READY_TWICE_MSG = (
+    "Expected to mark a variable ready only once. This error is caused by one of the following "
+    "reasons: 1) Use of a module parameter outside the `forward` function. Please make sure model "
+    "parameters are not shared across multiple concurrent forward-backward passes. or try to use "
+    "_set_static_graph() as a workaround if this module graph does not change during training "
+    "loop.2) Reused parameters in multiple reentrant backward passes. For example, if you use "
+    "multiple `checkpoint` functions to wrap the same part of your model, it would result in the "
+    "same set of parameters been used by different reentrant backward passes multiple times, and "
+    "hence marking a variable ready multiple times. DDP does not support such use cases in "
+    "default. You can try to use _set_static_graph() as a workaround if your module graph does "
+    "not change over iterations. Parameter {index} ({name!r}) has been marked as ready twice.")
+
+
+def _output_tensors(obj, out):
+    """The tensors in a forward's output (torch's _find_tensors: nested lists, tuples, dicts and
+    dataclasses)."""
+    if hasattr(obj, "grad_fn") and hasattr(obj, "requires_grad"):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _output_tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _output_tensors(o, out)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _output_tensors(getattr(obj, f.name), out)
+    return out
+
+
+def _reachable_leaves(output) -> set:
+    """ids of the leaf tensors (parameters) whose gradients backward from ``output`` computes:
+    the AccumulateGrad nodes reached from its tensors' grad_fn (pyddp's graph and torch's have
+    the same shape: next_functions, AccumulateGrad.variable)."""
+    reached, seen = set(), set()
+    stack = []
+    for t in _output_tensors(output, []):
+        if t.grad_fn is not None:
+            stack.append(t.grad_fn)
+        elif t.requires_grad:
+            reached.add(id(t))
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if var is not None:
+            reached.add(id(var))
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                stack.append(nxt)
+    return reached
+
+
 def _overlap_default(pg) -> bool:
     """Reduce buckets on the progress thread while backward goes on, or on the calling thread
     (pyddp.distributed.backends.cpu.spare_core decides)."""
@@ -1020,7 +1087,7 @@ def _torch_impl():
                 if self._input_device is not None:
                     # device_ids=[i]: inputs move to the module's device, as torch's DDP does
                     inputs, kwargs = _to_device((inputs, kwargs), self._input_device)
-                return self.module(*inputs, **kwargs)
+                return self._post_forward(self.module(*inputs, **kwargs))
 
         _TorchDistributedDataParallel.__name__ = "DistributedDataParallel"
         _TorchDistributedDataParallel.__qualname__ = "DistributedDataParallel"
@@ -1057,7 +1124,7 @@ def _pyddp_impl():
 
             def forward(self, *inputs, **kwargs):
                 self._pre_forward()
-                return self.module(*inputs, **kwargs)
+                return self._post_forward(self.module(*inputs, **kwargs))
 
         _PyddpDistributedDataParallel.__name__ = "DistributedDataParallel"
         _PyddpDistributedDataParallel.__qualname__ = "DistributedDataParallel"
