@@ -229,6 +229,11 @@ def _reduce_errors(rank, world_size):
         t(f"float {op}", lambda: dist.all_reduce(np.array([1.0], dtype=np.float32), op=getattr(R, op)))
         t(f"bool {op}", lambda: dist.all_reduce(np.array([True]), op=getattr(R, op)))
     t("reduce int AVG", lambda: dist.reduce(np.array([3], dtype=np.int64), 0, op=R.AVG))
+    t("async int AVG", lambda: dist.all_reduce(np.array([3], dtype=np.int16), op=R.AVG, async_op=True))
+    t("reduce_scatter int AVG", lambda: dist.reduce_scatter(
+        np.zeros(2, np.int32), [np.ones(2, np.int32)] * ws, op=R.AVG))
+    t("rst uint8 AVG", lambda: dist.reduce_scatter_tensor(
+        np.zeros(1, np.uint8), np.ones(ws, np.uint8), op=R.AVG))
     t("reduce complex PRODUCT", lambda: dist.reduce(np.array([1j]), 0, op=R.PRODUCT))
     t("rst complex PRODUCT", lambda: dist.reduce_scatter_tensor(
         np.zeros(1, np.complex64), np.ones(ws, np.complex64), op=R.PRODUCT))
@@ -246,9 +251,17 @@ def test_reduction_and_gather_errors_as_torch_gloo(ws):
     # the exception types (and messages) torch 2.13's gloo backend gives for the same calls
     cast = "result type Float can't be cast to the desired output type"
     assert out["int SUM"] is None and out["float AVG"] is None
-    assert out["int AVG"] == ("RuntimeError", f"{cast} Long")
-    assert out["bool AVG"] == ("RuntimeError", f"{cast} Bool")
-    assert out["reduce int AVG"] == ("RuntimeError", f"{cast} Long")
+    # AVG on integers: torch's exception type and words, after the call, op and dtype (issue 50)
+    avg = "Cannot use ReduceOp.AVG with non-floating point dtype"
+    fix = "use a floating point array, or SUM and divide"
+    assert out["int AVG"] == ("RuntimeError", f"all_reduce: {avg} int64 ({fix}; torch: {cast} Long)")
+    assert out["bool AVG"] == ("RuntimeError", f"all_reduce: {avg} bool ({fix}; torch: {cast} Bool)")
+    assert out["reduce int AVG"] == ("RuntimeError", f"reduce: {avg} int64 ({fix}; torch: {cast} Long)")
+    assert out["async int AVG"] == ("RuntimeError", f"all_reduce: {avg} int16 ({fix}; torch: {cast} Short)")
+    assert out["reduce_scatter int AVG"] == (
+        "RuntimeError", f"reduce_scatter: {avg} int32 ({fix}; torch: {cast} Int)")
+    assert out["rst uint8 AVG"] == (
+        "RuntimeError", f"reduce_scatter_tensor: {avg} uint8 ({fix}; torch: {cast} Byte)")
     for op in ("PRODUCT", "MIN", "BAND"):
         assert out[f"complex {op}"] == (
             "ValueError", f"all_reduce does not support RedOpType.{op} on complex tensors")

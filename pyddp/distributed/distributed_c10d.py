@@ -597,10 +597,12 @@ _TORCH_TYPE_NAMES = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
-def _check_reduce_op(a, code, op, name, value_error=False):
+def _check_reduce_op(a, code, op, name, value_error=False, call=None):
     """torch's (gloo's) refusals of a reduction op for the dtype of a host array, with its
     exception types: bitwise ops on floating types, AVG on integers and bool, and only SUM / AVG
-    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend."""
+    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend.
+    ``call`` names the function in the AVG message (default ``name``, the one torch's complex
+    message names).  Raised before any communication, on every rank that passes the dtype."""
     if type(a) is not np.ndarray:
         return
     dname = _interop.DTYPE_NAMES[code]
@@ -611,8 +613,11 @@ def _check_reduce_op(a, code, op, name, value_error=False):
         return
     if dname in _TORCH_TYPE_NAMES:
         if op is ReduceOp.AVG:
-            raise RuntimeError(f"result type Float can't be cast to the desired output type "
-                               f"{_TORCH_TYPE_NAMES[dname]}")
+            # torch's gloo fails dividing the sum in place; its words are kept at the end
+            raise RuntimeError(f"{call or name}: Cannot use ReduceOp.AVG with non-floating point "
+                               f"dtype {dname} (use a floating point array, or SUM and divide; "
+                               f"torch: result type Float can't be cast to the desired output "
+                               f"type {_TORCH_TYPE_NAMES[dname]})")
     elif op in _BITWISE:
         raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
 
@@ -919,7 +924,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
     a, op = _premul_input(pg, a, op, "reduce_scatter_tensor")
-    _check_reduce_op(a, code, op, "all_reduce")  # torch's message names all_reduce here too
+    # torch's complex message names all_reduce here too
+    _check_reduce_op(a, code, op, "all_reduce", call="reduce_scatter_tensor")
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
                          f"elements, got {a.size}")
