@@ -282,6 +282,51 @@ def test_reduction_and_gather_errors_as_torch_gloo(ws):
     assert out["agit scalar"] == ("RuntimeError", f"{size} 0 (expected (), got (1))")
 
 
+class _Index:
+    """An object with __index__ that is not an integer (torch.device refuses it)."""
+
+    def __index__(self):
+        return 0
+
+
+BARRIER_DEVICE_IDS = {  # what torch 2.13's barrier (gloo) does with each device_ids (None: no error)
+    "[0]": ([0], None), "[0, 1]": ([0, 1], None), "[np.int64(0)]": ([np.int64(0)], None),
+    "[index]": ([_Index()], "TypeError"),
+    # not a list: torch 2.13 ignores it (torch 2.0-2.5 raised TypeError)
+    "'x'": ("x", None), "0": (0, None), "(0,)": ((0,), None),
+    "['x']": (["x"], "TypeError"), "[0.0]": ([0.0], "TypeError"), "[None]": ([None], "TypeError"),
+    "[True]": ([True], "TypeError"), "[]": ([], "IndexError"), "[-1]": ([-1], "RuntimeError"),
+}
+
+
+def _barrier_device_ids(rank, world_size):
+    out = {}
+    for name, (ids, _) in BARRIER_DEVICE_IDS.items():
+        for async_op in (False, True):
+            try:
+                w = dist.barrier(device_ids=ids, async_op=async_op)
+                if w is not None:
+                    w.wait()
+                out[name, async_op] = None
+            except Exception as e:  # noqa: BLE001 - the exception is what is compared
+                out[name, async_op] = (type(e).__name__, str(e))
+    dist.barrier()
+    return out
+
+
+def test_barrier_checks_device_ids_as_torch():
+    """issue 50 (item 6): barrier's device_ids get torch 2.13's checks, on every rank before the
+    barrier (the fast path for the blocking call included), with pyddp's message."""
+    for out in run(_barrier_device_ids, 2):
+        for (name, async_op), got in out.items():
+            want = BARRIER_DEVICE_IDS[name][1]
+            assert (got and got[0]) == want, (name, async_op, got)
+            if got:
+                assert got[1].startswith("barrier: device_ids"), got
+        assert out["['x']", False][1] == ("barrier: device_ids type should be List[int], got ['x'] "
+                                         "(an entry of type str)")
+
+
 def test_supports_complex_and_backend_availability_as_torch():
     tdist = pytest.importorskip("torch.distributed")
     for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):

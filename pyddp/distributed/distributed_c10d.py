@@ -1059,9 +1059,35 @@ def _shared_array(shape, dtype=np.float32, group=None):
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
 
+def _check_device_ids(device_ids):
+    """torch 2.13's checks of barrier's ``device_ids``: a list must hold device indices (its
+    BarrierOptions refuses anything else with a TypeError) and at least one, the first not negative
+    (it makes ``torch.device(type, device_ids[0])``: IndexError, RuntimeError).  Anything that is
+    not a list torch 2.13 ignores, and so does pyddp (``device_ids=local_rank`` runs under torch
+    2.13; torch 2.0-2.5 raised TypeError).  Checked on every rank before the barrier."""
+    if not isinstance(device_ids, list):
+        return
+    for d in device_ids:
+        # torch.device(type, index) takes a Python or NumPy integer, or a torch integer tensor
+        if isinstance(d, (bool, np.bool_)) or not (
+                isinstance(d, (int, np.integer)) or (type(d).__module__.split(".")[0] == "torch"
+                                                     and hasattr(d, "__index__"))):
+            raise TypeError(f"barrier: device_ids type should be List[int], got {device_ids!r} "
+                            f"(an entry of type {type(d).__name__})")
+    if not device_ids:
+        raise IndexError("barrier: device_ids is an empty list (torch uses device_ids[0]): give "
+                         "the device of this rank, e.g. [local_rank], or leave it None")
+    if int(device_ids[0].__index__()) < 0:
+        raise RuntimeError(f"barrier: device_ids[0] is {device_ids[0]}: Device index must not be "
+                           f"negative")
+
+
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
-    """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
-    ignored); ``timeout`` (a timedelta) replaces the group's timeout for this call."""
+    """Block until every rank of ``group`` has entered the barrier; ``timeout`` (a timedelta)
+    replaces the group's timeout for this call.  ``device_ids`` is checked as torch 2.13 checks it
+    (a list of device indices, at least one) and otherwise ignored: the barrier needs no device."""
+    if device_ids is not None:
+        _check_device_ids(device_ids)
     pg = _start(group, not async_op and timeout is None, _K_BARRIER, None, 0)
     if pg is None:
         return None
