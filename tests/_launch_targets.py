@@ -133,6 +133,7 @@ def loader_fails(i, n, port, piddir):
                         worker_init_fn=functools.partial(record_worker_pid, piddir, rank),
                         sampler=DistributedSampler(ds))
     batches = iter(loader)
+    dist.barrier()   # both ranks have started their workers: they raise at about the same time
     for _ in range(4):
         dist.all_reduce(next(batches))
 
