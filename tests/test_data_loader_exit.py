@@ -9,6 +9,7 @@ never runs, and Thread.start waited for it forever.  Each test checks that the l
 rank's own exception and exit code promptly (not a SIGTERM of its own) and that no rank or worker
 process is left.  Every wait has a deadline."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 import _launch_targets as targets
 import pyddp
 import pyddp.multiprocessing as mp
-from _launch import assert_all_gone, launcher_env, run, write_script
+from _launch import alive, assert_all_gone, launcher_env, run, write_script
 from _mp import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,7 +46,8 @@ def _pids(piddir):
     return out
 
 
-def _worker_pids(piddir):
+def _worker_files(piddir):
+    """The names of the files the DataLoader workers wrote their pids to."""
     return {p for p in os.listdir(piddir) if p.endswith(".wpid")}
 
 
@@ -108,7 +110,7 @@ next(batches)
     assert p.returncode == 1, err
     assert WORKER_ERROR in err and "TypeError: collate cannot batch these" in err, err
     assert time.monotonic() - t0 < PROMPT
-    assert "worker-0-0.wpid" in _worker_pids(str(tmp_path))
+    assert "worker-0-0.wpid" in _worker_files(str(tmp_path))
 
 
 @pytest.mark.parametrize("module", ["pyddp.run", "pyddp.launch"])
@@ -133,20 +135,25 @@ def test_a_rank_whose_dataloader_worker_raised_exits_with_its_error(tmp_path, mo
     # Both ranks raise: a rank that had raised and was still exiting when the launcher saw the
     # other fail is reported with its own exit code and error, not as stopped by SIGTERM.
     assert "SIGTERM" not in summary, summary
-    assert "worker-0-0.wpid" in _worker_pids(str(out)) or "worker-1-0.wpid" in _worker_pids(str(out))
+    assert "worker-0-0.wpid" in _worker_files(str(out)) or "worker-1-0.wpid" in _worker_files(str(out))
 
 
 def test_spawn_reports_the_dataloader_worker_error(tmp_path):
     t0 = time.monotonic()
+    ctx = mp.spawn(targets.loader_fails, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False)
     try:
         with pytest.raises(mp.ProcessRaisedException) as info:
-            mp.spawn(targets.loader_fails, args=(2, free_port(), str(tmp_path)), nprocs=2)
+            while not ctx.join(timeout=1.0):
+                assert time.monotonic() - t0 < PROMPT, f"the ranks did not exit within {PROMPT} s"
     finally:
+        for pid in ctx.pids():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
         assert_all_gone(_pids(str(tmp_path)))
     assert time.monotonic() - t0 < PROMPT
     assert WORKER_ERROR in str(info.value) and "collate cannot batch these" in str(info.value)
     # the other rank may have been stopped before its workers started
-    assert f"worker-{info.value.error_index}-0.wpid" in _worker_pids(str(tmp_path))
+    assert f"worker-{info.value.error_index}-0.wpid" in _worker_files(str(tmp_path))
 
 
 def test_notebook_launcher_reports_the_dataloader_worker_error(tmp_path):
@@ -159,4 +166,4 @@ def test_notebook_launcher_reports_the_dataloader_worker_error(tmp_path):
     assert time.monotonic() - t0 < PROMPT
     assert WORKER_ERROR in str(info.value) and "collate cannot batch these" in str(info.value)
     # the other rank may have been stopped before its workers started
-    assert f"worker-{info.value.error_index}-0.wpid" in _worker_pids(str(tmp_path))
+    assert f"worker-{info.value.error_index}-0.wpid" in _worker_files(str(tmp_path))
