@@ -90,3 +90,54 @@ def fail_or_finish(i, piddir, finish_after):
     if i == 1:
         raise ValueError("boom 1")
     time.sleep(finish_after)
+
+
+def collate_fails_in_worker0(batch):
+    """A DataLoader collate_fn that raises TypeError in worker 0 (worker 1 stacks the batch)."""
+    from pyddp.utils.data import get_worker_info
+
+    if get_worker_info().id == 0:
+        raise TypeError("collate cannot batch these")
+    return np.stack(batch)
+
+
+def record_worker_pid(piddir, rank, worker_id):
+    """A DataLoader worker_init_fn (with functools.partial): the worker's pid, to check it ends."""
+    path = os.path.join(piddir, f"worker-{rank}-{worker_id}.wpid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
+def loader_fails(i, n, port, piddir):
+    """A training loop whose DataLoader worker 0 raises in collate on every rank.
+
+    Each rank gets one batch (DistributedSampler over 8 samples, batch_size 4), so worker 1 is sent
+    no index before the error; the iterator is a local of this frame, which the uncaught exception's
+    traceback keeps until the interpreter finalises (a step-based loop's ``iter(loader)``).  That
+    is what left the ranks of issue 50 (item 5) waiting forever at exit.  ``port`` None: the
+    launcher's environment gives the rendezvous, and the rank."""
+    import functools
+
+    import pyddp.distributed as dist
+    from pyddp.utils.data import DataLoader, DistributedSampler
+
+    write_pid(piddir, i)
+    if port is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=i, world_size=n)
+    rank = dist.get_rank()
+    ds = [np.full(3, k, np.float32) for k in range(8)]
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_fails_in_worker0,
+                        worker_init_fn=functools.partial(record_worker_pid, piddir, rank),
+                        sampler=DistributedSampler(ds))
+    batches = iter(loader)
+    dist.barrier()   # both ranks have started their workers: they raise at about the same time
+    for _ in range(4):
+        dist.all_reduce(next(batches))
+
+
+def loader_fails_env(n, piddir):
+    """loader_fails under a launcher that passes no index (pyddp.run, notebook_launcher): RANK."""
+    loader_fails(int(os.environ["RANK"]), n, None, piddir)

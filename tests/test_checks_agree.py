@@ -27,6 +27,11 @@ CASES = {
     "all_reduce object dtype": lambda: (dist.all_reduce, (np.array([1, "a"], dtype=object),), {}),
     "all_reduce a list": lambda: (dist.all_reduce, ([1.0, 2.0],), {}),
     "all_reduce BAND on floats": lambda: (dist.all_reduce, (np.zeros(4, f32),), {"op": dist.ReduceOp.BAND}),
+    "all_reduce AVG on int64": lambda: (
+        dist.all_reduce, (np.zeros(4, np.int64),), {"op": dist.ReduceOp.AVG}),
+    "reduce AVG on int32": lambda: (dist.reduce, (np.zeros(4, np.int32), 0), {"op": dist.ReduceOp.AVG}),
+    "reduce_scatter_tensor AVG on bool": lambda: (
+        dist.reduce_scatter_tensor, (np.zeros(2, bool), np.zeros(4, bool)), {"op": dist.ReduceOp.AVG}),
     "broadcast src out of range": lambda: (dist.broadcast, (np.zeros(4, f32), 5), {}),
     "broadcast read-only": lambda: (dist.broadcast, (_ro(np.zeros(4, f32)), 0), {}),
     "reduce dst out of range": lambda: (dist.reduce, (np.zeros(4, f32), 3), {}),

@@ -229,6 +229,11 @@ def _reduce_errors(rank, world_size):
         t(f"float {op}", lambda: dist.all_reduce(np.array([1.0], dtype=np.float32), op=getattr(R, op)))
         t(f"bool {op}", lambda: dist.all_reduce(np.array([True]), op=getattr(R, op)))
     t("reduce int AVG", lambda: dist.reduce(np.array([3], dtype=np.int64), 0, op=R.AVG))
+    t("async int AVG", lambda: dist.all_reduce(np.array([3], dtype=np.int16), op=R.AVG, async_op=True))
+    t("reduce_scatter int AVG", lambda: dist.reduce_scatter(
+        np.zeros(2, np.int32), [np.ones(2, np.int32)] * ws, op=R.AVG))
+    t("rst uint8 AVG", lambda: dist.reduce_scatter_tensor(
+        np.zeros(1, np.uint8), np.ones(ws, np.uint8), op=R.AVG))
     t("reduce complex PRODUCT", lambda: dist.reduce(np.array([1j]), 0, op=R.PRODUCT))
     t("rst complex PRODUCT", lambda: dist.reduce_scatter_tensor(
         np.zeros(1, np.complex64), np.ones(ws, np.complex64), op=R.PRODUCT))
@@ -246,9 +251,17 @@ def test_reduction_and_gather_errors_as_torch_gloo(ws):
     # the exception types (and messages) torch 2.13's gloo backend gives for the same calls
     cast = "result type Float can't be cast to the desired output type"
     assert out["int SUM"] is None and out["float AVG"] is None
-    assert out["int AVG"] == ("RuntimeError", f"{cast} Long")
-    assert out["bool AVG"] == ("RuntimeError", f"{cast} Bool")
-    assert out["reduce int AVG"] == ("RuntimeError", f"{cast} Long")
+    # AVG on integers: torch's exception type and words, after the call, op and dtype (issue 50)
+    avg = "Cannot use ReduceOp.AVG with non-floating point dtype"
+    fix = "use a floating point array, or SUM and divide"
+    assert out["int AVG"] == ("RuntimeError", f"all_reduce: {avg} int64 ({fix}; torch: {cast} Long)")
+    assert out["bool AVG"] == ("RuntimeError", f"all_reduce: {avg} bool ({fix}; torch: {cast} Bool)")
+    assert out["reduce int AVG"] == ("RuntimeError", f"reduce: {avg} int64 ({fix}; torch: {cast} Long)")
+    assert out["async int AVG"] == ("RuntimeError", f"all_reduce: {avg} int16 ({fix}; torch: {cast} Short)")
+    assert out["reduce_scatter int AVG"] == (
+        "RuntimeError", f"reduce_scatter: {avg} int32 ({fix}; torch: {cast} Int)")
+    assert out["rst uint8 AVG"] == (
+        "RuntimeError", f"reduce_scatter_tensor: {avg} uint8 ({fix}; torch: {cast} Byte)")
     for op in ("PRODUCT", "MIN", "BAND"):
         assert out[f"complex {op}"] == (
             "ValueError", f"all_reduce does not support RedOpType.{op} on complex tensors")
@@ -267,6 +280,51 @@ def test_reduction_and_gather_errors_as_torch_gloo(ws):
         "RuntimeError", "ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
         f"(expected length {ws}, got 1)")
     assert out["agit scalar"] == ("RuntimeError", f"{size} 0 (expected (), got (1))")
+
+
+class _Index:
+    """An object with __index__ that is not an integer (torch.device refuses it)."""
+
+    def __index__(self):
+        return 0
+
+
+BARRIER_DEVICE_IDS = {  # what torch 2.13's barrier (gloo) does with each device_ids (None: no error)
+    "[0]": ([0], None), "[0, 1]": ([0, 1], None), "[np.int64(0)]": ([np.int64(0)], None),
+    "[index]": ([_Index()], "TypeError"),
+    # not a list: torch 2.13 ignores it (torch 2.0-2.5 raised TypeError)
+    "'x'": ("x", None), "0": (0, None), "(0,)": ((0,), None),
+    "['x']": (["x"], "TypeError"), "[0.0]": ([0.0], "TypeError"), "[None]": ([None], "TypeError"),
+    "[True]": ([True], "TypeError"), "[]": ([], "IndexError"), "[-1]": ([-1], "RuntimeError"),
+}
+
+
+def _barrier_device_ids(rank, world_size):
+    out = {}
+    for name, (ids, _) in BARRIER_DEVICE_IDS.items():
+        for async_op in (False, True):
+            try:
+                w = dist.barrier(device_ids=ids, async_op=async_op)
+                if w is not None:
+                    w.wait()
+                out[name, async_op] = None
+            except Exception as e:  # noqa: BLE001 - the exception is what is compared
+                out[name, async_op] = (type(e).__name__, str(e))
+    dist.barrier()
+    return out
+
+
+def test_barrier_checks_device_ids_as_torch():
+    """issue 50 (item 6): barrier's device_ids get torch 2.13's checks, on every rank before the
+    barrier (the fast path for the blocking call included), with pyddp's message."""
+    for out in run(_barrier_device_ids, 2):
+        for (name, async_op), got in out.items():
+            want = BARRIER_DEVICE_IDS[name][1]
+            assert (got and got[0]) == want, (name, async_op, got)
+            if got:
+                assert got[1].startswith("barrier: device_ids"), got
+        assert out["['x']", False][1] == ("barrier: device_ids type should be List[int], got ['x'] "
+                                         "(an entry of type str)")
 
 
 def test_supports_complex_and_backend_availability_as_torch():

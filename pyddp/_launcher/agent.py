@@ -35,6 +35,10 @@ _DEFAULT_GRACE = 30.0
 # After SIGKILL: how long to wait for the kernel to take the processes away.
 _KILL_WAIT = 10.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# After the first failure: how long a worker that has recorded its exception (it is on its way out)
+# may take to exit by itself before it is stopped, so that the report shows its own exit code and
+# not the SIGTERM it would get mid-exit.
+_EXITING_WAIT = 5.0
 
 
 def _remove_if_empty(path):
@@ -310,6 +314,7 @@ class Agent:
             failed = self._monitor(workers, pump)
             if failed:
                 seen = time.time()
+                self._let_exiting_exit(workers, pump)
                 self._stop(workers, pump, signal.SIGTERM)
                 # A worker that had recorded an exception but was still exiting when we stopped it
                 # failed too, and maybe first (the others' errors are its consequences).
@@ -328,6 +333,17 @@ class Agent:
                 self._guardian.forget(w.pid)
                 _remove_if_empty(os.path.join(os.path.dirname(w.error_file), "fault.txt"))
             pump.close()
+
+    def _let_exiting_exit(self, workers, pump):
+        """Wait up to _EXITING_WAIT for the workers that recorded an exception (their error file
+        exists: they raised too, often the same error as the first failure) to exit by themselves."""
+        deadline = time.monotonic() + _EXITING_WAIT
+        while time.monotonic() < deadline and self._signum is None:
+            now = time.time()
+            if not [w for w in workers if w.proc is not None and w.poll(now) is None
+                    and os.path.exists(w.error_file)]:
+                return
+            pump.pump(0.02)
 
     def _monitor(self, workers, pump) -> List[Worker]:
         """Wait for the end: every worker exited 0 ([]), or some failed (them), or a signal ([])."""

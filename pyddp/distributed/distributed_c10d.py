@@ -631,10 +631,12 @@ _TORCH_TYPE_NAMES = {"bool": "Bool", "int8": "Char", "uint8": "Byte", "int16": "
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
-def _check_reduce_op(a, code, op, name, value_error=False):
+def _check_reduce_op(a, code, op, name, value_error=False, call=None):
     """torch's (gloo's) refusals of a reduction op for the dtype of a host array, with its
     exception types: bitwise ops on floating types, AVG on integers and bool, and only SUM / AVG
-    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend."""
+    on complex.  Device arrays (the NCCL backend) keep NCCL's rules, checked by the backend.
+    ``call`` names the function in the AVG message (default ``name``, the one torch's complex
+    message names).  Raised before any communication, on every rank that passes the dtype."""
     if type(a) is not np.ndarray:
         return
     dname = _interop.DTYPE_NAMES[code]
@@ -645,8 +647,11 @@ def _check_reduce_op(a, code, op, name, value_error=False):
         return
     if dname in _TORCH_TYPE_NAMES:
         if op is ReduceOp.AVG:
-            raise RuntimeError(f"result type Float can't be cast to the desired output type "
-                               f"{_TORCH_TYPE_NAMES[dname]}")
+            # torch's gloo fails dividing the sum in place; its words are kept at the end
+            raise RuntimeError(f"{call or name}: Cannot use ReduceOp.AVG with non-floating point "
+                               f"dtype {dname} (use a floating point array, or SUM and divide; "
+                               f"torch: result type Float can't be cast to the desired output "
+                               f"type {_TORCH_TYPE_NAMES[dname]})")
     elif op in _BITWISE:
         raise RuntimeError(f"Cannot use ReduceOp.{op.name} with non-integral dtype")
 
@@ -953,7 +958,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     a, ac = as_array(input, "input", False, pg._on_device)
     _check_same(a, ac, o, code, "input", "output")
     a, op = _premul_input(pg, a, op, "reduce_scatter_tensor")
-    _check_reduce_op(a, code, op, "all_reduce")  # torch's message names all_reduce here too
+    # torch's complex message names all_reduce here too
+    _check_reduce_op(a, code, op, "all_reduce", call="reduce_scatter_tensor")
     if a.size != o.size * pg.size():
         raise ValueError(f"input must have world_size * output.numel() = {o.size * pg.size()} "
                          f"elements, got {a.size}")
@@ -1087,9 +1093,35 @@ def _shared_array(shape, dtype=np.float32, group=None):
     return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
 
+def _check_device_ids(device_ids):
+    """torch 2.13's checks of barrier's ``device_ids``: a list must hold device indices (its
+    BarrierOptions refuses anything else with a TypeError) and at least one, the first not negative
+    (it makes ``torch.device(type, device_ids[0])``: IndexError, RuntimeError).  Anything that is
+    not a list torch 2.13 ignores, and so does pyddp (``device_ids=local_rank`` runs under torch
+    2.13; torch 2.0-2.5 raised TypeError).  Checked on every rank before the barrier."""
+    if not isinstance(device_ids, list):
+        return
+    for d in device_ids:
+        # torch.device(type, index) takes a Python or NumPy integer, or a torch integer tensor
+        if isinstance(d, (bool, np.bool_)) or not (
+                isinstance(d, (int, np.integer)) or (type(d).__module__.split(".")[0] == "torch"
+                                                     and hasattr(d, "__index__"))):
+            raise TypeError(f"barrier: device_ids type should be List[int], got {device_ids!r} "
+                            f"(an entry of type {type(d).__name__})")
+    if not device_ids:
+        raise IndexError("barrier: device_ids is an empty list (torch uses device_ids[0]): give "
+                         "the device of this rank, e.g. [local_rank], or leave it None")
+    if int(device_ids[0].__index__()) < 0:
+        raise RuntimeError(f"barrier: device_ids[0] is {device_ids[0]}: Device index must not be "
+                           f"negative")
+
+
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
-    """Block until every rank of ``group`` has entered the barrier (``device_ids`` is accepted and
-    ignored); ``timeout`` (a timedelta) replaces the group's timeout for this call."""
+    """Block until every rank of ``group`` has entered the barrier; ``timeout`` (a timedelta)
+    replaces the group's timeout for this call.  ``device_ids`` is checked as torch 2.13 checks it
+    (a list of device indices, at least one) and otherwise ignored: the barrier needs no device."""
+    if device_ids is not None:
+        _check_device_ids(device_ids)
     pg = _start(group, not async_op and timeout is None, _K_BARRIER, None, 0)
     if pg is None:
         return None

@@ -9,7 +9,11 @@ re-raised in the main process with the worker's traceback; a worker that
 dies raises RuntimeError naming its pid; every wait has a timeout.  Workers
 are stopped (joined, then terminated) when the iterator is exhausted (unless
 persistent_workers), deleted or garbage-collected, or fails for good (a dead
-worker, a timeout), and exit on their own if the main process disappears.
+worker, a timeout), and exit on their own if the main process disappears.  An
+iterator still alive when Python exits (a global, or a local of a frame an
+uncaught exception's traceback keeps) only signals its workers, as torch's
+does nothing then: a queue put at that point can start a feeder thread that
+never runs, and the process would wait for it forever instead of exiting.
 
 Workers are forked even after this process used CUDA, as torch's are (most
 workers never touch CUDA): a forked worker that calls pyddp's CUDA functions
@@ -22,10 +26,11 @@ import multiprocessing as python_multiprocessing
 import os
 import pickle
 import queue
+import sys
 import warnings
 
 from ... import _random
-from . import _collate
+from . import _collate, _utils
 from ._worker import (MP_STATUS_CHECK_INTERVAL, ExceptionWrapper,
                       _create_fetcher, _IterableDatasetStopIteration,
                       _ResumeIteration, _worker_loop)
@@ -547,6 +552,18 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if getattr(self, "_shutdown", True):
             return
         self._shutdown = True
+        if _utils is None or _utils.python_exit_status is not False or sys.is_finalizing():
+            # Python is exiting (torch returns here too): no queue put, which could start a
+            # feeder thread, and a thread started while the interpreter finalises never runs,
+            # so Thread.start would wait for it forever and the process never exit.  Signal the
+            # workers, without a thread and without waiting; multiprocessing's exit hook (or
+            # the workers' own check of their parent) ends them in any case.
+            for w in self._workers:
+                try:
+                    w.terminate()
+                except Exception:
+                    pass
+            return
         try:
             self._workers_done_event.set()
             for worker_id in range(len(self._workers)):
