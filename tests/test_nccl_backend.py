@@ -903,3 +903,36 @@ def test_destroying_a_group_does_not_wait_for_another_kernel_on_its_device():
     for rank, (got, took) in enumerate(outs):
         assert got == [3.0] * 4, f"rank {rank}: {got}"
         assert took < 5.0, f"rank {rank}: destroying the group took {took:.1f} s behind another kernel"
+
+
+def _barrier_on_the_arrays_device(rank, n):
+    import pyddp.distributed as dist
+
+    # no set_device, no device_id: the script put its arrays on cuda:<rank> itself
+    dist.init_process_group("nccl")
+    x = fakecuda.DeviceArray(np.full(4, rank + 1.0, np.float32), device=rank)
+    dist.all_reduce(x)
+    # work queued on the device's blocking stream: the barrier orders after it (through the
+    # legacy default stream) and returns once its own work there is done
+    s = fakecuda.Stream(rank, nonblocking=False)
+    with fakecuda.on_device(rank):
+        s.sleep(1500)
+        ev = s.record()
+    t0 = time.monotonic()
+    dist.barrier()
+    waited = time.monotonic() - t0
+    done = ev.query()
+    dist.barrier(device_ids=[rank])
+    got = x.numpy().tolist()
+    dist.destroy_process_group()
+    return got, done, waited
+
+
+def test_barrier_runs_on_the_last_used_device_after_the_callers_stream():
+    """barrier() on nccl without a bound device: on the device the group last ran on (the current
+    one is cuda:0 on every rank here: NCCL refuses two ranks on one GPU), ordered after the
+    caller's stream, as torch's."""
+    outs = _spawn(_barrier_on_the_arrays_device, 2, timeout=120)
+    for rank, (got, done, waited) in enumerate(outs):
+        assert got == [3.0] * 4, f"rank {rank}: {got}"
+        assert done, f"rank {rank}: barrier returned ({waited:.2f} s) before the stream's earlier work"

@@ -1119,12 +1119,21 @@ def _check_device_ids(device_ids):
 def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     """Block until every rank of ``group`` has entered the barrier; ``timeout`` (a timedelta)
     replaces the group's timeout for this call.  ``device_ids`` is checked as torch 2.13 checks it
-    (a list of device indices, at least one) and otherwise ignored: the barrier needs no device."""
+    (a list of device indices, at least one); on a CUDA backend the barrier runs on the first
+    (else on the group's bound, last-used or current device) after the caller's current stream,
+    and returns once its work there is done, as torch's NCCL barrier."""
     if device_ids is not None:
         _check_device_ids(device_ids)
     pg = _start(group, not async_op and timeout is None, _K_BARRIER, None, 0)
     if pg is None:
         return None
+    if isinstance(device_ids, list):
+        # a device backend's barrier runs on the first of them (torch's), else on the group's
+        # bound or last-used device
+        for be in (pg._backends or {}).values():
+            setter = getattr(be, "set_barrier_device", None)
+            if setter is not None:
+                setter(device_ids[0])
     t = 0.0 if timeout is None else _timeout_seconds(timeout)
     return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op), async_op)
 

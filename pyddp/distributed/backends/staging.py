@@ -83,6 +83,20 @@ def stream_family(view):
 
 
 
+def current_stream(device) -> int:
+    """The caller's current stream on CUDA ``device`` for a call without arrays (barrier): torch's
+    once torch has initialised CUDA, else CuPy's once imported, else the legacy default stream
+    (0), which waits for the work of every blocking stream of the device."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_stream(device).cuda_stream
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
 def copy_back_fn(outputs):
     """A function copying the staged outputs among ``outputs`` back to their CUDA arrays, or
     None when there are none."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from .... import _C, _config
 from ..._observe import describe_signature as _describe
 from ..cpu import connect_group
 from ..interface import Backend
+from ..staging import current_stream as _current_stream
 from ..staging import stream_family as _stream_family
 
 _K_ALLGATHER, _K_ALLTOALL, _K_BARRIER = _C.K_ALLGATHER, _C.K_ALLTOALL, _C.K_BARRIER
@@ -56,7 +58,6 @@ def _argname(view) -> str:
     return getattr(view, "name", None) or "an array"
 
 
-_LEGACY = lambda: 0  # noqa: E731 - barrier and other calls without arrays
 _PARKED = []  # works of destroyed groups whose arrays NCCL may still touch (see destroy)
 
 
@@ -140,6 +141,9 @@ class NcclBackend(Backend):
         self.error = None      # the first fatal error: later calls raise it
         self.seq = 0           # signature-checked operations
         self.ncomm = 0
+        self.last_device = None   # the device of the last call with arrays (barrier's choice)
+        self._barrier_device = None  # barrier(device_ids=[d]): d, for the next barrier only
+        self._warned_device = False
         self._sig = np.zeros(_SIG, np.int64)
         self._sigs = np.zeros((self.size, _SIG), np.int64)
         self.host, self.round = connect_group(self.store, self.rank, self.size, self.timeout,
@@ -259,11 +263,32 @@ class NcclBackend(Backend):
                                  f"{_argname(first)} is on cuda:{first.index}: all arrays of one "
                                  "call must be on one device")
         if first is None:
-            return self.device_id if self.device_id is not None else _C.cuda_get_device()
+            return self._arrayless_device(name)
         if self.device_id is not None and first.index != self.device_id:
             raise ValueError(f"{name}: {_argname(first)} is on cuda:{first.index} but group "
                              f"{self.name!r} uses cuda:{self.device_id} (its device_id)")
         return first.index
+
+    def _arrayless_device(self, name):
+        """The device of a call without arrays (barrier), as torch's ProcessGroupNCCL chooses it:
+        barrier(device_ids=[d]), the bound device (device_id), the device of this group's last
+        call, else the current one (said once: every rank on cuda:0 when no script set one)."""
+        dev, self._barrier_device = self._barrier_device, None
+        if dev is None:
+            dev = self.device_id if self.device_id is not None else self.last_device
+        if dev is None:
+            dev = _C.cuda_get_device()
+            if not self._warned_device and self.rank == 0:
+                self._warned_device = True
+                warnings.warn(f"{name}(): using the current device (cuda:{dev}) of each rank: no "
+                              "device is bound and the group has not been used yet. Give "
+                              "device_id to init_process_group, call pyddp.cuda.set_device, or "
+                              "pass device_ids to barrier.", stacklevel=4)
+        return dev
+
+    def set_barrier_device(self, device):
+        """barrier(device_ids=[device]): the next barrier runs on ``device``."""
+        self._barrier_device = int(device)
 
     # ------------------------------------------------------------------------- failures
     def _fail(self, msg):
@@ -346,7 +371,14 @@ class NcclBackend(Backend):
         views = (*inputs, *outputs)
         dev = self._device_of(views, name)
         comm = self.comms.get(dev) or self._comm(dev)
-        stream_fn = _stream_family(views[0]) if views else _LEGACY
+        if views:
+            self.last_device = dev
+            stream_fn = _stream_family(views[0])
+        else:
+            # torch's barrier: after the work the caller queued on its current stream (the host
+            # then waits for the barrier's end)
+            stream = _current_stream(dev)
+            stream_fn = lambda: stream  # noqa: E731
         if kind == _K_ALLTOALL:
             if in_splits is None:
                 in_splits = tuple(v.nbytes for v in inputs)
@@ -354,10 +386,10 @@ class NcclBackend(Backend):
                 out_splits = tuple(v.nbytes for v in outputs)
         if kind == _K_RECV and root < 0:
             raise ValueError(f"{name}: backend 'nccl' cannot receive from any source; give src")
-        ustream = stream_fn() if views else -1
+        ustream = stream_fn()
         # A blocking call's Work.wait() is the caller's stream waiting for the end: done in the
         # launch itself, and no Work is returned (the pending list keeps the arrays alive)
-        inline = blocking and ustream >= 0 and not self.blocking_wait
+        inline = blocking and ustream >= 0 and not self.blocking_wait and kind != _K_BARRIER
         with self.lock:  # one call at a time: the signature buffers, and the same order on NCCL
             if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
                 self._check(kind, dtype, op, root, count, name)
@@ -383,6 +415,7 @@ class NcclBackend(Backend):
         views = tuple(v for _, v, _ in ops)
         dev = self._device_of(views, name)
         comm = self.comms.get(dev) or self._comm(dev)
+        self.last_device = dev
         stream_fn = _stream_family(views[0])
         with self.lock:  # as run: one call into NCCL at a time, in the order of the calls
             w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
