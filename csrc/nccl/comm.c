@@ -114,7 +114,9 @@ pd_ncomm_settle(pd_ncomm *c, pd_nccl_comm comm, double deadline)
 {
     for (int i = 0;; i++) {
         pd_nccl_res r = PD_NCCL_SUCCESS;
+        PD_NCCL_ENTER(c);
         pd_nccl_res q = c->nc->CommGetAsyncError(comm, &r);
+        PD_NCCL_LEAVE(c);
         if (q != PD_NCCL_SUCCESS) {
             return q;
         }
@@ -264,9 +266,11 @@ make_split(pd_ncomm *c, void *ctx, pd_nccl_comm *out)
     pd_nccl_config cfg;
     pd_nccl_config_init(&cfg, 0);
     pthread_mutex_lock(&a->parent->mu);
+    PD_NCCL_ENTER(a->parent);
     a->r = a->parent->comm == NULL
         ? PD_NCCL_INVALID_USAGE
         : c->nc->CommSplit(a->parent->comm, a->color, a->key, out, &cfg);
+    PD_NCCL_LEAVE(a->parent);
     pthread_mutex_unlock(&a->parent->mu);
     return a->r;
 }
@@ -341,7 +345,9 @@ pd_ncomm_async_error(pd_ncomm *c)
     }
     pd_nccl_res r = PD_NCCL_INTERNAL;
     if (c->comm != NULL && !atomic_load(&c->aborted)) {
+        PD_NCCL_ENTER(c);
         pd_nccl_res q = c->nc->CommGetAsyncError(c->comm, &r);
+        PD_NCCL_LEAVE(c);
         if (q != PD_NCCL_SUCCESS) {
             r = q;
         }
@@ -388,7 +394,9 @@ pd_ncomm_abort_now(pd_ncomm *c)
     pd_nccl_comm comm = take_comm(c);
     if (comm != NULL) {
         int prev = pd_ncomm_dev_enter(c);
+        PD_NCCL_ENTER(c);
         c->nc->CommAbort(comm);
+        PD_NCCL_LEAVE(c);
         pd_ncomm_dev_leave(c, prev);
     }
     atomic_store(&c->abort_done, 1);
@@ -446,18 +454,23 @@ pd_ncomm_destroy(pd_ncomm *c, double timeout)
         int clean = c->rt->StreamQuery(c->stream) == PD_CUDA_SUCCESS;
         pd_nccl_res r = PD_NCCL_SUCCESS;
         if (clean && c->nc->CommFinalize != NULL) {
+            PD_NCCL_ENTER(c);
             r = c->nc->CommFinalize(comm);
+            PD_NCCL_LEAVE(c);
             if (r == PD_NCCL_SUCCESS || r == PD_NCCL_IN_PROGRESS) {
                 r = pd_ncomm_settle(c, comm, pd_now() + timeout);
             }
         }
         else if (clean) {
+            PD_NCCL_ENTER(c);
             c->nc->CommGetAsyncError(comm, &r);
+            PD_NCCL_LEAVE(c);
         }
         if (!clean || r != PD_NCCL_SUCCESS) {
             atomic_store(&c->aborted, 1);
         }
         comm = take_comm(c);
+        PD_NCCL_ENTER(c);
         if (clean && r == PD_NCCL_SUCCESS) {
             c->nc->CommDestroy(comm);
             how = "destroyed";
@@ -465,6 +478,7 @@ pd_ncomm_destroy(pd_ncomm *c, double timeout)
         else {
             c->nc->CommAbort(comm);
         }
+        PD_NCCL_LEAVE(c);
         atomic_store(&c->abort_done, 1);
         free_resources(c);
         pd_ncomm_dev_leave(c, prev);

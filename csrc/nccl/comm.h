@@ -40,6 +40,11 @@ typedef struct pd_ncomm {
                              * read without it by error_string: see users) */
     atomic_int users;       /* readers of comm without mu (take_comm waits) */
     atomic_int abort_done;  /* ncclCommAbort or destroy returned */
+    /* threads inside an NCCL call on comm, and how often one entered while
+     * another was inside: NCCL gives no thread-safety guarantee, so this
+     * must stay 0 (tests/gpu/verify.sh reads it on a GPU) */
+    atomic_int inside;
+    atomic_long overlaps;
     double timeout;         /* seconds a call may stay ncclInProgress; 0: none */
     pd_cuda_stream stream;
     pd_cuda_event start;    /* recorded on the caller's stream per launch */

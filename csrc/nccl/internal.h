@@ -5,6 +5,14 @@
 #include "comm.h"
 
 void pd_nccl_nap(void);
+/* Around every NCCL call that takes a communicator (comm.h: inside). */
+#define PD_NCCL_ENTER(c)                                                     \
+    do {                                                                     \
+        if (atomic_fetch_add(&(c)->inside, 1) != 0) {                        \
+            atomic_fetch_add(&(c)->overlaps, 1);                             \
+        }                                                                    \
+    } while (0)
+#define PD_NCCL_LEAVE(c) atomic_fetch_sub(&(c)->inside, 1)
 const char *pd_nccl_text(const struct pd_nccl *nc, pd_nccl_comm comm,
                          pd_nccl_res r, char *buf, size_t cap);
 pd_status pd_ncomm_nccl_error(pd_ncomm *c, const char *what, pd_nccl_res r);

@@ -81,7 +81,9 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
                    "cudaStreamWaitEvent)";
         }
         else {
+            PD_NCCL_ENTER(c);
             r = pd_ncomm_enqueue(c, L, c->stream, &what);
+            PD_NCCL_LEAVE(c);
             /* NCCL connects point-to-point peers inside ncclGroupEnd (and
              * collectives lazily): a peer that is late or never posts keeps
              * the call in progress.  Polled in slices, bounded by the

@@ -566,6 +566,8 @@ Comm_get_int(CommObject *self, void *which)
         return PyLong_FromLong(self->c.device);
     case 3:
         return PyLong_FromVoidPtr(self->c.stream);
+    case 5:
+        return PyLong_FromLong(atomic_load(&self->c.overlaps));
     default:
         return PyLong_FromUnsignedLongLong(self->c.seq);
     }
@@ -590,6 +592,9 @@ static PyGetSetDef Comm_getset[] = {
     {"stream", (getter)Comm_get_int, NULL,
      "the communicator's stream (cudaStream_t as an int)", (void *)3},
     {"seq", (getter)Comm_get_int, NULL, "operations launched", (void *)4},
+    {"overlapping_entries", (getter)Comm_get_int, NULL,
+     "calls into NCCL on this communicator made while another thread was in "
+     "one (NCCL gives no thread-safety guarantee: must stay 0)", (void *)5},
     {"abort_reason", (getter)Comm_get_reason, NULL,
      "None, or why the communicator was aborted or destroyed", NULL},
     {NULL, NULL, NULL, NULL, NULL},

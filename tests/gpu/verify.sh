@@ -13,7 +13,14 @@
 #    stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
 # 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run) and
 #    `benchmarks/ddp_gpu.py --rounds 5` (one training step, pyddp DDP + amp O1 against torch DDP + torch.amp);
-# 5. times the host side of one small NCCL call, pyddp against torch.distributed (tests/gpu/launch_overhead.py).
+# 5. times the host side of one small NCCL call, pyddp against torch.distributed (tests/gpu/launch_overhead.py);
+# 6. with NCCL 2.30+ (below), what only two ranks show: tests/gpu/two_ranks.py.
+#
+# Two NCCL ranks on one GPU need NCCL 2.30 or later with NCCL_MULTI_RANK_GPU_ENABLE=1 (the GPU machine's own
+# NCCL, torch's pin, refuses them). VERIFY_NCCL=PATH (a libnccl.so.2, or the .xz of one; default
+# build/nccl/libnccl.so.2.xz when it is there) makes every step use it: pyddp through PYDDP_NCCL_LIBRARY,
+# torch's ProcessGroupNCCL (the peer) through LD_PRELOAD; then the tests that need two ranks run instead of
+# skipping, benchmarks/nccl.py runs 2 ranks on the GPU against torch, and step 6 runs.
 #
 # Every step's log goes under LOGDIR (summary.txt holds what this prints). On a machine without a GPU the
 # GPU tests and the benchmark report why they skipped and the script still exits 0; any failed step makes
@@ -42,6 +49,21 @@ step() {  # step NAME COMMAND...: run, log to LOG/NAME.log, record the outcome
 }
 
 say "pyddp GPU verification, $(date -u '+%Y-%m-%d %H:%M UTC'), host $(hostname), $(nproc) cores"
+
+NCCL2=${VERIFY_NCCL:-}
+if [ -z "$NCCL2" ] && [ -f build/nccl/libnccl.so.2.xz ]; then NCCL2=build/nccl/libnccl.so.2.xz; fi
+if [ -n "$NCCL2" ]; then
+    case "$NCCL2" in
+    *.xz)
+        mkdir -p build/nccl/lib
+        "$PY" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+            "$NCCL2" build/nccl/lib/libnccl.so.2 || { say "VERIFY_NCCL=$NCCL2 could not be unpacked"; exit 1; }
+        NCCL2="$ROOT/build/nccl/lib/libnccl.so.2" ;;
+    *) NCCL2=$(cd "$(dirname "$NCCL2")" && pwd)/$(basename "$NCCL2") ;;
+    esac
+    export PYDDP_NCCL_LIBRARY="$NCCL2" NCCL_MULTI_RANK_GPU_ENABLE=1 LD_PRELOAD="$NCCL2${LD_PRELOAD:+:$LD_PRELOAD}"
+    say "NCCL for two ranks on one GPU: $NCCL2 (PYDDP_NCCL_LIBRARY, LD_PRELOAD, NCCL_MULTI_RANK_GPU_ENABLE=1)"
+fi
 say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 
 # 1. build in place
@@ -70,6 +92,9 @@ TAIL=20 step bench_ddp_gpu timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/ddp_gp
 
 # 5. where the host time of a small NCCL call goes (pyddp against torch.distributed)
 TAIL=45 step launch_overhead timeout -k 10 "$STEP_TIMEOUT" "$PY" tests/gpu/launch_overhead.py
+
+# 6. two ranks on one GPU (NCCL 2.30+ only; it says why it skips otherwise)
+TAIL=30 step two_ranks timeout -k 10 "$STEP_TIMEOUT" "$PY" tests/gpu/two_ranks.py
 
 if [ ${#FAILED[@]} -eq 0 ]; then say "verify: every step passed (logs in $LOG)"; exit 0; fi
 say "verify: FAILED steps: ${FAILED[*]} (logs in $LOG)"
