@@ -939,3 +939,36 @@ def test_barrier_runs_on_the_last_used_device_after_the_callers_stream():
     for rank, (got, done, waited) in enumerate(outs):
         assert got == [3.0] * 4, f"rank {rank}: {got}"
         assert done, f"rank {rank}: barrier returned ({waited:.2f} s) before the stream's earlier work"
+
+
+def _arrays_go_at_wait(rank, n):
+    import pyddp.distributed as dist
+
+    dist.init_process_group("nccl")  # the watchdog (which also lets completed works go) is slowed
+    stream = fakecuda.Stream(rank % 2)
+    dist.all_reduce(_dev(np.ones(4, np.float32), rank, stream=stream))  # the communicator exists
+    live = []
+    for how in ("blocking", "async + wait"):
+        x = _dev(np.full(1 << 18, rank + 1.0, np.float32), rank, stream=stream)  # 1 MiB
+        before = fakecuda.mem_stats()[1]
+        if how == "blocking":
+            dist.all_reduce(x)
+        else:
+            dist.all_reduce(x, async_op=True).wait()
+        got = float(x.numpy()[0])
+        del x                 # the caller's last reference: the memory goes now
+        live.append((how, before - fakecuda.mem_stats()[1], got))
+    dist.destroy_process_group()
+    return live
+
+
+def test_arrays_are_let_go_once_the_callers_stream_waited():
+    """A work keeps its arrays alive only until the caller's stream waits for it (a blocking call
+    does in its launch, an async one at wait()), not until the host sees the end: a large temporary
+    output is freed when the script drops it (torch's TORCH_NCCL_AVOID_RECORD_STREAMS rule)."""
+    outs = _spawn(_arrays_go_at_wait, 2, timeout=120,
+                  env=_env(PYDDP_NCCL_WATCHDOG_INTERVAL="30"))
+    for rank, live in enumerate(outs):
+        for how, freed, got in live:
+            assert got == 3.0, f"rank {rank} {how}: {got}"
+            assert freed >= 1 << 20, f"rank {rank} {how}: only {freed} bytes freed after del"

@@ -85,6 +85,7 @@ typedef struct pd_nwork {
     double t0;
     int done;               /* 1 done, 2 failed */
     int holds;              /* the caller must keep the arrays alive */
+    long long ustream;      /* the caller's stream at the launch (-1: none) */
 } pd_nwork;
 
 /* ---------------------------------------------------------- communicator */

@@ -181,6 +181,7 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
     w->c = c;
     w->end = end;
     w->seq = seq;
+    w->ustream = ustream;
     w->t0 = pd_now();
     w->done = 0;
     w->holds = 1;

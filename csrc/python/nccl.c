@@ -280,6 +280,14 @@ comm_launch(CommObject *c, const pd_nlaunch *L, long long ustream,
     }
     Py_INCREF(c);
     w->comm = c;
+    if (wait && ustream >= 0) {
+        /* the caller's stream already waits for the end: what it frees
+         * after this (back to a stream-ordered allocator, torch's or CuPy's,
+         * on that stream) is reused only after the work (torch's
+         * TORCH_NCCL_AVOID_RECORD_STREAMS rule) */
+        w->w.holds = 0;
+        keep = NULL;
+    }
     Py_XINCREF(keep);
     w->keep = keep;
     PyObject_GC_Track(w);
@@ -696,6 +704,13 @@ NWork_wait_stream(NWorkObject *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     if (st != PD_OK) {
         return core_error(c->st, st);
+    }
+    if (s == self->w.ustream) {
+        /* the stream the call was made on now waits for its end: the
+         * arrays go at once, not when the host sees the end (torch's rule
+         * for wait(): their memory is reused on that stream after it) */
+        self->w.holds = 0;
+        Py_CLEAR(self->keep);
     }
     Py_RETURN_NONE;
 }
