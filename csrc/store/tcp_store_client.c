@@ -869,3 +869,19 @@ pd_tcp_store_ping(pd_store *s)
     }
     return ts_simple(ts_of(s), PD_TS_PING, "ping", NULL);
 }
+
+pd_status
+pd_tcp_store_will(pd_store *s, const char *key, const void *val, size_t n,
+                  int on)
+{
+    if (s == NULL || s->ops != &tcp_ops) {
+        return pd_error(PD_EINVAL, "will: not a TCPStore");
+    }
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_WILL, "will");
+    pd_wbuf_u32(&r.b, on ? 1u : 0u);
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    pd_wbuf_bytes(&r.b, on ? val : NULL, on ? n : 0);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    return ts_req_end(&r);
+}

@@ -17,6 +17,7 @@ import socket
 
 from ... import _C, _config, _threads
 from .. import _observe
+from .._setup_watch import SetupWatch
 from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
 from .registry import BackendEntry, register
 
@@ -101,18 +102,21 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
     from . import tuning  # the rules file (read by rank 0 at each group's creation)
 
     _config.check()  # a bad PYDDP_* value is an error before the C core reads it
-    # Several rounds may use the same store (init, destroy, init again): the counter gives
-    # each round its own keys, so no rank reads a stale address.
-    gen = (int(store.add(f"{name}/round", 1)) - 1) // size
-    prefix = f"{name}/{gen}"
+    # the round's keys, and waits that say what they wait for (a rank that never came, died,
+    # or has another world size) instead of a silent store.get
+    watch = SetupWatch(store, name, rank, size, timeout,
+                       f"rank {rank}: setting up group {label or name}")
+    gen, prefix = watch.gen, watch.prefix
     secret = job_secret()
     cpg = None
     try:
         if size > 1:
             # where every rank is decides where this one listens: nothing wider than needed
-            store.set(f"{prefix}/node/{rank}", node_id())
+            # (node last: once a rank's node key is there, so are the others)
             store.set(f"{prefix}/net/{rank}", _net_id())
             store.set(f"{prefix}/cpus/{rank}", _threads.encode_cpus(_threads.affinity()))
+            store.set(f"{prefix}/node/{rank}", node_id())
+            watch.wait("node", "host")
             nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
             # the cores this host's ranks can keep busy at once (their CPU sets together, within
             # the cgroup's CPU limit): the C core spins only where each rank has one
@@ -124,7 +128,6 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             nets = [store.get(f"{prefix}/net/{r}").decode() for r in range(size)]
             host, bind = listen_plan(store, list(zip(nodes, nets)), rank)
             cpg = _C.ProcessGroup(rank, size, timeout, secret, bind)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             if rank == 0:
                 # the group's random id and rank 0's rules of algorithm choice (backends.tuning):
                 # every rank applies the same ones
@@ -133,7 +136,12 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
                 local = local if local <= host_cores else None
                 store.set(f"{prefix}/token",
                           f"{secrets.randbits(63)} {tuning.encode(size, local)}")
-            transport = transport_choice(store, prefix, rank)
+                transport_choice(store, prefix, rank)
+            # (rank 0's token and transport before its address: once every address is there,
+            # so are they)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            watch.wait("addr", "transport address")
+            transport = transport_choice(store, prefix, -1)
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
             rules = tuning.decode(rules)
@@ -155,6 +163,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
         if cpg is not None:
             cpg.destroy()
         raise
+    watch.done()
     if size > 1:
         # ranks started without a launcher's OMP_NUM_THREADS: each takes its share of the cores
         _threads.limit_for_group(nodes.count(nodes[rank]), rank, host_cores)
