@@ -114,8 +114,7 @@ class SetupWatch:
             if deadline is not None and now >= deadline:
                 raise DistStoreError(self._timeout_message(keys, desc))
             if now >= next_notice:
-                _observe.log.warning("[rank %d] %s", _observe._global_rank(self.rank),
-                                     self._progress(keys, desc))
+                _observe.log.warning("%s", self._progress(keys, desc))
                 interval = min(interval * 2, NOTICE_MAX_S)
                 next_notice = now + interval
 
