@@ -358,11 +358,23 @@ pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
     pd_status st = PD_OK;
     int fd = -1;
 
-    /* Connect to every lower rank: two channels each. */
+    /* Connect to every lower rank: two channels each.  Each listened before
+     * it published its address and keeps listening until its higher ranks
+     * are in, so a refusal means it failed or exited: said at once. */
     for (int p = 0; p < rank; p++) {
         for (int ch = 0; ch < 2; ch++) {
-            PD_CHECK_GOTO(pd_net_connect(hosts[p], ports[p], deadline, &fd),
-                          st, fail_conn);
+            st = pd_net_connect_listening(hosts[p], ports[p], deadline, &fd);
+            if (st == PD_ENETWORK && strstr(pd_errmsg(), "refused") != NULL) {
+                char cause[PD_ERRMSG_MAX];
+                snprintf(cause, sizeof(cause), "%s", pd_errmsg());
+                st = pd_error(st, "%s: rank %d was listening there when it "
+                              "published this address and has closed its "
+                              "listener since: it failed or exited during "
+                              "setup (see its output)", cause, p);
+            }
+            if (st != PD_OK) {
+                goto fail_conn;
+            }
             PD_CHECK_GOTO(pd_auth_client(fd, m->secret, deadline), st,
                           fail_conn);
             hello h = {HELLO_MAGIC, (uint32_t)rank, (uint32_t)ch,
