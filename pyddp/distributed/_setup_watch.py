@@ -23,7 +23,8 @@ import time
 from datetime import timedelta
 
 from . import _observe
-from .store import DistBackendError, DistError, DistStoreError, PrefixStore, TCPStore
+from .store import (DistBackendError, DistError, DistNetworkError, DistStoreError, PrefixStore,
+                    TCPStore)
 
 __all__ = ["SetupWatch"]
 
@@ -91,6 +92,18 @@ class SetupWatch:
     def wait(self, what, desc):
         """Wait until every rank has set ``<prefix>/<what>/<rank>`` (``desc``: what that key is,
         for messages)."""
+        try:
+            self._wait(what, desc)
+        except DistNetworkError as e:
+            if self._serves:
+                raise
+            # the store went away under a waiting rank: its host failed or exited in setup
+            raise DistNetworkError(
+                f"{self.label}: lost the store at {self.where} while waiting for every rank's "
+                f"{desc}: the process that serves it (rank 0, or the launcher's agent) failed or "
+                f"exited during setup (see its output): {e}") from None
+
+    def _wait(self, what, desc):
         keys = [f"{self.prefix}/{what}/{r}" for r in range(self.size)]
         deadline = self.start + self.timeout if self.timeout > 0 else None
         next_notice = self.start + NOTICE_FIRST_S
@@ -178,10 +191,25 @@ class SetupWatch:
                         f"one (pid {os.getpid()} on {socket.gethostname()}) and pid {pid} on {host}; "
                         f"every rank needs its own RANK")
                 continue
-            raise ValueError(
-                f"{self.label}: ranks disagree on the world size: this rank ({self.rank}) has "
-                f"WORLD_SIZE {self.size}, {other} has WORLD_SIZE {size} (both reached the store at "
-                f"{self.where}); start every rank with the same WORLD_SIZE / world_size")
+            raise self._mismatch(other, size)
+
+    def _mismatch(self, other, size):
+        return ValueError(
+            f"{self.label}: ranks disagree on the world size: this rank ({self.rank}) has "
+            f"WORLD_SIZE {self.size}, {other} has WORLD_SIZE {size} (both reached the store at "
+            f"{self.where}); start every rank with the same WORLD_SIZE / world_size")
+
+    def check_sizes(self, sizes):
+        """ValueError when a rank's published world size (``sizes[r]``) is not this rank's: ranks
+        of different sizes may complete a wait together (their keys are alike)."""
+        for r, size in enumerate(sizes):
+            if size != self.size:
+                lo = self.gen * self.size + 1
+                who = {a[0]: a for a in self._read_arrivals(lo - 1, lo + self.size).values()
+                       if a[1] == size}
+                other = f"rank {r} (pid {who[r][2]} on {who[r][3]})" if r in who else f"rank {r}"
+                self._failing()
+                raise self._mismatch(other, size)
 
     def _who(self, keys):
         """(ranks whose key is set, {rank: (pid, host)} of those that reached the store)."""

@@ -115,9 +115,12 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             # (node last: once a rank's node key is there, so are the others)
             store.set(f"{prefix}/net/{rank}", _net_id())
             store.set(f"{prefix}/cpus/{rank}", _threads.encode_cpus(_threads.affinity()))
-            store.set(f"{prefix}/node/{rank}", node_id())
+            # (with the world size: ranks started with different ones must not pass this wait)
+            store.set(f"{prefix}/node/{rank}", f"{size} {node_id()}")
             watch.wait("node", "host")
-            nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
+            nodes = [store.get(f"{prefix}/node/{r}").decode().split(" ", 1) for r in range(size)]
+            watch.check_sizes([int(n[0]) for n in nodes])
+            nodes = [n[1] for n in nodes]
             # the cores this host's ranks can keep busy at once (their CPU sets together, within
             # the cgroup's CPU limit): the C core spins only where each rank has one
             cpus = set()
