@@ -1,8 +1,8 @@
-"""What init_process_group says when its setup cannot complete (issue 50, items 3 and 6): a rank that
-reached the store and died, ranks started with different WORLD_SIZE values, a MASTER_PORT held by
-another program, a rank that waits for late ones, and ranks out of file descriptors.  Each case must be
-said on every rank within seconds, never after the whole timeout.  Real processes, deadlines on every
-wait; the timeouts given to init are far longer than the detection times asserted."""
+"""What init_process_group says when its setup cannot complete (issue 50, items 3 and 6): a rank
+that reached the store and died, ranks started with different WORLD_SIZE values, a MASTER_PORT held
+by another program, a rank that waits for late ones, and ranks out of file descriptors.  Each case
+must be said on every rank within seconds, never after the whole timeout.  Real processes, deadlines
+on every wait; the timeouts given to init are far longer than the detection times asserted."""
 import logging
 import os
 import resource
