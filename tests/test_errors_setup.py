@@ -70,6 +70,31 @@ def test_a_rank_killed_during_setup_is_named_on_every_other_rank_within_seconds(
           ", ".join(f"rank {r} {outs[r].value['after']:.2f} s" for r in (0, 2, 3)))
 
 
+def _killed_connecting_child(rank, ws, victim):
+    if rank == victim:
+        from pyddp.distributed import _setup_watch
+
+        def die(self, cpg):
+            # killed right before the ranks connect to each other: the others wait for it in C
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        _setup_watch.SetupWatch.watch_connect = die
+    return _init_timed(rank)
+
+
+def test_a_rank_killed_while_the_ranks_connect_is_named_within_seconds():
+    outs = run_outcomes(_killed_connecting_child, 4, 3, init=False, expect_death=(3,), timeout=90)
+    assert outs[3].died, outs[3].describe()
+    for r in (0, 1, 2):
+        assert outs[r].ok, outs[r].describe()
+        res = outs[r].value
+        assert res["type"] == "DistBackendError", (r, res)
+        assert "rank 3 (pid" in res["msg"] and "while the ranks connected" in res["msg"], (r, res)
+        assert res["after"] < 8.0, (r, res)
+    print("setup: rank SIGKILLed before connecting named after " +
+          ", ".join(f"rank {r} {outs[r].value['after']:.2f} s" for r in (0, 1, 2)))
+
+
 # ---------------------------------------------------------------------------- WORLD_SIZE disagrees
 
 def _world_child(rank, ws):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -166,18 +167,55 @@ class SetupWatch:
         except Exception:  # noqa: BLE001 (best effort: the error being raised says what matters)
             pass
 
-    def _check_gone(self, keys, desc):
+    def _gone(self, keys=None):
+        """The first rank (but this one) whose store connection closed in this round, and had
+        not set its key in ``keys`` (all of them when None), with its pid and host; None."""
         if not self.store.check([f"{self.prefix}/gone"]):
-            return
+            return None
         for r in range(self.size):
             if r != self.rank and self.store.check([f"{self.prefix}/gone/{r}"]) and \
-                    not self.store.check([keys[r]]):
+                    (keys is None or not self.store.check([keys[r]])):
                 _, _, pid, host = _parse_arrival(self.store.get(f"{self.prefix}/gone/{r}"))
-                raise DistBackendError(
-                    f"{self.label}: rank {r} (pid {pid} on {host}) reached the store at "
-                    f"{self.where} and then closed its connection (it exited or was killed) "
-                    f"before publishing its {desc}; this rank ({self.rank}) cannot complete "
-                    f"the setup of {self.size} ranks: see rank {r}'s output for why it stopped")
+                return r, pid, host
+        return None
+
+    def _gone_message(self, r, pid, host, when):
+        return (f"{self.label}: rank {r} (pid {pid} on {host}) reached the store at {self.where} "
+                f"and then closed its connection (it exited or was killed) {when}; this rank "
+                f"({self.rank}) cannot complete the setup of {self.size} ranks: see rank {r}'s "
+                f"output for why it stopped")
+
+    def _check_gone(self, keys, desc):
+        gone = self._gone(keys)
+        if gone is not None:
+            raise DistBackendError(self._gone_message(*gone, f"before publishing its {desc}"))
+
+    def watch_connect(self, cpg):
+        """While ``cpg.connect`` runs (in C, waiting for the ranks that connect to this one), a
+        thread looks for a gone rank every SLICE_S / 2 and cancels the connect naming it.  Returns
+        the function that stops the thread (call it once connect returned)."""
+        if self._will is None:
+            return lambda: None
+        stop = threading.Event()
+
+        def look():
+            while not stop.wait(SLICE_S / 2):
+                try:
+                    gone = self._gone()
+                except Exception:  # noqa: BLE001 (the connect reports what breaks)
+                    return
+                if gone is not None:
+                    cpg.cancel_connect(self._gone_message(
+                        *gone, "while the ranks connected to each other"))
+                    return
+
+        th = threading.Thread(target=look, name="pyddp-setup-watch", daemon=True)
+        th.start()
+
+        def end():
+            stop.set()
+            th.join()
+        return end
 
     def _read_arrivals(self, lo, hi):
         """The arrival records with counter values in [lo, hi] that are set (read once each)."""

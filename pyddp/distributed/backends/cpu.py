@@ -157,7 +157,12 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
             host_cores = _threads.cores()
-        cpg.connect(hosts, ports, token, nodes, transport, host_cores)
+        # a rank that dies while the others wait for its connection is named within a second
+        stop_watch = watch.watch_connect(cpg) if size > 1 else (lambda: None)
+        try:
+            cpg.connect(hosts, ports, token, nodes, transport, host_cores)
+        finally:
+            stop_watch()
         if rules is not None:
             cpg.set_rules(*rules[:2])
             if len(rules) == 4:  # the phases' rules: rules[0] fast, rules[2] slow
