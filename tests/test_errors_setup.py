@@ -116,6 +116,17 @@ def test_ranks_with_different_world_sizes_fail_on_every_rank_at_once(n, odd, siz
           + ", ".join(f"{o.value['after']:.2f} s" for o in outs))
 
 
+def test_two_processes_started_as_one_rank_fail_on_every_rank_at_once():
+    # RANK=1 twice (a typo in one shell): rank 2 never comes, and waiting for it would hide why
+    outs = run_outcomes(_world_child, 3, init=False, rank_env={2: {"RANK": "1"}}, timeout=90)
+    for o in outs:
+        assert o.ok, o.describe()
+        res = o.value
+        assert res["type"] == "ValueError", (o.rank, res)
+        assert "two processes were started as rank 1 of 3" in res["msg"], (o.rank, res["msg"])
+        assert res["after"] < 8.0, (o.rank, res)
+
+
 # ---------------------------------------------------------------------------- waiting, said
 
 class _Capture(logging.Handler):

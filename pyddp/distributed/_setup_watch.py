@@ -229,22 +229,23 @@ class SetupWatch:
         rank twice)."""
         lo = self.gen * self.size + 1
         hi = lo + self.size - 1
+        seen = {}  # rank -> (pid, host) of the round's arrivals
         for n, (r, size, pid, host) in sorted(self._read_arrivals(lo - 1, hi).items()):
-            if n == self.n:
-                continue
-            other = f"rank {r} (pid {pid} on {host})"
             if n == lo - 1:
                 # the arrival just before this round: did it expect the next ones in its round?
                 if size == self.size or ((n - 1) // size + 1) * size <= n:
                     continue
             elif size == self.size:
-                if r == self.rank:
+                if r in seen:
+                    # every rank of the round says so (the duplicates' key satisfies the waits)
                     raise ValueError(
                         f"{self.label}: two processes were started as rank {r} of {self.size}: "
-                        f"this one (pid {os.getpid()} on {socket.gethostname()}) and pid {pid} "
-                        f"on {host}; every rank needs its own RANK")
+                        f"pid {seen[r][0]} on {seen[r][1]} and pid {pid} on {host}; every rank "
+                        f"needs its own RANK")
+                seen[r] = (pid, host)
                 continue
-            raise self._mismatch(other, size)
+            if n != self.n:
+                raise self._mismatch(f"rank {r} (pid {pid} on {host})", size)
 
     def _mismatch(self, other, size):
         return ValueError(
