@@ -70,15 +70,28 @@ def test_a_rank_killed_during_setup_is_named_on_every_other_rank_within_seconds(
           ", ".join(f"rank {r} {outs[r].value['after']:.2f} s" for r in (0, 2, 3)))
 
 
+class _DiesConnecting:
+    """A C process group whose connect kills the process: the others wait for it in C."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def connect(self, *args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _killed_connecting_child(rank, ws, victim):
     if rank == victim:
-        from pyddp.distributed import _setup_watch
+        import types
 
-        def die(self, cpg):
-            # killed right before the ranks connect to each other: the others wait for it in C
-            os.kill(os.getpid(), signal.SIGKILL)
+        from pyddp.distributed.backends import cpu
 
-        _setup_watch.SetupWatch.watch_connect = die
+        real = cpu._C
+        cpu._C = types.SimpleNamespace(
+            ProcessGroup=lambda *a: _DiesConnecting(real.ProcessGroup(*a)))
     return _init_timed(rank)
 
 
