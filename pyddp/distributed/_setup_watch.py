@@ -7,11 +7,12 @@ after it came, or was started with another world size.  So every rank of a round
 - records its arrival under the round counter's value (``<name>/arrival/<n>`` = "rank size pid
   host"): the ranks of one round are the arrivals of one window of ``size`` counts, and an arrival
   with another size in the window (or one just before it that expected company) is a WORLD_SIZE
-  mismatch, raised on every rank that sees it, at once;
+  mismatch, two arrivals with one rank a duplicate RANK: ValueError on every rank that sees it;
 - leaves a will on its store connection (TCPStore): when the connection closes, the store server
   sets ``<prefix>/gone/<rank>`` and ``<prefix>/gone``, so the others learn within a second that a
   rank that reached the store exited or was killed, and name it (one check per second, whatever
-  the world size);
+  the world size), in the store's waits and, through ``watch_connect``, while the C core waits for
+  its connection;
 - waits in slices of a second; past a few seconds it says which ranks arrived, which did not and
   at which store, then at a growing interval up to a minute; a timeout names the same.
 """
@@ -151,19 +152,19 @@ class SetupWatch:
         """Count this rank among those that saw the round fail; the rank serving the store waits
         (LINGER_S at most) for the others that are not gone to see it too."""
         try:
-            seen = int(self.store.add(f"{self.prefix}/failed_seen", 1))
+            self.store.set(f"{self.prefix}/failed/{self.rank}", "1")
             if not self._serves:
                 return
+            # every rank that neither saw it nor is gone, those still on their way included (a
+            # rank that arrives after the server closed would only learn "connection lost")
+            left = set(range(self.size)) - {self.rank}
             end = time.monotonic() + LINGER_S
-            while time.monotonic() < end:
-                # every rank but the gone ones, those still on their way included (a rank that
-                # arrives after the server closed would only learn "connection lost")
-                gone = sum(1 for r in range(self.size)
-                           if self.store.check([f"{self.prefix}/gone/{r}"]))
-                if seen >= self.size - gone:
-                    return
-                time.sleep(0.1)
-                seen = int(self.store.add(f"{self.prefix}/failed_seen", 0))
+            while left and time.monotonic() < end:
+                left = {r for r in left
+                        if not self.store.check([f"{self.prefix}/failed/{r}"])
+                        and not self.store.check([f"{self.prefix}/gone/{r}"])}
+                if left:
+                    time.sleep(0.1)
         except Exception:  # noqa: BLE001 (best effort: the error being raised says what matters)
             pass
 

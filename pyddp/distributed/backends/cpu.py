@@ -144,7 +144,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
             # so are they)
             store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             watch.wait("addr", "transport address")
-            transport = transport_choice(store, prefix, -1)
+            transport = TRANSPORTS[store.get(f"{prefix}/transport").decode()]
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
             rules = tuning.decode(rules)
