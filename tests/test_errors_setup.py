@@ -108,6 +108,46 @@ def test_a_rank_killed_while_the_ranks_connect_is_named_within_seconds():
           ", ".join(f"rank {r} {outs[r].value['after']:.2f} s" for r in (0, 1, 2)))
 
 
+class _StoreHostDiesConnecting(_DiesConnecting):
+    """Rank 0's connect runs (rank 1 gets in), and the process dies a second later."""
+
+    def connect(self, *args):
+        import threading
+
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return self._real.connect(*args)
+
+
+class _LeavesConnecting(_DiesConnecting):
+    """A rank that never connects and leaves once the store is gone (its will cannot fire)."""
+
+    def connect(self, *args):
+        time.sleep(2.0)
+        os._exit(3)
+
+
+def _store_host_dies_connecting_child(rank, ws):
+    import types
+
+    from pyddp.distributed.backends import cpu
+
+    real = cpu._C
+    wrap = {0: _StoreHostDiesConnecting, 2: _LeavesConnecting}.get(rank)
+    if wrap is not None:
+        cpu._C = types.SimpleNamespace(ProcessGroup=lambda *a: wrap(real.ProcessGroup(*a)))
+    return _init_timed(rank)
+
+
+def test_a_rank_waiting_for_connections_when_the_store_host_dies_says_so_within_seconds():
+    # ulimit -n 16's rank 1: connected to rank 0, waiting for ranks 2 and 3, which failed
+    outs = run_outcomes(_store_host_dies_connecting_child, 3, init=False, expect_death=(0, 2),
+                        timeout=90)
+    res = outs[1].value
+    assert outs[1].ok and res["type"] == "DistBackendError", outs[1].describe()
+    assert "lost the store" in res["msg"] and "while the ranks connected" in res["msg"], res
+    assert res["after"] < 8.0, res
+
+
 # ---------------------------------------------------------------------------- WORLD_SIZE disagrees
 
 def _world_child(rank, ws):
@@ -248,9 +288,15 @@ def test_out_of_file_descriptors_every_rank_says_what_happened_within_seconds():
             [sys.executable, "-c", _RANK_SCRIPT], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_limit_fds))
     outs = []
+    deadline = time.monotonic() + 60
     try:
         for p in procs:
-            out, _ = p.communicate(timeout=60)
+            try:
+                out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                out += "\n(still running after 60 s: killed)"
             outs.append(out)
     finally:
         for p in procs:
@@ -258,13 +304,14 @@ def test_out_of_file_descriptors_every_rank_says_what_happened_within_seconds():
                 p.kill()
                 p.wait()
     results = []
+    everything = "\n".join(f"--- rank {r}:\n{out}" for r, out in enumerate(outs))
     for r, out in enumerate(outs):
         line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert line, f"rank {r} said nothing:\n{out}"
+        assert line, f"rank {r} said nothing:\n{everything}"
         results.append(line[-1])
         assert not line[-1].startswith("RESULT ok"), (r, out)
         after = float(line[-1].split()[1])
-        assert after < 15.0, (r, line[-1])
+        assert after < 15.0, (r, everything)
         assert "secret" not in line[-1], (r, line[-1])
     assert "Too many open files" in "\n".join(results), results
     print("setup: ulimit -n 16:\n" + "\n".join(results))

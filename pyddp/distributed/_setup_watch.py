@@ -74,6 +74,9 @@ class SetupWatch:
         self.arrivals = {}  # counter value -> (rank, size, pid, host)
         base, kprefix = _base_and_prefix(store)
         self._serves = getattr(base, "_serves", False)
+        # pyddp-run --elastic: the launcher's agent serves the store, not a rank
+        self._agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in \
+            ("1", "true")
         self.where = f"{base.host}:{base.port}" if isinstance(base, TCPStore) else repr(base)
         self._will = None
         if isinstance(base, TCPStore) and size > 1:
@@ -203,6 +206,15 @@ class SetupWatch:
             while not stop.wait(SLICE_S / 2):
                 try:
                     gone = self._gone()
+                except DistNetworkError as e:
+                    # the store's host (rank 0) is gone, so is the setup, unless a launcher's
+                    # agent serves the store (it may come back elsewhere)
+                    if not self._agent_store:
+                        cpg.cancel_connect(
+                            f"{self.label}: lost the store at {self.where} while the ranks "
+                            f"connected to each other: the process that serves it (rank 0) "
+                            f"failed or exited during setup (see its output): {e}")
+                    return
                 except Exception:  # noqa: BLE001 (the connect reports what breaks)
                     return
                 if gone is not None:
