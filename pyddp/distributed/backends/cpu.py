@@ -139,12 +139,12 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu"):
                 local = local if local <= host_cores else None
                 store.set(f"{prefix}/token",
                           f"{secrets.randbits(63)} {tuning.encode(size, local)}")
-                transport_choice(store, prefix, rank)
+                store.set(f"{prefix}/transport", _config.get("PYDDP_TRANSPORT"))
             # (rank 0's token and transport before its address: once every address is there,
             # so are they)
             store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             watch.wait("addr", "transport address")
-            transport = TRANSPORTS[store.get(f"{prefix}/transport").decode()]
+            transport = transport_choice(store, prefix, rank)
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
             rules = tuning.decode(rules)
