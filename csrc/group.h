@@ -43,6 +43,10 @@ pd_status pd_group_connect(pd_group *g, const char *const *hosts,
                            const char *const *nodes, int transport,
                            int cores);
 
+/* From another thread, while pd_group_connect runs: it fails soon with
+ * PD_EBACKEND and why (a rank it waits for is known to be gone). */
+void pd_group_cancel_connect(pd_group *g, const char *why);
+
 /* The group's sticky error: PD_OK, or its status with the message copied
  * into buf (cap bytes).  Any thread; never blocks. */
 pd_status pd_group_error(pd_group *g, char *buf, size_t cap);

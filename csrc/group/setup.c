@@ -263,6 +263,14 @@ setup_shm(pd_group *g, uint64_t token, int spin, const char *const *id,
     return PD_OK;
 }
 
+void
+pd_group_cancel_connect(pd_group *g, const char *why)
+{
+    if (g != NULL && g->t != NULL) {
+        pd_tcp_cancel_connect(g->t, why);
+    }
+}
+
 pd_status
 pd_group_connect(pd_group *g, const char *const *hosts, const int *ports,
                  uint64_t token, const char *const *nodes, int transport,

@@ -357,6 +357,22 @@ pg_check(PGObject *self)
     return 0;
 }
 
+/* Called from a watcher thread while connect() runs in another (without
+ * the GIL): the C side only sets a flag that connect looks at. */
+static PyObject *
+PG_cancel_connect(PGObject *self, PyObject *why)
+{
+    const char *s = PyUnicode_AsUTF8(why);
+    if (s == NULL) {
+        return NULL;
+    }
+    if (pg_check(self) < 0) {
+        return NULL;
+    }
+    pd_group_cancel_connect(self->g, s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 PG_connect(PGObject *self, PyObject *args)
 {
@@ -1672,6 +1688,9 @@ static PyGetSetDef PG_getset[] = {
 static PyMethodDef PG_methods[] = {
     {"connect", (PyCFunction)PG_connect, METH_VARARGS,
      "connect(hosts, ports, token): build the mesh, start progress."},
+    {"cancel_connect", (PyCFunction)PG_cancel_connect, METH_O,
+     "cancel_connect(why): from another thread, make a running connect() "
+     "fail soon with DistBackendError(why)."},
     {"shared_alloc", (PyCFunction)PG_shared_alloc, METH_O,
      "shared_alloc(nbytes) -> SharedBuffer (collective, shm groups)."},
     {"fast", (PyCFunction)(void (*)(void))PG_fast, METH_FASTCALL,

@@ -418,6 +418,19 @@ call_ping(store_call *c)
     return pd_tcp_store_ping(c->s);
 }
 
+static pd_status
+call_set_will(store_call *c)
+{
+    return pd_tcp_store_will(c->s, c->key, c->val[0].buf,
+                             (size_t)c->val[0].len, 1);
+}
+
+static pd_status
+call_clear_will(store_call *c)
+{
+    return pd_tcp_store_will(c->s, c->key, NULL, 0, 0);
+}
+
 /* Store_NAME (METH_VARARGS | METH_KEYWORDS) over call_NAME; the parameter
  * names follow ARGS. */
 #define STORE_METHOD(NAME, FORMAT, ARGS, RET, ...)                           \
@@ -452,6 +465,8 @@ STORE_METHOD(append, "OO:append", "kv", RET_NONE, "key", "value")
 STORE_NOARGS_METHOD(list_keys, RET_LIST)
 STORE_NOARGS_METHOD(local_addr, RET_STR)
 STORE_NOARGS_METHOD(ping, RET_NONE)
+STORE_METHOD(set_will, "OO:set_will", "kv", RET_NONE, "key", "value")
+STORE_METHOD(clear_will, "O:clear_will", "k", RET_NONE, "key")
 
 static PyObject *
 Store_set_timeout(PyObject *self, PyObject *arg)
@@ -606,6 +621,13 @@ static PyMethodDef TCPStore_methods[] = {
     {"local_addr", Store_local_addr, METH_NOARGS,
      "local_addr() -> str: numeric local IP of the connection to the server."},
     {"ping", Store_ping, METH_NOARGS, "ping(): one round trip."},
+    {"set_will", (PyCFunction)(void (*)(void))Store_set_will,
+     METH_VARARGS | METH_KEYWORDS,
+     "set_will(key, value): TCPStore only: when this connection closes, the "
+     "server sets key to value."},
+    {"clear_will", (PyCFunction)(void (*)(void))Store_clear_will,
+     METH_VARARGS | METH_KEYWORDS,
+     "clear_will(key): drop this connection's will on key."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -145,6 +145,11 @@ const char *pd_tcp_store_host(const pd_store *s);
 pd_status pd_tcp_store_local_addr(pd_store *s, char *buf, size_t len);
 /* Round trip to the server. */
 pd_status pd_tcp_store_ping(pd_store *s);
+/* A will: when this client's connection closes (the process exits or dies),
+ * the server sets key to val, waking whoever waits for key.  on 0 drops the
+ * will on key (val unused).  A connection may hold several wills. */
+pd_status pd_tcp_store_will(pd_store *s, const char *key, const void *val,
+                            size_t n, int on);
 
 /* The server alone: an event loop on one thread serving many clients.
  * port 0 picks a free port; listen_fd >= 0 adopts a listening socket

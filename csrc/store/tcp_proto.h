@@ -19,6 +19,10 @@
  *   APPEND k v -> -       (value becomes current value, or empty, + v)
  *   LIST prefix -> bytes  (u32 n, n*str: the present keys that start with
  *                          prefix, prefix removed)
+ *   WILL u32 on, k v -> -  (on 1: when this connection closes, the server
+ *                          sets k to v, as a SET would; on 0: drop the will
+ *                          on k.  Waiters learn that a client is gone
+ *                          without polling it.)
  *
  * Several threads may share a connection, and parked requests are answered
  * late, so replies come in any order: the client matches them to requests
@@ -47,7 +51,8 @@ enum {
     PD_TS_CANCEL,
     PD_TS_APPEND,
     PD_TS_LIST,
-    PD_TS_LAST = PD_TS_LIST,
+    PD_TS_WILL,
+    PD_TS_LAST = PD_TS_WILL,
 };
 
 /* Request header: u8 cmd + u32 seq; response header: u8 status + u32 seq. */

@@ -32,6 +32,7 @@
 
 #include "../util/sync.h"
 #include "../util/auth.h"
+#include "../util/log.h"
 #include "../util/net.h"
 #include "kvmap.h"
 #include "store.h"
@@ -41,6 +42,11 @@
 #define INIT_KEY "init/"
 /* Time allowed to send a CANCEL after a timed-out wait. */
 #define CANCEL_GRACE 5.0
+/* A pyddp server greets a connection as it accepts it.  Silence past
+ * HELLO_SAY is said (naming the address); past HELLO_LIMIT it is an error:
+ * another program holds the port, or the store's host stopped accepting. */
+#define HELLO_SAY 3.0
+#define HELLO_LIMIT 10.0
 /* First allocation for a reply body; larger ones grow as they arrive. */
 #define RX_CHUNK ((size_t)64 << 10)
 
@@ -699,6 +705,55 @@ sleep_seconds(double s)
     }
 }
 
+/* Wait for the first byte of the server's hello (the handshake then reads
+ * it), saying so at HELLO_SAY and failing at HELLO_LIMIT: a connection the
+ * kernel accepted for a program that never answers must not wait out the
+ * whole store timeout in silence. */
+static pd_status
+wait_for_hello(tcp_store *t, double deadline)
+{
+    double start = pd_now();
+    double limit = start + HELLO_LIMIT;
+    int said = 0;
+
+    if (deadline > 0 && deadline < limit) {
+        limit = deadline;
+    }
+    for (;;) {
+        double now = pd_now();
+        double until = said ? limit : start + HELLO_SAY;
+        until = until < limit ? until : limit;
+        int ms = until > now ? (int)((until - now) * 1000.0) + 1 : 0;
+        struct pollfd pf = {.fd = t->fd, .events = POLLIN, .revents = 0};
+        int pr = poll(&pf, 1, ms);
+        if (pr > 0) {
+            return PD_OK; /* bytes, or a close: the handshake says which */
+        }
+        if (pr < 0 && errno != EINTR) {
+            return pd_syserror(PD_ENETWORK, "poll");
+        }
+        now = pd_now();
+        if (now >= limit) {
+            return pd_error(PD_ENETWORK, "connected to %s:%d, but nothing "
+                            "answered as a pyddp store within %.0f s: another "
+                            "program listens on that port (check MASTER_ADDR "
+                            "and MASTER_PORT, or the launcher's --master_port), "
+                            "or the store's host (rank 0) stopped accepting "
+                            "connections (out of file descriptors, stopped, "
+                            "overloaded: see its output)", t->host, t->port,
+                            now - start);
+        }
+        if (!said && now >= start + HELLO_SAY) {
+            PD_NOTICE("store", "connected to %s:%d, but no pyddp store has "
+                      "answered after %.0f s: another program may listen "
+                      "there, or the store's host is not accepting (out of "
+                      "file descriptors?); giving up in %.0f s", t->host,
+                      t->port, now - start, limit - now);
+            said = 1;
+        }
+    }
+}
+
 /* torch's rule: every store created with wait_for_workers adds 1 to the
  * "init/" counter; the master then polls it until world_size joined. */
 static pd_status
@@ -815,6 +870,7 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
     deadline = deadline_of(o->timeout);
     PD_CHECK_GOTO(pd_net_connect(t->host, t->port, deadline, &t->fd), st,
                   fail_conn);
+    PD_CHECK_GOTO(wait_for_hello(t, deadline), st, fail_conn);
     PD_CHECK_GOTO(pd_auth_client(t->fd, o->secret, deadline), st, fail_conn);
     if (o->wait_for_workers && o->world_size > 0) {
         PD_CHECK_GOTO(wait_for_workers(t, o), st, fail);
@@ -872,4 +928,20 @@ pd_tcp_store_ping(pd_store *s)
         return pd_error(PD_EINVAL, "ping: not a TCPStore");
     }
     return ts_simple(ts_of(s), PD_TS_PING, "ping", NULL);
+}
+
+pd_status
+pd_tcp_store_will(pd_store *s, const char *key, const void *val, size_t n,
+                  int on)
+{
+    if (s == NULL || s->ops != &tcp_ops) {
+        return pd_error(PD_EINVAL, "will: not a TCPStore");
+    }
+    ts_req r;
+    ts_req_begin(&r, ts_of(s), PD_TS_WILL, "will");
+    pd_wbuf_u32(&r.b, on ? 1u : 0u);
+    pd_wbuf_str(&r.b, USER_PREFIX, key);
+    pd_wbuf_bytes(&r.b, on ? val : NULL, on ? n : 0);
+    PD_CHECK(ts_req_call(&r, 0, 0));
+    return ts_req_end(&r);
 }

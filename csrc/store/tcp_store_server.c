@@ -9,6 +9,10 @@
  * business; a client that gives up sends CANCEL, which drops that waiter.
  * Shutdown goes through an eventfd, so pd_tcp_server_stop never races the
  * loop.
+ *
+ * A client may leave wills (WILL): key/value pairs the server sets when its
+ * connection closes.  They fire after the batch of events that closed it,
+ * never in the middle of a request, whose entries they could change.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -62,6 +66,15 @@ typedef struct srv_waiter {
     srv_wref refs[];
 } srv_waiter;
 
+/* A key this connection's close sets (WILL). */
+typedef struct srv_will {
+    struct srv_will *next;
+    char *key;
+    size_t klen;
+    uint8_t *val;
+    size_t vlen;
+} srv_will;
+
 typedef struct srv_conn {
     struct srv_conn *prev;
     struct srv_conn *next;
@@ -77,6 +90,7 @@ typedef struct srv_conn {
     pd_wbuf out;
     size_t outoff;
     srv_waiter *waiters;
+    srv_will *wills;
 } srv_conn;
 
 struct pd_tcp_server {
@@ -98,6 +112,7 @@ struct pd_tcp_server {
     pd_kvmap map;
     srv_conn *conns;
     srv_conn *dead;
+    int stopping;    /* closing every connection: wills no longer fire */
 };
 
 /* ------------------------------------------------------------- plumbing */
@@ -229,20 +244,62 @@ conn_kill(pd_tcp_server *srv, srv_conn *c)
 }
 
 static void
+will_free_all(srv_conn *c)
+{
+    while (c->wills != NULL) {
+        srv_will *w = c->wills;
+        c->wills = w->next;
+        free(w->key);
+        free(w->val);
+        free(w);
+    }
+}
+
+static void
 conn_free(srv_conn *c)
 {
+    will_free_all(c);
     free(c->in);
     pd_wbuf_free(&c->out);
     memset(&c->auth, 0, sizeof(c->auth));
     free(c);
 }
 
+static void notify(pd_tcp_server *srv, pd_kv_entry *e);
+
+/* Set the keys a closed connection left wills for.  Out of memory, a will
+ * is lost: its waiters time out as they would without it. */
+static void
+fire_wills(pd_tcp_server *srv, srv_conn *c)
+{
+    while (c->wills != NULL) {
+        srv_will *w = c->wills;
+        c->wills = w->next;
+        pd_kv_entry *e = NULL;
+        if (pd_kvmap_get_or_add(&srv->map, w->key, w->klen, &e) == PD_OK) {
+            if (pd_kvmap_store(&srv->map, e, w->val, w->vlen) == PD_OK) {
+                notify(srv, e);
+            } else if (!e->present && e->aux == NULL) {
+                pd_kvmap_remove(&srv->map, e);
+            }
+        }
+        free(w->key);
+        free(w->val);
+        free(w);
+    }
+}
+
+/* Free the connections closed in this batch; their wills fire first (a
+ * reply they cause may close more connections, which join the list). */
 static void
 free_dead(pd_tcp_server *srv)
 {
     while (srv->dead != NULL) {
         srv_conn *c = srv->dead;
         conn_list_remove(&srv->dead, c);
+        if (!srv->stopping) {
+            fire_wills(srv, c);
+        }
         conn_free(c);
     }
 }
@@ -431,6 +488,7 @@ static const struct {
     [PD_TS_DELETE] = {"s", 0}, [PD_TS_NUM_KEYS] = {"", 0},
     [PD_TS_PING] = {"", 1},    [PD_TS_CANCEL] = {"u", 0},
     [PD_TS_APPEND] = {"sb", 0}, [PD_TS_LIST] = {"s", 0},
+    [PD_TS_WILL] = {"usb", 0},
 };
 
 /* -1: malformed; -2: out of memory. */
@@ -488,6 +546,48 @@ read_args(pd_rbuf *rd, uint8_t cmd, srv_args *a)
         return -1;
     }
     return 0;
+}
+
+/* WILL: add (or replace) the will on a->key, or drop it (a->u32 == 0). */
+static srv_reply
+set_will(srv_conn *c, const srv_args *a)
+{
+    srv_will **pp = &c->wills;
+    while (*pp != NULL && !((*pp)->klen == a->klen &&
+                            memcmp((*pp)->key, a->key, a->klen) == 0)) {
+        pp = &(*pp)->next;
+    }
+    if (*pp != NULL) {
+        srv_will *old = *pp;
+        *pp = old->next;
+        free(old->key);
+        free(old->val);
+        free(old);
+    }
+    if (a->u32 == 0) {
+        return rep_num(REP_EMPTY, 0);
+    }
+    srv_will *w = calloc(1, sizeof(*w));
+    if (w != NULL) {
+        w->key = malloc(a->klen + 1);
+        w->val = malloc(a->blen[0] ? a->blen[0] : 1);
+    }
+    if (w == NULL || w->key == NULL || w->val == NULL) {
+        if (w != NULL) {
+            free(w->key);
+            free(w->val);
+            free(w);
+        }
+        return rep_error(pd_error(PD_ENOMEM, "TCPStore server: out of "
+                                  "memory recording a will"));
+    }
+    memcpy(w->key, a->key, a->klen + 1);
+    w->klen = a->klen;
+    memcpy(w->val, a->b[0], a->blen[0]);
+    w->vlen = a->blen[0];
+    w->next = c->wills;
+    c->wills = w;
+    return rep_num(REP_EMPTY, 0);
 }
 
 static srv_reply
@@ -590,6 +690,8 @@ run_request(pd_tcp_server *srv, srv_conn *c, uint32_t seq, uint8_t cmd,
         r.owned = b.p;
         return r;
     }
+    case PD_TS_WILL:
+        return set_will(c, a);
     case PD_TS_CANCEL:
         for (srv_waiter *w = c->waiters; w != NULL; w = w->next) {
             if (w->seq == a->u32) {
@@ -882,6 +984,7 @@ srv_main(void *arg)
         (void)close(srv->lfd);
         srv->lfd = -1;
     }
+    srv->stopping = 1;
     while (srv->conns != NULL) {
         conn_kill(srv, srv->conns);
     }

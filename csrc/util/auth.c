@@ -580,6 +580,22 @@ client_io(int fd, void *buf, size_t n, int sending, double deadline,
                         "(MASTER_PORT or the launcher's --master_port)",
                         pn, what);
     }
+    if (st == PD_ENETWORK && !sending && strcmp(what, "the server's hello") == 0) {
+        /* The server speaks first, before it reads a byte of ours: a close
+         * before its hello is no verdict on our secret.  The process that
+         * listens there closed the connection unanswered (a pyddp one that
+         * failed or exited, out of file descriptors for one) or is not
+         * pyddp. */
+        char cause[PD_ERRMSG_MAX];
+        snprintf(cause, sizeof(cause), "%s", pd_errmsg());
+        return pd_error(PD_EAUTH,
+                        "authentication with server %s failed: it closed the "
+                        "connection before its hello (%s), without reading "
+                        "ours: the process listening there failed or exited "
+                        "(e.g. it ran out of file descriptors: see its "
+                        "output), or it is not a pyddp store or rank", pn,
+                        cause);
+    }
     if (st == PD_ENETWORK) {
         char cause[PD_ERRMSG_MAX];
         snprintf(cause, sizeof(cause), "%s", pd_errmsg());

@@ -440,8 +440,9 @@ connect_one(const struct addrinfo *ai, double deadline, int *fd_out,
     return PD_OK;
 }
 
-pd_status
-pd_net_connect(const char *host, int port, double deadline, int *fd_out)
+static pd_status
+net_connect(const char *host, int port, double deadline, int refused_final,
+            int *fd_out)
 {
     pd_status st = PD_OK;
     char hp[ADDR_TEXT_MAX + 256];
@@ -521,6 +522,9 @@ pd_net_connect(const char *host, int port, double deadline, int *fd_out)
             if (!retryable) {
                 return net_error(PD_ENETWORK, hard_err, "connect %s", hp);
             }
+            if (refused_final && last_err == ECONNREFUSED) {
+                return net_error(PD_ENETWORK, last_err, "connect %s", hp);
+            }
         }
         if (deadline_passed(deadline)) {
             double waited = pd_now() - start;
@@ -576,6 +580,19 @@ fail:
     pd_error_prefix("connect %s", hp);
     close_noeintr(fd);
     return st;
+}
+
+pd_status
+pd_net_connect(const char *host, int port, double deadline, int *fd_out)
+{
+    return net_connect(host, port, deadline, 0, fd_out);
+}
+
+pd_status
+pd_net_connect_listening(const char *host, int port, double deadline,
+                         int *fd_out)
+{
+    return net_connect(host, port, deadline, 1, fd_out);
 }
 
 pd_status

@@ -25,6 +25,13 @@ pd_status pd_net_listen(const char *host, int port, int backlog, int *fd_out,
 pd_status pd_net_connect(const char *host, int port, double deadline,
                          int *fd_out);
 
+/* pd_net_connect to a peer known to be listening (it published the address
+ * after it bound it): a refusal means its listener is closed, that is, the
+ * peer failed or exited, so ECONNREFUSED fails at once (PD_ENETWORK, the
+ * message says "refused") instead of being retried until deadline. */
+pd_status pd_net_connect_listening(const char *host, int port,
+                                   double deadline, int *fd_out);
+
 /* Accept one connection, waiting until deadline.  Sets TCP_NODELAY, CLOEXEC. */
 pd_status pd_net_accept(int lfd, double deadline, int *fd_out);
 

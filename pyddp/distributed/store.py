@@ -531,6 +531,9 @@ class TCPStore(_QueueMixin, _CStore):
 
         self._use_libuv = bool(use_libuv)
         self._holder = None
+        # whether this object runs the server (a failing setup keeps it up a moment, so the
+        # others read why: distributed._setup_watch)
+        self._serves = False
         if is_master and multi_tenant:
             with _tenants_lock:
                 ref = _tenants.get(port) if port != 0 else None
@@ -543,11 +546,13 @@ class TCPStore(_QueueMixin, _CStore):
                     return
                 self._c = _C.TCPStore(host_name, port, world_size, True, seconds,
                                       bool(wait_for_workers), secret, listen_fd, bind)
+                self._serves = True
                 self._holder = _ServerHolder(self._c)
                 _tenants[self._c.port] = weakref.ref(self._holder)
                 return
         self._c = _C.TCPStore(host_name, port, world_size, is_master, seconds,
                               bool(wait_for_workers), secret, listen_fd, bind)
+        self._serves = is_master
 
     @property
     def host(self) -> str:
@@ -575,6 +580,7 @@ class TCPStore(_QueueMixin, _CStore):
         Store.__init__(other)
         other._use_libuv = self._use_libuv
         other._holder = self._holder
+        other._serves = False
         other._c = _C.TCPStore(self.host, self.port, None, False, self._c.timeout,
                                False, job_secret(), -1)
         return other

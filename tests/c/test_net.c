@@ -52,6 +52,27 @@ test_connect_refused_until_deadline(void)
     T_CHECK(cfd == -1);
 }
 
+/* A peer that published its address listened there: its refusal is final,
+ * said at once instead of retried until the deadline. */
+static void
+test_connect_listening_refused_at_once(void)
+{
+    int fd, port, cfd = -1;
+    T_OK(pd_net_listen("127.0.0.1", 0, 1, &fd, &port));
+    close(fd);
+    double t0 = pd_now();
+    T_ST(pd_net_connect_listening("127.0.0.1", port, pd_now() + 5.0, &cfd),
+         PD_ENETWORK);
+    T_CHECK(pd_now() - t0 < 1.0);
+    T_MSG_HAS("ECONNREFUSED");
+    T_CHECK(cfd == -1);
+    /* and a listening peer is reached as by pd_net_connect */
+    T_OK(pd_net_listen("127.0.0.1", 0, 1, &fd, &port));
+    T_OK(pd_net_connect_listening("127.0.0.1", port, pd_now() + 5.0, &cfd));
+    close(cfd);
+    close(fd);
+}
+
 typedef struct late {
     int port;
     int fd;
@@ -184,6 +205,7 @@ main(void)
     printf("test_net\n");
     T_RUN(test_listen_port_in_use);
     T_RUN(test_connect_refused_until_deadline);
+    T_RUN(test_connect_listening_refused_at_once);
     T_RUN(test_connect_retries_until_server_appears);
     T_RUN(test_connect_bad_host);
     T_RUN(test_send_recv);

@@ -690,6 +690,40 @@ test_tcp_parked_waiter_client_dies(void)
     pd_store_destroy(m);
 }
 
+/* A will: the server sets its key when the client's connection closes (a
+ * waiter parked on it wakes), not before; a dropped will never fires; a
+ * second will on the same key replaces the first. */
+static void
+test_tcp_will(void)
+{
+    pd_store *m = NULL, *c = NULL;
+    T_OK(tcp_new(0, -1, 1, 5.0, 0, NULL, &m));
+    if (m == NULL) {
+        return;
+    }
+    T_OK(tcp_new(pd_tcp_store_port(m), -1, 0, 5.0, 0, NULL, &c));
+    T_OK(pd_tcp_store_will(c, "gone/1", "old", 3, 1));
+    T_OK(pd_tcp_store_will(c, "gone/1", "rank 1", 6, 1));
+    T_OK(pd_tcp_store_will(c, "dropped", "x", 1, 1));
+    T_OK(pd_tcp_store_will(c, "dropped", NULL, 0, 0));
+    T_OK(pd_tcp_store_will(c, "empty", "", 0, 1));
+    T_OK(pd_tcp_store_will(m, "x", "x", 1, 1));
+    T_OK(pd_tcp_store_will(m, "x", NULL, 0, 0));
+    const char *k = "gone/1";
+    int there = 1;
+    T_OK(pd_store_check(m, &k, 1, &there));
+    T_CHECK(!there);
+    pd_store_destroy(c);
+    T_OK(pd_store_wait(m, &k, 1, 5.0));
+    T_CHECK(get_is(m, "gone/1", "rank 1"));
+    k = "empty";
+    T_OK(pd_store_wait(m, &k, 1, 5.0));
+    k = "dropped";
+    T_OK(pd_store_check(m, &k, 1, &there));
+    T_CHECK(!there);
+    pd_store_destroy(m);
+}
+
 typedef struct shared_getter {
     pd_store *s;
     int id;
@@ -1040,6 +1074,7 @@ main(void)
     T_RUN(test_tcp_wait_for_workers_timeout);
     T_RUN(test_tcp_timeout_then_reuse);
     T_RUN(test_tcp_parked_waiter_client_dies);
+    T_RUN(test_tcp_will);
     T_RUN(test_tcp_shared_client_does_not_serialise);
     T_RUN(test_tcp_server_gone);
     T_RUN(test_tcp_port_in_use);

@@ -23,6 +23,7 @@ WORD_SECRET = b"PDDP\x00\x01\x00\x01"
 
 # TCPStore commands (csrc/store/tcp_proto.h)
 SET, GET, ADD, CAS, WAIT, CHECK, DELETE, NUM_KEYS, PING, CANCEL = range(1, 11)
+WILL = 13  # (11 APPEND, 12 LIST)
 
 HELLO_MAGIC = 0x50444448   # "PDDH"
 FRAME_MAGIC = 0x50444450   # "PDDP"

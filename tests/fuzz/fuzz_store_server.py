@@ -30,7 +30,8 @@ from pyddp.distributed import TCPStore  # noqa: E402
 STORE = None
 GUARD = P.MemoryGuard()
 FDS = [0]
-CMDS = [P.SET, P.GET, P.ADD, P.CAS, P.WAIT, P.CHECK, P.DELETE, P.NUM_KEYS, P.PING, P.CANCEL]
+CMDS = [P.SET, P.GET, P.ADD, P.CAS, P.WAIT, P.CHECK, P.DELETE, P.NUM_KEYS, P.PING, P.CANCEL,
+        P.WILL]
 
 
 def nfds():
@@ -57,6 +58,9 @@ def fuzz_request(fdp):
         args = struct.pack("<I", n) + b"".join(P.s_str(key + bytes([i])) for i in range(n))
     elif cmd == P.CANCEL:
         args = struct.pack("<I", fdp.ConsumeIntInRange(0, 2**32 - 1))
+    elif cmd == P.WILL:
+        # a will (on 1) or its removal (0, or any other value): set when the connection closes
+        args = struct.pack("<I", fdp.ConsumeIntInRange(0, 2)) + P.s_str(key) + P.s_bytes(val)
     else:
         args = b""
     lie = fdp.ConsumeIntInRange(0, 7)

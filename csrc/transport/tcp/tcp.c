@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +40,17 @@ typedef struct hello {
 _Static_assert(sizeof(hello) == 24, "hello must have no padding");
 
 /* What connecting needs, kept by the engine until the transport closes. */
+/* While waiting for higher ranks, a cancellation is looked for this often. */
+#define CANCEL_POLL_MS 200
+
 typedef struct tcp_mesh {
     int lfd;
     char secret[256];
+    /* pd_tcp_cancel_connect: claimed by the first caller, who writes why,
+     * then publishes cancelled (release; accept_peers reads it acquire) */
+    atomic_int cancel_claimed;
+    atomic_int cancelled;
+    char why[PD_ERRMSG_MAX];
 } tcp_mesh;
 
 static void
@@ -241,6 +250,10 @@ accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
     pd_auth_refusals refused = {0};
     while (need > 0) {
         double now = pd_now();
+        if (atomic_load_explicit(&m->cancelled, memory_order_acquire)) {
+            st = pd_error(PD_EBACKEND, "%s", m->why);
+            goto out;
+        }
         if (deadline > 0 && now >= deadline) {
             st = pd_auth_refusals_explain(
                 &refused,
@@ -272,10 +285,11 @@ accept_peers(pd_transport *t, tcp_mesh *m, uint64_t token, double deadline)
             pfd[i + 1].events = w ? POLLOUT : POLLIN;
             pfd[i + 1].revents = 0;
         }
-        int ms = -1;
+        int ms = CANCEL_POLL_MS;
         if (wake > 0) {
             double left = wake - now;
-            ms = left > 3600.0 ? 3600000 : (int)(left * 1000.0) + 1;
+            ms = left * 1000.0 >= CANCEL_POLL_MS ? CANCEL_POLL_MS
+                                                 : (int)(left * 1000.0) + 1;
         }
         int r = poll(pfd, (nfds_t)npend + 1, ms);
         if (r < 0) {
@@ -360,6 +374,19 @@ out:
     return st;
 }
 
+void
+pd_tcp_cancel_connect(pd_transport *t, const char *why)
+{
+    tcp_mesh *m = pd_engine_setup(t);
+    int expected = 0;
+    if (m == NULL || !atomic_compare_exchange_strong(&m->cancel_claimed,
+                                                     &expected, 1)) {
+        return;
+    }
+    snprintf(m->why, sizeof(m->why), "%s", why);
+    atomic_store_explicit(&m->cancelled, 1, memory_order_release);
+}
+
 pd_status
 pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
                uint64_t token, double deadline)
@@ -369,11 +396,23 @@ pd_tcp_connect(pd_transport *t, const char *const *hosts, const int *ports,
     pd_status st = PD_OK;
     int fd = -1;
 
-    /* Connect to every lower rank: two channels each. */
+    /* Connect to every lower rank: two channels each.  Each listened before
+     * it published its address and keeps listening until its higher ranks
+     * are in, so a refusal means it failed or exited: said at once. */
     for (int p = 0; p < rank; p++) {
         for (int ch = 0; ch < 2; ch++) {
-            PD_CHECK_GOTO(pd_net_connect(hosts[p], ports[p], deadline, &fd),
-                          st, fail_conn);
+            st = pd_net_connect_listening(hosts[p], ports[p], deadline, &fd);
+            if (st == PD_ENETWORK && strstr(pd_errmsg(), "refused") != NULL) {
+                char cause[PD_ERRMSG_MAX];
+                snprintf(cause, sizeof(cause), "%s", pd_errmsg());
+                st = pd_error(st, "%s: rank %d was listening there when it "
+                              "published this address and has closed its "
+                              "listener since: it failed or exited during "
+                              "setup (see its output)", cause, p);
+            }
+            if (st != PD_OK) {
+                goto fail_conn;
+            }
             PD_CHECK_GOTO(pd_auth_client(fd, m->secret, deadline), st,
                           fail_conn);
             hello h = {HELLO_MAGIC, (uint32_t)rank, (uint32_t)ch,

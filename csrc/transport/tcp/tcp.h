@@ -23,4 +23,9 @@ pd_status pd_tcp_create(int rank, int size, const char *secret,
 pd_status pd_tcp_connect(pd_transport *t, const char *const *hosts,
                          const int *ports, uint64_t token, double deadline);
 
+/* From another thread: make a pd_tcp_connect that waits for higher ranks
+ * fail within a fraction of a second with PD_EBACKEND and why (the caller
+ * learnt that one of them is gone).  Only the first call counts. */
+void pd_tcp_cancel_connect(pd_transport *t, const char *why);
+
 #endif

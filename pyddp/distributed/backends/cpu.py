@@ -17,6 +17,7 @@ import socket
 
 from ... import _C, _config, _threads
 from .. import _observe
+from .._setup_watch import SetupWatch
 from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
 from .registry import BackendEntry, register
 
@@ -93,12 +94,18 @@ def listen_plan(store, where, rank) -> tuple:
     return host, bind_address(host, f"rank {rank}'s transport")
 
 
-def _forget_setup(store, prefix, size):
-    """Every rank has read what the others published under ``prefix`` (each calls this after
+def _forget_setup(store, watch, once):
+    """Every rank has read what the others published in ``watch``'s round (each calls this after
     connecting): the last to arrive deletes those keys, so a job that makes and destroys groups
-    all along does not grow its store.  A store without delete_key keeps them."""
+    all along does not grow its store; with ``once`` the round counter too (no other group uses
+    the name).  A store without delete_key keeps them."""
+    prefix, size = watch.prefix, watch.size
     keys = [f"{prefix}/{part}/{r}" for part in ("node", "net", "cpus", "addr") for r in range(size)]
+    first = watch.gen * size + 1
+    keys += [f"{watch.name}/arrival/{n}" for n in range(first, first + size)]
     keys += [f"{prefix}/token", f"{prefix}/transport", f"{prefix}/connected"]
+    if once:
+        keys.append(f"{watch.name}/round")
     if int(store.add(f"{prefix}/connected", 1)) != size:
         return
     try:
@@ -111,26 +118,32 @@ def _forget_setup(store, prefix, size):
 def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", once=False):
     """Create this rank's member of a group and connect it to the others through `store`.
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
-    ``once``: no other group of this job will use ``name`` in ``store`` (new_group's groups), so
-    no round counter is kept there.
+    ``once``: no other group of this job will use ``name`` in ``store`` (new_group's groups): its
+    round counter goes with the rest of the setup keys.
 
     Returns (C process group, round number)."""
     from . import tuning  # the rules file (read by rank 0 at each group's creation)
 
     _config.check()  # a bad PYDDP_* value is an error before the C core reads it
-    # Several rounds may use the same store (init, destroy, init again): the counter gives
-    # each round its own keys, so no rank reads a stale address.
-    gen = 0 if once else (int(store.add(f"{name}/round", 1)) - 1) // size
-    prefix = f"{name}/{gen}"
+    # the round's keys, and waits that say what they wait for (a rank that never came, died,
+    # or has another world size) instead of a silent store.get
+    watch = SetupWatch(store, name, rank, size, timeout,
+                       f"rank {rank}: setting up group {label or name}")
+    gen, prefix = watch.gen, watch.prefix
     secret = job_secret()
     cpg = None
     try:
         if size > 1:
             # where every rank is decides where this one listens: nothing wider than needed
-            store.set(f"{prefix}/node/{rank}", node_id())
+            # (node last: once a rank's node key is there, so are the others)
             store.set(f"{prefix}/net/{rank}", _net_id())
             store.set(f"{prefix}/cpus/{rank}", _threads.encode_cpus(_threads.affinity()))
-            nodes = [store.get(f"{prefix}/node/{r}").decode() for r in range(size)]
+            # (with the world size: ranks started with different ones must not pass this wait)
+            store.set(f"{prefix}/node/{rank}", f"{size} {node_id()}")
+            watch.wait("node", "host")
+            nodes = [store.get(f"{prefix}/node/{r}").decode().split(" ", 1) for r in range(size)]
+            watch.check_sizes([int(n[0]) for n in nodes])
+            nodes = [n[1] for n in nodes]
             # the cores this host's ranks can keep busy at once (their CPU sets together, within
             # the cgroup's CPU limit): the C core spins only where each rank has one
             cpus = set()
@@ -141,7 +154,6 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
             nets = [store.get(f"{prefix}/net/{r}").decode() for r in range(size)]
             host, bind = listen_plan(store, list(zip(nodes, nets)), rank)
             cpg = _C.ProcessGroup(rank, size, timeout, secret, bind)
-            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
             if rank == 0:
                 # the group's random id and rank 0's rules of algorithm choice (backends.tuning):
                 # every rank applies the same ones
@@ -150,6 +162,11 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
                 local = local if local <= host_cores else None
                 store.set(f"{prefix}/token",
                           f"{secrets.randbits(63)} {tuning.encode(size, local)}")
+                store.set(f"{prefix}/transport", _config.get("PYDDP_TRANSPORT"))
+            # (rank 0's token and transport before its address: once every address is there,
+            # so are they)
+            store.set(f"{prefix}/addr/{rank}", f"{host}:{cpg.port}")
+            watch.wait("addr", "transport address")
             transport = transport_choice(store, prefix, rank)
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
@@ -163,18 +180,23 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
             cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
             host_cores = _threads.cores()
-        cpg.connect(hosts, ports, token, nodes, transport, host_cores)
+        # a rank that dies while the others wait for its connection is named within a second
+        stop_watch = watch.watch_connect(cpg) if size > 1 else (lambda: None)
+        try:
+            cpg.connect(hosts, ports, token, nodes, transport, host_cores)
+        finally:
+            stop_watch()
         if rules is not None:
             cpg.set_rules(*rules[:2])
             if len(rules) == 4:  # the phases' rules: rules[0] fast, rules[2] slow
                 cpg.set_slow_rules(rules[2], rules[1], rules[3])
-        if size > 1:
-            _forget_setup(store, prefix, size)
     except BaseException:
         if cpg is not None:
             cpg.destroy()
         raise
+    watch.done()
     if size > 1:
+        _forget_setup(store, watch, once)
         # ranks started without a launcher's OMP_NUM_THREADS: each takes its share of the cores
         _threads.limit_for_group(nodes.count(nodes[rank]), rank, host_cores)
         hostsn = len(set(nodes))
