@@ -47,6 +47,12 @@ pd_status pd_group_connect(pd_group *g, const char *const *hosts,
  * PD_EBACKEND and why (a rank it waits for is known to be gone). */
 void pd_group_cancel_connect(pd_group *g, const char *why);
 
+/* Fail the group from outside (any thread): a backend of another device
+ * on the same ranks (NCCL's) failed, and the peers must learn it at once
+ * whatever they wait for.  msg becomes the sticky error (unless the group
+ * failed already) and the progress thread sends it to every peer. */
+void pd_group_fail(pd_group *g, const char *msg);
+
 /* The group's sticky error: PD_OK, or its status with the message copied
  * into buf (cap bytes).  Any thread; never blocks. */
 pd_status pd_group_error(pd_group *g, char *buf, size_t cap);

@@ -972,3 +972,40 @@ def test_arrays_are_let_go_once_the_callers_stream_waited():
         for how, freed, got in live:
             assert got == 3.0, f"rank {rank} {how}: {got}"
             assert freed >= 1 << 20, f"rank {rank} {how}: only {freed} bytes freed after del"
+
+
+def _peer_failed_and_stayed(rank, n):
+    from datetime import timedelta
+
+    dist = _init(rank, timeout=timedelta(seconds=30))
+    x = _dev(np.ones(4, np.float32), rank)
+    if rank == 1:
+        # its third operation fails (found by its watchdog), and it calls nothing more for a while:
+        # the error never surfaces in a call of its own
+        for _ in range(3):
+            dist.all_reduce(x)
+        time.sleep(12)
+        return None, 0.0
+    t0 = time.monotonic()
+    try:
+        for _ in range(20):
+            dist.all_reduce(x)
+            x.numpy()
+        out = None
+    except dist.DistBackendError as e:
+        out = str(e)
+    return out, time.monotonic() - t0
+
+
+def test_a_failure_reaches_the_peers_without_the_signature_check():
+    """Rank 1's communicator fails (an injected asynchronous error its watchdog finds) while rank 1
+    is busy elsewhere: rank 0, waiting in NCCL for it, learns it through the host group within
+    seconds, not at its own timeout, even with PYDDP_NCCL_CHECK=0 (torch's
+    TORCH_NCCL_PROPAGATE_ERROR)."""
+    outs = _spawn(_peer_failed_and_stayed, 2, timeout=120,
+                  env=_env(FAKENCCL_ASYNC_ERROR_AFTER="2", FAKENCCL_ASYNC_ERROR_RANK="1",
+                           PYDDP_NCCL_CHECK="0"))
+    msg0, took0 = outs[0]
+    assert msg0 is not None, "rank 0 finished with its peer's communicator failed"
+    assert took0 < 10, f"rank 0 learnt it after {took0:.1f} s: {msg0}"
+    assert "rank 1" in msg0 and "asynchronous error" in msg0, msg0

@@ -68,6 +68,15 @@ pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
     }
 }
 
+void
+pd_group_fail(pd_group *g, const char *msg)
+{
+    pd_grp_record_fatal(g, PD_EBACKEND, msg);
+    if (g->t != NULL) {
+        g->t->ops->wake(g->t); /* the progress thread tells the peers */
+    }
+}
+
 /* Progress thread: stop the transport, tell every peer, fail p2p work. */
 void
 pd_grp_propagate_fatal(pd_group *g)

@@ -373,6 +373,21 @@ PG_cancel_connect(PGObject *self, PyObject *why)
     Py_RETURN_NONE;
 }
 
+/* fail(msg): the group's sticky error, sent to every peer (a device
+ * backend of the same ranks failed). */
+static PyObject *
+PG_fail(PGObject *self, PyObject *msg)
+{
+    const char *s = PyUnicode_AsUTF8(msg);
+    if (s == NULL) {
+        return NULL;
+    }
+    if (self->g != NULL) {
+        pd_group_fail(self->g, s);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 PG_connect(PGObject *self, PyObject *args)
 {
@@ -1725,6 +1740,9 @@ static PyMethodDef PG_methods[] = {
      "phase_ns (0: no phases); as set_rules otherwise."},
     {"set_timeline_track", (PyCFunction)PG_set_timeline_track, METH_O,
      "set_timeline_track(tid): this group's track in the timeline."},
+    {"fail", (PyCFunction)PG_fail, METH_O,
+     "fail(msg): make msg the group's error and tell every peer (a device "
+     "backend of the same ranks failed); nothing once the group failed."},
     {"destroy", (PyCFunction)PG_destroy, METH_NOARGS,
      "stop the progress thread, say goodbye to peers, free everything."},
     {NULL, NULL, 0, NULL},

@@ -296,10 +296,17 @@ class NcclBackend(Backend):
         self.lock: a launch holds it while NCCL is connecting, and the abort is what ends that
         wait (NcclComm.abort sets its flag before it takes any lock)."""
         with self._err_lock:
-            if self.error is None:
+            first = self.error is None
+            if first:
                 self.error = msg
         for c in list(self.comms.values()):
             c.abort(msg)
+        host = self.host
+        if first and host is not None:
+            # the peers learn it at once through the host group (whatever the signature check
+            # does, torch's TORCH_NCCL_PROPAGATE_ERROR): a peer waiting in NCCL for this rank
+            # is aborted by its watchdog instead of waiting out its own timeout
+            host.fail(msg)
 
     def _timeout_message(self, work) -> str:
         return (f"Watchdog caught collective operation timeout: {work.desc} on {self._where()}, "
