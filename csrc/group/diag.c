@@ -81,9 +81,10 @@ pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeou
             }
         }
         /* The culprits: the ranks that did not answer (stopped, or
-         * gone); else the ranks furthest behind.  A rank behind the others
-         * but ahead of a culprit is waiting on it (eager collectives let
-         * ranks run ahead): said apart, not blamed. */
+         * gone); else the ranks furthest behind (among the stopped ones,
+         * when /proc shows some).  A rank behind the others but ahead of a
+         * culprit is waiting on it (eager collectives let ranks run
+         * ahead): said apart, not blamed. */
         uint64_t lowest = UINT64_MAX;
         int any_silent = 0;
         /* the ranks this host's /proc shows stopped (with shared memory,
@@ -92,8 +93,9 @@ pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeou
         char *is_stopped = calloc((size_t)g->size, 1);
         if (g->shm != NULL && is_stopped != NULL) {
             for (int p = 0; p < g->size; p++) {
-                char st = p == g->rank ? 0 : pd_shm_peer_state(g->shm, p);
-                if (st == 'T' || st == 't') {
+                char state = p == g->rank ? 0
+                                          : pd_shm_peer_state(g->shm, p);
+                if (state == 'T' || state == 't') {
                     is_stopped[p] = 1;
                     add_rank(stopped, sizeof(stopped), &ot, p);
                 }
