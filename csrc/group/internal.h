@@ -151,9 +151,12 @@ void pd_grp_cb_on_abort(void *ctx, int peer, int status, const char *msg);
 pd_status pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
                                 int resume, double deadline, int *published);
 
-/* diag.c */
-void pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq,
-                            double timeout, int on_progress, int waited_for);
+/* diag.c: set the error of a collective that timed out (naming the ranks
+ * it waited for) and return its status: PD_ETIMEOUT, or that of a peer's
+ * failure that came first (reported instead) */
+pd_status pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq,
+                                 double timeout, int on_progress,
+                                 int waited_for);
 
 /* shm_buffers.c */
 shm_buf *pd_grp_find_shm_buf(pd_group *g, const char *p, size_t len);

@@ -24,6 +24,10 @@ coll_progress(void *ctx, double deadline)
                         "was in progress");
     }
     if (pd_now() >= deadline) {
+        /* what arrived meanwhile first: a peer's abort or death waiting
+         * to be read is the cause (this rank may have been the one
+         * stopped, and its clock ran out while it was) */
+        PD_CHECK(pd_grp_progress_once(g, 0.0));
         return pd_error(PD_ETIMEOUT, "timed out");
     }
     return pd_grp_progress_once(g, deadline);
@@ -207,8 +211,8 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
             pd_grp_err(g) == PD_OK) {
             int waited = c.shm != NULL ? pd_shm_waited_for(c.shm)
                                        : c.waited_for;
-            pd_grp_explain_timeout(g, op, seq, timeout, x->on_progress,
-                                   waited);
+            st = pd_grp_explain_timeout(g, op, seq, timeout,
+                                        x->on_progress, waited);
         }
         else {
             char msg[PD_ERRMSG_MAX];

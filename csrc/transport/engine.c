@@ -81,6 +81,10 @@ typedef struct peer {
     int gone; /* handled: either left (bye) or fatal */
     uint64_t reply_seq;
     int replied;
+    /* it failed the group (sent an abort) at this sequence number: where
+     * it went after that is no news, and never a culprit */
+    int aborted;
+    uint64_t abort_at;
 } peer;
 
 typedef struct engine {
@@ -128,6 +132,19 @@ fail(engine *t, pd_status st, const char *fmt, ...)
         t->err = st;
     }
     return pd_error(t->err, "%s", t->errmsg);
+}
+
+/* Peer p is gone or unreachable: if it had failed the group first (an
+ * abort this rank deferred, its collective being ahead), that failure is
+ * the cause and becomes the transport's error, so that the error this rank
+ * reports next names the culprit that peer found, not the peer that left
+ * after its own timeout. */
+static void
+adopt_abort(engine *t, int p)
+{
+    if (t->peers[p].aborted && t->abort_seq != 0) {
+        fail(t, t->abort_st, "%s", t->abort_msg);
+    }
 }
 
 static pd_status
@@ -329,6 +346,8 @@ handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
                                 m->status < (uint32_t)PD_NSTATUS
                             ? (pd_status)m->status
                             : PD_EBACKEND;
+        pe->aborted = 1;
+        pe->abort_at = m->seq;
         PD_LOG(PD_LOG_WARN, "tcp",
                "rank %d: abort from rank %d for #%llu: %.*s", t->base.rank, p,
                (unsigned long long)m->seq, (int)m->len, text);
@@ -437,6 +456,7 @@ peer_gone(engine *t, int p)
     PD_LOG(PD_LOG_INFO, "tcp", "rank %d: rank %d %s", t->base.rank, p,
            pe->bye ? "left the group" : "vanished without a goodbye");
     if (!pe->bye) {
+        adopt_abort(t, p);
         fail(t, PD_ENETWORK,
              "rank %d lost its connection to rank %d: rank %d died, was "
              "killed or closed its sockets without destroy_process_group()",
@@ -572,6 +592,7 @@ engine_post_send(pd_transport *base, pd_req *r)
     }
     peer *pe = &t->peers[p];
     if (pe->gone || pe->data_eof) {
+        adopt_abort(t, p);
         return fail(t, PD_ENETWORK,
                     "rank %d cannot send to rank %d: rank %d has left the "
                     "group (destroyed its process group or exited)",
@@ -663,6 +684,7 @@ engine_post_recv(pd_transport *base, pd_req *r)
     peer *pe = &t->peers[p];
     if (pe->gone && pe->data_eof &&
         !pd_link_readable(pe->link)) {
+        adopt_abort(t, p);
         return fail(t, PD_ENETWORK,
                     "rank %d cannot receive from rank %d: rank %d has left "
                     "the group (destroyed its process group or exited)",
@@ -945,6 +967,7 @@ buffered_progress(engine *t)
         }
         if (pe->gone) {
             if (pe->data_eof && needs_peer(pe) && !l->ops->readable(l)) {
+                adopt_abort(t, p);
                 fail(t, PD_ENETWORK,
                      "rank %d cannot receive from rank %d: rank %d has left "
                      "the group (destroyed its process group or exited)",
@@ -991,6 +1014,7 @@ link_dead(engine *t, int p)
     }
     if ((needs_peer(pe) && !pd_link_readable(pe->link)) ||
         pe->sq_head != NULL) {
+        adopt_abort(t, p);
         return fail(t, PD_ENETWORK,
                     "rank %d: connection to rank %d closed while "
                     "waiting for it (rank %d exited or destroyed its "
@@ -1142,6 +1166,7 @@ engine_progress(pd_transport *base, int timeout_ms)
     for (int p = 0; p < base->size; p++) {
         peer *pe = &t->peers[p];
         if (p != base->rank && pe->gone && pe->sq_head != NULL) {
+            adopt_abort(t, p);
             return fail(t, PD_ENETWORK,
                         "rank %d cannot send to rank %d: rank %d has left "
                         "the group", base->rank, p, p);
@@ -1216,6 +1241,11 @@ engine_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
     for (int p = 0; p < base->size; p++) {
         if (t->peers[p].replied) {
             seqs[p] = t->peers[p].reply_seq;
+        }
+        else if (t->peers[p].aborted) {
+            /* it failed the group there and may have left since: silent,
+             * but not a culprit (its abort named one) */
+            seqs[p] = t->peers[p].abort_at;
         }
     }
     return PD_OK;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@ typedef struct {
     _Atomic int count;
     _Atomic int gen;
     _Atomic int port[MAXR];
+    _Atomic int pid[MAXR];
 } shared_t;
 
 static shared_t *sh;
@@ -253,6 +255,69 @@ child_timeout(int rank, int n, int transport)
     pd_group_destroy(g);
 }
 
+/* The last rank enters the second collective and is stopped inside it
+ * (SIGSTOP, its progress thread waiting for the others): its sequence
+ * number is the others' and it answers nothing, yet every other rank's
+ * timeout names it (issue 50), and so does its own error once continued:
+ * its peers' verdict, not its own late one blaming the ranks that gave up
+ * on it. */
+static void
+child_stopped(int rank, int n, int transport)
+{
+    pd_group *g = connect_group(rank, n, transport, 1.0);
+    /* 1 MiB: several rounds through the banks (and ring steps over TCP),
+     * so that the others need rank 2 after it entered */
+    static double v[1 << 17];
+    char *vi, *vo;
+    size_t vl;
+    pd_op op = allreduce_op(v, 1 << 17, &vi, &vo, &vl);
+    pd_work *h = NULL;
+    T_OK(pd_group_submit(g, &op, &h));
+    T_OK(pd_work_wait(h, 20.0));
+    pd_work_release(h);
+    atomic_store(&sh->pid[rank], (int)getpid());
+    barrier(n);
+    char msg[512];
+    if (rank == n - 1) {
+        T_OK(pd_group_submit(g, &op, &h));
+        usleep(200000); /* the progress thread has entered it */
+        raise(SIGSTOP);
+        T_CHECK(pd_work_wait(h, 20.0) != PD_OK);
+        pd_work_release(h);
+        T_CHECK(pd_group_error(g, msg, sizeof(msg)) != PD_OK);
+        T_CHECK(strstr(msg, "timed out") != NULL);
+        T_CHECK(strstr(msg, "[2]") != NULL);
+    }
+    else {
+        usleep(500000); /* rank 2 is stopped */
+        pd_status st;
+        h = NULL;
+        if (!pd_group_inline(g, &op, NULL, NULL, &st, &h)) {
+            T_OK(pd_group_submit(g, &op, &h));
+            st = pd_work_wait(h, 20.0);
+        }
+        T_CHECK(st != PD_OK);
+        if (h != NULL) {
+            pd_work_release(h);
+        }
+        T_CHECK(pd_group_error(g, msg, sizeof(msg)) != PD_OK);
+        /* with shared memory /proc says so; over TCP it did not answer */
+        T_CHECK(strstr(msg, transport == PD_TRANSPORT_TCP
+                                ? "did not answer: [2]"
+                                : "ranks stopped (SIGSTOP or a debugger): "
+                                  "[2]") != NULL);
+        if (rank == 0) {
+            usleep(300000); /* rank 1 has its error too */
+            kill(atomic_load(&sh->pid[n - 1]), SIGCONT);
+        }
+    }
+    if (pd_test_failures) {
+        fprintf(stderr, "rank %d: %s\n", rank, msg);
+    }
+    barrier(n);
+    pd_group_destroy(g);
+}
+
 /* Work still queued when the group is destroyed fails, never hangs; a
  * thread waiting on it wakes. */
 
@@ -333,6 +398,18 @@ test_timeout_tcp(void)
 }
 
 static void
+test_stopped_shm(void)
+{
+    run(3, PD_TRANSPORT_AUTO, child_stopped);
+}
+
+static void
+test_stopped_tcp(void)
+{
+    run(3, PD_TRANSPORT_TCP, child_stopped);
+}
+
+static void
 test_destroy_with_pending_work(void)
 {
     run(3, PD_TRANSPORT_AUTO, child_destroy_busy);
@@ -388,6 +465,8 @@ main(void)
     T_RUN(test_busy_tcp);
     T_RUN(test_timeout_shm);
     T_RUN(test_timeout_tcp);
+    T_RUN(test_stopped_shm);
+    T_RUN(test_stopped_tcp);
     T_RUN(test_destroy_with_pending_work);
     T_RUN(test_fatal_claim_loser_waits);
     return pd_test_result();

@@ -256,6 +256,54 @@ pd_shm_sweep_stale(const char *dir)
     closedir(d);
 }
 
+/* Process pid's state letter and start time (clock ticks after boot) from
+ * /proc/<pid>/stat; 0 when it cannot be read (gone, no /proc). */
+static int
+proc_stat(pid_t pid, char *state, uint64_t *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        return 0;
+    }
+    ssize_t n;
+    do {
+        n = read(fd, buf, sizeof(buf) - 1);
+    } while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0) {
+        return 0;
+    }
+    buf[n] = '\0';
+    /* "pid (comm) S ppid ...": comm may hold spaces and parentheses, so
+     * the fields start after the last ')' */
+    char *q = strrchr(buf, ')');
+    if (q == NULL || q[1] != ' ' || q[2] == '\0') {
+        return 0;
+    }
+    *state = q[2];
+    /* starttime is field 22; the state is field 3 */
+    char *f = q + 3;
+    for (int i = 3; i < 22; i++) {
+        f = strchr(f, ' ');
+        if (f == NULL) {
+            return 0;
+        }
+        f++;
+    }
+    char *end;
+    unsigned long long v = strtoull(f, &end, 10);
+    if (end == f) {
+        return 0;
+    }
+    *start = (uint64_t)v;
+    return 1;
+}
+
 pd_status
 pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
               pd_shm **out)
@@ -316,6 +364,9 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     pd_shm_ctrl *c = p;
     c->pid = (int32_t)getpid();
     c->cores = spin ? 1u : 0u;
+    char state;
+    uint64_t start = 0;
+    c->start = proc_stat(getpid(), &state, &start) ? start : 0;
     /* the word a peer's cross-memory-attach probe reads (cma.c): a value
      * it cannot guess, so a pid that names another process fails */
     if (pd_random_bytes(&s->cma_word, sizeof(s->cma_word)) != PD_OK) {
@@ -848,6 +899,41 @@ pd_shm_entered(pd_shm *s, int p)
     pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
     uint64_t a = c->ident[0].seq, b = c->ident[1].seq;
     return a > b ? a : b;
+}
+
+char
+pd_shm_peer_state(pd_shm *s, int p)
+{
+    if (p < 0 || p >= s->size || p == s->rank || !s->mapped[p]) {
+        return 0;
+    }
+    pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
+    /* the peer's words: a pid that is not positive names no one process */
+    int32_t pid = c->pid;
+    uint64_t want = c->start;
+    char state;
+    uint64_t start;
+    if (pid <= 0 || want == 0 || !proc_stat(pid, &state, &start) ||
+        start != want) {
+        return 0;
+    }
+    return state;
+}
+
+pd_status
+pd_shm_peer_failure(pd_shm *s)
+{
+    for (int p = 0; p < s->size; p++) {
+        if (p == s->rank || !s->mapped[p]) {
+            continue;
+        }
+        pd_shm_ctrl *c = pd_shm_ctrl_of(s, p);
+        if (atomic_load_explicit(&c->abort, memory_order_acquire) != 0) {
+            /* target 0 is always reached: only the abort speaks */
+            return peer_aborted(s, p, 0);
+        }
+    }
+    return PD_OK;
 }
 
 /* ------------------------------------------------------------------ rings */

@@ -58,7 +58,10 @@ typedef struct pd_shm_ctrl {
     uint64_t value[2];           /* small per-op value (by seq parity) */
     _Atomic uint32_t left;       /* owner destroyed its group */
     uint32_t cores;              /* 1: the owner counts a core per rank */
-    uint32_t pad0[6];
+    /* the owner's start time (field 22 of /proc/<pid>/stat, 0: unknown):
+     * a pid reused, or seen from another pid namespace, is not the owner */
+    uint64_t start;
+    uint32_t pad0[4];
     /* line 1: identities by seq parity */
     _Alignas(PD_SHM_LINE) pd_shm_ident ident[2];
     /* the owner's error message when abort != 0 */
@@ -196,6 +199,15 @@ uint64_t pd_shm_value(pd_shm *s, int p, uint64_t seq);
 int pd_shm_waited_for(const pd_shm *s);
 /* Highest sequence number peer p has entered (timeout diagnosis). */
 uint64_t pd_shm_entered(pd_shm *s, int p);
+/* Peer p's process as this host's /proc shows it (timeout diagnosis): its
+ * state letter ('R', 'S', 'D', 'T' stopped, 't' stopped by a debugger, 'Z'
+ * exited...), or 0 when unknown (no /proc, or the pid is not the peer's:
+ * reused, or another pid namespace). */
+char pd_shm_peer_state(pd_shm *s, int p);
+/* The first peer that failed the group (its abort flag), as an error with
+ * its status and message; PD_OK when none has (timeout diagnosis: a peer's
+ * earlier verdict beats this rank's late one). */
+pd_status pd_shm_peer_failure(pd_shm *s);
 
 /* Byte rings for frames between two local ranks (point-to-point messages,
  * and every frame of groups that span hosts).  The ring from r to d lives in
