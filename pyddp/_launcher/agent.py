@@ -23,7 +23,8 @@ from typing import List, Optional
 
 from .. import _config
 from .._lifecycle import describe_exit, signal_group, signal_name, terminate_with_grace, wait_until_gone
-from .errors import Failure, first_failure_order, format_summary, read_failure
+from .errors import (  # noqa: F401  (LaunchError, LauncherInterrupted: the launcher's API here)
+    Failure, LaunchError, LauncherInterrupted, first_failure_order, format_summary, read_failure)
 from .guardian import Guardian
 from .options import STD_ERR, STD_OUT, LaunchConfig
 from .output import Console, LineSink, OutputPump
@@ -47,22 +48,6 @@ def _remove_if_empty(path):
             os.unlink(path)
     except OSError:
         pass
-
-
-class LaunchError(Exception):
-    """The job cannot start (port in use, no shared secret, ...): message for the user, exit code."""
-
-    def __init__(self, message, exit_code=1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class LauncherInterrupted(Exception):
-    """The launcher got SIGINT/SIGTERM/SIGHUP; every worker has been stopped."""
-
-    def __init__(self, signum):
-        super().__init__(f"received {signal_name(signum)}")
-        self.signum = signum
 
 
 def _grace() -> float:

@@ -151,7 +151,7 @@ class ElasticNode:
         try:
             self.a._start(w, d, self.pump)
         except OSError as e:
-            from .agent import LaunchError
+            from .errors import LaunchError
 
             raise LaunchError(f"cannot start worker {local_rank}: {e}") from None
         self.a._guardian.watch(w.pid)
@@ -376,7 +376,7 @@ class ElasticNode:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
-        from .agent import LaunchError, LauncherInterrupted
+        from .errors import LaunchError, LauncherInterrupted
         from .output import OutputPump
         from .._lifecycle import signal_name
 

@@ -13,6 +13,23 @@ from typing import List, Optional
 
 from .._lifecycle import describe_exit, signal_name
 
+
+class LaunchError(Exception):
+    """The job cannot start (port in use, no shared secret, ...): message for the user, exit code."""
+
+    def __init__(self, message, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class LauncherInterrupted(Exception):
+    """The launcher got SIGINT/SIGTERM/SIGHUP; every worker has been stopped."""
+
+    def __init__(self, signum):
+        super().__init__(f"received {signal_name(signum)}")
+        self.signum = signum
+
+
 _RULE = "=" * 72
 _THIN = "-" * 72
 _INDENT = " " * 14

@@ -279,7 +279,7 @@ class Optimizer:
         raise NotImplementedError
 
     def _run_closure(self, closure):
-        """closure() with gradient recording on (torch's enable_grad, or pyddp's if it has one)."""
+        """closure() with gradient recording on (torch's enable_grad, else pyddp's)."""
         if closure is None:
             return None
         if _is_torch(self.param_groups[0]["params"][0]):
@@ -287,13 +287,10 @@ class Optimizer:
 
             with torch.enable_grad():
                 return closure()
-        import pyddp
+        from .._tensor._grad_mode import enable_grad
 
-        enable_grad = getattr(pyddp, "enable_grad", None)
-        if enable_grad is not None:
-            with enable_grad():
-                return closure()
-        return closure()
+        with enable_grad():
+            return closure()
 
     # ---- checkpoints ----
     def state_dict(self) -> dict:
