@@ -228,7 +228,7 @@ def randperm(n, *, generator=None, dtype=np.int64, device=None):
     (a CUDA device raises as in torch's CPU build).
     """
     if device is not None:
-        from ._tensor._core import _check_device
+        from ._device import _check_device
         _check_device(device)
     n = _check_n(n)
     g = _gen(generator)

@@ -16,16 +16,15 @@ _NONE = "Cannot access accelerator device when none is available."
 
 
 def _cuda():
-    from . import cuda
-    return cuda
+    from .cuda import _runtime
+    return _runtime
 
 
 def current_accelerator(check_available: bool = False):
     """``device(type='cuda')`` when CUDA sees a GPU, else None (torch's CPU build)."""
-    if not _cuda().is_available():
-        return None
-    from ._tensor._dtypes import device
-    return device("cuda")
+    from ._device import _accelerator, device
+    kind = _accelerator()
+    return None if kind is None else device(kind)
 
 
 def is_available() -> bool:
@@ -59,7 +58,7 @@ def _device_index(dev, optional: bool) -> int:
         return dev
     index = None
     if dev is not None:
-        from ._tensor._dtypes import device
+        from ._device import device
         d = device(dev) if isinstance(dev, str) else dev
         acc = current_accelerator()
         if acc is None:

@@ -286,7 +286,7 @@ def syncbn():
 def syncbn_apex():
     # apex's SyncBatchNorm extras on a torch layer: channel_last input (N, L, C), the residual z and
     # fuse_relu, momentum=None (cumulative average); against batch norm over the whole batch
-    from pyddp.nn.parallel import _torch_syncbn
+    from pyddp.nn.modules import _torch_syncbn
 
     g = torch.Generator().manual_seed(9)
     sizes = [2 + 2 * r for r in range(ws)]

@@ -1,6 +1,7 @@
-"""The shape of pyddp.distributed: its import graph has no circle, no backend reaches the API module
-(distributed_c10d), and a backend is one module implementing backends.interface (the example of
-the backends package docstring, registered and run here).
+"""The shape of pyddp: the whole package is a stack of layers (LAYERS below: no module imports a
+module of a higher layer) whose import graph has no circle; in pyddp.distributed no backend
+reaches the API module (distributed_c10d), and a backend is one module implementing
+backends.interface (the example of the backends package docstring, registered and run here).
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import`` counts,
 at module level and inside functions alike (a function-level import is an arrow that only waits
@@ -130,6 +131,86 @@ def reaches(graph, start, goal):
     return None
 
 
+# pyddp's layers, lowest first.  Each entry is a module name standing for that module and every
+# module under it; a module is in the layer of its longest (most specific) entry, so a package's
+# __init__ can sit above some of its own modules (pyddp.cuda, pyddp.nn, pyddp itself).
+LAYERS = [
+    ("core", [  # the extension, configuration, detection of other libraries, process lifecycle,
+        # the array adapter, the C kernels' Python side, libcudart/libnccl loading, emulation
+        "pyddp._C", "pyddp._config", "pyddp._detect", "pyddp._lifecycle", "pyddp._interop",
+        "pyddp._kernels", "pyddp.backends", "pyddp.cuda._lib", "pyddp.cuda._emulation",
+        "pyddp.cuda._pinned", "pyddp.cuda.nccl"]),
+    ("devices", [  # torch.device, the CUDA runtime's questions, torch.accelerator
+        "pyddp._device", "pyddp.cuda._runtime", "pyddp.cuda._stream", "pyddp.cuda.nvtx",
+        "pyddp.accelerator"]),
+    ("distributed", [  # process groups and collectives on arrays: no tensors, nn or optim
+        "pyddp.distributed", "pyddp._threads"]),  # (_threads: the BLAS pools' share, logged
+    # through distributed's observer; used by the cpu backend and the launchers)
+    ("tensor", [  # pyddp.Tensor, its generator, the autograd graph and engine, autocast, and
+        # pyddp.cuda's package (its legacy tensor types: torch.cuda.FloatTensor, ...)
+        "pyddp._random", "pyddp._tensor", "pyddp.autograd._graph", "pyddp.autograd._engine",
+        "pyddp._autocast", "pyddp.cuda"]),
+    ("autograd", [  # torch.autograd's API over Tensor: Function, grad, gradcheck
+        "pyddp.autograd"]),
+    ("nn, optim", [  # modules (SyncBatchNorm included, which uses collectives), functional,
+        # init, optimizers, schedulers, checkpoints
+        "pyddp.nn", "pyddp.optim", "pyddp.optimizers", "pyddp.serialization"]),
+    ("data", [  # Dataset, samplers (DistributedSampler), DataLoader, TensorBoard's writer
+        "pyddp.utils"]),
+    ("parallel", [  # DataParallel, DistributedDataParallel (and apex's), ZeRO; pyddp.nn's
+        # package, which serves nn.parallel as torch.nn does
+        "pyddp.nn.parallel", "pyddp.distributed.optim", "pyddp.nn!"]),
+    ("amp", [  # apex amp (which refuses models already wrapped in DDP), GradScaler, fp16_utils
+        "pyddp.amp", "pyddp.cuda.amp", "pyddp.fp16_utils"]),
+    ("launchers", [  # processes: spawn, torchrun, elastic, notebooks; tools; the root package
+        "pyddp._launcher", "pyddp.run", "pyddp.launch", "pyddp.multiprocessing",
+        "pyddp.notebook", "pyddp.elastic", "pyddp.torch_backend", "pyddp.tools", "pyddp!"]),
+]
+
+
+def layer_of(module, layers=None):
+    """The index in ``layers`` (LAYERS) of ``module``'s layer: that of its longest entry; an entry
+    ending in '!' stands for that module alone (and wins over the same name without it).  None
+    when no entry covers it."""
+    best, where = -1, None
+    for i, (_, entries) in enumerate(layers or LAYERS):
+        for e in entries:
+            exact = e.endswith("!")
+            e = e.rstrip("!")
+            if module == e or (not exact and module.startswith(e + ".")):
+                if len(e) + exact / 2 > best:   # 'm!' wins over 'm'
+                    best, where = len(e) + exact / 2, i
+    return where
+
+
+def test_layers_cover_every_module_once():
+    entries = [e for _, es in LAYERS for e in es]
+    assert len(entries) == len(set(entries)), "an entry is listed twice"
+    mods = modules(ROOT, "pyddp")
+    assert all(e.rstrip("!") in mods for e in entries), \
+        [e for e in entries if e.rstrip("!") not in mods]
+    assert [m for m in sorted(mods) if layer_of(m) is None] == []
+
+
+def test_no_module_imports_a_higher_layer():
+    g = import_graph(ROOT, "pyddp")
+    up = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) -> {d} ({LAYERS[layer_of(d)][0]})"
+                for m, deps in g.items() for d in deps if layer_of(d) > layer_of(m))
+    assert up == [], "imports of a higher layer:\n  " + "\n  ".join(up)
+
+
+def test_no_import_circle_in_pyddp():
+    bad = circles(import_graph(ROOT, "pyddp"))
+    assert bad == [], "import circles (each a list of the modules it passes through): " + \
+        "; ".join(" <-> ".join(c) for c in bad)
+
+
+def test_the_layer_rule_reads_longest_entries(tmp_path):
+    layers = [("low", ["p.a", "p.b.x", "p.d"]), ("high", ["p.b", "p!", "p.d!"])]
+    assert [layer_of(m, layers) for m in ("p", "p.a", "p.a.y", "p.b", "p.b.x", "p.b.z", "p.c",
+                                          "p.d", "p.d.e")] == [1, 0, 0, 1, 0, 1, None, 1, 0]
+
+
 def test_the_graph_reader_sees_circles_and_function_level_imports(tmp_path):
     pkg = tmp_path / "p"
     (pkg / "sub").mkdir(parents=True)
@@ -144,20 +225,6 @@ def test_the_graph_reader_sees_circles_and_function_level_imports(tmp_path):
                  "p.c": {"p.sub.b", "p.a", "p._ext"}, "p._ext": set()}
     assert circles(g) == [["p.a", "p.sub.b"]]
     assert reaches(g, "p.c", "p.a") == ["p.c", "p.a"] and reaches(g, "p.a", "p.c") is None
-
-
-def test_no_import_circle_through_pyddp_distributed():
-    g = import_graph(ROOT, "pyddp")
-    bad = [c for c in circles(g) if any(m.startswith("pyddp.distributed") for m in c)]
-    assert bad == [], f"import circles through pyddp.distributed: {bad}"
-
-
-def test_no_import_circle_in_nn_parallel():
-    """DDP and its apex mode share the bucket rule through nn/parallel/_buckets.py (it was a circle:
-    distributed -> _apex_ddp -> distributed)."""
-    g = import_graph(ROOT, "pyddp")
-    bad = [c for c in circles(g) if any(m.startswith("pyddp.nn.parallel") for m in c)]
-    assert bad == [], f"import circles through pyddp.nn.parallel: {bad}"
 
 
 def test_no_backend_reaches_the_api_module():

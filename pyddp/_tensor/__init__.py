@@ -12,12 +12,15 @@ The package is split by concern; this module re-exports the public names (``__al
   ``_claim_grad_dest`` (DDP's gradient buckets); backward / grad;
 * ``_factories``: tensor, zeros, randn, arange, ...;
 * ``_ops``: the differentiable functions (add, exp, sum, reshape, cat, softmax, ...) and ``_cast``,
-  ``_ac_low``/``_ac_f32`` (autocast casts), ``_sigmoid_f``.
+  ``_ac_low``/``_ac_f32`` (autocast casts), ``_sigmoid_f``;
+* ``_methods``: Tensor's methods that call _ops and _factories (``t.sum()``, ``t + u``,
+  ``t.to(...)``, ``t.new_zeros``), attached to the class (so _core imports neither);
+* ``_extra``: more ops, and the Tensor methods that call them, attached the same way.
 
 Random numbers come from pyddp's one generator (pyddp/_random.py); manual_seed, seed,
 initial_seed and default_generator here are its.
 """
-from . import _core  # noqa: F401  (first: _core imports _factories and _ops at its end)
+from . import _core  # noqa: F401  (first: the class; _methods attaches its ops' methods below)
 from .._random import default_generator, initial_seed, manual_seed, seed
 from ._core import (Tensor, _rebuild, backward, grad, is_floating_point, is_tensor,  # noqa: F401
                     numel)
@@ -36,6 +39,7 @@ from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm
                    min, minimum, mm, mul, neg, outer, permute, pow, relu, reshape, round, rsqrt,
                    sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
                    swapaxes, tanh, transpose, tril, triu, unsqueeze, var, where)
+from . import _methods  # noqa: E402,F401  (attaches the Tensor methods that call _ops, _factories)
 from . import _extra  # noqa: E402  (attaches its Tensor methods)
 from ._extra import *  # noqa: F401,F403,E402
 

@@ -4,6 +4,8 @@ import builtins
 
 import numpy as np
 
+from .._device import _CPU, _NO_INDEX, _parse_device, _typename, device  # noqa: F401  (device is
+# torch.device, served here with the dtypes as pyddp.device; _device is below the tensors)
 from ._grad_mode import _st
 
 # dtypes (numpy dtype objects)
@@ -37,95 +39,6 @@ def _is_float_dtype(dt):
     return dt.kind in "fc" or (bfloat16 is not None and dt == bfloat16)
 
 
-_DEVICE_TYPES = ("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
-                 "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
-                 "privateuseone")
-_NO_INDEX = object()
-
-
-def _parse_device(s):
-    """(type, index) of a device string, with torch's errors."""
-    if not s:
-        raise RuntimeError("Device string must not be empty")
-    kind, sep, idx = s.partition(":")
-    if kind not in _DEVICE_TYPES:
-        if not kind or not kind.isalnum():
-            raise RuntimeError(f"Invalid device string: '{s}'")
-        raise RuntimeError(f"Expected one of {', '.join(_DEVICE_TYPES)} device type at start of "
-                           f"device string: {kind}")
-    if not sep:
-        return kind, None
-    if not idx.isdigit() or not idx.isascii() or (len(idx) > 1 and idx[0] == "0"):
-        raise RuntimeError(f"Invalid device string: '{s}'")
-    return kind, _pyint(idx)
-
-
-class device:
-    """torch.device: ``device("cpu")``, ``device("cuda:1")``, ``device("cuda", 0)``; equal to its
-    string form.  Strings parse as torch's (known types only, a non-negative decimal index);
-    ``device(N)`` is accelerator N (under PYDDP_CUDA_ON_CPU=1: 'cuda:N')."""
-
-    __slots__ = ("type", "index")
-
-    def __init__(self, type="cpu", index=_NO_INDEX):  # noqa: A002
-        if isinstance(type, device):
-            if index is not _NO_INDEX:
-                raise TypeError("device(): a device and an index were both given")
-            self.type, self.index = type.type, type.index
-            return
-        if isinstance(type, _pyint) and not isinstance(type, _pybool) and index is _NO_INDEX:
-            from .. import accelerator
-            acc = accelerator.current_accelerator()
-            if acc is None:
-                raise RuntimeError("Cannot access accelerator device when none is available.")
-            if type < 0:
-                raise RuntimeError("Device index must not be negative")
-            self.type, self.index = acc.type, type
-            return
-        if not isinstance(type, str):
-            if hasattr(type, "type") and hasattr(type, "index") and index is _NO_INDEX:
-                self.type, self.index = str(type.type), type.index   # a torch.device
-                return
-            raise TypeError(f"device(): argument 'type' must be str, not {_typename(type)}")
-        kind, idx = _parse_device(type)
-        if index is not _NO_INDEX:
-            if idx is not None:
-                raise RuntimeError("type (string) must not include an index because index was "
-                                   f"passed explicitly: {type}")
-            if index is not None:
-                if isinstance(index, _pybool) or not isinstance(index, (_pyint, np.integer)):
-                    raise TypeError("device(): argument 'index' (position 2) must be int, not "
-                                    f"{_typename(index)}")
-                if index < 0:
-                    raise RuntimeError("Device index must not be negative")
-                idx = _pyint(index)
-        self.type = kind
-        self.index = idx
-
-    def __str__(self):
-        return self.type if self.index is None else f"{self.type}:{self.index}"
-
-    def __repr__(self):
-        return f"device(type='{self.type}')" if self.index is None else \
-            f"device(type='{self.type}', index={self.index})"
-
-    def __eq__(self, other):
-        if isinstance(other, (device, str)):
-            return str(self) == str(other)
-        return NotImplemented
-
-    def __hash__(self):
-        return hash(str(self))
-
-    def __reduce__(self):
-        return (device, (self.type, self.index))
-
-
-def _typename(x):
-    return builtins.type(x).__name__
-
-
-_CPU = device("cpu")
 
 
 def _dtype(d):

@@ -18,7 +18,7 @@ from .._random import _np_gen
 from ._core import Tensor, _as_t, _binop_arrays, _check_inplace, _mk, _new, _new_on, _red
 from ._dtypes import _dtype, _is_float_dtype, _pyint, int64
 from ._grad_mode import _st
-from ._ops import abs, pow, sqrt, sum
+from ._ops import abs, clamp, pow, sqrt, sum
 
 __all__ = ["eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal",
            "not_equal", "logical_and", "logical_or", "logical_xor", "logical_not", "topk", "sort",
@@ -938,9 +938,11 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
 
 
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
-    """Cosine similarity along dim (torch.cosine_similarity)."""
-    from ..nn import functional as F
-    return F.cosine_similarity(x1, x2, dim, eps)
+    """Cosine of the angle between x1 and x2 along dim, norms clamped to eps
+    (torch.cosine_similarity; pyddp.nn.functional.cosine_similarity is this)."""
+    n1 = sqrt(sum(x1 * x1, dim, True))
+    n2 = sqrt(sum(x2 * x2, dim, True))
+    return sum((x1 / clamp(n1, min=eps)) * (x2 / clamp(n2, min=eps)), dim)
 
 
 def cdist(x1, x2, p=2.0):

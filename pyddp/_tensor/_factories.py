@@ -7,7 +7,8 @@ import numpy as np
 
 from .._random import _np_gen
 from .. import _random
-from ._core import Tensor, _check_device, _new, _place, _to_array
+from .._device import _check_device
+from ._core import Tensor, _new, _place, _to_array
 from ._dtypes import _check_memory_format, _layout
 from ._dtypes import _F32, _F64, _dtype, _is_float_dtype, _pybool, _pyint, bool, int64
 from ._dtypes import preserve_format as _preserve

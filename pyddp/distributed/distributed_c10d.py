@@ -328,7 +328,7 @@ def _device_index(device_id):
         raise ValueError(f"device_id must be a CUDA device (an int, 'cuda:N' or a torch.device), "
                          f"got {device_id!r}")
     if index is None:
-        from .. import cuda
+        from ..cuda import _runtime as cuda
         index = cuda.current_device()
     return int(index)
 

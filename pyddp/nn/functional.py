@@ -1154,10 +1154,9 @@ def prelu(input, weight):
 
 
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
-    """Cosine of the angle between x1 and x2 along dim (norms clamped to eps)."""
-    n1 = _t.sqrt(_t.sum(x1 * x1, dim, True))
-    n2 = _t.sqrt(_t.sum(x2 * x2, dim, True))
-    return _t.sum((x1 / _t.clamp(n1, min=eps)) * (x2 / _t.clamp(n2, min=eps)), dim)
+    """Cosine of the angle between x1 and x2 along dim (norms clamped to eps): the tensor op
+    pyddp.cosine_similarity."""
+    return _t.cosine_similarity(x1, x2, dim, eps)
 
 
 def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):

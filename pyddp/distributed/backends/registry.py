@@ -97,7 +97,7 @@ def names() -> list:
 
 
 def _has_gpu() -> bool:
-    from ... import cuda
+    from ...cuda import _runtime as cuda
 
     return cuda.is_available()
 

@@ -38,7 +38,7 @@ def _np_dtype(code):
 def stage(view, name, writable):
     """The Staged host copy of the CUDA array ``view`` (C-contiguous, checked by the caller);
     DeviceError naming ``name`` where CUDA does not work in this process."""
-    from ... import cuda
+    from ...cuda import _runtime as cuda
     from ...cuda import _pinned
 
     why = cuda._why_unavailable()

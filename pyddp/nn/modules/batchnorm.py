@@ -263,7 +263,7 @@ class SyncBatchNorm(_BatchNorm):
         from ..._detect import is_torch_module
 
         if is_torch_module(module):
-            from ..parallel import _torch_syncbn
+            from . import _torch_syncbn
 
             return _torch_syncbn.convert(module, process_group, share=True)
         module_output = module

@@ -63,7 +63,7 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
     from ..._detect import is_torch_module
 
     if is_torch_module(module):
-        from . import _torch_syncbn
+        from ..modules import _torch_syncbn
 
         return _torch_syncbn.convert(module, process_group, channel_last, share=False)
     if not isinstance(module, Module):

@@ -60,7 +60,7 @@ class SummaryWriter:
 
     def add_graph(self, model, input_to_model=None, verbose=False, use_strict_trace=True):
         """Not available for pyddp models (the writers trace torch models)."""
-        from ...nn import Module
+        from ...nn.modules.module import Module
         if isinstance(model, Module):
             raise NotImplementedError("add_graph traces torch modules; a pyddp.nn model has no "
                                       "TorchScript graph to write")

@@ -462,7 +462,7 @@ class NcclBackend(Backend):
 
 def create(opts):
     """The factory registered for backend 'nccl'."""
-    from .... import cuda
+    from ....cuda import _runtime as cuda
 
     cuda._lib.load_nccl()  # raises with every place it looked
     why = cuda._why_unavailable()
