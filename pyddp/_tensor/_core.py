@@ -7,7 +7,9 @@ torch: float32 stays float32 with Python scalars, integer tensors with float sca
 float dtype, 0-d tensors take part like scalars of their category.
 
 This module holds the Tensor class, the helpers ops use to build results and graph nodes (``_new``,
-``_mk``, promotion, ``_to_array``), and the backward entry points (backward, grad).
+``_mk``, promotion, ``_to_array``), and the backward entry points (backward, grad).  It imports no
+module built on it: the methods that call _ops and _factories (``t + u``, ``t.sum()``, ``t.to()``,
+``t.new_zeros()``, ...) are in _methods, which attaches them to the class.
 """
 from __future__ import annotations
 
