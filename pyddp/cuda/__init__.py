@@ -28,8 +28,14 @@ from ._runtime import _index_or_current, _require_emulated, _why_unavailable  # 
 from ._stream import *  # noqa: F401,F403  (streams and events)
 
 # _runtime's and _stream's names, the submodules amp and nvtx, and the legacy tensor types below
-__all__ = _runtime.__all__ + _stream.__all__ + ["amp", "nvtx", "FloatTensor", "DoubleTensor", "HalfTensor",
-                              "LongTensor", "IntTensor", "ByteTensor", "BoolTensor"]
+__all__ = _runtime.__all__ + _stream.__all__ + [
+    "amp", "nvtx", "FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor",
+    "ByteTensor", "BoolTensor"]
+
+# The classes keep their public name (pyddp.cuda.CudaUnavailableError in tracebacks, pickles).
+for _cls in (CudaUnavailableError, Stream, Event, StreamContext, device):  # noqa: F405
+    _cls.__module__ = __name__
+del _cls
 
 
 # torch.cuda.FloatTensor & co.: tensor types, so this package sits above pyddp's tensors (the
