@@ -205,7 +205,7 @@ def test_no_import_circle_in_pyddp():
         "; ".join(" <-> ".join(c) for c in bad)
 
 
-def test_the_layer_rule_reads_longest_entries(tmp_path):
+def test_the_layer_rule_reads_longest_entries():
     layers = [("low", ["p.a", "p.b.x", "p.d"]), ("high", ["p.b", "p!", "p.d!"])]
     assert [layer_of(m, layers) for m in ("p", "p.a", "p.a.y", "p.b", "p.b.x", "p.b.z", "p.c",
                                           "p.d", "p.d.e")] == [1, 0, 0, 1, 0, 1, None, 1, 0]
