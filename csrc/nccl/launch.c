@@ -2,6 +2,8 @@
  * polled while NCCL keeps it in progress (csrc/nccl/comm.h). */
 #include "internal.h"
 
+#include "../util/kinds.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,8 +151,16 @@ pd_ncomm_launch(pd_ncomm *c, const pd_nlaunch *L, long long ustream, int wait,
                  "the NCCL communicator was aborted",
                  what != NULL ? what : "an NCCL call", c->rank, c->device, waited,
                  intr ? "interrupted by a signal"
-                      : "a peer did not post the matching operation "
-                        "within the timeout, died or is stuck");
+                 : L->kind == PD_K_SEND || L->kind == PD_K_RECV ||
+                         L->kind == PD_K_NONE
+                     ? "a peer did not post the matching operation within the "
+                       "timeout, died or is stuck (point-to-point calls share "
+                       "the communicator with collectives: a peer that runs a "
+                       "collective before its matching send or recv cannot "
+                       "reach it; post them in the same order on both sides, "
+                       "or use batch_isend_irecv)"
+                     : "a peer did not post the matching operation "
+                       "within the timeout, died or is stuck");
         pd_ncomm_abort(c, reason);
         pd_ncomm_aborted_error(c);
         return intr ? PD_EINTR : PD_EBACKEND;

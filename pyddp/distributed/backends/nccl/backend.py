@@ -404,8 +404,11 @@ class NcclBackend(Backend):
                 w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
                              tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
                              (inputs, outputs), inline)
-            except _C.DistBackendError:
+            except _C.DistBackendError as e:
                 self._raise_if_failed()
+                # NCCL failed the call (its communicator is broken): the group's error, told
+                # to the peers now rather than at the watchdog's next look
+                self._fail(str(e))
                 raise
         work = NcclWork(self, comm, w, (name, count, dtype), stream_fn,
                         root if kind == _K_RECV else -1)
