@@ -57,6 +57,8 @@ def _rules_why(cpg, kind, dtype, count, transport, algorithm):
         else:
             cma = f"single copies from {_nbytes(rule)}"
         return (f"every rank on this host: shared memory; {_nbytes(nbytes)} per rank, {cma}"
+                + (" (an all_reduce of a shared array, as DDP's buckets, runs shm-inplace)"
+                   if kind == _C.K_ALLREDUCE and algorithm == "shm" else "")
                 + (" (all_to_all settles it after its first sync, by every rank's longest "
                    "block)" if kind == _C.K_ALLTOALL else ""))
     if algorithm in ("direct", "flat", "ring", "chain"):
