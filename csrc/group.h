@@ -65,7 +65,8 @@ const char *pd_group_transport(const pd_group *g);
  * would run with now, as coll/select.c decides it when the call runs,
  * without running anything (coll/coll.h's pd_path, pd_algo; the rules in
  * force, the phase's included).  An all_reduce of a shared array
- * (pd_group_alloc_shared) runs "shm-inplace" instead. */
+ * (pd_group_shm_alloc) runs "shm-inplace" instead.  Any thread: the
+ * phase it reads may change with the next collective, as the answer would. */
 pd_status pd_group_explain(pd_group *g, int kind, int dtype, size_t count,
                            int *path, int *algo);
 

@@ -2,7 +2,10 @@
  * algorithm of csrc/coll/ runs a collective, by kind, message size and
  * group size, over the transport (pd_coll_run) or in shared memory
  * (pd_coll_run_shm); and the float32 widening of half-precision reductions
- * over the transport.  The thresholds are data in coll/rules.c, which the
+ * over the transport.  One pure function decides (pd_coll_choose): both
+ * runners dispatch on its answer and keep it in pd_coll.algo, which the
+ * flight record, the DETAIL log and the timeline name, and which
+ * pd_group_explain asks without running.  The thresholds are data in coll/rules.c, which the
  * single-copy helpers (coll/cma_common.c) read too. */
 #include "coll.h"
 
@@ -278,13 +281,11 @@ pd_coll_run_shm(pd_coll *c, const pd_op *op)
     /* single copies by cross-memory attach from the rules' threshold
      * (coll/rules.c; per rank's block; all_to_all decides after its first
      * sync) */
-    c->algo = pd_coll_choose(
-        c->rules, op->kind, op->dtype,
-        op->kind == PD_K_ALLTOALL ? 0 : op->count, c->size, 1,
-        pd_cma_possible(c), c->inshm != NULL);
-    if (op->kind == PD_K_ALLTOALL) {
-        c->algo = PD_ALGO_SHM; /* coll/alltoall_shm.c settles it */
-    }
+    c->algo = op->kind == PD_K_ALLTOALL
+                  ? PD_ALGO_SHM /* coll/alltoall_shm.c settles it */
+                  : pd_coll_choose(c->rules, op->kind, op->dtype, op->count,
+                                   c->size, 1, pd_cma_possible(c),
+                                   c->inshm != NULL);
     int cma = c->algo == PD_ALGO_CMA;
     switch (op->kind) {
     case PD_K_ALLREDUCE: {

@@ -229,8 +229,7 @@ class ProcessGroup:
         if staged:
             why.append("CUDA arrays staged through pinned host memory for the 'cpu' backend")
         entry = (self._plan or {}).get("cpu" if staged else device)
-        if entry is not None and type(entry) is not _registry.Unavailable and \
-                (be is not self._host or be is self._cpg):
+        if entry is not None and type(entry) is not _registry.Unavailable:
             backend = entry.name
         else:
             backend = "cpu" if hasattr(be, "flight_records") else type(be).__name__
