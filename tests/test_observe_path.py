@@ -11,6 +11,7 @@ import pytest
 
 import pyddp.distributed as dist
 from pyddp.distributed import distributed_c10d as c10d
+from pyddp.tools import flight_recorder as fr_tool
 from pyddp.tools import timeline as tl_tool
 
 from _mp import run
@@ -111,6 +112,7 @@ recs = [(r["name"], r["backend"], r["transport"], r["algorithm"])
         for r in dist.flight_recorder.records()]
 with open(os.path.join(os.environ["JOB_OUT"], f"rec{dist.get_rank()}.json"), "w") as f:
     json.dump(recs, f)
+dist.flight_recorder.dump()
 dist.destroy_process_group()
 """
 
@@ -132,7 +134,8 @@ def _launch(tmp_path, env):
 def test_detail_log_record_and_timeline_name_the_same_path(tmp_path, transport):
     tl = tmp_path / "tl"
     p = _launch(tmp_path, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "PYDDP_TRANSPORT": transport,
-                           "PYDDP_TIMELINE": str(tl) + os.sep, "JOB_OUT": str(tmp_path)})
+                           "PYDDP_TIMELINE": str(tl) + os.sep, "JOB_OUT": str(tmp_path),
+                           "PYDDP_FLIGHT_RECORDER_DIR": str(tmp_path / "fr")})
     assert p.returncode == 0, p.stderr
     for rank in (0, 1):
         recs = [tuple(r) for r in json.loads((tmp_path / f"rec{rank}.json").read_text())]
@@ -149,8 +152,20 @@ def test_detail_log_record_and_timeline_name_the_same_path(tmp_path, transport):
         slices = [(e["name"], e["args"]["backend"], e["args"]["transport"],
                    e["args"]["algorithm"]) for e in events if e.get("cat") == "collective"]
         assert slices == recs
+        # the dumped file too, and the analyzer's listing
+        dumped = fr_tool.load(str(tmp_path / "fr"))[0]
+        mine = next(f for f in dumped if f["meta"]["group_rank"] == rank)
+        assert [(e["name"], e["backend"], e["transport"], e["algorithm"])
+                for e in mine["entries"]] == recs
         algos = [r[3] for r in recs]
         if transport == "tcp":
             assert algos == ["direct", "ring", "chain", "direct"]
         else:
             assert algos[:2] == ["shm", "shm"] and algos[2] in ("cma", "shm")
+    listing = subprocess.run([sys.executable, "-m", "pyddp.tools.flight_recorder", "-v",
+                              str(tmp_path / "fr")], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=ROOT))
+    assert listing.returncode == 0, listing.stdout + listing.stderr
+    want = "[tcp, ring]" if transport == "tcp" else "[shm, shm]"
+    assert any(ln.startswith("  #2 all_reduce(") and ln.endswith(want)
+               for ln in listing.stdout.splitlines()), listing.stdout
