@@ -60,6 +60,16 @@ pd_status pd_group_error(pd_group *g, char *buf, size_t cap);
 /* "shm", "tcp" or "local" (one rank). */
 const char *pd_group_transport(const pd_group *g);
 
+/* Which transport (*path) and algorithm (*algo) a collective of kind,
+ * dtype and count elements (one rank's block; all_to_all: its longest)
+ * would run with now, as coll/select.c decides it when the call runs,
+ * without running anything (coll/coll.h's pd_path, pd_algo; the rules in
+ * force, the phase's included).  An all_reduce of a shared array
+ * (pd_group_shm_alloc) runs "shm-inplace" instead.  Any thread: the
+ * phase it reads may change with the next collective, as the answer would. */
+pd_status pd_group_explain(pd_group *g, int kind, int dtype, size_t count,
+                           int *path, int *algo);
+
 /* 1: large shared-memory collectives move with one copy between the ranks
  * (cross-memory attach, transport/shm/cma.h); 0: through the banks. */
 int pd_group_single_copy(const pd_group *g);

@@ -90,8 +90,8 @@ def test_info_and_detail_logging_through_logging_module(tmp_path):
     detail = _launch(tmp_path, _SCRIPT, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert detail.returncode == 0, detail.stderr
     for r in (0, 1):
-        assert (f"[rank {r}] all_reduce on group default_pg: dtype float32, inputs [], "
-                f"outputs [(3, 4)]") in detail.stderr
+        assert (f"[rank {r}] all_reduce on group default_pg: backend cpu, transport shm, "
+                f"algorithm shm, dtype float32, inputs [], outputs [(3, 4)]") in detail.stderr
         assert f"[rank {r}] broadcast on group default_pg" in detail.stderr
 
 

@@ -89,6 +89,7 @@ start(pd_coll *c, void *ctx, int b, size_t *len)
     *len = longest;
     if (pd_cma_use(c, longest)) {
         x->cma = 1;
+        c->algo = PD_ALGO_CMA; /* settled only now: the record says so */
         *len = 0; /* no rounds */
         for (int i = 1; i < c->size; i++) {
             int p = (r + i) % c->size;

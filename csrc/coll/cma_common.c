@@ -13,8 +13,14 @@
 int
 pd_cma_use(pd_coll *c, size_t bytes)
 {
-    return pd_shm_cma(c->shm) && c->inshm == NULL &&
-           pd_rules_cma(c->rules, c->id.kind, bytes) &&
+    return pd_cma_possible(c) && c->inshm == NULL &&
+           pd_rules_cma(c->rules, c->id.kind, bytes);
+}
+
+int
+pd_cma_possible(const pd_coll *c)
+{
+    return pd_shm_cma(c->shm) &&
            (size_t)c->size * 3 * sizeof(uint64_t) <=
                pd_shm_bank_size(c->shm);
 }

@@ -19,6 +19,50 @@
 /* Chunk buffers a ring step receives into at once (cache-resident). */
 #define PD_RING_WINDOW 4
 
+/* The algorithms of csrc/coll/, named after their files
+ * (<collective>_<name>.c): what coll/select.c chose for a call, which the
+ * flight recorder, the DETAIL log and the timeline name (pd_algo_name). */
+typedef enum pd_algo {
+    PD_ALGO_NONE = 0,    /* nothing to move (one rank), or not a collective */
+    PD_ALGO_DIRECT,      /* over the transport: one round, latency-optimal */
+    PD_ALGO_RING,
+    PD_ALGO_FLAT,        /* broadcast: the root sends to every rank */
+    PD_ALGO_CHAIN,       /* broadcast: pipelined along the ranks */
+    PD_ALGO_PAIRWISE,    /* all_to_all over the transport */
+    PD_ALGO_STAR,        /* monitored_barrier */
+    PD_ALGO_SHM,         /* the group's shared-memory banks */
+    PD_ALGO_SHM_INPLACE, /* all_reduce of a shared array: no copy-in */
+    PD_ALGO_CMA,         /* single copies by cross-memory attach */
+    PD_NALGOS
+} pd_algo;
+
+const char *pd_algo_name(int algo);
+
+/* What carried a call: the group's shared-memory segment, or frames over
+ * its transport (shm links, tcp links, both: "shm+tcp"); "local": one
+ * rank (pd_path_name). */
+typedef enum pd_path {
+    PD_PATH_NONE = 0,
+    PD_PATH_LOCAL,
+    PD_PATH_SHM,
+    PD_PATH_SHM_TCP,
+    PD_PATH_TCP,
+    PD_NPATHS
+} pd_path;
+
+const char *pd_path_name(int path);
+
+/* The one decision of which algorithm runs a collective (coll/select.c),
+ * pure so that a group can answer which would run without running it
+ * (pd_group_explain).  count: elements of one rank's block (all_to_all: of
+ * its longest); shm: the group's shared-memory segment carries the call;
+ * cma: single copies are possible there (the group's probe succeeded and
+ * a rank table fits a bank); inshm: the input is a shared array.
+ * all_to_all in shared memory settles single copies only after its first
+ * sync (every rank's longest block): coll/alltoall_shm.c records it. */
+pd_algo pd_coll_choose(const pd_rules *r, int kind, int dtype, size_t count,
+                       int size, int shm, int cma, int inshm);
+
 typedef struct pd_coll {
     pd_transport *t;
     /* Drive the transport once (up to deadline, at most ~100 ms) and fail
@@ -48,6 +92,9 @@ typedef struct pd_coll {
     /* the peer the wait that timed out waited for (-1: none), so that a
      * rank that entered the collective but never did its part is named */
     int waited_for;
+    /* the algorithm that ran (pd_coll_choose's answer; all_to_all in shared
+     * memory corrects it after its first sync) */
+    pd_algo algo;
 } pd_coll;
 
 /* Run op with the algorithm coll/select.c chooses: over the transport, or
@@ -270,6 +317,9 @@ pd_shm_ptrs_free(char **ptrs, char **stack)
  * (else the kind's threshold in coll/rules.c) when the group's probe
  * succeeded. */
 int pd_cma_use(pd_coll *c, size_t bytes);
+/* Whether single copies can run at all in c's shared memory (the group's
+ * probe succeeded and a rank table fits a bank), whatever the size. */
+int pd_cma_possible(const pd_coll *c);
 /* Rank p's published table in bank b: words PD_CMA_IN(n, q) (its input,
  * block q), PD_CMA_LEN(n, q) (a length), PD_CMA_OUT(n, q) (its output). */
 #define PD_CMA_IN(n, q) ((size_t)(q))

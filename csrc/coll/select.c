@@ -2,7 +2,10 @@
  * algorithm of csrc/coll/ runs a collective, by kind, message size and
  * group size, over the transport (pd_coll_run) or in shared memory
  * (pd_coll_run_shm); and the float32 widening of half-precision reductions
- * over the transport.  The thresholds are data in coll/rules.c, which the
+ * over the transport.  One pure function decides (pd_coll_choose): both
+ * runners dispatch on its answer and keep it in pd_coll.algo, which the
+ * flight record, the DETAIL log and the timeline name, and which
+ * pd_group_explain asks without running.  The thresholds are data in coll/rules.c, which the
  * single-copy helpers (coll/cma_common.c) read too. */
 #include "coll.h"
 
@@ -29,9 +32,7 @@ run_reduction(pd_coll *c, const pd_op *op)
     int half = op->dtype == PD_FLOAT16 || op->dtype == PD_BFLOAT16;
     size_t count = op->count;
     size_t bytes = count * c->esz;
-    int small = bytes <= pd_rules_small(c->rules, op->kind) ||
-                count < (size_t)c->size ||
-                c->size == 1;
+    int small = c->algo == PD_ALGO_DIRECT;
     char *w = NULL;
     char **wblocks = NULL;
 
@@ -121,10 +122,104 @@ exit:
     return st;
 }
 
+static const char *const algo_names[PD_NALGOS] = {
+    [PD_ALGO_NONE] = "none",         [PD_ALGO_DIRECT] = "direct",
+    [PD_ALGO_RING] = "ring",         [PD_ALGO_FLAT] = "flat",
+    [PD_ALGO_CHAIN] = "chain",       [PD_ALGO_PAIRWISE] = "pairwise",
+    [PD_ALGO_STAR] = "star",         [PD_ALGO_SHM] = "shm",
+    [PD_ALGO_SHM_INPLACE] = "shm-inplace", [PD_ALGO_CMA] = "cma",
+};
+
+static const char *const path_names[PD_NPATHS] = {
+    [PD_PATH_NONE] = "none", [PD_PATH_LOCAL] = "local",
+    [PD_PATH_SHM] = "shm",   [PD_PATH_SHM_TCP] = "shm+tcp",
+    [PD_PATH_TCP] = "tcp",
+};
+
+const char *
+pd_path_name(int path)
+{
+    return path >= 0 && path < PD_NPATHS ? path_names[path] : "unknown";
+}
+
+const char *
+pd_algo_name(int algo)
+{
+    return algo >= 0 && algo < PD_NALGOS ? algo_names[algo] : "unknown";
+}
+
+pd_algo
+pd_coll_choose(const pd_rules *r, int kind, int dtype, size_t count,
+               int size, int shm, int cma, int inshm)
+{
+    if (shm) {
+        /* single copies: by one rank's block in the call's own dtype */
+        size_t len = count * pd_dtype_size(dtype);
+        switch (kind) {
+        case PD_K_ALLREDUCE:
+            if (inshm) {
+                return PD_ALGO_SHM_INPLACE;
+            }
+            /* fall through */
+        case PD_K_REDUCE:
+        case PD_K_REDUCE_SCATTER:
+        case PD_K_BROADCAST:
+        case PD_K_ALLGATHER:
+        case PD_K_GATHER:
+        case PD_K_SCATTER:
+        case PD_K_ALLTOALL:
+            return cma && pd_rules_cma(r, kind, len) ? PD_ALGO_CMA
+                                                     : PD_ALGO_SHM;
+        default:
+            return PD_ALGO_SHM; /* barrier */
+        }
+    }
+    switch (kind) {
+    case PD_K_ALLREDUCE:
+    case PD_K_REDUCE:
+    case PD_K_REDUCE_SCATTER: {
+        /* reduced in the accumulation dtype (halves widened to float32) */
+        size_t bytes = count * pd_dtype_size(pd_dtype_accum(dtype));
+        return bytes <= pd_rules_small(r, kind) || count < (size_t)size ||
+                       size == 1
+                   ? PD_ALGO_DIRECT
+                   : PD_ALGO_RING;
+    }
+    case PD_K_BROADCAST:
+        if (size == 1) {
+            return PD_ALGO_NONE;
+        }
+        return count * pd_dtype_size(dtype) <= pd_rules_small(r, kind)
+                   ? PD_ALGO_FLAT
+                   : PD_ALGO_CHAIN;
+    case PD_K_ALLGATHER:
+        if (size == 1) {
+            return PD_ALGO_NONE;
+        }
+        /* the whole output, as the rings' crossover was measured */
+        return count * pd_dtype_size(dtype) * (size_t)size <=
+                       pd_rules_small(r, kind)
+                   ? PD_ALGO_DIRECT
+                   : PD_ALGO_RING;
+    case PD_K_ALLTOALL:
+        return PD_ALGO_PAIRWISE;
+    case PD_K_MONITORED_BARRIER:
+        return PD_ALGO_STAR;
+    case PD_K_GATHER:
+    case PD_K_SCATTER:
+    case PD_K_BARRIER:
+        return PD_ALGO_DIRECT;
+    default:
+        return PD_ALGO_NONE;
+    }
+}
+
 pd_status
 pd_coll_run(pd_coll *c, const pd_op *op)
 {
     size_t esz = pd_dtype_size(op->dtype);
+    c->algo = pd_coll_choose(c->rules, op->kind, op->dtype, op->count,
+                             c->size, 0, 0, 0);
     switch (op->kind) {
     case PD_K_ALLREDUCE:
     case PD_K_REDUCE:
@@ -132,10 +227,10 @@ pd_coll_run(pd_coll *c, const pd_op *op)
         return run_reduction(c, op);
     case PD_K_BROADCAST: {
         size_t len = op->count * esz;
-        if (c->size == 1) {
+        if (c->algo == PD_ALGO_NONE) {
             return PD_OK;
         }
-        return len <= pd_rules_small(c->rules, op->kind)
+        return c->algo == PD_ALGO_FLAT
                    ? pd_broadcast_flat(c, op->out[0], len)
                    : pd_broadcast_chain(c, op->out[0], len);
     }
@@ -153,8 +248,8 @@ pd_coll_run(pd_coll *c, const pd_op *op)
             pd_move(op->out[c->rank], op->in[0], len);
         }
         pd_status st = PD_OK;
-        if (c->size > 1) {
-            st = len * (size_t)c->size <= pd_rules_small(c->rules, op->kind)
+        if (c->algo != PD_ALGO_NONE) {
+            st = c->algo == PD_ALGO_DIRECT
                      ? pd_allgather_direct(c, op->out, lens)
                      : pd_allgather_ring(c, op->out, lens);
         }
@@ -186,10 +281,15 @@ pd_coll_run_shm(pd_coll *c, const pd_op *op)
     /* single copies by cross-memory attach from the rules' threshold
      * (coll/rules.c; per rank's block; all_to_all decides after its first
      * sync) */
-    int cma = pd_cma_use(c, len);
+    c->algo = op->kind == PD_K_ALLTOALL
+                  ? PD_ALGO_SHM /* coll/alltoall_shm.c settles it */
+                  : pd_coll_choose(c->rules, op->kind, op->dtype, op->count,
+                                   c->size, 1, pd_cma_possible(c),
+                                   c->inshm != NULL);
+    int cma = c->algo == PD_ALGO_CMA;
     switch (op->kind) {
     case PD_K_ALLREDUCE: {
-        if (c->inshm != NULL) {
+        if (c->algo == PD_ALGO_SHM_INPLACE) {
             /* the input lives in the group's shared memory: no copy-in */
             return op->out[0] == op->in[0]
                        ? pd_allreduce_shm_inplace(c, c->inshm, op->count)

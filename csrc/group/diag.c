@@ -170,6 +170,27 @@ pd_group_flight_capacity(pd_group *g)
     return g->fr.cap;
 }
 
+pd_status
+pd_group_explain(pd_group *g, int kind, int dtype, size_t count, int *path,
+                 int *algo)
+{
+    if (kind <= PD_K_NONE || kind >= PD_NKINDS ||
+        pd_kind_has(kind, PD_KF_P2P) || kind == PD_K_SHM_ALLOC || dtype < 0 ||
+        dtype >= PD_NDTYPES) {
+        return pd_error(PD_EINVAL, "explain: not a collective (kind %d, "
+                        "dtype %d)", kind, dtype);
+    }
+    /* as run.c: the segment for the kinds it serves, the phase's rules */
+    int shm = g->shm != NULL && pd_kind_has(kind, PD_KF_SHM);
+    const pd_rules *r = g->phase ? &g->rules_slow : &g->rules;
+    int cma = shm && pd_shm_cma(g->shm) &&
+              (size_t)g->size * 3 * sizeof(uint64_t) <=
+                  pd_shm_bank_size(g->shm);
+    *path = shm ? PD_PATH_SHM : pd_grp_path(g);
+    *algo = pd_coll_choose(r, kind, dtype, count, g->size, shm, cma, 0);
+    return PD_OK;
+}
+
 size_t
 pd_group_flight_records(pd_group *g, pd_fr_entry *out, size_t cap)
 {

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../coll/coll.h"
 #include "../util/kinds.h"
 #include "../kernels/kernels.h"
 #include "../util/timeline.h"
@@ -158,13 +159,15 @@ pd_fr_start(pd_fr *fr, uint64_t id, uint64_t seq)
 static void
 timeline_events(const pd_fr *fr, const pd_fr_entry *e)
 {
-    char args[256];
+    char args[320];
     snprintf(args, sizeof(args),
              "{\"seq\":%llu,\"bytes\":%llu,\"count\":%llu,\"dtype\":\"%s\","
+             "\"backend\":\"cpu\",\"transport\":\"%s\",\"algorithm\":\"%s\","
              "\"status\":\"%s\"}",
              (unsigned long long)e->seq, (unsigned long long)e->bytes,
              (unsigned long long)e->count,
-             pd_dtype_name((pd_dtype)e->dtype),
+             pd_dtype_name((pd_dtype)e->dtype), pd_path_name(e->path),
+             pd_algo_name(e->algo),
              e->state == PD_FR_COMPLETED ? "ok" : pd_status_name(e->status));
     int tid = fr->tl_tid >= 0 ? fr->tl_tid : 0;
     if (e->t_started > e->t_enqueued) {
@@ -178,7 +181,7 @@ timeline_events(const pd_fr *fr, const pd_fr_entry *e)
 }
 
 void
-pd_fr_end(pd_fr *fr, uint64_t id, pd_status st)
+pd_fr_end(pd_fr *fr, uint64_t id, pd_status st, int path, int algo)
 {
     if (id == 0) {
         return;
@@ -195,6 +198,8 @@ pd_fr_end(pd_fr *fr, uint64_t id, pd_status st)
         }
         e->t_ended = now;
         e->status = (int32_t)st;
+        e->path = (uint8_t)path;
+        e->algo = (uint8_t)algo;
         e->state = st == PD_OK ? PD_FR_COMPLETED : PD_FR_FAILED;
         if (pd_tl_enabled()) {
             copy = *e;
@@ -318,12 +323,15 @@ pd_fr_dump(pd_fr *fr, const char *path, const char *reason, int once)
         put_string(f, e->name);
         fprintf(f, ", \"kind\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
                 "\"root\": %d, \"count\": %llu, \"bytes\": %llu, "
+                "\"backend\": \"cpu\", \"transport\": \"%s\", "
+                "\"algorithm\": \"%s\", "
                 "\"state\": \"%s\", \"status\": \"%s\", "
                 "\"t_enqueued\": %.6f, \"t_started\": %.6f, "
                 "\"t_ended\": %.6f}",
                 pd_kind_name(e->kind), pd_dtype_name((pd_dtype)e->dtype),
                 pd_redop_name((pd_redop)e->op), (int)e->root,
                 (unsigned long long)e->count, (unsigned long long)e->bytes,
+                pd_path_name(e->path), pd_algo_name(e->algo),
                 pd_fr_state_name(e->state),
                 e->state >= PD_FR_COMPLETED
                     ? pd_status_name((pd_status)e->status)

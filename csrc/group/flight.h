@@ -39,6 +39,10 @@ typedef struct pd_fr_entry {
     uint8_t dtype;
     uint8_t op;
     uint8_t state;
+    /* what ran it (coll/coll.h's pd_path, pd_algo; set when it ended):
+     * coll/select.c decides, the record keeps it */
+    uint8_t path;
+    uint8_t algo;
     char name[40];
 } pd_fr_entry;
 
@@ -66,8 +70,9 @@ void pd_fr_free(pd_fr *fr);
 uint64_t pd_fr_add(pd_fr *fr, const pd_op *op, uint64_t seq, int size);
 /* The record id started running as collective seq (0: p2p). */
 void pd_fr_start(pd_fr *fr, uint64_t id, uint64_t seq);
-/* The record id ended with st. */
-void pd_fr_end(pd_fr *fr, uint64_t id, pd_status st);
+/* The record id ended with st, having run over path with algorithm algo
+ * (coll/coll.h; 0, 0: unknown, as a point-to-point operation). */
+void pd_fr_end(pd_fr *fr, uint64_t id, pd_status st, int path, int algo);
 
 /* Copy the records, oldest first, into out (at most cap); their number. */
 size_t pd_fr_snapshot(pd_fr *fr, pd_fr_entry *out, size_t cap);

@@ -35,6 +35,8 @@ struct pd_work {
     void *owned;       /* block arrays copied for a resumed collective */
     struct pd_group *g;
     uint64_t fr_id;    /* its flight-recorder record (0: none) */
+    uint8_t path;      /* what ran it (run_ctx's), for the record */
+    uint8_t algo;
     struct pd_work *next;
 };
 
@@ -120,6 +122,9 @@ typedef struct run_ctx {
     double next_poll;
     int (*interrupted)(void *);
     void *ictx;
+    /* out: what ran (coll/coll.h's pd_path and pd_algo), for the record */
+    uint8_t path;
+    uint8_t algo;
 } run_ctx;
 
 /* work.c */
@@ -146,6 +151,10 @@ pd_status pd_grp_shm_check(void *arg);
 void *pd_grp_progress_main(void *arg);
 uint64_t pd_grp_cb_current_seq(void *ctx);
 void pd_grp_cb_on_abort(void *ctx, int peer, int status, const char *msg);
+
+/* setup.c: what carries a collective that does not run in the group's
+ * shared memory (coll/coll.h's pd_path) */
+int pd_grp_path(const pd_group *g);
 
 /* run.c: one collective on this thread (calls state.c, never progress.c) */
 pd_status pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,

@@ -72,17 +72,19 @@ run_work(pd_group *g, pd_work *w)
 
     uint64_t seq = w->seq ? w->seq : ++g->seq; /* handed over: taken */
     pd_fr_start(&g->fr, w->fr_id, seq);
-    run_ctx x = {g, 1, 0.0, NULL, NULL};
+    run_ctx x = {g, 1, 0.0, NULL, NULL, 0, 0};
     int published = 0;
     pd_status st = pd_grp_run_collective(&x, op, seq, w->resume, w->deadline,
                                   &published);
+    w->path = x.path;
+    w->algo = x.algo;
     if (st == PD_ECLOSED) {
         pd_grp_work_complete(w, st, pd_errmsg());
         return;
     }
     if (st != PD_OK) {
-        pd_fr_end(&g->fr, w->fr_id, st); /* before the dump that set_fatal
-                                            writes */
+        /* before the dump that set_fatal writes */
+        pd_fr_end(&g->fr, w->fr_id, st, w->path, w->algo);
         pd_grp_set_fatal(g, st, pd_errmsg());
         pd_grp_work_complete(w, pd_grp_err(g), g->errmsg);
         return;
@@ -192,7 +194,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
         double deadline = pd_now() + timeout;
         uint64_t seq = ++g->seq;
         uint64_t fr_id = pd_fr_add(&g->fr, op, seq, g->size);
-        run_ctx x = {g, 0, 0.0, interrupted, ictx};
+        run_ctx x = {g, 0, 0.0, interrupted, ictx, 0, 0};
         int published = 0;
         st = pd_grp_run_collective(&x, op, seq, 0, deadline, &published);
         if (st == PD_EINTR) {
@@ -225,7 +227,7 @@ pd_group_inline(pd_group *g, const pd_op *op, int (*interrupted)(void *),
             }
             st = pd_error(PD_ENOMEM, "%s: out of memory", op->name);
         }
-        pd_fr_end(&g->fr, fr_id, st);
+        pd_fr_end(&g->fr, fr_id, st, x.path, x.algo);
         if (st != PD_OK && st != PD_ECLOSED) {
             char msg[PD_ERRMSG_MAX];
             snprintf(msg, sizeof(msg), "%s", pd_errmsg());

@@ -226,6 +226,8 @@ pd_grp_run_collective(run_ctx *x, const pd_op *op, uint64_t seq,
         }
     }
 out:
+    x->path = (uint8_t)(c.shm != NULL ? PD_PATH_SHM : pd_grp_path(g));
+    x->algo = (uint8_t)c.algo;
     if (peer != NULL && peer != stack) {
         free(peer);
     }

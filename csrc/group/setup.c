@@ -90,7 +90,7 @@ setup_agree(pd_group *g, int ok, int *first_bad)
     op.out_len = lens;
     op.nblocks = n;
     snprintf(op.name, sizeof(op.name), "init_process_group");
-    run_ctx x = {g, 1, 0.0, NULL, NULL};
+    run_ctx x = {g, 1, 0.0, NULL, NULL, 0, 0};
     pd_shm *shm = g->shm;
     g->shm = NULL; /* not usable yet */
     int published = 0;
@@ -348,6 +348,16 @@ pd_group_transport(const pd_group *g)
            : g->shm != NULL   ? "shm"
            : g->lshm != NULL  ? "shm+tcp"
                               : "tcp";
+}
+
+int
+pd_grp_path(const pd_group *g)
+{
+    /* frames over the transport: its links, as pd_group_transport says */
+    return g->size == 1       ? PD_PATH_LOCAL
+           : g->shm != NULL   ? PD_PATH_SHM
+           : g->lshm != NULL  ? PD_PATH_SHM_TCP
+                              : PD_PATH_TCP;
 }
 
 int

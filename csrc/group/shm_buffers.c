@@ -100,7 +100,7 @@ alloc_phase(pd_group *g, size_t len, int ok, int *all_ok)
     id.kind = PD_K_SHM_ALLOC;
     id.count = len;
     id.phase = g->rank == 0 ? (uint8_t)g->verdict : 0; /* carried on */
-    run_ctx x = {g, 0, 0.0, NULL, NULL};
+    run_ctx x = {g, 0, 0.0, NULL, NULL, 0, 0};
     pd_shm_waiter w = {pd_now() + g->timeout, pd_grp_shm_check, NULL, &x, 0};
     /* after an eager collective (a broadcast root that did not wait for
      * every rank): let everyone enter it first, as every collective does,

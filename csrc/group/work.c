@@ -15,7 +15,7 @@
 void
 pd_grp_work_complete(pd_work *w, pd_status st, const char *msg)
 {
-    pd_fr_end(&w->g->fr, w->fr_id, st);
+    pd_fr_end(&w->g->fr, w->fr_id, st, w->path, w->algo);
     pthread_mutex_lock(&w->mu);
     w->status = st;
     if (st != PD_OK) {

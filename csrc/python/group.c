@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../coll/coll.h"
 #include "../util/kinds.h"
 #include "../group.h"
 #include "../kernels/kernels.h"
@@ -1368,13 +1369,16 @@ static PyObject *
 fr_entry_dict(const pd_fr_entry *e)
 {
     return Py_BuildValue(
-        "{s:K,s:K,s:s,s:s,s:s,s:s,s:i,s:K,s:K,s:s,s:s,s:d,s:d,s:d}", "id",
+        "{s:K,s:K,s:s,s:s,s:s,s:s,s:i,s:K,s:K,s:s,s:s,s:s,s:s,s:s,s:d,s:d,"
+        "s:d}",
+        "id",
         (unsigned long long)e->id, "seq", (unsigned long long)e->seq, "name",
         e->name, "kind", pd_kind_name(e->kind), "dtype",
         pd_dtype_name((pd_dtype)e->dtype), "op",
         pd_redop_name((pd_redop)e->op), "root", (int)e->root, "count",
         (unsigned long long)e->count, "bytes", (unsigned long long)e->bytes,
-        "state", pd_fr_state_name(e->state), "status",
+        "backend", "cpu", "transport", pd_path_name(e->path), "algorithm",
+        pd_algo_name(e->algo), "state", pd_fr_state_name(e->state), "status",
         e->state >= PD_FR_COMPLETED ? pd_status_name((pd_status)e->status)
                                     : "",
         "t_enqueued", e->t_enqueued, "t_started", e->t_started, "t_ended",
@@ -1404,6 +1408,24 @@ PG_flight_records(PGObject *self, PyObject *Py_UNUSED(ignored))
     }
     PyMem_Free(buf);
     return list;
+}
+
+static PyObject *
+PG_explain(PGObject *self, PyObject *args)
+{
+    int kind, dtype;
+    unsigned long long count;
+    if (!PyArg_ParseTuple(args, "iiK:explain", &kind, &dtype, &count) ||
+        pg_check(self) < 0) {
+        return NULL;
+    }
+    int path = 0, algo = 0;
+    pd_status st = pd_group_explain(self->g, kind, dtype, (size_t)count,
+                                    &path, &algo);
+    if (st != PD_OK) {
+        return pd_py_set_error(pg_state((PyObject *)self), st, pd_errmsg());
+    }
+    return Py_BuildValue("(ss)", pd_path_name(path), pd_algo_name(algo));
 }
 
 static PyObject *
@@ -1713,6 +1735,11 @@ static PyMethodDef PG_methods[] = {
      "collective here if the group is idle."},
     {"submit", (PyCFunction)(void (*)(void))PG_submit,
      METH_VARARGS | METH_KEYWORDS, "submit an operation; returns a Work."},
+    {"explain", (PyCFunction)PG_explain, METH_VARARGS,
+     "explain(kind, dtype, count) -> (transport, algorithm): what a "
+     "collective of count elements (one rank's block; all_to_all: its "
+     "longest) would run with now, as coll/select.c decides when it runs; "
+     "runs nothing"},
     {"flight_records", (PyCFunction)PG_flight_records, METH_NOARGS,
      "flight_records() -> list of dicts: the flight recorder's records, "
      "oldest first."},

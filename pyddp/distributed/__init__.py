@@ -64,6 +64,7 @@ from ._compat import get_default_backend_for_device, reduce_op  # noqa: F401
 from .store import FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore  # noqa: F401
 from ._observe import (  # noqa: F401
     DebugLevel,
+    explain,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,

@@ -30,6 +30,60 @@ def _staging():
     return staging
 
 
+def _nbytes(n):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def _rules_why(cpg, kind, dtype, count, transport, algorithm):
+    """Why coll/select.c chose algorithm, in the words of the rules in force (cpg.rules)."""
+    name = _observe.KIND_NAMES.get(kind, str(kind))
+    esz = _C.DTYPE_SIZES.get(_observe.dtype_name(dtype), 1)
+    nbytes = count * esz
+    cma_rules, small_rules = cpg.rules
+    if kind == _C.K_BARRIER:
+        return f"over {transport}: the one algorithm for barrier"
+    if algorithm in ("shm", "cma"):
+        rule = cma_rules[kind] if kind < len(cma_rules) else None
+        if not cpg.single_copy:
+            cma = "single copies unavailable here (PYDDP_CMA=0, or the probe failed)"
+        elif rule is None:
+            cma = f"single copies never for {name}"
+        elif isinstance(rule, tuple):
+            cma = (f"single copies from {_nbytes(rule[0])} except in [{_nbytes(rule[1])}, "
+                   f"{_nbytes(rule[2])})")
+        else:
+            cma = f"single copies from {_nbytes(rule)}"
+        return (f"every rank on this host: shared memory; {_nbytes(nbytes)} per rank, {cma}"
+                + (" (an all_reduce of a shared array, as DDP's buckets, runs shm-inplace)"
+                   if kind == _C.K_ALLREDUCE and algorithm == "shm" else "")
+                + (" (all_to_all settles it after its first sync, by every rank's longest "
+                   "block)" if kind == _C.K_ALLTOALL else ""))
+    if algorithm in ("direct", "flat", "ring", "chain"):
+        small = small_rules[kind] if kind < len(small_rules) else 0
+        if kind in (_C.K_ALLREDUCE, _C.K_REDUCE, _C.K_REDUCE_SCATTER):
+            esz = 4 if _observe.dtype_name(dtype) in ("float16", "bfloat16") else esz
+            nbytes = count * esz
+            what = "reduced"
+            if cpg.size == 1 or count < cpg.size:
+                return f"over {transport}: fewer elements than ranks (or one rank): direct"
+        elif kind == _C.K_ALLGATHER:
+            nbytes *= cpg.size
+            what = "the whole output"
+        else:
+            what = "the message"
+        if kind in (_C.K_GATHER, _C.K_SCATTER, _C.K_BARRIER):
+            return f"over {transport}: the one algorithm for {name}"
+        side = "<=" if algorithm in ("direct", "flat") else ">"
+        return (f"over {transport}: {what} {_nbytes(nbytes)} {side} the crossover "
+                f"{_nbytes(small)}")
+    if algorithm == "none":
+        return "one rank: nothing moves"
+    return f"over {transport}: the one algorithm for {name}"
+
+
 class ProcessGroup:
     """A group of ranks with one backend object per device type it serves (see
     pyddp.distributed.backends); each collective goes to the backend of its arrays' device."""
@@ -106,7 +160,9 @@ class ProcessGroup:
             raise DistError(f"{name}: the process group has been destroyed")
         if _observe._level >= _observe.DebugLevel.DETAIL:
             _observe.log_collective(self._name, name, _observe.dtype_name(dtype), inputs,
-                                    outputs, async_op)
+                                    outputs, async_op,
+                                    self._path_of_call(kind, dtype, count, inputs, outputs,
+                                                       in_splits))
         # the record built as a tuple: Request's generated __new__ is a Python call more
         cw = run(_new_request(Request, (kind, dtype, int(op), root, tag, count, inputs, outputs,
                                         in_splits, out_splits, float(timeout), bool(wait_all),
@@ -127,6 +183,72 @@ class ProcessGroup:
         if not async_op:
             work.wait()
         return work
+
+    def _path_of_call(self, kind, dtype, count, inputs, outputs, in_splits):
+        """explain() for a request about to run (DETAIL's log line): its arrays' device, whether
+        they were staged, all_to_all's longest block."""
+        device, staged = "cpu", False
+        for a in (*inputs, *outputs):
+            if not isinstance(a, np.ndarray):
+                device = a.device
+            elif self._staging and isinstance(a, _staging().Staged):
+                staged = True
+            break
+        if kind == _C.K_ALLTOALL:
+            esz = max(_C.DTYPE_SIZES.get(_observe.dtype_name(dtype), 1), 1)
+            if in_splits is not None:
+                count = max(in_splits, default=0) // esz
+            else:
+                count = max((getattr(a, "nbytes", 0) for a in inputs), default=0) // esz
+        try:
+            return self._explain(kind, dtype, count, device, staged)
+        except (ValueError, RuntimeError, DistError) as e:
+            return {"backend": "?", "transport": "?", "algorithm": "?", "why": str(e)}
+
+    def _explain(self, kind, dtype, count, device="cpu", staged=False) -> dict:
+        """Which backend, transport and algorithm a collective of ``count`` elements of dtype
+        code ``dtype`` (one rank's block; all_to_all: its longest) on arrays of ``device`` runs
+        with: the routing of _route_arrays and _device_array, then the backend's own answer
+        (the 'cpu' backend's is coll/select.c's decision, the one its calls run); nothing runs."""
+        backends = self._backends
+        if backends is None:
+            raise DistError("explain: the process group has been destroyed")
+        be = backends.get(device)
+        why = []
+        if be is None and device == "cuda" and self._cpg is not None:
+            be, staged = self._cpg, True
+        elif be is None and device == "cpu" and self._host is not None:
+            be = self._host  # the host group beside a device backend (object collectives)
+            why.append("host arrays of a device-only group go to its host group")
+        if be is None or type(be) is _registry.Unavailable:
+            what = be.entry.reason() if be is not None else (
+                f"no backend of group {self._name!r} serves it (its backends: "
+                f"{self._backends_desc()})")
+            raise (RuntimeError if be is not None else ValueError)(
+                f"explain: arrays on device {device}: {what}")
+        if staged:
+            why.append("CUDA arrays staged through pinned host memory for the 'cpu' backend")
+        entry = (self._plan or {}).get("cpu" if staged else device)
+        if entry is not None and type(entry) is not _registry.Unavailable:
+            backend = entry.name
+        else:
+            backend = "cpu" if hasattr(be, "flight_records") else type(be).__name__
+        transport = getattr(be, "transport", None) or backend
+        explain = getattr(be, "explain", None)
+        if kind in (_C.K_SEND, _C.K_RECV):
+            algorithm = "p2p"
+            why.append("point to point: the transport's own send and receive")
+        elif callable(explain):
+            transport, algorithm = explain(kind, dtype, count)
+            if hasattr(be, "rules"):
+                why.append(_rules_why(be, kind, dtype, count, transport, algorithm))
+        else:
+            algorithm = "auto"
+            why.append(f"the {backend} backend chooses its algorithm per call "
+                       + ("(NCCL_DEBUG=INFO logs it, NCCL_ALGO sets it)" if backend == "nccl"
+                          else "(the library's own tuning)"))
+        return {"backend": backend, "transport": transport, "algorithm": algorithm,
+                "staged": staged, "why": "; ".join(w for w in why if w)}
 
     def _backends_desc(self) -> str:
         """'cpu:cpu, cuda:nccl (unavailable)': the group's devices and their backends."""

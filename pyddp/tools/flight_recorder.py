@@ -59,6 +59,13 @@ def _desc(e):
     return f"{e['name']}({', '.join(parts)})"
 
 
+def _path(e):
+    """' [shm, cma]': the transport and algorithm it ran with (files of older versions, and
+    operations still running, have none)."""
+    algo = e.get("algorithm")
+    return f" [{e.get('transport')}, {algo}]" if algo and algo != "none" else ""
+
+
 def _ranks(rs):
     rs = sorted(rs)
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
@@ -131,7 +138,7 @@ def analyse_group(files):
         problem = True
         e = next(iter(stuck.values()))
         states = ", ".join(f"rank {name(r)} {x['state']}" + (f" ({x['status']})" if x['status']
-                                                             else "")
+                                                             else "") + _path(x)
                            for r, x in sorted(stuck.items()))
         who = "every rank" if not missing else _ranks(by_rank)
         lines.append(f"  {who} entered collective #{top} {_desc(e)}; not completed: {states}")
@@ -185,7 +192,7 @@ def main(argv=None):
         for f in files:
             print(f"\n{f['_path']}:")
             for e in f["entries"][-10:]:
-                print(f"  #{e['seq']} {_desc(e)} {e['state']} {e['status']}")
+                print(f"  #{e['seq']} {_desc(e)} {e['state']} {e['status']}{_path(e)}")
     return 1 if problem else 0
 
 

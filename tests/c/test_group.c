@@ -205,6 +205,18 @@ child_busy(int rank, int n, int transport)
     atomic_store(&w.stop, 1);
     pthread_join(thr, NULL);
     T_CHECK(w.reads > 0);
+    /* every record, queued and inline, names what ran it: what
+     * pd_group_explain answers for the same call */
+    pd_fr_entry rec[64];
+    size_t nrec = pd_group_flight_records(g, rec, 64);
+    T_CHECK(nrec == ROUNDS * (NWORK + 1));
+    for (size_t k = 0; k < nrec; k++) {
+        int path = -1, algo = -1;
+        T_OK(pd_group_explain(g, rec[k].kind, rec[k].dtype,
+                              (size_t)rec[k].count, &path, &algo));
+        T_CHECK(rec[k].path == path && rec[k].algo == algo);
+        T_CHECK(rec[k].algo != 0 && rec[k].path != 0);
+    }
     pd_group_destroy(g);
     pd_tl_close();
     unlink(tl);

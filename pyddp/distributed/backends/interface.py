@@ -81,7 +81,10 @@ class Backend(abc.ABC):
     (a small blocking collective on the default group in one call; False: not handled, the call
     then goes through ``run``), ``transport`` (a word for logs), ``shared_alloc(nbytes)``, ``host``
     (a host group beside a device backend, for object collectives), ``split(rank, size)`` (new
-    communicators for new_group, every rank of the parent taking part), ``batch_p2p(ops)``."""
+    communicators for new_group, every rank of the parent taking part), ``batch_p2p(ops)``,
+    ``explain(kind, dtype, count)`` (``(transport, algorithm)`` a collective of count elements
+    would run with, asked of the code that decides it; without it pyddp.distributed.explain says
+    the backend chooses)."""
 
     fast = None
     transport = None
