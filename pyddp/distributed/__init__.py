@@ -28,6 +28,7 @@ from .distributed_c10d import (  # noqa: F401
     broadcast_object_list,
     default_pg_timeout,
     destroy_process_group,
+    explain,
     gather,
     gather_object,
     get_backend,
@@ -64,7 +65,6 @@ from ._compat import get_default_backend_for_device, reduce_op  # noqa: F401
 from .store import FileStore, HashStore, PrefixStore, QueueEmptyError, Store, TCPStore  # noqa: F401
 from ._observe import (  # noqa: F401
     DebugLevel,
-    explain,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,

@@ -170,48 +170,6 @@ def log_collective(group_name, name, dtype, inputs, outputs, async_op, path=None
            " (async)" if async_op else "")
 
 
-def explain(collective, tensor=None, *, nbytes=None, dtype=None, group=None) -> dict:
-    """Which backend, transport and algorithm a collective on ``group`` (default: the default
-    group) would run with now, asked of the same code that decides when it runs; runs nothing.
-
-    ``collective``: its name ("all_reduce") or the function (``dist.all_reduce``).  ``tensor``:
-    the array one rank contributes (all_gather, gather: its input; reduce_scatter, scatter: its
-    output block; all_to_all: its largest block), or give ``nbytes`` (and ``dtype``, default
-    uint8).  Returns ``{"backend", "transport", "algorithm", "staged", "why"}``; the flight
-    record and the DETAIL log name the same three for every call that ran."""
-    from .distributed_c10d import _resolve
-
-    name = getattr(collective, "__name__", collective)
-    name = {"all_reduce_coalesced": "all_reduce", "all_gather_into_tensor": "all_gather",
-            "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all",
-            "gather_object": "gather", "broadcast_object_list": "broadcast",
-            "all_gather_object": "all_gather", "scatter_object_list": "scatter",
-            "send": "send", "recv": "recv", "isend": "send", "irecv": "recv"}.get(name, name)
-    info_ = _C.KINDS.get(name)
-    if info_ is None or info_["code"] == 0:
-        raise ValueError(f"explain: unknown collective {collective!r} (one of "
-                         f"{', '.join(k for k in _C.KINDS if _C.KINDS[k]['code'])})")
-    pg = _resolve(group)
-    if pg is None:
-        raise ValueError("explain: this rank is not a member of the group")
-    from .. import _interop  # the one array adapter
-
-    if tensor is not None:
-        if nbytes is not None:
-            raise ValueError("explain: give tensor or nbytes, not both")
-        view = _interop.describe(tensor, "tensor")
-        if view.code is None:
-            raise TypeError(f"explain: tensor has unsupported dtype {view.dtype}")
-        device, code, count = view.device, view.code, view.size
-    else:
-        device = "cpu"
-        code = _interop.dtype_code("uint8" if dtype is None else
-                                   str(dtype).replace("torch.", ""), "dtype")
-        count = int(nbytes or 0) // max(_C.DTYPE_SIZES.get(dtype_name(code), 1), 1)
-    return pg._explain(info_["code"], code, count, device)
-
-
-
 # ------------------------------------------------------------------------ flight recorder
 
 _groups = weakref.WeakValueDictionary()  # C group id -> (label, C group): dump() on demand
