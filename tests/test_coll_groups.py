@@ -272,8 +272,8 @@ def _local_names_child(rank, ws):
     a, b = np.full(2, rank + 1.0), np.full(2, 10.0 * (rank + 1))
     w1 = dist.all_reduce(a, group=g1, async_op=True)
     w2 = dist.all_reduce(b, group=g2, async_op=True)
-    w2.wait()
-    w1.wait()
+    w2.wait(timeout=30)
+    w1.wait(timeout=30)
     return g1.group_name, g2.group_name, a.tolist(), b.tolist()
 
 

@@ -302,7 +302,7 @@ def test_out_of_file_descriptors_every_rank_says_what_happened_within_seconds():
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(timeout=30)
     results = []
     everything = "\n".join(f"--- rank {r}:\n{out}" for r, out in enumerate(outs))
     for r, out in enumerate(outs):

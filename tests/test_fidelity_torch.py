@@ -306,7 +306,7 @@ def _barrier_device_ids(rank, world_size):
             try:
                 w = dist.barrier(device_ids=ids, async_op=async_op)
                 if w is not None:
-                    w.wait()
+                    w.wait(timeout=30)
                 out[name, async_op] = None
             except Exception as e:  # noqa: BLE001 - the exception is what is compared
                 out[name, async_op] = (type(e).__name__, str(e))

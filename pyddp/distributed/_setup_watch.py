@@ -147,7 +147,7 @@ class SetupWatch:
                 try:
                     _observe.log.warning("%s", self._progress(keys, desc))
                 except NotImplementedError:
-                    pass
+                    pass  # a user's Store without check: nothing to say who arrived
                 self._interval = min(self._interval * 2, NOTICE_MAX_S)
                 self._next_notice = now + self._interval
 

@@ -6,7 +6,7 @@ of its own; with one rank it runs the call inline), each on 2 ranks sharing GPU 
 
 - entries: 20,000 small all_reduces with the watchdog polling every millisecond; pyddp's count of calls into
   a communicator made while another thread was inside one (NcclComm.overlapping_entries) must be 0;
-- overhead: host time per small all_reduce, pyddp against torch.distributed (median of 5 x 2,000 calls);
+- overhead: host time per small all_reduce, pyddp against torch.distributed (median of 5 x 2,000 calls, launch_overhead's rounds);
 - barrier: a script's tensors put on cuda:<rank % GPUs> without set_device, then a long kernel on the
   current stream and barrier(): the kernel must be done when barrier returns (torch's barrier);
 - p2p: rank 0 isend(x, 1) then all_reduce(y), rank 1 all_reduce(y) then recv(x, 0) (torch gives each
@@ -16,26 +16,14 @@ Exit status 1 when entries or barrier fail (a result in a table, not an exceptio
 Without torch or a CUDA device, or when pyddp's libnccl is older than 2.30, it says so and exits 0."""
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
+from launch_overhead import _rounds  # median of 5 rounds of N calls (this folder is on sys.path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CALLS = 20000
-N = 2000
-
-
-def _rounds(fn, sync):
-    out = []
-    for _ in range(5):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(N):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t0) / N * 1e6)
-    return statistics.median(out)
 
 
 def worker(case, lib, rank):
@@ -97,7 +85,7 @@ def worker(case, lib, rank):
             if rank == 0:
                 w = dist.isend(big, 1)
                 dist.all_reduce(y)
-                w.wait()
+                w.wait(timeout=60)
             else:
                 dist.all_reduce(y)
                 dist.recv(big, 0)

@@ -112,7 +112,7 @@ def _forget_setup(store, watch, once):
         for key in keys:
             store.delete_key(key)
     except NotImplementedError:
-        pass
+        pass  # a user's Store without delete_key (an optional method) keeps them, as torch's
 
 
 def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", once=False):

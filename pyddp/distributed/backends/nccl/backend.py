@@ -213,7 +213,7 @@ class NcclBackend(Backend):
                 try:
                     self.store.delete_key(key)
                 except NotImplementedError:
-                    pass
+                    pass  # a user's Store without delete_key (optional) keeps it
             self.comms[device] = c
             self.pending[c] = collections.deque()
             return c
