@@ -221,11 +221,7 @@ class ProcessGroup:
             be = self._host  # the host group beside a device backend (object collectives)
             why.append("host arrays of a device-only group go to its host group")
         if be is None or type(be) is _registry.Unavailable:
-            what = be.entry.reason() if be is not None else (
-                f"no backend of group {self._name!r} serves it (its backends: "
-                f"{self._backends_desc()})")
-            raise (RuntimeError if be is not None else ValueError)(
-                f"explain: arrays on device {device}: {what}")
+            raise self._no_backend(be, f"explain: arrays on device {device}")
         if staged:
             why.append("CUDA arrays staged through pinned host memory for the 'cpu' backend")
         entry = (self._plan or {}).get("cpu" if staged else device)
@@ -303,12 +299,16 @@ class ProcessGroup:
             return self._host_run  # the pickles of an object collective on a device-only group
         be = backends.get(device)
         if be is None or type(be) is _registry.Unavailable:
-            what = be.entry.reason() if be is not None else (
-                f"no backend of group {self._name!r} serves it (its backends: "
-                f"{self._backends_desc()})")
-            raise (RuntimeError if be is not None else ValueError)(
-                f"{name}: the arrays are on device {device}: {what}")
+            raise self._no_backend(be, f"{name}: the arrays are on device {device}")
         return self._runs[device]
+
+    def _no_backend(self, be, where):
+        """The error for arrays whose device no backend of this group serves (``be`` None) or
+        whose backend is not in this build (an Unavailable entry)."""
+        if be is not None:
+            return RuntimeError(f"{where}: {be.entry.reason()}")
+        return ValueError(f"{where}: no backend of group {self._name!r} serves it (its backends: "
+                          f"{self._backends_desc()})")
 
     @property
     def _transport(self):
