@@ -7,8 +7,8 @@
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
 --peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
-floor), --json OUT, --plot FILE (default
-docs/img/collectives.png when matplotlib imports), --no-plot, --timeout S, --quick, --split-ops, --rounds N,
+floor), --json OUT, --plot FILE (default runs/bench/collectives.png under the working directory, when
+matplotlib imports; runs/ is ignored by git), --no-plot, --timeout S, --quick, --split-ops, --rounds N,
 --timing call|loop.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
@@ -58,7 +58,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "bench_worker.py")
-DEFAULT_PLOT = os.path.join(ROOT, "docs", "img", "collectives.png")
+# Under the working directory, as the examples' runs/: never over the tracked docs/img/collectives.png (the
+# docs' figure is redrawn only when asked: --plot docs/img/collectives.png).
+DEFAULT_PLOT = os.path.join("runs", "bench", "collectives.png")
 
 if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will use (also when imported)
     sys.path.insert(0, HERE)
@@ -685,7 +687,7 @@ def main(argv=None):
                          "only where a rules file is in force); pyddp also runs the shm-buffer allreduce")
     ap.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     ap.add_argument("--plot", metavar="FILE", default=None,
-                    help="PNG of algbw against size (default docs/img/collectives.png; needs matplotlib, "
+                    help="PNG of algbw against size (default runs/bench/collectives.png; needs matplotlib, "
                          "a note when it does not import)")
     ap.add_argument("--no-plot", action="store_true", help="write no plot")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per library before giving up")
@@ -830,6 +832,8 @@ def main(argv=None):
             print(floors)
     if not args.no_plot:
         path = args.plot or DEFAULT_PLOT
+        if os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         note = plot(path, args.ops, results, args.nproc, memcpy)
         shown = os.path.relpath(path)
         print(f"# note: plot {note}" if note else f"# plot: {path if shown.startswith(os.pardir) else shown}")
