@@ -131,8 +131,13 @@ def test_parse(no_libnccl):
         _backend.parse("cuda:nccl")
     with pytest.raises(RuntimeError, match="'mpi' needs mpi4py, which is not installed"):
         _backend.parse("mpi")
-    with pytest.raises(ValueError, match="Invalid backend 'nope': expected 'cpu' or 'gloo'"):
+    with pytest.raises(ValueError, match="Invalid backend 'nope' pyddp's backends: 'cpu' "
+                       r"\(alias 'gloo'\) for CPU arrays; 'nccl' for CUDA arrays, needs libnccl"):
         _backend.parse("nope")
+    # a typo: the nearest name, and what each backend needs
+    with pytest.raises(ValueError, match=r"Invalid backend 'ncll'; did you mean 'nccl'\?.*'mpi' for "
+                       r"CPU and CUDA arrays, needs mpi4py.*\(not available here\)"):
+        _backend.parse("ncll")
     with pytest.raises(ValueError, match="does not serve device 'cpu'"):
         _backend.parse("cpu:nccl")
     with pytest.raises(ValueError, match="does not serve device 'cuda'"):

@@ -173,7 +173,9 @@ def test_bare_pmi():
 
 
 def test_nothing_set_names_rank_and_arguments_take_precedence():
-    with pytest.raises(ValueError, match="RANK expected"):
+    # a script run with plain `python`: the variable, and how to start it (pyddp's launcher)
+    with pytest.raises(ValueError, match=r"environment variable RANK is not set; .*pyddp-run "
+                                         r"--standalone --nproc-per-node N script\.py"):
         resolve({})
     r = resolve({"MASTER_ADDR": "a", "MASTER_PORT": "1"}, rank=0, world_size=1)
     assert (r.rank, r.world_size, r.launcher) == (0, 1, None)
