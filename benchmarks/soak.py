@@ -2,7 +2,7 @@
 """Soak test: many mixed collectives on 3 ranks, every result checked, resources watched.
 
     nice python benchmarks/soak.py                 # 100,000 operations, 3 ranks (about 18 minutes)
-    python benchmarks/soak.py --ops 2000           # the short version CI runs (tests/test_soak.py)
+    python benchmarks/soak.py --ops 2000           # the short version CI runs (tests/distributed/test_soak.py)
 
 Every rank draws the same sequence of operations from one seed: the kind (all_reduce, reduce,
 broadcast, all_gather, all_gather_into_tensor, gather, scatter, reduce_scatter,

@@ -10,7 +10,7 @@ lines changed beyond the imports, both because pyddp tensors live on the CPU: ``
 ``torch.randn(20, 10).to(rank)`` moved the model and data to GPU ``rank``; here they stay on the CPU
 (``Module.to(rank)`` is accepted and does nothing, ``Tensor.to(rank)`` would raise), and
 ``device_ids=[rank]`` is left out (pyddp would accept it with a warning).  Under
-``PYDDP_CUDA_ON_CPU=1`` the original lines run as they are (tests/test_porting_gpu_lines.py runs the
+``PYDDP_CUDA_ON_CPU=1`` the original lines run as they are (tests/porting/test_porting_gpu_lines.py runs the
 seed script this way).  The original takes one
 step; this one takes ``--steps`` and checks what DDP promises: every rank ends with the same
 parameters, although each saw different data.

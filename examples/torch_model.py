@@ -9,7 +9,7 @@ The model, the loss and the forward/backward passes are torch's (CPU); pyddp sup
 (gradient buckets allreduced while torch's backward runs, found through torch's post-accumulate-grad
 hooks), ``pyddp.utils.data.DistributedSampler`` + ``DataLoader`` (pyddp Tensor batches, torch's indices bit for
 bit), ``pyddp.optimizers.FusedAdam`` updating the torch parameters in place, and, with --opt-level,
-apex-style mixed precision from ``pyddp.amp``.  Needs torch (``pip install torch==2.13.0``) and the
+apex-style mixed precision from ``pyddp.amp``.  Needs torch (the CPU wheel: ``pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu``) and the
 digits of scikit-learn (or the bundled copy in examples/data).
 """
 import argparse

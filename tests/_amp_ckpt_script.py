@@ -1,4 +1,4 @@
-"""Child script of tests/test_amp_checkpoint.py: the seed notes' amp checkpoint recipe.
+"""Child script of tests/amp/test_amp_checkpoint.py: the seed notes' amp checkpoint recipe.
 
     python _amp_ckpt_script.py LEVEL OPTIMIZER first|resume CKPT OUT
 

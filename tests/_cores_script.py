@@ -1,4 +1,4 @@
-"""One rank of tests/test_cores.py: binds itself to the CPUs its argument names (this rank's
+"""One rank of tests/distributed/test_cores.py: binds itself to the CPUs its argument names (this rank's
 entry of a ';'-separated list, e.g. '0;0' or '0;1'), then joins a 2-rank group through the
 launcher's environment and runs one all_reduce, checked against NumPy."""
 import os

@@ -1,4 +1,4 @@
-"""An elastic job with DistributedDataParallel (tests/test_elastic.py): a pyddp.nn model, or a torch
+"""An elastic job with DistributedDataParallel (tests/launch/test_elastic.py): a pyddp.nn model, or a torch
 model with ELASTIC_TORCH=1, wrapped in pyddp's DDP inside the elastic function (re-wrapped at every
 re-form), SGD; the worker with id 1 kills itself at step 9 when ELASTIC_KILL=1; the survivors then take
 ELASTIC_STEP_SLEEP seconds a step until its replacement joined."""

@@ -1,4 +1,4 @@
-"""A small elastic job for tests/test_elastic.py: a linear model on integer data, a fixed global
+"""A small elastic job for tests/launch/test_elastic.py: a linear model on integer data, a fixed global
 batch dealt by ElasticSampler, one all_reduce per step.  Gradient sums of integers are exact, so
 any membership gives the same bits as a fault-free run with the same sample order.
 

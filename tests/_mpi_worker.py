@@ -1,4 +1,4 @@
-"""One rank of a backend 'mpi' test job, started by tests/test_backend_mpi.py under mpirun:
+"""One rank of a backend 'mpi' test job, started by tests/distributed/test_backend_mpi.py under mpirun:
 
     mpirun -n N python tests/_mpi_worker.py SUITE OUTDIR
 

@@ -1,4 +1,4 @@
-"""Helper of tests/test_threads_ranks.py: two ranks started by plain multiprocessing (no launcher)
+"""Helper of tests/distributed/test_threads_ranks.py: two ranks started by plain multiprocessing (no launcher)
 or by pyddp.multiprocessing.spawn / start_processes, each reporting its BLAS thread count before
 and after init_process_group.  Usage: _threads_script.py {plain|spawn|fork|plain-nothreadpoolctl} PORT"""
 import multiprocessing as mp

@@ -3,7 +3,7 @@ against pyddp's (present / differs / absent).
 
     python tests/_torch_api_table.py          # rewrite docs/torch-api.md (torch 2.13 installed)
 
-tests/test_torch_api_table.py regenerates it and fails when the committed page is stale, so adding
+tests/project/test_torch_api_table.py regenerates it and fails when the committed page is stale, so adding
 a function to pyddp (or finding a difference) shows up in the docs.  The categories: torch.*
 functions, Tensor methods and properties (in-place ``_`` variants included), torch.nn modules,
 torch.nn.functional, torch.optim optimizers and lr_scheduler, torch.amp / torch.cuda.amp,
@@ -158,7 +158,7 @@ def generate() -> str:
         "# Torch API table",
         "",
         "Generated from torch " + TORCH_VERSION + " itself by `tests/_torch_api_table.py` (and kept "
-        "current by `tests/test_torch_api_table.py`): the public names training code uses, in "
+        "current by `tests/project/test_torch_api_table.py`): the public names training code uses, in "
         "each of torch's modules, against pyddp's. **present**: pyddp has the name, with "
         "torch's behaviour as far as its tests compare them; **differs**: present, with the "
         "difference noted; **absent**: not in pyddp (a ported script that uses it needs a "

@@ -4,7 +4,7 @@
 Every scenario trains the same torch model twice in this process, once through pyddp (pyddp's
 DistributedDataParallel, apex amp, fused optimizers, SyncBatchNorm, on pyddp's process group) and once
 through torch (torch's DistributedDataParallel on gloo, torch.autocast + torch.amp.GradScaler,
-torch.optim), and writes both results to DIR/rank<r>.npz; tests/test_torch_path.py (CPU tensors) and
+torch.optim), and writes both results to DIR/rank<r>.npz; tests/parallel/test_torch_path.py (CPU tensors) and
 tests/gpu/test_gpu_torch_path.py (CUDA tensors) compare them. The code is the same on both devices.
 """
 import argparse

@@ -11,7 +11,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # The rules file of algorithm choice a developer's own `python -m pyddp.tools.tune` wrote in the per-user
 # cache must not change what the tests run (CI has none): every test sees an empty cache and no
-# PYDDP_TUNING_FILE unless it sets them itself (tests/test_tune.py does).
+# PYDDP_TUNING_FILE unless it sets them itself (tests/distributed/test_tune.py does).
 import tempfile  # noqa: E402
 
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pyddp-test-cache-")

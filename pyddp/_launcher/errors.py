@@ -153,10 +153,24 @@ def _describe(f: Failure, host) -> List[str]:
     return lines
 
 
+def _how(f: Failure) -> str:
+    """How a worker failed, for the headline: the exception it raised when it recorded one (a worker
+    that raised and was then stopped by the launcher while it was still exiting failed by raising, not
+    by the launcher's signal), else its exit code or signal."""
+    if f.message and f.error_time is not None:
+        first = f.message.strip().splitlines()[0] if f.message.strip() else f.message
+        how = f"raising {first}"
+        if f.returncode < 0:
+            how += (f" (then stopped by the launcher with {signal_name(-f.returncode)} while it was "
+                    "still exiting)")
+        return how
+    return f"with {describe_exit(f.returncode)}"
+
+
 def format_summary(target, failures: List[Failure], host, restarts, max_restarts) -> str:
     """torchrun's failure report; failures[0] is the root cause."""
     root, others = failures[0], failures[1:]
-    lines = [_RULE, f"{target} FAILED: rank {root.rank} first, with {describe_exit(root.returncode)}"
+    lines = [_RULE, f"{target} FAILED: rank {root.rank} first, {_how(root)}"
              + (f" (after {restarts} restart{'s' if restarts != 1 else ''}, "
                                            f"--max-restarts {max_restarts})" if max_restarts else ""),
              _THIN, "Root Cause (first observed failure):", f"[0]:"]
@@ -166,7 +180,9 @@ def format_summary(target, failures: List[Failure], host, restarts, max_restarts
         lines.append("  <NO_OTHER_FAILURES>")
     for i, f in enumerate(others, 1):
         what = f" ({f.message})" if f.message else ""
+        stopped = (f", stopped by the launcher with {signal_name(-f.returncode)} while exiting"
+                   if f.message and f.error_time is not None and f.returncode < 0 else "")
         lines.append(f"  [{i}]: rank {f.rank} (local_rank: {f.local_rank}): {describe_exit(f.returncode)}"
-                     f"{what}")
+                     f"{what}{stopped}")
     lines.append(_RULE)
     return "\n".join(lines)

@@ -29,8 +29,11 @@ import re
 import zlib
 from typing import Iterator, Mapping, NamedTuple, Optional
 
-_ENV_ERROR = ("Error initializing torch.distributed using env:// rendezvous: environment variable "
-              "{name} expected, but not set")
+_ENV_ERROR = "init_process_group (env://): environment variable {name} is not set"
+_LAUNCH_HINT = ("; a launcher sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank: start "
+                "the script with `pyddp-run --standalone --nproc-per-node N script.py` (torchrun's "
+                "options), `python -m pyddp.launch`, mpirun or srun, or pass rank=, world_size= and "
+                "init_method='tcp://host:port' (or 'file:///path') to init_process_group")
 
 # Ports derived from job ids stay below Linux's default ephemeral range (32768-60999), so they do not
 # collide with the ports the kernel hands out for outgoing connections.
@@ -110,13 +113,14 @@ def resolve(env: Mapping[str, str], rank: Optional[int] = None,
 
     if rank is None or rank < 0:
         if launcher is None:
-            raise ValueError(_ENV_ERROR.format(name="RANK"))
+            raise ValueError(_ENV_ERROR.format(name="RANK") + _LAUNCH_HINT)
         rank = _int(env, launcher.rank)
         if launcher is not _TORCHRUN:
             derived["RANK"] = str(rank)
     if world_size is None or world_size < 0:
         if launcher is None or _set(env, launcher.size) is None:
-            raise ValueError(_ENV_ERROR.format(name=launcher.size if launcher else "WORLD_SIZE"))
+            raise ValueError(_ENV_ERROR.format(name=launcher.size if launcher else "WORLD_SIZE")
+                             + (_LAUNCH_HINT if launcher is None else ""))
         world_size = _int(env, launcher.size)
         if launcher is not _TORCHRUN:
             derived["WORLD_SIZE"] = str(world_size)
@@ -159,7 +163,7 @@ def _all_local(env, launcher, world_size) -> bool:
 def _default_master_addr(env, launcher, world_size) -> str:
     missing = _ENV_ERROR.format(name="MASTER_ADDR")
     if launcher is None or launcher is _TORCHRUN:
-        raise ValueError(missing)
+        raise ValueError(missing + _LAUNCH_HINT)
     if launcher is _SLURM:
         for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
             nodelist = _set(env, var)
@@ -179,7 +183,7 @@ def _default_master_addr(env, launcher, world_size) -> str:
 def _default_master_port(env, launcher) -> int:
     missing = _ENV_ERROR.format(name="MASTER_PORT")
     if launcher is None or launcher is _TORCHRUN:
-        raise ValueError(missing)
+        raise ValueError(missing + _LAUNCH_HINT)
     if launcher is _SLURM:
         job = _set(env, "SLURM_JOB_ID") or _set(env, "SLURM_JOBID")
         if job is None:

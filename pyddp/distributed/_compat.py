@@ -57,8 +57,12 @@ class _reduce_op:
         self.__members__ = ReduceOp.__members__
 
     def __getattribute__(self, key):
-        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use "
-                      "`torch.distributed.ReduceOp` instead", DeprecationWarning, stacklevel=2)
+        # only a member's use warns: tools that inspect the module (help(), completion in a notebook,
+        # pytest's and doctest's collection) touch dunders and must not print a deprecation
+        if key.startswith("_"):
+            return object.__getattribute__(self, key)
+        warnings.warn("`pyddp.distributed.reduce_op` (torch.distributed.reduce_op) is deprecated, "
+                      "please use `pyddp.distributed.ReduceOp` instead", DeprecationWarning, stacklevel=2)
         return object.__getattribute__(self, key)
 
 

@@ -491,7 +491,7 @@ test_sweep_stale(void)
 }
 
 /* Byte counts from the environment, by the rules of pyddp/_config.py
- * (tests/test_config_env.py has the same cases): digits, then K, M or G,
+ * (tests/project/test_config_env.py has the same cases): digits, then K, M or G,
  * blanks around either; anything else is the default. */
 static void
 test_env_bytes(void)

@@ -1,5 +1,5 @@
 """Build and run tests/gpu/abi_facts.c: csrc/cuda/cudawrap.h's ABI facts against the real nccl.h and
-cuda_runtime_api.h (tests/gpu/verify.sh step 2; tests/test_cuda_loader.py runs it in the suite).
+cuda_runtime_api.h (tests/gpu/verify.sh step 2; tests/cuda/test_cuda_loader.py runs it in the suite).
 
 The headers are looked for in the NVIDIA wheels (nvidia/nccl/include, nvidia/cu13/include,
 nvidia/cuda_runtime/include, nvidia/cuda_nvcc/include), $CUDA_HOME/include and /usr/local/cuda/include.

@@ -1,4 +1,4 @@
-"""The torch-model path on CUDA tensors: tests/_torch_path_script.py (the script tests/test_torch_path.py runs
+"""The torch-model path on CUDA tensors: tests/_torch_path_script.py (the script tests/parallel/test_torch_path.py runs
 on CPU tensors) with --device cuda, and the seed notes' GPU scripts (tests/gpu/seeds/, only their import lines
 changed) run to the end on the GPU with their checkpoints reloaded.
 

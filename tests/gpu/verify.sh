@@ -10,7 +10,7 @@
 # 3. runs the GPU tests (tests/gpu, in parallel with pytest-xdist where it is installed: among them the
 #    torch-model path, pyddp DDP / amp / fused optimizers / SyncBatchNorm on CUDA tensors against torch, and
 #    the seed notes' GPU scripts, tests/gpu/test_gpu_torch_path.py), then the NCCL-path tests on the
-#    stand-in libraries (tests/test_nccl_backend.py, tests/test_fakecuda.py);
+#    stand-in libraries (tests/cuda/test_nccl_backend.py, tests/cuda/test_fakecuda.py);
 # 4. runs `benchmarks/nccl.py --quick` (pyddp against torch's ProcessGroupNCCL and CuPy in the same run) and
 #    `benchmarks/ddp_gpu.py --rounds 5` (one training step, pyddp DDP + amp O1 against torch DDP + torch.amp);
 # 5. times the host side of one small NCCL call, pyddp against torch.distributed (tests/gpu/launch_overhead.py);
@@ -82,7 +82,7 @@ TEST_TIMEOUT=$(( STEP_TIMEOUT * 3 / 4 < 240 ? STEP_TIMEOUT * 3 / 4 : 240 ))
 TAIL=40 step gpu_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -rs -v --durations 15 "${XDIST[@]}" \
     -p no:cacheprovider --timeout "$TEST_TIMEOUT" --junitxml "$LOG/gpu_tests.xml" tests/gpu
 TAIL=10 step stand_in_tests timeout -k 10 "$STEP_TIMEOUT" "$PY" -m pytest -q "${XDIST[@]}" -p no:cacheprovider \
-    --timeout 240 tests/test_nccl_backend.py tests/test_fakecuda.py
+    --timeout 240 tests/cuda/test_nccl_backend.py tests/cuda/test_fakecuda.py
 
 # 4. the benchmark against torch's ProcessGroupNCCL
 TAIL=60 step bench_nccl timeout -k 10 "$STEP_TIMEOUT" "$PY" benchmarks/nccl.py --quick --max-bytes 64M \

@@ -1,7 +1,7 @@
 # A GPU-style DDP script as tutorials and apex's ImageNet example write it: device_count() as the
 # world size, set_device, backend "nccl" through a variable, .cuda(), device="cuda", .to(rank),
 # an apex-style stream prefetcher, torch.cuda.amp, topk accuracy, cuda.synchronize.  Only the
-# imports changed.  tests/test_cuda_on_cpu.py runs it unchanged on a machine without a GPU under
+# imports changed.  tests/cuda/test_cuda_on_cpu.py runs it unchanged on a machine without a GPU under
 # PYDDP_CUDA_ON_CPU=1 (2 emulated devices -> 2 ranks).
 # import torch
 # import torch.distributed as dist

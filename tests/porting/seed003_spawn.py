@@ -1,6 +1,6 @@
 # Seed notes 003 ("PYTORCH / 多卡 / DDP例程"): the mp.spawn DDP example, ported to pyddp.
 # Only the imports changed; each other changed line ends with "# PORT: <why>" and is listed in
-# the README's porting table.  tests/test_porting.py runs it with MASTER_ADDR/MASTER_PORT set in the
+# the README's porting table.  tests/porting/test_porting.py runs it with MASTER_ADDR/MASTER_PORT set in the
 # environment (the seed relies on them too: init_process_group("gloo", rank=..., world_size=...)).
 # import torch
 # import torch.distributed as dist

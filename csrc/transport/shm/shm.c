@@ -159,7 +159,7 @@ pd_shm_stream_bytes(void)
     return stream_cached;
 }
 
-/* Fault injection for the tests (tests/test_chaos.py): PYDDP_TEST_SHM_FAIL
+/* Fault injection for the tests (tests/distributed/test_chaos.py): PYDDP_TEST_SHM_FAIL
  * = ENOSPC makes allocating this rank's segment fail as on a full /dev/shm,
  * EACCES makes creating it fail as on an unwritable one.  The real /dev/shm
  * is never touched.  Returns the errno to fail with at `stage` ("open" or

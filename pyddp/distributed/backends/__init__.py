@@ -19,7 +19,7 @@ pyddp.distributed.torch_bridge, a caller of ProcessGroup like the public API.)
 nccl and mpi are folders: their ``__init__`` registers them, their ``backend`` module is imported
 at the first group that uses them (``import pyddp.distributed`` stays light).
 
-Nothing here imports distributed_c10d (the API module sits above; tests/test_architecture.py
+Nothing here imports distributed_c10d (the API module sits above; tests/project/test_architecture.py
 checks the import graph).  Adding a backend is one module like this one, registered under a name
 and the devices it serves::
 
@@ -46,7 +46,7 @@ and the devices it serves::
     register(BackendEntry("solo", ("cpu",), Solo))
 
 after which ``dist.init_process_group("solo", store=dist.HashStore(), rank=0, world_size=1)`` runs
-pyddp's collectives on it (tests/test_architecture.py registers and runs this example).
+pyddp's collectives on it (tests/project/test_architecture.py registers and runs this example).
 """
 from . import cpu, nccl, mpi  # noqa: F401,I001  (each registers itself, in this order: names())
 from .interface import Backend, BackendOptions, Completed, Rendezvous, Request, Work, runner

@@ -34,11 +34,12 @@ class BackendEntry:
     """One registered backend."""
 
     __slots__ = ("name", "devices", "factory", "extended_api", "_available", "_reason", "aliases",
-                 "rendezvous")
+                 "rendezvous", "needs")
 
     def __init__(self, name, devices, factory, available=True, reason=None, aliases=(),
-                 extended_api=False, rendezvous=None):
+                 extended_api=False, rendezvous=None, needs=""):
         self.name = name
+        self.needs = needs            # what it needs beyond pyddp, in a few words (messages)
         self.rendezvous = rendezvous  # a backends.interface.Rendezvous, or None
         self.devices = tuple(devices)
         self.factory = factory
@@ -103,9 +104,29 @@ def _has_gpu() -> bool:
 
 
 def _invalid(backend) -> ValueError:
-    usable = [n for n, e in _registry.items() if e.is_available()]
-    expected = " or ".join(", ".join(repr(n) for n in usable).rsplit(", ", 1))
-    return ValueError(f"Invalid backend {backend!r}: expected {expected}")
+    """Unknown backend name: every registered backend with the devices it serves and what an
+    unavailable one needs, and the nearest registered name."""
+    import difflib
+
+    seen, parts = set(), []
+    for entry in _registry.values():
+        if id(entry) in seen:
+            continue
+        seen.add(id(entry))
+        what = repr(entry.name)
+        if entry.aliases:
+            what += f" (alias {', '.join(repr(a) for a in entry.aliases)})"
+        what += f" for {' and '.join(d.upper() for d in entry.devices)} arrays"
+        if entry.needs:
+            what += f", needs {entry.needs}"
+        if not entry.is_available():
+            what += " (not available here)"
+        parts.append(what)
+    near = difflib.get_close_matches(str(backend).lower(), list(_registry), n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return ValueError(f"Invalid backend {backend!r}{hint} pyddp's backends: " + "; ".join(parts)
+                      + ". Also: None (the default: 'cpu', plus 'nccl' for CUDA arrays when a GPU "
+                      "is visible) and 'device:name' pairs such as 'cpu:gloo,cuda:nccl'")
 
 
 def parse(backend):

@@ -34,4 +34,5 @@ class _Rendezvous:
 
 
 register(BackendEntry("mpi", ("cpu", "cuda"), create, available=lambda: available(),
-                      reason=lambda: reason(), rendezvous=_Rendezvous()))
+                      reason=lambda: reason(), rendezvous=_Rendezvous(),
+                      needs="mpi4py built against the site's MPI (pip install 'pyddp[mpi]')"))

@@ -29,4 +29,5 @@ def _nccl_error():
 register(BackendEntry(
     "nccl", ("cuda",), create, available=lambda: _nccl_error() is None,
     reason=lambda: f"backend 'nccl' is not available (use backend='cpu' or 'gloo' for CPU "
-                   f"arrays): {_nccl_error()}"))
+                   f"arrays): {_nccl_error()}",
+    needs="libnccl (pip install 'pyddp[cuda]') and a GPU"))

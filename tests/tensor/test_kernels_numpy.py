@@ -1,0 +1,485 @@
+"""csrc/kernels against numpy, through ctypes.
+
+Builds csrc/kernels/*.c and csrc/util/status.c into a small shared library
+with the system C compiler (skipped when there is none), then runs every
+(dtype, op) pair on random arrays and compares with numpy's ufuncs, and the
+float16 / bfloat16 casts with numpy and ml_dtypes.
+"""
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import _paths
+
+ROOT = _paths.ROOT
+CSRC = os.path.join(ROOT, "csrc")
+
+try:
+    import ml_dtypes
+except ImportError:  # bfloat16 checks are skipped without it
+    ml_dtypes = None
+
+
+def _enum(name):
+    """Enumerator -> value for `typedef enum name {...}` in kernels.h, so the
+    test cannot drift from the header."""
+    with open(os.path.join(CSRC, "kernels", "kernels.h")) as f:
+        text = f.read()
+    body = re.search(r"typedef enum %s \{(.*?)\}" % name, text, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    values, nxt = {}, 0
+    for item in body.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" in item:
+            key, val = (s.strip() for s in item.split("="))
+            nxt = int(val, 0)
+        else:
+            key = item
+        values[key] = nxt
+        nxt += 1
+    return values
+
+
+DT = _enum("pd_dtype")
+OP = _enum("pd_redop")
+PD_OK = 0
+
+NUMPY_DTYPES = {
+    "PD_BOOL": np.bool_,
+    "PD_INT8": np.int8,
+    "PD_UINT8": np.uint8,
+    "PD_INT16": np.int16,
+    "PD_UINT16": np.uint16,
+    "PD_INT32": np.int32,
+    "PD_UINT32": np.uint32,
+    "PD_INT64": np.int64,
+    "PD_UINT64": np.uint64,
+    "PD_FLOAT16": np.float16,
+    "PD_FLOAT32": np.float32,
+    "PD_FLOAT64": np.float64,
+    "PD_COMPLEX64": np.complex64,
+    "PD_COMPLEX128": np.complex128,
+}
+if ml_dtypes is not None:
+    NUMPY_DTYPES["PD_BFLOAT16"] = ml_dtypes.bfloat16
+
+INTS = ["PD_INT8", "PD_UINT8", "PD_INT16", "PD_UINT16", "PD_INT32", "PD_UINT32",
+        "PD_INT64", "PD_UINT64"]
+FLOATS = ["PD_FLOAT32", "PD_FLOAT64"]
+HALVES = ["PD_FLOAT16", "PD_BFLOAT16"]
+COMPLEX = ["PD_COMPLEX64", "PD_COMPLEX128"]
+
+
+def _compiler():
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+# "dispatch" is the library as shipped (F16C / AVX2 cast paths where the CPU has them);
+# "portable" compiles those out, so the portable casts meet numpy on every machine.
+@pytest.fixture(scope="module", params=["dispatch", "portable"])
+def lib(request, tmp_path_factory):
+    if not sys.platform.startswith("linux") and sys.platform != "darwin":
+        pytest.skip("builds a shared library with a Unix C compiler")
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    kdir = os.path.join(CSRC, "kernels")
+    sources = sorted(os.path.join(kdir, f) for f in os.listdir(kdir) if f.endswith(".c"))
+    sources.append(os.path.join(CSRC, "util", "status.c"))
+    out = str(tmp_path_factory.mktemp("kernels") / "libpdkernels.so")
+    cmd = [cc, "-std=c11", "-O3", "-Wall", "-Wextra", "-D_GNU_SOURCE", "-fPIC", "-shared",
+           "-I" + CSRC, "-o", out] + sources + ["-lm"]
+    if request.param == "portable":
+        cmd.insert(1, "-DPD_KERNELS_PORTABLE")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "", "compiler warnings:\n" + proc.stderr
+    so = ctypes.CDLL(out)
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    so.pd_reduce.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, sz]
+    so.pd_reduce.restype = None
+    so.pd_reduce3.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, vp, sz]
+    so.pd_reduce3.restype = None
+    so.pd_reduce_avg_finish.argtypes = [ctypes.c_int, vp, sz, ctypes.c_int]
+    so.pd_reduce_avg_finish.restype = None
+    so.pd_cast_to_f32.argtypes = [ctypes.c_int, vp, vp, sz]
+    so.pd_cast_to_f32.restype = None
+    so.pd_cast_from_f32.argtypes = [ctypes.c_int, vp, vp, sz]
+    so.pd_cast_from_f32.restype = None
+    so.pd_redop_check.argtypes = [ctypes.c_int, ctypes.c_int]
+    so.pd_redop_check.restype = ctypes.c_int
+    so.pd_errmsg.argtypes = []
+    so.pd_errmsg.restype = ctypes.c_char_p
+    so.pd_dtype_size.argtypes = [ctypes.c_int]
+    so.pd_dtype_size.restype = ctypes.c_size_t
+    so.pd_dtype_name.argtypes = [ctypes.c_int]
+    so.pd_dtype_name.restype = ctypes.c_char_p
+    so.pd_redop_name.argtypes = [ctypes.c_int]
+    so.pd_redop_name.restype = ctypes.c_char_p
+    so.pd_dtype_accum.argtypes = [ctypes.c_int]
+    so.pd_dtype_accum.restype = ctypes.c_int
+    return so
+
+
+def ptr(a):
+    assert a.flags.c_contiguous
+    return a.ctypes.data
+
+
+# ---- random inputs -------------------------------------------------------------------------
+
+FLOAT_SPECIALS = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, 0.5, 3.0]
+
+
+def random_floats(rng, n, dtype):
+    ftype = np.dtype(dtype)
+    info = np.finfo(ftype)
+    x = rng.standard_normal(n).astype(ftype) * ftype.type(rng.choice([1, 100, 1e-3]))
+    # repeats, so MIN/MAX ties and equal values occur
+    x[rng.random(n) < 0.15] = ftype.type(0.25)
+    pick = rng.random(n)
+    special = np.array(FLOAT_SPECIALS + [info.tiny, -info.tiny, info.max, -info.max,
+                                         info.smallest_subnormal], dtype=ftype)
+    x[pick < 0.1] = rng.choice(special, size=int((pick < 0.1).sum()))
+    raw = (pick >= 0.1) & (pick < 0.15)  # arbitrary bit patterns
+    bits = rng.integers(0, 2 ** (8 * ftype.itemsize), size=int(raw.sum()),
+                        dtype=np.uint64).astype("u%d" % ftype.itemsize)
+    x[raw] = bits.view(ftype)
+    return x
+
+
+def random_array(rng, name, n):
+    dtype = NUMPY_DTYPES[name]
+    if name == "PD_BOOL":
+        return rng.random(n) < 0.5
+    if name in INTS:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+        pick = rng.random(n)
+        x[pick < 0.05] = info.min
+        x[(pick >= 0.05) & (pick < 0.1)] = info.max
+        small = pick >= 0.9
+        x[small] = rng.integers(-3 if info.min < 0 else 0, 4, size=int(small.sum())).astype(dtype)
+        return x
+    if name in FLOATS:
+        return random_floats(rng, n, dtype)
+    if name in COMPLEX:
+        f = np.float32 if name == "PD_COMPLEX64" else np.float64
+        return random_floats(rng, 2 * n, f).view(dtype)
+    # float16 / bfloat16: round random float32s, plus arbitrary 16-bit patterns
+    with np.errstate(all="ignore"):
+        x = random_floats(rng, n, np.float32).astype(dtype)
+    raw = rng.random(n) < 0.2
+    x[raw] = rng.integers(0, 65536, size=int(raw.sum()), dtype=np.uint16).view(dtype)
+    return x
+
+
+# ---- expected results ----------------------------------------------------------------------
+
+def expected(name, op, a, b):
+    if name == "PD_BOOL":
+        fn = {"PD_SUM": np.logical_or, "PD_MAX": np.logical_or, "PD_BOR": np.logical_or,
+              "PD_PRODUCT": np.logical_and, "PD_MIN": np.logical_and, "PD_BAND": np.logical_and,
+              "PD_BXOR": np.logical_xor}[op]
+        return fn(a, b)
+    if name in HALVES:
+        # widened to float32, reduced there, rounded once
+        with np.errstate(all="ignore"):
+            wide = expected("PD_FLOAT32", op, a.astype(np.float32), b.astype(np.float32))
+            return wide.astype(a.dtype)
+    fn = {"PD_SUM": np.add, "PD_AVG": np.add, "PD_PRODUCT": np.multiply,
+          "PD_MIN": np.minimum, "PD_MAX": np.maximum, "PD_BAND": np.bitwise_and,
+          "PD_BOR": np.bitwise_or, "PD_BXOR": np.bitwise_xor}[op]
+    with np.errstate(all="ignore"):
+        return fn(a, b)
+
+
+def allowed(name, op):
+    if op in ("PD_BAND", "PD_BOR", "PD_BXOR"):
+        return name == "PD_BOOL" or name in INTS
+    if op in ("PD_MIN", "PD_MAX"):
+        return name not in COMPLEX
+    if op == "PD_AVG":
+        return name != "PD_BOOL"
+    return True
+
+
+def uint_view(x):
+    return x.view("u%d" % x.dtype.itemsize)
+
+
+def assert_same(got, want, what):
+    """Bit-identical, except that a NaN only has to be a NaN (numpy's payload choice is
+    not part of the contract)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.kind in "fcV" or got.dtype == NUMPY_DTYPES.get("PD_BFLOAT16"):
+        if got.dtype.kind == "c":
+            got = got.view(got.real.dtype)
+            want = want.view(want.real.dtype)
+        with np.errstate(all="ignore"):
+            gnan = np.isnan(got.astype(np.float64))
+            wnan = np.isnan(want.astype(np.float64))
+        bad = (gnan != wnan) | (~gnan & (uint_view(got) != uint_view(want)))
+    else:
+        bad = got != want
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise AssertionError("%s: %d of %d differ; first at %d: got %r want %r"
+                             % (what, int(bad.sum()), bad.size, i, got[i], want[i]))
+
+
+def complex_product_close(got, a, b, what):
+    """numpy's complex multiply may use FMA (its AVX-512 loops do), the kernel does not:
+    equal to the plain formula bit for bit, and to np.multiply within rounding."""
+    ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+    with np.errstate(all="ignore"):
+        formula = np.empty_like(a)
+        formula.real = ar * br - ai * bi
+        formula.imag = ar * bi + ai * br
+        assert_same(got, formula, what + " (plain formula)")
+        ref = np.multiply(a, b)
+        eps = np.finfo(ar.dtype).eps
+        finite = np.isfinite(formula) & np.isfinite(ref)
+        scale_re = np.abs(ar * br) + np.abs(ai * bi)
+        scale_im = np.abs(ar * bi) + np.abs(ai * br)
+        ok_re = np.abs(got.real - ref.real) <= 4 * eps * scale_re
+        ok_im = np.abs(got.imag - ref.imag) <= 4 * eps * scale_im
+    bad = finite & ~(ok_re & ok_im)
+    assert not bad.any(), "%s: %d differ from np.multiply beyond rounding" % (what, bad.sum())
+
+
+# ---- the tests -----------------------------------------------------------------------------
+
+ALL_NAMES = [n for n in DT if n != "PD_NDTYPES"]
+ALL_OPS = [o for o in OP if o != "PD_NREDOPS"]
+
+
+def test_enums_match_names(lib):
+    for name in ALL_NAMES:
+        assert lib.pd_dtype_name(DT[name]).decode() == {"PD_BFLOAT16": "bfloat16"}.get(
+            name, name[3:].lower())
+        if name in NUMPY_DTYPES:
+            assert lib.pd_dtype_size(DT[name]) == np.dtype(NUMPY_DTYPES[name]).itemsize
+        accum = DT["PD_FLOAT32"] if name in HALVES else DT[name]
+        assert lib.pd_dtype_accum(DT[name]) == accum
+    for op in ALL_OPS:
+        assert lib.pd_redop_name(OP[op]).decode() == op[3:]
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_redop_check(lib, name, op):
+    st = lib.pd_redop_check(DT[name], OP[op])
+    if allowed(name, op):
+        assert st == PD_OK
+    else:
+        assert st != PD_OK
+        assert lib.pd_errmsg().decode() == "ReduceOp.%s is not supported for dtype %s" % (
+            op[3:], lib.pd_dtype_name(DT[name]).decode())
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_reduce_matches_numpy(lib, name, op):
+    if not allowed(name, op):
+        pytest.skip("not a valid pair")
+    if name not in NUMPY_DTYPES:
+        pytest.skip("ml_dtypes not installed")
+    rng = np.random.default_rng([DT[name], OP[op]])
+    for n in (1, 17, 1000, 4099):
+        a = random_array(rng, name, n)
+        b = random_array(rng, name, n)
+        want = expected(name, op, a, b)
+        what = "%s %s n=%d" % (name, op, n)
+
+        def check(got, how):
+            if name in COMPLEX and op == "PD_PRODUCT":
+                complex_product_close(got, a, b, what + " " + how)
+            else:
+                assert_same(got, want, what + " " + how)
+
+        dst = np.empty_like(a)
+        lib.pd_reduce3(DT[name], OP[op], ptr(dst), ptr(a), ptr(b), n)
+        check(dst, "distinct")
+        d = a.copy()
+        lib.pd_reduce(DT[name], OP[op], ptr(d), ptr(b), n)
+        check(d, "pd_reduce")
+        d = b.copy()
+        lib.pd_reduce3(DT[name], OP[op], ptr(d), ptr(a), ptr(d), n)
+        check(d, "dst==b")
+        d = a.copy()
+        lib.pd_reduce3(DT[name], OP[op], ptr(d), ptr(d), ptr(d), n)
+        want_self = expected(name, op, a, a)
+        if name in COMPLEX and op == "PD_PRODUCT":
+            complex_product_close(d, a, a, what + " dst==a==b")
+        else:
+            assert_same(d, want_self, what + " dst==a==b")
+
+
+def trunc_div(a, n):
+    """Integer division rounding toward zero (C's, NCCL's), in numpy without overflow."""
+    q = np.floor_divide(a, a.dtype.type(n))
+    r = a - q * a.dtype.type(n)
+    fix = (r != 0) & (a < 0)
+    q[fix] += 1
+    return q
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_NAMES if n != "PD_BOOL"])
+def test_avg_finish(lib, name):
+    if name not in NUMPY_DTYPES:
+        pytest.skip("ml_dtypes not installed")
+    rng = np.random.default_rng(DT[name])
+    for world in (1, 2, 3, 7, 64):
+        buf = random_array(rng, name, 1001)
+        with np.errstate(all="ignore"):
+            if name in INTS:
+                want = trunc_div(buf, world)
+            elif name in FLOATS:
+                want = buf / buf.dtype.type(world)
+            elif name in COMPLEX:
+                want = np.empty_like(buf)
+                want.real = buf.real / buf.real.dtype.type(world)
+                want.imag = buf.imag / buf.real.dtype.type(world)
+            else:
+                want = (buf.astype(np.float32) / np.float32(world)).astype(buf.dtype)
+        got = buf.copy()
+        lib.pd_reduce_avg_finish(DT[name], ptr(got), got.size, world)
+        assert_same(got, want, "%s avg n=%d" % (name, world))
+    # explicit truncation toward zero
+    if name in INTS and np.iinfo(NUMPY_DTYPES[name]).min < 0:
+        x = np.array([-7, 7, -1, np.iinfo(NUMPY_DTYPES[name]).min], dtype=NUMPY_DTYPES[name])
+        lib.pd_reduce_avg_finish(DT[name], ptr(x), 4, 2)
+        assert list(x[:3]) == [-3, 3, 0]
+        assert int(x[3]) == np.iinfo(NUMPY_DTYPES[name]).min // 2
+
+
+# ---- half casts ----------------------------------------------------------------------------
+
+def float32_inputs(rng, n):
+    """Random float32 bit patterns, half of them forced onto or next to a float16 or
+    bfloat16 rounding boundary, plus every special range."""
+    u = rng.integers(0, 2 ** 32, size=n, dtype=np.uint64).astype(np.uint32)
+    k = n // 4
+    low13 = np.array([0x1000, 0x0fff, 0x1001, 0, 0x1fff], dtype=np.uint32)
+    u[:k] = (u[:k] & ~np.uint32(0x1fff)) | rng.choice(low13, size=k)
+    low16 = np.array([0x8000, 0x7fff, 0x8001, 0, 0xffff], dtype=np.uint32)
+    u[k:2 * k] = (u[k:2 * k] & ~np.uint32(0xffff)) | rng.choice(low16, size=k)
+    # float16's subnormal range and its edges: 2^-26 .. 2^-13
+    sub = rng.integers(0x32800000, 0x39000000, size=k, dtype=np.uint64).astype(np.uint32)
+    u[2 * k:3 * k] = sub | (rng.integers(0, 2, size=k, dtype=np.uint32) << np.uint32(31))
+    fixed = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007fffff,
+                      0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000, 0x7f800001,
+                      0xff800001, 0x7fbfffff, 0x477fe000, 0x477fefff, 0x477ff000,
+                      0x477ff001, 0x7f7fffff, 0xff7fffff, 0x33000000, 0x33000001,
+                      0x33800000, 0x33c00000, 0x387fc000, 0x387fe000, 0x38800000,
+                      0x7f7f8000, 0x7f7f7fff, 0x00008000, 0x00018000], dtype=np.uint32)
+    return np.concatenate([u, fixed]).view(np.float32)
+
+
+def half_nan_ok(got_bits, src_f32, nan_bit, exp_mask):
+    """A NaN input must give a quiet NaN of the same sign."""
+    src_bits = src_f32.view(np.uint32)
+    sign_ok = (got_bits >> 15) == (src_bits >> 31)
+    is_nan = ((got_bits & 0x7fff) & exp_mask) == exp_mask
+    is_nan &= (got_bits & 0x7fff) != exp_mask
+    quiet = (got_bits & nan_bit) != 0
+    return sign_ok & is_nan & quiet
+
+
+def test_float16_to_float32_all_values(lib):
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = np.empty(65536, dtype=np.float32)
+    lib.pd_cast_to_f32(DT["PD_FLOAT16"], ptr(got), ptr(h), 65536)
+    want = h.view(np.float16).astype(np.float32)
+    # numpy keeps NaN payloads, signalling ones included; so must we
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    back = np.empty(65536, dtype=np.uint16)
+    lib.pd_cast_from_f32(DT["PD_FLOAT16"], ptr(back), ptr(got), 65536)
+    nan = np.isnan(h.view(np.float16))
+    np.testing.assert_array_equal(back[~nan], h[~nan])
+    np.testing.assert_array_equal(back[nan], h[nan] | 0x200)
+
+
+def test_float32_to_float16_vs_numpy(lib):
+    rng = np.random.default_rng(16)
+    f = float32_inputs(rng, 1 << 21)
+    got = np.empty(f.size, dtype=np.uint16)
+    lib.pd_cast_from_f32(DT["PD_FLOAT16"], ptr(got), ptr(f), f.size)
+    with np.errstate(all="ignore"):
+        want = f.astype(np.float16).view(np.uint16)
+    nan = np.isnan(f)
+    bad = ~nan & (got != want)
+    assert not bad.any(), "f32 %s -> %s, numpy %s" % (
+        hex(f.view(np.uint32)[bad][0]), hex(got[bad][0]), hex(want[bad][0]))
+    assert half_nan_ok(got[nan], f[nan], 0x200, 0x7c00).all()
+
+
+def test_bfloat16_to_float32_all_values(lib):
+    if ml_dtypes is None:
+        pytest.skip("ml_dtypes not installed")
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = np.empty(65536, dtype=np.float32)
+    lib.pd_cast_to_f32(DT["PD_BFLOAT16"], ptr(got), ptr(h), 65536)
+    want = h.view(ml_dtypes.bfloat16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    # bfloat16 is the top half of a float32: widening keeps every bit
+    np.testing.assert_array_equal(got.view(np.uint32), h.astype(np.uint32) << 16)
+    back = np.empty(65536, dtype=np.uint16)
+    lib.pd_cast_from_f32(DT["PD_BFLOAT16"], ptr(back), ptr(got), 65536)
+    np.testing.assert_array_equal(back[~nan], h[~nan])
+    np.testing.assert_array_equal(back[nan], h[nan] | 0x40)
+
+
+def test_float32_to_bfloat16_vs_ml_dtypes(lib):
+    if ml_dtypes is None:
+        pytest.skip("ml_dtypes not installed")
+    rng = np.random.default_rng(32)
+    f = float32_inputs(rng, 1 << 21)
+    got = np.empty(f.size, dtype=np.uint16)
+    lib.pd_cast_from_f32(DT["PD_BFLOAT16"], ptr(got), ptr(f), f.size)
+    with np.errstate(all="ignore"):
+        want = f.astype(ml_dtypes.bfloat16).view(np.uint16)
+    nan = np.isnan(f)
+    bad = ~nan & (got != want)
+    assert not bad.any(), "f32 %s -> %s, ml_dtypes %s" % (
+        hex(f.view(np.uint32)[bad][0]), hex(got[bad][0]), hex(want[bad][0]))
+    assert half_nan_ok(got[nan], f[nan], 0x40, 0x7f80).all()
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_cast_lengths_and_offsets(lib, name):
+    """Every length up to 40 and odd start offsets, so vector bodies and scalar tails of
+    each code path see the same values."""
+    if name not in NUMPY_DTYPES:
+        pytest.skip("ml_dtypes not installed")
+    dtype = NUMPY_DTYPES[name]
+    rng = np.random.default_rng(7)
+    f = float32_inputs(rng, 200)
+    with np.errstate(all="ignore"):
+        want = f.astype(dtype).view(np.uint16)
+    nan = np.isnan(f)
+    for off in (0, 1, 3):
+        for n in range(41):
+            src = f[off:off + n]
+            dst = np.empty(n, dtype=np.uint16)
+            lib.pd_cast_from_f32(DT[name], ptr(dst), ptr(src), n)
+            ok = nan[off:off + n] | (dst == want[off:off + n])
+            assert ok.all(), (name, off, n)
+            wide = np.empty(n, dtype=np.float32)
+            lib.pd_cast_to_f32(DT[name], ptr(wide), ptr(dst), n)
+            ref = dst.view(dtype).astype(np.float32)
+            good = np.isnan(ref) | (wide.view(np.uint32) == ref.view(np.uint32))
+            assert good.all(), (name, off, n)
