@@ -14,6 +14,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # PYDDP_TUNING_FILE unless it sets them itself (tests/distributed/test_tune.py does).
 import tempfile  # noqa: E402
 
+import pytest  # noqa: E402
+
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pyddp-test-cache-")
 os.environ.pop("PYDDP_TUNING_FILE", None)
 os.environ.pop("PYDDP_TUNING", None)
@@ -47,3 +49,52 @@ def pytest_runtest_logreport(report):
 def pytest_collectreport(report):
     if _SKIPPED_FILE and report.skipped:
         _record_skip(report.nodeid)
+
+
+# ------------------------------------------------------------------------------------------ tiers
+# `python -m pytest tests` runs the quick tier: every feature, at the sizes and in the variants that
+# show it works (a few minutes on 2 cores).  Tests and parameter values marked `full` (the exhaustive
+# matrices: every dtype x op x world size, 3- and 4-rank variants, repetitions, the chaos and soak
+# files) run with `--full` (what CI runs; docs/testing.md).  `--tier rest` runs only those, for a run
+# that already did the quick tier (.ci/run).  PYDDP_TEST_TIER=quick|full|rest sets the default.
+# (PYDDP_SLOW_TESTS=1 adds the few tests of an hour or several GB on top of either.)
+_TIERS = ("quick", "full", "rest")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("pyddp")
+    default = os.environ.get("PYDDP_TEST_TIER", "quick")
+    group.addoption("--tier", choices=_TIERS, default=default if default in _TIERS else "quick",
+                    help="quick (the default): every feature once; full: also the exhaustive "
+                         "matrices, chaos and soak (CI); rest: only what quick leaves out")
+    group.addoption("--full", action="store_const", const="full", dest="tier",
+                    help="the same as --tier full")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "full: exhaustive variants that run with --full (CI), not in the quick tier")
+    tier = os.environ.get("PYDDP_TEST_TIER")
+    if tier is not None and tier not in _TIERS:
+        raise pytest.UsageError(f"PYDDP_TEST_TIER={tier!r}: expected one of {', '.join(_TIERS)}")
+
+
+def pytest_report_header(config):
+    tier = config.getoption("tier")
+    more = {"quick": "; the exhaustive matrices, chaos and soak run with --full (CI does)",
+            "full": " (everything but PYDDP_SLOW_TESTS=1's hour-long repetitions)",
+            "rest": " (only what the quick tier leaves out)"}[tier]
+    return f"pyddp test tier: {tier}{more}"
+
+
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("tier")
+    if tier == "full":
+        return
+    keep, drop = [], []
+    for item in items:
+        is_full = item.get_closest_marker("full") is not None
+        (drop if is_full == (tier == "quick") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

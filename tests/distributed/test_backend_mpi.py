@@ -16,6 +16,7 @@ import sys
 import pytest
 
 import _paths
+from _tiers import full
 from _ref import assert_clean
 
 HERE = _paths.TESTS
@@ -58,7 +59,7 @@ def run_suite(suite, n, tmp_path, min_checks=1, env=None):
 
 
 @needs_mpi
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, *full(3, 4)])
 def test_every_collective_dtype_and_op_matches_numpy(n, tmp_path):
     run_suite("colls", n, tmp_path, min_checks=4000)
 

@@ -21,10 +21,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-import pyddp.distributed as dist
 import _paths
+import pyddp.distributed as dist
 from _launch import alive, assert_all_gone, finish, launcher_env, start, wait_for, write_script
 from _mp import run, run_outcomes
+from _tiers import FULL, full
 
 WS = 3
 
@@ -796,6 +797,9 @@ _STOP_CASES = [(k, root, victim) for k in _KINDS
                                                                      "scatter")
                                     else [(0, 1), (0, 0)])]
 _STOP_IDS = [f"{k}-root{r}-stop{v}" for k, r, v in _STOP_CASES]
+# the quick tier stops a rank in one kind (issue 50's all_gather); --full in every kind and root
+_STOP_PARAMS = [pytest.param(*c, id=i, marks=() if c == ("all_gather", 0, 1) else FULL)
+                for c, i in zip(_STOP_CASES, _STOP_IDS)]
 
 
 def _stop_inside(kind, root, victim, transport):
@@ -810,12 +814,13 @@ def _stop_inside(kind, root, victim, transport):
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("kind,root,victim", _STOP_CASES, ids=_STOP_IDS)
+@pytest.mark.parametrize("kind,root,victim", _STOP_PARAMS)
 def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root, victim, transport):
     _stop_inside(kind, root, victim, transport)
 
 
 # the same many times over (the bug showed in one run in four): PYDDP_SLOW_TESTS=1, about 25 min
+@FULL
 @pytest.mark.skipif(os.environ.get("PYDDP_SLOW_TESTS") != "1",
                     reason="the stop-a-rank matrix 5 times over, ~25 min: PYDDP_SLOW_TESTS=1")
 @pytest.mark.parametrize("rep", range(5))
@@ -860,9 +865,10 @@ def _all_gather_loop_child(rank, ws, victim, stop_after, cont_after):
 # continued at once: the victim's clock ran out while it was stopped, and its own late verdict
 # (blaming the ranks that gave up on it) reached a survivor still waiting (before the fix: once in
 # 72 runs of this loop on a loaded 2-core machine; tests/c/test_group.c's test_stopped_* every time)
-@pytest.mark.parametrize("cont_after", [0.0, 0.5], ids=["cont_at_once", "cont_after_0.5s"])
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("victim", [1, 0])
+@pytest.mark.parametrize("cont_after", [pytest.param(0.0, id="cont_at_once"),
+                                        pytest.param(0.5, id="cont_after_0.5s", marks=FULL)])
+@pytest.mark.parametrize("transport", ["shm", *full("tcp")])
+@pytest.mark.parametrize("victim", [1, *full(0)])
 def test_a_rank_stopped_in_an_all_gather_loop_is_named_by_every_survivor(victim, transport, cont_after):
     outs = run(_all_gather_loop_child, WS, victim, 1.5, cont_after, timeout=90,
                init_kwargs={"timeout": timedelta(seconds=3)},

@@ -15,13 +15,19 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
+from _tiers import FULL, full
 from _ref import (DTYPE_NAMES, LARGE_DTYPE_NAMES, OPS, SMALL_SIZES, Checker, assert_clean, dtype,
                   garbage, input_kind, kind, large_count, mismatch, op_error, op_valid, rank_input,
                   reduce_ref, same_bytes)
 
 pytestmark = pytest.mark.timeout(240)
 
-WORLD_SIZES = [2, 3, 4]
+# quick tier: 2 and 3 ranks (3: uneven splits, rings that do not pair up); --full adds 4 (the 2-core
+# machine oversubscribed) and the large arrays at 3 and 4 ranks
+WORLD_SIZES = [2, 3, *full(4)]
+WS_WHICH = [pytest.param(ws, which, id=f"{ws}-{which}",
+                         marks=FULL if ws == 4 or (ws == 3 and which == "large") else ())
+            for ws in (2, 3, 4) for which in ("small", "large")]
 
 
 @pytest.fixture(autouse=True, params=["shm", "tcp"])
@@ -77,7 +83,7 @@ def test_all_reduce_every_dtype_and_op_matches_numpy_small_sizes(ws):
     assert_clean(run(_all_reduce_child, ws, "small"), min_checks=300)
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", [2, *full(3, 4)])
 def test_all_reduce_every_dtype_and_op_matches_numpy_3mib(ws):
     # every dtype (not only the large subset): the large-message algorithm's chunking per element size
     assert_clean(run(_all_reduce_child, ws, "large", timeout=200), min_checks=70)
@@ -101,8 +107,7 @@ def _reduce_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_reduce_to_every_dst_matches_numpy(ws, which):
     assert_clean(run(_reduce_child, ws, which, timeout=200))
 
@@ -120,8 +125,7 @@ def _broadcast_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_broadcast_from_every_src_is_bytewise_exact(ws, which):
     assert_clean(run(_broadcast_child, ws, which, timeout=200))
 
@@ -153,8 +157,7 @@ def _all_gather_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_all_gather_and_all_gather_into_tensor_concatenate_every_rank(ws, which):
     assert_clean(run(_all_gather_child, ws, which, timeout=200))
 
@@ -174,8 +177,7 @@ def _gather_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_gather_to_every_dst_collects_every_rank(ws, which):
     assert_clean(run(_gather_child, ws, which, timeout=200))
 
@@ -194,8 +196,7 @@ def _scatter_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_scatter_from_every_src_delivers_own_chunk(ws, which):
     assert_clean(run(_scatter_child, ws, which, timeout=200))
 
@@ -230,8 +231,7 @@ def _reduce_scatter_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_reduce_scatter_and_reduce_scatter_tensor_every_op_match_numpy(ws, which):
     assert_clean(run(_reduce_scatter_child, ws, which, timeout=200))
 
@@ -290,8 +290,7 @@ def _all_to_all_child(rank, ws, which):
     return ck.report()
 
 
-@pytest.mark.parametrize("which", ["small", "large"])
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws,which", WS_WHICH)
 def test_all_to_all_and_all_to_all_single_equal_and_uneven_splits(ws, which):
     assert_clean(run(_all_to_all_child, ws, which, timeout=200))
 

@@ -8,11 +8,12 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run
+from _tiers import full
 from _ref import Checker, assert_clean
 
 pytestmark = pytest.mark.timeout(180)
 
-WORLD_SIZES = [2, 3, 4]
+WORLD_SIZES = [2, 3, *full(4)]   # 4 ranks (oversubscribed): --full
 
 Point = collections.namedtuple("Point", "x y")
 

@@ -6,11 +6,12 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run
+from _tiers import full
 from _ref import DTYPE_NAMES, Checker, assert_clean, garbage, kind, large_count, rank_input, same_bytes
 
 pytestmark = pytest.mark.timeout(180)
 
-WORLD_SIZES = [2, 3, 4]
+WORLD_SIZES = [2, 3, *full(4)]   # 4 ranks (oversubscribed): --full
 
 
 def _ik(name):
