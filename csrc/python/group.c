@@ -13,7 +13,7 @@
 
 #include "../coll/coll.h"
 #include "../util/kinds.h"
-#include "../group.h"
+#include "../group/group.h"
 #include "../kernels/kernels.h"
 #include "binding.h"
 
