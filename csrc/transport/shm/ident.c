@@ -53,19 +53,6 @@ pd_shm_check_ident(pd_shm *s, const pd_shm_ident *id,
 }
 
 pd_status
-pd_shm_entry(pd_shm *s, const pd_shm_waiter *w,
-             const char *(*kind_name)(int))
-{
-    if (!s->unchecked) {
-        return PD_OK;
-    }
-    /* every rank has entered the last collective: its identity is there,
-     * and whatever it read of this rank's banks it has read */
-    PD_CHECK(pd_shm_sync_wait(s, w));
-    return pd_shm_check_ident_from(s, &s->cur, kind_name, -1);
-}
-
-pd_status
 pd_shm_check_ident_from(pd_shm *s, const pd_shm_ident *id,
                         const char *(*kind_name)(int), int src)
 {

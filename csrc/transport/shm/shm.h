@@ -26,9 +26,9 @@
  * /dev/shm whatever happens later.
  *
  * Files: segment.c (segments, banks, sizes, the owner process), wait.c
- * (steps, waits, wakes, abort and leave, the phase probe), ident.c (the
- * identities and the mismatch check), ring.c (byte rings); internal.h holds
- * the segment's layout and the inline helpers they share.
+ * (steps, waits, wakes, abort and leave, pd_shm_entry, the phase probe),
+ * ident.c (the identities and the mismatch check), ring.c (byte rings);
+ * internal.h holds the segment's layout and the inline helpers they share.
  */
 #ifndef PD_SHM_H
 #define PD_SHM_H

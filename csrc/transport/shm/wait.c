@@ -1,7 +1,8 @@
 /* Sync points between the ranks of a shared-memory group (shm.h): each
  * rank bumps its step flag and waits for its peers' (spinning, yielding,
  * then sleeping on a futex), eager variants that wait for one rank, the
- * abort and leave flags a wait checks, and the phase probe.
+ * abort and leave flags a wait checks, the wait at a collective's entry
+ * that completes an eager one's identity check, and the phase probe.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -263,6 +264,21 @@ pd_shm_sync_from(pd_shm *s, const pd_shm_waiter *w, int src, int data)
 {
     bump(s);
     return pd_shm_sync_wait_from(s, w, src, data);
+}
+
+/* Before a collective, the deferred half of an eager one's identity check
+ * (ident.c); here beside the wait it starts with, which it inlines. */
+pd_status
+pd_shm_entry(pd_shm *s, const pd_shm_waiter *w,
+             const char *(*kind_name)(int))
+{
+    if (!s->unchecked) {
+        return PD_OK;
+    }
+    /* every rank has entered the last collective: its identity is there,
+     * and whatever it read of this rank's banks it has read */
+    PD_CHECK(pd_shm_sync_wait(s, w));
+    return pd_shm_check_ident_from(s, &s->cur, kind_name, -1);
 }
 
 int
