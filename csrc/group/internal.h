@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "../coll/coll.h"
-#include "../group.h"
+#include "group.h"
 #include "../transport/shm/shm.h"
 #include "../transport/transport.h"
 #include "flight.h"

@@ -109,7 +109,7 @@ typedef struct pd_view {
 int pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags,
                 pd_view *v);
 void pd_view_release(pd_view *v);
-/* A view the fast paths (group.c, mpi.c) can run on: CPU memory,
+/* A view the fast paths (group_fast.c, mpi.c) can run on: CPU memory,
  * C-contiguous, a known dtype, writable when it is an output.  1 with the
  * view held, or 0 with nothing held and no exception: the Python layer then
  * takes the general path and explains what is wrong. */

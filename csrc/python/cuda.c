@@ -92,6 +92,36 @@ cuda_error(const struct pd_cudart *rt, const char *what, pd_cuda_err e)
     return NULL;
 }
 
+/* The one shape of every wrapper of a runtime call: its arguments checked
+ * first (addr_arg, int_arg: errors name the function and the argument),
+ * then the runtime got (cudart(), or cudart_usable() for a call that
+ * initialises nothing), then RT_CALL: the call made without the GIL and,
+ * when it fails, the RuntimeError "<what>: cudaErrorX (its description)"
+ * returned from the wrapper (mpi4py's CHKERR); then the result built. */
+#define RT_CALL(rt, what, call)                                               \
+    do {                                                                      \
+        pd_cuda_err rt_err_;                                                  \
+        Py_BEGIN_ALLOW_THREADS                                                \
+        rt_err_ = (call);                                                     \
+        Py_END_ALLOW_THREADS                                                  \
+        if (rt_err_ != PD_CUDA_SUCCESS) {                                     \
+            return cuda_error((rt), (what), rt_err_);                         \
+        }                                                                     \
+    } while (0)
+
+/* The same for NCCL: RuntimeError "<what>: <ncclGetErrorString>". */
+#define NCCL_CALL(nc, what, call)                                             \
+    do {                                                                      \
+        pd_nccl_res nccl_res_;                                                \
+        Py_BEGIN_ALLOW_THREADS                                                \
+        nccl_res_ = (call);                                                   \
+        Py_END_ALLOW_THREADS                                                  \
+        if (nccl_res_ != PD_NCCL_SUCCESS) {                                   \
+            return PyErr_Format(PyExc_RuntimeError, "%s: %s", (what),         \
+                                (nc)->GetErrorString(nccl_res_));             \
+        }                                                                     \
+    } while (0)
+
 /* An address (a device pointer or cudaStream_t) given as a Python int. */
 static int
 addr_arg(PyObject *o, const char *fn, const char *name, uintptr_t *out)
@@ -343,13 +373,7 @@ cuda_get_device(PyObject *module, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     int dev = -1;
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->GetDevice(&dev);
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        return cuda_error(rt, "cudaGetDevice", e);
-    }
+    RT_CALL(rt, "cudaGetDevice", rt->GetDevice(&dev));
     return PyLong_FromLong(dev);
 }
 
@@ -364,15 +388,9 @@ cuda_set_device(PyObject *module, PyObject *arg)
     if (rt == NULL) {
         return NULL;
     }
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->SetDevice(dev);
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        char what[64];
-        PyOS_snprintf(what, sizeof(what), "cudaSetDevice(%d)", dev);
-        return cuda_error(rt, what, e);
-    }
+    char what[64];
+    PyOS_snprintf(what, sizeof(what), "cudaSetDevice(%d)", dev);
+    RT_CALL(rt, what, rt->SetDevice(dev));
     Py_RETURN_NONE;
 }
 
@@ -383,13 +401,7 @@ cuda_synchronize(PyObject *module, PyObject *Py_UNUSED(ignored))
     if (rt == NULL) {
         return NULL;
     }
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->DeviceSynchronize();
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        return cuda_error(rt, "cudaDeviceSynchronize", e);
-    }
+    RT_CALL(rt, "cudaDeviceSynchronize", rt->DeviceSynchronize());
     Py_RETURN_NONE;
 }
 
@@ -404,13 +416,8 @@ cuda_stream_synchronize(PyObject *module, PyObject *arg)
     if (rt == NULL) {
         return NULL;
     }
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->StreamSynchronize((pd_cuda_stream)s);
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        return cuda_error(rt, "cudaStreamSynchronize", e);
-    }
+    RT_CALL(rt, "cudaStreamSynchronize",
+            rt->StreamSynchronize((pd_cuda_stream)s));
     Py_RETURN_NONE;
 }
 
@@ -443,14 +450,9 @@ cuda_memcpy_async(PyObject *module, PyObject *args)
     if (rt == NULL) {
         return NULL;
     }
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->MemcpyAsync((void *)dst, (const void *)src, (size_t)nbytes, kind,
-                        (pd_cuda_stream)s);
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        return cuda_error(rt, "cudaMemcpyAsync", e);
-    }
+    RT_CALL(rt, "cudaMemcpyAsync",
+            rt->MemcpyAsync((void *)dst, (const void *)src, (size_t)nbytes,
+                            kind, (pd_cuda_stream)s));
     Py_RETURN_NONE;
 }
 
@@ -467,13 +469,8 @@ cuda_pointer_attributes(PyObject *module, PyObject *arg)
     }
     pd_cuda_ptr_attrs a;
     memset(&a, 0, sizeof(a));
-    pd_cuda_err e;
-    Py_BEGIN_ALLOW_THREADS
-    e = rt->PointerGetAttributes(&a, (const void *)p);
-    Py_END_ALLOW_THREADS
-    if (e != PD_CUDA_SUCCESS) {
-        return cuda_error(rt, "cudaPointerGetAttributes", e);
-    }
+    RT_CALL(rt, "cudaPointerGetAttributes",
+            rt->PointerGetAttributes(&a, (const void *)p));
     return Py_BuildValue("(ii)", a.type, a.device);
 }
 
@@ -616,11 +613,7 @@ nccl_version(PyObject *module, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     int v = 0;
-    pd_nccl_res r = nc->GetVersion(&v);
-    if (r != PD_NCCL_SUCCESS) {
-        return PyErr_Format(PyExc_RuntimeError, "ncclGetVersion: %s",
-                            nc->GetErrorString(r));
-    }
+    NCCL_CALL(nc, "ncclGetVersion", nc->GetVersion(&v));
     return PyLong_FromLong(v);
 }
 
@@ -633,14 +626,7 @@ nccl_unique_id(PyObject *module, PyObject *Py_UNUSED(ignored))
     }
     pd_nccl_uid id;
     memset(&id, 0, sizeof(id));
-    pd_nccl_res r;
-    Py_BEGIN_ALLOW_THREADS
-    r = nc->GetUniqueId(&id);
-    Py_END_ALLOW_THREADS
-    if (r != PD_NCCL_SUCCESS) {
-        return PyErr_Format(PyExc_RuntimeError, "ncclGetUniqueId: %s",
-                            nc->GetErrorString(r));
-    }
+    NCCL_CALL(nc, "ncclGetUniqueId", nc->GetUniqueId(&id));
     return PyBytes_FromStringAndSize(id.internal, sizeof(id.internal));
 }
 

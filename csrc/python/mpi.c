@@ -264,9 +264,9 @@ MpiComm_check(MpiCommObject *self, PyObject *args)
 /* -------------------------------------------------------------- fast path */
 
 /* fast(kind, array, arg[, input[, root]]): pyddp's fast protocol (see
- * group.c's PG_fast).  all_reduce (in place), broadcast and barrier of a
- * C-contiguous CPU array of a type MPI reduces natively run here; anything
- * else goes to the Python fast path. */
+ * group_fast.c's pd_pg_fast).  all_reduce (in place), broadcast and
+ * barrier of a C-contiguous CPU array of a type MPI reduces natively run
+ * here; anything else goes to the Python fast path. */
 static PyObject *
 MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
 {

@@ -14,8 +14,12 @@
  * queue.  Everything else stays in the link (the kernel's socket buffer, the
  * ring), which gives flow control for free.  Death of a peer shows up as EOF
  * / hang-up on its link or control socket without a preceding goodbye.
+ *
+ * This file: the engine's lifecycle, the frames (posting, matching,
+ * unexpected queues, mismatch detection) and the progress loop; the
+ * control sockets' messages are in engine_ctrl.c.
  */
-#include "engine.h"
+#include "engine_internal.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -32,97 +36,17 @@
 #include "../util/log.h"
 #include "../util/net.h"
 
-#define CTRL_MAGIC 0x50444443u  /* "PDDC" */
-#define CTRL_MAX 1024
-
-enum { CH_DATA = 0, CH_CTRL = 1 };
-enum { CTRL_ABORT = 1, CTRL_QUERY = 2, CTRL_REPLY = 3, CTRL_BYE = 4 };
-
-typedef struct ctrl_msg {
-    uint32_t magic;
-    uint32_t type;
-    uint32_t status;
-    uint32_t len; /* text bytes that follow */
-    uint64_t seq;
-} ctrl_msg;
-
-_Static_assert(sizeof(ctrl_msg) == 24, "ctrl_msg must have no padding");
-
-typedef struct unexp {
-    pd_hdr hdr;
-    char *data;
-    size_t cap; /* allocated: grows as the payload arrives */
-    struct unexp *next;
-} unexp;
-
 /* First allocation for an unexpected frame's payload: the rest grows as the
  * bytes arrive (at most doubling), so a header's nbytes alone never
  * allocates more than this. */
 #define UX_CHUNK ((size_t)1 << 20)
 
-typedef struct peer {
-    pd_link *link; /* frames */
-    int cfd;       /* control socket */
-    pd_req *sq_head, *sq_tail; /* sends in order */
-    pd_req *rq_head, *rq_tail; /* receives posted for this peer, in order */
-    /* the frame being read */
-    pd_hdr ih;
-    size_t ih_off;
-    pd_req *ireq;
-    unexp *iux;
-    size_t ioff;
-    unexp *ux_head, *ux_tail;
-    /* control bytes being read */
-    char cbuf[CTRL_MAX + sizeof(ctrl_msg)];
-    size_t coff;
-    int data_eof;
-    int ctrl_eof;
-    int bye;
-    int gone; /* handled: either left (bye) or fatal */
-    uint64_t reply_seq;
-    int replied;
-    /* it failed the group (sent an abort) at this sequence number: where
-     * it went after that is no news, and never a culprit */
-    int aborted;
-    uint64_t abort_at;
-} peer;
-
-typedef struct engine {
-    pd_transport base;
-    pd_transport_events ev;
-    int wfd;
-    peer *peers;
-    int nbuffered; /* links that buffer in memory (link.h) */
-    void *setup;
-    void (*setup_release)(void *);
-    pd_req *any_head, *any_tail;
-    uint64_t coll_seq;
-    pd_hdr coll_id;
-    /* An abort for a collective this rank has not reached yet: it may still
-     * finish the one it is in (all its data was sent), and fails on reaching
-     * that sequence number. */
-    uint64_t abort_seq;
-    pd_status abort_st;
-    char abort_msg[PD_ERRMSG_MAX];
-    uint64_t completed; /* sends completed: progress() must not then sleep */
-    pd_status err;
-    char errmsg[PD_ERRMSG_MAX];
-    struct pollfd *pfds;
-    int *pfd_peer;
-    int *pfd_chan;
-} engine;
-
 static const pd_transport_ops engine_ops;
 
 /* ------------------------------------------------------------------ errors */
 
-static pd_status
-fail(engine *t, pd_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Record the transport's first fatal error; later calls keep the first. */
-static pd_status
-fail(engine *t, pd_status st, const char *fmt, ...)
+pd_status
+pd_eng_fail(engine *t, pd_status st, const char *fmt, ...)
 {
     if (t->err == PD_OK) {
         va_list ap;
@@ -139,24 +63,13 @@ fail(engine *t, pd_status st, const char *fmt, ...)
  * the cause and becomes the transport's error, so that the error this rank
  * reports next names the culprit that peer found, not the peer that left
  * after its own timeout. */
-static void
-adopt_abort(engine *t, int p)
+void
+pd_eng_adopt_abort(engine *t, int p)
 {
     if (t->peers[p].aborted && t->abort_seq != 0) {
-        fail(t, t->abort_st, "%s", t->abort_msg);
+        pd_eng_fail(t, t->abort_st, "%s", t->abort_msg);
     }
 }
-
-static pd_status
-sticky(engine *t)
-{
-    if (t->err != PD_OK) {
-        return pd_error(t->err, "%s", t->errmsg);
-    }
-    return PD_OK;
-}
-
-/* ------------------------------------------------------------ create/close */
 
 /* ------------------------------------------------------------ create/close */
 
@@ -260,9 +173,6 @@ free_unexp(unexp *u)
     }
 }
 
-static void send_ctrl(engine *t, int p, uint32_t type,
-                      uint32_t status, uint64_t seq, const char *text);
-
 static void
 engine_close(pd_transport *base)
 {
@@ -276,7 +186,7 @@ engine_close(pd_transport *base)
         for (int p = 0; p < base->size; p++) {
             peer *pe = &t->peers[p];
             if (pe->cfd >= 0 && !pe->ctrl_eof) {
-                send_ctrl(t, p, CTRL_BYE, 0, 0, NULL);
+                pd_eng_ctrl_send(t, p, CTRL_BYE, 0, 0, NULL);
             }
         }
         for (int p = 0; p < base->size; p++) {
@@ -305,165 +215,6 @@ engine_close(pd_transport *base)
     free(t->pfd_chan);
     free(t);
 }
-
-/* ------------------------------------------------------------- mesh setup */
-
-/* ---------------------------------------------------------------- control */
-
-static void
-send_ctrl(engine *t, int p, uint32_t type, uint32_t status,
-          uint64_t seq, const char *text)
-{
-    peer *pe = &t->peers[p];
-    if (pe->cfd < 0 || pe->ctrl_eof) {
-        return;
-    }
-    char buf[sizeof(ctrl_msg) + CTRL_MAX];
-    size_t len = text ? strnlen(text, CTRL_MAX) : 0;
-    ctrl_msg m = {CTRL_MAGIC, type, status, (uint32_t)len, seq};
-    memcpy(buf, &m, sizeof(m));
-    if (len) {
-        memcpy(buf + sizeof(m), text, len);
-    }
-    /* Control messages are tiny and the control socket is otherwise idle,
-     * so this cannot block for long; bound it anyway. */
-    pd_status st = pd_net_send_all(pe->cfd, buf, sizeof(m) + len,
-                                   pd_now() + 1.0);
-    (void)st;
-}
-
-static void peer_gone(engine *t, int p);
-
-static void
-handle_ctrl(engine *t, int p, const ctrl_msg *m, const char *text)
-{
-    peer *pe = &t->peers[p];
-    switch (m->type) {
-    case CTRL_ABORT: {
-        /* the status is the peer's word: a failure code, never "ok" (which
-         * would fail nothing) nor one this build does not know */
-        pd_status ast = m->status > (uint32_t)PD_OK &&
-                                m->status < (uint32_t)PD_NSTATUS
-                            ? (pd_status)m->status
-                            : PD_EBACKEND;
-        pe->aborted = 1;
-        pe->abort_at = m->seq;
-        PD_LOG(PD_LOG_WARN, "tcp",
-               "rank %d: abort from rank %d for #%llu: %.*s", t->base.rank, p,
-               (unsigned long long)m->seq, (int)m->len, text);
-        if (t->err == PD_OK && m->seq > t->coll_seq) {
-            if (t->abort_seq == 0 || m->seq < t->abort_seq) {
-                t->abort_seq = m->seq;
-                t->abort_st = ast;
-                snprintf(t->abort_msg, sizeof(t->abort_msg), "%.*s",
-                         (int)m->len, text);
-            }
-        }
-        else if (t->err == PD_OK) {
-            char msg[PD_ERRMSG_MAX];
-            snprintf(msg, sizeof(msg), "%.*s", (int)m->len, text);
-            if (t->ev.on_abort != NULL) {
-                t->ev.on_abort(t->ev.ctx, p, (int)ast, msg);
-            }
-            fail(t, ast, "%s", msg);
-        }
-        break;
-    }
-    case CTRL_QUERY: {
-        uint64_t cur = t->ev.current_seq ? t->ev.current_seq(t->ev.ctx) : 0;
-        send_ctrl(t, p, CTRL_REPLY, 0, cur, NULL);
-        break;
-    }
-    case CTRL_REPLY:
-        pe->reply_seq = m->seq;
-        pe->replied = 1;
-        break;
-    case CTRL_BYE:
-        pe->bye = 1;
-        break;
-    default:
-        break;
-    }
-}
-
-/* Read and handle whatever control messages are waiting. */
-static void
-read_ctrl(engine *t, int p)
-{
-    peer *pe = &t->peers[p];
-    while (pe->cfd >= 0 && !pe->ctrl_eof) {
-        ssize_t n = recv(pe->cfd, pe->cbuf + pe->coff,
-                         sizeof(pe->cbuf) - pe->coff, MSG_DONTWAIT);
-        if (n == 0) {
-            pe->ctrl_eof = 1;
-            break;
-        }
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                pe->ctrl_eof = 1;
-            }
-            break;
-        }
-        pe->coff += (size_t)n;
-        for (;;) {
-            if (pe->coff < sizeof(ctrl_msg)) {
-                break;
-            }
-            ctrl_msg m;
-            memcpy(&m, pe->cbuf, sizeof(m));
-            if (m.magic != CTRL_MAGIC || m.len > CTRL_MAX) {
-                pe->ctrl_eof = 1; /* garbage: treat as lost */
-                pe->coff = 0;
-                break;
-            }
-            size_t total = sizeof(m) + m.len;
-            if (pe->coff < total) {
-                break;
-            }
-            handle_ctrl(t, p, &m, pe->cbuf + sizeof(m));
-            memmove(pe->cbuf, pe->cbuf + total, pe->coff - total);
-            pe->coff -= total;
-        }
-    }
-}
-
-/* A socket of peer p reported EOF / hang-up / error.  Decide between a
- * clean goodbye (destroy_process_group) and a crash. */
-static void
-peer_gone(engine *t, int p)
-{
-    peer *pe = &t->peers[p];
-    if (pe->gone) {
-        return;
-    }
-    read_ctrl(t, p);
-    if (!pe->bye && !pe->ctrl_eof) {
-        /* The goodbye travels on the other socket: give it a moment. */
-        struct pollfd pf = {pe->cfd, POLLIN | POLLRDHUP, 0};
-        double until = pd_now() + 0.2;
-        while (!pe->bye && !pe->ctrl_eof) {
-            int ms = (int)((until - pd_now()) * 1000.0);
-            if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
-                break;
-            }
-            read_ctrl(t, p);
-        }
-    }
-    pe->gone = 1;
-    PD_LOG(PD_LOG_INFO, "tcp", "rank %d: rank %d %s", t->base.rank, p,
-           pe->bye ? "left the group" : "vanished without a goodbye");
-    if (!pe->bye) {
-        adopt_abort(t, p);
-        fail(t, PD_ENETWORK,
-             "rank %d lost its connection to rank %d: rank %d died, was "
-             "killed or closed its sockets without destroy_process_group()",
-             t->base.rank, p, p);
-    }
-}
-
 /* ------------------------------------------------------------ send / recv */
 
 
@@ -511,16 +262,17 @@ mismatch(engine *t, int p, const pd_hdr *got, const pd_hdr *want,
     if (got->type == PD_FRAME_P2P && want->type == PD_FRAME_P2P) {
         /* "send/recv(" is 10 characters: recv(...) and send(...) read
          * better here */
-        return fail(t, PD_EMISMATCH,
-                    "send/recv mismatch between ranks: rank %d posted "
-                    "recv(%s but rank %d sent send(%s; the sender's send has "
-                    "returned, so it sees this error at its next call",
-                    t->base.rank, a + 10, p, b + 10);
+        return pd_eng_fail(t, PD_EMISMATCH,
+                           "send/recv mismatch between ranks: rank %d posted "
+                           "recv(%s but rank %d sent send(%s; the sender's "
+                           "send has returned, so it sees this error at its "
+                           "next call",
+                           t->base.rank, a + 10, p, b + 10);
     }
-    return fail(t, PD_EMISMATCH,
-                "collective mismatch between ranks: rank %d called %s but "
-                "rank %d called %s",
-                t->base.rank, a, p, b);
+    return pd_eng_fail(t, PD_EMISMATCH,
+                       "collective mismatch between ranks: rank %d called %s "
+                       "but rank %d called %s",
+                       t->base.rank, a, p, b);
 }
 
 /* Does frame header h satisfy receive r?  1 yes, 0 no, -1 mismatch (the
@@ -592,11 +344,11 @@ engine_post_send(pd_transport *base, pd_req *r)
     }
     peer *pe = &t->peers[p];
     if (pe->gone || pe->data_eof) {
-        adopt_abort(t, p);
-        return fail(t, PD_ENETWORK,
-                    "rank %d cannot send to rank %d: rank %d has left the "
-                    "group (destroyed its process group or exited)",
-                    base->rank, p, p);
+        pd_eng_adopt_abort(t, p);
+        return pd_eng_fail(t, PD_ENETWORK,
+                           "rank %d cannot send to rank %d: rank %d has left "
+                           "the group (destroyed its process group or exited)",
+                           base->rank, p, p);
     }
     r->hdr.magic = PD_FRAME_MAGIC;
     r->hdr.src = (uint32_t)base->rank;
@@ -684,11 +436,12 @@ engine_post_recv(pd_transport *base, pd_req *r)
     peer *pe = &t->peers[p];
     if (pe->gone && pe->data_eof &&
         !pd_link_readable(pe->link)) {
-        adopt_abort(t, p);
-        return fail(t, PD_ENETWORK,
-                    "rank %d cannot receive from rank %d: rank %d has left "
-                    "the group (destroyed its process group or exited)",
-                    base->rank, p, p);
+        pd_eng_adopt_abort(t, p);
+        return pd_eng_fail(t, PD_ENETWORK,
+                           "rank %d cannot receive from rank %d: rank %d has "
+                           "left the group (destroyed its process group or "
+                           "exited)",
+                           base->rank, p, p);
     }
     if (pe->rq_tail) {
         pe->rq_tail->next = r;
@@ -722,17 +475,20 @@ route_frame(engine *t, int p)
     peer *pe = &t->peers[p];
     pd_hdr *h = &pe->ih;
     if (h->magic != PD_FRAME_MAGIC || h->src != (uint32_t)p) {
-        return fail(t, PD_ENETWORK,
-                    "corrupt frame from rank %d (bad magic or source)", p);
+        return pd_eng_fail(t, PD_ENETWORK,
+                           "corrupt frame from rank %d (bad magic or source)",
+                           p);
     }
     if (h->type == PD_FRAME_COLL && h->seq < t->coll_seq) {
         char a[256];
         describe(h, h->nbytes, a, sizeof(a));
-        return fail(t, PD_EMISMATCH,
-                    "collective mismatch between ranks: rank %d sent data "
-                    "for %s, which rank %d did not expect (it is at sequence "
-                    "number %llu); the ranks called different collectives",
-                    p, a, t->base.rank, (unsigned long long)t->coll_seq);
+        return pd_eng_fail(t, PD_EMISMATCH,
+                           "collective mismatch between ranks: rank %d sent "
+                           "data for %s, which rank %d did not expect (it is "
+                           "at sequence number %llu); the ranks called "
+                           "different collectives",
+                           p, a, t->base.rank,
+                           (unsigned long long)t->coll_seq);
     }
     if (h->type == PD_FRAME_COLL && h->seq == t->coll_seq) {
         const pd_hdr *e = &t->coll_id;
@@ -771,8 +527,9 @@ route_frame(engine *t, int p)
     size_t first = h->nbytes < UX_CHUNK ? (size_t)h->nbytes : UX_CHUNK;
     if (u == NULL || (first && (u->data = malloc(first)) == NULL)) {
         free(u);
-        return fail(t, PD_ENOMEM, "out of memory buffering %llu bytes from "
-                    "rank %d", (unsigned long long)h->nbytes, p);
+        return pd_eng_fail(t, PD_ENOMEM,
+                           "out of memory buffering %llu bytes from rank %d",
+                           (unsigned long long)h->nbytes, p);
     }
     u->hdr = *h;
     u->cap = first;
@@ -830,8 +587,9 @@ do_read(engine *t, int p)
                 size_t cap = u->cap < nb / 2 ? 2 * u->cap : nb;
                 char *np = realloc(u->data, cap);
                 if (np == NULL) {
-                    return fail(t, PD_ENOMEM, "out of memory buffering %zu "
-                                "bytes from rank %d", nb, p);
+                    return pd_eng_fail(t, PD_ENOMEM,
+                                       "out of memory buffering %zu bytes "
+                                       "from rank %d", nb, p);
                 }
                 u->data = np;
                 u->cap = cap;
@@ -842,14 +600,14 @@ do_read(engine *t, int p)
         ssize_t n = want ? pe->link->ops->read(pe->link, dst, want) : 0;
         if (want && n == 0) {
             pe->data_eof = 1;
-            peer_gone(t, p);
+            pd_eng_peer_gone(t, p);
             /* A receive from any rank may still be satisfied by another. */
             if (needs_peer(pe)) {
-                return fail(t, PD_ENETWORK,
-                            "rank %d: connection to rank %d closed while "
-                            "waiting for its data (rank %d exited or "
-                            "destroyed its process group)",
-                            t->base.rank, p, p);
+                return pd_eng_fail(t, PD_ENETWORK,
+                                   "rank %d: connection to rank %d closed "
+                                   "while waiting for its data (rank %d "
+                                   "exited or destroyed its process group)",
+                                   t->base.rank, p, p);
             }
             return sticky(t);
         }
@@ -861,9 +619,10 @@ do_read(engine *t, int p)
                 return PD_OK;
             }
             pe->data_eof = 1;
-            peer_gone(t, p);
-            return fail(t, PD_ENETWORK, "rank %d: receiving from rank %d: %s",
-                        t->base.rank, p, strerror(errno));
+            pd_eng_peer_gone(t, p);
+            return pd_eng_fail(t, PD_ENETWORK,
+                               "rank %d: receiving from rank %d: %s",
+                               t->base.rank, p, strerror(errno));
         }
         if (pe->ih_off < sizeof(pd_hdr)) {
             pe->ih_off += (size_t)n;
@@ -922,9 +681,10 @@ do_write(engine *t, int p)
                 return PD_OK;
             }
             int e = errno;
-            peer_gone(t, p);
-            return fail(t, PD_ENETWORK, "rank %d: sending to rank %d: %s",
-                        t->base.rank, p, strerror(e));
+            pd_eng_peer_gone(t, p);
+            return pd_eng_fail(t, PD_ENETWORK,
+                               "rank %d: sending to rank %d: %s",
+                               t->base.rank, p, strerror(e));
         }
         size_t asked = 0;
         for (int i = 0; i < niov; i++) {
@@ -967,11 +727,12 @@ buffered_progress(engine *t)
         }
         if (pe->gone) {
             if (pe->data_eof && needs_peer(pe) && !l->ops->readable(l)) {
-                adopt_abort(t, p);
-                fail(t, PD_ENETWORK,
-                     "rank %d cannot receive from rank %d: rank %d has left "
-                     "the group (destroyed its process group or exited)",
-                     t->base.rank, p, p);
+                pd_eng_adopt_abort(t, p);
+                pd_eng_fail(t, PD_ENETWORK,
+                            "rank %d cannot receive from rank %d: rank %d has "
+                            "left the group (destroyed its process group or "
+                            "exited)",
+                            t->base.rank, p, p);
                 return 1;
             }
             continue;
@@ -1008,17 +769,17 @@ link_dead(engine *t, int p)
 {
     peer *pe = &t->peers[p];
     pe->data_eof = 1;
-    peer_gone(t, p);
+    pd_eng_peer_gone(t, p);
     if (wants_read(t, pe)) {
         PD_CHECK(do_read(t, p));
     }
     if ((needs_peer(pe) && !pd_link_readable(pe->link)) ||
         pe->sq_head != NULL) {
-        adopt_abort(t, p);
-        return fail(t, PD_ENETWORK,
-                    "rank %d: connection to rank %d closed while "
-                    "waiting for it (rank %d exited or destroyed its "
-                    "process group)", t->base.rank, p, p);
+        pd_eng_adopt_abort(t, p);
+        return pd_eng_fail(t, PD_ENETWORK,
+                           "rank %d: connection to rank %d closed while "
+                           "waiting for it (rank %d exited or destroyed its "
+                           "process group)", t->base.rank, p, p);
     }
     return sticky(t);
 }
@@ -1042,7 +803,7 @@ engine_progress(pd_transport *base, int timeout_ms)
         if (poll(t->pfds, (nfds_t)n, timeout_ms) > 0) {
             for (int i = 0; i < n; i++) {
                 if (t->pfds[i].revents && t->pfd_peer[i] >= 0) {
-                    read_ctrl(t, t->pfd_peer[i]);
+                    pd_eng_ctrl_read(t, t->pfd_peer[i]);
                 }
                 else if (t->pfds[i].revents) {
                     uint64_t v;
@@ -1137,9 +898,9 @@ engine_progress(pd_transport *base, int timeout_ms)
         }
         peer *pe = &t->peers[p];
         if (t->pfd_chan[i] == CH_CTRL) {
-            read_ctrl(t, p);
+            pd_eng_ctrl_read(t, p);
             if (pe->ctrl_eof) {
-                peer_gone(t, p);
+                pd_eng_peer_gone(t, p);
             }
             continue;
         }
@@ -1158,7 +919,7 @@ engine_progress(pd_transport *base, int timeout_ms)
         }
         if ((ev & (PD_LINK_HUP | PD_LINK_ERR)) && !pe->gone) {
             if (!wants_read(t, pe) || (ev & PD_LINK_ERR)) {
-                peer_gone(t, p);
+                pd_eng_peer_gone(t, p);
             }
         }
     }
@@ -1166,10 +927,11 @@ engine_progress(pd_transport *base, int timeout_ms)
     for (int p = 0; p < base->size; p++) {
         peer *pe = &t->peers[p];
         if (p != base->rank && pe->gone && pe->sq_head != NULL) {
-            adopt_abort(t, p);
-            return fail(t, PD_ENETWORK,
-                        "rank %d cannot send to rank %d: rank %d has left "
-                        "the group", base->rank, p, p);
+            pd_eng_adopt_abort(t, p);
+            return pd_eng_fail(t, PD_ENETWORK,
+                               "rank %d cannot send to rank %d: rank %d has "
+                               "left "
+                               "the group", base->rank, p, p);
         }
     }
     return sticky(t);
@@ -1185,76 +947,9 @@ engine_wake(pd_transport *base)
 }
 
 static void
-engine_abort_peers(pd_transport *base, int status, const char *msg)
-{
-    engine *t = (engine *)base;
-    for (int p = 0; p < base->size; p++) {
-        if (p != base->rank) {
-            send_ctrl(t, p, CTRL_ABORT, (uint32_t)status, t->coll_seq, msg);
-        }
-    }
-}
-
-static pd_status
-engine_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
-{
-    engine *t = (engine *)base;
-    for (int p = 0; p < base->size; p++) {
-        seqs[p] = UINT64_MAX;
-        t->peers[p].replied = 0;
-        if (p != base->rank && !t->peers[p].gone) {
-            send_ctrl(t, p, CTRL_QUERY, 0, 0, NULL);
-        }
-    }
-    double until = pd_now() + timeout_s;
-    for (;;) {
-        int all = 1;
-        for (int p = 0; p < base->size; p++) {
-            if (p != base->rank && !t->peers[p].gone &&
-                !t->peers[p].replied) {
-                all = 0;
-            }
-        }
-        double left = until - pd_now();
-        if (all || left <= 0) {
-            break;
-        }
-        struct pollfd pf[256];
-        int map[256];
-        int n = 0;
-        for (int p = 0; p < base->size && n < 256; p++) {
-            peer *pe = &t->peers[p];
-            if (p != base->rank && !pe->replied && !pe->ctrl_eof) {
-                pf[n] = (struct pollfd){pe->cfd, POLLIN, 0};
-                map[n++] = p;
-            }
-        }
-        if (n == 0 || poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) {
-            break;
-        }
-        for (int i = 0; i < n; i++) {
-            if (pf[i].revents) {
-                read_ctrl(t, map[i]);
-            }
-        }
-    }
-    for (int p = 0; p < base->size; p++) {
-        if (t->peers[p].replied) {
-            seqs[p] = t->peers[p].reply_seq;
-        }
-        else if (t->peers[p].aborted) {
-            /* it failed the group there and may have left since: silent,
-             * but not a culprit (its abort named one) */
-            seqs[p] = t->peers[p].abort_at;
-        }
-    }
-    return PD_OK;
-}
-
-static void
 engine_fail(pd_transport *base, int status, const char *msg)
 {
-    fail((engine *)base, (pd_status)status, "%s", msg);
+    pd_eng_fail((engine *)base, (pd_status)status, "%s", msg);
 }
 
 static void
@@ -1264,7 +959,7 @@ engine_set_coll(pd_transport *base, const pd_hdr *id)
     t->coll_seq = id->seq;
     t->coll_id = *id;
     if (t->abort_seq != 0 && id->seq >= t->abort_seq) {
-        fail(t, t->abort_st, "%s", t->abort_msg);
+        pd_eng_fail(t, t->abort_st, "%s", t->abort_msg);
     }
 }
 
@@ -1274,9 +969,10 @@ static const pd_transport_ops engine_ops = {
     .post_recv = engine_post_recv,
     .progress = engine_progress,
     .wake = engine_wake,
-    .abort_peers = engine_abort_peers,
-    .query_seqs = engine_query_seqs,
+    .abort_peers = pd_eng_abort_peers,
+    .query_seqs = pd_eng_query_seqs,
     .set_coll = engine_set_coll,
     .fail = engine_fail,
     .close = engine_close,
 };
+

@@ -28,7 +28,7 @@ enum { PD_FRAME_COLL = 1, PD_FRAME_P2P = 2 };
 typedef struct pd_hdr {
     uint32_t magic;
     uint8_t type;    /* PD_FRAME_COLL or PD_FRAME_P2P */
-    uint8_t kind;    /* collective kind (group.h) */
+    uint8_t kind;    /* collective kind (util/kinds.h) */
     uint8_t dtype;
     uint8_t op;
     int32_t root;

@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "group.h"
+#include "group/group.h"
 #include "group/internal.h"
 #include "pd_test.h"
 #include "util/sync.h"

@@ -1,7 +1,7 @@
 """Fuzz target: what a rank reads from a peer's shared-memory segment
-(csrc/transport/shm/shm.c): the control block (step, abort status and message, "left" flag,
-per-op values, the identities of the collectives it entered) and the ring counters (head,
-tail, wait flags).
+(csrc/transport/shm/: wait.c, ident.c, ring.c): the control block (step, abort status and
+message, "left" flag, per-op values, the identities of the collectives it entered) and the
+ring counters (head, tail, wait flags).
 
 _C._fuzz_shm keeps two real in-process segments (rank 0 and rank 1, mapped as a job maps
 them), overwrites rank 1's published words with bytes built from the input, and runs rank 0's

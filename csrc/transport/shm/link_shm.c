@@ -1,5 +1,5 @@
 /* The shared-memory link: frames to and from a rank on this host through
- * byte rings in shared memory (shm.c), with the framing, matching and
+ * byte rings in shared memory (ring.c), with the framing, matching and
  * ordering of the engine unchanged.
  *
  * The pair's data socket (the link this one replaces, kept as the "bell")

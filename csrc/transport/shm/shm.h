@@ -24,6 +24,11 @@
  * Segments are shm_open'ed under a name derived from the group's random token
  * and unlinked as soon as every rank has mapped them, so nothing is left in
  * /dev/shm whatever happens later.
+ *
+ * Files: segment.c (segments, banks, sizes, the owner process), wait.c
+ * (steps, waits, wakes, abort and leave, pd_shm_entry, the phase probe),
+ * ident.c (the identities and the mismatch check), ring.c (byte rings);
+ * internal.h holds the segment's layout and the inline helpers they share.
  */
 #ifndef PD_SHM_H
 #define PD_SHM_H

@@ -14,9 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll/op.h"
-#include "group/flight.h"
-#include "util/status.h"
+#include "../coll/op.h"
+#include "flight.h"
+#include "../util/status.h"
 
 typedef struct pd_group pd_group;
 typedef struct pd_work pd_work;
