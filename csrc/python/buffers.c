@@ -483,6 +483,9 @@ off_host(PyObject *obj)
     return type != -1 && type != 1;
 }
 
+/* A flag of pd_view_get_host's own: the caller takes host memory only. */
+#define VIEW_HOST_ONLY 0x100u
+
 /* What obj's __dlpack_device__() declares: 0 with *type, *id set, or -1
  * (no method, or an answer that is not a (type, id) pair).  Called with no
  * exception set; leaves none. */
@@ -562,11 +565,15 @@ view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v,
      * as DLPack consumers do: CUDA arrays that also have a
      * __cuda_array_interface__ go to rule 4, which describes them without
      * an export (a producer's __dlpack__ may synchronise a stream, CuPy's
-     * does); the device it declares is the view's. */
+     * does); the device it declares is the view's.  A caller that takes
+     * host memory only (the fast paths, VIEW_HOST_ONLY) skips the question
+     * (torch's __dlpack_device__ costs a microsecond): it refuses a device
+     * capsule anyway. */
     if (!(flags & PD_VIEW_NO_DLPACK) &&
         PyObject_HasAttrString(obj, "__dlpack__")) {
         long type = -1, id = 0;
-        int declared = dlpack_device(obj, &type, &id) == 0;
+        int declared = !(flags & VIEW_HOST_ONLY) &&
+                       dlpack_device(obj, &type, &id) == 0;
         int cai = declared &&
                   (type == PD_DEV_CUDA || type == PD_DEV_CUDA_MANAGED) &&
                   PyObject_HasAttrString(obj, "__cuda_array_interface__");
@@ -649,7 +656,8 @@ pd_view_get_host(pd_module_state *st, PyObject *obj, int writable,
                  pd_view *v)
 {
     if (pd_view_get(st, obj,
-                    PD_VIEW_CONTIGUOUS | (writable ? PD_VIEW_WRITABLE : 0),
+                    PD_VIEW_CONTIGUOUS | VIEW_HOST_ONLY |
+                        (writable ? PD_VIEW_WRITABLE : 0),
                     v) < 0) {
         PyErr_Clear();
         return 0;
