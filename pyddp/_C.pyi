@@ -50,8 +50,10 @@ DTYPE_SIZES: Final[dict[str, int]]  # bytes per element
 REDUCE_OPS: Final[dict[str, int]]  # "SUM": 0 ... "BXOR": 7 (pd_redop order)
 
 # --------------------------------------------------------------------------- the array adapter
-def describe_array(obj: Any, writable: bool = ..., dlpack: bool = ...) -> dict[str, Any]:
-    """How the C adapter views obj: buffer protocol, then DLPack, then __cuda_array_interface__.
+def describe_array(obj: Any, writable: bool = ..., dlpack: bool = ...,
+                   name: str | None = ...) -> dict[str, Any]:
+    """How the array adapter (pd_view_get, the one entry) views obj: buffer protocol, pyddp Tensor,
+    DLPack, __cuda_array_interface__; with a name, errors are TypeErrors naming that argument.
     Keys: via, ptr, nbytes, count, itemsize, dtype, device, device_index, readonly, contiguous,
     stream, shape, strides (bytes; None: C order).  dlpack=False skips DLPack."""
 

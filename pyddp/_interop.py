@@ -1,25 +1,25 @@
-"""The one adapter between user arrays and pyddp's C core.
+"""The Python face of pyddp's one array adapter.
 
-Every module that takes arrays from users goes through here: pyddp.distributed's collectives
-(``cpu_array``), the amp and optimizer kernels (``host_array``), DistributedDataParallel and amp
-(``is_torch_tensor`` / ``is_torch_module``).  Nothing here imports torch, CuPy, JAX or a CUDA
-library: torch is recognised through ``sys.modules`` (it is loaded when one of its tensors exists),
-the others through the array protocols.
+The adapter is one entry with one rule per protocol, as mpi4py's ``asbuffer``: the C function
+``pd_view_get`` (csrc/python/buffers.c), which the C fast paths call on the user's object and
+Python reaches as ``_C.describe_array``.  Its rules, the first the object offers describing it:
 
-Recognised, in this order (the common cases first, then mpi4py's order for the rest):
+1. the buffer protocol (NumPy, bytes, memoryview, array.array; pyddp Tensors on Python 3.12+);
+2. a pyddp Tensor's ``_data`` array (Python < 3.12, no PEP 688 buffers);
+3. DLPack (``__dlpack__``; CUDA arrays that also have rule 4 go there, no export needed);
+4. ``__cuda_array_interface__`` (CuPy, Numba, JAX GPU arrays, ...).
 
-1. ``numpy.ndarray`` (checked with ``type(x) is np.ndarray`` first: the hot path);
-2. pyddp Tensors and anything else holding its memory in an ndarray ``_data``;
-3. ndarray subclasses;
-4. torch tensors (CPU: ``.detach().numpy()`` shares memory; CUDA: described from the tensor);
-5. the buffer protocol (bytearray, memoryview, array.array, ...);
-6. DLPack (``__dlpack__`` / ``__dlpack_device__``): CPU arrays through ``np.from_dlpack``, CUDA
-   arrays (device types 2 and 13) described by the C adapter (csrc/python/buffers.c) from
-   ``__cuda_array_interface__`` when the object has one, else from its DLPack capsule (nothing
-   copied);
-7. ``__cuda_array_interface__`` (CuPy, Numba, JAX GPU arrays, ...).
+This module adds no rule of its own.  ``describe(x)`` answers rules 1 and 2 itself for NumPy
+arrays and pyddp Tensors (the hot path: the same answer without a call), handles torch tensors
+with torch's own operations (a tensor that requires grad refuses ``__dlpack__``; conjugate and
+bfloat16 tensors need torch's views; CUDA tensors are described from the tensor, no export), and
+asks the C entry for everything else, adding NumPy's view of host memory.  Nothing here imports
+torch, CuPy, JAX or a CUDA library: torch is recognised through ``sys.modules`` (it is loaded when
+one of its tensors exists).
 
-``describe(x)`` returns an ``ArrayView`` for any of them, CPU or CUDA.  ``cpu_array`` and
+Its consumers: pyddp.distributed's collectives (``cpu_array``), the amp and optimizer kernels
+(``host_array``), DistributedDataParallel and amp (``is_torch_tensor`` / ``is_torch_module``).
+``describe(x)`` returns an ``ArrayView`` for any array, CPU or CUDA.  ``cpu_array`` and
 ``host_array`` return NumPy arrays sharing the memory and raise a clear error naming the argument
 and its device for an array that is not in host memory.  bfloat16 reaches C as a uint16 view of
 the same memory with the dtype code ``BFLOAT16``.
@@ -200,7 +200,7 @@ def _host_view(a, owner, code=None):
                      a.flags.c_contiguous, owner)
 
 
-def _device_view(owner, dtype, device, index, ptr, shape, strides, readonly):
+def _device_view(owner, dtype, device, index, ptr, shape, strides, readonly, contiguous=None):
     """A view of memory the host cannot read; strides in bytes or None (C order)."""
     shape = tuple(int(n) for n in shape)
     itemsize = ITEMSIZES.get(dtype, 0)
@@ -208,9 +208,10 @@ def _device_view(owner, dtype, device, index, ptr, shape, strides, readonly):
     n = 1
     for s in shape:
         n *= s
+    if contiguous is None:
+        contiguous = _c_contiguous(shape, strides, itemsize)
     return ArrayView(None, DTYPE_CODES.get(dtype), dtype, device, int(index), int(ptr), shape,
-                     strides, n * itemsize, not readonly,
-                     _c_contiguous(shape, strides, itemsize), owner)
+                     strides, n * itemsize, not readonly, contiguous, owner)
 
 
 def _torch_device_view(t):
@@ -221,15 +222,15 @@ def _torch_device_view(t):
                         strides, False)
 
 
-def _c_view(x, name, dlpack=True):
-    """Memory the host may not read (CUDA arrays through DLPack or ``__cuda_array_interface__``),
-    described by the C adapter (csrc/python/buffers.c, the one parser of both protocols).
-    dlpack=False describes from ``__cuda_array_interface__`` alone (no ``__dlpack__`` call, whose
-    producer would synchronise a stream)."""
-    try:
-        d = _C.describe_array(x, dlpack=dlpack)
-    except (TypeError, ValueError, BufferError) as e:
-        raise TypeError(f"{name}: cannot describe this array: {e}") from None
+def _c_describe(x, name, dlpack=True):
+    """The C entry's description of x (a dict, see _C.describe_array); its errors are TypeErrors
+    naming ``name``.  dlpack=False skips rule 3 (no ``__dlpack__`` call, whose producer would
+    synchronise a stream)."""
+    return _C.describe_array(x, dlpack=dlpack, name=name)
+
+
+def _view_of(x, d):
+    """An ArrayView (no ndarray) from the C entry's description ``d`` of x."""
     index = d["device_index"]
     if index < 0:
         # __cuda_array_interface__ has no device field: __dlpack_device__ tells it (torch, CuPy),
@@ -238,9 +239,14 @@ def _c_view(x, name, dlpack=True):
     # JAX arrays are immutable whatever their protocols say
     readonly = d["readonly"] or type(x).__module__.split(".", 1)[0] in ("jax", "jaxlib")
     v = _device_view(x, d["dtype"], d["device"], index, d["ptr"], d["shape"], d["strides"],
-                     readonly)
+                     readonly, d["contiguous"])
     v.stream = d["stream"] or None
     return v
+
+
+def _c_view(x, name, dlpack=True):
+    """The C entry's view of x, without NumPy's view of its memory (``array`` None)."""
+    return _view_of(x, _c_describe(x, name, dlpack))
 
 
 def _pointer_device(x, ptr) -> int:
@@ -259,39 +265,26 @@ def _pointer_device(x, ptr) -> int:
     return 0
 
 
-def _off_host(x) -> bool:
-    """Whether x says its memory is not the host's (``__dlpack_device__`` other than kDLCPU, or
-    ``__cuda_array_interface__``)."""
-    dev_fn = getattr(x, "__dlpack_device__", None)
-    if dev_fn is not None:
+def _ndarray_of(x, d, name):
+    """NumPy's view of the host memory the C entry described as ``d``, or None for pinned host
+    memory NumPy cannot take through DLPack (it stays a device view)."""
+    if d["via"] == "buffer":
         try:
-            return int(dev_fn()[0]) != 1
-        except Exception:  # noqa: BLE001 - a broken protocol says nothing
-            return False
-    return hasattr(x, "__cuda_array_interface__")
-
-
-def _buffer_array(x, name):
-    """The ndarray over x's buffer, or None when x has no buffer interface, or has one that a
-    device array refuses (CuPy 14 and JAX export buffers of host-resident arrays only) and
-    offers DLPack or ``__cuda_array_interface__`` instead."""
+            return np.asarray(memoryview(x))
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"{name}: cannot read the buffer: {e}") from None
     try:
-        m = memoryview(x)
-    except TypeError:
-        return None
-    except (BufferError, ValueError, RuntimeError):
-        if _off_host(x):
-            return None
-        raise
-    try:
-        return np.asarray(m)
-    except Exception as e:  # noqa: BLE001
-        raise TypeError(f"{name}: cannot read the buffer: {e}") from None
+        return np.from_dlpack(x)
+    except Exception as e:  # noqa: BLE001 - e.g. bfloat16, which NumPy cannot take
+        if d["device"] == "cpu":
+            raise TypeError(f"{name}: cannot view this array through DLPack: {e}") from None
+    return None
 
 
 def describe(x, name: str = "array") -> ArrayView:
-    """An ArrayView of ``x`` (host or device), sharing its memory; TypeError for what is not an
-    array.  Device arrays are described from their protocols, never copied."""
+    """An ArrayView of ``x`` (host or device), sharing its memory; TypeError naming ``name`` for
+    what is not an array.  Device arrays are described from their protocols, never copied."""
+    # rules 1 and 2 of the C entry, answered here for NumPy arrays and pyddp Tensors
     if type(x) is np.ndarray:
         return _host_view(x, x)
     d = getattr(x, "_data", None)
@@ -304,27 +297,12 @@ def describe(x, name: str = "array") -> ArrayView:
             return _torch_device_view(x)
         a, code = _torch_host(x, name, CPU_BACKEND, False)
         return _host_view(a, x, code)
-    a = _buffer_array(x, name)
-    if a is not None:
-        return _host_view(a, x)
-    dev_fn = getattr(x, "__dlpack_device__", None)
-    if dev_fn is not None and hasattr(x, "__dlpack__"):
-        dev_type, dev_id = (int(v) for v in dev_fn())
-        if dev_type == 1 or dev_type == 3:  # host memory (3: CUDA pinned host memory)
-            try:
-                a = np.from_dlpack(x)
-            except Exception as e:  # noqa: BLE001 - e.g. bfloat16, which NumPy cannot take
-                if dev_type == 1:
-                    raise TypeError(f"{name}: cannot view this array through DLPack: {e}") from None
-            else:
-                return _host_view(a, x)
-        has_cai = dev_type in (2, 13) and hasattr(x, "__cuda_array_interface__")
-        return _c_view(x, name, dlpack=not has_cai)
-    if hasattr(x, "__cuda_array_interface__"):
-        return _c_view(x, name)
-    raise TypeError(
-        f"{name} must be an array (numpy.ndarray, torch CPU tensor, DLPack or buffer object), "
-        f"got {type(x).__name__}")
+    d = _c_describe(x, name)
+    if d["device"] in ("cpu", "cuda_host"):  # host memory (cuda_host: CUDA pinned memory)
+        a = _ndarray_of(x, d, name)
+        if a is not None:
+            return _host_view(a, x)
+    return _view_of(x, d)
 
 
 def host_view(x, name: str, consumer: str = CPU_BACKEND, strict: bool = True):

@@ -1,19 +1,28 @@
-/* The one place Python objects become C views of array memory.
+/* pyddp's array adapter: the one place Python objects become views of array
+ * memory (pd_view_get), as mpi4py's asbuffer (asbuffer.pxi): one function,
+ * one rule per protocol, the first the object offers describing it --
  *
- * mpi4py's order (asbuffer.pxi, asdlpack.pxi, ascaibuf.pxi): the buffer
- * protocol, then DLPack, then __cuda_array_interface__.  A pyddp Tensor
- * exports its buffer through PEP 688 __buffer__ on Python 3.12+; before
- * that, a Tensor class registered with _register_tensor_type() is viewed
- * through its `_data` array, so pyddp Tensors reach the C fast paths on
- * every supported Python.
+ *   1. the buffer protocol (NumPy, bytes, memoryview, array.array; pyddp
+ *      Tensors through PEP 688 __buffer__ on Python 3.12+);
+ *   2. a pyddp Tensor's `_data` array (the class registered with
+ *      _register_tensor_type(), for Pythons without PEP 688);
+ *   3. DLPack (torch, JAX, CuPy, ...), except CUDA arrays that also have
+ *      rule 4's interface;
+ *   4. __cuda_array_interface__ (CuPy, Numba, JAX GPU arrays).
+ *
+ * The C fast paths call it on the user's object; Python reaches it as
+ * _C.describe_array, through pyddp/_interop.py, which adds no rule: it only
+ * answers rules 1-2 itself for NumPy arrays and pyddp Tensors (the same
+ * answer without the call), takes torch tensors with torch's own operations,
+ * and gives host memory a NumPy view.
  *
  * A view describes the memory (pointer, bytes, dtype, device, read-only,
  * C-contiguity) and owns what keeps it valid until pd_view_release: the
  * Py_buffer, or the DLPack capsule whose deleter runs at release, or the
  * object behind a CUDA array interface.  Callers decide what they accept
  * (device, writability, contiguity) and word their own errors; the adapter
- * fails only when an object offers none of the three interfaces or
- * describes itself inconsistently.
+ * fails only when an object offers none of the protocols or describes
+ * itself inconsistently.
  */
 #include "binding.h"
 
@@ -474,10 +483,42 @@ off_host(PyObject *obj)
     return type != -1 && type != 1;
 }
 
-int
-pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
+/* A flag of pd_view_get_host's own: the caller takes host memory only. */
+#define VIEW_HOST_ONLY 0x100u
+
+/* What obj's __dlpack_device__() declares: 0 with *type, *id set, or -1
+ * (no method, or an answer that is not a (type, id) pair).  Called with no
+ * exception set; leaves none. */
+static int
+dlpack_device(PyObject *obj, long *type, long *id)
+{
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int rc = -1;
+    if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) >= 2) {
+        *type = PyLong_AsLong(PyTuple_GET_ITEM(d, 0));
+        *id = PyLong_AsLong(PyTuple_GET_ITEM(d, 1));
+        rc = PyErr_Occurred() ? -1 : 0;
+    }
+    Py_DECREF(d);
+    PyErr_Clear();
+    return rc;
+}
+
+/* The rules, one per protocol, in mpi4py's order (asbuffer.pxi): the first
+ * the object offers describes it.  *offered: 0 when it offers none (the
+ * TypeError then says so), 1 when a protocol it offers failed. */
+static int
+view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v,
+         int *offered)
 {
     view_init(v);
+    *offered = 1;
+    /* 1. the buffer protocol: NumPy, bytes, memoryview, array.array, pyddp
+     * Tensors on Python 3.12+ (PEP 688) */
     PyBufferProcs *bp = Py_TYPE(obj)->tp_as_buffer;
     if (bp != NULL && bp->bf_getbuffer != NULL) {
         if (view_from_buffer(obj, flags, v) == 0) {
@@ -499,6 +540,8 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
         Py_XDECREF(etb);
         view_init(v);
     }
+    /* 2. pyddp Tensors before Python 3.12 (no PEP 688): their `_data` array's
+     * buffer */
     if (st != NULL && st->TensorType != NULL &&
         PyObject_TypeCheck(obj, (PyTypeObject *)st->TensorType)) {
         PyObject *data = PyObject_GetAttr(obj, st->str_data);
@@ -518,14 +561,37 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
         Py_DECREF(data);
         return rc;
     }
-    int has = PyObject_HasAttrString(obj, "__dlpack__");
-    if (has && !(flags & PD_VIEW_NO_DLPACK)) {
-        int rc = view_from_dlpack(obj, flags, v);
-        if (rc < 0) {
-            pd_view_release(v);
+    /* 3. DLPack (torch, JAX, CuPy, ...).  __dlpack_device__ is asked first,
+     * as DLPack consumers do: CUDA arrays that also have a
+     * __cuda_array_interface__ go to rule 4, which describes them without
+     * an export (a producer's __dlpack__ may synchronise a stream, CuPy's
+     * does); the device it declares is the view's.  A caller that takes
+     * host memory only (the fast paths, VIEW_HOST_ONLY) skips the question
+     * (torch's __dlpack_device__ costs a microsecond): it refuses a device
+     * capsule anyway. */
+    if (!(flags & PD_VIEW_NO_DLPACK) &&
+        PyObject_HasAttrString(obj, "__dlpack__")) {
+        long type = -1, id = 0;
+        int declared = !(flags & VIEW_HOST_ONLY) &&
+                       dlpack_device(obj, &type, &id) == 0;
+        int cai = declared &&
+                  (type == PD_DEV_CUDA || type == PD_DEV_CUDA_MANAGED) &&
+                  PyObject_HasAttrString(obj, "__cuda_array_interface__");
+        PyErr_Clear();
+        if (!cai) {
+            int rc = view_from_dlpack(obj, flags, v);
+            if (rc < 0) {
+                pd_view_release(v);
+                return rc;
+            }
+            if (declared) {
+                v->device = (int)type;
+                v->device_index = (int)id;
+            }
+            return 0;
         }
-        return rc;
     }
+    /* 4. __cuda_array_interface__ (CuPy, Numba, JAX GPU arrays, ...) */
     PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
     if (cai != NULL) {
         int rc = view_from_cai(obj, cai, v);
@@ -536,11 +602,19 @@ pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
         return rc;
     }
     PyErr_Clear();
+    *offered = 0;
     PyErr_Format(PyExc_TypeError,
                  "expected an array (buffer protocol, DLPack or "
                  "__cuda_array_interface__), got %.100s",
                  Py_TYPE(obj)->tp_name);
     return -1;
+}
+
+int
+pd_view_get(pd_module_state *st, PyObject *obj, unsigned flags, pd_view *v)
+{
+    int offered;
+    return view_get(st, obj, flags, v, &offered);
 }
 
 int
@@ -582,7 +656,8 @@ pd_view_get_host(pd_module_state *st, PyObject *obj, int writable,
                  pd_view *v)
 {
     if (pd_view_get(st, obj,
-                    PD_VIEW_CONTIGUOUS | (writable ? PD_VIEW_WRITABLE : 0),
+                    PD_VIEW_CONTIGUOUS | VIEW_HOST_ONLY |
+                        (writable ? PD_VIEW_WRITABLE : 0),
                     v) < 0) {
         PyErr_Clear();
         return 0;
@@ -740,22 +815,70 @@ fail:
     return NULL;
 }
 
-/* describe_array(obj, writable=False) -> dict: what the adapter sees
- * (tests, and the fuzz targets of the array descriptions). */
+/* The error of a view that failed, worded for the argument `name`: an
+ * object offering no protocol is "not an array"; a protocol that failed keeps
+ * its message (and its exception as the cause). */
+static void
+name_error(const char *name, PyObject *obj, int offered)
+{
+    const char *tp = Py_TYPE(obj)->tp_name, *dot = strrchr(tp, '.');
+    if (!offered) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be an array (numpy.ndarray, torch tensor, "
+                     "DLPack, __cuda_array_interface__ or buffer object), "
+                     "got %.100s", name, dot != NULL ? dot + 1 : tp);
+        return;
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (ev == NULL) {
+        Py_XDECREF(et);
+        Py_XDECREF(tb);
+        PyErr_Format(PyExc_TypeError, "%s: cannot describe this array", name);
+        return;
+    }
+    if (tb != NULL) {
+        PyException_SetTraceback(ev, tb);
+    }
+    PyErr_Format(PyExc_TypeError, "%s: cannot describe this array: %S", name,
+                 ev);
+    PyObject *et2, *ev2, *tb2;
+    PyErr_Fetch(&et2, &ev2, &tb2);
+    PyErr_NormalizeException(&et2, &ev2, &tb2);
+    PyException_SetCause(ev2, ev); /* steals ev */
+    PyException_SetContext(ev2, Py_NewRef(ev));
+    PyErr_Restore(et2, ev2, tb2);
+    Py_XDECREF(et);
+    Py_XDECREF(tb);
+}
+
+/* describe_array(obj, writable=False, dlpack=True, name=None) -> dict: what
+ * the adapter sees.  pyddp._interop's describe for every object it does not
+ * hold itself (the one entry, see there), the tests, and the fuzz targets of
+ * the array descriptions.  With a name, errors are worded for that
+ * argument. */
 static PyObject *
 describe_array(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"obj", "writable", "dlpack", NULL};
+    static char *kwlist[] = {"obj", "writable", "dlpack", "name", NULL};
     PyObject *obj;
     int writable = 0, dlpack = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pp:describe_array",
-                                     kwlist, &obj, &writable, &dlpack)) {
+    const char *name = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppz:describe_array",
+                                     kwlist, &obj, &writable, &dlpack,
+                                     &name)) {
         return NULL;
     }
     pd_view v;
     unsigned flags = (writable ? PD_VIEW_WRITABLE : 0) |
                      (dlpack ? 0 : PD_VIEW_NO_DLPACK);
-    if (pd_view_get(pd_get_state(m), obj, flags, &v) < 0) {
+    int offered;
+    if (view_get(pd_get_state(m), obj, flags, &v, &offered) < 0) {
+        if (name != NULL) {
+            name_error(name, obj, offered);
+        }
         return NULL;
     }
     static const char *const hows[] = {"none", "buffer", "dlpack",
@@ -786,11 +909,12 @@ static PyMethodDef buffer_methods[] = {
      "`_data` array (Python < 3.12 has no PEP 688 buffers)."},
     {"describe_array", (PyCFunction)(void (*)(void))describe_array,
      METH_VARARGS | METH_KEYWORDS,
-     "describe_array(obj, writable=False, dlpack=True) -> dict: how the C "
-     "adapter views obj (via, ptr, nbytes, count, itemsize, dtype, device, "
+     "describe_array(obj, writable=False, dlpack=True, name=None) -> dict: "
+     "how the array adapter views obj (via, ptr, nbytes, count, itemsize, dtype, device, "
      "device_index, readonly, contiguous, stream, shape, strides: bytes or "
      "None for C order).  dlpack=False skips DLPack, e.g. to describe a "
-     "CUDA array from its __cuda_array_interface__ without a stream sync."},
+     "CUDA array from its __cuda_array_interface__ without a stream sync.  "
+     "With a name, errors are TypeErrors naming that argument."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,7 +15,13 @@ The package is split by concern; this module re-exports the public names (``__al
   ``_ac_low``/``_ac_f32`` (autocast casts), ``_sigmoid_f``;
 * ``_methods``: Tensor's methods that call _ops and _factories (``t.sum()``, ``t + u``,
   ``t.to(...)``, ``t.new_zeros``), attached to the class (so _core imports neither);
-* ``_extra``: more ops, and the Tensor methods that call them, attached the same way.
+* more ops by concern, each module attaching the Tensor methods that call its functions the same
+  way: ``_compare`` (eq, logical_and, isclose, ...), ``_sorting`` (topk, sort, median, unique),
+  ``_indexing`` (gather, scatter, index_select, take, ...), ``_reductions`` (prod, norm, cumsum,
+  nansum, ...), ``_linalg`` (diagonal, einsum, addmm, dot, cdist, ...), ``_shape`` (narrow, select,
+  as_strided, flip, roll, tile, ...), ``_pointwise`` (erf, atan2, fmod, lerp, logit, ...),
+  ``_sampling`` (multinomial, bernoulli); ``_args`` holds the argument checks they share;
+* ``_aliases``: method aliases, small predicates and the in-place ``_`` variants, attached last.
 
 Random numbers come from pyddp's one generator (pyddp/_random.py); manual_seed, seed,
 initial_seed and default_generator here are its.
@@ -40,8 +46,18 @@ from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm
                    sigmoid, sign, sin, softmax, split, sqrt, square, squeeze, stack, std, sub, sum,
                    swapaxes, tanh, transpose, tril, triu, unsqueeze, var, where)
 from . import _methods  # noqa: E402,F401  (attaches the Tensor methods that call _ops, _factories)
-from . import _extra  # noqa: E402  (attaches its Tensor methods)
-from ._extra import *  # noqa: F401,F403,E402
+# the op modules by concern: each attaches its Tensor methods when imported
+from . import (_compare, _indexing, _linalg, _pointwise, _reductions, _sampling,  # noqa: E402
+               _shape, _sorting)
+from ._compare import *  # noqa: F401,F403,E402
+from ._indexing import *  # noqa: F401,F403,E402
+from ._linalg import *  # noqa: F401,F403,E402
+from ._pointwise import *  # noqa: F401,F403,E402
+from ._reductions import *  # noqa: F401,F403,E402
+from ._sampling import *  # noqa: F401,F403,E402
+from ._shape import *  # noqa: F401,F403,E402
+from ._sorting import *  # noqa: F401,F403,E402
+from . import _aliases  # noqa: E402,F401  (last: aliases and in-place variants of all the above)
 
 # the internal API, importable from here too (as before the split)
 from ..autograd._graph import Node, _edge  # noqa: F401
@@ -66,7 +82,8 @@ __all__ = [
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
     "memory_format", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
-] + _extra.__all__
+] + (_compare.__all__ + _sorting.__all__ + _indexing.__all__ + _reductions.__all__ + _linalg.__all__
+     + _shape.__all__ + _pointwise.__all__ + _sampling.__all__)
 
 # Pickles and reprs name these pyddp._tensor.X, as they did before the split (a pickled Tensor
 # is rebuilt by pyddp._tensor._rebuild; a pickled device by its class).

@@ -1,9 +1,10 @@
 """Tensor's methods that are operations (arithmetic, comparisons' aliases, reductions, shape,
 conversions, ``new_*``): each calls its function in _ops or _factories.
 
-They are attached to Tensor when pyddp._tensor imports this module (right after _ops, as _extra
-attaches its own), so that _core, which defines the class and the graph helpers, does not import the
-modules built on it: _core <- _factories, _ops <- _methods, _extra.  The class body below is only a
+They are attached to Tensor when pyddp._tensor imports this module (right after _ops, as the op
+modules by concern attach their own), so that _core, which defines the class and the graph helpers,
+does not import the modules built on it: _core <- _factories, _ops <- _methods, _compare, _shape,
+....  The class body below is only a
 namespace: the methods read this module's globals, as they read _core's before.
 """
 from __future__ import annotations

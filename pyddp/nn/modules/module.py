@@ -7,7 +7,8 @@ torch script relies on is here: the ``parameters()``/``named_*()`` iterators,
 ``state_dict`` / ``load_state_dict`` with torch's key names, metadata and error
 messages, ``train``/``eval``, ``zero_grad``, ``apply``, dtype conversion that
 keeps the Parameter objects (so optimizers built before ``half()`` keep
-working), forward (pre-)hooks and ``__repr__``.
+working), forward (pre-)hooks and ``__repr__``.  The hooks' handles and the autograd Functions behind the
+full backward hooks are in _hooks.py (torch.utils.hooks).
 
 Devices: pyddp modules keep their state in host (NumPy) arrays.  ``to(device)``,
 ``cuda()`` and ``cpu()`` accept torch's device arguments so that scripts port
@@ -16,55 +17,19 @@ unchanged, and leave the arrays where they are.
 import functools
 import itertools
 import warnings
-import weakref
 from collections import OrderedDict, namedtuple
 from collections.abc import Mapping
 
 import numpy as np
 
 from ..._tensor import Tensor
-from ...autograd.function import Function
 from ..parameter import Buffer, Parameter
+from ._hooks import (RemovableHandle, _BackwardHookInputs, _BackwardHookOutputs,
+                     _BackwardHookState)
 
 __all__ = ["Module", "RemovableHandle"]
 
 _EXTRA_STATE_KEY_SUFFIX = "_extra_state"
-
-
-class RemovableHandle:
-    """A handle returned by the ``register_*_hook`` methods; ``remove()`` unregisters the hook.
-
-    Also a context manager that removes the hook on exit, as torch's
-    ``torch.utils.hooks.RemovableHandle``.
-    """
-
-    next_id = 0
-
-    def __init__(self, hooks_dict, *, extra_dict=None):
-        self.hooks_dict_ref = weakref.ref(hooks_dict)
-        self.id = RemovableHandle.next_id
-        RemovableHandle.next_id += 1
-        self.extra_dict_ref = ()
-        if isinstance(extra_dict, dict):
-            self.extra_dict_ref = (weakref.ref(extra_dict),)
-        elif isinstance(extra_dict, list):
-            self.extra_dict_ref = tuple(weakref.ref(d) for d in extra_dict)
-
-    def remove(self):
-        """Unregister the hook (no-op if already removed)."""
-        hooks_dict = self.hooks_dict_ref()
-        if hooks_dict is not None and self.id in hooks_dict:
-            del hooks_dict[self.id]
-        for ref in self.extra_dict_ref:
-            extra = ref()
-            if extra is not None and self.id in extra:
-                del extra[self.id]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
@@ -149,85 +114,6 @@ def _state_to_array(value):
                 value = value.cpu()
         return np.asarray(value)
     return None
-
-
-class _BackwardHookState:
-    """What a module's full backward hooks need between its output and input gradient nodes."""
-
-    __slots__ = ("module", "n_inputs", "input_positions", "grad_output", "inputs_wrapped")
-
-    def __init__(self, module, n_inputs):
-        self.module = module
-        self.n_inputs = n_inputs
-        self.input_positions = ()
-        self.grad_output = None
-        self.inputs_wrapped = False
-
-
-def _identity_outputs(xs):
-    return tuple(Tensor._wrap(x._data) for x in xs)
-
-
-class _BackwardHookOutputs(Function):
-    """Identity on the module's outputs; its backward sees grad_output (pre-hooks run here)."""
-
-    @staticmethod
-    def forward(ctx, state, *outs):
-        ctx.state = state
-        return _identity_outputs(outs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        st = ctx.state
-        mod = st.module
-        for hook in list(mod._backward_pre_hooks.values()):
-            r = hook(mod, grads)
-            if r is not None:
-                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
-                if len(r) != len(grads):
-                    raise RuntimeError(
-                        f"Backward pre hook returned an invalid number of grad_output, got "
-                        f"{len(r)}, but expected {len(grads)}")
-                grads = r
-        st.grad_output = grads
-        if not st.inputs_wrapped:
-            # no input requires grad: torch calls the hooks now, with None input gradients
-            none_in = (None,) * st.n_inputs
-            for hook in list(mod._backward_hooks.values()):
-                r = hook(mod, none_in, grads)
-                if r is not None and not all(g is None for g in r):
-                    raise RuntimeError(
-                        "Backward hook for Modules where no input requires gradient should "
-                        "always return None or None for all gradients.")
-        return (None,) + tuple(grads)
-
-
-class _BackwardHookInputs(Function):
-    """Identity on the module's inputs; its backward sees grad_input and runs the full hooks."""
-
-    @staticmethod
-    def forward(ctx, state, *ins):
-        ctx.state = state
-        return _identity_outputs(ins)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        st = ctx.state
-        mod = st.module
-        full = [None] * st.n_inputs
-        for pos, g in zip(st.input_positions, grads):
-            full[pos] = g
-        grad_input = tuple(full)
-        for hook in list(mod._backward_hooks.values()):
-            r = hook(mod, grad_input, st.grad_output)
-            if r is not None:
-                r = tuple(r) if isinstance(r, (tuple, list)) else (r,)
-                if len(r) != len(grad_input):
-                    raise RuntimeError(
-                        f"Backward hook returned an invalid number of grad_input, got {len(r)}, "
-                        f"but expected {len(grad_input)}")
-                grad_input = r
-        return (None,) + tuple(grad_input[pos] for pos in st.input_positions)
 
 
 class Module:

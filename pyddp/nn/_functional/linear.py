@@ -1,0 +1,68 @@
+"""Linear maps: linear (one BLAS matmul; the weight gradient written straight into DDP's bucket
+when it has claimed it) and bilinear.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..._tensor import Tensor
+from ..._tensor import _core
+from ..._tensor._core import _mk, _mm
+from ..._tensor._dtypes import _HALFS
+from ..._tensor._grad_mode import _st
+from .._argcheck import require_tensors as _require_tensors
+from ._common import _low
+
+__all__ = ["linear", "bilinear"]
+
+
+def linear(input, weight, bias=None):
+    """input @ weight.T + bias (weight: (out_features, in_features))."""
+    if _st.autocast is not None:
+        input, weight, bias = _low(input), _low(weight), _low(bias)
+    xd, wd = input._data, weight._data
+    if xd.dtype != wd.dtype:
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {xd.dtype} and "
+                           f"{wd.dtype}")
+    out = _mm(xd, wd.T)
+    bd = None
+    if bias is not None:
+        bd = bias._data
+        out += bd
+    rx, rw = input._requires_grad, weight._requires_grad
+    rb = bias is not None and bias._requires_grad
+    if not (_st.grad and (rx or rw or rb)):
+        return Tensor._wrap(out)
+    O = wd.shape[0]
+
+    def bw(g):
+        gx = gw = gb = None
+        if rx:
+            gx = _mm(g, wd)
+        if rw or rb:
+            g2 = g.reshape(-1, O)
+            if rw:
+                x2 = xd.reshape(-1, xd.shape[-1])
+                dest = None if g2.dtype in _HALFS else \
+                    _core._claim_grad_dest(weight, wd.shape, g2.dtype)
+                gw = _mm(g2.T, x2) if dest is None else np.matmul(g2.T, x2, out=dest)
+            if rb:
+                dest = None if g2.dtype in _HALFS else \
+                    _core._claim_grad_dest(bias, bd.shape, g2.dtype)
+                if dest is not None:
+                    gb = g2.sum(0, out=dest)
+                else:
+                    gb = g2.sum(0, dtype=np.float32 if g2.dtype in _HALFS else None) \
+                        .astype(bd.dtype, copy=False)
+        return gx, gw, gb
+    return _mk(out, "AddmmBackward0", bw, (input, weight, bias))
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """y = x1^T A x2 + b (weight: (out, in1, in2))."""
+    y = ((input1.unsqueeze(-2).unsqueeze(-2) @ weight) .squeeze(-2) * input2.unsqueeze(-2)).sum(-1)
+    return y + bias if bias is not None else y
+
+
+# a NumPy array where a Tensor is expected: torch's TypeError (pyddp/nn/_argcheck.py)
+_require_tensors(globals(), __all__, Tensor)
