@@ -87,6 +87,7 @@ def pytest_report_header(config):
     return f"pyddp test tier: {tier}{more}"
 
 
+@pytest.hookimpl(trylast=True)   # after the folders' conftests have marked their items
 def pytest_collection_modifyitems(config, items):
     tier = config.getoption("tier")
     if tier == "full":

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import _paths
+from _tiers import FULL
 
 HERE = _paths.TESTS
 ROOT = os.path.dirname(HERE)
@@ -21,8 +22,10 @@ def _run(args, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("level,opt_name", [("O0", "sgd"), ("O1", "sgd"), ("O2", "sgd"),
-                                            ("O2", "fused_adam"), ("O1", "fused_adam")])
+# quick tier: O2 with FusedAdam (master weights, fp16 model); --full every level and optimizer
+@pytest.mark.parametrize("level,opt_name", [pytest.param(*c, marks=() if c == ("O2", "fused_adam") else FULL)
+                                            for c in [("O0", "sgd"), ("O1", "sgd"), ("O2", "sgd"),
+                                                      ("O2", "fused_adam"), ("O1", "fused_adam")]])
 def test_amp_checkpoint_resume_exact(level, opt_name, tmp_path):
     ckpt, out = str(tmp_path / "amp_checkpoint.pt"), str(tmp_path / "run")
     _run([level, opt_name, "first", ckpt, out], tmp_path)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 SCRIPT = os.path.join(ROOT, "benchmarks", "collectives.py")
@@ -238,6 +239,7 @@ def test_rounds_are_merged_by_the_median_of_their_medians():
     assert mod.merge_rounds(rounds[:1]) is rounds[0]
 
 
+@FULL
 @pytest.mark.timeout(180)
 def test_torch_backend_quick_table():
     """benchmarks/torch_backend.py, tiny: both tables with every row, correct results."""
@@ -304,6 +306,7 @@ def test_mpi_overhead_quick_table():
                      r"(met|NOT met)$", proc.stdout, re.M), out
 
 
+@FULL
 def test_elastic_quick_table():
     """benchmarks/elastic.py, tiny: plain, elastic, a killed worker recovered in the process and
     the restart-from-checkpoint comparison, every column filled."""
@@ -361,6 +364,7 @@ def test_phase_results_compare_runs_of_one_phase_only():
     assert "Open MPI 1" in label and "pyddp 1" in label and set(res) == {"pyddp", "mpi"}
 
 
+@FULL
 def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
     """--split-ops: each collective in processes of its own, libraries alternating per collective;
     every table still has every library's rows, and each run's probes are printed."""
@@ -384,6 +388,7 @@ def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
         assert "WRONG RESULT" not in m.group(0), out
 
 
+@FULL
 @pytest.mark.timeout(180)
 def test_collectives_copy_floor_peer():
     """--peers ...,floor: every rank copies its share of the collective's output bytes from memory
@@ -408,6 +413,7 @@ def test_collectives_copy_floor_peer():
     assert "floor" in mod.PEERS and "floor" in mod.OPT_IN
 
 
+@FULL
 @pytest.mark.timeout(180)
 def test_collectives_loop_timing_runs_calls_back_to_back(tmp_path):
     """--timing loop: batches of calls back to back, a barrier before each batch only; the rows
@@ -503,6 +509,7 @@ def test_interleaved_says_what_is_missing():
         proc.stdout + proc.stderr)
 
 
+@FULL
 def test_phases_quick_table(tmp_path):
     """benchmarks/phases.py, a few seconds on a rules file with rules for each phase (the host's
     facts, so that this host reads it): every row filed under a phase, both configurations checked

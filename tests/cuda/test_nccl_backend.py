@@ -18,6 +18,7 @@ import pytest
 
 import fakecuda
 from _mp import free_port, run, run_outcomes
+from _tiers import FULL, full
 
 try:
     import ml_dtypes
@@ -359,7 +360,7 @@ def _timeout(rank, n, check):
     return None, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("check", ["1", "0"])
+@pytest.mark.parametrize("check", ["1", *full("0")])
 def test_timeout_names_the_operation(check):
     # check=0: the signature check is off, so NCCL itself hangs and the watchdog aborts it
     env = _env(PYDDP_NCCL_CHECK=check, PYDDP_NCCL_BLOCKING_WAIT=1)
@@ -747,7 +748,7 @@ def _p2p_stall(rank, n, how):
         return "DistBackendError", time.monotonic() - t0, str(e)
 
 
-@pytest.mark.parametrize("how", ["timeout", "dead", "sigint"])
+@pytest.mark.parametrize("how", ["timeout", "dead", *full("sigint")])
 def test_send_whose_peer_never_posts_ends_within_the_timeout(how):
     """A send whose peer never posts stays ncclInProgress inside NCCL: the launch is bounded by the
     group timeout, a dead peer noticed by the watchdog aborts it at once, and Ctrl-C interrupts it
@@ -1000,6 +1001,7 @@ def _peer_failed_and_stayed(rank, n):
     return out, time.monotonic() - t0
 
 
+@FULL
 def test_a_failure_reaches_the_peers_without_the_signature_check():
     """Rank 1's communicator fails (an injected asynchronous error its watchdog finds) while rank 1
     is busy elsewhere: rank 0, waiting in NCCL for it, learns it through the host group within

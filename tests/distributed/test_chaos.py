@@ -813,7 +813,7 @@ def _stop_inside(kind, root, victim, transport):
     assert not problems, f"{kind} root {root}, rank {victim} stopped, {transport}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", *full("tcp")])
 @pytest.mark.parametrize("kind,root,victim", _STOP_PARAMS)
 def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root, victim, transport):
     _stop_inside(kind, root, victim, transport)
@@ -868,7 +868,7 @@ def _all_gather_loop_child(rank, ws, victim, stop_after, cont_after):
 @pytest.mark.parametrize("cont_after", [pytest.param(0.0, id="cont_at_once"),
                                         pytest.param(0.5, id="cont_after_0.5s", marks=FULL)])
 @pytest.mark.parametrize("transport", ["shm", *full("tcp")])
-@pytest.mark.parametrize("victim", [1, *full(0)])
+@pytest.mark.parametrize("victim", [*full(1, 0)])
 def test_a_rank_stopped_in_an_all_gather_loop_is_named_by_every_survivor(victim, transport, cont_after):
     outs = run(_all_gather_loop_child, WS, victim, 1.5, cont_after, timeout=90,
                init_kwargs={"timeout": timedelta(seconds=3)},

@@ -14,6 +14,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
+from _tiers import full
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -412,7 +413,7 @@ def _dead_peer_child(rank, ws, count):
     return None
 
 
-@pytest.mark.parametrize("count", [16, 4 << 20])
+@pytest.mark.parametrize("count", [16, *full(4 << 20)])
 def test_a_killed_peer_is_detected_within_five_seconds(count):
     outs = run_outcomes(_dead_peer_child, 3, count, env={"PYDDP_TRANSPORT": "shm"},
                         init_kwargs={"timeout": __import__("datetime").timedelta(seconds=60)},

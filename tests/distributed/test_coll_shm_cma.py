@@ -12,6 +12,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
+from _tiers import full
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -143,7 +144,7 @@ def test_every_collective_matches_numpy_with_single_copies_off():
     assert res == [_expected(counts)] * 2, res
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("ws", [2, *full(3)])
 def test_the_default_thresholds_mix_both_paths(ws):
     # unset: each collective's own threshold (all_reduce from 32 MiB, gather and scatter from 16 MiB
     # blocks, the others always the banks), in one job
@@ -175,7 +176,7 @@ def _killed_child(rank, ws, kind):
     return None
 
 
-@pytest.mark.parametrize("kind", ["broadcast", "all_reduce", "all_gather"])
+@pytest.mark.parametrize("kind", [*full("broadcast"), "all_reduce", *full("all_gather")])
 def test_a_rank_killed_during_single_copies_is_named_within_seconds(kind):
     outs = run_outcomes(_killed_child, 3, kind,
                         env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": "1M"},

@@ -17,6 +17,7 @@ import pyddp.distributed as dist
 import _paths
 from _mp import free_port, free_ports, run, run_outcomes
 from _ref import Checker, assert_clean
+from _tiers import FULL, full
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -378,8 +379,10 @@ def _mismatch_child(rank, ws, case):
     return res
 
 
-@pytest.mark.parametrize("ws,case", [(2, c) for c in _MISMATCH_WORDS] + [(3, "count"), (3, "kind"),
-                                                                          (4, "dtype")])
+# quick tier: the first six mismatches at 2 ranks (each call waits a second); --full every one, and 3, 4 ranks
+@pytest.mark.parametrize("ws,case", [pytest.param(2, c, marks=FULL if i >= 6 else ())
+                                     for i, c in enumerate(_MISMATCH_WORDS)]
+                         + [pytest.param(*c, marks=FULL) for c in [(3, "count"), (3, "kind"), (4, "dtype")]])
 def test_mismatched_collectives_raise_dist_error_on_every_rank_quickly(ws, case):
     res = run(_mismatch_child, ws, case, init_kwargs={"timeout": timedelta(seconds=60)}, timeout=60)
     problems = []
@@ -445,8 +448,8 @@ def _kill_child(rank, ws, victim, mode, killed_at):
     return {"first": first, "second": second}
 
 
-@pytest.mark.parametrize("mode", ["mid_transfer", "while_peers_wait"])
-@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("mode", ["mid_transfer", *full("while_peers_wait")])
+@pytest.mark.parametrize("ws", [2, *full(3)])
 def test_killed_rank_makes_every_survivor_raise_dist_network_error_naming_it(ws, mode):
     import multiprocessing as mp
 
@@ -507,8 +510,9 @@ def _timeout_child(rank, ws, absent, use_async):
         return dict(_exc_info(e), elapsed=time.monotonic() - t0, is_backend=isinstance(e, dist.DistBackendError))
 
 
-@pytest.mark.parametrize("use_async", [False, True], ids=["blocking", "async_wait"])
-@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("use_async", [pytest.param(False, id="blocking"),
+                                       pytest.param(True, id="async_wait", marks=FULL)])
+@pytest.mark.parametrize("ws", [2, *full(3)])
 def test_timeout_names_operation_sequence_number_and_missing_rank(ws, use_async):
     absent = ws - 1
     res = run(_timeout_child, ws, absent, use_async, init_kwargs={"timeout": timedelta(seconds=2)}, timeout=60)
@@ -568,7 +572,7 @@ def _wrong_secret_child(rank, ws):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("variant", ["different_secret", "secret_on_rank0_only", "secret_on_rank1_only"])
+@pytest.mark.parametrize("variant", ["different_secret", *full("secret_on_rank0_only", "secret_on_rank1_only")])
 def test_rank_without_the_right_secret_cannot_join(variant):
     good = secrets.token_hex(16)
     rank_env = {
@@ -603,7 +607,7 @@ def _port_in_use_child(rank, ws):
     return {"type": None}
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("ws", [2, *full(3)])
 def test_master_port_in_use_raises_dist_network_error_with_address_and_port(ws):
     squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -675,6 +679,7 @@ except dist.DistNetworkError as e:
 """
 
 
+@FULL
 def test_waiting_for_the_store_says_what_it_waits_for_at_a_bounded_rate():
     # rank 1 of 2 with nobody serving MASTER_PORT: it retries (the server may start late) and says
     # so from the first seconds on, naming the address, how long so far and the last error
@@ -780,7 +785,8 @@ def _under_asan():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ws,mode,cycles", [(1, "env", 1000), (2, "store", 1000), (2, "env", 1000)])
+@pytest.mark.parametrize("ws,mode,cycles", [pytest.param(1, "env", 1000, marks=FULL),
+                                             pytest.param(2, "store", 1000, marks=FULL), pytest.param(2, "env", 1000, marks=FULL)])
 def test_init_destroy_cycles_leak_no_fds_threads_memory_or_shm(ws, mode, cycles):
     side_port = free_port()
     res = run(_cycles_child, ws, mode, cycles, side_port, init=False, timeout=250)

@@ -17,6 +17,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import free_port, run_outcomes
+from _tiers import FULL
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -232,6 +233,7 @@ def _taken_child(rank, ws):
     return _init_timed(rank, timeout=LONG if rank else 12.0)
 
 
+@FULL
 def test_ranks_whose_master_port_another_program_holds_say_so_within_seconds():
     other = socket.socket()
     other.bind(("127.0.0.1", 0))

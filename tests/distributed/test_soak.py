@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 
@@ -50,6 +51,7 @@ def test_growth_rule():
                                   fds=lambda i: 17 - (i < 10)))
 
 
+@FULL
 @pytest.mark.timeout(900)
 def test_short_soak():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

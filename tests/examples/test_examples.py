@@ -13,6 +13,7 @@ import pytest
 import pyddp
 
 import _paths
+from _tiers import full
 
 ROOT = _paths.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -142,7 +143,7 @@ def test_train_digits_single_process_sgd(tmp_path):
     assert os.listdir(tmp_path / "runs" / "digits") == ["digits_ckpt.pt"]   # --plot '': no PNG
 
 
-@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+@pytest.mark.parametrize("opt_level", ["O1", *full("O2")])
 def test_train_digits_amp(tmp_path, opt_level):
     pytest.importorskip("pyddp.amp", reason="pyddp.amp (apex-style amp) is not in this build")
     stdout, out = _digits("run", tmp_path, "--epochs", "3", "--opt-level", opt_level,

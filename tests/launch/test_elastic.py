@@ -15,6 +15,7 @@ import pytest
 import pyddp
 
 import _paths
+from _tiers import FULL
 
 HERE = _paths.TESTS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
@@ -302,6 +303,7 @@ def _agents(specs, kill_after=None, timeout=180, nnodes="1:3"):
     return results, [r for r in records if "id" in r]
 
 
+@FULL
 def test_a_node_that_arrives_late_is_admitted_at_a_commit(fault_free):
     agents, res = _agents([(0, 2, []), (1.0, 2, [])])
     assert [rc for rc, _ in agents] == [0, 0], agents
@@ -322,6 +324,7 @@ def test_a_lost_node_costs_the_steps_since_the_commit_not_the_job(fault_free):
     _check(res, fault_free)
 
 
+@FULL
 def test_a_node_past_max_is_refused():
     agents, _ = _agents([(0, 1, []), (0.3, 1, []), (0.6, 1, []), (0.9, 1, [])])
     codes = sorted(rc for rc, _ in agents)
@@ -330,6 +333,7 @@ def test_a_node_past_max_is_refused():
     assert "the job already has 3 nodes" in refused
 
 
+@FULL
 def test_the_store_survives_the_loss_of_the_node_holding_it(fault_free):
     """The leader (node 0, whose launcher holds the store) is SIGKILLed mid-training: node 1
     takes the store over, the workers of nodes 1 and 2 reconnect and finish the job."""
@@ -341,6 +345,7 @@ def test_the_store_survives_the_loss_of_the_node_holding_it(fault_free):
     _check(res, fault_free)
 
 
+@FULL
 def test_chaos_a_worker_killed_every_four_steps(fault_free):
     """4 ranks; every 4 steps a worker (an original or a replacement) is SIGKILLed and replaced."""
     # spawns 4, 5, 6 are the replacements of local ranks 1, 2 and 1 again
@@ -408,6 +413,7 @@ def three_hosts():
         ip("link", "del", br)
 
 
+@FULL
 def test_hosts_added_and_removed_in_network_namespaces(three_hosts, fault_free):
     """Host 2 joins a running job, host 1 is SIGKILLed (its launcher and workers): the job
     finishes on hosts 0 and 2 over TCP, with the same bits as a fault-free run."""

@@ -17,6 +17,7 @@ import pytest
 
 import _paths
 from _mp import _SCRUB, free_port
+from _tiers import FULL
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -319,6 +320,7 @@ def test_the_store_host_says_at_once_that_it_refused_a_peer_and_the_job_still_ru
     assert [json.load(open(outs[i])) for i in (0, 2)] == [want, want]
 
 
+@FULL
 def test_rank_0_says_at_once_that_it_refused_a_peer_and_names_it_at_its_timeout(tmp_path):
     # file:// has no store server: rank 0's transport listener refuses rank 1's secret.  Rank 0
     # once reported only "no connection arrived before the deadline".  (A FileStore job cannot

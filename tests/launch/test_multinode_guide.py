@@ -25,6 +25,7 @@ import pytest
 from test_multihost_netns import two_hosts  # noqa: F401  (the fixture)
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 CLUSTER = os.path.join(ROOT, "examples", "cluster")
@@ -150,6 +151,7 @@ def _kubeflow_command():
     return json.loads(cmds[0])
 
 
+@FULL
 @pytest.mark.timeout(300)
 def test_kubeflow_pytorchjob_environment(two_hosts, tmp_path):  # noqa: F811
     """One rank per pod: the operator's MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK."""
@@ -172,7 +174,7 @@ def test_kubeflow_pytorchjob_environment(two_hosts, tmp_path):  # noqa: F811
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["pet", "c10d"])
+@pytest.mark.parametrize("how", [pytest.param("pet", marks=FULL), "c10d"])
 def test_pyddp_run_on_two_hosts(two_hosts, tmp_path, how):  # noqa: F811
     """Two ranks per host: pods running pyddp-run (PET_* from the operator), or pyddp-run
     --nnodes=2 --rdzv_backend=c10d started by hand on each host."""
@@ -247,6 +249,7 @@ os.execvp("ip", ["ip", "netns", "exec", netns[hosts[0]], "mpirun", "--allow-run-
 """
 
 
+@FULL
 @pytest.mark.timeout(300)
 def test_slurm_sbatch_srun_backend_mpi(two_hosts, tmp_path):  # noqa: F811
     """examples/cluster/slurm_mpi.sbatch unchanged: srun starts every rank, backend "mpi" takes

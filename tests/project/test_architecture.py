@@ -11,6 +11,7 @@ those implied arrows to parent packages are not drawn (a package importing its o
 otherwise always be a circle), as import-graph tools do not draw them.
 """
 import ast
+import functools
 import os
 import textwrap
 from datetime import timedelta
@@ -47,8 +48,10 @@ def modules(root, package):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph(root, package):
-    """{module: set of modules of ``package`` it imports} (see the module docstring)."""
+    """{module: set of modules of ``package`` it imports} (see the module docstring); read once per
+    session (the callers do not change it)."""
     mods = modules(root, package)
     graph = {}
     for name, path in mods.items():
