@@ -506,7 +506,7 @@ def test_phases_quick_table(tmp_path):
     facts, so that this host reads it): every row filed under a phase, both configurations checked
     against NumPy first; without such a file it says so and exits 0."""
     _need_process_groups()
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     script = os.path.join(ROOT, "benchmarks", "phases.py")
     env = dict(_env_with_this_pyddp(), PYDDP_TUNING="0")

@@ -22,7 +22,7 @@ import numpy as np
 from .. import _C, _config, _interop
 from . import _observe
 from .backends import registry as _registry
-from .backends.interface import BackendOptions
+from .backends.interface import BackendOptions, Request
 from .process_group import Future, ProcessGroup, Work, _objects  # noqa: F401  (public here)
 from .._interop import cpu_array as as_array
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore, job_secret  # noqa: F401
@@ -90,16 +90,22 @@ class Backend(str):
         return str.__new__(cls, name.lower())
 
     @classmethod
-    def register_backend(cls, name, func, extended_api=False, devices=None) -> None:
+    def register_backend(cls, name, func, extended_api=False, devices=None, *,
+                         supports=None) -> None:
         """Register a backend (torch's ``Backend.register_backend``).
 
         ``func(store, rank, world_size, timeout)`` (``func(backend_options, pg_options)`` with
-        ``extended_api=True``) creates the backend object of one group on this rank; it must
-        implement pyddp's backend interface (``submit``, ``destroy``: see
-        pyddp.distributed.backends).  ``devices``: the device type(s) it serves (default 'cpu'
-        and 'cuda', with a warning).  ``init_process_group(name)`` and ``new_group(backend=name)``
-        then use it, as do 'device:name' strings."""
-        _registry.register_plugin(name, func, extended_api, devices)
+        ``extended_api=True``) creates the backend object of one group on this rank; it
+        implements pyddp's backend interface, pyddp.distributed.backends.interface.Backend:
+        ``run(request)`` and ``destroy()``, and any of the optional members it declares
+        (``fast``, ``split``, ``batch_p2p``, ...; an object with the C process group's positional
+        ``submit`` instead of ``run`` is accepted too).  ``devices``: the device type(s) it
+        serves (default 'cpu' and 'cuda', with a warning).  ``supports`` (pyddp's addition): a
+        backends.interface.Supports saying which kinds, dtypes and ops it serves; what it leaves
+        out is refused before the backend is called (default: everything).
+        ``init_process_group(name)`` and ``new_group(backend=name)`` then use it, as do
+        'device:name' strings."""
+        _registry.register_plugin(name, func, extended_api, devices, supports)
         if not hasattr(cls, name.upper()):
             setattr(cls, name.upper(), name.lower())
 
@@ -413,7 +419,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         name = group_name or "default_pg"
         dev = _device_index(device_id)
         opts = BackendOptions(pstore, rank, world_size, timedelta(seconds=tsec), name,
-                                       range(world_size), pg_options, dev)
+                              range(world_size), pg_options, dev)
+        opts.default = True  # (backend 'cpu' tunes it online under PYDDP_TUNING_ONLINE=1)
         pg = ProcessGroup(_registry.create(plan, opts), range(world_size), bname, name, tsec,
                           rank, plan)
         _world.store = store
@@ -427,14 +434,6 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         _world.pg_count = 1
         _world.non_member_ranks = None
         _set_world(pg)
-    if _config.get("PYDDP_TUNING_ONLINE") and world_size > 1 and \
-            hasattr(getattr(pg, "_cpg", None), "set_rules"):
-        # measure the crossovers of algorithm choice on this job's own ranks (a collective)
-        import sys
-
-        from .backends import crossovers as _crossovers
-
-        _crossovers.online(sys.modules[__name__], pg)
 
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
@@ -470,20 +469,21 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     # A device backend that splits its communicators (NCCL's ncclCommSplit) does it with every
     # rank of the default group taking part, members or not.
     parent = (world._backends or {}).get("cuda")
+    decl = world._declared("cuda")
     if use_local_synchronization or plan.get("cuda") is not (world._plan or {}).get("cuda") or \
-            not callable(getattr(parent, "split", None)):
+            decl is None or decl.split is None:
         parent = None
     if not use_local_synchronization:
         _world.pg_count += 1
     if me not in ranks:
         if parent is not None:
-            parent.split(None, None)
+            decl.split(None, None)
         _world.non_member_ranks = list(ranks)
         return GroupMember.NON_GROUP_MEMBER
     store = PrefixStore(name, PrefixStore("default_pg", _world.store))
     dev = _device_index(device_id) if device_id is not None else _world.device_id
     opts = BackendOptions(store, ranks.index(me), len(ranks), timedelta(seconds=tsec),
-                                   group_desc or name, ranks, pg_options, dev)
+                          group_desc or name, ranks, pg_options, dev)
     opts.split_from = parent
     opts.once = True
     pg = ProcessGroup(_registry.create(plan, opts), ranks, bname, group_desc or name, tsec,
@@ -1107,7 +1107,7 @@ def _shared_array(shape, dtype=np.float32, group=None):
     A collective: every rank calls it with the same shape and dtype and gets its own array, which
     every other rank of the group has mapped, so ``all_reduce`` on it (or on a contiguous slice of
     it) reduces straight from the ranks' arrays without copying them in first. Needs a group
-    whose ranks are all on this host (``group._transport == 'shm'``); otherwise, or when /dev/shm
+    whose ranks are all on this host (its 'cpu' backend's transport 'shm'); otherwise, or when /dev/shm
     is too small on any rank, it raises on every rank and the group goes on.
     """
     pg = _resolve(group)
@@ -1120,9 +1120,10 @@ def _shared_array(shape, dtype=np.float32, group=None):
         if n < 0:
             raise ValueError(f"shape must not have negative entries, got {shape}")
         count *= n
-    if pg._cpg is None:
+    decl = pg._declared("cpu")
+    if decl is None:
         raise DistError("_shared_array: the process group has been destroyed")
-    alloc = getattr(pg._cpg, "shared_alloc", None)
+    alloc = decl.shared_alloc
     if alloc is None:
         raise DistError(f"_shared_array: the 'cpu' backend of group {pg._name!r} has no shared "
                         "memory")
@@ -1167,10 +1168,9 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     if isinstance(device_ids, list):
         # a device backend's barrier runs on the first of them (torch's), else on the group's
         # bound or last-used device
-        for be in (pg._backends or {}).values():
-            setter = getattr(be, "set_barrier_device", None)
-            if setter is not None:
-                setter(device_ids[0])
+        for decl in pg._decl.values():
+            if decl.set_barrier_device is not None:
+                decl.set_barrier_device(device_ids[0])
     t = 0.0 if timeout is None else _timeout_seconds(timeout)
     return _ret(pg._submit(_C.K_BARRIER, timeout=t, name="barrier", async_op=async_op), async_op)
 
@@ -1296,14 +1296,20 @@ def _batch_on_device(p2p_op_list):
         v = describe_device(p.tensor)
         if v is None:
             return None
-        a, _ = as_array(p.tensor, f"p2p_op_list[{i}].tensor", not send, pg._on_device)
-        b = pg._backends.get(getattr(a, "device", "cpu"))
-        if getattr(b, "batch_p2p", None) is None or (be is not None and b is not be):
+        a, code = as_array(p.tensor, f"p2p_op_list[{i}].tensor", not send, pg._on_device)
+        device = getattr(a, "device", "cpu")
+        b = pg._declared(device)
+        if b is None or b.batch_p2p is None or (be is not None and b is not be):
             return None
         be = b
         r = _group_rank(pg, peer, "peer")
         if r == pg.rank():
             raise ValueError(f"batch_isend_irecv: p2p_op_list[{i}] has this rank as its peer")
+        e = pg._refusal(Request(_C.K_SEND if send else _C.K_RECV, code, 0, r, p.tag, a.size,
+                                (a,) if send else (), () if send else (a,), None, None, 0.0,
+                                False, "batch_isend_irecv", False), device)
+        if e is not None:
+            raise e
         ops.append((send, a, r))
     work = Work(be.batch_p2p(ops), [p.tensor for p in p2p_op_list])
     with pg._lock:

@@ -48,7 +48,6 @@ from .. import _C, _interop
 from . import _observe
 from ._rendezvous import spawn_secret as _spawn_secret
 from .backends import registry as _registry
-from .backends.cpu import connect_group as _connect_group, spare_core as _spare_core
 from .backends.interface import Backend, BackendOptions
 from .process_group import ProcessGroup as _Group
 
@@ -69,8 +68,10 @@ _K_REDUCE, _K_GATHER, _K_SCATTER = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER
 _K_ALLTOALL = _C.K_ALLTOALL
 _PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 # what the group's messages name as its backends ("no backend of group 'torch' serves ...")
+# (CUDA tensors: what pyddp's NCCL backend declares it supports, refused above the seam alike)
 _PLAN = {"cpu": _registry.BackendEntry(BACKEND_NAME, ("cpu", "cuda"), None),
-         "cuda": _registry.BackendEntry("nccl", ("cuda",), None)}
+         "cuda": _registry.BackendEntry("nccl", ("cuda",), None,
+                                        supports=_registry.lookup("nccl").supports)}
 _SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
 
 
@@ -337,8 +338,6 @@ class _TorchNccl(Backend):
                 raise dist.DistBackendError(
                     f"{name}: this pyddp group has no store to start its NCCL backend from "
                     "(create it through torch.distributed.init_process_group/new_group)")
-            from .backends import nccl as _nccl
-
             try:
                 ranks = dist.get_process_group_ranks(pg)
             except (RuntimeError, ValueError, KeyError):  # not registered with torch
@@ -347,7 +346,7 @@ class _TorchNccl(Backend):
             opts = BackendOptions(dist.PrefixStore("pyddp_nccl", self._store), pg.rank(),
                                   pg.size(), timedelta(seconds=pg._timeout), gname, ranks)
             try:
-                self.nccl = _nccl.create(opts)
+                self.nccl = _registry.lookup("nccl").factory(opts)
             except (RuntimeError, OSError) as e:
                 raise dist.DistBackendError(
                     f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
@@ -358,9 +357,6 @@ class _TorchNccl(Backend):
         be = self._backend(request.name)
         kind = request.kind
         if kind == _C.K_SEND or kind == _C.K_RECV:
-            if kind == _C.K_RECV and request.root < 0:
-                raise ValueError(f"{request.name}: CUDA tensors (NCCL) cannot be received from "
-                                 "any source; give src")
             d = _DeferredP2P(self, request.root if kind == _C.K_RECV else -1)
             view = (request.inputs or request.outputs)[0]
             self._p2p.append((kind == _C.K_SEND, view, request.root, d))
@@ -404,8 +400,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         # torch's rendezvous is not pyddp's: a secret that pyddp.multiprocessing.spawn invented
         # for fewer processes than the group has is set aside here (_rendezvous.spawn_secret)
         _spawn_secret(rank, size)
-        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
-                                      label="torch", backend=BACKEND_NAME)
+        # the host group (backend 'cpu''s, registry.host_group) over the torch store
+        self._cpg = _registry.host_group(
+            BackendOptions(store, rank, size, timedelta(seconds=self._timeout), "torch",
+                           range(size)), BACKEND_NAME, label="torch", backend=BACKEND_NAME)
         # pyddp's ProcessGroup routes every request to the backend of its arrays' device, as
         # for pyddp.distributed's functions: the C group for CPU tensors, pyddp's NCCL backend
         # (started at the first CUDA call) for CUDA tensors
@@ -413,9 +411,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._group = _Group({"cuda": self._cuda, "cpu": self._cpg}, range(size), BACKEND_NAME,
                              "torch", self._timeout, rank, plan=_PLAN)
         self._group._noun = "tensors"
-        # the C group's inline path for small blocking collectives (False: not taken); not at
-        # debug level DETAIL, which logs every call from _submit
-        self._fast = getattr(self._cpg, "fast", None)
+        # the C group's inline path for small blocking collectives (False: not taken; its
+        # declared ``fast``); not at debug level DETAIL, which logs every call from _submit
+        self._fast = self._group._declared("cpu").fast
         if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
             self._fast = None
         self._done = _Done((), [], self)  # what a blocking call done inline returns (_finished)
@@ -424,7 +422,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         # it would only take turns with backward on the same core, and the ranks' progress threads,
         # each descheduled in turn, would step through the collective's sync points out of phase
         # (pyddp's own DDP decides the same way; PYDDP_DDP_OVERLAP=0/1 overrides).
-        self._backward_inline = self._fast is not None and not _overlap_default(self)
+        self._backward_inline = self._fast is not None and not self._group._overlap()
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
@@ -438,7 +436,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     @property
     def transport(self):
         """'shm', 'tcp' or 'local' (pyddp's C group)."""
-        return self._cpg.transport
+        return self._group._transport
 
     # torch's ProcessGroup keeps its name and description in its registered C++ backends; this
     # group registers none (it is the whole group), so it keeps them itself: DeviceMesh (FSDP2,
@@ -941,12 +939,6 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
 
 _graph_task_id = torch._C._current_graph_task_id  # >= 0 inside a backward pass
-
-
-def _overlap_default(pg):
-    """Whether asynchronous work gets a core of its own here (see ProcessGroupPyddp.__init__):
-    pyddp's DDP decision (backends.cpu.spare_core)."""
-    return _spare_core(pg.transport, pg.size())
 
 
 def _create(store, rank, world_size, timeout):

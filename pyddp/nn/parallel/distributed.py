@@ -47,7 +47,6 @@ from ... import _C, _config
 from ...cuda import _emulation as _cuda_emulation
 from ... import distributed as dist
 from ...distributed import _observe
-from ...distributed.backends.cpu import spare_core
 from ...distributed._grad_bucket import GradBucket  # noqa: F401  (torch.nn.parallel has it here too)
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
@@ -245,7 +244,9 @@ class _DDPCore:
         self._div = float(self._world)
         self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
-        self._shared_ok = pg._transport == "shm" and all(ad.on_host(a) for a in self._arrays)
+        # shared buckets: the group's host backend maps memory every rank of it reads
+        self._shared_ok = pg._shared_alloc() is not None and all(ad.on_host(a)
+                                                                 for a in self._arrays)
         # Large gradients of a torch model on the CPU are reduced where autograd put them (single
         # copies read a peer's private memory by address), not copied into a shared bucket first:
         # that copy is a pass over the gradient every step once zero_grad() hands autograd None.
@@ -1037,8 +1038,8 @@ def _reachable_leaves(output) -> set:
 
 def _overlap_default(pg) -> bool:
     """Reduce buckets on the progress thread while backward goes on, or on the calling thread
-    (pyddp.distributed.backends.cpu.spare_core decides)."""
-    return spare_core(pg._transport, pg.size())
+    (the group decides: ProcessGroup._overlap)."""
+    return pg._overlap()
 
 
 class DistributedDataParallel(metaclass=abc.ABCMeta):
