@@ -141,13 +141,11 @@ class ProcessGroup:
         if self._host is None:
             self._host = next((dc.host for dc in self._decl.values() if dc.host is not None),
                               None)
-        self._host_decl = None if self._host is None else (
-            cpu_decl if self._host is self._cpg else _declared(self._host))
         # a CPU-only group sends everything to self._cpg; others choose by device.  A device
         # array always goes to _device_array (CUDA arrays given to the 'cpu' backend are staged
         # through pinned host memory, as torch's gloo does).
         self._host_run = None if self._host is None else (
-            self._runs["cpu"] if self._host is self._cpg else self._host_decl.run)
+            self._runs["cpu"] if self._host is self._cpg else _declared(self._host).run)
         self._run_cpu = self._runs.get("cpu")
         self._on_device = self._device_array
         self._route = None if cpu_only else self._route_arrays
@@ -345,9 +343,10 @@ class ProcessGroup:
 
     @property
     def _transport(self):
-        """The host arrays' backend's transport: 'shm' (every rank on this host), 'tcp', 'local'
-        (one rank), ..., or None."""
-        return None if self._host_decl is None else self._host_decl.transport
+        """The 'cpu' device's backend's transport: 'shm' (every rank on this host), 'tcp',
+        'local' (one rank), ..., or None (no such backend, or the group is gone)."""
+        d = self._decl.get("cpu") if self._backends is not None else None
+        return None if d is None else d.transport
 
     @property
     def _single_copy(self):
@@ -355,11 +354,10 @@ class ProcessGroup:
         return bool(getattr(self._cpg, "single_copy", False))
 
     def _shared_alloc(self):
-        """``shared_alloc(nbytes)`` of the host arrays' backend when every rank of the group
-        maps this host's memory ('shm'), else None: what DDP's shared buckets and
-        _shared_array need."""
-        d = self._host_decl
-        if d is None or d.shared_alloc is None or d.transport != "shm" or self._host is None:
+        """``shared_alloc(nbytes)`` of the 'cpu' device's backend when every rank of the group
+        maps this host's memory (transport 'shm'), else None: what DDP's shared buckets need."""
+        d = self._decl.get("cpu") if self._backends is not None else None
+        if d is None or d.shared_alloc is None or d.transport != "shm":
             return None
         return d.shared_alloc
 
@@ -373,7 +371,6 @@ class ProcessGroup:
         self._fast = None
         self._cpg = None
         self._run_cpu = self._host_run = None
-        self._host_decl = None
         backends, self._backends = self._backends, None
         done = set()
         for b in (backends or {}).values():
