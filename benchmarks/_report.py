@@ -65,7 +65,7 @@ def _rules():
     """The rules of algorithm choice pyddp's groups apply on this host (pyddp.tools.tune), or None
     when pyddp does not import."""
     try:
-        from pyddp.distributed.backends import tuning
+        from pyddp.distributed.backends.cpu import tuning
     except ImportError:
         return None
     return tuning.describe()

@@ -85,10 +85,10 @@ def warmups(nbytes):
 
 def zeros(count):
     """count float32 zeros on the memory every library gets here: pages of their own, huge from
-    2 MiB on, as a training job's arrays and the tuner's (pyddp.distributed.backends.crossovers.
+    2 MiB on, as a training job's arrays and the tuner's (pyddp.distributed.backends.cpu.crossovers.
     user_array).  From the heap, arrays land on pages of a history of their own, and in one process
     the library whose arrays were made second ran a 1 MiB all_to_all 1.4-1.8x faster."""
-    from pyddp.distributed.backends.crossovers import user_array
+    from pyddp.distributed.backends.cpu.crossovers import user_array
 
     return user_array(count)
 

@@ -149,7 +149,7 @@ def tuned_here():
     PYDDP_TUNING_FILE names one): then "pyddp-untuned" (PYDDP_TUNING=0, the built-in constants)
     differs from "pyddp"."""
     try:
-        from pyddp.distributed.backends import tuning
+        from pyddp.distributed.backends.cpu import tuning
 
         return tuning.path_in_force()[0] is not None
     except (ImportError, ValueError):

@@ -44,7 +44,7 @@ def fmt_size(n):
 
 
 def worker(args):
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     impl = bw.PyddpImpl()  # the collectives as collectives.py runs them, and its NumPy check
     dist, rank, n = impl.dist, impl.rank, impl.world
@@ -135,7 +135,7 @@ def main(argv=None):
     if args.worker:
         worker(args)
         return 0
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     path = tuning.path_in_force()[0]
     if path is None or tuning.phased_for(tuning.load(path), args.nproc, args.nproc) is None:

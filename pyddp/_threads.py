@@ -199,3 +199,23 @@ def limit_for_group(local_ranks: int, rank: int, host_cores: int = 0) -> None:
             "one thread per core in each, which can make training many times slower; install "
             "threadpoolctl (pyddp then limits each rank to its share) or set "
             f"OMP_NUM_THREADS={n} before starting the ranks", RuntimeWarning, stacklevel=2)
+
+
+def spare_core(local_ranks=None) -> bool:
+    """Whether work handed to a progress thread gets a core of its own here (DDP reduces buckets
+    there while backward goes on; the torch bridge runs blocking calls inline otherwise).
+    ``local_ranks``: the ranks of the group on this host when known (its ranks share this host's
+    memory), else the launcher's LOCAL_WORLD_SIZE (1 without one).
+
+    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
+    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
+    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
+    """
+    from . import _config
+
+    v = _config.get("PYDDP_DDP_OVERLAP")
+    if v is not None:
+        return v
+    local = local_ranks if local_ranks is not None else \
+        int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return cores() > local

@@ -14,7 +14,8 @@ import numpy as np
 from .. import _C
 from . import _observe
 from .backends import registry as _registry
-from .backends.interface import Request, runner as _runner
+from .. import _threads
+from .backends.interface import Request, checked as _checked, declared as _declared
 
 __all__ = ["ProcessGroup", "Work", "Future"]
 
@@ -103,33 +104,48 @@ class ProcessGroup:
         self._timeout = timeout
         self._pending = collections.deque()
         self._lock = threading.Lock()
+        Unavailable = _registry.Unavailable
+        live = {d: b for d, b in self._backends.items() if type(b) is not Unavailable}
+        # device type -> the backend object's interface, read once (backends.interface.declared)
+        self._decl = {d: _declared(b) for d, b in live.items()}
+        # device type -> the callable taking a Request: the backend's runner, behind the check of
+        # what its entry declares it supports when that refuses anything (the same words for
+        # every backend; a backend that serves everything is called directly)
+        self._runs = {}
+        for d, decl in self._decl.items():
+            entry = (plan or {}).get(d)
+            supports = getattr(entry, "supports", None)
+            if supports is not None and not supports.refuses_nothing():
+                self._runs[d] = _checked(decl.run, supports, entry.name)
+            else:
+                self._runs[d] = decl.run
         cpu = self._backends.get("cpu")
-        # device type -> the callable taking a Request (backends.interface.runner)
-        self._runs = {d: _runner(b) for d, b in self._backends.items()
-                      if type(b) is not _registry.Unavailable}
         # one backend object for every device (mpi serves cpu and cuda): no routing by device
         cpu_only = cpu is not None and all(b is cpu for b in self._backends.values())
-        # the 'cpu' backend's object, used directly (the C process group for pyddp's own)
-        self._cpg = None if type(cpu) is _registry.Unavailable else cpu
+        # the 'cpu' device's backend object, used directly (the C process group for pyddp's own)
+        self._cpg = live.get("cpu")
+        cpu_decl = self._decl.get("cpu")
         # fast(kind, array, arg) -> bool: a small blocking collective in one C call (shm groups).
         # CPU-only groups: in a group with a device backend the attempt would cost every device
         # array an export (torch's __dlpack__ also orders streams) before it is turned down.
         # (A backend that serves the devices too, as mpi, turns device arrays down at once.)
-        device_live = any(d != "cpu" and type(b) is not _registry.Unavailable and b is not cpu
-                          for d, b in self._backends.items())
-        self._fast = None if device_live else getattr(self._cpg, "fast", None)
+        # Only a backend that refuses nothing: the fast path skips the check of _runs.
+        device_live = any(d != "cpu" and b is not cpu for d, b in live.items())
+        self._fast = None if device_live or cpu_decl is None or \
+            self._runs["cpu"] is not cpu_decl.run else cpu_decl.fast
         if _observe._level >= _observe.DebugLevel.DETAIL:
             self._fast = None  # DETAIL logs every call: all go through _submit
         # host arrays of a group without a 'cpu' backend (object collectives on an nccl group):
         # the host group a device backend keeps beside it
         self._host = self._cpg
         if self._host is None:
-            self._host = next((b.host for b in self._backends.values()
-                               if getattr(b, "host", None) is not None), None)
+            self._host = next((dc.host for dc in self._decl.values() if dc.host is not None),
+                              None)
         # a CPU-only group sends everything to self._cpg; others choose by device.  A device
         # array always goes to _device_array (CUDA arrays given to the 'cpu' backend are staged
         # through pinned host memory, as torch's gloo does).
-        self._host_run = None if self._host is None else _runner(self._host)
+        self._host_run = None if self._host is None else (
+            self._runs["cpu"] if self._host is self._cpg else _declared(self._host).run)
         self._run_cpu = self._runs.get("cpu")
         self._on_device = self._device_array
         self._route = None if cpu_only else self._route_arrays
@@ -229,8 +245,9 @@ class ProcessGroup:
             backend = entry.name
         else:
             backend = "cpu" if hasattr(be, "flight_records") else type(be).__name__
-        transport = getattr(be, "transport", None) or backend
-        explain = getattr(be, "explain", None)
+        decl = _declared(be)
+        transport = decl.transport or backend
+        explain = decl.explain
         if kind in (_C.K_SEND, _C.K_RECV):
             algorithm = "p2p"
             why.append("point to point: the transport's own send and receive")
@@ -310,15 +327,45 @@ class ProcessGroup:
         return ValueError(f"{where}: no backend of group {self._name!r} serves it (its backends: "
                           f"{self._backends_desc()})")
 
+    # ------------------------------------------------ what callers above the seam may ask
+
+    def _declared(self, device):
+        """The declared interface (backends.interface.Declared) of the backend serving
+        ``device``, or None (none does, or it is not in this build, or the group is gone)."""
+        return self._decl.get(device) if self._backends is not None else None
+
+    def _refusal(self, request, device):
+        """The exception the backend serving ``device`` declares for ``request`` (None: served);
+        for calls that do not pass _submit (batch_isend_irecv's batches)."""
+        entry = (self._plan or {}).get(device)
+        supports = getattr(entry, "supports", None)
+        return None if supports is None else supports.refusal(request, entry.name)
+
     @property
     def _transport(self):
-        """'shm' (every rank on this host), 'tcp' or 'local' (one rank)."""
-        return getattr(self._cpg, "transport", None)
+        """The 'cpu' device's backend's transport: 'shm' (every rank on this host), 'tcp',
+        'local' (one rank), ..., or None (no such backend, or the group is gone)."""
+        d = self._decl.get("cpu") if self._backends is not None else None
+        return None if d is None else d.transport
 
     @property
     def _single_copy(self):
         """True when large shared-memory messages move with one copy (cross-memory attach)."""
         return bool(getattr(self._cpg, "single_copy", False))
+
+    def _shared_alloc(self):
+        """``shared_alloc(nbytes)`` of the 'cpu' device's backend when every rank of the group
+        maps this host's memory (transport 'shm'), else None: what DDP's shared buckets need."""
+        d = self._decl.get("cpu") if self._backends is not None else None
+        if d is None or d.shared_alloc is None or d.transport != "shm":
+            return None
+        return d.shared_alloc
+
+    def _overlap(self) -> bool:
+        """Whether work handed to a backend's progress thread gets a core of its own here (DDP
+        reduces buckets there while backward goes on; otherwise right where they become ready):
+        _threads.spare_core, with this group's ranks on this host when they share its memory."""
+        return _threads.spare_core(self._size if self._transport == "shm" else None)
 
     def _destroy(self):
         self._fast = None

@@ -41,7 +41,7 @@ nearly all of them the next).  With each phase in at least a tenth of the rounds
 alone (no tie).  The tuner prints each phase's times, or where one phase was seen, the medians.
 Phases can last minutes, longer than one run: ``--merge`` adds a run's rounds to those the file
 already holds, so runs at different times add up.
-Every rank of a group applies rank 0's rules (backends.tuning), so the choice is the same everywhere.
+Every rank of a group applies rank 0's rules (backends.cpu.tuning), so the choice is the same everywhere.
 
 Online: ``online()`` (or ``PYDDP_TUNING_ONLINE=1`` at ``init_process_group``) measures the same
 candidates on the running job's default group and applies the crossovers to it, agreed the same way
@@ -60,8 +60,8 @@ import sys
 import tempfile
 import time
 
-from pyddp.distributed.backends import crossovers as _crossovers
-from pyddp.distributed.backends.crossovers import (  # noqa: F401  (crossover: API)
+from pyddp.distributed.backends.cpu import crossovers as _crossovers
+from pyddp.distributed.backends.cpu.crossovers import (  # noqa: F401  (crossover: API)
     _NEVER_SMALL, _SHM_KINDS, SHM_TIE, SLOW_FACTOR, _both_phases, _measure, _phase_loss, _table,
     _tie, crossover, phase_times, phased)
 
@@ -81,8 +81,14 @@ def online(kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=1
     """
     import pyddp.distributed as dist
 
-    return _crossovers.online(dist, dist.distributed_c10d._world.default_pg, kinds, min_bytes,
-                              max_bytes, rounds, iters, budget_bytes)
+    pg = dist.distributed_c10d._world.default_pg
+    if pg is None:
+        raise RuntimeError("pyddp.tools.tune.online: call init_process_group first")
+    cpg = pg._cpg
+    if cpg is None or not hasattr(cpg, "set_rules"):
+        raise RuntimeError(f"pyddp.tools.tune.online: the default group's backend {pg._backend!r} "
+                           "has no rules of algorithm choice (backend 'cpu' has)")
+    return _crossovers.online(cpg, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes)
 
 
 def _parse_bytes(text):
@@ -183,7 +189,7 @@ def _worker(args):
     dist.init_process_group("cpu", init_method="env://")
     cpg = dist.distributed_c10d._world.default_pg._cpg
     path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
-    result = _measure(dist, cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
+    result = _measure(cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
                       args.iters, args.budget_bytes, step=args.step)
     dist.barrier()
     if dist.get_rank() == 0:
@@ -322,7 +328,7 @@ def _add_phased(doc, n, results):
 def show(out=sys.stdout, size=None):
     """Print the rules file in force and the rules a group applies (``--show``)."""
     from pyddp import _C, _config
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     path, explicit = tuning.path_in_force()
     print(f"host: {json.dumps(tuning.host_facts())}", file=out)
@@ -440,7 +446,7 @@ def main(argv=None):
         ap.error("--min-bytes is larger than --max-bytes")
 
     import pyddp
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     facts = tuning.host_facts()
     doc = {"format": tuning.FORMAT, "host": facts,

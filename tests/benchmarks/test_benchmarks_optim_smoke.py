@@ -7,10 +7,12 @@ import sys
 import pytest
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 
 
+@FULL
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("script,args", [("optim.py", ["--numel", "2e5", "--reps", "2", "--quick"]),
                                          ("amp.py", ["--numel", "2e5", "--reps", "2"])])

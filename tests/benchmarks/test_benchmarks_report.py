@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 BENCH = os.path.join(ROOT, "benchmarks")
@@ -67,6 +68,7 @@ def test_table_shape_alignment_and_errors():
     assert out[-2:] == ["", "n1"]
 
 
+@FULL
 @pytest.mark.timeout(120)
 def test_sampler_quick_prints_a_generated_block():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

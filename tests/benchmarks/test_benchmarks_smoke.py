@@ -67,6 +67,7 @@ def _worker_module():
     return _load("bench_worker", os.path.join(ROOT, "benchmarks", "bench_worker.py"))
 
 
+@FULL
 @pytest.mark.timeout(180)
 def test_collectives_quick_table(tmp_path):
     _need_process_groups()
@@ -210,6 +211,7 @@ def test_table_without_peers():
     assert len(targets) == 1 and "pyddp/memcpy" in targets[0] and "gloo" not in targets[0], targets
 
 
+@FULL
 def test_plot(tmp_path):
     if not _has_matplotlib():
         pytest.skip("matplotlib is not installed (or cannot run under the ASan runtime)")
@@ -280,6 +282,7 @@ def test_torch_backend_quick_table():
     assert abs(float(m.group(1)) - ratio) <= 0.0011 and abs(float(m.group(2)) - want) <= 0.0021, out
 
 
+@FULL
 @pytest.mark.timeout(180)
 def test_mpi_overhead_quick_table():
     """benchmarks/mpi_overhead.py, tiny: raw mpi4py and backend mpi in one launch, every row, the
@@ -448,6 +451,7 @@ def test_collectives_loop_timing_runs_calls_back_to_back(tmp_path):
                 assert r["iters"] == b * per, r
 
 
+@FULL
 def test_interleaved_quick_table():
     """benchmarks/interleaved.py, tiny: pyddp and Open MPI in the same processes, every row of the
     ratio table and of the times table, both libraries checked against NumPy (skipped without
@@ -515,7 +519,7 @@ def test_phases_quick_table(tmp_path):
     facts, so that this host reads it): every row filed under a phase, both configurations checked
     against NumPy first; without such a file it says so and exits 0."""
     _need_process_groups()
-    from pyddp.distributed.backends import tuning
+    from pyddp.distributed.backends.cpu import tuning
 
     script = os.path.join(ROOT, "benchmarks", "phases.py")
     env = dict(_env_with_this_pyddp(), PYDDP_TUNING="0")

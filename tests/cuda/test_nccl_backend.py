@@ -429,6 +429,7 @@ def _destroy_hung(rank, n):
     return time.monotonic() - t0
 
 
+@FULL
 def test_destroy_never_hangs():
     for took in _spawn(_destroy_hung, 2, env=_env(PYDDP_NCCL_CHECK=0)):
         assert took < 12.0
@@ -748,7 +749,7 @@ def _p2p_stall(rank, n, how):
         return "DistBackendError", time.monotonic() - t0, str(e)
 
 
-@pytest.mark.parametrize("how", ["timeout", "dead", *full("sigint")])
+@pytest.mark.parametrize("how", [*full("timeout"), "dead", *full("sigint")])
 def test_send_whose_peer_never_posts_ends_within_the_timeout(how):
     """A send whose peer never posts stays ncclInProgress inside NCCL: the launch is bounded by the
     group timeout, a dead peer noticed by the watchdog aborts it at once, and Ctrl-C interrupts it
@@ -843,6 +844,7 @@ def _abort_keeps_arrays(rank, n):
     return early, failed, gone.is_set()
 
 
+@FULL
 def test_aborted_work_keeps_its_arrays_until_the_abort_returned():
     outs = _spawn(_abort_keeps_arrays, 2, env=_env(PYDDP_NCCL_CHECK=0, FAKENCCL_ABORT_DELAY_MS=1000))
     early, failed, freed = outs[0]

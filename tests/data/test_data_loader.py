@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from _tiers import FULL
+
 import pyddp
 from pyddp.utils.data import (ConcatDataset, DataLoader, Dataset,
                               DistributedSampler, IterableDataset, Subset,
@@ -329,6 +331,7 @@ class _Slow(Dataset):
         return i
 
 
+@FULL
 def test_dead_worker_and_timeout():
     it = iter(DataLoader(_Dies(), batch_size=2, num_workers=2))
     pids = _pids(it)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from _mp import run
+from _tiers import full
 
 pytestmark = pytest.mark.timeout(180)
 SIZES = (256, 1 << 16, 1 << 18)   # elements per block: banks, and single copies from 64 KiB
@@ -46,7 +47,7 @@ def _inplace(rank, world_size):
     return bad
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, *full(3)])
 def test_all_to_all_in_place_is_exact(n):
     assert run(_inplace, n, timeout=150, env=CMA) == [[]] * n
 

@@ -344,6 +344,7 @@ def _slow_peer_child(rank, ws, slow, mode):
     return {"bad": bad, "elapsed": time.monotonic() - t0, "cycles": cycles[0], "rounds": rounds}
 
 
+@FULL
 @pytest.mark.parametrize("mode", ["sleep", "duty_cycle"])
 def test_a_peer_slowed_10x_gives_right_results_and_no_spurious_timeout(mode):
     slow = 2
@@ -813,6 +814,7 @@ def _stop_inside(kind, root, victim, transport):
     assert not problems, f"{kind} root {root}, rank {victim} stopped, {transport}:\n" + "\n".join(problems)
 
 
+@FULL
 @pytest.mark.parametrize("transport", ["shm", *full("tcp")])
 @pytest.mark.parametrize("kind,root,victim", _STOP_PARAMS)
 def test_a_rank_stopped_inside_any_collective_is_named_by_the_timeout(kind, root, victim, transport):
@@ -924,6 +926,7 @@ def _slow_peers_child(rank, ws, flag, hold):
     return True
 
 
+@FULL
 def test_an_idle_stranger_is_dropped_after_its_own_5_s_bound(tmp_path):
     # concurrency must not lift the bound on each connection: a stranger that says nothing is
     # hung up on after about 5 s, while rank 0 still waits for its peers

@@ -14,7 +14,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
-from _tiers import full
+from _tiers import FULL, full
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -354,7 +354,7 @@ def _three_rank_jobs(names):
     return {n for n in names if n.split(".")[1] in jobs}
 
 
-@pytest.mark.parametrize("mode", ["normal", "raise", "kill"])
+@pytest.mark.parametrize("mode", ["normal", "raise", *full("kill")])
 def test_nothing_is_left_in_dev_shm(mode):
     before = _segments()
     outs = run_outcomes(_listing_child, 3, mode, env={"PYDDP_TRANSPORT": "shm"}, timeout=60,
@@ -413,6 +413,7 @@ def _dead_peer_child(rank, ws, count):
     return None
 
 
+@FULL
 @pytest.mark.parametrize("count", [16, *full(4 << 20)])
 def test_a_killed_peer_is_detected_within_five_seconds(count):
     outs = run_outcomes(_dead_peer_child, 3, count, env={"PYDDP_TRANSPORT": "shm"},

@@ -12,7 +12,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
-from _tiers import full
+from _tiers import FULL, full
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -107,7 +107,7 @@ def _expected(counts):
 _COUNTS = [0, 1, 7, 1000, 4097, 65_537, 100_003, 300_001, 700_001]
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("ws", [2, *full(3)])
 def test_every_collective_matches_numpy_with_single_copies_forced(ws):
     res = run(_every_collective_child, ws, True, _COUNTS,
               env={"PYDDP_TRANSPORT": "shm", "PYDDP_CMA": None, "PYDDP_CMA_THRESHOLD": "0"},
@@ -115,6 +115,7 @@ def test_every_collective_matches_numpy_with_single_copies_forced(ws):
     assert res == [_expected(_COUNTS)] * ws, res
 
 
+@FULL
 def test_uneven_single_copy_shares_of_three_ranks_with_a_core_each_match_numpy():
     # with a core per rank, reduce gives its root a larger slice and gather's root reads the tail of
     # every sender's block (csrc/coll/allreduce_cma.c, gather_cma.c); this machine has 2 cores, so
@@ -126,6 +127,7 @@ def test_uneven_single_copy_shares_of_three_ranks_with_a_core_each_match_numpy()
     assert res == [_expected(_COUNTS)] * 3, res
 
 
+@FULL
 def test_ranks_that_count_cores_differently_agree_on_the_shares():
     # whether the shares are uneven is agreed at attach (every rank's answer ANDed), never a rank's
     # own count: of 3 ranks on this 2-core machine one is told it has a core of its own, the others
@@ -176,6 +178,7 @@ def _killed_child(rank, ws, kind):
     return None
 
 
+@FULL
 @pytest.mark.parametrize("kind", [*full("broadcast"), "all_reduce", *full("all_gather")])
 def test_a_rank_killed_during_single_copies_is_named_within_seconds(kind):
     outs = run_outcomes(_killed_child, 3, kind,

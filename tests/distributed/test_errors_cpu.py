@@ -379,8 +379,8 @@ def _mismatch_child(rank, ws, case):
     return res
 
 
-# quick tier: the first six mismatches at 2 ranks (each call waits a second); --full every one, and 3, 4 ranks
-@pytest.mark.parametrize("ws,case", [pytest.param(2, c, marks=FULL if i >= 6 else ())
+# quick tier: the first three mismatches at 2 ranks (each call waits a second); --full every one, and 3, 4 ranks
+@pytest.mark.parametrize("ws,case", [pytest.param(2, c, marks=FULL if i >= 3 else ())
                                      for i, c in enumerate(_MISMATCH_WORDS)]
                          + [pytest.param(*c, marks=FULL) for c in [(3, "count"), (3, "kind"), (4, "dtype")]])
 def test_mismatched_collectives_raise_dist_error_on_every_rank_quickly(ws, case):
@@ -649,7 +649,7 @@ def _resolver_child(rank, ws):
     return {"type": None}
 
 
-@pytest.mark.parametrize("host", ["no-such-host.invalid", "999.1.1.1"])
+@pytest.mark.parametrize("host", ["no-such-host.invalid", *full("999.1.1.1")])
 def test_master_addr_that_does_not_resolve_fails_in_seconds_naming_it(host):
     # nothing was said until the 30-minute init timeout, even with PYDDP_DEBUG=INFO
     try:

@@ -155,7 +155,7 @@ def _world_child(rank, ws):
     return _init_timed(rank)
 
 
-@pytest.mark.parametrize("n,odd,size", [(2, 1, 3), (4, 2, 3), (4, 0, 5)])
+@pytest.mark.parametrize("n,odd,size", [(2, 1, 3), (4, 2, 3), pytest.param(4, 0, 5, marks=FULL)])
 def test_ranks_with_different_world_sizes_fail_on_every_rank_at_once(n, odd, size):
     outs = run_outcomes(_world_child, n, init=False, rank_env={odd: {"WORLD_SIZE": str(size)}},
                         timeout=90)
@@ -170,6 +170,7 @@ def test_ranks_with_different_world_sizes_fail_on_every_rank_at_once(n, odd, siz
           + ", ".join(f"{o.value['after']:.2f} s" for o in outs))
 
 
+@FULL
 def test_two_processes_started_as_one_rank_fail_on_every_rank_at_once():
     # RANK=1 twice (a typo in one shell): rank 2 never comes, and waiting for it would hide why
     outs = run_outcomes(_world_child, 3, init=False, rank_env={2: {"RANK": "1"}}, timeout=90)

@@ -14,6 +14,7 @@ import pytest
 
 import pyddp.distributed as dist
 from _mp import run, run_outcomes
+from _tiers import FULL
 
 td = datetime.timedelta
 
@@ -439,6 +440,7 @@ def _exit_no_wait(rank, world_size):
     return time.monotonic() - t0
 
 
+@FULL
 def test_exit_timeout_zero_does_not_wait_for_the_peer():
     took = run(_exit_no_wait, 2, init=False, env={"PYDDP_EXIT_TIMEOUT": "0"}, timeout=60)
     assert took[0] < 2.0
@@ -453,6 +455,7 @@ class _Slow:
         return np.zeros(2)
 
 
+@FULL
 def test_dataloader_timeout_raises_at_the_timeout():
     from pyddp.utils.data import DataLoader
 

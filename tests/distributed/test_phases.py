@@ -10,7 +10,7 @@ from _mp import run
 
 import pyddp
 from pyddp import _C
-from pyddp.distributed.backends import tuning
+from pyddp.distributed.backends.cpu import tuning
 
 KINDS = list(tuning.KIND_NAMES)
 
@@ -181,7 +181,7 @@ def test_each_phase_gets_the_crossover_of_its_own_rounds():
     docs' VM, where data crossing between cores in the slow phase makes the banks 4-5x slower):
     the fast table keeps the banks to 2 MiB, the slow one takes single copies from 64 KiB, and the
     table for both phases goes by the worse phase."""
-    from pyddp.distributed.backends.crossovers import _table, phased
+    from pyddp.distributed.backends.cpu.crossovers import _table, phased
     from pyddp.tools.tune import weigh_phases
 
     sizes = [(z, 10.0 * i, 40.0 * i if z >= 65536 else 10.0 * i, 12.0 * i if z <= 2 << 20 else

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from _mp import run
+from _tiers import FULL
 
 import pyddp
 from pyddp import _C
-from pyddp.distributed.backends import tuning
+from pyddp.distributed.backends.cpu import tuning
 from pyddp.tools.tune import crossover
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pyddp.__file__)))
@@ -176,7 +177,7 @@ def test_a_gap_of_banks_reaches_every_rank_and_results_stay_exact(tmp_path):
 
 
 def test_gap_is_the_band_where_the_first_candidate_wins_again():
-    from pyddp.distributed.backends.crossovers import gap
+    from pyddp.distributed.backends.cpu.crossovers import gap
 
     # the 2-rank all_gather of the 2-core VM (us, banks / single copies, 2026-11-28 10:44):
     # single copies from 16K, the banks faster at 512K-1M, single copies again from 2M
@@ -197,7 +198,7 @@ def test_gap_is_the_band_where_the_first_candidate_wins_again():
     assert crossover(rows3) is None and gap(rows3, crossover(rows3)) is None
     assert gap(rows, None) is None and gap([], 1) is None
     # the tables take a gap only from measurements of GAP_ROUNDS rounds or more
-    from pyddp.distributed.backends.crossovers import _table
+    from pyddp.distributed.backends.cpu.crossovers import _table
 
     def res(k):   # k rounds per size, in both phases (each phase's times decide: no tie)
         probes = [50.0, 500.0, 50.0][:k]
@@ -345,6 +346,7 @@ def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
         assert res[0][0][_C.K_ALLREDUCE] == cma
 
 
+@FULL
 def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     """--merge: the second run's rounds are the first run's plus its own at every size, the TCP
     measurement and table the second run skipped (--no-tcp) are kept, and the file records what it
@@ -418,7 +420,7 @@ def test_merge_rounds_takes_the_median_over_both_runs():
 def test_merge_keeps_the_collectives_this_run_did_not_measure():
     """--kinds reduce --merge: the other collectives keep the file's measurement (their plain
     medians and rounds), so their rules are not lost to the built-in constants."""
-    from pyddp.distributed.backends.crossovers import _table
+    from pyddp.distributed.backends.cpu.crossovers import _table
     from pyddp.tools.tune import merge_rounds
 
     new = {"path": "shm", "ranks": 2, "single_copy": True,
@@ -436,7 +438,7 @@ def test_merge_keeps_the_collectives_this_run_did_not_measure():
 
 
 def test_weighed_phases_decide_without_the_tie():
-    from pyddp.distributed.backends.crossovers import SHM_TIE, _table, _tie
+    from pyddp.distributed.backends.cpu.crossovers import SHM_TIE, _table, _tie
 
     assert _tie({"path": "tcp"}) == 0.0
     assert _tie({"path": "shm"}) == SHM_TIE
@@ -456,7 +458,7 @@ def test_the_worse_phase_decides_each_size_whatever_share_of_rounds_it_had():
     candidate 1.65x slower in the fast phase and 2.8x faster in the slow one is taken however few
     rounds ran slow (the 4-rank reduce of the docs' VM at 1 MiB: banks 164/938 us fast/slow, single
     copies 271/330).  Weighing the phases by their share of rounds (10% slow here) kept the banks."""
-    from pyddp.distributed.backends.crossovers import _table, phase_times
+    from pyddp.distributed.backends.cpu.crossovers import _table, phase_times
     from pyddp.tools.tune import weigh_phases
 
     fast, slow = 50.0, 300.0
@@ -485,7 +487,7 @@ def test_one_sizes_stray_slow_rounds_do_not_outweigh_its_neighbours():
     as the median of its own and its neighbours' (smooth_phases), so one size whose slow rounds
     landed far off (the 4-rank reduce of the docs' VM: banks 264 us at 1 MiB in the slow phase,
     393 at 512 KiB, 1635 at 2 MiB) does not keep the banks there."""
-    from pyddp.distributed.backends.crossovers import _table, smooth_phases
+    from pyddp.distributed.backends.cpu.crossovers import _table, smooth_phases
     from pyddp.tools.tune import weigh_phases
 
     fast, slow = 50.0, 300.0
@@ -664,7 +666,7 @@ def test_the_tuners_arrays_are_like_a_jobs_on_pages_of_their_own():
     import gc
     import re
 
-    from pyddp.distributed.backends.crossovers import HUGE_PAGE, user_array
+    from pyddp.distributed.backends.cpu.crossovers import HUGE_PAGE, user_array
 
     for count, value in ((1, 3.0), (1000, 0.0), (HUGE_PAGE // 4, 1.0), (HUGE_PAGE, 2.5)):
         a = user_array(count, value)

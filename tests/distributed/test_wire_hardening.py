@@ -20,7 +20,7 @@ import _peers as P  # noqa: E402
 
 from pyddp import _C  # noqa: E402
 from pyddp.distributed import DistError, TCPStore  # noqa: E402
-from pyddp.distributed import distributed_c10d as dc  # noqa: E402
+from pyddp.distributed import _object_collectives as oc  # noqa: E402
 
 GIB = 1 << 30
 
@@ -226,13 +226,13 @@ def test_cuda_array_interface_beyond_py_ssize_t_is_a_value_error():
 
 def test_object_envelope_sizes_are_checked_before_allocating():
     with pytest.raises(DistError, match="rank 3 announced a pickle of -1 bytes"):
-        dc._envelope_sizes(np.array([5, -1], np.int64), "broadcast_object_list", lambda i: 3)
+        oc._envelope_sizes(np.array([5, -1], np.int64), "broadcast_object_list", lambda i: 3)
     with pytest.raises(DistError, match=str(2**60)):
-        dc._envelope_sizes(np.array([2**60], np.int64), "scatter_object_list", lambda i: 0)
+        oc._envelope_sizes(np.array([2**60], np.int64), "scatter_object_list", lambda i: 0)
     with pytest.raises(DistError):   # an int64 sum would wrap to 0
-        dc._envelope_sizes(np.array([2**62] * 4, np.int64), "all_gather_object", lambda i: i)
-    assert dc._envelope_sizes(np.array([3, 0, 7], np.int64), "x", lambda i: 0) == [3, 0, 7]
+        oc._envelope_sizes(np.array([2**62] * 4, np.int64), "all_gather_object", lambda i: i)
+    assert oc._envelope_sizes(np.array([3, 0, 7], np.int64), "x", lambda i: 0) == [3, 0, 7]
     with pytest.raises(DistError, match="10 bytes of pickles received"):
-        dc._unpickle_concat(np.zeros(10, np.uint8), [4, 4], "broadcast_object_list")
+        oc._unpickle_concat(np.zeros(10, np.uint8), [4, 4], "broadcast_object_list")
     with pytest.raises(DistError, match="announced 9 bytes but 4 arrived"):
-        dc._unpickle_rows([np.zeros(4, np.uint8)], [9], "gather_object")
+        oc._unpickle_rows([np.zeros(4, np.uint8)], [9], "gather_object")

@@ -13,7 +13,7 @@ import pytest
 import pyddp
 
 import _paths
-from _tiers import full
+from _tiers import FULL, full
 
 ROOT = _paths.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -143,6 +143,7 @@ def test_train_digits_single_process_sgd(tmp_path):
     assert os.listdir(tmp_path / "runs" / "digits") == ["digits_ckpt.pt"]   # --plot '': no PNG
 
 
+@FULL
 @pytest.mark.parametrize("opt_level", ["O1", *full("O2")])
 def test_train_digits_amp(tmp_path, opt_level):
     pytest.importorskip("pyddp.amp", reason="pyddp.amp (apex-style amp) is not in this build")

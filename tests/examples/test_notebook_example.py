@@ -8,11 +8,13 @@ import pytest
 import pyddp
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
+@FULL
 @pytest.mark.timeout(240)
 def test_notebook_example_executes():
     nbformat = pytest.importorskip("nbformat")

@@ -1,5 +1,5 @@
 """Fuzz target: the envelopes of the object collectives, before unpickling
-(pyddp/distributed/distributed_c10d.py: _envelope_sizes, _unpickle_concat, _unpickle_rows).
+(pyddp/distributed/_object_collectives.py: _envelope_sizes, _unpickle_concat, _unpickle_rows).
 
 A receiving rank gets the pickles' sizes (int64, announced by the senders), allocates from
 them, receives the bytes and unpickles each object.  The input gives the announced sizes (any
@@ -29,9 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import atheris  # noqa: E402
 import numpy as np  # noqa: E402
 
-with atheris.instrument_imports(include=["pyddp.distributed.distributed_c10d", "_peers"]):
+with atheris.instrument_imports(include=["pyddp.distributed._object_collectives", "_peers"]):
     import _peers as P  # noqa: E402
-    from pyddp.distributed import distributed_c10d as dc  # noqa: E402
+    from pyddp.distributed import _object_collectives as dc  # noqa: E402
 
 
 class _NoGlobals(pickle.Unpickler):

@@ -35,8 +35,11 @@ def test_every_target_is_run_here():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_fuzz_target(name, tmp_path):
-    ok, inputs, took, tail = run_all.run_target(name, RUNS[name], SECONDS, None, str(tmp_path),
+def test_fuzz_target(name, tmp_path, request):
+    # the quick tier: a quarter of the inputs, at most 2 s a target; --full the whole short run
+    quick = request.config.getoption("tier") == "quick"
+    runs, seconds = (max(RUNS[name] // 4, 1), 2) if quick else (RUNS[name], SECONDS)
+    ok, inputs, took, tail = run_all.run_target(name, runs, seconds, None, str(tmp_path),
                                                 seed=12345, timeout=90)
     assert ok, f"fuzz target {name} failed after {inputs} inputs:\n{tail}"
     assert inputs > 0, tail

@@ -210,6 +210,7 @@ def test_no_generation_from_the_launcher_is_an_error_not_a_wait(monkeypatch):
     assert time.monotonic() - t0 < 30
 
 
+@FULL
 @pytest.mark.parametrize("framework", ["pyddp", "torch"])
 def test_ddp_models_recover_and_end_close_to_a_fault_free_run(framework):
     """DDP re-wrapped at each re-form, SGD with momentum (the optimizer's state rolls back too);
@@ -315,6 +316,7 @@ def test_a_node_that_arrives_late_is_admitted_at_a_commit(fault_free):
     assert late["entries"][0][1] > 0  # it got the running job's state, not step 0
 
 
+@FULL
 def test_a_lost_node_costs_the_steps_since_the_commit_not_the_job(fault_free):
     # node 1 (its agent, then its workers by the parent-death signal) is SIGKILLed mid-training
     agents, res = _agents([(0, 2, []), (0.5, 2, [])], kill_after=(1, 2.5))

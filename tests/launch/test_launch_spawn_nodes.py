@@ -214,6 +214,7 @@ def test_slurm_tasks_each_spawning_with_file_init_run(tmp_path):
     assert not any("runs without a secret" in out for out in outs), outs
 
 
+@FULL
 def test_a_slurm_task_whose_rank_0_shares_no_secret_says_so(tmp_path):
     # task 0 has PYDDP_SECRET exported, task 1 not: task 1's ranks wait for a secret from rank 0
     # through the file that never comes, and say why at their timeout instead of a bare key name

@@ -123,6 +123,7 @@ def _port():
     return 20000 + uuid.uuid4().int % 9000
 
 
+@FULL
 @pytest.mark.timeout(300)
 def test_slurm_sbatch_with_pyddp_run(two_hosts, tmp_path):  # noqa: F811
     h1, h2 = two_hosts
@@ -201,6 +202,7 @@ def test_pyddp_run_on_two_hosts(two_hosts, tmp_path, how):  # noqa: F811
     assert _accuracy(results[0][1]) > 0.5
 
 
+@FULL
 @pytest.mark.timeout(300)
 def test_mpirun_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
     """mpirun -H host0:2,host1:2 -x MASTER_ADDR -x PYDDP_SECRET python train.py, Open MPI's own

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from _tiers import full
+
 from test_porting import PORTING, _free_port, _port_import, _run
 
 FILES = sorted(glob.glob(os.path.join(PORTING, "fidelity_*.py")))
@@ -73,7 +75,7 @@ def test_spawn_store_script_prints_what_torch_prints(tmp_path):
     assert _spawn_lines(ours) == _spawn_lines(theirs) and len(_spawn_lines(ours)) == 2, out + tout
 
 
-@pytest.mark.parametrize("launcher", ["run", "launch"])
+@pytest.mark.parametrize("launcher", ["run", *full("launch")])
 def test_errors_script_under_launchers(tmp_path, launcher):
     script = os.path.join(PORTING, "fidelity_torchrun_errors.py")
     if launcher == "run":

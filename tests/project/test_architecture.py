@@ -246,16 +246,22 @@ def test_the_torch_bridge_routes_through_process_group():
     (its methods end in ProcessGroup._submit; no call of a C group's submit or a backend's run)."""
     bridge = "pyddp.distributed.torch_bridge"
     g = import_graph(ROOT, "pyddp")
-    assert "pyddp.distributed.process_group" in g[bridge]
+    assert "pyddp.distributed.process_group" in g[bridge + ".group"]
     assert reaches(g, bridge, API) is None
-    assert not any(reaches(g, b, bridge) for b in g if b.startswith(BACKENDS))
-    with open(os.path.join(ROOT, "pyddp", "distributed", "torch_bridge.py"),
-              encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    calls = {n.func.attr for n in ast.walk(tree)
+    assert not any(reaches(g, b, bridge) or reaches(g, b, bridge + ".group")
+                   for b in g if b.startswith(BACKENDS))
+    files = [p for m, p in modules(ROOT, "pyddp").items() if m == bridge or
+             m.startswith(bridge + ".")]
+    assert len(files) > 1  # a package: group, work, nccl
+    trees = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            trees.append(ast.parse(f.read()))
+    nodes = [n for tree in trees for n in ast.walk(tree)]
+    calls = {n.func.attr for n in nodes
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert "_submit" in calls and "submit" not in calls
-    runs = [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)
+    runs = [ast.unparse(n.func) for n in nodes if isinstance(n, ast.Call)
             and isinstance(n.func, ast.Attribute) and n.func.attr == "run"]
     assert runs == ["be.run"], runs  # only _TorchNccl.run, the group's 'cuda' backend, calls
     # the NCCL backend it wraps

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import _paths
+from _tiers import FULL
 
 ROOT = _paths.ROOT
 CSRC = os.path.join(ROOT, "csrc")
@@ -87,7 +88,7 @@ def _compiler():
 
 # "dispatch" is the library as shipped (F16C / AVX2 cast paths where the CPU has them);
 # "portable" compiles those out, so the portable casts meet numpy on every machine.
-@pytest.fixture(scope="module", params=["dispatch", "portable"])
+@pytest.fixture(scope="module", params=["dispatch", pytest.param("portable", marks=FULL)])
 def lib(request, tmp_path_factory):
     if not sys.platform.startswith("linux") and sys.platform != "darwin":
         pytest.skip("builds a shared library with a Unix C compiler")

@@ -279,7 +279,7 @@ def test_torch_cuda_tensor_futures_record_their_events_on_the_communicators_stre
 
     from pyddp import torch_backend as tb
 
-    monkeypatch.setattr(tb, "Future", _FakeFuture)
+    monkeypatch.setattr(tb.work, "Future", _FakeFuture)  # (torch_bridge.work makes the futures)
     monkeypatch.setattr(torch.cuda, "stream", _fake_stream_ctx)
     monkeypatch.setattr(torch.cuda, "ExternalStream",
                         lambda ptr, device=None: ("external", ptr, device))
@@ -306,7 +306,7 @@ def test_cuda_array_futures_order_the_arrays_stream_at_launch(monkeypatch):
 
     from pyddp import torch_backend as tb
 
-    monkeypatch.setattr(tb, "Future", _FakeFuture)
+    monkeypatch.setattr(tb.work, "Future", _FakeFuture)  # (torch_bridge.work makes the futures)
     _FakeFuture.made.clear()
     nw = _FakeNcclWork(types.SimpleNamespace(stream=0x7f00, device=0))
     arr = object()

@@ -9,6 +9,15 @@ methods would be a dozen places for each backend to forget a check, a timeout or
 compare.  A new kind (``K_*`` in the C core's table) then reaches every backend without touching
 the interface.
 
+What a backend serves is declared, not found out by calling it: its registry entry names the
+devices and a ``Supports`` record (kinds, dtypes, the dtypes and ReduceOps it reduces, receives
+from any source), and ProcessGroup refuses anything outside it above the seam, with one wording
+for every backend, before a rank sends a byte (torch's Backend base class does the same).  The
+optional members a backend may have (``fast``, ``split``, ``host``, ``shared_alloc``,
+``batch_p2p``, ``explain``, ``set_barrier_device``, ``transport``, ``error``, ``fail``) are
+declared on ``Backend`` with None for "has none" and read once per backend object
+(``declared``), never looked up call by call.
+
 The record's fields are in the order of the C process group's ``submit`` (the 'cpu' backend's
 object is ``pyddp._C.ProcessGroup`` itself), so ``submit(*request)`` is the same call spelt
 positionally; ``runner()`` gives the one callable ProcessGroup calls for either spelling.
@@ -18,7 +27,8 @@ from __future__ import annotations
 import abc
 from typing import NamedTuple, Optional, Protocol, runtime_checkable
 
-__all__ = ["Request", "Backend", "Work", "Completed", "Rendezvous", "BackendOptions", "runner"]
+__all__ = ["Request", "Backend", "Work", "Completed", "Rendezvous", "BackendOptions", "runner",
+           "Supports", "Declared", "declared", "checked", "OPTIONAL"]
 
 
 class Request(NamedTuple):
@@ -77,18 +87,36 @@ class Backend(abc.ABC):
     """A group's backend object for the devices its registry entry serves; one per group and rank,
     made by the entry's factory from a ``BackendOptions``.
 
-    Optional members ProcessGroup uses when present: ``fast(kind, array, arg[, input[, root]])``
-    (a small blocking collective on the default group in one call; False: not handled, the call
-    then goes through ``run``), ``transport`` (a word for logs), ``shared_alloc(nbytes)``, ``host``
-    (a host group beside a device backend, for object collectives), ``split(rank, size)`` (new
-    communicators for new_group, every rank of the parent taking part), ``batch_p2p(ops)``,
-    ``explain(kind, dtype, count)`` (``(transport, algorithm)`` a collective of count elements
-    would run with, asked of the code that decides it; without it pyddp.distributed.explain says
-    the backend chooses)."""
+    Two members are required, ``run`` and ``destroy``.  The others are optional: None here means
+    "this backend has none", and ProcessGroup reads them once per object (``declared``):
+
+    - ``fast(kind, array, arg[, input[, root]]) -> bool``: a small blocking collective on the
+      default group in one call (False: not handled, the call then goes through ``run``); taken
+      only for a backend whose ``Supports`` refuses nothing;
+    - ``split(rank, size) -> {device: communicator}``: new communicators for new_group, every
+      rank of the parent taking part (rank None: a non-member);
+    - ``host``: a host group beside a device backend (object collectives, host arrays of a
+      device-only group), itself a backend object;
+    - ``shared_alloc(nbytes)``: a buffer every rank of the host maps (DDP's shared buckets);
+    - ``batch_p2p(ops) -> Work``: ``[(is_send, view, peer)]`` as one group of sends and receives;
+    - ``explain(kind, dtype, count) -> (transport, algorithm)``: what a collective would run with,
+      asked of the code that decides it (without it pyddp.distributed.explain says the backend
+      chooses);
+    - ``set_barrier_device(index)``: barrier(device_ids=[index]) runs the next barrier there;
+    - ``transport``: a word for logs and explain ('shm': every rank shares this host's memory);
+    - ``error`` (the group's first fatal error, or None) and ``fail(msg)`` (make it the group's
+      error, tell the peers): what a device backend watches its host group with."""
 
     fast = None
-    transport = None
+    split = None
     host = None
+    shared_alloc = None
+    batch_p2p = None
+    explain = None
+    set_barrier_device = None
+    transport = None
+    error = None
+    fail = None
 
     @abc.abstractmethod
     def run(self, request: Request):
@@ -97,6 +125,133 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def destroy(self) -> None:
         """Release everything; pending works fail or finish. Called once."""
+
+
+# the optional members of Backend, in the order of Declared's fields after run
+OPTIONAL = ("fast", "split", "host", "shared_alloc", "batch_p2p", "explain",
+            "set_barrier_device", "transport")
+
+
+class Declared(NamedTuple):
+    """A backend object's interface as ProcessGroup uses it, read once (``declared``): its runner
+    and its optional members (None: it has none).  ``error`` and ``fail`` change or act on the
+    object, so they are read from it where used."""
+
+    run: object
+    fast: object = None
+    split: object = None
+    host: object = None
+    shared_alloc: object = None
+    batch_p2p: object = None
+    explain: object = None
+    set_barrier_device: object = None
+    transport: Optional[str] = None
+
+
+def declared(obj) -> Declared:
+    """The ``Declared`` record of backend object ``obj`` (a Backend, the C process group, or a
+    user's object written against either)."""
+    return Declared(runner(obj), *(getattr(obj, m, None) for m in OPTIONAL))
+
+
+_KIND_NAMES = None  # kind code -> name, dtype code -> name, op code -> name (pyddp._C's tables)
+
+
+def _names():
+    global _KIND_NAMES
+    if _KIND_NAMES is None:
+        from ... import _C
+
+        _KIND_NAMES = ({v["code"]: k for k, v in _C.KINDS.items()},
+                       {v: k for k, v in _C.DTYPE_CODES.items()},
+                       {v: k for k, v in _C.REDUCE_OPS.items()},
+                       {v["code"] for v in _C.KINDS.values() if v["reduces"]},
+                       _C.KINDS["recv"]["code"])
+    return _KIND_NAMES
+
+
+def _listed(names) -> str:
+    return ", ".join(sorted(names))
+
+
+class Supports(NamedTuple):
+    """What a backend serves, besides its devices (a registry entry's ``supports``).  None: every
+    kind, dtype or op pyddp has (pyddp._C.KINDS, DTYPE_CODES, REDUCE_OPS: names as there).
+
+    ``kinds``: collective kinds it runs; ``dtypes``: dtypes it moves at all; ``reduce_dtypes``:
+    dtypes the reducing kinds (all_reduce, reduce, reduce_scatter) take; ``ops``: the ReduceOps
+    they take; ``any_source``: recv without src.  ProcessGroup asks ``refusal`` before it hands a
+    request to the backend; a Supports() that refuses nothing costs no call at all."""
+
+    kinds: Optional[frozenset] = None
+    dtypes: Optional[frozenset] = None
+    reduce_dtypes: Optional[frozenset] = None
+    ops: Optional[frozenset] = None
+    any_source: bool = True
+
+    def refuses_nothing(self) -> bool:
+        """True for the backend that serves every request (no check is made)."""
+        return self == _EVERYTHING
+
+    def refusal(self, request, backend: str):
+        """The exception for a request this backend does not serve (naming the argument and what
+        the backend supports), or None."""
+        kinds, dtypes, ops, reducing, recv = _names()
+        name = request.name or kinds.get(request.kind, "collective")
+        kind = kinds.get(request.kind, str(request.kind))
+        if self.kinds is not None and kind not in self.kinds:
+            return NotImplementedError(
+                f"{name}: backend {backend!r} does not support {kind}; it supports "
+                f"{_listed(self.kinds)}")
+        has_arrays = request.inputs or request.outputs
+        dtype = dtypes.get(request.dtype, str(request.dtype))
+        if has_arrays and self.dtypes is not None and dtype not in self.dtypes:
+            return TypeError(f"{name}: backend {backend!r} does not support dtype {dtype}; it "
+                             f"supports {_listed(self.dtypes)}")
+        if request.kind in reducing:
+            if self.reduce_dtypes is not None and dtype not in self.reduce_dtypes:
+                return TypeError(
+                    f"{name}: backend {backend!r} does not reduce dtype {dtype} (it can only "
+                    f"be broadcast, gathered, scattered or sent); it reduces "
+                    f"{_listed(self.reduce_dtypes)}")
+            op = ops.get(request.op, str(request.op))
+            if self.ops is not None and op not in self.ops:
+                return TypeError(f"{name}: backend {backend!r} does not support ReduceOp.{op}; "
+                                 f"it supports ReduceOp {_listed(self.ops)}")
+        if request.kind == recv and request.root < 0 and not self.any_source:
+            return ValueError(f"{name}: backend {backend!r} cannot receive from any source; "
+                              "give src")
+        return None
+
+    def describe(self) -> str:
+        """One line: what it supports ('every kind, dtype and op' for Supports())."""
+        if self.refuses_nothing():
+            return "every kind, dtype and op"
+        parts = [f"kinds {_listed(self.kinds)}" if self.kinds is not None else "every kind",
+                 f"dtypes {_listed(self.dtypes)}" if self.dtypes is not None else "every dtype"]
+        if self.reduce_dtypes is not None:
+            parts.append(f"reductions on {_listed(self.reduce_dtypes)}")
+        if self.ops is not None:
+            parts.append(f"ReduceOp {_listed(self.ops)}")
+        if not self.any_source:
+            parts.append("no receive from any source")
+        return "; ".join(parts)
+
+
+_EVERYTHING = Supports()
+
+
+def checked(run, supports: Supports, backend: str):
+    """``run`` (a runner) behind ``supports``'s check: the one place requests are refused."""
+    refusal = supports.refusal
+
+    def run_checked(request):
+        e = refusal(request, backend)
+        if e is not None:
+            raise e
+        return run(request)
+
+    return run_checked
 
 
 class Rendezvous(Protocol):
@@ -131,7 +286,7 @@ class BackendOptions:
 
     __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
                  "global_ranks_in_group", "pg_options", "round", "device_id", "split_from",
-                 "once")
+                 "once", "default")
 
     def __init__(self, store, group_rank, group_size, timeout, group_id, global_ranks_in_group,
                  pg_options=None, device_id=None):
@@ -148,3 +303,4 @@ class BackendOptions:
         # when it can split its communicators (every rank of the default group calls its split())
         self.once = False  # new_group: the store prefix names this group alone, never reused
         # within the job (no round counter; every setup key is deleted once all ranks connected)
+        self.default = False  # init_process_group's group, the job's default one

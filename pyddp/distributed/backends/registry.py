@@ -4,10 +4,13 @@ As in torch, where gloo and NCCL are separate backends behind one ProcessGroup, 
 ProcessGroup holds one backend object per device type ('cpu', 'cuda') and hands each collective
 to the backend serving the device of its arrays (the interface: backends.interface).
 
-A backend is registered once, by name, with the devices it serves, whether it is available in
-this build (and why not), a factory ``factory(opts) -> backend object`` called once per group
-and rank (``opts``: a ``BackendOptions``), and optionally a rendezvous hook (backends.interface:
-``Rendezvous``).  This module registers nothing: each backend module registers itself
+A backend is registered once, by name, with what it declares: the devices it serves and what it
+supports on them (``supports``: a backends.interface.Supports; the default refuses nothing),
+whether it is available in this build (and why not), a factory ``factory(opts) -> backend
+object`` called once per group and rank (``opts``: a ``BackendOptions``), optionally a rendezvous
+hook (backends.interface: ``Rendezvous``) and, for the backend that keeps host groups ('cpu'),
+``host(opts, name, label=None, backend="cpu") -> backend object``: the host group a device backend or the torch
+bridge keeps beside its own (``host_group``).  This module registers nothing: each backend module registers itself
 (backends/__init__.py imports the built-in ones); users add theirs with torch's
 ``Backend.register_backend(name, func, extended_api=False, devices=None)``.  Parsing of
 ``init_process_group`` / ``new_group`` backend strings, ``Backend``, ``is_*_available`` and the
@@ -24,22 +27,24 @@ from __future__ import annotations
 
 import warnings
 
-from .interface import BackendOptions, runner
+from .interface import BackendOptions, Supports, runner
 
 __all__ = ["BackendEntry", "BackendOptions", "Unavailable", "register", "lookup", "names",
-           "parse", "create"]
+           "parse", "create", "host_group"]
 
 
 class BackendEntry:
     """One registered backend."""
 
     __slots__ = ("name", "devices", "factory", "extended_api", "_available", "_reason", "aliases",
-                 "rendezvous", "needs")
+                 "rendezvous", "supports", "host", "needs")
 
     def __init__(self, name, devices, factory, available=True, reason=None, aliases=(),
-                 extended_api=False, rendezvous=None, needs=""):
+                 extended_api=False, rendezvous=None, supports=None, host=None, needs=""):
         self.name = name
         self.needs = needs            # what it needs beyond pyddp, in a few words (messages)
+        self.supports = supports if supports is not None else Supports()
+        self.host = host  # host(opts, name, label, backend) -> a host group (backend 'cpu' has it)
         self.rendezvous = rendezvous  # a backends.interface.Rendezvous, or None
         self.devices = tuple(devices)
         self.factory = factory
@@ -210,11 +215,22 @@ def create(plan, opts: BackendOptions) -> dict:
     return objs
 
 
-def register_plugin(name, func, extended_api=False, devices=None) -> BackendEntry:
+def host_group(opts: BackendOptions, name: str, label=None, backend="cpu"):
+    """The host group a device backend (or the torch bridge) keeps beside its communicators: a
+    backend object of the registered backend that has ``host`` ('cpu'), connected through
+    ``opts.store`` under ``name``; ``label`` names the group and ``backend`` its owner in logs
+    and flight records.  Sets ``opts.round``."""
+    for e in _registry.values():
+        if e.host is not None and e.is_available():
+            return e.host(opts, name, label, backend)
+    raise RuntimeError("no registered backend keeps host groups (backend 'cpu' does)")
+
+
+def register_plugin(name, func, extended_api=False, devices=None, supports=None) -> BackendEntry:
     """torch's ``Backend.register_backend``: ``func(store, rank, world_size, timeout)`` (a
     timedelta), or ``func(opts, pg_options)`` with ``extended_api=True``, returns the group's
     backend object.  ``devices``: a device type or a list of them (default: 'cpu' and 'cuda',
-    with a warning, as torch)."""
+    with a warning, as torch); ``supports``: a backends.interface.Supports (default: all)."""
     if not isinstance(name, str) or not name:
         raise ValueError("register_backend: name must be a non-empty string")
     if not callable(func):
@@ -232,4 +248,8 @@ def register_plugin(name, func, extended_api=False, devices=None) -> BackendEntr
     else:
         def factory(opts):
             return func(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    return register(BackendEntry(name.lower(), devices, factory, extended_api=extended_api))
+    if supports is not None and not isinstance(supports, Supports):
+        raise TypeError("register_backend: supports must be a "
+                        "pyddp.distributed.backends.Supports")
+    return register(BackendEntry(name.lower(), devices, factory, extended_api=extended_api,
+                                 supports=supports))

@@ -30,6 +30,10 @@ A gradient DDP handed out is never overwritten behind a holder's back: before a 
 whose previous ``.grad`` is still referenced elsewhere (the caller kept it, then zero_grad set
 ``.grad`` to None), that tensor gets memory of its own (same values); an array or view taken from it
 that still points into the bucket draws a warning.
+
+This module holds construction, forward and the public API; the backward half (gradients as bucket
+views, readiness, the buckets' reductions) is _ddp_backward.py, join (uneven inputs) _ddp_join.py,
+both mixed into the class here.
 """
 from __future__ import annotations
 
@@ -37,21 +41,20 @@ import abc
 import contextlib
 import dataclasses
 import functools
-import sys
 import warnings
 import weakref
 
 import numpy as np
 
-from ... import _C, _config
+from ... import _config
 from ...cuda import _emulation as _cuda_emulation
 from ... import distributed as dist
-from ...distributed import _observe
-from ...distributed.backends.cpu import spare_core
 from ...distributed._grad_bucket import GradBucket  # noqa: F401  (torch.nn.parallel has it here too)
 from ...distributed import distributed_c10d as c10d
 from . import _apex_ddp, _frameworks
 from ._buckets import assign_buckets as _assign_buckets
+from ._ddp_backward import _BackwardMixin
+from ._ddp_join import _JoinMixin, _join_mod
 
 __all__ = ["DistributedDataParallel"]
 
@@ -92,82 +95,7 @@ class _Bucket:
         self.solo = False           # one gradient reduced where autograd put it (no buffer of its own)
 
 
-class _JoinState:
-    def __init__(self, ddp, divide_by_initial_world_size, throw, generic=False):
-        self.ddp = ddp
-        self.divide_initial = divide_by_initial_world_size
-        self.throw = throw
-        self.active = True
-        self.generic = generic  # inside pyddp.distributed.algorithms.join.Join
-
-
-def _join_mod():
-    from ...distributed.algorithms import join
-    return join
-
-
-class _DDPJoinHook:
-    """DistributedDataParallel's JoinHook for the generic ``Join([ddp, ...])`` context: a joined
-    rank shadows one forward and backward per main_hook, then takes the model of a rank that
-    joined last (post_hook)."""
-
-    def __init__(self, ddp, divide_by_initial_world_size=True):
-        self._ddp = ddp
-        self._state = _JoinState(ddp, divide_by_initial_world_size, False, generic=True)
-
-    def _join_enter(self, enable):
-        if enable:
-            if self._ddp._join is not None:
-                raise RuntimeError("DistributedDataParallel join contexts cannot be nested")
-            self._ddp._join = self._state
-
-    def _join_exit(self):
-        if self._ddp._join is self._state:
-            self._ddp._join = None
-            self._ddp._div = float(self._ddp._world)
-
-    def main_hook(self):
-        self._ddp._join_shadow_step()
-
-    def post_hook(self, is_last_joiner):
-        self._ddp._join_finish(is_last_joiner)
-
-
-class _DDPJoin:
-    """``with ddp.join():`` context for uneven inputs (torch's Join with a DDP joinable).
-
-    Each forward of a rank still in the loop allreduces "I am active"; a rank whose loop ended
-    shadows the others' collectives (the active count, buffer broadcast, one zero allreduce per
-    bucket) until every rank is done, then the model is broadcast from a rank that joined last.
-    """
-
-    def __init__(self, ddp, divide_by_initial_world_size=True, enable=True,
-                 throw_on_early_termination=False):
-        self._ddp = ddp
-        self._enable = enable
-        self._state = _JoinState(ddp, divide_by_initial_world_size, throw_on_early_termination)
-
-    def __enter__(self):
-        if self._enable:
-            if self._ddp._join is not None:
-                raise RuntimeError("DistributedDataParallel.join() contexts cannot be nested")
-            self._ddp._join = self._state
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if not self._enable:
-            return False
-        ddp = self._ddp
-        try:
-            if exc_type is not None:
-                return False
-            ddp._join_shadow_loop(self._state)
-        finally:
-            ddp._join = None
-        return False
-
-
-class _DDPCore:
+class _DDPCore(_BackwardMixin, _JoinMixin):
     """The framework-independent part of DistributedDataParallel (mixed into the module classes)."""
 
     _first_bucket_bytes = _DEFAULT_FIRST_BUCKET_BYTES  # apex's message_size: no smaller first bucket
@@ -245,7 +173,9 @@ class _DDPCore:
         self._div = float(self._world)
         self._avg = True
         self._used_local = np.zeros(len(self._params), dtype=np.int32)
-        self._shared_ok = pg._transport == "shm" and all(ad.on_host(a) for a in self._arrays)
+        # shared buckets: the group's host backend maps memory every rank of it reads
+        self._shared_ok = pg._shared_alloc() is not None and all(ad.on_host(a)
+                                                                 for a in self._arrays)
         # Large gradients of a torch model on the CPU are reduced where autograd put them (single
         # copies read a peer's private memory by address), not copied into a shared bucket first:
         # that copy is a pass over the gradient every step once zero_grad() hands autograd None.
@@ -567,269 +497,6 @@ class _DDPCore:
             else:
                 ad.offer_grad_dest(p, None)
 
-    # ------------------------------------------------------------- gradients as bucket views
-
-    def _install(self, i):
-        """Make parameter i's .grad the view of its bucket slot."""
-        t = self._ad.set_grad(self._params[i], self._marks[i])
-        self._wrefs[i] = weakref.ref(t)
-
-    def _held(self, i) -> bool:
-        """Whether the .grad handed out for slot i is still referenced (by anything but DDP)."""
-        w = self._wrefs[i]
-        return sys.getrefcount(self._marks[i]) > 2 or (w is not None and w() is not None)
-
-    def _reclaim(self, i):
-        """Before slot i is written while parameter i's .grad is not its view: a .grad handed out
-        earlier and still held (kept by the caller across zero_grad(set_to_none=True)) gets memory
-        of its own, so the holder never sees it change."""
-        if self._marks[i] is None or not self._held(i):  # (reduced in place: nothing handed out)
-            return
-        ad = self._ad
-        ad.offer_grad_dest(self._params[i], None)  # DDP's own offer is no holder
-        if not self._held(i):
-            return
-        w = self._wrefs[i]
-        t = w() if w is not None else None
-        if t is not None:
-            ad.evacuate(t)
-        del t
-        self._wrefs[i] = None
-        if sys.getrefcount(self._marks[i]) > 2 and not self._warned_held:
-            self._warned_held = True
-            warnings.warn(
-                f"DistributedDataParallel: an array or view sharing memory with an earlier .grad of "
-                f"parameter {self._param_names[i]!r} is still referenced; that gradient is a view of "
-                "DDP's bucket, which this backward overwrites (copy a gradient you keep, e.g. "
-                "with .clone(), before the next step)", RuntimeWarning, stacklevel=2)
-        self._marks[i] = self._ad.alias(self._views[i])  # what was handed out stays with its holder
-
-    def _reset_iteration(self):
-        # the timeline (PYDDP_TIMELINE), asked once per iteration: off, the hooks pay nothing
-        self._tl = _C.timeline_enabled()
-        self._avg = self._comm_hook is None and self._div == float(self._world)
-        self._hook_seen = False
-        self._ready = [False] * len(self._params)
-        self._next_bucket = 0
-        self._used_local[:] = 0
-        for b in self._buckets:
-            b.pending = len(b.params)
-            b.fresh = []
-            if b.solo:  # the last step's gradient: not kept past its iteration
-                b.buffer = None
-                b.views = [None]
-            b.work = None
-            b.future = None
-
-    def _maybe_rebuild(self):
-        """Once, at the second iteration: rebuild buckets in the order rank 0's gradients were ready."""
-        if self._rebuilt or self._iters < 1:
-            return
-        self._rebuilt = True
-        n = len(self._params)
-        order = np.full(n, -1, dtype=np.int64)
-        if self._rank == 0 and len(self._ready_order) == n:
-            order[:] = self._ready_order
-        self._ctl_broadcast(order, self.process_group._ranks[0])
-        self._ready_order = []
-        if order[0] < 0 or sorted(order.tolist()) != list(range(n)):
-            return
-        if [i for b in self._buckets for i in b.params] == order.tolist():
-            return
-        limits = [self._first_bucket_bytes, self.bucket_bytes_cap]
-        self._build_buckets(_assign_buckets(order.tolist(), [a.nbytes for a in self._arrays],
-                                            [a.dtype for a in self._arrays], limits))
-
-    # ---------------------------------------------------------------------------- backward
-
-    def _autograd_hook(self, i, *_):
-        if not self._expect_hooks:
-            return
-        if not self._hook_seen:
-            self._hook_seen = True
-            self._ad.queue_callback(self._finalize_backward)
-            if getattr(self, "_tl", False):
-                self._tl_backward = _C.wall()
-            for j in self._unused_at_start or ():
-                self._mark_ready(j, False)
-        if self._ready[i]:
-            raise RuntimeError(_READY_TWICE_MSG.format(index=i, name=self._param_names[i]))
-        self._mark_ready(i, True)
-
-    def _mark_ready(self, i, used):
-        """Parameter i's gradient is final (``used``: its hook fired) and goes into its slot."""
-        self._ready[i] = True
-        if not self._rebuilt:
-            self._ready_order.append(i)
-        view = self._views[i]
-        b = self._buckets[self._bucket_of[i]]
-        ad = self._ad
-        if b.solo:
-            self._solo_ready(b, i)
-            return
-        gp = ad.grad_ptr(self._params[i])
-        ours = gp == self._vptr[i]
-        # Averaging: when every rank divides by the group size, the allreduce does it (AVG, in the
-        # same pass as the sum); otherwise (join with divide_by_initial_world_size=False) the
-        # gradient is scaled here. Comm hooks get it unscaled.
-        scale = self._comm_hook is None and not self._avg
-        if not used:
-            # as torch: a gradient the parameter already has (from earlier steps) goes in, else zeros
-            if ours:  # restored should no rank use the parameter (_finalize_backward)
-                self._saved[i] = ad.clone(view)
-                if scale:
-                    ad.scale_(view, view, 1.0 / self._div)
-            elif gp:
-                g = ad.grad_array(self._params[i])
-                self._reclaim(i)
-                if scale:
-                    ad.scale_(view, g, 1.0 / self._div)
-                else:
-                    ad.copy_(view, g)
-                del g
-            else:
-                self._reclaim(i)
-                ad.zero_(view)
-        else:
-            self._used_local[i] = 1
-            if ours:
-                # accumulated (or computed) straight into the slot: nothing to copy
-                if scale:
-                    ad.scale_(view, view, 1.0 / self._div)
-                t = ad.grad_tensor(self._params[i])  # (a new one when linear computed into the slot)
-                w = self._wrefs[i]
-                if w is None or w() is not t:
-                    self._wrefs[i] = weakref.ref(t)
-                del t
-            elif scale:
-                g = ad.grad_array(self._params[i])
-                self._reclaim(i)
-                ad.scale_(view, g, 1.0 / self._div)
-                del g
-                self._install(i)
-            else:
-                # copied in with the rest of the bucket's fresh gradients, in one call, once the
-                # bucket is complete (one kernel launch per bucket on a GPU, not one per gradient)
-                b.fresh.append((i, ad.grad_array(self._params[i])))
-        b.pending -= 1
-        if b.pending == 0:
-            if b.fresh:
-                self._copy_fresh(b)
-            self._launch_ready_buckets()
-
-    def _solo_ready(self, b, i):
-        """Parameter i's gradient, in a bucket of its own, is final: it is the bucket (in place)."""
-        p = self._params[i]
-        g = p.grad  # (only used gradients get here: no unused-parameter detection with in-place)
-        if not g.is_contiguous() or g.requires_grad:
-            g = g.detach().contiguous()
-            p.grad = g
-        if self._comm_hook is None and not self._avg:
-            g.mul_(1.0 / self._div)
-        self._used_local[i] = 1
-        b.buffer = g.detach().view(-1)
-        b.views = [g.detach()]
-        b.pending -= 1
-        self._launch_ready_buckets()
-
-    def _copy_fresh(self, b):
-        """Copy bucket b's fresh gradients into their slots, then make them the slots' views."""
-        idx = [i for i, _ in b.fresh]
-        grads = [g for _, g in b.fresh]
-        b.fresh = []
-        for i in idx:
-            self._reclaim(i)
-        self._ad.copy_many([self._views[i] for i in idx], grads)
-        del grads
-        for i in idx:
-            self._install(i)
-
-    def _launch_ready_buckets(self):
-        bs = self._buckets
-        while self._next_bucket < len(bs) and bs[self._next_bucket].pending == 0:
-            self._launch(bs[self._next_bucket])
-            self._next_bucket += 1
-
-    def _launch(self, b):
-        if getattr(self, "_tl", False):
-            b.t_launch = _C.wall()
-            _observe.timeline_instant(f"bucket {b.index} ready", "ddp",
-                                      {"bucket": b.index, "params": len(b.params),
-                                       "bytes": int(b.buffer.nbytes)})
-        if self._comm_hook is not None:
-            b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-        else:
-            op = dist.ReduceOp.AVG if self._avg else dist.ReduceOp.SUM
-            # in place: the bucket's slots are the parameters' .grad
-            if self._overlap:
-                b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
-            else:
-                dist.all_reduce(b.buffer, op=op, group=self.process_group)
-                self._tl_bucket_done(b)
-
-    def _tl_bucket_done(self, b):
-        if getattr(self, "_tl", False) and b.t_launch:
-            _observe.timeline_span(f"bucket {b.index} allreduce", "ddp", b.t_launch, _C.wall(),
-                                   {"bucket": b.index, "bytes": int(b.buffer.nbytes),
-                                    "iteration": self._iters})
-            b.t_launch = 0.0
-
-    def _finalize_backward(self):
-        if not all(self._ready):
-            if self.find_unused_parameters or self.static_graph:
-                for i, r in enumerate(self._ready):
-                    if not r:
-                        self._mark_ready(i, False)
-            else:
-                self._unfinished = [i for i, r in enumerate(self._ready) if not r]
-                self._expect_hooks = False
-                return
-        self._expect_hooks = False
-        for b in self._buckets:
-            self._wait_bucket(b)
-            self._tl_bucket_done(b)
-            if b.solo and self._comm_hook is None:
-                # let the gradient go with its .grad (a hook's callbacks may still read the bucket:
-                # then at the next iteration): zero_grad(set_to_none=True) frees it before forward,
-                # so the allocator reuses its memory, as without DDP
-                b.buffer = None
-                b.views = [None]
-        used = None
-        if self.find_unused_parameters or self.static_graph:
-            used = self._ctl_all_reduce(self._used_local.copy(), dist.ReduceOp.MAX)
-        saved, self._saved = self._saved, {}
-        if used is not None:
-            # the gradients computed here are views of their slots already; a parameter this rank
-            # did not use gets the averaged gradient unless no rank used it, when it stays as it was
-            ad = self._ad
-            for i in np.flatnonzero(self._used_local == 0).tolist():
-                if not used[i]:
-                    if i in saved:
-                        ad.copy_(self._views[i], saved[i])
-                elif ad.grad_ptr(self._params[i]) != self._vptr[i]:
-                    self._install(i)
-        if getattr(self, "_tl", False) and getattr(self, "_tl_backward", 0.0):
-            _observe.timeline_span("backward (first gradient ready to all reduced)", "backward",
-                                   self._tl_backward, _C.wall(), {"iteration": self._iters})
-            self._tl_backward = 0.0
-        self._iters += 1
-
-    def _wait_bucket(self, b):
-        if b.work is not None:
-            b.work.wait()
-            b.work = None
-        elif b.future is not None:
-            res = b.future.wait()
-            b.future = None
-            if isinstance(res, (list, tuple)):
-                res = res[0]
-            ad = self._ad
-            arr = ad.as_array(res).reshape(-1)
-            buf = b.buffer
-            if not (arr is buf or (arr.shape == buf.shape and arr.dtype == buf.dtype
-                                   and ad.ptr(arr) == ad.ptr(buf))):
-                ad.copy_(buf, arr)
-
     # ------------------------------------------------------------------------- public API
 
     @contextlib.contextmanager
@@ -870,103 +537,6 @@ class _DDPCore:
         self._comm_hook = hook
         self._comm_state = state
 
-    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
-        """Context manager for uneven inputs: ranks that run out of data shadow the others'
-        collectives until every rank is done (torch's ``ddp.join()``)."""
-        return _DDPJoin(self, divide_by_initial_world_size, enable, throw_on_early_termination)
-
-    # -------------------------------------------------------------------------------- join
-
-    def join_hook(self, **kwargs):
-        """The JoinHook of this model for ``pyddp.distributed.algorithms.join.Join``
-        (``divide_by_initial_world_size`` as in ``join()``)."""
-        divide = kwargs.get("divide_by_initial_world_size", True)
-        return _DDPJoinHook(self, divide)
-
-    @property
-    def join_device(self):
-        """The device of the join context's collectives (the model's device; the CPU for CPU models)."""
-        return self._ctl_device if self._ctl_device is not None else "cpu"
-
-    @property
-    def join_process_group(self):
-        """The process group the model reduces over."""
-        return self.process_group
-
-    def _join_notify(self, active):
-        """One allreduce of every rank's "still active" flag; returns the number of active ranks."""
-        flags = np.zeros(self._world, dtype=np.int32)
-        flags[self._rank] = 1 if active else 0
-        self._ctl_all_reduce(flags)
-        alive = np.nonzero(flags)[0]
-        st = self._join
-        if len(alive):
-            self._authoritative_rank = int(alive.max())
-        if st is not None:
-            if st.throw and len(alive) < self._world:
-                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing across "
-                                   "all ranks.")
-            self._div = float(self._world if st.divide_initial else max(len(alive), 1))
-        return len(alive)
-
-    def _join_sync_flag(self, sync):
-        flag = np.array([1 if sync else 0], dtype=np.int32)
-        self._ctl_all_reduce(flag, dist.ReduceOp.MAX)
-        return bool(flag[0])
-
-    def _grads_out_of_buckets(self):
-        ad = self._ad
-        for i, p in enumerate(self._params):
-            if ad.grad_ptr(p) == self._vptr[i]:
-                ad.set_grad(p, ad.clone(self._views[i]))
-            self._reclaim(i)
-
-    def _join_shadow_loop(self, st):
-        last_joiner = True
-        while self._join_shadow_step():
-            last_joiner = False
-        self._join_finish(last_joiner)
-
-    def _join_shadow_step(self):
-        """One iteration of a joined rank: match the others' forward and backward collectives
-        (this rank's ``param.grad`` stay as they are, as with torch's join hook). Returns False
-        (having done nothing more) when no rank is active any more."""
-        n = self._join_notify(active=False)
-        if n == 0:
-            return False
-        self._maybe_rebuild()
-        if self.broadcast_buffers and self._buffers_list:
-            self._broadcast_coalesced(self._buffer_arrays(), self._authoritative_rank)
-        if not self._join_sync_flag(False):
-            return True
-        # the others reduce their buckets: add zeros to each, in bucket order (this rank's
-        # gradients stay as they are, as in torch: those that are bucket views move out first)
-        self._grads_out_of_buckets()
-        for b in self._buckets:
-            if b.solo:  # the others reduce their gradient in place: this rank adds zeros
-                i = b.params[0]
-                b.buffer = self._ad.zeros(self._ad.numel(self._arrays[i]), b.dtype, like=self._arrays[i])
-                b.views = [b.buffer.view(self._arrays[i].shape)]
-            self._ad.zero_(b.buffer)
-            if self._comm_hook is not None:
-                b.future = self._comm_hook(self._comm_state, GradBucket(self, b))
-            else:
-                op = dist.ReduceOp.AVG if self._div == float(self._world) else dist.ReduceOp.SUM
-                b.work = dist.all_reduce(b.buffer, op=op, group=self.process_group, async_op=True)
-        for b in self._buckets:
-            self._wait_bucket(b)
-        if self.find_unused_parameters or self.static_graph:
-            self._ctl_all_reduce(np.zeros(len(self._params), dtype=np.int32), dist.ReduceOp.MAX)
-        self._iters += 1
-        return True
-
-    def _join_finish(self, last_joiner):
-        # every rank is done: the model of a rank that joined last becomes everyone's
-        who = np.array([self._rank if last_joiner else -1], dtype=np.int64)
-        self._ctl_all_reduce(who, dist.ReduceOp.MAX)
-        self._sync_params_and_buffers(int(who[0]))
-        self._div = float(self._world)
-
 
 _WRAPPERS = weakref.WeakKeyDictionary()  # module -> weakref to its current DDP
 
@@ -978,19 +548,6 @@ def _register_joinable():
 
 
 _register_joinable()
-
-
-_READY_TWICE_MSG = (
-    "Expected to mark a variable ready only once. This error is caused by one of the following "
-    "reasons: 1) Use of a module parameter outside the `forward` function. Please make sure model "
-    "parameters are not shared across multiple concurrent forward-backward passes. or try to use "
-    "_set_static_graph() as a workaround if this module graph does not change during training "
-    "loop.2) Reused parameters in multiple reentrant backward passes. For example, if you use "
-    "multiple `checkpoint` functions to wrap the same part of your model, it would result in the "
-    "same set of parameters been used by different reentrant backward passes multiple times, and "
-    "hence marking a variable ready multiple times. DDP does not support such use cases in "
-    "default. You can try to use _set_static_graph() as a workaround if your module graph does "
-    "not change over iterations. Parameter {index} ({name!r}) has been marked as ready twice.")
 
 
 def _output_tensors(obj, out):
@@ -1037,8 +594,8 @@ def _reachable_leaves(output) -> set:
 
 def _overlap_default(pg) -> bool:
     """Reduce buckets on the progress thread while backward goes on, or on the calling thread
-    (pyddp.distributed.backends.cpu.spare_core decides)."""
-    return spare_core(pg._transport, pg.size())
+    (the group decides: ProcessGroup._overlap)."""
+    return pg._overlap()
 
 
 class DistributedDataParallel(metaclass=abc.ABCMeta):

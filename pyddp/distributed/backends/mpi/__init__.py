@@ -1,6 +1,9 @@
-"""Backend "mpi": pyddp's collectives through the site's MPI, by way of mpi4py (backend.py; see
-its docstring).  This module registers it, with the rendezvous hook that takes MPI's ranks, and
-answers whether it is available without importing mpi4py or the implementation.
+"""Backend "mpi": pyddp's collectives through the site's MPI, by way of mpi4py (backend.py, see its
+docstring: the backend object, its signature check and small-call path; kinds.py: each collective
+kind as MPI calls; work.py: nonblocking work and bounded polling; library.py: loading MPI, the
+dtype and op tables, the rendezvous hooks).  This module registers it, with the rendezvous hook
+that takes MPI's ranks, and answers whether it is available without importing mpi4py or the
+implementation.
 """
 from __future__ import annotations
 
@@ -22,15 +25,15 @@ class _Rendezvous:
 
     @staticmethod
     def world(rank, world_size):
-        from . import backend
+        from . import library
 
-        return backend.world_rank_size(rank, world_size)
+        return library.world_rank_size(rank, world_size)
 
     @staticmethod
     def prepare_env(environ):
-        from . import backend
+        from . import library
 
-        backend.rendezvous_env(environ)
+        library.rendezvous_env(environ)
 
 
 register(BackendEntry("mpi", ("cpu", "cuda"), create, available=lambda: available(),

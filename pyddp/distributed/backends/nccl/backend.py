@@ -37,8 +37,8 @@ import numpy as np
 
 from .... import _C, _config
 from ..._observe import describe_signature as _describe
-from ..cpu import connect_group
-from ..interface import Backend
+from ..interface import Backend, Request, declared
+from ..registry import host_group
 from ..staging import current_stream as _current_stream
 from ..staging import stream_family as _stream_family
 
@@ -146,9 +146,12 @@ class NcclBackend(Backend):
         self._warned_device = False
         self._sig = np.zeros(_SIG, np.int64)
         self._sigs = np.zeros((self.size, _SIG), np.int64)
-        self.host, self.round = connect_group(self.store, self.rank, self.size, self.timeout,
-                                              "nccl", once=getattr(opts, "once", False))
-        opts.round = self.round
+        # the host group (registry.host_group: backend 'cpu''s) that checks signatures, notices
+        # dead peers and carries object collectives; used through its declared interface
+        self.host = host_group(opts, "nccl")
+        self.round = opts.round
+        host = declared(self.host)
+        self._host_fast, self._host_run = host.fast, host.run
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
                                           daemon=True)
@@ -353,10 +356,11 @@ class NcclBackend(Backend):
         sig, sigs = self._sig, self._sigs
         sig[:] = (self.seq, kind, dtype, op, root, count, 0, 0)
         try:
-            if not self.host.fast(_K_ALLGATHER, sigs, 0, sig):
-                self.host.submit(_K_ALLGATHER, _C.DTYPE_CODES["int64"], 0, 0, 0, _SIG, (sig,),
-                                 (sigs,), None, None, self.timeout, False,
-                                 f"{name} (signature check)", True)
+            fast = self._host_fast
+            if fast is None or not fast(_K_ALLGATHER, sigs, 0, sig):
+                self._host_run(Request(_K_ALLGATHER, _C.DTYPE_CODES["int64"], 0, 0, 0, _SIG,
+                                       (sig,), (sigs,), None, None, self.timeout, False,
+                                       f"{name} (signature check)", True))
         except _C.DistError as e:
             msg = f"{name} (#{self.seq}) on {self._where()}, rank {self.rank}: {e}"
             self._fail(msg)
@@ -391,8 +395,6 @@ class NcclBackend(Backend):
                 in_splits = tuple(v.nbytes for v in inputs)
             if out_splits is None:
                 out_splits = tuple(v.nbytes for v in outputs)
-        if kind == _K_RECV and root < 0:
-            raise ValueError(f"{name}: backend 'nccl' cannot receive from any source; give src")
         ustream = stream_fn()
         # A blocking call's Work.wait() is the caller's stream waiting for the end: done in the
         # launch itself, and no Work is returned (the pending list keeps the arrays alive)

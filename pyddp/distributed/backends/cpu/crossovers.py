@@ -5,7 +5,9 @@ direct algorithms or the rings) are timed size by size on the group's own ranks,
 every call and each call's time the slowest rank's (an all_reduce MAX), so every rank holds the same
 numbers; ``crossover`` turns a kind's rows into its rule.  ``python -m pyddp.tools.tune`` runs this in
 fresh groups and writes the rules file every later group reads; ``online()`` runs it on the job's
-default group and applies the result to it (``PYDDP_TUNING_ONLINE=1``: at ``init_process_group``).
+default group and applies the result to it (``PYDDP_TUNING_ONLINE=1``: as backend 'cpu' creates
+the default group).  The collectives measured run on the C process group itself (``Calls``), the
+backend's own object, not through pyddp.distributed's API above the seam.
 """
 from __future__ import annotations
 
@@ -208,20 +210,93 @@ def _both_phases(res):
             and PHASE_SHARE <= p <= 1.0 - PHASE_SHARE)
 
 
+class Calls:
+    """The blocking collectives a measurement runs, on the 'cpu' backend's object (the C process
+    group ``cpg``) itself: its ``fast`` path when it takes the call, else ``submit`` with the
+    request pyddp.distributed would build (backends.interface.Request's fields).  Float32 data,
+    a float64 all_reduce MAX for the timings, an int64 broadcast for the agreed rules."""
+
+    def __init__(self, cpg):
+        from .... import _C
+
+        self.cpg, self._C = cpg, _C
+        self.rank, self.size = cpg.rank, cpg.size
+        self._codes = {np_name: _C.DTYPE_CODES[np_name] for np_name in
+                       ("float32", "float64", "int64")}
+
+    def get_rank(self):
+        return self.rank
+
+    def get_world_size(self):
+        return self.size
+
+    def _run(self, kind, a, op=0, root=0, inputs=(), outputs=(), count=None, splits=None,
+             name=""):
+        code = self._codes[a.dtype.name]
+        self.cpg.submit(kind, code, op, root, 0, a.size if count is None else count, inputs,
+                        outputs, splits, splits, 0.0, False, name, True)
+
+    def barrier(self):
+        if not self.cpg.fast(self._C.K_BARRIER, None, 0):
+            self.cpg.submit(self._C.K_BARRIER, 0, 0, 0, 0, 0, (), (), None, None, 0.0, False,
+                            "barrier", True)
+
+    def all_reduce(self, a, op=0):
+        op = int(op)
+        if not self.cpg.fast(self._C.K_ALLREDUCE, a, op):
+            self._run(self._C.K_ALLREDUCE, a, op, outputs=(a,), name="all_reduce")
+
+    def all_reduce_max(self, a):
+        self.all_reduce(a, self._C.REDUCE_OPS["MAX"])
+
+    def broadcast(self, a, src=0):
+        if not self.cpg.fast(self._C.K_BROADCAST, a, src):
+            self._run(self._C.K_BROADCAST, a, root=src, outputs=(a,), name="broadcast")
+
+    def reduce(self, a, dst=0):
+        if not self.cpg.fast(self._C.K_REDUCE, a, 0, None, dst):
+            self._run(self._C.K_REDUCE, a, root=dst, inputs=(a,), outputs=(a,), name="reduce")
+
+    def all_gather_into_tensor(self, out, a):
+        if not self.cpg.fast(self._C.K_ALLGATHER, out, 0, a):
+            self._run(self._C.K_ALLGATHER, a, inputs=(a,), outputs=(out,), name="all_gather")
+
+    def gather(self, a, lst, dst=0):
+        if not self.cpg.fast(self._C.K_GATHER, lst, dst, a):
+            self._run(self._C.K_GATHER, a, root=dst, inputs=(a,), outputs=tuple(lst or ()),
+                      name="gather")
+
+    def scatter(self, a, lst, src=0):
+        if not self.cpg.fast(self._C.K_SCATTER, a, src, lst):
+            self._run(self._C.K_SCATTER, a, root=src, inputs=tuple(lst or ()), outputs=(a,),
+                      name="scatter")
+
+    def reduce_scatter_tensor(self, out, big):
+        if not self.cpg.fast(self._C.K_REDUCE_SCATTER, out, 0, big):
+            self._run(self._C.K_REDUCE_SCATTER, out, inputs=(big,), outputs=(out,),
+                      name="reduce_scatter")
+
+    def all_to_all_single(self, out, src):
+        if not self.cpg.fast(self._C.K_ALLTOALL, out, 0, src):
+            splits = (src.nbytes // self.size,) * self.size
+            self._run(self._C.K_ALLTOALL, src, inputs=(src,), outputs=(out,), count=0,
+                      splits=splits, name="all_to_all_single")
+
+
 PHASE_PROBE_S = 0.01  # rank 0's probe before each round (the other ranks sleep meanwhile)
 
 
-def _round_probe(dist, rank, _C, cpg=None):
+def _round_probe(coll, rank, _C, cpg=None):
     """Rank 0's cache-line handoff (ns) right before a round; None where it cannot be measured.
     With ``cpg`` (a group that has it): ``probe_phase``, ranks 0 and 1 handing a line back and
     forth, the probe that switches a group between the phases' rules at run time, so that the
     rounds are classified in its units.  Else ``probe_handoff``'s two threads in rank 0, measured
     while the other ranks sleep (a rank spinning in a barrier would take a core from them)."""
-    dist.barrier()
+    coll.barrier()
     ns = None
     if cpg is not None:
         ns = cpg.probe_phase()
-        dist.barrier()
+        coll.barrier()
         return ns
     if rank == 0:
         try:
@@ -230,7 +305,7 @@ def _round_probe(dist, rank, _C, cpg=None):
             ns = None
     else:
         time.sleep(PHASE_PROBE_S * 1.5)
-    dist.barrier()
+    coll.barrier()
     return ns
 
 
@@ -271,31 +346,31 @@ def user_array(count, value=0.0):
     return a
 
 
-def _op(dist, kind, rank, n, count):
+def _op(coll, kind, rank, n, count):
     """(callable running one ``kind`` of ``count`` float32 per rank's block, its check)."""
     a = user_array(count, rank + 1)
     if kind == "all_reduce":
-        return lambda: dist.all_reduce(a)
+        return lambda: coll.all_reduce(a)
     if kind == "reduce":
-        return lambda: dist.reduce(a, dst=0)
+        return lambda: coll.reduce(a, dst=0)
     if kind == "broadcast":
-        return lambda: dist.broadcast(a, src=0)
+        return lambda: coll.broadcast(a, src=0)
     if kind == "all_gather":
         out = user_array(count * n)
-        return lambda: dist.all_gather_into_tensor(out, a)
+        return lambda: coll.all_gather_into_tensor(out, a)
     if kind == "gather":
         lst = [user_array(count) for _ in range(n)] if rank == 0 else None
-        return lambda: dist.gather(a, lst, dst=0)
+        return lambda: coll.gather(a, lst, dst=0)
     if kind == "scatter":
         lst = [user_array(count, r) for r in range(n)] if rank == 0 else None
-        return lambda: dist.scatter(a, lst, src=0)
+        return lambda: coll.scatter(a, lst, src=0)
     if kind == "reduce_scatter":
         big = user_array(count * n, 1)
-        return lambda: dist.reduce_scatter_tensor(a, big)
+        return lambda: coll.reduce_scatter_tensor(a, big)
     if kind == "all_to_all":
         src = user_array(count * n, 1)
         out = user_array(count * n)
-        return lambda: dist.all_to_all_single(out, src)
+        return lambda: coll.all_to_all_single(out, src)
     raise ValueError(kind)
 
 
@@ -307,7 +382,7 @@ def _rule_bytes(kind, path, count, n):
     return b
 
 
-def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True,
+def _measure(cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget, probe=True,
              step=4):
     """Both candidates of every kind of ``kinds`` on the default group, size by size (``step``
     apart): {"path", "ranks", "single_copy", "kinds": kind -> [(size, first us, second us)],
@@ -321,9 +396,10 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
     measured in both phases, which ``weigh_phases`` needs."""
     import numpy as np
 
-    from ... import _C
+    from .... import _C
 
-    rank, n = dist.get_rank(), dist.get_world_size()
+    coll = Calls(cpg)
+    rank, n = coll.get_rank(), coll.get_world_size()
     base_cma, base_small = (list(v) for v in cpg.rules)  # (None: never)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
     pingpong = path == "shm" and hasattr(cpg, "probe_phase")
@@ -352,10 +428,10 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
                     count = max(1, size // 4)
                     if path == "tcp" and kind == "all_gather":
                         count = max(1, size // (4 * n))
-                    run = _op(dist, kind, rank, n, count)
+                    run = _op(coll, kind, rank, n, count)
                     calls = max(3, min(iters, budget // max(1, count * 4 * n)))
                     samples = st["samples"]
-                    ns = (_round_probe(dist, rank, _C, cpg if pingpong else None)
+                    ns = (_round_probe(coll, rank, _C, cpg if pingpong else None)
                           if probe else None)
                     mark = {c: len(samples[c]) for c in (0, 1)}
                     for cand in (0, 1):
@@ -364,15 +440,15 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
                             cma[codes[kind]] = None if cand == 0 else 1
                         else:
                             small[codes[kind]] = _NEVER_SMALL if cand == 0 else 1
-                        dist.barrier()
+                        coll.barrier()
                         cpg.set_rules(cma, small)
                         run()  # warm-up
                         for _ in range(calls):
-                            dist.barrier()
+                            coll.barrier()
                             t0 = time.perf_counter()
                             run()
                             times[0] = time.perf_counter() - t0
-                            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                            coll.all_reduce_max(times)
                             samples[cand].append(float(times[0]))
                     st["rounds"].append([ns] + [float(np.median(samples[c][mark[c]:])) * 1e6
                                                 for c in (0, 1)])
@@ -388,38 +464,33 @@ def _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget
             result["kinds"][kind] = rows
             result["rounds"][kind] = rounds_out
     finally:
-        dist.barrier()
+        coll.barrier()
         cpg.set_rules(base_cma, base_small)
         if phases:
             cpg.set_slow_rules(slow_cma, base_small, phases)
     return result
 
 
-def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=10,
+def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, iters=10,
            budget_bytes=256 << 20):
-    """Tune the default process group's algorithm choice in the job itself, on its own ranks.
+    """Tune the algorithm choice of the job's default group, whose 'cpu' backend object (the C
+    process group) is ``cpg``, in the job itself, on its own ranks.
 
-    Collective: every rank of the default group ``pg`` calls it, ``dist`` the API module that runs
-    the collectives (``pyddp.tools.tune.online()`` passes them; ``PYDDP_TUNING_ONLINE=1`` makes
-    ``init_process_group`` call it).  For each collective of ``kinds`` (default: all) it times both
-    candidates (shared memory: the banks and single copies; TCP: direct and ring) at sizes from
-    ``min_bytes`` to ``max_bytes`` (x4 apart), ``rounds`` alternations of at most ``iters`` calls,
-    each call's time the slowest rank's; the crossovers are then worked out as the offline tuner
-    does, rank 0's are broadcast, and every rank applies the same rules to the group (they last as
-    long as the group; ``python -m pyddp.tools.tune`` writes a file that every later group reads).
-    Returns {"cma_from": {kind: bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for
-    a group of one rank or one without these choices.
+    Collective: every rank of the group calls it (``pyddp.tools.tune.online()``; under
+    ``PYDDP_TUNING_ONLINE=1`` backend 'cpu' does as it creates the default group).  For each
+    collective of ``kinds`` (default: all) it times both candidates (shared memory: the banks and
+    single copies; TCP: direct and ring) at sizes from ``min_bytes`` to ``max_bytes`` (x4 apart),
+    ``rounds`` alternations of at most ``iters`` calls, each call's time the slowest rank's; the
+    crossovers are then worked out as the offline tuner does, rank 0's are broadcast, and every
+    rank applies the same rules to the group (they last as long as the group; ``python -m
+    pyddp.tools.tune`` writes a file that every later group reads).  Returns {"cma_from": {kind:
+    bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for a group of one rank or one
+    without these choices.
     """
     import numpy as np
 
-    from ... import _C
+    from .... import _C
 
-    if pg is None:
-        raise RuntimeError("pyddp.tools.tune.online: call init_process_group first")
-    cpg = getattr(pg, "_cpg", None)
-    if cpg is None or not hasattr(cpg, "set_rules"):
-        raise RuntimeError(f"pyddp.tools.tune.online: the default group's backend {pg._backend!r} "
-                           "has no rules of algorithm choice (backend 'cpu' has)")
     kinds = list(_SHM_KINDS) if kinds is None else [str(k) for k in kinds]
     bad = [k for k in kinds if k not in _SHM_KINDS]
     if bad:
@@ -431,10 +502,11 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if min_bytes > max_bytes:
         raise ValueError(f"min_bytes ({min_bytes}) is larger than max_bytes ({max_bytes})")
-    path = pg._transport
-    if pg.size() < 2 or path not in ("shm", "tcp"):
+    path = cpg.transport
+    if cpg.size < 2 or path not in ("shm", "tcp"):
         return {}
-    res = _measure(dist, cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
+    coll = Calls(cpg)
+    res = _measure(cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
                    probe=False)
     table = _table([res], gaps=False)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
@@ -449,18 +521,18 @@ def online(dist, pg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=
     flat = [(never, 0, 0) if v is None else tuple(v) if isinstance(v, tuple) else (v, 0, 0)
             for v in cma]
     agreed = np.array([x for f in flat for x in f] + small, dtype=np.int64)
-    dist.broadcast(agreed, src=0)
+    coll.broadcast(agreed, src=0)
     k = len(cma)
     trip = agreed[:3 * k].reshape(k, 3).tolist()
     cma = [None if f == never else (f, lo, hi) if lo < hi else f for f, lo, hi in trip]
     small = [int(v) for v in agreed[3 * k:].tolist()]
-    dist.barrier()
+    coll.barrier()
     cpg.set_rules(cma, small)  # a rules file's slow-phase rules (set_slow_rules) stay
-    dist.barrier()
-    from .. import _observe
+    coll.barrier()
+    from ... import _observe
 
     _observe.info("tuned online (%s, %d ranks): single copies from %s; direct up to %s", path,
-                  pg.size(), table["cma_from"], table["small_bytes"], rank=pg.rank())
+                  cpg.size, table["cma_from"], table["small_bytes"], rank=cpg.rank)
     return {"cma_from": {kd: (None if cma[codes[kd]] is None else cma[codes[kd]])
                          for kd in table["cma_from"]},
             "small_bytes": {kd: small[codes[kd]] for kd in table["small_bytes"]}}

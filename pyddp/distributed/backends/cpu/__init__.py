@@ -2,12 +2,16 @@
 TCP between hosts (csrc/group, csrc/transport, csrc/coll).
 
 Its backend object is the C process group itself (``pyddp._C.ProcessGroup``): ``submit`` takes a
-``Request``'s fields positionally (backends.interface), ``fast`` runs a small blocking collective
-in one C call, ``shared_alloc`` maps a buffer every rank of the host reads.  This module connects
-one: the address exchange through the group's store, the transport choice (PYDDP_TRANSPORT, as
-rank 0 has it), the host identity that decides which ranks share memory.  Device backends use
-``connect_group`` too, for the host group they keep beside their communicators (the signature
-check, object collectives); so does the torch bridge.
+``Request``'s fields positionally (backends.interface), and of the interface's optional members it
+has ``fast`` (a small blocking collective in one C call), ``shared_alloc`` (a buffer every rank of
+the host maps), ``explain``, ``transport``, ``error`` and ``fail``.  It supports every kind, dtype
+and op.  This module connects one: the address exchange through the group's store, the transport
+choice (PYDDP_TRANSPORT, as rank 0 has it), the host identity that decides which ranks share
+memory.  Its registry entry's ``host`` hook makes the host group a device backend keeps beside its
+communicators (the signature check, object collectives) and the torch bridge's group
+(registry.host_group).  Beside it, the C core's rules of algorithm choice: ``tuning`` (the rules
+file a group reads at creation) and ``crossovers`` (measuring them on running ranks: the tuner,
+and the default group under PYDDP_TUNING_ONLINE=1).
 """
 from __future__ import annotations
 
@@ -15,13 +19,13 @@ import os
 import secrets
 import socket
 
-from ... import _C, _config, _threads
-from .. import _observe
-from .._setup_watch import SetupWatch
-from ..store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
-from .registry import BackendEntry, register
+from .... import _C, _config, _threads
+from ... import _observe
+from ..._setup_watch import SetupWatch
+from ...store import DistError, HashStore, PrefixStore, TCPStore, bind_address, job_secret
+from ..registry import BackendEntry, register
 
-__all__ = ["connect_group", "create", "listen_plan", "spare_core"]
+__all__ = ["connect_group", "create", "host", "listen_plan"]
 
 
 def advertised_host(store) -> str:
@@ -214,28 +218,31 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
     return cpg, gen
 
 
-def spare_core(transport, size) -> bool:
-    """Whether work handed to the progress thread gets a core of its own here (DDP reduces
-    buckets there while backward goes on; the torch bridge runs blocking calls inline otherwise).
-
-    Overlap needs a spare core: with at least as many ranks on this host as cores, the progress
-    thread would only take turns with backward on the same cores (and add hand-offs), so buckets
-    are reduced right where they become ready. PYDDP_DDP_OVERLAP=0/1 overrides.
-    """
-    v = _config.get("PYDDP_DDP_OVERLAP")
-    if v is not None:
-        return v
-    cores = _threads.cores()
-    local = size if transport == "shm" else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return cores > local
-
-
 def create(opts):
-    """The factory registered for backend 'cpu': the C process group of one group and rank."""
+    """The factory registered for backend 'cpu': the C process group of one group and rank.
+    The job's default group measures its crossovers of algorithm choice on its own ranks first
+    when PYDDP_TUNING_ONLINE=1 (crossovers.online, a collective)."""
     cpg, opts.round = connect_group(opts.store, opts.group_rank, opts.group_size,
                                     opts.timeout.total_seconds(), "pg", label=opts.group_id,
                                     once=opts.once)
+    if opts.default and opts.group_size > 1 and _config.get("PYDDP_TUNING_ONLINE"):
+        from . import crossovers
+
+        try:
+            crossovers.online(cpg)
+        except BaseException:
+            cpg.destroy()
+            raise
     return cpg
 
 
-register(BackendEntry("cpu", ("cpu",), create, aliases=("gloo",)))
+def host(opts, name, label=None, backend="cpu"):
+    """The registry's ``host`` hook: a host group beside a device backend or the torch bridge,
+    connected under ``name`` in ``opts.store`` (``label`` and ``backend``: connect_group's)."""
+    cpg, opts.round = connect_group(opts.store, opts.group_rank, opts.group_size,
+                                    opts.timeout.total_seconds(), name, label=label,
+                                    backend=backend, once=opts.once)
+    return cpg
+
+
+register(BackendEntry("cpu", ("cpu",), create, aliases=("gloo",), host=host))

@@ -1,58 +1,25 @@
-"""pyddp as a torch.distributed backend: ``import pyddp.torch_backend`` registers "pyddp" (this
-module, pyddp.distributed.torch_bridge, is also pyddp.torch_backend).
-
-Then an unchanged torch script runs its collectives on pyddp's C core (shared memory on one
-host, TCP across hosts)::
-
-    import torch.distributed as dist
-    import pyddp.torch_backend  # noqa: F401
-    dist.init_process_group("pyddp")
-
-torch 2.13 cannot subclass its C++ ``Backend`` from Python (no constructor is bound), so the
-creator returns a ``torch.distributed.ProcessGroup`` subclass, which torch uses as the whole
-group (as in torch's own test_c10d_pypg.py).  Its methods are the ones torch's Python API and its
-C++ callers (DistributedDataParallel's reducer, ``_broadcast_coalesced``) call.  This module is a
-caller of pyddp's ProcessGroup like distributed_c10d (not a backend): each method turns torch's
-arguments into one checked request (the arrays through the group's own device rule, the same
-as pyddp.distributed's functions) and hands it to a ``pyddp.distributed.ProcessGroup`` whose
-backends are the C process group for 'cpu' and, for 'cuda', pyddp's NCCL backend, started over
-the group's torch store at the first CUDA call (``_TorchNccl``).  CPU tensors are used in place
-(bfloat16 as a uint16 view with the BFLOAT16 code).  Works are asynchronous; ``get_future()`` of
-a CPU work completes from a watcher thread once the work finishes; that of a CUDA work completes
-at launch with its consumers ordered on the GPU, as torch's ProcessGroupNCCL's
-(``_cuda_future``).  pyddp's errors (mismatched collectives, dead peers, timeouts) surface as
-``torch.distributed.DistBackendError``.
-
-Registered for "cpu" and "cuda": with ``"pyddp"`` or ``"cpu:pyddp,cuda:nccl"`` this group is the
-whole group, and CUDA tensors (any ``__cuda_array_interface__`` array) run on pyddp's own NCCL
-backend.  ReduceOp.PREMUL_SUM is a sum of scaled inputs.  torch's ``dist.monitored_barrier``
-accepts only gloo groups, so importing this module wraps it once: calls on a pyddp group run
-pyddp's, all others torch's own function.
-
-Importing this module imports torch; ``import pyddp`` alone never does.
+"""The torch bridge's process group: ``ProcessGroupPyddp``, the ``torch.distributed.ProcessGroup``
+subclass torch uses as the whole group, whose methods turn torch's arguments into checked requests
+of a pyddp ProcessGroup (see the package docstring).
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-import weakref
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
-from torch.futures import Future
 
-from .. import _C, _interop
-from . import _observe
-from ._rendezvous import spawn_secret as _spawn_secret
-from .backends import registry as _registry
-from .backends.cpu import connect_group as _connect_group, spare_core as _spare_core
-from .backends.interface import Backend, BackendOptions
-from .process_group import ProcessGroup as _Group
-
-__all__ = ["ProcessGroupPyddp", "Work", "BACKEND_NAME"]
+from ... import _C, _interop
+from .. import _observe
+from .._rendezvous import spawn_secret as _spawn_secret
+from ..backends import registry as _registry
+from ..backends.interface import BackendOptions
+from ..process_group import ProcessGroup as _Group
+from .nccl import _TorchNccl
+from .work import Work, _Done, _seconds, _torch_error
 
 BACKEND_NAME = "pyddp"
 _OPS = dict(_C.REDUCE_OPS)  # torch's RedOpType name -> pyddp op code
@@ -69,8 +36,10 @@ _K_REDUCE, _K_GATHER, _K_SCATTER = _C.K_REDUCE, _C.K_GATHER, _C.K_SCATTER
 _K_ALLTOALL = _C.K_ALLTOALL
 _PREMUL_SUM = _c10d.ReduceOp.RedOpType.PREMUL_SUM
 # what the group's messages name as its backends ("no backend of group 'torch' serves ...")
+# (CUDA tensors: what pyddp's NCCL backend declares it supports, refused above the seam alike)
 _PLAN = {"cpu": _registry.BackendEntry(BACKEND_NAME, ("cpu", "cuda"), None),
-         "cuda": _registry.BackendEntry("nccl", ("cuda",), None)}
+         "cuda": _registry.BackendEntry("nccl", ("cuda",), None,
+                                        supports=_registry.lookup("nccl").supports)}
 _SUM, _SUM_CODE = _c10d.ReduceOp.RedOpType.SUM, _OPS["SUM"]
 
 
@@ -96,19 +65,6 @@ def _host_list(x):
     return views
 
 
-def _seconds(t):
-    """A torch timeout (timedelta, or None) in seconds; None for none or torch's kNoTimeout (0)."""
-    if t is None:
-        return None
-    s = t.total_seconds() if isinstance(t, timedelta) else float(t)
-    return s if s > 0 else None
-
-
-def _torch_error(e):
-    err = dist.DistBackendError(str(e))
-    err.__cause__ = e
-    return err
-
 
 def _op(reduce_op, what):
     op = getattr(reduce_op, "op", reduce_op)  # ReduceOp object -> RedOpType
@@ -120,280 +76,6 @@ def _op(reduce_op, what):
     return code
 
 
-class Work(dist._Work):
-    """The works of one or more requests (the backends' handles: a C work, a _CudaHandle, a
-    _DeferredP2P) as one torch Work."""
-
-    def __init__(self, cworks, result, pg):
-        super().__init__()
-        self._cws = cworks  # handles still to wait for (empty: done on the caller's thread)
-        self._result = result  # the list of output tensors the future yields
-        self._pg = pg
-        self._fut = None
-
-    def _wait(self, timeout):
-        try:
-            for cw in self._cws:
-                cw.wait(timeout)
-        except _C.DistError as e:
-            raise _torch_error(e) from None
-
-    def wait(self, timeout=None):
-        self._wait(_seconds(timeout))
-        return True
-
-    def is_completed(self):
-        return all(cw.is_completed() for cw in self._cws)
-
-    def is_success(self):
-        return self.is_completed() and self.exception() is None
-
-    def exception(self):
-        if not self.is_completed():
-            return None
-        try:
-            self._wait(0)
-        except dist.DistBackendError as e:
-            return e
-        return None
-
-    def result(self):
-        self.wait()
-        return list(self._result)
-
-    def _source_rank(self):
-        return self._cws[0].source_rank()
-
-    source_rank = _source_rank
-
-    def get_future(self):
-        if self._fut is None:
-            handles = self._cuda_handles()
-            if handles is not None:
-                self._fut = _cuda_future(handles, self._result)
-                return self._fut
-            self._fut = Future()
-            if self.is_completed():
-                self._complete()
-            else:
-                self._pg._watch(self)
-        return self._fut
-
-    def _cuda_handles(self):
-        """The _CudaHandles of a work on CUDA arrays only (waiting sends and receives run now),
-        else None."""
-        cws = self._cws
-        if not cws or any(type(cw) is not _CudaHandle and type(cw) is not _DeferredP2P
-                          for cw in cws):
-            return None
-        return [cw if type(cw) is _CudaHandle else cw._handle() for cw in cws]
-
-    def _cuda_device(self):
-        """The device of the first NCCL work in it, or None."""
-        return next((cw.nw.comm.device for cw in self._cws if type(cw) is _CudaHandle), None)
-
-    def _complete(self):
-        try:
-            self._wait(None)
-        except dist.DistBackendError as e:
-            self._fut.set_exception(e)
-        else:
-            self._fut.set_result(list(self._result))
-
-
-class _Done(Work):
-    """The Work of a blocking call completed inline (one object per group, reused): torch's
-    Python API calls its ``wait()`` after every blocking collective, so that is a bare return."""
-
-    def wait(self, timeout=None):
-        return True
-
-
-def _cuda_tensors(value):
-    """The torch CUDA tensors in a future's value (a list of tensors or of lists of them)."""
-    for v in value:
-        if isinstance(v, (list, tuple)):
-            yield from _cuda_tensors(v)
-        elif isinstance(v, torch.Tensor) and v.is_cuda:
-            yield v
-
-
-def _cuda_future(handles, result):
-    """The future of a work on CUDA arrays, as torch's ProcessGroupNCCL makes it: completed at
-    launch, no host wait and no thread, its consumers ordered on the GPU.
-
-    torch CUDA tensors: a ``Future(devices=...)`` whose result is set while each communicator's
-    stream is the current stream of its device, so torch records its events on those streams,
-    after the collective, and makes every consumer's current stream wait on them (``wait()``,
-    ``value()``, and ``then()``, whose callback runs at once on this thread, on a stream that
-    waited).  Other CUDA arrays (``__cuda_array_interface__``, read on the stream they name):
-    that stream waits for the collective now, as ``Work.wait()`` orders it, then the value is set.
-    A failure after launch is not the future's: ``Work.wait()`` and the next call raise it."""
-    value = list(result)
-    devices = sorted({t.device.index for t in _cuda_tensors(value)})
-    if not devices:
-        fut = Future()
-        try:
-            for h in handles:
-                h.nw.wait()
-        except _C.DistError as e:
-            fut.set_exception(_torch_error(e))
-        else:
-            fut.set_result(value)
-        return fut
-    fut = Future(devices=[torch.device("cuda", d) for d in devices])
-    comms = {id(h.nw.comm): h.nw.comm for h in handles}
-    with contextlib.ExitStack() as streams:
-        for c in comms.values():
-            streams.enter_context(torch.cuda.stream(
-                torch.cuda.ExternalStream(c.stream, device=torch.device("cuda", c.device))))
-        fut.set_result(value)
-    return fut
-
-
-class _CudaHandle:
-    """An NCCL work (pyddp.distributed.backends.nccl.backend.NcclWork) as this group's works
-    hold it.  ``wait()`` on the submitting thread orders that thread's current stream after the
-    operation (torch's NCCL rule: no host block); on another thread (the future watcher, for a
-    work mixing CPU and CUDA arrays; its current stream is unrelated to the caller's) it waits on
-    the host, bounded by the group's timeout.  A work on CUDA arrays only never reaches the
-    watcher: its future is complete at launch (``_cuda_future``)."""
-
-    __slots__ = ("nw", "tid")
-
-    def __init__(self, nw):
-        self.nw = nw
-        self.tid = threading.get_ident()
-
-    def wait(self, timeout=None):
-        if timeout is None and threading.get_ident() != self.tid:
-            return self.nw.synchronize_host(self.nw.be.timeout)
-        return self.nw.wait(timeout)
-
-    def is_completed(self):
-        return self.nw.is_completed()
-
-    def source_rank(self):
-        return self.nw.source_rank()
-
-
-class _DeferredP2P:
-    """A CUDA send or receive not given to NCCL yet (see _TorchNccl.run): asked anything, it
-    runs the group's waiting sends and receives first."""
-
-    __slots__ = ("nccl", "real", "peer")
-
-    def __init__(self, nccl, peer):
-        self.nccl = nccl  # the _TorchNccl holding it
-        self.real = None  # the _CudaHandle of the NCCL group it ran in
-        self.peer = peer
-
-    def _handle(self):
-        if self.real is None:
-            self.nccl.flush()
-        if self.real is None:
-            raise dist.DistBackendError("send/recv: the pyddp process group was destroyed "
-                                        "before this operation ran")
-        return self.real
-
-    def wait(self, timeout=None):
-        return self._handle().wait(timeout)
-
-    def is_completed(self):
-        return self._handle().is_completed()
-
-    def source_rank(self):
-        return self.peer
-
-
-class _TorchNccl(Backend):
-    """The 'cuda' backend of a torch group: pyddp's NCCL backend
-    (pyddp.distributed.backends.nccl) over the torch store the group was created with, started
-    at the first CUDA request (every rank makes that call together, as torch's ProcessGroupNCCL
-    creates its communicators).
-
-    NCCL must see the sends and receives of a batch as one group (ncclGroupStart/End) or a ring
-    of them waits on itself; torch's batch_isend_irecv coalesces only on a plain ProcessGroup
-    (``type(group) is ProcessGroup``), so on this group it issues them one by one.  They wait
-    here and run as one NCCL group at the first wait() or is_completed() of any of them, the
-    next CUDA collective, the end of a coalescing block, or destroy."""
-
-    def __init__(self, owner, store):
-        self._owner = weakref.ref(owner)  # the ProcessGroupPyddp (its rank, size, name, ranks)
-        self._store = store
-        self._lock = threading.Lock()
-        self.nccl = None  # the NcclBackend, once started
-        self._p2p = []  # (is_send, view, peer, _DeferredP2P) not given to NCCL yet
-
-    def _backend(self, name):
-        be = self.nccl
-        if be is not None:
-            return be
-        with self._lock:
-            if self.nccl is not None:
-                return self.nccl
-            pg = self._owner()
-            if pg is None or self._store is None:
-                raise dist.DistBackendError(
-                    f"{name}: this pyddp group has no store to start its NCCL backend from "
-                    "(create it through torch.distributed.init_process_group/new_group)")
-            from .backends import nccl as _nccl
-
-            try:
-                ranks = dist.get_process_group_ranks(pg)
-            except (RuntimeError, ValueError, KeyError):  # not registered with torch
-                ranks = range(pg.size())
-            gname = pg.__dict__.get("_group_name") or "pyddp"
-            opts = BackendOptions(dist.PrefixStore("pyddp_nccl", self._store), pg.rank(),
-                                  pg.size(), timedelta(seconds=pg._timeout), gname, ranks)
-            try:
-                self.nccl = _nccl.create(opts)
-            except (RuntimeError, OSError) as e:
-                raise dist.DistBackendError(
-                    f"{name}: CUDA tensors on a pyddp group run on pyddp's NCCL backend, which "
-                    f"could not start: {e}") from e
-            return self.nccl
-
-    def run(self, request):
-        be = self._backend(request.name)
-        kind = request.kind
-        if kind == _C.K_SEND or kind == _C.K_RECV:
-            if kind == _C.K_RECV and request.root < 0:
-                raise ValueError(f"{request.name}: CUDA tensors (NCCL) cannot be received from "
-                                 "any source; give src")
-            d = _DeferredP2P(self, request.root if kind == _C.K_RECV else -1)
-            view = (request.inputs or request.outputs)[0]
-            self._p2p.append((kind == _C.K_SEND, view, request.root, d))
-            return d
-        self.flush()
-        nw = be.run(request)
-        return None if nw is None else _CudaHandle(nw)
-
-    def flush(self):
-        """Run the CUDA sends and receives not yet given to NCCL as one NCCL group."""
-        ops, self._p2p = self._p2p, []
-        if not ops:
-            return
-        try:
-            nw = self._backend("batch_isend_irecv").batch_p2p(
-                [(is_send, view, peer) for is_send, view, peer, _ in ops])
-        except _C.DistError as e:
-            raise _torch_error(e) from None
-        handle = _CudaHandle(nw)
-        for _, _, _, d in ops:
-            d.real = handle
-
-    def destroy(self):
-        nccl = self.nccl
-        if nccl is None:
-            return
-        try:  # sends and receives never waited for still reach the peers
-            self.flush()
-        except (dist.DistBackendError, ValueError):
-            pass
-        self.nccl = None
-        nccl.destroy()
-
 
 class ProcessGroupPyddp(dist.ProcessGroup):
     """One rank's member of a torch process group whose collectives run on pyddp's C core."""
@@ -404,8 +86,10 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         # torch's rendezvous is not pyddp's: a secret that pyddp.multiprocessing.spawn invented
         # for fewer processes than the group has is set aside here (_rendezvous.spawn_secret)
         _spawn_secret(rank, size)
-        self._cpg, _ = _connect_group(store, rank, size, self._timeout, BACKEND_NAME,
-                                      label="torch", backend=BACKEND_NAME)
+        # the host group (backend 'cpu''s, registry.host_group) over the torch store
+        self._cpg = _registry.host_group(
+            BackendOptions(store, rank, size, timedelta(seconds=self._timeout), "torch",
+                           range(size)), BACKEND_NAME, label="torch", backend=BACKEND_NAME)
         # pyddp's ProcessGroup routes every request to the backend of its arrays' device, as
         # for pyddp.distributed's functions: the C group for CPU tensors, pyddp's NCCL backend
         # (started at the first CUDA call) for CUDA tensors
@@ -413,9 +97,9 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         self._group = _Group({"cuda": self._cuda, "cpu": self._cpg}, range(size), BACKEND_NAME,
                              "torch", self._timeout, rank, plan=_PLAN)
         self._group._noun = "tensors"
-        # the C group's inline path for small blocking collectives (False: not taken); not at
-        # debug level DETAIL, which logs every call from _submit
-        self._fast = getattr(self._cpg, "fast", None)
+        # the C group's inline path for small blocking collectives (False: not taken; its
+        # declared ``fast``); not at debug level DETAIL, which logs every call from _submit
+        self._fast = self._group._declared("cpu").fast
         if _observe.get_debug_level() >= _observe.DebugLevel.DETAIL:
             self._fast = None
         self._done = _Done((), [], self)  # what a blocking call done inline returns (_finished)
@@ -424,7 +108,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
         # it would only take turns with backward on the same core, and the ranks' progress threads,
         # each descheduled in turn, would step through the collective's sync points out of phase
         # (pyddp's own DDP decides the same way; PYDDP_DDP_OVERLAP=0/1 overrides).
-        self._backward_inline = self._fast is not None and not _overlap_default(self)
+        self._backward_inline = self._fast is not None and not self._group._overlap()
         self._coalesced = None  # between _start_coalescing and _end_coalescing: the works
         self._q = None  # works whose futures the watcher completes, in submission order
         self._lock = threading.Lock()
@@ -438,7 +122,7 @@ class ProcessGroupPyddp(dist.ProcessGroup):
     @property
     def transport(self):
         """'shm', 'tcp' or 'local' (pyddp's C group)."""
-        return self._cpg.transport
+        return self._group._transport
 
     # torch's ProcessGroup keeps its name and description in its registered C++ backends; this
     # group registers none (it is the whole group), so it keeps them itself: DeviceMesh (FSDP2,
@@ -941,63 +625,3 @@ class ProcessGroupPyddp(dist.ProcessGroup):
 
 
 _graph_task_id = torch._C._current_graph_task_id  # >= 0 inside a backward pass
-
-
-def _overlap_default(pg):
-    """Whether asynchronous work gets a core of its own here (see ProcessGroupPyddp.__init__):
-    pyddp's DDP decision (backends.cpu.spare_core)."""
-    return _spare_core(pg.transport, pg.size())
-
-
-def _create(store, rank, world_size, timeout):
-    return ProcessGroupPyddp(store, rank, world_size, timeout)
-
-
-if BACKEND_NAME.upper() not in dist.Backend._plugins:
-    # "cuda" too: with "pyddp" or "cpu:pyddp,cuda:nccl" torch stops at this creator (a
-    # ProcessGroup subclass is the whole group), and CUDA tensors run on pyddp's NCCL backend
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
-
-
-# ------------------------------------------------------------------ torch's monitored_barrier
-# torch.distributed.monitored_barrier raises "only implemented for GLOO backend" for any group
-# whose backend string is not "gloo" (``get_backend(group) != Backend.GLOO``: nothing a process
-# group object exposes changes that).  pyddp's C core has its own monitored barrier (naming the
-# ranks that did not arrive, all of them with wait_all_ranks=True), so this module wraps torch's
-# function: a call on a ProcessGroupPyddp group runs it; every other call goes to torch's own
-# function unchanged.  Installed once (importing this module again keeps the wrapper); code that
-# bound ``monitored_barrier`` by name before importing pyddp.torch_backend keeps torch's.
-_c10d_py = dist.distributed_c10d
-
-
-def _pyddp_group_of(group):
-    """The ProcessGroupPyddp a torch API call on ``group`` would use, or None."""
-    if group is None or group is dist.GroupMember.WORLD:
-        if not dist.is_initialized():
-            return None
-        group = _c10d_py._get_default_group()
-    return group if isinstance(group, ProcessGroupPyddp) else None
-
-
-def _wrap_monitored_barrier(torch_fn):
-    import functools
-
-    @functools.wraps(torch_fn)
-    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-        pg = _pyddp_group_of(group)
-        if pg is None:
-            return torch_fn(group, timeout, wait_all_ranks)
-        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-            timeout = timedelta(seconds=timeout)
-        if timeout is not None:
-            _c10d_py._check_valid_timeout(timeout)
-        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
-
-    monitored_barrier._pyddp_torch_fn = torch_fn
-    return monitored_barrier
-
-
-if not hasattr(_c10d_py.monitored_barrier, "_pyddp_torch_fn"):
-    _c10d_py.monitored_barrier = _wrap_monitored_barrier(_c10d_py.monitored_barrier)
-if getattr(dist, "monitored_barrier", None) is not _c10d_py.monitored_barrier:
-    dist.monitored_barrier = _c10d_py.monitored_barrier

@@ -23,7 +23,7 @@ import json
 import os
 import warnings
 
-from ... import _C, _config
+from .... import _C, _config
 
 __all__ = ["FORMAT", "host_facts", "host_key", "default_path", "path_in_force", "load", "table_for",
            "encode", "decode", "describe", "KIND_NAMES"]
