@@ -173,8 +173,10 @@ def _shape_str(shape) -> str:
 
 
 def _check_gather_shape(output_tensor, input_tensor, n):
-    """torch (gloo) splits the output of all_gather_into_tensor with torch.chunk(output, n) and
-    requires every chunk to have the input's shape: output is (n * d0, d1, ...)."""
+    """all_gather_into_tensor's output must be (n * d0, d1, ...) for an input (d0, d1, ...): torch
+    (gloo) splits it with torch.chunk(output, n) and requires every chunk to have the input's shape.
+    A ValueError naming output_tensor and both shapes; torch's own words follow, for a reader who
+    knows them (torch raises RuntimeError there)."""
     oshape = getattr(output_tensor, "shape", None)
     ishape = getattr(input_tensor, "shape", None)
     if oshape is None or ishape is None:
@@ -182,19 +184,27 @@ def _check_gather_shape(output_tensor, input_tensor, n):
     oshape, ishape = tuple(oshape), tuple(ishape)
     if ishape and oshape == (n * ishape[0],) + ishape[1:]:
         return
+    if ishape:
+        head = (f"all_gather_into_tensor: output_tensor must have shape "
+                f"{_shape_str((n * ishape[0],) + ishape[1:])} (world size {n} times input_tensor's "
+                f"{_shape_str(ishape)} along dim 0), got {_shape_str(oshape)}")
+    else:
+        head = (f"all_gather_into_tensor: input_tensor is 0-dimensional, and no output_tensor splits "
+                f"into {n} chunks of shape (): give input_tensor shape (1) and output_tensor shape "
+                f"({n}) (output_tensor has shape {_shape_str(oshape)})")
     if not oshape:
-        raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+        raise ValueError(f"{head}; torch: chunk expects at least a 1-dimensional tensor")
     d0 = oshape[0]
     chunk = -(-d0 // n) if d0 else 0
     count = -(-d0 // chunk) if chunk else n
     if count != n:
-        raise RuntimeError(f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
-                           f"(expected length {n}, got {count})")
+        raise ValueError(f"{head}; torch: ProcessGroupGloo::allgather: invalid output tensor list "
+                         f"at index 0 (expected length {n}, got {count})")
     for i in range(n):
         got = (min(chunk, d0 - i * chunk),) + oshape[1:] if chunk else oshape
         if got != ishape:
-            raise RuntimeError(f"ProcessGroupGloo::allgather: invalid tensor size at index {i} "
-                               f"(expected {_shape_str(ishape)}, got {_shape_str(got)})")
+            raise ValueError(f"{head}; torch: ProcessGroupGloo::allgather: invalid tensor size at "
+                             f"index {i} (expected {_shape_str(ishape)}, got {_shape_str(got)})")
 
 
 def _group_rank(pg, global_rank, what):
