@@ -24,6 +24,20 @@ _UNSET = object()
 _prctl = _UNSET
 
 
+def fail_groups_for(exc) -> None:
+    """A rank's program is ending with ``exc``, uncaught: fail its process groups now (when the
+    program used pyddp.distributed), so that peers waiting for this rank in a collective raise at
+    once, naming it, instead of when its slow exit ends or at their timeout.  Called by every
+    launcher's worker wrapper (pyddp-run's bootstrap, spawn, notebook_launcher) before the
+    exception's report."""
+    c10d = sys.modules.get("pyddp.distributed.distributed_c10d")
+    if c10d is not None:
+        try:
+            c10d._fail_for_uncaught(exc)
+        except Exception:
+            pass
+
+
 def load_prctl():
     """libc's prctl, or None where there is none (not Linux, unusual libc builds).
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 import warnings
 
-from ._lifecycle import die_with_parent, load_prctl, signal_group
+from ._lifecycle import die_with_parent, fail_groups_for, load_prctl, signal_group
 from .multiprocessing.spawn import (ProcessContext, _check_fn_args, _check_fork_safe, _check_nprocs,
                                     _remove, _write_error)
 
@@ -120,9 +120,10 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
             os.replace(result_file + ".tmp", result_file)
     except SystemExit:
         raise
-    except BaseException:  # KeyboardInterrupt included: the rank did not finish its work
+    except BaseException as e:  # KeyboardInterrupt included: the rank did not finish its work
         import traceback
 
+        fail_groups_for(e)
         _write_error(error_file, traceback.format_exc())
         sys.exit(1)
     finally:

@@ -87,6 +87,17 @@ def _failing():
     os.environ.setdefault("PYDDP_EXIT_TIMEOUT", "0.2")
 
 
+def _fail_groups_for(exc):
+    """pyddp._lifecycle.fail_groups_for (this file imports only the standard library): fail this
+    rank's process groups with ``exc`` now, so that peers waiting for it raise at once, naming it."""
+    c10d = sys.modules.get("pyddp.distributed.distributed_c10d")
+    if c10d is not None:
+        try:
+            c10d._fail_for_uncaught(exc)
+        except Exception:
+            pass
+
+
 def _exit_code_is_failure(code):
     return code is not None and code != 0
 
@@ -114,6 +125,7 @@ def main():
         if _exit_code_is_failure(e.code):
             _failing()
             _record(error_file, e, _user_traceback(e.__traceback__))
+            _fail_groups_for(e)
         raise
     except BaseException as e:
         # Python prints an exception's own __traceback__ (the tb argument of excepthook is ignored
@@ -121,6 +133,8 @@ def main():
         e.with_traceback(_user_traceback(e.__traceback__))
         _failing()
         _record(error_file, e, e.__traceback__)
+        if not isinstance(e, KeyboardInterrupt):
+            _fail_groups_for(e)
         if isinstance(e, KeyboardInterrupt):
             # Re-raised so that Python exits by SIGINT, as a plain script would; propagating adds this
             # file's frames again, so the report trims once more.

@@ -344,6 +344,21 @@ def _release_store(store, rank, size, rnd):
         pass
 
 
+def _fail_for_uncaught(exc) -> None:
+    """The program is ending with ``exc``, uncaught: every live group fails with it and tells its
+    peers now (the launchers call this before the exception's report: a rank whose exit is slow,
+    such as one with atexit work or DataLoader workers to stop, must not leave its peers waiting in
+    a collective until their timeout)."""
+    if not _world.groups:
+        return
+    first = (str(exc).strip().splitlines() or [""])[0]
+    rank = _world.default_pg.rank() if _world.default_pg is not None else "?"
+    msg = (f"rank {rank} raised {type(exc).__name__}" + (f": {first}" if first else "")
+           + " (uncaught: the process is exiting)")
+    for pg in list(_world.groups):
+        pg._fail(msg)
+
+
 @atexit.register
 def _destroy_at_exit():
     # Say goodbye to the peers so they see a clean exit, not a crash.

@@ -361,6 +361,26 @@ class ProcessGroup:
             return None
         return d.shared_alloc
 
+    def _fail(self, msg) -> None:
+        """Make ``msg`` the group's error on every backend and tell the peers at once (the program
+        is ending with an uncaught exception: peers waiting for this rank fail now, naming it,
+        instead of at their timeout or when this process finally exits).  Backends without a way
+        to fail are left to their goodbye."""
+        backends = self._backends
+        if backends is None:
+            return
+        seen = set()
+        for b in backends.values():
+            if type(b) is _registry.Unavailable or id(b) in seen:
+                continue
+            seen.add(id(b))
+            fail = getattr(b, "fail", None) or getattr(b, "_fail", None)
+            if fail is not None:
+                try:
+                    fail(msg)
+                except Exception:   # a group already failed or destroyed: nothing to tell
+                    pass
+
     def _overlap(self) -> bool:
         """Whether work handed to a backend's progress thread gets a core of its own here (DDP
         reduces buckets there while backward goes on; otherwise right where they become ready):

@@ -39,7 +39,7 @@ import time
 import warnings
 
 from .. import _config, _threads
-from .._lifecycle import die_with_parent, signal_name, terminate_with_grace
+from .._lifecycle import die_with_parent, fail_groups_for, signal_name, terminate_with_grace
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,8 @@ def _wrap(fn, i, args, error_file, parent_pid=None, secret=None, nprocs=None):
         fn(i, *args)
     except KeyboardInterrupt:
         pass  # SIGINT: killed by the parent, do nothing
-    except Exception:
+    except Exception as e:
+        fail_groups_for(e)   # the peers learn it now, whatever this process still does on exit
         # Propagate the exception to the parent, keeping the original traceback.
         import traceback
 

@@ -253,6 +253,30 @@ def test_root_cause_is_the_rank_that_failed_not_the_ranks_it_broke(tmp_path):
     assert "rank      : 1 (local_rank: 1)" in root and "RuntimeError: rank 1 gives up" in root, err
 
 
+SLOW_EXIT_FAIL = r"""
+import atexit, time
+import numpy as np
+import pyddp.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    atexit.register(time.sleep, 60)     # still exiting when the launcher stops the job
+    raise RuntimeError("rank 1 gives up")
+x = np.ones(4)
+dist.all_reduce(x)
+"""
+
+
+def test_a_rank_that_raised_and_was_stopped_while_exiting_is_reported_by_its_exception(tmp_path):
+    # The launcher waits a few seconds for a rank that recorded an exception, then stops it with
+    # SIGTERM: the headline names the exception it raised, not the launcher's signal.
+    script = write_script(tmp_path, "slow.py", SLOW_EXIT_FAIL)
+    rc, _, err = run(["--standalone", "--nproc-per-node", 2, script])
+    assert rc == 1, err
+    head = [line for line in err.splitlines() if "FAILED: rank" in line]
+    assert head and "rank 1 first, raising RuntimeError: rank 1 gives up (then stopped by the " \
+        "launcher with SIGTERM while it was still exiting)" in head[0], err
+
+
 RESTART_SCRIPT = r"""
 import os, sys, time
 count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
