@@ -1,13 +1,8 @@
 """docs/torch-api.md is current: regenerated from the installed torch (2.13) against pyddp, it must
 equal the committed page (run `python tests/_torch_api_table.py` after adding API to pyddp)."""
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, _paths.TESTS)
-import _paths
 import _torch_api_table as table  # noqa: E402
 
 
