@@ -158,7 +158,7 @@ _V = [
 ]
 # Read by the build (setup.py) and pyddp's own test harness, never at run time.
 _BUILD_AND_TESTS = {"PYDDP_SANITIZE", "PYDDP_WERROR", "PYDDP_ROOT", "PYDDP_SKIPPED_FILE",
-                    "PYDDP_SLOW_TESTS"}
+                    "PYDDP_SLOW_TESTS", "PYDDP_TEST_TIER", "PYDDP_BUILD_JOBS"}
 VARIABLES: Dict[str, Var] = {v.name: v for v in _V}
 
 _warned_unknown: set = set()
