@@ -175,8 +175,8 @@ def _shape_str(shape) -> str:
 def _check_gather_shape(output_tensor, input_tensor, n):
     """all_gather_into_tensor's output must be (n * d0, d1, ...) for an input (d0, d1, ...): torch
     (gloo) splits it with torch.chunk(output, n) and requires every chunk to have the input's shape.
-    A ValueError naming output_tensor and both shapes; torch's own words follow, for a reader who
-    knows them (torch raises RuntimeError there)."""
+    The error names output_tensor and both shapes, then torch's own words; it is a RuntimeError, as
+    torch's is (a ported script's ``except RuntimeError`` keeps working; docs/api-coverage.md)."""
     oshape = getattr(output_tensor, "shape", None)
     ishape = getattr(input_tensor, "shape", None)
     if oshape is None or ishape is None:
@@ -193,17 +193,17 @@ def _check_gather_shape(output_tensor, input_tensor, n):
                 f"into {n} chunks of shape (): give input_tensor shape (1) and output_tensor shape "
                 f"({n}) (output_tensor has shape {_shape_str(oshape)})")
     if not oshape:
-        raise ValueError(f"{head}; torch: chunk expects at least a 1-dimensional tensor")
+        raise RuntimeError(f"{head}; torch: chunk expects at least a 1-dimensional tensor")
     d0 = oshape[0]
     chunk = -(-d0 // n) if d0 else 0
     count = -(-d0 // chunk) if chunk else n
     if count != n:
-        raise ValueError(f"{head}; torch: ProcessGroupGloo::allgather: invalid output tensor list "
+        raise RuntimeError(f"{head}; torch: ProcessGroupGloo::allgather: invalid output tensor list "
                          f"at index 0 (expected length {n}, got {count})")
     for i in range(n):
         got = (min(chunk, d0 - i * chunk),) + oshape[1:] if chunk else oshape
         if got != ishape:
-            raise ValueError(f"{head}; torch: ProcessGroupGloo::allgather: invalid tensor size at "
+            raise RuntimeError(f"{head}; torch: ProcessGroupGloo::allgather: invalid tensor size at "
                              f"index {i} (expected {_shape_str(ishape)}, got {_shape_str(got)})")
 
 

@@ -273,19 +273,19 @@ def test_reduction_and_gather_errors_as_torch_gloo(ws):
         assert out[f"float {op}"] == ("RuntimeError", f"Cannot use ReduceOp.{op} with non-integral dtype")
         assert out[f"bool {op}"] is None
     assert out[f"agit {(ws * 2,)}"] is None and out["agit 2d"] is None
-    # a wrongly shaped output: a ValueError naming output_tensor and the shapes (pyddp's rule for bad
-    # arguments; torch raises RuntimeError), then torch's own words
+    # a wrongly shaped output: torch's exception type (RuntimeError), in pyddp's words naming
+    # output_tensor and the shapes, then torch's own words
     size = "; torch: ProcessGroupGloo::allgather: invalid tensor size at index"
     head = f"all_gather_into_tensor: output_tensor must have shape ({ws * 2}) (world size {ws} times "
     assert out[f"agit {(ws, 2)}"] == (
-        "ValueError", f"{head}input_tensor's (2) along dim 0), got ({ws}, 2){size} 0 (expected (2), got (1, 2))")
-    assert out[f"agit {(2, ws)}"][0] == "ValueError"
+        "RuntimeError", f"{head}input_tensor's (2) along dim 0), got ({ws}, 2){size} 0 (expected (2), got (1, 2))")
+    assert out[f"agit {(2, ws)}"][0] == "RuntimeError"
     assert out[f"agit {(ws * 2 + 1,)}"] == (
-        "ValueError", f"{head}input_tensor's (2) along dim 0), got ({ws * 2 + 1}){size} 0 (expected (2), got (3))")
+        "RuntimeError", f"{head}input_tensor's (2) along dim 0), got ({ws * 2 + 1}){size} 0 (expected (2), got (3))")
     assert out[f"agit {(1, ws * 2)}"] == (
-        "ValueError", f"{head}input_tensor's (2) along dim 0), got (1, {ws * 2}); torch: "
+        "RuntimeError", f"{head}input_tensor's (2) along dim 0), got (1, {ws * 2}); torch: "
         f"ProcessGroupGloo::allgather: invalid output tensor list at index 0 (expected length {ws}, got 1)")
-    assert out["agit scalar"][0] == "ValueError" and out["agit scalar"][1].endswith(
+    assert out["agit scalar"][0] == "RuntimeError" and out["agit scalar"][1].endswith(
         f"shape ({ws})); torch: ProcessGroupGloo::allgather: invalid tensor size at index 0 (expected (), got (1))")
 
 

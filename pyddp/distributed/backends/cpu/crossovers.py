@@ -225,9 +225,11 @@ class Calls:
                        ("float32", "float64", "int64")}
 
     def get_rank(self):
+        """This rank in the group (torch's get_rank)."""
         return self.rank
 
     def get_world_size(self):
+        """The group's size."""
         return self.size
 
     def _run(self, kind, a, op=0, root=0, inputs=(), outputs=(), count=None, splits=None,
@@ -237,46 +239,56 @@ class Calls:
                         outputs, splits, splits, 0.0, False, name, True)
 
     def barrier(self):
+        """A barrier."""
         if not self.cpg.fast(self._C.K_BARRIER, None, 0):
             self.cpg.submit(self._C.K_BARRIER, 0, 0, 0, 0, 0, (), (), None, None, 0.0, False,
                             "barrier", True)
 
     def all_reduce(self, a, op=0):
+        """all_reduce of ``a`` in place (``op``: a REDUCE_OPS code)."""
         op = int(op)
         if not self.cpg.fast(self._C.K_ALLREDUCE, a, op):
             self._run(self._C.K_ALLREDUCE, a, op, outputs=(a,), name="all_reduce")
 
     def all_reduce_max(self, a):
+        """all_reduce MAX of ``a`` in place (the timings' agreement)."""
         self.all_reduce(a, self._C.REDUCE_OPS["MAX"])
 
     def broadcast(self, a, src=0):
+        """broadcast of ``a`` from ``src``."""
         if not self.cpg.fast(self._C.K_BROADCAST, a, src):
             self._run(self._C.K_BROADCAST, a, root=src, outputs=(a,), name="broadcast")
 
     def reduce(self, a, dst=0):
+        """reduce into ``dst``'s ``a``."""
         if not self.cpg.fast(self._C.K_REDUCE, a, 0, None, dst):
             self._run(self._C.K_REDUCE, a, root=dst, inputs=(a,), outputs=(a,), name="reduce")
 
     def all_gather_into_tensor(self, out, a):
+        """all_gather of ``a`` into ``out``."""
         if not self.cpg.fast(self._C.K_ALLGATHER, out, 0, a):
             self._run(self._C.K_ALLGATHER, a, inputs=(a,), outputs=(out,), name="all_gather")
 
     def gather(self, a, lst, dst=0):
+        """gather of ``a`` into ``lst`` on ``dst``."""
         if not self.cpg.fast(self._C.K_GATHER, lst, dst, a):
             self._run(self._C.K_GATHER, a, root=dst, inputs=(a,), outputs=tuple(lst or ()),
                       name="gather")
 
     def scatter(self, a, lst, src=0):
+        """scatter of ``lst`` from ``src`` into ``a``."""
         if not self.cpg.fast(self._C.K_SCATTER, a, src, lst):
             self._run(self._C.K_SCATTER, a, root=src, inputs=tuple(lst or ()), outputs=(a,),
                       name="scatter")
 
     def reduce_scatter_tensor(self, out, big):
+        """reduce_scatter of ``big`` into ``out``."""
         if not self.cpg.fast(self._C.K_REDUCE_SCATTER, out, 0, big):
             self._run(self._C.K_REDUCE_SCATTER, out, inputs=(big,), outputs=(out,),
                       name="reduce_scatter")
 
     def all_to_all_single(self, out, src):
+        """all_to_all of ``src`` into ``out``, equal splits."""
         if not self.cpg.fast(self._C.K_ALLTOALL, out, 0, src):
             splits = (src.nbytes // self.size,) * self.size
             self._run(self._C.K_ALLTOALL, src, inputs=(src,), outputs=(out,), count=0,
