@@ -10,7 +10,10 @@
 #include "../kernels/kernels.h"
 #include "../util/kinds.h"
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include <structmember.h>
 
 /* ------------------------------------------------------ shared by rings */
 
@@ -147,6 +150,7 @@ typedef struct {
     PyObject_HEAD
     pd_fr fr;
     PyObject *transport;
+    PyObject *weakrefs; /* the flight recorder's registry (_observe) */
 } FRObject;
 
 struct pd_fr *
@@ -187,6 +191,9 @@ static void
 FR_dealloc(FRObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     pd_fr_free(&self->fr);
     Py_CLEAR(self->transport);
     tp->tp_free((PyObject *)self);
@@ -323,7 +330,14 @@ static PyGetSetDef FR_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyMemberDef FR_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(FRObject, weakrefs), READONLY,
+     NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyType_Slot FR_slots[] = {
+    {Py_tp_members, FR_members},
     {Py_tp_new, FR_new},
     {Py_tp_dealloc, FR_dealloc},
     {Py_tp_methods, FR_methods},

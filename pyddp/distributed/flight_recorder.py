@@ -28,6 +28,8 @@ def _cgroup(group):
     if pg is None:
         raise ValueError("flight_recorder: this rank is not a member of the group")
     cpg = getattr(pg, "_host", None)
+    if cpg is not None and not hasattr(cpg, "flight_records"):
+        cpg = getattr(cpg, "recorder", None)  # a backend's own ring (backend 'mpi')
     if cpg is None or not hasattr(cpg, "flight_records"):
         raise ValueError(f"flight_recorder: group {pg.group_name!r} has no pyddp C group "
                          f"(backends: {pg._backends_desc()})")
