@@ -164,6 +164,12 @@ pd_grp_explain_timeout(pd_group *g, const pd_op *op, uint64_t seq, double timeou
 
 /* ------------------------------------------------------ flight recorder */
 
+pd_fr *
+pd_group_flight(pd_group *g)
+{
+    return &g->fr;
+}
+
 size_t
 pd_group_flight_capacity(pd_group *g)
 {

@@ -156,18 +156,34 @@ pd_fr_start(pd_fr *fr, uint64_t id, uint64_t seq)
     pthread_mutex_unlock(&fr->mu);
 }
 
+void
+pd_fr_names(const pd_fr *fr, const pd_fr_entry *e, const char **backend,
+            const char **transport, const char **algorithm)
+{
+    if (e->via == 0 || e->via >= PD_FR_VIAS) {
+        *backend = "cpu";
+        *transport = pd_path_name(e->path);
+        *algorithm = pd_algo_name(e->algo);
+        return;
+    }
+    *backend = fr->via[e->via][0];
+    *transport = fr->via[e->via][1];
+    *algorithm = fr->via[e->via][2];
+}
+
 static void
 timeline_events(const pd_fr *fr, const pd_fr_entry *e)
 {
-    char args[320];
+    const char *be, *tr, *al;
+    pd_fr_names(fr, e, &be, &tr, &al);
+    char args[512];
     snprintf(args, sizeof(args),
              "{\"seq\":%llu,\"bytes\":%llu,\"count\":%llu,\"dtype\":\"%s\","
-             "\"backend\":\"cpu\",\"transport\":\"%s\",\"algorithm\":\"%s\","
+             "\"backend\":\"%s\",\"transport\":\"%s\",\"algorithm\":\"%s\","
              "\"status\":\"%s\"}",
              (unsigned long long)e->seq, (unsigned long long)e->bytes,
              (unsigned long long)e->count,
-             pd_dtype_name((pd_dtype)e->dtype), pd_path_name(e->path),
-             pd_algo_name(e->algo),
+             pd_dtype_name((pd_dtype)e->dtype), be, tr, al,
              e->state == PD_FR_COMPLETED ? "ok" : pd_status_name(e->status));
     int tid = fr->tl_tid >= 0 ? fr->tl_tid : 0;
     if (e->t_started > e->t_enqueued) {
@@ -210,6 +226,150 @@ pd_fr_end(pd_fr *fr, uint64_t id, pd_status st, int path, int algo)
     if (emit) {
         timeline_events(fr, &copy);
     }
+}
+
+/* ------------------------------------------- device backends' calls */
+
+static void
+via_name(char *dst, const char *src)
+{
+    pd_strlcpy(dst, src != NULL && src[0] ? src : "?", PD_FR_VIA_LEN);
+    for (char *p = dst; *p; p++) { /* JSON and the timeline carry it as is */
+        if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) {
+            *p = '_';
+        }
+    }
+}
+
+int
+pd_fr_via(pd_fr *fr, const char *backend, const char *transport,
+          const char *algorithm)
+{
+    char n[3][PD_FR_VIA_LEN];
+    memset(n, 0, sizeof(n)); /* compared whole */
+    via_name(n[0], backend);
+    via_name(n[1], transport);
+    via_name(n[2], algorithm);
+    pthread_mutex_lock(&fr->mu);
+    int k;
+    for (k = 1; k <= fr->nvia; k++) {
+        if (memcmp(fr->via[k], n, sizeof(n)) == 0) {
+            break;
+        }
+    }
+    if (k > fr->nvia) {
+        if (k < PD_FR_VIAS) {
+            memcpy(fr->via[k], n, sizeof(n));
+            fr->nvia = k;
+        }
+        else {
+            k = -1;
+        }
+    }
+    pthread_mutex_unlock(&fr->mu);
+    return k;
+}
+
+uint64_t
+pd_fr_note(pd_fr *fr, int via, int kind, int dtype, int op, int root,
+           uint64_t count, uint64_t bytes, const char *name, int collective)
+{
+    if (fr->cap == 0 || via <= 0 || via >= PD_FR_VIAS) {
+        return 0;
+    }
+    double now = pd_wall();
+    pthread_mutex_lock(&fr->mu);
+    uint64_t id = 0;
+    if (via <= fr->nvia) {
+        id = ++fr->next;
+        pd_fr_entry *e = &fr->e[(id - 1) % fr->cap];
+        memset(e, 0, sizeof(*e));
+        e->id = id;
+        e->seq = collective ? ++fr->via_seq[via] : 0;
+        e->count = count;
+        e->bytes = bytes;
+        e->root = root;
+        e->kind = (uint8_t)kind;
+        e->dtype = (uint8_t)dtype;
+        e->op = (uint8_t)op;
+        e->via = (uint8_t)via;
+        e->t_enqueued = now;
+        pd_strlcpy(e->name, name != NULL ? name : "", sizeof(e->name));
+    }
+    pthread_mutex_unlock(&fr->mu);
+    return id;
+}
+
+void
+pd_fr_update(pd_fr *fr, uint64_t id, int state, pd_status st)
+{
+    if (id == 0) {
+        return;
+    }
+    double now = pd_wall();
+    pthread_mutex_lock(&fr->mu);
+    pd_fr_entry *e = find(fr, id);
+    pd_fr_entry copy;
+    int emit = 0;
+    if (e != NULL && e->state < PD_FR_COMPLETED) {
+        if (state == PD_FR_STARTED) {
+            if (e->state == PD_FR_ENQUEUED) {
+                e->t_started = now;
+                e->state = PD_FR_STARTED;
+            }
+        }
+        else if (state == PD_FR_COMPLETED || state == PD_FR_FAILED) {
+            if (e->t_started == 0) {
+                e->t_started = now;
+            }
+            e->t_ended = now;
+            e->state = (uint8_t)state;
+            e->status = state == PD_FR_COMPLETED
+                            ? PD_OK
+                            : (int32_t)(st == PD_OK ? PD_EBACKEND : st);
+            if (pd_tl_enabled()) {
+                copy = *e;
+                emit = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&fr->mu);
+    if (emit) {
+        timeline_events(fr, &copy);
+    }
+}
+
+size_t
+pd_fr_fail_open(pd_fr *fr, pd_status st)
+{
+    if (st == PD_OK) {
+        st = PD_EBACKEND;
+    }
+    double now = pd_wall();
+    size_t n = 0;
+    pthread_mutex_lock(&fr->mu);
+    uint64_t last = fr->next;
+    uint64_t first = last > fr->cap ? last - fr->cap + 1 : 1;
+    int tl = pd_tl_enabled();
+    for (uint64_t id = first; fr->cap > 0 && fr->nvia > 0 && id <= last;
+         id++) {
+        pd_fr_entry *e = find(fr, id);
+        if (e == NULL || e->via == 0 || e->state >= PD_FR_COMPLETED) {
+            continue;
+        }
+        if (e->t_started == 0) {
+            e->t_started = now;
+        }
+        e->t_ended = now;
+        e->state = PD_FR_FAILED;
+        e->status = (int32_t)st;
+        n++;
+        if (tl) { /* rare: under the lock */
+            timeline_events(fr, e);
+        }
+    }
+    pthread_mutex_unlock(&fr->mu);
+    return n;
 }
 
 size_t
@@ -321,9 +481,11 @@ pd_fr_dump(pd_fr *fr, const char *path, const char *reason, int once)
         fprintf(f, "\"id\": %llu, \"seq\": %llu, \"name\": ",
                 (unsigned long long)e->id, (unsigned long long)e->seq);
         put_string(f, e->name);
+        const char *be, *tr, *al;
+        pd_fr_names(fr, e, &be, &tr, &al);
         fprintf(f, ", \"kind\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
                 "\"root\": %d, \"count\": %llu, \"bytes\": %llu, "
-                "\"backend\": \"cpu\", \"transport\": \"%s\", "
+                "\"backend\": \"%s\", \"transport\": \"%s\", "
                 "\"algorithm\": \"%s\", "
                 "\"state\": \"%s\", \"status\": \"%s\", "
                 "\"t_enqueued\": %.6f, \"t_started\": %.6f, "
@@ -331,7 +493,7 @@ pd_fr_dump(pd_fr *fr, const char *path, const char *reason, int once)
                 pd_kind_name(e->kind), pd_dtype_name((pd_dtype)e->dtype),
                 pd_redop_name((pd_redop)e->op), (int)e->root,
                 (unsigned long long)e->count, (unsigned long long)e->bytes,
-                pd_path_name(e->path), pd_algo_name(e->algo),
+                be, tr, al,
                 pd_fr_state_name(e->state),
                 e->state >= PD_FR_COMPLETED
                     ? pd_status_name((pd_status)e->status)

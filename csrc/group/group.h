@@ -153,6 +153,8 @@ void pd_group_destroy(pd_group *g);
  * fails, with the JSON object the file carries; a dump now (path NULL: the
  * configured one); this group's timeline track. */
 size_t pd_group_flight_capacity(pd_group *g);
+/* The ring itself: device backends note their calls there (flight.h). */
+pd_fr *pd_group_flight(pd_group *g);
 size_t pd_group_flight_records(pd_group *g, pd_fr_entry *out, size_t cap);
 pd_status pd_group_flight_configure(pd_group *g, const char *path,
                                     const char *meta);

@@ -63,6 +63,9 @@ pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
     char reason[PD_ERRMSG_MAX + 48];
     snprintf(reason, sizeof(reason), "group failed (%s): %s",
              pd_status_name(st), g->errmsg);
+    /* a device backend's calls on this group's ring fail with it: its
+     * watchdog aborts them when it sees the group's error */
+    pd_fr_fail_open(&g->fr, st);
     if (pd_fr_dump(&g->fr, NULL, reason, 1) != PD_OK) {
         PD_LOG(PD_LOG_WARN, "group", "rank %d: %s", g->rank, pd_errmsg());
     }

@@ -51,6 +51,7 @@ typedef struct pd_module_state {
     PyTypeObject *PinnedBufferType;  /* cuda.c */
     PyTypeObject *NcclCommType;      /* nccl.c */
     PyTypeObject *NcclWorkType;
+    PyTypeObject *FlightRecorderType; /* flight.c */
     PyObject *TensorType;            /* buffers.c: pyddp.Tensor, or NULL */
     PyObject *str_data;              /* interned "_data" */
 } pd_module_state;
@@ -175,6 +176,20 @@ int pd_cuda_add_functions(PyObject *m, pd_module_state *st);
 /* NcclComm and NcclWork (nccl.c). */
 int pd_nccl_add_types(PyObject *m, pd_module_state *st);
 int pd_mpi_add_types(PyObject *m, pd_module_state *st);
+
+/* flight.c: flight-recorder rings (group/flight.h) from Python, shared by
+ * ProcessGroup's ring and _C.FlightRecorder: the records as dicts, and a
+ * device backend's calls (flight_via, flight_note, flight_update); the ring
+ * of a _C.FlightRecorder (NULL when obj is none). */
+struct pd_fr;
+PyObject *pd_py_fr_records(struct pd_fr *fr);
+PyObject *pd_py_fr_via(struct pd_fr *fr, PyObject *args);
+PyObject *pd_py_fr_note(struct pd_fr *fr, PyObject *const *args,
+                        Py_ssize_t nargs);
+PyObject *pd_py_fr_update(struct pd_fr *fr, PyObject *const *args,
+                          Py_ssize_t nargs);
+struct pd_fr *pd_py_flight_recorder(PyObject *obj, pd_module_state *st);
+int pd_flight_add_types(PyObject *m, pd_module_state *st);
 /* timeline.c: _C.timeline_* */
 int pd_timeline_add_functions(PyObject *m, pd_module_state *st);
 

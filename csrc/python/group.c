@@ -317,6 +317,18 @@ static PyMethodDef PG_methods[] = {
     {"flight_records", (PyCFunction)pd_pg_flight_records, METH_NOARGS,
      "flight_records() -> list of dicts: the flight recorder's records, "
      "oldest first."},
+    {"flight_via", (PyCFunction)pd_pg_flight_via, METH_VARARGS,
+     "flight_via(backend, transport, algorithm) -> via: a device backend "
+     "that notes its calls in this group's ring registers what runs them"},
+    {"flight_note", (PyCFunction)(void (*)(void))pd_pg_flight_note,
+     METH_FASTCALL,
+     "flight_note(via, kind, dtype, op, root, count, bytes, name, "
+     "collective) -> id: a device backend's call, enqueued (0: not "
+     "recorded)"},
+    {"flight_update", (PyCFunction)(void (*)(void))pd_pg_flight_update,
+     METH_FASTCALL,
+     "flight_update(id, state[, status]): the call moved to FR_STARTED, "
+     "FR_COMPLETED or FR_FAILED (a pd status code)"},
     {"flight_recorder_configure", (PyCFunction)pd_pg_flight_configure,
      METH_VARARGS,
      "flight_recorder_configure(path, meta_json): dump there when the "

@@ -1,31 +1,9 @@
 /* ProcessGroup's flight recorder (csrc/group/flight.c): the records as
- * dicts, where the group dumps them when it fails, a dump on demand; and
- * the group's track in the timeline.
+ * dicts (flight.c), a device backend's calls noted beside the group's own,
+ * where the group dumps them when it fails, a dump on demand; and the
+ * group's track in the timeline.
  */
-#include "../coll/coll.h"
-#include "../kernels/kernels.h"
-#include "../util/kinds.h"
 #include "group_internal.h"
-
-static PyObject *
-fr_entry_dict(const pd_fr_entry *e)
-{
-    return Py_BuildValue(
-        "{s:K,s:K,s:s,s:s,s:s,s:s,s:i,s:K,s:K,s:s,s:s,s:s,s:s,s:s,s:d,s:d,"
-        "s:d}",
-        "id",
-        (unsigned long long)e->id, "seq", (unsigned long long)e->seq, "name",
-        e->name, "kind", pd_kind_name(e->kind), "dtype",
-        pd_dtype_name((pd_dtype)e->dtype), "op",
-        pd_redop_name((pd_redop)e->op), "root", (int)e->root, "count",
-        (unsigned long long)e->count, "bytes", (unsigned long long)e->bytes,
-        "backend", "cpu", "transport", pd_path_name(e->path), "algorithm",
-        pd_algo_name(e->algo), "state", pd_fr_state_name(e->state), "status",
-        e->state >= PD_FR_COMPLETED ? pd_status_name((pd_status)e->status)
-                                    : "",
-        "t_enqueued", e->t_enqueued, "t_started", e->t_started, "t_ended",
-        e->t_ended);
-}
 
 PyObject *
 pd_pg_flight_records(PGObject *self, PyObject *Py_UNUSED(ignored))
@@ -33,23 +11,36 @@ pd_pg_flight_records(PGObject *self, PyObject *Py_UNUSED(ignored))
     if (pg_check(self) < 0) {
         return NULL;
     }
-    size_t cap = pd_group_flight_capacity(self->g);
-    pd_fr_entry *buf = cap ? PyMem_Malloc(cap * sizeof(pd_fr_entry)) : NULL;
-    if (cap && buf == NULL) {
-        return PyErr_NoMemory();
+    return pd_py_fr_records(pd_group_flight(self->g));
+}
+
+/* A device backend's calls in this group's ring (flight.c's helpers): the
+ * host group a backend keeps beside it records them with its own. */
+PyObject *
+pd_pg_flight_via(PGObject *self, PyObject *args)
+{
+    if (pg_check(self) < 0) {
+        return NULL;
     }
-    size_t n = cap ? pd_group_flight_records(self->g, buf, cap) : 0;
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list != NULL && i < n; i++) {
-        PyObject *d = fr_entry_dict(&buf[i]);
-        if (d == NULL) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    return pd_py_fr_via(pd_group_flight(self->g), args);
+}
+
+PyObject *
+pd_pg_flight_note(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (pg_check(self) < 0) {
+        return NULL;
     }
-    PyMem_Free(buf);
-    return list;
+    return pd_py_fr_note(pd_group_flight(self->g), args, nargs);
+}
+
+PyObject *
+pd_pg_flight_update(PGObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (self->g == NULL) { /* destroyed: its ring is gone, nothing to do */
+        Py_RETURN_NONE;
+    }
+    return pd_py_fr_update(pd_group_flight(self->g), args, nargs);
 }
 
 PyObject *

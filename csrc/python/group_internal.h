@@ -94,6 +94,11 @@ PyObject *pd_pg_get_phase(PGObject *self, void *closure);
 
 /* group_flight.c */
 PyObject *pd_pg_flight_records(PGObject *self, PyObject *ignored);
+PyObject *pd_pg_flight_via(PGObject *self, PyObject *args);
+PyObject *pd_pg_flight_note(PGObject *self, PyObject *const *args,
+                            Py_ssize_t nargs);
+PyObject *pd_pg_flight_update(PGObject *self, PyObject *const *args,
+                              Py_ssize_t nargs);
 PyObject *pd_pg_flight_configure(PGObject *self, PyObject *args);
 PyObject *pd_pg_flight_dump(PGObject *self, PyObject *args);
 PyObject *pd_pg_set_timeline_track(PGObject *self, PyObject *arg);

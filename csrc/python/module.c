@@ -109,7 +109,8 @@ pd_exec(PyObject *m)
     }
     if (pd_amp_add_functions(m, st) < 0 || pd_optim_add_functions(m, st) < 0 ||
         pd_random_add_types(m, st) < 0 || pd_cuda_add_functions(m, st) < 0 ||
-        pd_nccl_add_types(m, st) < 0 || pd_mpi_add_types(m, st) < 0 || pd_timeline_add_functions(m, st) < 0) {
+        pd_nccl_add_types(m, st) < 0 || pd_flight_add_types(m, st) < 0 ||
+        pd_mpi_add_types(m, st) < 0 || pd_timeline_add_functions(m, st) < 0) {
         return -1;
     }
     /* A child forked after the environment was read (os.fork, a test
@@ -144,6 +145,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->PinnedBufferType);
     Py_VISIT(st->NcclCommType);
     Py_VISIT(st->NcclWorkType);
+    Py_VISIT(st->FlightRecorderType);
     Py_VISIT(st->TensorType);
     return 0;
 }
@@ -166,6 +168,7 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->PinnedBufferType);
     Py_CLEAR(st->NcclCommType);
     Py_CLEAR(st->NcclWorkType);
+    Py_CLEAR(st->FlightRecorderType);
     Py_CLEAR(st->TensorType);
     Py_CLEAR(st->str_data);
     return 0;

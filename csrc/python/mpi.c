@@ -9,9 +9,12 @@
  * fast path given at construction, so one call serves every collective. */
 #include "binding.h"
 
+#include "../group/flight.h"
 #include "../mpi/comm.h"
 #include "../util/kinds.h"
 #include "../util/status.h"
+
+#include "../kernels/kernels.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -23,6 +26,9 @@ typedef struct {
     pd_module_state *st;
     PyObject *fallback;     /* the Python fast path */
     PyObject *on_failure;   /* raises the DistBackendError */
+    PyObject *recorder;     /* the backend's _C.FlightRecorder, or NULL */
+    pd_fr *fr;              /* its ring: the fast path's calls recorded */
+    int via;
     pd_mpi_comm c;
 } MpiCommObject;
 
@@ -40,25 +46,35 @@ handle_of(PyObject *o, intptr_t *out, const char *what)
 }
 
 /* MpiComm(handle_size, coll, aux, in_place, sig_type, types, ops, rank,
- *         size, check, timeout, fallback, on_failure)
- * types: {dtype code: handle}; ops: {(dtype code, op code): handle}. */
+ *         size, check, timeout, fallback, on_failure[, recorder, via])
+ * types: {dtype code: handle}; ops: {(dtype code, op code): handle};
+ * recorder: a _C.FlightRecorder the fast path's calls are noted in (as via,
+ * its flight_via number), or None. */
 static PyObject *
 MpiComm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"handle_size", "coll", "aux", "in_place", "sig_type",
                          "types", "ops", "rank", "size", "check",
-                         "timeout", "fallback", "on_failure", NULL};
-    int hsize, rank, size, check;
+                         "timeout", "fallback", "on_failure", "recorder",
+                         "via", NULL};
+    int hsize, rank, size, check, via = 0;
     double timeout;
     PyObject *coll, *aux, *inp, *sigt, *types, *ops, *fb, *onf;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOO!O!iipdOO", kw,
+    PyObject *rec = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOO!O!iipdOO|Oi", kw,
                                      &hsize, &coll, &aux, &inp, &sigt,
                                      &PyDict_Type, &types, &PyDict_Type, &ops,
                                      &rank, &size, &check, &timeout, &fb,
-                                     &onf)) {
+                                     &onf, &rec, &via)) {
         return NULL;
     }
     pd_module_state *st = pd_state_from_type(type);
+    pd_fr *fr = rec == Py_None ? NULL : pd_py_flight_recorder(rec, st);
+    if (rec != Py_None && fr == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "MpiComm: recorder must be a FlightRecorder or None");
+        return NULL;
+    }
     if (hsize != 4 && hsize != 8) {
         PyErr_Format(PyExc_ValueError,
                      "MpiComm: handle_size must be 4 or 8, got %d", hsize);
@@ -89,6 +105,11 @@ MpiComm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->c.timeout = timeout;
     self->fallback = Py_NewRef(fb);
     self->on_failure = Py_NewRef(onf);
+    if (fr != NULL) {
+        self->recorder = Py_NewRef(rec);
+        self->fr = fr;
+        self->via = via;
+    }
     if (pd_mpi_comm_init(&self->c) != PD_OK) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -146,6 +167,7 @@ MpiComm_traverse(MpiCommObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->fallback);
     Py_VISIT(self->on_failure);
+    Py_VISIT(self->recorder);
     return 0;
 }
 
@@ -154,6 +176,7 @@ MpiComm_clear(MpiCommObject *self)
 {
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->on_failure);
+    /* the ring stays until dealloc (fr points into it) */
     return 0;
 }
 
@@ -163,6 +186,8 @@ MpiComm_dealloc(MpiCommObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     MpiComm_clear(self);
+    self->fr = NULL;
+    Py_CLEAR(self->recorder);
     pd_mpi_comm_free(&self->c);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
@@ -263,6 +288,36 @@ MpiComm_check(MpiCommObject *self, PyObject *args)
 
 /* -------------------------------------------------------------- fast path */
 
+/* The fast path's flight records (nothing without a recorder). */
+static uint64_t
+fr_note(MpiCommObject *self, int kind, int dtype, long op, long root,
+        size_t count, const char *name)
+{
+    if (self->fr == NULL) {
+        return 0;
+    }
+    size_t esz = dtype >= 0 ? pd_dtype_size((pd_dtype)dtype) : 0;
+    return pd_fr_note(self->fr, self->via, kind, dtype < 0 ? 0 : dtype,
+                      (int)op, (int)root, (uint64_t)count,
+                      (uint64_t)count * esz, name, 1);
+}
+
+static void
+fr_set(MpiCommObject *self, uint64_t id, int state, int outcome)
+{
+    if (id == 0) {
+        return;
+    }
+    pd_status st = PD_OK;
+    if (state == PD_FR_FAILED) {
+        st = outcome == PD_MPI_TIMEOUT       ? PD_ETIMEOUT
+             : outcome == PD_MPI_MISMATCH    ? PD_EMISMATCH
+             : outcome == PD_MPI_INTERRUPTED ? PD_EINTR
+                                             : PD_EBACKEND;
+    }
+    pd_fr_update(self->fr, id, state, st);
+}
+
 /* fast(kind, array, arg[, input[, root]]): pyddp's fast protocol (see
  * group_fast.c's pd_pg_fast).  all_reduce (in place), broadcast and
  * barrier of a C-contiguous CPU array of a type MPI reduces natively run
@@ -293,19 +348,25 @@ MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
     }
     int err = 0, s;
+    uint64_t fid;
     if (kind == PD_K_BARRIER) {
+        fid = fr_note(self, PD_K_BARRIER, 0, 0, 0, 0, "barrier");
         s = self->c.check && self->c.size > 1
                 ? run_check(self, PD_K_BARRIER, 0, 0, 0, 0, 0.0, &err)
                 : PD_MPI_OK;
         if (s != PD_MPI_OK) {
+            fr_set(self, fid, PD_FR_FAILED, s);
             return failure(self, "barrier", s, err);
         }
+        fr_set(self, fid, PD_FR_STARTED, 0);
         Py_BEGIN_ALLOW_THREADS
         err = pd_mpi_barrier(&self->c);
         Py_END_ALLOW_THREADS
         if (err != 0) {
+            fr_set(self, fid, PD_FR_FAILED, PD_MPI_CALL_ERROR);
             return failure(self, "barrier", PD_MPI_CALL_ERROR, err);
         }
+        fr_set(self, fid, PD_FR_COMPLETED, 0);
         Py_RETURN_TRUE;
     }
     pd_view v;
@@ -323,6 +384,9 @@ MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_Vectorcall(self->fallback, args, (size_t)nargs, NULL);
     }
     const char *what = kind == PD_K_ALLREDUCE ? "all_reduce" : "broadcast";
+    fid = kind == PD_K_ALLREDUCE
+              ? fr_note(self, (int)kind, v.dtype, arg, 0, v.count, what)
+              : fr_note(self, (int)kind, v.dtype, 0, arg, v.count, what);
     if (self->c.check && self->c.size > 1) {
         s = kind == PD_K_ALLREDUCE
                 ? run_check(self, (int)kind, v.dtype, arg, 0,
@@ -331,9 +395,11 @@ MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
                             (long long)v.count, 0.0, &err);
         if (s != PD_MPI_OK) {
             pd_view_release(&v);
+            fr_set(self, fid, PD_FR_FAILED, s);
             return failure(self, what, s, err);
         }
     }
+    fr_set(self, fid, PD_FR_STARTED, 0);
     int n = (int)v.count;
     void *p = v.ptr;
     Py_BEGIN_ALLOW_THREADS
@@ -346,8 +412,10 @@ MpiComm_fast(MpiCommObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_END_ALLOW_THREADS
     pd_view_release(&v);
     if (err != 0) {
+        fr_set(self, fid, PD_FR_FAILED, PD_MPI_CALL_ERROR);
         return failure(self, what, PD_MPI_CALL_ERROR, err);
     }
+    fr_set(self, fid, PD_FR_COMPLETED, 0);
     Py_RETURN_TRUE;
 }
 

@@ -7,7 +7,9 @@ call is seen).  Messages go through the ``logging`` module, logger ``pyddp.distr
 prefixed with the rank; a stderr handler is added when nothing else handles them.
 
 Flight recorder: every C process group keeps its last ``PYDDP_FLIGHT_RECORDER_SIZE`` operations
-(default 2000; 0 turns it off) in a ring (csrc/group/flight.c).  With
+(default 2000; 0 turns it off) in a ring (csrc/group/flight.c); the ``nccl`` backend notes its
+calls in the ring of its host group, the ``mpi`` backend in a ring of its own
+(``_C.FlightRecorder``, attached here as a group's).  With
 ``PYDDP_FLIGHT_RECORDER_DIR`` set, each rank writes the ring of a group there when the group
 fails (a mismatch, a dead peer, a timeout); ``pyddp.distributed.flight_recorder.dump()`` writes
 it on demand; ``python -m pyddp.tools.flight_recorder DIR`` reads the files of all ranks.

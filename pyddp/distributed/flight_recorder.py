@@ -4,10 +4,25 @@ process group, kept in a ring by the C core.
     PYDDP_FLIGHT_RECORDER_DIR=/tmp/fr pyddp-run --nproc-per-node 2 train.py
     python -m pyddp.tools.flight_recorder /tmp/fr      # which rank diverged, on which collective
 
-Each record: ``id``, ``seq`` (the collective's sequence number in its group; 0 for send/recv),
-``name``, ``kind``, ``dtype``, ``op``, ``root``, ``count``, ``bytes``, ``state`` (enqueued,
-started, completed, failed), ``status``, and the wall-clock times ``t_enqueued``,
-``t_started``, ``t_ended`` (seconds since the epoch; 0 when not reached).
+Each record: ``id``, ``seq`` (the collective's sequence number in its group and backend; 0 for
+send/recv), ``name``, ``kind``, ``dtype``, ``op``, ``root``, ``count``, ``bytes``, ``backend``,
+``transport`` and ``algorithm`` (what ran it), ``state`` (enqueued, started, completed, failed),
+``status``, and the wall-clock times ``t_enqueued``, ``t_started``, ``t_ended`` (seconds since the
+epoch; 0 when not reached).
+
+Every backend's calls are recorded:
+
+- ``cpu`` (and ``gloo``): by the C group that runs them, with coll/select.c's transport and
+  algorithm (``shm``/``tcp``; ``ring``, ``chain``, ...);
+- ``nccl``: in the ring of the host group the backend keeps beside its communicators (so
+  ``records(group)`` also holds that group's own signature checks and object collectives, as
+  backend ``cpu``, numbered apart), as ``nccl``/``nccl``/``auto`` (NCCL_ALGO's value when set;
+  ``p2p`` for send/recv); completed when the host sees the call's end event (a wait, a query or the
+  watchdog's poll), so ``t_ended`` is when the host saw it;
+- ``mpi``: in a ring of the backend's own, as ``mpi``/``mpi``/``auto`` (``p2p`` for send/recv).
+
+When a group fails, its calls still open are written as failed, with the status (timeout,
+collective mismatch, backend error).
 
 ``PYDDP_FLIGHT_RECORDER_SIZE`` (else ``TORCH_FR_BUFFER_SIZE``) sets the ring's length (default
 2000, 0 turns recording off).  With ``PYDDP_FLIGHT_RECORDER_DIR`` set, every rank writes a
@@ -28,6 +43,8 @@ def _cgroup(group):
     if pg is None:
         raise ValueError("flight_recorder: this rank is not a member of the group")
     cpg = getattr(pg, "_host", None)
+    if cpg is not None and not hasattr(cpg, "flight_records"):
+        cpg = getattr(cpg, "recorder", None)  # a backend's own ring (backend 'mpi')
     if cpg is None or not hasattr(cpg, "flight_records"):
         raise ValueError(f"flight_recorder: group {pg.group_name!r} has no pyddp C group "
                          f"(backends: {pg._backends_desc()})")

@@ -38,6 +38,16 @@ def _nbytes(n):
     return f"{n} B"
 
 
+def _library_why(backend, algorithm):
+    """Why a library backend ("nccl", "mpi") names ``algorithm``: the library chooses per call."""
+    if backend == "nccl":
+        if algorithm != "auto":
+            return f"NCCL chooses its algorithm per call among NCCL_ALGO={algorithm}"
+        return "the nccl backend chooses its algorithm per call (NCCL_DEBUG=INFO logs it, " \
+               "NCCL_ALGO sets it)"
+    return f"the {backend} backend chooses its algorithm per call (the library's own tuning)"
+
+
 def _rules_why(cpg, kind, dtype, count, transport, algorithm):
     """Why coll/select.c chose algorithm, in the words of the rules in force (cpg.rules)."""
     name = _observe.KIND_NAMES.get(kind, str(kind))
@@ -255,11 +265,11 @@ class ProcessGroup:
             transport, algorithm = explain(kind, dtype, count)
             if hasattr(be, "rules"):
                 why.append(_rules_why(be, kind, dtype, count, transport, algorithm))
+            else:
+                why.append(_library_why(backend, algorithm))
         else:
             algorithm = "auto"
-            why.append(f"the {backend} backend chooses its algorithm per call "
-                       + ("(NCCL_DEBUG=INFO logs it, NCCL_ALGO sets it)" if backend == "nccl"
-                          else "(the library's own tuning)"))
+            why.append(_library_why(backend, algorithm))
         return {"backend": backend, "transport": transport, "algorithm": algorithm,
                 "staged": staged, "why": "; ".join(w for w in why if w)}
 

@@ -3,7 +3,9 @@
     python -m pyddp.tools.flight_recorder DIR [--verbose]
 
 DIR holds the files ranks wrote (PYDDP_FLIGHT_RECORDER_DIR, or flight_recorder.dump()).  For each
-group, the collectives are compared by sequence number across ranks:
+group, and within it each backend whose calls the file records (a group on backend "nccl" records
+NCCL's calls beside the signature checks and object collectives its host group ran on "cpu"; each
+has its own sequence numbers), the collectives are compared by sequence number across ranks:
 
 - ranks that called different collectives at the same sequence number (kind, dtype, op, root or
   count differ): "diverged", naming the odd ranks;
@@ -61,9 +63,15 @@ def _desc(e):
 
 def _path(e):
     """' [shm, cma]': the transport and algorithm it ran with (files of older versions, and
-    operations still running, have none)."""
+    operations still running, have none); a device backend's calls name the backend too
+    (' [nccl, nccl, auto]')."""
     algo = e.get("algorithm")
-    return f" [{e.get('transport')}, {algo}]" if algo and algo != "none" else ""
+    if not algo or algo == "none":
+        return ""
+    backend = e.get("backend", "cpu")
+    if backend != "cpu":
+        return f" [{backend}, {e.get('transport')}, {algo}]"
+    return f" [{e.get('transport')}, {algo}]"
 
 
 def _ranks(rs):
@@ -153,6 +161,27 @@ def analyse_group(files):
     return lines, problem
 
 
+def _by_backend(files):
+    """The files of one group, split by the backend of their records: [(backend, files)], each
+    file's entries only that backend's (files of older versions name none: 'cpu'); one backend
+    keeps the files as they are."""
+    names = []
+    for f in files:
+        for e in f["entries"]:
+            b = e.get("backend", "cpu")
+            if b not in names:
+                names.append(b)
+    if len(names) <= 1:
+        return [(names[0] if names else None, files)]
+    # the device backend's calls first: what a job on it is about
+    names.sort(key=lambda b: b == "cpu")
+    out = []
+    for b in names:
+        out.append((b, [dict(f, entries=[e for e in f["entries"] if e.get("backend", "cpu") == b])
+                        for f in files]))
+    return out
+
+
 def analyse(files):
     """(lines, problem): the report on every group found in files (load()'s result), and whether
     it found a divergence, a rank behind, a missing rank or a collective that did not complete."""
@@ -162,9 +191,13 @@ def analyse(files):
         groups.setdefault(key, []).append(f)
     out, problem = [], False
     for fs in groups.values():
-        lines, p = analyse_group(fs)
-        out.extend(lines)
-        problem = problem or p
+        split = _by_backend(fs)
+        for backend, part in split:
+            lines, p = analyse_group(part)
+            if len(split) > 1 or backend not in (None, fs[0]["meta"].get("backend", backend)):
+                lines[0] = lines[0][:-2] + f", its {backend} calls):"
+            out.extend(lines)
+            problem = problem or p
     return out, problem
 
 

@@ -20,6 +20,8 @@
 
 #include "group/group.h"
 #include "group/internal.h"
+#include "kernels/kernels.h"
+#include "util/kinds.h"
 #include "pd_test.h"
 #include "util/sync.h"
 #include "util/timeline.h"
@@ -462,6 +464,54 @@ test_fatal_claim_loser_waits(void)
     free(g);
 }
 
+/* A device backend's calls in a ring (flight.h: pd_fr_via, _note, _update,
+ * _fail_open): what ran them named per record, their own sequence numbers,
+ * states and times; a failure fails the open ones only, never the ring's
+ * own (via 0). */
+static void
+test_flight_device_calls(void)
+{
+    pd_fr fr;
+    T_OK(pd_fr_init(&fr, 8));
+    int v = pd_fr_via(&fr, "nccl", "nccl", "auto");
+    int p = pd_fr_via(&fr, "nccl", "nccl", "p2p");
+    T_CHECK(v == 1 && p == 2);
+    T_CHECK(pd_fr_via(&fr, "nccl", "nccl", "auto") == v);
+    uint64_t a = pd_fr_note(&fr, v, PD_K_ALLREDUCE, PD_FLOAT32, PD_SUM, 0, 4, 16,
+                            "all_reduce", 1);
+    uint64_t s = pd_fr_note(&fr, p, PD_K_SEND, PD_FLOAT32, 0, 1, 4, 16, "send",
+                            0);
+    uint64_t b = pd_fr_note(&fr, v, PD_K_BROADCAST, PD_FLOAT32, 0, 1, 4, 16,
+                            "broadcast", 1);
+    pd_fr_update(&fr, a, PD_FR_STARTED, PD_OK);
+    pd_fr_update(&fr, a, PD_FR_COMPLETED, PD_OK);
+    pd_fr_update(&fr, a, PD_FR_FAILED, PD_ETIMEOUT); /* ended: stays */
+    pd_fr_update(&fr, b, PD_FR_STARTED, PD_OK);
+    T_CHECK(pd_fr_fail_open(&fr, PD_ETIMEOUT) == 2); /* s and b */
+    pd_fr_entry rec[8];
+    T_CHECK(pd_fr_snapshot(&fr, rec, 8) == 3);
+    const char *be, *tr, *al;
+    pd_fr_names(&fr, &rec[0], &be, &tr, &al);
+    T_CHECK(strcmp(be, "nccl") == 0 && strcmp(al, "auto") == 0);
+    pd_fr_names(&fr, &rec[1], &be, &tr, &al);
+    T_CHECK(strcmp(al, "p2p") == 0);
+    T_CHECK(rec[0].seq == 1 && rec[1].seq == 0 && rec[2].seq == 2);
+    T_CHECK(rec[0].state == PD_FR_COMPLETED && rec[0].status == PD_OK);
+    T_CHECK(rec[0].t_enqueued > 0 && rec[0].t_started >= rec[0].t_enqueued &&
+            rec[0].t_ended >= rec[0].t_started);
+    T_CHECK(rec[1].state == PD_FR_FAILED && rec[1].status == PD_ETIMEOUT);
+    T_CHECK(rec[2].state == PD_FR_FAILED && rec[2].status == PD_ETIMEOUT);
+    for (int k = 3; k < PD_FR_VIAS; k++) {
+        char name[8];
+        snprintf(name, sizeof(name), "a%d", k);
+        T_CHECK(pd_fr_via(&fr, "x", "y", name) == k);
+    }
+    T_CHECK(pd_fr_via(&fr, "x", "y", "full") == -1);
+    T_CHECK(pd_fr_note(&fr, PD_FR_VIAS, PD_K_BARRIER, 0, 0, 0, 0, 0, "b",
+                       1) == 0);
+    pd_fr_free(&fr);
+}
+
 int
 main(void)
 {
@@ -481,5 +531,6 @@ main(void)
     T_RUN(test_stopped_tcp);
     T_RUN(test_destroy_with_pending_work);
     T_RUN(test_fatal_claim_loser_waits);
+    T_RUN(test_flight_device_calls);
     return pd_test_result();
 }

@@ -1016,3 +1016,135 @@ def test_a_failure_reaches_the_peers_without_the_signature_check():
     assert msg0 is not None, "rank 0 finished with its peer's communicator failed"
     assert took0 < 10, f"rank 0 learnt it after {took0:.1f} s: {msg0}"
     assert "rank 1" in msg0 and "asynchronous error" in msg0, msg0
+
+
+# ------------------------------------------------------ flight record, timeline, DETAIL (issue 52)
+
+def _observed(rank, n, out_dir):
+    import logging
+
+    import pyddp
+    from pyddp.distributed import flight_recorder
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logging.getLogger("pyddp.distributed").addHandler(Keep())
+    dist = _init(rank)
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)
+    dist.broadcast(x, 1, async_op=True).wait()
+    o = _dev(np.zeros(8, np.float32), rank)
+    dist.all_gather_into_tensor(o, x)
+    if rank == 0:
+        dist.send(x, 1)
+    else:
+        dist.recv(x, 0)
+    x.numpy()
+    deadline = time.monotonic() + 20  # the watchdog's poll sees the last ends
+    while True:
+        recs = [r for r in flight_recorder.records() if r["backend"] == "nccl"]
+        if all(r["state"] == "completed" for r in recs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    flight_recorder.dump()
+    dist.destroy_process_group()
+    pyddp._C.timeline_close()
+    logged = [ln.split("] ", 1)[1] for ln in lines if " on group default_pg: backend " in ln]
+    return recs, logged
+
+
+@pytest.mark.parametrize("algo", ["", "Ring"])
+def test_flight_record_timeline_and_detail_log_name_nccl(algo, tmp_path):
+    from pyddp.tools import flight_recorder as fr_tool
+    from pyddp.tools import timeline as tl_tool
+
+    env = _env(TORCH_DISTRIBUTED_DEBUG="DETAIL", PYDDP_TIMELINE=str(tmp_path / "tl") + os.sep,
+               PYDDP_FLIGHT_RECORDER_DIR=str(tmp_path / "fr"), NCCL_ALGO=algo)
+    want_algo = algo or "auto"
+    outs = _spawn(_observed, 2, str(tmp_path), env=env)
+    for rank, (recs, logged) in enumerate(outs):
+        assert [r["kind"] for r in recs] == ["all_reduce", "broadcast", "all_gather",
+                                            "send" if rank == 0 else "recv"], recs
+        assert [r["seq"] for r in recs] == [1, 2, 3, 0]
+        algos = [want_algo] * 3 + ["p2p"]  # NCCL_ALGO is not about send and recv
+        for r, a in zip(recs, algos):
+            assert (r["backend"], r["transport"], r["algorithm"]) == ("nccl", "nccl", a)
+            assert r["state"] == "completed" and r["status"] == "ok", r
+            assert 0 < r["t_enqueued"] <= r["t_started"] <= r["t_ended"], r
+            assert r["dtype"] == "float32"
+        assert recs[0]["count"] == 4 and recs[0]["bytes"] == 16 and recs[0]["op"] == "SUM"
+        assert recs[1]["root"] == 1 and recs[3]["root"] == 1 - rank
+        # DETAIL: one line per call, naming the same backend, transport and algorithm
+        assert len(logged) == 4, logged
+        for r, a, ln in zip(recs, algos, logged):
+            assert ln.startswith(f"{r['name']} on group default_pg: backend nccl, transport "
+                                 f"nccl, algorithm {a}, dtype float32"), ln
+        # the timeline's slices (the host group's track) carry them too
+        events = tl_tool.read_events(str(tmp_path / "tl" / f"timeline.rank{rank}.json"))
+        slices = [(e["name"], e["args"]["backend"], e["args"]["transport"],
+                   e["args"]["algorithm"], e["args"]["status"]) for e in events
+                  if e.get("cat") == "collective" and e["args"]["backend"] == "nccl"]
+        assert slices == [(r["name"], "nccl", "nccl", a, "ok") for r, a in zip(recs, algos)], \
+            slices
+    # the dumps: the analyzer reads them (NCCL's calls and the host group's own, apart)
+    files, errors = fr_tool.load(str(tmp_path / "fr"))
+    assert len(files) == 2 and not errors
+    for f in files:
+        nccl = [e for e in f["entries"] if e["backend"] == "nccl"]
+        assert [e["algorithm"] for e in nccl] == algos
+    lines, problem = fr_tool.analyse(files)
+    assert not problem, lines
+    assert any("its nccl calls" in ln for ln in lines), lines
+    assert "  every rank completed collectives up to #3; no divergence" in lines, lines
+
+
+def _timeout_recorded(rank, n):
+    from datetime import timedelta
+
+    dist = _init(rank, timeout=timedelta(seconds=2))
+    x = _dev(np.ones(4, np.float32), rank)
+    dist.all_reduce(x)  # one that works
+    x.numpy()
+    if rank == 1:
+        time.sleep(6)  # skips the next collective
+        return None
+    try:
+        dist.all_reduce(x)
+        x.numpy()
+    except dist.DistBackendError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("check", ["0", *full("1")])
+def test_failed_nccl_call_leaves_a_failed_record_the_analyzer_reads(check, tmp_path):
+    """Rank 1 skips a collective: rank 0's call fails (the watchdog's timeout, or the signature
+    check's wait); its ring is written with the call failed, and the analyzer names rank 1."""
+    from pyddp.tools import flight_recorder as fr_tool
+
+    env = _env(PYDDP_NCCL_CHECK=check, PYDDP_NCCL_BLOCKING_WAIT=1,
+               PYDDP_FLIGHT_RECORDER_DIR=str(tmp_path))
+    outs = _spawn(_timeout_recorded, 2, env=env)
+    assert outs[0] is not None and "all_reduce" in outs[0], outs
+    files, errors = fr_tool.load(str(tmp_path))
+    assert not errors
+    mine = [f for f in files if f["meta"]["group_rank"] == 0]
+    assert mine, [f["_path"] for f in files]
+    nccl = [e for e in mine[0]["entries"] if e["backend"] == "nccl"]
+    assert [(e["seq"], e["state"]) for e in nccl] == [(1, "completed"), (2, "failed")], nccl
+    assert nccl[1]["status"] == "timeout", nccl[1]
+    assert nccl[1]["t_ended"] >= nccl[1]["t_enqueued"] > 0
+    p = subprocess.run([sys.executable, "-m", "pyddp.tools.flight_recorder", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "backend nccl" in p.stdout, p.stdout
+    assert "collective #2 all_reduce(float32, count 4, SUM) (failed)" in p.stdout or \
+        "#2 all_reduce(float32, count 4, SUM); not completed: rank 0 failed" in p.stdout, p.stdout
+    if len(files) == 2:  # rank 1 wrote its ring too (the failure reached it)
+        assert "rank 1 is BEHIND" in p.stdout, p.stdout
+    else:
+        assert "failed" in p.stdout, p.stdout

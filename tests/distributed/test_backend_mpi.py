@@ -147,3 +147,124 @@ except C.DistBackendError as e:
                          timeout=60, cwd=ROOT, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("ok") == 4, out.stdout
+
+
+# ------------------------------------------------------ flight record, timeline, DETAIL (issue 52)
+
+_OBSERVED_JOB = r"""
+import json, logging, os, sys, time
+import numpy as np
+import pyddp
+import pyddp.distributed as dist
+from pyddp.distributed import flight_recorder
+
+lines = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+
+
+logging.getLogger("pyddp.distributed").addHandler(Keep())
+dist.init_process_group("mpi")
+rank = dist.get_rank()
+out = sys.argv[1]
+x = np.ones(4, np.float32)
+dist.all_reduce(x)                                      # the C fast path (or _py_fast)
+dist.broadcast(np.ones(3, np.float64), 1)
+dist.all_reduce(np.ones(5, np.float32), async_op=True).wait()   # an MPI request
+dist.all_gather([np.zeros(2, np.int32), np.zeros(2, np.int32)], np.ones(2, np.int32))
+if rank == 0:
+    dist.send(x, 1)
+else:
+    dist.recv(x, 0)
+dist.barrier()
+if os.environ.get("MISMATCH"):
+    try:
+        if rank == 0:
+            dist.all_reduce(np.ones(4, np.float32))
+        else:
+            dist.broadcast(np.ones(4, np.float32), 0)
+    except dist.DistBackendError as e:
+        lines.append("raised: " + str(e))
+recs = flight_recorder.records()
+if not os.environ.get("MISMATCH"):
+    flight_recorder.dump()
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump({"records": recs, "lines": lines}, f)
+dist.destroy_process_group()
+pyddp._C.timeline_close()
+"""
+
+
+@needs_mpi
+@pytest.mark.parametrize("from_c", ["1", *full("0")])
+def test_flight_record_timeline_and_detail_log_name_mpi(from_c, tmp_path):
+    """Every call on backend 'mpi' (the C fast path, the Python path, requests, p2p) is in the
+    flight record, the timeline and DETAIL's line as mpi/mpi/auto (p2p: mpi/mpi/p2p), completed;
+    the dumps go through the analyzer as a 'cpu' group's do."""
+    from pyddp.tools import flight_recorder as fr_tool
+    from pyddp.tools import timeline as tl_tool
+
+    job = tmp_path / "job.py"
+    job.write_text(_OBSERVED_JOB)
+    tl, fr = tmp_path / "tl", tmp_path / "fr"
+    out = mpirun(2, [str(job), str(tmp_path)], timeout=120,
+                 env={"PYDDP_MPI_FROM_C": from_c, "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+                      "PYDDP_TIMELINE": str(tl) + os.sep, "PYDDP_FLIGHT_RECORDER_DIR": str(fr)})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    want = [("all_reduce", "all_reduce", 1), ("broadcast", "broadcast", 2),
+            ("all_reduce", "all_reduce", 3), ("all_gather", "all_gather", 4)]
+    for rank in (0, 1):
+        rep = json.load(open(tmp_path / f"rank{rank}.json"))
+        recs = rep["records"]
+        assert [(r["name"], r["kind"], r["seq"]) for r in recs] == want + [
+            ("send" if rank == 0 else "recv", "send" if rank == 0 else "recv", 0),
+            ("barrier", "barrier", 5)], recs
+        algos = ["auto"] * 4 + ["p2p", "auto"]
+        for r, a in zip(recs, algos):
+            assert (r["backend"], r["transport"], r["algorithm"]) == ("mpi", "mpi", a), r
+            assert r["state"] == "completed" and r["status"] == "ok", r
+            assert 0 < r["t_enqueued"] <= r["t_started"] <= r["t_ended"], r
+        assert (recs[1]["dtype"], recs[1]["root"], recs[1]["bytes"]) == ("float64", 1, 24)
+        logged = [ln for ln in rep["lines"] if " on group default_pg: backend " in ln]
+        assert len(logged) == 6, rep["lines"]
+        for r, a, ln in zip(recs, algos, logged):
+            assert f"{r['name']} on group default_pg: backend mpi, transport mpi, algorithm {a}" \
+                in ln, ln
+        events = tl_tool.read_events(str(tl / f"timeline.rank{rank}.json"))
+        slices = [(e["name"], e["args"]["backend"], e["args"]["transport"],
+                   e["args"]["algorithm"], e["args"]["status"]) for e in events
+                  if e.get("cat") == "collective"]
+        assert slices == [(r["name"], "mpi", "mpi", a, "ok") for r, a in zip(recs, algos)]
+    files, errors = fr_tool.load(str(fr))
+    assert len(files) == 2 and not errors, errors
+    assert all(f["meta"]["backend"] == "mpi" for f in files)
+    lines, problem = fr_tool.analyse(files)
+    assert not problem, lines
+    assert "  every rank completed collectives up to #5; no divergence" in lines, lines
+
+
+@needs_mpi
+def test_mismatch_on_mpi_leaves_failed_records_the_analyzer_reads(tmp_path):
+    from pyddp.tools import flight_recorder as fr_tool
+
+    job = tmp_path / "job.py"
+    job.write_text(_OBSERVED_JOB)
+    fr = tmp_path / "fr"
+    out = mpirun(2, [str(job), str(tmp_path)], timeout=120,
+                 env={"MISMATCH": "1", "PYDDP_FLIGHT_RECORDER_DIR": str(fr)})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for rank in (0, 1):
+        rep = json.load(open(tmp_path / f"rank{rank}.json"))
+        assert any(ln.startswith("raised: mismatched collectives") for ln in rep["lines"])
+        last = rep["records"][-1]
+        assert (last["seq"], last["state"], last["status"]) == (6, "failed",
+                                                                "collective mismatch"), last
+    p = subprocess.run([sys.executable, "-m", "pyddp.tools.flight_recorder", str(fr)],
+                       capture_output=True, text=True, timeout=60, env=_env())
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "DIVERGED at collective #6" in p.stdout, p.stdout
+    assert "called all_reduce(float32, count 4, SUM)" in p.stdout
+    assert "called broadcast(float32, count 4, root 0)" in p.stdout

@@ -37,6 +37,13 @@ moves in the background.
 Async collectives (``async_op=True``) use MPI's nonblocking calls; ``Work.wait`` polls them
 against its timeout.
 
+Flight recorder: the backend keeps a ring of its own (``_C.FlightRecorder``; there is no host
+group) where every call is recorded as a 'cpu' group's are: backend "mpi", transport "mpi",
+algorithm "auto" (MPI's own tuning chooses; "p2p" for send and receive), enqueued before the
+signature check, started when it passed, completed when MPI completed it (the call returned, or
+its requests did), failed when the group failed, whose ring is then written to
+PYDDP_FLIGHT_RECORDER_DIR; the timeline shows the same calls.
+
 From C: the signature check and the small blocking collectives (all_reduce in place, broadcast,
 barrier on C-contiguous CPU arrays of a type MPI reduces natively) call MPI from pyddp's C core
 (``_C.MpiComm``: csrc/python/mpi.c over csrc/mpi/) on the library mpi4py loaded and the handles mpi4py gives:
@@ -45,11 +52,13 @@ cost about 30 us.  ``PYDDP_MPI_FROM_C=0`` leaves every call to mpi4py.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 
 import numpy as np
 
 from .... import _C, _config
+from ... import _observe
 from ..._observe import describe_signature as _describe
 from .. import staging as _staging
 from ..interface import Backend
@@ -65,10 +74,21 @@ from .library import (
 
 # --------------------------------------------------------------------------------- backend
 
+_FR_STARTED, _FR_COMPLETED, _FR_FAILED = _C.FR_STARTED, _C.FR_COMPLETED, _C.FR_FAILED
+_SIZES = {code: _C.DTYPE_SIZES[name] for name, code in _C.DTYPE_CODES.items()}
+_NOT_CHECKED = (_K_SEND, _K_RECV, _K_MONITORED)  # no sequence number (as the check's)
+
+
+def _fr_status(status):
+    """The flight record's status of a failed check (MpiComm.check's outcome)."""
+    return {_ST_TIMEOUT: _C.ST_TIMEOUT, _ST_MISMATCH: _C.ST_MISMATCH}.get(status, _C.ST_BACKEND)
+
+
 class MpiBackend(Kinds, Backend):
     """The backend object of one group on MPI (see the module docstring)."""
 
     transport = "mpi"
+    algorithm = "auto"  # MPI's own tuning chooses per call
 
     def __init__(self, opts):
         mpi = load()
@@ -111,6 +131,15 @@ class MpiBackend(Kinds, Backend):
                 base.Free()
         for c in (self.coll, self.p2p, self.aux):
             c.Set_errhandler(mpi.ERRORS_RETURN)
+        # the flight recorder (see the module docstring): its file's group id is rank 0's
+        self.recorder = _C.FlightRecorder(self.transport)
+        rec = self.recorder
+        self._fr_via = rec.flight_via("mpi", self.transport, self.algorithm)
+        self._fr_via_p2p = rec.flight_via("mpi", self.transport, "p2p")
+        self._fr_note, self._fr_update = rec.flight_note, rec.flight_update
+        token = self.aux.bcast(secrets.randbits(63) if self.rank == 0 else None, root=0)
+        _observe.attach(rec, self.name, self.rank, self.size, token, "mpi",
+                        "MPI_COMM_WORLD" if base is world else "MPI_Comm_create_group")
         self.fast_ops = _fast_ops(self.ops, self.bool_ops, self.widen)
         self._sig = np.zeros(2 * _SIGN, np.int64)
         self._sigr = np.zeros(2 * _SIGN, np.int64)
@@ -134,7 +163,8 @@ class MpiBackend(Kinds, Backend):
                 handle_size=mpi._sizeof(mpi.Comm), coll=self.coll.handle, aux=self.aux.handle,
                 in_place=int(mpi.IN_PLACE), sig_type=mpi.INT64_T.handle, types=types, ops=ops,
                 rank=self.rank, size=self.size, check=self.check, timeout=self.timeout,
-                fallback=self._py_fast, on_failure=self._fast_failed)
+                fallback=self._py_fast, on_failure=self._fast_failed, recorder=self.recorder,
+                via=self._fr_via)
         except (_C.DistError, TypeError, ValueError, AttributeError) as e:
             import warnings
 
@@ -144,6 +174,11 @@ class MpiBackend(Kinds, Backend):
 
     def __repr__(self):
         return f"<pyddp mpi backend of group {self.name!r} rank {self.rank} of {self.size}>"
+
+    def explain(self, kind, dtype, count):
+        """(transport, algorithm) as explain() and DETAIL's log line give them: what the flight
+        records name (MPI chooses its algorithm per call)."""
+        return self.transport, self.algorithm
 
     def _where(self) -> str:
         return f"group {self.name!r} (ranks {self.ranks})"
@@ -158,13 +193,21 @@ class MpiBackend(Kinds, Backend):
     def _mpi_message(self, e, what) -> str:
         return f"{what} on {self._where()}, rank {self.rank}: MPI error: {self._error_text(e)}"
 
-    def _fail(self, msg):
+    def _fail(self, msg, status=None):
+        """The group failed: later calls raise ``msg``; the calls still open in the flight
+        recorder fail with ``status`` (_C.ST_*; default: a backend error) and its ring is written
+        to PYDDP_FLIGHT_RECORDER_DIR (once)."""
         with self.lock:
-            if self.error is None:
+            first = self.error is None
+            if first:
                 self.error = msg
             mc = getattr(self, "_mc", None)
             if mc is not None:
                 mc.set_failed()
+        rec = getattr(self, "recorder", None)
+        if first and rec is not None:
+            rec.fail(_C.ST_BACKEND if status is None else status,
+                     f"group failed: {msg}")
 
     # ---------------------------------------------------------------- signature check
     def _check(self, kind, dtype, op, root, count, name, timeout):
@@ -228,7 +271,7 @@ class MpiBackend(Kinds, Backend):
             msg = (f"mismatched collectives on {self._where()}: {rows} (every rank must call "
                    "the same collectives in the same order, with the same counts, dtypes, ops "
                    "and roots)")
-        self._fail(msg)
+        self._fail(msg, _fr_status(status))
         raise _C.DistBackendError(msg)
 
     def _fast_failed(self, what, status, text):
@@ -289,25 +332,13 @@ class MpiBackend(Kinds, Backend):
                 return False
             if mop is None:
                 return False
-            with self.lock:
-                if self.check and self.size > 1:
-                    self._check(kind, code, int(arg), 0, array.size, "all_reduce", 0.0)
-                try:
-                    self.coll.Allreduce(_lib.MPI.IN_PLACE, [array, t], mop)
-                except _lib.MPI.Exception as e:
-                    raise _C.DistBackendError(self._mpi_message(e, "all_reduce")) from None
-            return True
+            return self._fast_call(kind, code, int(arg), 0, array.size, "all_reduce",
+                                   lambda: self.coll.Allreduce(_lib.MPI.IN_PLACE, [array, t], mop))
         if kind == _K_BROADCAST:
             if type(arg) is not int or not 0 <= arg < self.size:
                 return False
-            with self.lock:
-                if self.check and self.size > 1:
-                    self._check(kind, code, 0, arg, array.size, "broadcast", 0.0)
-                try:
-                    self.coll.Bcast([array, t], arg)
-                except _lib.MPI.Exception as e:
-                    raise _C.DistBackendError(self._mpi_message(e, "broadcast")) from None
-            return True
+            return self._fast_call(kind, code, 0, arg, array.size, "broadcast",
+                                   lambda: self.coll.Bcast([array, t], arg))
         if kind == _K_ALLGATHER or kind == _K_REDUCE_SCATTER:  # the *_tensor forms
             if type(inp) is not np.ndarray or inp.dtype != array.dtype or \
                     not inp.flags.c_contiguous or np.may_share_memory(inp, array):
@@ -326,30 +357,39 @@ class MpiBackend(Kinds, Backend):
                 if mop is None:
                     return False
                 sig, name = (int(arg), array.size), "reduce_scatter_tensor"
-            with self.lock:
-                if self.check and self.size > 1:
-                    self._check(kind, code, sig[0], 0, sig[1], name, 0.0)
-                try:
-                    if mop is None:
-                        self.coll.Allgather([inp, t], [array, t])
-                    else:
-                        c = array.size
-                        self.coll.Reduce_scatter_block([inp, c, t], [array, c, t], mop)
-                except _lib.MPI.Exception as e:
-                    raise _C.DistBackendError(self._mpi_message(e, name)) from None
-            return True
+            if mop is None:
+                def call():
+                    self.coll.Allgather([inp, t], [array, t])
+            else:
+                def call():
+                    c = array.size
+                    self.coll.Reduce_scatter_block([inp, c, t], [array, c, t], mop)
+            return self._fast_call(kind, code, sig[0], 0, sig[1], name, call)
         return False
 
     fast = _py_fast  # an instance's MpiComm.fast replaces it (see __init__)
 
     def _barrier(self):
+        return self._fast_call(_K_BARRIER, 0, 0, 0, 0, "barrier", lambda: self.coll.Barrier())
+
+    def _fast_call(self, kind, code, op, root, count, name, call):
+        """One blocking collective of the fast path: its flight record, the check, ``call()``;
+        True."""
         with self.lock:
-            if self.check and self.size > 1:
-                self._check(_K_BARRIER, 0, 0, 0, 0, "barrier", 0.0)
+            fid = self._fr_note(self._fr_via, kind, code, op, root, count,
+                                count * _SIZES.get(code, 1), name, True)
             try:
-                self.coll.Barrier()
+                if self.check and self.size > 1:
+                    self._check(kind, code, op, root, count, name, 0.0)
+                self._fr_update(fid, _FR_STARTED)
+                call()
             except _lib.MPI.Exception as e:
-                raise _C.DistBackendError(self._mpi_message(e, "barrier")) from None
+                self._fr_update(fid, _FR_FAILED, _C.ST_BACKEND)
+                raise _C.DistBackendError(self._mpi_message(e, name)) from None
+            except BaseException:
+                self._fr_update(fid, _FR_FAILED, _C.ST_BACKEND)  # (a failed check: its status)
+                raise
+            self._fr_update(fid, _FR_COMPLETED)
         return True
 
     # ------------------------------------------------------------------------ run
@@ -367,14 +407,30 @@ class MpiBackend(Kinds, Backend):
             outputs, back = self._host(outputs, name, True, direct)
         else:
             back = None
+        coll = kind not in _NOT_CHECKED
+        nbytes = sum(in_splits) if in_splits is not None else count * _SIZES.get(dtype, 1)
         with self.lock:
-            if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV, _K_MONITORED):
-                self._check(kind, dtype, op, root, count, name, timeout)
+            # its flight record: enqueued now, started once the check passed
+            fid = self._fr_note(self._fr_via_p2p if kind == _K_SEND or kind == _K_RECV
+                                else self._fr_via, kind, dtype, int(op), root, count, nbytes,
+                                name, coll)
             try:
-                return self._run(kind, dtype, op, root, tag, count, inputs, outputs, in_splits,
-                                 out_splits, timeout, wait_all, name, blocking, back)
+                if self.check and self.size > 1 and coll:
+                    self._check(kind, dtype, op, root, count, name, timeout)
+                self._fr_update(fid, _FR_STARTED)
+                w = self._run(kind, dtype, op, root, tag, count, inputs, outputs, in_splits,
+                              out_splits, timeout, wait_all, name, blocking, back)
             except _lib.MPI.Exception as e:
+                self._fr_update(fid, _FR_FAILED, _C.ST_BACKEND)
                 raise _C.DistBackendError(self._mpi_message(e, name)) from None
+            except BaseException:
+                self._fr_update(fid, _FR_FAILED, _C.ST_BACKEND)  # (a failed check: its status)
+                raise
+            if w is None:  # ran to completion (a blocking call)
+                self._fr_update(fid, _FR_COMPLETED)
+            else:
+                w.fr = fid
+            return w
 
     def _done(self, reqs, after, what, keep, blocking, status=None, peer=-1):
         work = MpiWork(self, reqs, after, what, keep, status, peer)

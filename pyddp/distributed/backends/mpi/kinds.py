@@ -308,7 +308,7 @@ class Kinds:
                 msg = (f"monitored_barrier on {self._where()}: rank {self.ranks[me]} was not "
                        f"released by rank {self.ranks[0]} within {t:g} s (rank 0 reports the "
                        "ranks that did not arrive)")
-                self._fail(msg)
+                self._fail(msg, _C.ST_TIMEOUT)
                 raise _C.DistBackendError(msg)
             if ok[0] != 0:
                 raise _C.DistBackendError(f"monitored_barrier on {self._where()}: rank "

@@ -35,7 +35,7 @@ class MpiWork:
     """The handle pyddp.distributed.Work wraps for a nonblocking MPI operation."""
 
     __slots__ = ("be", "reqs", "after", "what", "keep", "done", "error", "status", "peer",
-                 "lock", "t0")
+                 "lock", "t0", "fr")
 
     def __init__(self, be, reqs, after, what, keep, status=None, peer=-1):
         self.be = be
@@ -49,6 +49,7 @@ class MpiWork:
         self.peer = peer
         self.lock = threading.Lock()
         self.t0 = _C.monotonic()
+        self.fr = 0  # its flight record (the backend sets it)
 
     def _test(self) -> bool:
         if self.done:
@@ -72,6 +73,12 @@ class MpiWork:
                         self.error = f"{self.what}: {e}"
                 self.after = self.keep = None
                 self.done = True
+                fr, self.fr = self.fr, 0
+                if fr:
+                    if self.error is None:
+                        self.be._fr_update(fr, _C.FR_COMPLETED)
+                    else:
+                        self.be._fr_update(fr, _C.FR_FAILED, _C.ST_BACKEND)
             return ok
 
     def wait(self, timeout=None) -> bool:
@@ -83,7 +90,7 @@ class MpiWork:
                    f"within {t:g} s (started {_C.monotonic() - self.t0:.3g} s ago); a rank did "
                    "not reach it, died or is stuck")
             if timeout is None:
-                self.be._fail(msg)
+                self.be._fail(msg, _C.ST_TIMEOUT)
             raise _C.DistBackendError(msg)
         if self.error is not None:
             raise _C.DistBackendError(self.error)

@@ -24,12 +24,20 @@ torch's (of the tensor's device) for torch tensors, CuPy's (of the array's devic
 and otherwise the stream an array's ``__cuda_array_interface__`` names (the legacy default stream
 when it names none).
 
+Every call is recorded in the host group's flight-recorder ring beside the group's own operations
+(pyddp.distributed.flight_recorder): backend "nccl", transport "nccl", algorithm "auto" (NCCL
+chooses per call) or NCCL_ALGO's value when it is set ("p2p" for send and receive); enqueued before the signature check,
+started once NCCL has it on the stream, completed when the host sees its end event (a wait, a
+query, or the watchdog's poll), failed with the group.  The host group's dump on failure, the
+analyzer and the timeline therefore show NCCL's calls as they show the 'cpu' backend's.
+
 Environment: ``PYDDP_NCCL_CHECK=0`` turns the signature check off; ``NCCL_*`` variables reach
 NCCL unchanged.
 """
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import warnings
 
@@ -48,6 +56,14 @@ _KIND_NAMES = {v["code"]: k for k, v in _C.KINDS.items()}
 _DTYPE_NAMES = {v: k for k, v in _C.DTYPE_CODES.items()}
 _OP_NAMES = {v: k for k, v in _C.REDUCE_OPS.items()}
 _SIG = 8  # int64 fields of a signature: seq, kind, dtype, op, root, count, 0, 0
+_FR_STARTED, _FR_COMPLETED, _FR_FAILED = _C.FR_STARTED, _C.FR_COMPLETED, _C.FR_FAILED
+_SIZES = {code: _C.DTYPE_SIZES[name] for name, code in _C.DTYPE_CODES.items()}
+
+
+def algorithm() -> str:
+    """What the flight records and explain() name as NCCL's algorithm: NCCL_ALGO's value when it
+    is set (NCCL chooses among those), else "auto" (NCCL chooses per call)."""
+    return os.environ.get("NCCL_ALGO", "").strip() or "auto"
 
 
 def _env_flag(*names) -> bool:
@@ -66,16 +82,44 @@ _PARKED = []  # works of destroyed groups whose arrays NCCL may still touch (see
 class NcclWork:
     """The handle pyddp.distributed.Work wraps for an NCCL operation."""
 
-    __slots__ = ("be", "comm", "w", "what", "stream_fn", "peer")
+    __slots__ = ("be", "comm", "w", "what", "stream_fn", "peer", "fr")
     stream_ordered = True  # wait() orders the caller's stream; the host does not block
 
-    def __init__(self, be, comm, w, what, stream_fn, peer=-1):
+    def __init__(self, be, comm, w, what, stream_fn, peer=-1, fr=0):
         self.be = be
         self.comm = comm
         self.w = w
         self.what = what  # (name, count, dtype code): described only when something fails
         self.stream_fn = stream_fn
         self.peer = peer
+        self.fr = fr  # its flight record(s) in the host group's ring: an id, or a tuple of them
+
+    def ended(self):
+        """The host saw the operation end: its flight record(s) completed, and those of the
+        works launched before it on the same communicator (its stream runs them in order), so
+        that records end in the order the calls ran."""
+        be = self.be
+        host = be.host
+        if host is None:
+            self.fr = 0
+            return
+        pend = be.pending.get(self.comm)
+        if pend:
+            ahead = list(pend)  # a copy: the watchdog pops meanwhile
+            try:
+                ahead = ahead[:ahead.index(self)]
+            except ValueError:  # popped already: so were the ones before it
+                ahead = ()
+            for work in ahead:
+                if work.fr:
+                    work._ended(host)
+        self._ended(host)
+
+    def _ended(self, host):
+        fr, self.fr = self.fr, 0
+        if fr:
+            for i in (fr if type(fr) is tuple else (fr,)):
+                host.flight_update(i, _FR_COMPLETED)
 
     @property
     def desc(self) -> str:
@@ -101,15 +145,20 @@ class NcclWork:
         """Block the host until the operation ends (bounded by ``timeout``); raise on failure."""
         q = self.w.synchronize(float(timeout))
         if q == 0:
-            self.be._fail(self.be._timeout_message(self))
+            self.be._fail(self.be._timeout_message(self), _C.ST_TIMEOUT)
             q = -1
         if q < 0:
             raise _C.DistBackendError(self.comm.abort_reason or "NCCL operation failed")
+        if self.fr:
+            self.ended()
         return True
 
     def is_completed(self) -> bool:
         """Whether the operation ended (successfully or not)."""
-        return self.w.query() != 0
+        q = self.w.query()
+        if q == 1 and self.fr:
+            self.ended()
+        return q != 0
 
     def source_rank(self) -> int:
         """The peer of a receive (-1 otherwise): NCCL receives from a given rank only."""
@@ -148,10 +197,16 @@ class NcclBackend(Backend):
         self._sigs = np.zeros((self.size, _SIG), np.int64)
         # the host group (registry.host_group: backend 'cpu''s) that checks signatures, notices
         # dead peers and carries object collectives; used through its declared interface
-        self.host = host_group(opts, "nccl")
+        self.host = host_group(opts, "nccl", label=self.name, backend="nccl")
         self.round = opts.round
         host = declared(self.host)
         self._host_fast, self._host_run = host.fast, host.run
+        # this backend's calls in the host group's flight-recorder ring
+        self.algorithm = algorithm()
+        self._fr_via = self.host.flight_via("nccl", self.transport, self.algorithm)
+        self._fr_via_p2p = self.host.flight_via("nccl", self.transport, "p2p")  # send, recv
+        self._fr_note, self._fr_update = self.host.flight_note, self.host.flight_update
+        self._fr_id = 0  # the record of the call being checked
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"pyddp-nccl-watchdog-{self.name}",
                                           daemon=True)
@@ -166,6 +221,11 @@ class NcclBackend(Backend):
 
     def __repr__(self):
         return f"<pyddp nccl backend of group {self.name!r} rank {self.rank} of {self.size}>"
+
+    def explain(self, kind, dtype, count):
+        """(transport, algorithm) as explain() and DETAIL's log line give them: what the flight
+        records name (NCCL chooses its algorithm per call; NCCL_ALGO limits the choice)."""
+        return self.transport, self.algorithm
 
     # -------------------------------------------------------------------- communicators
     def _where(self) -> str:
@@ -294,10 +354,12 @@ class NcclBackend(Backend):
         self._barrier_device = int(device)
 
     # ------------------------------------------------------------------------- failures
-    def _fail(self, msg):
+    def _fail(self, msg, status=None):
         """Record ``msg`` as the group's error and abort every communicator.  Never takes
         self.lock: a launch holds it while NCCL is connecting, and the abort is what ends that
-        wait (NcclComm.abort sets its flag before it takes any lock)."""
+        wait (NcclComm.abort sets its flag before it takes any lock).  ``status`` (_C.ST_*: a
+        timeout, a mismatch): what this backend's open flight records fail with (else a
+        backend error)."""
         with self._err_lock:
             first = self.error is None
             if first:
@@ -306,10 +368,23 @@ class NcclBackend(Backend):
             c.abort(msg)
         host = self.host
         if first and host is not None:
+            if status is not None:
+                self._fail_records(status)
             # the peers learn it at once through the host group (whatever the signature check
             # does, torch's TORCH_NCCL_PROPAGATE_ERROR): a peer waiting in NCCL for this rank
-            # is aborted by its watchdog instead of waiting out its own timeout
+            # is aborted by its watchdog instead of waiting out its own timeout.  The host
+            # group's failure also fails this backend's open records and writes its ring
+            # (PYDDP_FLIGHT_RECORDER_DIR).
             host.fail(msg)
+
+    def _fail_records(self, status):
+        """Fail the flight records of the calls still pending (before the host group's failure
+        fails the rest as backend errors)."""
+        for pend in list(self.pending.values()):
+            for work in list(pend):
+                fr, work.fr = work.fr, 0
+                for i in (fr if type(fr) is tuple else (fr,) if fr else ()):
+                    self._fr_update(i, _FR_FAILED, status)
 
     def _timeout_message(self, work) -> str:
         return (f"Watchdog caught collective operation timeout: {work.desc} on {self._where()}, "
@@ -340,9 +415,11 @@ class NcclBackend(Backend):
                            f"{c.error_string(r)}")
                 return
             while pend and pend[0].w.query() == 1:  # a failed work keeps its arrays (destroy)
-                pend.popleft()
+                work = pend.popleft()
+                if work.fr:
+                    work.ended()
             if pend and now - pend[0].w.t0 > self.timeout:
-                self._fail(self._timeout_message(pend[0]))
+                self._fail(self._timeout_message(pend[0]), _C.ST_TIMEOUT)
                 return
 
     def _raise_if_failed(self):
@@ -363,6 +440,8 @@ class NcclBackend(Backend):
                                        f"{name} (signature check)", True))
         except _C.DistError as e:
             msg = f"{name} (#{self.seq}) on {self._where()}, rank {self.rank}: {e}"
+            self._fr_update(self._fr_id, _FR_FAILED, _C.ST_NETWORK
+                            if isinstance(e, _C.DistNetworkError) else _C.ST_BACKEND)
             self._fail(msg)
             raise _C.DistBackendError(msg) from None
         if (sigs != sig).any():
@@ -371,6 +450,7 @@ class NcclBackend(Backend):
             msg = (f"mismatched collectives on {self._where()}: " + "; ".join(rows) +
                    " (every rank must call the same collectives in the same order, with the "
                    "same counts, dtypes, ops and roots)")
+            self._fr_update(self._fr_id, _FR_FAILED, _C.ST_MISMATCH)
             self._fail(msg)
             raise _C.DistBackendError(msg)
 
@@ -399,21 +479,28 @@ class NcclBackend(Backend):
         # A blocking call's Work.wait() is the caller's stream waiting for the end: done in the
         # launch itself, and no Work is returned (the pending list keeps the arrays alive)
         inline = blocking and ustream >= 0 and not self.blocking_wait and kind != _K_BARRIER
+        p2p = kind == _K_SEND or kind == _K_RECV
         with self.lock:  # one call at a time: the signature buffers, and the same order on NCCL
-            if self.check and self.size > 1 and kind not in (_K_SEND, _K_RECV):
+            # its flight record (the host group's ring): enqueued now, started once on the stream
+            nbytes = sum(in_splits) if in_splits is not None else count * _SIZES.get(dtype, 1)
+            fid = self._fr_id = self._fr_note(self._fr_via_p2p if p2p else self._fr_via, kind,
+                                              dtype, op, root, count, nbytes, name, not p2p)
+            if self.check and self.size > 1 and not p2p:
                 self._check(kind, dtype, op, root, count, name)
             try:
                 w = comm.run(kind, dtype, op, root, count, tuple(v.ptr for v in inputs),
                              tuple(v.ptr for v in outputs), in_splits, out_splits, ustream,
                              (inputs, outputs), inline)
             except _C.DistBackendError as e:
+                self._fr_update(fid, _FR_FAILED)
                 self._raise_if_failed()
                 # NCCL failed the call (its communicator is broken): the group's error, told
                 # to the peers now rather than at the watchdog's next look
                 self._fail(str(e))
                 raise
+            self._fr_update(fid, _FR_STARTED)
         work = NcclWork(self, comm, w, (name, count, dtype), stream_fn,
-                        root if kind == _K_RECV else -1)
+                        root if kind == _K_RECV else -1, fid)
         self.pending[comm].append(work)
         if inline:
             return None
@@ -430,9 +517,21 @@ class NcclBackend(Backend):
         self.last_device = dev
         stream_fn = _stream_family(views[0])
         with self.lock:  # as run: one call into NCCL at a time, in the order of the calls
-            w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops), stream_fn(),
-                             views)
-        work = NcclWork(self, comm, w, (f"{name} ({len(ops)} operations)", None, None), stream_fn)
+            # a flight record per operation (send/recv, the peer as root), one work for all
+            fids = tuple(self._fr_note(self._fr_via_p2p, _K_SEND if s else _K_RECV, v.code, 0, p,
+                                       v.nbytes // max(_SIZES.get(v.code, 1), 1), v.nbytes,
+                                       name, False) for s, v, p in ops)
+            try:
+                w = comm.run_p2p(tuple((bool(s), v.ptr, v.nbytes, p) for s, v, p in ops),
+                                 stream_fn(), views)
+            except _C.DistBackendError:
+                for i in fids:
+                    self._fr_update(i, _FR_FAILED)
+                raise
+            for i in fids:
+                self._fr_update(i, _FR_STARTED)
+        work = NcclWork(self, comm, w, (f"{name} ({len(ops)} operations)", None, None), stream_fn,
+                        -1, fids)
         self.pending[comm].append(work)
         return work
 
