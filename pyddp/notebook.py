@@ -123,8 +123,8 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
     except BaseException as e:  # KeyboardInterrupt included: the rank did not finish its work
         import traceback
 
+        _write_error(error_file, traceback.format_exc())   # its time first: the root cause
         fail_groups_for(e)
-        _write_error(error_file, traceback.format_exc())
         sys.exit(1)
     finally:
         sys.stdout.flush()

@@ -163,11 +163,12 @@ def _wrap(fn, i, args, error_file, parent_pid=None, secret=None, nprocs=None):
     except KeyboardInterrupt:
         pass  # SIGINT: killed by the parent, do nothing
     except Exception as e:
-        fail_groups_for(e)   # the peers learn it now, whatever this process still does on exit
-        # Propagate the exception to the parent, keeping the original traceback.
+        # Propagate the exception to the parent, keeping the original traceback; its time is
+        # recorded before the peers learn of it, so this failure is the first the parent sees.
         import traceback
 
         _write_error(error_file, traceback.format_exc())
+        fail_groups_for(e)   # the peers learn it now, whatever this process still does on exit
         sys.exit(1)
 
 
