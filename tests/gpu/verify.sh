@@ -74,8 +74,10 @@ TAIL=40 step versions "$PY" tests/gpu/versions.py
 TAIL=60 step abi "$PY" tests/gpu/abi_facts.py
 
 # 3. the tests
-XDIST=()
-if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "${VERIFY_WORKERS:-8}"); fi
+# pyproject's addopts (-n auto, for the quick tier) do not apply here: workers as chosen below, and the
+# full tier (--full: every variant of the stand-in tests)
+XDIST=(-o "addopts=" --full)
+if "$PY" -c "import xdist" 2>/dev/null; then XDIST+=(-n "${VERIFY_WORKERS:-8}"); fi
 # -v: every test is logged as it ends (with its worker), so a run the step timeout stops still says which
 # tests had not ended; a test's own limit stays under the step's, so a stuck one fails with its stack
 TEST_TIMEOUT=$(( STEP_TIMEOUT * 3 / 4 < 240 ? STEP_TIMEOUT * 3 / 4 : 240 ))
