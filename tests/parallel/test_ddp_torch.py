@@ -416,7 +416,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]   # this file's folder, and the helpers it imports
 import pyddp.distributed as dist
 from pyddp.nn.parallel import DistributedDataParallel as DDP
 import test_ddp_torch as T
@@ -453,7 +453,8 @@ def test_pyddp_ddp_and_torch_ddp_on_gloo_end_with_equal_parameters(tmp_path):
 
     steps = 4
     script = _launch.write_script(tmp_path, "versus.py", _VERSUS.format(
-        tests=_paths.TESTS, port=free_port(), steps=steps,
+        here=os.path.dirname(os.path.abspath(__file__)), tests=_paths.TESTS, port=free_port(),
+        steps=steps,
         out=str(tmp_path)))
     rc, out, err = _launch.run(["--standalone", "--nproc-per-node", "2", script], timeout=120)
     assert rc == 0, err[-3000:]
