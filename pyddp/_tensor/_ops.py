@@ -5,9 +5,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _dims, _mk, _mm, _new, _new_on,
-                    _promote,
-                    _red)
+from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _check_overlap, _dims, _mk,
+                    _mm, _new, _new_on, _promote, _red)
 from ._dtypes import _F32, _HALFS, _dtype, _is_float_dtype, _pybool, _pyint, int64
 from ._grad_mode import _st
 
@@ -648,14 +647,28 @@ def unsqueeze(x, dim):
 def cat(tensors, dim=0):
     """Concatenate along dim."""
     tensors = list(tensors)
-    arrs = [t._data for t in tensors]
+    # torch's legacy rule: a 1-D tensor of size 0 is skipped whatever the others' shapes
+    keep = [i for i, t in enumerate(tensors) if t._data.shape != (0,)]
+    if not keep or len(keep) == len(tensors):
+        keep = list(range(len(tensors)))
+    arrs = [tensors[i]._data for i in keep]
+    nd = arrs[0].ndim if arrs else 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-nd}, {nd - 1}], "
+                         f"but got {dim})")
     out = np.concatenate(arrs, axis=dim)
-    nd = out.ndim
     d = dim % nd
     bounds = np.cumsum([a.shape[d] for a in arrs])[:-1]
+    n = len(tensors)
 
     def bw(g):
-        return tuple(np.split(g, bounds, axis=d))
+        parts = np.split(g, bounds, axis=d)
+        if len(keep) == n:
+            return tuple(parts)
+        gs = [np.zeros((0,), dtype=g.dtype)] * n
+        for i, p in zip(keep, parts):
+            gs[i] = p
+        return tuple(gs)
     return _mk(out, "CatBackward0", bw, tuple(tensors), saves=False)
 
 
@@ -732,6 +745,15 @@ def _getitem(x, idx):
 
 def _setitem(x, idx, value):
     idx = _conv_index(idx)
+    xd = x._data
+    if 0 in xd.strides and xd.size > 1:   # an expanded tensor: torch's checks of the written part
+        if _is_basic(idx):
+            _check_overlap(xd[idx])
+        else:
+            import warnings
+            warnings.warn("Use of index_put_ on expanded tensors is deprecated. Please clone() the "
+                          "tensor before performing this operation. This also applies to advanced "
+                          "indexing e.g. tensor[indices] = tensor", UserWarning, stacklevel=3)
     vt = value if isinstance(value, Tensor) else None
     vd = value._data if vt is not None else value
     if _st.grad and (x._requires_grad or (vt is not None and vt._requires_grad)):
