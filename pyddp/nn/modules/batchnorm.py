@@ -1,4 +1,4 @@
-"""BatchNorm1d and BatchNorm2d (torch.nn.BatchNorm*)."""
+"""BatchNorm1d, BatchNorm2d, BatchNorm3d and SyncBatchNorm (torch.nn.BatchNorm*)."""
 import numpy as np
 
 from ...autograd.function import Function
@@ -8,7 +8,7 @@ from .module import Module
 from ..._tensor import Tensor
 from .utils import _buffer, _empty_parameter, _factory_dtype
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"]
 
 
 class _NormBase(Module):
@@ -127,6 +127,15 @@ class BatchNorm2d(_BatchNorm):
         nd = len(input.shape)
         if nd != 4:
             raise ValueError(f"expected 4D input (got {nd}D input)")
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalisation over (N, C, D, H, W) input, as ``torch.nn.BatchNorm3d``."""
+
+    def _check_input_dim(self, input):
+        nd = len(input.shape)
+        if nd != 5:
+            raise ValueError(f"expected 5D input (got {nd}D input)")
 
 
 class _SyncBatchNormFunction(Function):
