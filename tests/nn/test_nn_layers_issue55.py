@@ -285,3 +285,110 @@ def test_padding_modules_vs_torch(name, args, shape):
         "mode", "odd", "value", "too_long"])
 def test_pad_errors(call):
     both_raise(lambda: call(F, pyddp.zeros), lambda: call(TF, torch.zeros))
+
+
+# --- weight_norm ---------------------------------------------------------------------------------
+
+def _twin(make_p, make_t):
+    mt = make_t()
+    mp = make_p()
+    mp.load_state_dict({k: v.detach().numpy().copy() for k, v in mt.state_dict().items()})
+    return mp, mt
+
+
+def _grads_match(mp, mt, x, tol=1e-5):
+    yp, yt = mp(pyddp.tensor(x)), mt(torch.tensor(x))
+    assert rel_err(yp.detach().numpy(), yt.detach().numpy()) <= tol
+    g = normal(*yt.shape)
+    yp.backward(pyddp.tensor(g))
+    yt.backward(torch.tensor(g))
+    tp = dict(mt.named_parameters())
+    names = [n for n, _ in mp.named_parameters()]
+    assert names == list(tp)
+    for n, p in mp.named_parameters():
+        assert rel_err(p.grad.numpy(), tp[n].grad.numpy()) <= tol, n
+
+
+@pytest.mark.parametrize("layer,dim,shape", [
+    ("linear", 0, (4, 3)), ("linear", 1, (4, 3)), ("linear", None, (4, 3)),
+    ("conv", 0, (2, 2, 5, 5)), ("conv", 1, (2, 2, 5, 5)),
+])
+def test_weight_norm_vs_torch(layer, dim, shape):
+    def make(lib):
+        m = lib.Linear(3, 5) if layer == "linear" else lib.Conv2d(2, 3, 3)
+        return m
+    torch.manual_seed(0)
+    mt = tnn.utils.parametrizations.weight_norm(make(tnn), dim=dim)
+    mp = nn.utils.parametrizations.weight_norm(make(nn), dim=dim)
+    assert list(mp.state_dict()) == list(mt.state_dict())
+    mp.load_state_dict({k: v.detach().numpy().copy() for k, v in mt.state_dict().items()})
+    assert repr(mp) == repr(mt)
+    assert type(mp).__name__ == type(mt).__name__
+    _grads_match(mp, mt, normal(*shape))
+    # the legacy hook-based one: weight_g / weight_v
+    with pytest.warns(FutureWarning, match="weight_norm` is deprecated"):
+        mp2 = nn.utils.weight_norm(make(nn), dim=dim)
+    with pytest.warns(FutureWarning):
+        mt2 = tnn.utils.weight_norm(make(tnn), dim=dim)
+    assert list(mp2.state_dict()) == list(mt2.state_dict())
+    assert [tuple(v.shape) for v in mp2.state_dict().values()] == \
+        [tuple(v.shape) for v in mt2.state_dict().values()]
+    mp2.load_state_dict({k: v.detach().numpy().copy() for k, v in mt2.state_dict().items()})
+    _grads_match(mp2, mt2, normal(*shape))
+
+
+def test_weight_norm_registration_values_remove_and_errors():
+    lt = tnn.Linear(3, 4)
+    lp = nn.Linear(3, 4)
+    lp.load_state_dict({k: v.detach().numpy().copy() for k, v in lt.state_dict().items()})
+    w0 = lp.weight.detach().numpy().copy()
+    with pytest.warns(FutureWarning):
+        tnn.utils.weight_norm(lt)
+        nn.utils.weight_norm(lp)
+    assert rel_err(lp.weight_g.detach().numpy(), lt.weight_g.detach().numpy()) < 1e-6
+    assert rel_err(lp.weight.detach().numpy(), w0) < 1e-6
+    with pytest.warns(FutureWarning):
+        both_raise(lambda: nn.utils.weight_norm(lp), lambda: tnn.utils.weight_norm(lt))
+    nn.utils.remove_weight_norm(lp)
+    assert [n for n, _ in lp.named_parameters()] == ["bias", "weight"]
+    assert rel_err(lp.weight.detach().numpy(), w0) < 1e-6
+    both_raise(lambda: nn.utils.remove_weight_norm(nn.Linear(2, 2)),
+               lambda: tnn.utils.remove_weight_norm(tnn.Linear(2, 2)))
+    # parametrizations: remove keeps the value and the class comes back
+    pp = nn.utils.parametrizations.weight_norm(nn.Linear(3, 4))
+    w1 = pp.weight.detach().numpy().copy()
+    nn.utils.parametrize.remove_parametrizations(pp, "weight")
+    assert type(pp) is nn.Linear and "parametrizations" not in pp._modules
+    assert isinstance(pp.weight, nn.Parameter)
+    np.testing.assert_allclose(pp.weight.detach().numpy(), w1, rtol=1e-6)
+    both_raise(lambda: nn.utils.parametrize.remove_parametrizations(nn.Linear(2, 2), "weight"),
+               lambda: tnn.utils.parametrize.remove_parametrizations(tnn.Linear(2, 2), "weight"))
+
+
+def test_parametrizations_weight_norm_loads_legacy_checkpoints():
+    with pytest.warns(FutureWarning):
+        old = tnn.utils.weight_norm(tnn.Linear(3, 2))
+    new = nn.utils.parametrizations.weight_norm(nn.Linear(3, 2))
+    new.load_state_dict({k: v.detach().numpy().copy() for k, v in old.state_dict().items()})
+    x = normal(4, 3)
+    assert rel_err(new(pyddp.tensor(x)).detach().numpy(), old(torch.tensor(x)).detach().numpy()) \
+        < 1e-6
+
+
+def test_register_parametrization_single_tensor_and_cached():
+    class Sym(nn.Module):
+        def forward(self, x):
+            return x.triu() + x.triu(1).transpose(-1, -2)
+
+    class TSym(tnn.Module):
+        def forward(self, x):
+            return x.triu() + x.triu(1).transpose(-1, -2)
+    mp, mt = _twin(lambda: nn.Linear(3, 3), lambda: tnn.Linear(3, 3))
+    nn.utils.parametrize.register_parametrization(mp, "weight", Sym())
+    tnn.utils.parametrize.register_parametrization(mt, "weight", TSym())
+    assert list(mp.state_dict()) == list(mt.state_dict())
+    assert nn.utils.parametrize.is_parametrized(mp, "weight")
+    _grads_match(mp, mt, normal(2, 3))
+    with nn.utils.parametrize.cached():
+        assert mp.weight is mp.weight
+    assert mp.weight is not mp.weight
