@@ -36,7 +36,7 @@ def add(a, b, alpha=1):
     ad, bd = _binop_arrays(a, b)
     if alpha != 1:
         bd = bd * alpha
-    out = ad + bd
+    out = _half_op(np.add, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
         return _new_on(out, a, b)
@@ -55,7 +55,7 @@ def sub(a, b, alpha=1):
     ad, bd = _binop_arrays(a, b)
     if alpha != 1:
         bd = bd * alpha
-    out = ad - bd
+    out = _half_op(np.subtract, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
         return _new_on(out, a, b)
@@ -68,11 +68,20 @@ def sub(a, b, alpha=1):
     return _mk(out, "SubBackward0", bw, (a, bt), saves=False)
 
 
+def _half_op(f, ad, bd):
+    """f(ad, bd); in float16/bfloat16 overflow to inf (and inf - inf) is the result, as on half
+    hardware and in torch, not a NumPy warning (GradScaler's scaled loss overflowing, say)."""
+    if ad.dtype in _HALFS:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return f(ad, bd)
+    return f(ad, bd)
+
+
 def mul(a, b):
     """a * b."""
     a = _bin_setup(a, b)
     ad, bd = _binop_arrays(a, b)
-    out = ad * bd
+    out = _half_op(np.multiply, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     ra = a._requires_grad
     rb = bt is not None and bt._requires_grad
@@ -97,7 +106,7 @@ def div(a, b, rounding_mode=None):
         return _new_on(f(ad, bd), a, b)
     if not _is_float_dtype(ad.dtype):
         ad = ad.astype(_st.default)
-    out = np.true_divide(ad, bd)
+    out = _half_op(np.true_divide, ad, bd)
     if out.dtype != ad.dtype and _is_float_dtype(ad.dtype) and not isinstance(b, Tensor):
         out = out.astype(ad.dtype)
     bt = b if isinstance(b, Tensor) else None

@@ -18,6 +18,7 @@ import numpy as np
 from .. import _autocast, _tensor
 from .._tensor import Tensor
 from ..autograd.function import Function
+from ._argcheck import quiet_all as _quiet_all
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",
            "binary_cross_entropy_with_logits"]
@@ -454,3 +455,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
         raise ValueError(f"Target size ({tuple(target.shape)}) must be the same as input size "
                          f"({tuple(input.shape)})")
     return _BCEWithLogits.apply(input, target, weight, pos_weight, reduction)
+
+
+# inf and NaN computed silently, as torch's (pyddp/nn/_argcheck.py)
+_quiet_all(globals(), __all__)

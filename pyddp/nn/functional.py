@@ -13,6 +13,7 @@ pyddp/nn/_loss_functional.py.
 from __future__ import annotations
 
 from .._tensor import Tensor, log_softmax, sigmoid, softmax, tanh  # noqa: F401
+from ._argcheck import quiet_all as _quiet_all
 from ._argcheck import require_tensors as _require_tensors
 from ._functional import (activation, attention, conv, distance, dropout as _dropout, linear as
                           _linear, normalization, pooling, shape, sparse, upsampling)
@@ -49,6 +50,7 @@ __all__ += ["group_norm", "interpolate", "upsample", "upsample_nearest", "upsamp
 # TypeError); softmax and log_softmax are pyddp's ops, checked under their names here.  The
 # functions say they are pyddp.nn.functional's, where users find them (as torch's do).
 _require_tensors(globals(), ["softmax", "log_softmax"], Tensor)
+_quiet_all(globals(), ["tanh", "sigmoid"])   # (pyddp's ops; they convert what they are given)
 for _m in (activation, attention, conv, distance, _dropout, _linear, normalization, pooling, shape,
            sparse, upsampling):
     for _n in _m.__all__:

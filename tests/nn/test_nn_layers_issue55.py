@@ -392,3 +392,42 @@ def test_register_parametrization_single_tensor_and_cached():
     with nn.utils.parametrize.cached():
         assert mp.weight is mp.weight
     assert mp.weight is not mp.weight
+
+
+# --- no NumPy warnings from inf / NaN (a skipped fp16 step prints nothing, as torch) ---------------
+
+class _Net(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.act = act
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.gn = nn.GroupNorm(2, 4)
+        self.ln = nn.LayerNorm(8)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = getattr(F, self.act)(self.conv(x))
+        x = self.ln(self.gn(self.bn(x)))
+        x = F.avg_pool2d(F.interpolate(x, scale_factor=2, mode="bilinear"), 2)
+        return self.fc(F.dropout(x, 0.1).flatten(1))
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("act", ["gelu", "mish"] + [
+    pytest.param(a, marks=FULL) for a in ("relu", "silu", "softplus", "hardswish", "softsign",
+                                          "elu", "logsigmoid")])
+def test_inf_nan_forward_backward_is_silent(dtype, act):
+    x = RNG.standard_normal((4, 3, 8, 8)).astype(dtype)
+    x[0, 0, 0, 0], x[1, 1, 1, 1], x[2, 0, 0, 0], x[3] = np.inf, np.nan, -np.inf, 6e4
+    m = _Net(act)
+    if dtype == np.float16:
+        m = m.half()
+    y = m(pyddp.tensor(x, requires_grad=True))
+    t = pyddp.randint(0, 10, (4,))
+    for loss in (F.cross_entropy(y, t), F.mse_loss(y, pyddp.zeros_like(y)),
+                 F.l1_loss(y, pyddp.zeros_like(y)), F.nll_loss(F.log_softmax(y, 1), t),
+                 F.binary_cross_entropy_with_logits(y, pyddp.ones_like(y))):
+        loss.backward(retain_graph=True)
+    assert not np.isfinite(m.conv.weight.grad.numpy()).all()

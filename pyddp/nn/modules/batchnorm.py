@@ -3,6 +3,7 @@ import numpy as np
 
 from ...autograd.function import Function
 from .. import functional as F
+from .._argcheck import quiet
 from .. import init
 from .module import Module
 from ..._tensor import Tensor
@@ -148,6 +149,7 @@ class _SyncBatchNormFunction(Function):
     """
 
     @staticmethod
+    @quiet   # inf / NaN statistics computed silently, as torch's (pyddp/nn/_argcheck.py)
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
         from ... import distributed as dist
         x = input._data
