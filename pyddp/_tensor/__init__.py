@@ -17,11 +17,11 @@ The package is split by concern; this module re-exports the public names (``__al
   ``t.to(...)``, ``t.new_zeros``), attached to the class (so _core imports neither);
 * more ops by concern, each module attaching the Tensor methods that call its functions the same
   way: ``_compare`` (eq, logical_and, isclose, ...), ``_sorting`` (topk, sort, median, unique,
-  unique_consecutive),
-  ``_indexing`` (gather, scatter, index_select, take, ...), ``_reductions`` (prod, norm, cumsum,
-  nansum, histc, ...), ``_linalg`` (diagonal, einsum, addmm, dot, cdist, ...), ``_shape`` (narrow, select,
-  as_strided, flip, roll, tile, ...), ``_pointwise`` (erf, erfinv, atan2, fmod, lerp, logit, ...),
-  ``_sampling`` (multinomial, bernoulli); ``_args`` holds the argument checks they share;
+  unique_consecutive), ``_indexing`` (gather, scatter, index_select, take, ...), ``_reductions``
+  (prod, norm, cumsum, nansum, histc, ...), ``_linalg`` (diagonal, einsum, addmm, dot, cdist, ...),
+  ``_shape`` (narrow, select, as_strided, flip, roll, tile, ...), ``_pointwise`` (erf, erfinv,
+  atan2, fmod, lerp, logit, ...), ``_sampling`` (multinomial, bernoulli); ``_args`` holds the
+  argument checks they share;
 * ``_precision``: set/get_float32_matmul_precision (recorded, changing nothing);
 * ``_aliases``: method aliases, small predicates and the in-place ``_`` variants, attached last.
 

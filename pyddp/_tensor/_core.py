@@ -921,10 +921,10 @@ class Tensor:
             return self
         xd = self._data
         if nd < 0:
-            raise RuntimeError(f"expand(torch.FloatTensor{{{list(xd.shape)}}}, size={list(sizes)}): "
-                               "the number of sizes provided (" + str(len(sizes)) + ") must be "
-                               "greater or equal to the number of dimensions in the tensor (" +
-                               str(xd.ndim) + ")")
+            raise RuntimeError(f"expand(torch.FloatTensor{{{list(xd.shape)}}}, "
+                               f"size={list(sizes)}): the number of sizes provided "
+                               f"({len(sizes)}) must be greater or equal to the number of "
+                               f"dimensions in the tensor ({xd.ndim})")
         for i, (n, s) in enumerate(zip(shape[nd:], xd.shape)):
             if n != s and s != 1:
                 raise RuntimeError(f"The expanded size of the tensor ({n}) must match the existing "

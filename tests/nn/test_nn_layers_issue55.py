@@ -136,7 +136,7 @@ def test_batchnorm3d_vs_torch(train):
     both_raise(lambda: mp(pyddp.zeros(2, 3, 4, 4)), lambda: mt(torch.zeros(2, 3, 4, 4)))
 
 
-# --- interpolate / Upsample ------------------------------------------------------------------------
+# --- interpolate / Upsample -----------------------------------------------------------------------
 
 INTERP = [
     # (input shape, kwargs)
@@ -194,7 +194,8 @@ def test_upsample_modules_vs_torch():
                     tnn.Upsample(size=(5, 7), mode="bilinear")),
                    (nn.Upsample(scale_factor=(2, 3), mode="bicubic", align_corners=True),
                     tnn.Upsample(scale_factor=(2, 3), mode="bicubic", align_corners=True)),
-                   (nn.UpsamplingNearest2d(scale_factor=3), tnn.UpsamplingNearest2d(scale_factor=3)),
+                   (nn.UpsamplingNearest2d(scale_factor=3),
+                    tnn.UpsamplingNearest2d(scale_factor=3)),
                    (nn.UpsamplingBilinear2d(size=(6, 9)), tnn.UpsamplingBilinear2d(size=(6, 9)))]:
         check(mp, mt, x)
         assert repr(mp) == repr(mt)
@@ -219,7 +220,7 @@ def test_interpolate_errors(call):
     both_raise(lambda: call(pyddp, F), lambda: call(torch, TF))
 
 
-# --- pixel shuffle ---------------------------------------------------------------------------------
+# --- pixel shuffle --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,r", [((1, 8, 3, 2), 2), ((2, 9, 2, 2), 3), ((4, 4, 5), 2),
                                      *full(((2, 2, 12, 3, 2), 2))])
@@ -281,8 +282,8 @@ def test_padding_modules_vs_torch(name, args, shape):
     lambda F, x: F.pad(x(1, 2, 3), (1, 1, 1)),
     lambda F, x: F.pad(x(1, 2, 3), (1, 1), mode="reflect", value=2),
     lambda F, x: F.pad(x(3), (1, 1, 1, 1, 1, 1, 1, 1)),
-], ids=["reflect1d", "reflect2d_h", "reflect2d_w", "circular", "replicate_empty", "reflect_1d_input",
-        "mode", "odd", "value", "too_long"])
+], ids=["reflect1d", "reflect2d_h", "reflect2d_w", "circular", "replicate_empty",
+        "reflect_1d_input", "mode", "odd", "value", "too_long"])
 def test_pad_errors(call):
     both_raise(lambda: call(F, pyddp.zeros), lambda: call(TF, torch.zeros))
 
@@ -394,7 +395,7 @@ def test_register_parametrization_single_tensor_and_cached():
     assert mp.weight is not mp.weight
 
 
-# --- no NumPy warnings from inf / NaN (a skipped fp16 step prints nothing, as torch) ---------------
+# --- no NumPy warnings from inf / NaN (a skipped fp16 step prints nothing, as torch) --------------
 
 class _Net(nn.Module):
     def __init__(self, act):

@@ -92,7 +92,7 @@ def test_histc_errors(a, kw):
                                                                                 **kw))
 
 
-# --- erfinv ----------------------------------------------------------------------------------------
+# --- erfinv ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_erfinv_values_and_grad(dtype):
@@ -122,7 +122,7 @@ def test_erfinv_edges_dtypes_and_inplace():
     both_raise(lambda: pyddp.tensor([1, 2]).erfinv_(), lambda: torch.tensor([1, 2]).erfinv_())
 
 
-# --- float32 matmul precision, version, dynamo / inductor switches, compile ------------------------
+# --- float32 matmul precision, version, dynamo / inductor switches, compile -----------------------
 
 def test_float32_matmul_precision():
     old = pyddp.get_float32_matmul_precision()
@@ -225,7 +225,7 @@ def test_cat_dim_out_of_range():
                lambda: torch.cat((torch.ones(2, 3), torch.empty(0)), dim=5))
 
 
-# --- writing into expanded tensors -----------------------------------------------------------------
+# --- writing into expanded tensors ----------------------------------------------------------------
 
 _WRITES = {
     "add_": lambda y, m: y.add_(1),
