@@ -207,8 +207,8 @@ def logit(input, eps=None):
 def _attach():
     for name in ("erf", "erfinv", "exp2", "log2", "log10", "sinh", "cosh", "tan", "asin", "acos",
                  "atan", "atan2", "frac", "trunc", "fmod", "remainder", "floor_divide",
-                 "true_divide", "negative", "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv", "nan_to_num",
-                 "logaddexp", "logit"):
+                 "true_divide", "negative", "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv",
+                 "nan_to_num", "logaddexp", "logit"):
         setattr(Tensor, name, globals()[name])
     Tensor.arctan2 = atan2
 
