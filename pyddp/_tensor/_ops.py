@@ -69,9 +69,11 @@ def sub(a, b, alpha=1):
 
 
 def _half_op(f, ad, bd):
-    """f(ad, bd); in float16/bfloat16 overflow to inf (and inf - inf) is the result, as on half
-    hardware and in torch, not a NumPy warning (GradScaler's scaled loss overflowing, say)."""
-    if ad.dtype in _HALFS:
+    """f(ad, bd), where overflow to inf (and inf - inf) is the result, as in torch, not a NumPy
+    warning: in float16/bfloat16 (as on half hardware), and for a one-element tensor (a loss that
+    GradScaler's scale overflows, in any float type; the step is then skipped silently as torch's).
+    Larger float32/float64 operations keep NumPy's default (the errstate costs microseconds)."""
+    if ad.dtype in _HALFS or ad.size == 1:
         with np.errstate(over="ignore", invalid="ignore"):
             return f(ad, bd)
     return f(ad, bd)

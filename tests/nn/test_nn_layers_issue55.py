@@ -432,3 +432,26 @@ def test_inf_nan_forward_backward_is_silent(dtype, act):
                  F.binary_cross_entropy_with_logits(y, pyddp.ones_like(y))):
         loss.backward(retain_graph=True)
     assert not np.isfinite(m.conv.weight.grad.numpy()).all()
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_gradscaler_overflowing_step_is_silent(autocast):
+    import contextlib
+
+    from pyddp import amp
+    lin = nn.Linear(3, 2)
+    opt = pyddp.optim.SGD(lin.parameters(), lr=0.1)
+    opt._step_supports_amp_scaling = False
+    scaler = amp.GradScaler("cpu", init_scale=2.0 ** 127)
+    before = lin.weight.detach().numpy().copy()
+    x = pyddp.tensor(np.full((4, 3), 1e3, np.float32))
+    ctx = pyddp.autocast(device_type="cpu", dtype=pyddp.float16) if autocast else \
+        contextlib.nullcontext()
+    with ctx:
+        loss = F.mse_loss(lin(x), pyddp.zeros(4, 2))
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    np.testing.assert_array_equal(lin.weight.detach().numpy(), before)   # skipped
+    assert scaler.get_scale() == 2.0 ** 126
