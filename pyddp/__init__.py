@@ -43,6 +43,9 @@ _LAZY_SUBMODULES = frozenset({
     "cuda",         # torch.cuda's device queries (loads libcudart on first call, not on import)
     "accelerator",  # torch.accelerator (CUDA through pyddp.cuda, else torch's CPU-build answers)
     "backends",     # torch.backends.cudnn's switches
+    "version",      # torch.version (__version__, cuda None as a CPU build, git_version)
+    "_dynamo",      # torch._dynamo.config's switches, reset(): recorded, doing nothing
+    "_inductor",    # torch._inductor.config's switches: recorded, doing nothing
 })
 _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     # checkpoints (torch.save / torch.load)
@@ -57,6 +60,8 @@ _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     "autocast": ("_autocast", "autocast"),
     "is_autocast_enabled": ("_autocast", "is_autocast_enabled"),
     "get_autocast_dtype": ("_autocast", "get_autocast_dtype"),
+    # torch.compile: pyddp has no compiler; the model comes back as it is (pyddp/_dynamo)
+    "compile": ("_dynamo", "compile"),
 }
 
 
@@ -70,7 +75,9 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._tensor import Tensor  # noqa: F401
     from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
     from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
-    from . import serialization, utils  # noqa: F401
+    from . import serialization, utils, version  # noqa: F401
+    from . import _dynamo, _inductor  # noqa: F401
+    from ._dynamo import compile  # noqa: F401
     from .nn import parallel  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401

@@ -16,11 +16,13 @@ The package is split by concern; this module re-exports the public names (``__al
 * ``_methods``: Tensor's methods that call _ops and _factories (``t.sum()``, ``t + u``,
   ``t.to(...)``, ``t.new_zeros``), attached to the class (so _core imports neither);
 * more ops by concern, each module attaching the Tensor methods that call its functions the same
-  way: ``_compare`` (eq, logical_and, isclose, ...), ``_sorting`` (topk, sort, median, unique),
-  ``_indexing`` (gather, scatter, index_select, take, ...), ``_reductions`` (prod, norm, cumsum,
-  nansum, ...), ``_linalg`` (diagonal, einsum, addmm, dot, cdist, ...), ``_shape`` (narrow, select,
-  as_strided, flip, roll, tile, ...), ``_pointwise`` (erf, atan2, fmod, lerp, logit, ...),
-  ``_sampling`` (multinomial, bernoulli); ``_args`` holds the argument checks they share;
+  way: ``_compare`` (eq, logical_and, isclose, ...), ``_sorting`` (topk, sort, median, unique,
+  unique_consecutive), ``_indexing`` (gather, scatter, index_select, take, ...), ``_reductions``
+  (prod, norm, cumsum, nansum, histc, ...), ``_linalg`` (diagonal, einsum, addmm, dot, cdist, ...),
+  ``_shape`` (narrow, select, as_strided, flip, roll, tile, ...), ``_pointwise`` (erf, erfinv,
+  atan2, fmod, lerp, logit, ...), ``_sampling`` (multinomial, bernoulli); ``_args`` holds the
+  argument checks they share;
+* ``_precision``: set/get_float32_matmul_precision (recorded, changing nothing);
 * ``_aliases``: method aliases, small predicates and the in-place ``_`` variants, attached last.
 
 Random numbers come from pyddp's one generator (pyddp/_random.py); manual_seed, seed,
@@ -38,6 +40,7 @@ from ._factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, 
                          linspace, ones, ones_like, rand, rand_like, randint, randn, randn_like,
                          randperm, tensor, zeros, zeros_like)
 from ._str import set_printoptions
+from ._precision import get_float32_matmul_precision, set_float32_matmul_precision
 from ._grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from ._ops import (abs, add, all, allclose, amax, amin, any, argmax, argmin, bmm, cat, ceil, chunk,
                    clamp, clip, concat, cos, div, equal, exp, expm1, flatten, floor, isfinite,
@@ -79,6 +82,7 @@ __all__ = [
     "mul", "div", "allclose", "equal", "isfinite", "isnan", "isinf", "log1p", "expm1", "square",
     "split", "chunk", "all", "any", "logsumexp", "swapaxes", "default_generator", "sign", "floor",
     "ceil", "round", "outer", "tril", "triu", "set_printoptions",
+    "set_float32_matmul_precision", "get_float32_matmul_precision",
     "float16", "half", "bfloat16", "float32", "float", "float64", "double", "int8", "uint8",
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
     "memory_format", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import Tensor, _as_t, _check_inplace, _new_on
+from ._dtypes import _scalar_name
 from ._grad_mode import _st
 
 
@@ -23,8 +24,8 @@ def _inplace_of(fname):
             return self
         if r._data.dtype != self._data.dtype and not np.can_cast(r._data.dtype,
                                                                    self._data.dtype, "same_kind"):
-            raise RuntimeError(f"result type {str(r._data.dtype).capitalize()} can't be cast to "
-                               f"the desired output type {str(self._data.dtype).capitalize()}")
+            raise RuntimeError(f"result type {_scalar_name(r._data.dtype)} can't be cast to "
+                               f"the desired output type {_scalar_name(self._data.dtype)}")
         np.copyto(self._data, np.broadcast_to(r._data, self._data.shape), casting="unsafe")
         return self
     m.__name__ = fname + "_"
@@ -65,7 +66,7 @@ def _attach():
     T.subtract = T.sub
     for fname in ("sin", "cos", "tan", "tanh", "sigmoid", "relu", "log", "log1p", "log2",
                   "log10", "expm1", "rsqrt", "square", "reciprocal", "sign", "floor", "ceil",
-                  "round", "trunc", "frac", "erf", "exp2", "sinh", "cosh", "asin", "acos",
+                  "round", "trunc", "frac", "erf", "erfinv", "exp2", "sinh", "cosh", "asin", "acos",
                   "atan", "pow", "fmod", "remainder", "clamp_min", "clamp_max", "lerp",
                   "logical_not", "logical_and", "logical_or", "logical_xor", "atan2",
                   "floor_divide", "addmm", "baddbmm", "cumsum", "cumprod", "t", "transpose",

@@ -226,10 +226,28 @@ def _claim_grad_dest(t, shape, dtype):
     return d
 
 
-def _check_inplace(t):
+def _check_inplace(t, overlap=True):
+    """torch's checks before an in-place write into t: not a leaf that requires grad, and (unless
+    ``overlap`` is False: fill_, zero_, masked_fill_ accept it as torch's do) not a tensor whose
+    elements share memory, such as an ``expand``-ed one."""
     if _st.grad and t._requires_grad and t.grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
+    if overlap:
+        _check_overlap(t._data)
+
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _check_overlap(a):
+    """RuntimeError (torch's) when elements of ``a`` share memory: a stride of 0 along a dimension
+    of more than one element (what ``expand`` makes)."""
+    if 0 in a.strides and a.size > 1:
+        for n, s in zip(a.shape, a.strides):
+            if s == 0 and n > 1:
+                raise RuntimeError(_OVERLAP)
 
 
 def _dims(dim, ndim):
@@ -772,13 +790,13 @@ class Tensor:
 
     def zero_(self):
         """Fill with zeros in place."""
-        _check_inplace(self)
+        _check_inplace(self, overlap=False)
         self._data[...] = 0
         return self
 
     def fill_(self, value):
         """Fill with value in place."""
-        _check_inplace(self)
+        _check_inplace(self, overlap=False)
         self._data[...] = value._data if isinstance(value, Tensor) else value
         return self
 
@@ -847,7 +865,7 @@ class Tensor:
 
     def masked_fill_(self, mask, value):
         """Set elements where mask is True to value, in place."""
-        _check_inplace(self)
+        _check_inplace(self, overlap=False)
         np.copyto(self._data, value, where=np.asarray(mask), casting="unsafe")
         return self
 
@@ -901,7 +919,22 @@ class Tensor:
         shape = tuple(self.shape[i - nd] if s == -1 else s for i, s in enumerate(sizes))
         if shape == self.shape:
             return self
-        d = np.broadcast_to(self._data, shape)
+        xd = self._data
+        if nd < 0:
+            raise RuntimeError(f"expand(torch.FloatTensor{{{list(xd.shape)}}}, "
+                               f"size={list(sizes)}): the number of sizes provided "
+                               f"({len(sizes)}) must be greater or equal to the number of "
+                               f"dimensions in the tensor ({xd.ndim})")
+        for i, (n, s) in enumerate(zip(shape[nd:], xd.shape)):
+            if n != s and s != 1:
+                raise RuntimeError(f"The expanded size of the tensor ({n}) must match the existing "
+                                   f"size ({s}) at non-singleton dimension {i + nd}.  Target "
+                                   f"sizes: {list(sizes)}.  Tensor sizes: {list(xd.shape)}")
+        # a view sharing the input's memory, writable where it is (as torch's): writes through
+        # it reach the input; in-place ops over repeated elements raise (_check_overlap)
+        strides = (0,) * nd + tuple(0 if n != s else st for n, s, st in
+                                    zip(shape[nd:], xd.shape, xd.strides))
+        d = np.lib.stride_tricks.as_strided(xd, shape, strides, writeable=xd.flags.writeable)
         ishape = self.shape
         return _mk(d, "ExpandBackward0", lambda g: (_unbc(g, ishape),), (self,), saves=False)
 

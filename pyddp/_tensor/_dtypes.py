@@ -111,3 +111,14 @@ def _layout(a, mf, copy=False):
         return a
     return _np.ascontiguousarray(t).transpose(back) if not copy or not t.flags.c_contiguous \
         else t.copy().transpose(back)
+
+
+_SCALAR_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                 "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
+                 "bool": "Bool", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+def _scalar_name(dt):
+    """torch's ScalarType name of a dtype, as its error messages write it ('Float', 'Long')."""
+    name = str(dt)
+    return _SCALAR_NAMES.get(name, name.capitalize())

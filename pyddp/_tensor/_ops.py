@@ -5,9 +5,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _dims, _mk, _mm, _new, _new_on,
-                    _promote,
-                    _red)
+from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _check_overlap, _dims, _mk,
+                    _mm, _new, _new_on, _promote, _red)
 from ._dtypes import _F32, _HALFS, _dtype, _is_float_dtype, _pybool, _pyint, int64
 from ._grad_mode import _st
 
@@ -37,7 +36,7 @@ def add(a, b, alpha=1):
     ad, bd = _binop_arrays(a, b)
     if alpha != 1:
         bd = bd * alpha
-    out = ad + bd
+    out = _half_op(np.add, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
         return _new_on(out, a, b)
@@ -56,7 +55,7 @@ def sub(a, b, alpha=1):
     ad, bd = _binop_arrays(a, b)
     if alpha != 1:
         bd = bd * alpha
-    out = ad - bd
+    out = _half_op(np.subtract, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     if not (_st.grad and (a._requires_grad or (bt is not None and bt._requires_grad))):
         return _new_on(out, a, b)
@@ -69,11 +68,22 @@ def sub(a, b, alpha=1):
     return _mk(out, "SubBackward0", bw, (a, bt), saves=False)
 
 
+def _half_op(f, ad, bd):
+    """f(ad, bd), where overflow to inf (and inf - inf) is the result, as in torch, not a NumPy
+    warning: in float16/bfloat16 (as on half hardware), and for a one-element tensor (a loss that
+    GradScaler's scale overflows, in any float type; the step is then skipped silently as torch's).
+    Larger float32/float64 operations keep NumPy's default (the errstate costs microseconds)."""
+    if ad.dtype in _HALFS or ad.size == 1:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return f(ad, bd)
+    return f(ad, bd)
+
+
 def mul(a, b):
     """a * b."""
     a = _bin_setup(a, b)
     ad, bd = _binop_arrays(a, b)
-    out = ad * bd
+    out = _half_op(np.multiply, ad, bd)
     bt = b if isinstance(b, Tensor) else None
     ra = a._requires_grad
     rb = bt is not None and bt._requires_grad
@@ -98,7 +108,7 @@ def div(a, b, rounding_mode=None):
         return _new_on(f(ad, bd), a, b)
     if not _is_float_dtype(ad.dtype):
         ad = ad.astype(_st.default)
-    out = np.true_divide(ad, bd)
+    out = _half_op(np.true_divide, ad, bd)
     if out.dtype != ad.dtype and _is_float_dtype(ad.dtype) and not isinstance(b, Tensor):
         out = out.astype(ad.dtype)
     bt = b if isinstance(b, Tensor) else None
@@ -648,14 +658,28 @@ def unsqueeze(x, dim):
 def cat(tensors, dim=0):
     """Concatenate along dim."""
     tensors = list(tensors)
-    arrs = [t._data for t in tensors]
+    # torch's legacy rule: a 1-D tensor of size 0 is skipped whatever the others' shapes
+    keep = [i for i, t in enumerate(tensors) if t._data.shape != (0,)]
+    if not keep or len(keep) == len(tensors):
+        keep = list(range(len(tensors)))
+    arrs = [tensors[i]._data for i in keep]
+    nd = arrs[0].ndim if arrs else 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-nd}, {nd - 1}], "
+                         f"but got {dim})")
     out = np.concatenate(arrs, axis=dim)
-    nd = out.ndim
     d = dim % nd
     bounds = np.cumsum([a.shape[d] for a in arrs])[:-1]
+    n = len(tensors)
 
     def bw(g):
-        return tuple(np.split(g, bounds, axis=d))
+        parts = np.split(g, bounds, axis=d)
+        if len(keep) == n:
+            return tuple(parts)
+        gs = [np.zeros((0,), dtype=g.dtype)] * n
+        for i, p in zip(keep, parts):
+            gs[i] = p
+        return tuple(gs)
     return _mk(out, "CatBackward0", bw, tuple(tensors), saves=False)
 
 
@@ -732,6 +756,15 @@ def _getitem(x, idx):
 
 def _setitem(x, idx, value):
     idx = _conv_index(idx)
+    xd = x._data
+    if 0 in xd.strides and xd.size > 1:   # an expanded tensor: torch's checks of the written part
+        if _is_basic(idx):
+            _check_overlap(xd[idx])
+        else:
+            import warnings
+            warnings.warn("Use of index_put_ on expanded tensors is deprecated. Please clone() the "
+                          "tensor before performing this operation. This also applies to advanced "
+                          "indexing e.g. tensor[indices] = tensor", UserWarning, stacklevel=3)
     vt = value if isinstance(value, Tensor) else None
     vd = value._data if vt is not None else value
     if _st.grad and (x._requires_grad or (vt is not None and vt._requires_grad)):

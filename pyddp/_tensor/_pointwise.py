@@ -18,7 +18,7 @@ from ._grad_mode import _st
 __all__ = ["masked_fill", "clamp_min", "clamp_max", "lerp", "erf", "exp2", "log2", "log10", "sinh",
            "cosh", "tan", "asin", "acos", "atan", "atan2", "frac", "trunc", "fmod", "remainder",
            "floor_divide", "true_divide", "reciprocal", "negative", "addcmul", "addcdiv",
-           "nan_to_num", "logaddexp", "logit"]
+           "nan_to_num", "logaddexp", "logit", "erfinv"]
 
 
 def masked_fill(input, mask, value):
@@ -47,6 +47,36 @@ def _erf_np(a):
 
 
 erf = _unary("erf", _erf_np, lambda g, x, r: g * (2 / np.sqrt(np.pi)) * np.exp(-x * x))
+
+
+def _erfinv_np(a):
+    """The inverse error function: Giles' approximation refined by Newton steps on erf, in
+    float64; 1 and -1 give +-inf, |x| > 1 and NaN give NaN (as torch)."""
+    import math
+    x = a.astype(np.float64)
+    out = np.full(x.shape, np.nan)
+    inside = np.abs(x) < 1
+    xi = x[inside]
+    w = -np.log((1.0 - xi) * (1.0 + xi))
+    small = w < 5.0
+    ws, wl = w - 2.5, np.sqrt(np.maximum(w, 5.0)) - 3.0
+    ps = np.polyval([2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                     0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941], ws)
+    pl = np.polyval([-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                     0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682], wl)
+    y = np.where(small, ps, pl) * xi
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    for _ in range(2):   # Newton: erf(y) = x
+        y = y - (erf(y) - xi) / (2 / np.sqrt(np.pi) * np.exp(-y * y))
+    out[inside] = y
+    out[x == 1] = np.inf
+    out[x == -1] = -np.inf
+    return out.astype(a.dtype)
+
+
+erfinv = _unary("erfinv", _erfinv_np,
+                lambda g, x, r: g * (np.sqrt(np.pi) / 2) * np.exp(r.astype(np.float64) ** 2)
+                .astype(r.dtype))
 exp2 = _unary("exp2", np.exp2, lambda g, x, r: g * r * np.log(2).astype(r.dtype))
 log2 = _unary("log2", np.log2, lambda g, x, r: g / (x * np.log(2).astype(x.dtype)))
 log10 = _unary("log10", np.log10, lambda g, x, r: g / (x * np.log(10).astype(x.dtype)))
@@ -175,10 +205,10 @@ def logit(input, eps=None):
 
 
 def _attach():
-    for name in ("erf", "exp2", "log2", "log10", "sinh", "cosh", "tan", "asin", "acos", "atan",
-                 "atan2", "frac", "trunc", "fmod", "remainder", "floor_divide", "true_divide",
-                 "negative", "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv", "nan_to_num",
-                 "logaddexp", "logit"):
+    for name in ("erf", "erfinv", "exp2", "log2", "log10", "sinh", "cosh", "tan", "asin", "acos",
+                 "atan", "atan2", "frac", "trunc", "fmod", "remainder", "floor_divide",
+                 "true_divide", "negative", "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv",
+                 "nan_to_num", "logaddexp", "logit"):
         setattr(Tensor, name, globals()[name])
     Tensor.arctan2 = atan2
 

@@ -10,10 +10,11 @@ import numpy as np
 
 from ._args import _dim, _t
 from ._core import Tensor, _mk, _new, _new_on
-from ._dtypes import _dtype, _pyint, int64
+from ._dtypes import _dtype, _pyint, _scalar_name, int64
 from ._ops import abs, pow, sqrt, sum
 
-__all__ = ["cumsum", "cumprod", "prod", "norm", "diff", "nansum", "nanmean", "count_nonzero"]
+__all__ = ["cumsum", "cumprod", "prod", "norm", "diff", "nansum", "nanmean", "count_nonzero",
+           "histc"]
 
 
 def count_nonzero(input, dim=None):
@@ -140,8 +141,49 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None):
     return nansum(x, dim, keepdim, dtype=dtype) / n
 
 
+def histc(input, bins=100, min=0, max=0):
+    """A histogram of the elements in ``bins`` equal-width bins over [min, max] (torch.histc):
+    elements outside the range are not counted, the last bin includes max; ``min == max`` takes
+    the range of the data (widened by 1 each way when that is a single value).  Float tensors
+    only; the result has the input's dtype and no gradient."""
+    x = _t(input)
+    xd = x._data
+    if xd.dtype.kind not in "fV":   # (V: bfloat16)
+        raise NotImplementedError(f'"histogram_cpu" not implemented for '
+                                  f"'{_scalar_name(xd.dtype)}'")
+    bins = _pyint(bins)
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    dt = xd.dtype
+    a = xd.reshape(-1)
+    if a.dtype.itemsize < 4:
+        a = a.astype(np.float32)
+    lo, hi = a.dtype.type(min), a.dtype.type(max)
+    if lo > hi:
+        raise RuntimeError("torch.histc: max must be larger than min")
+    if lo == hi:
+        if a.size:
+            lo, hi = a.min(), a.max()
+        if lo == hi:
+            lo, hi = lo - 1, hi + 1
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise RuntimeError(f"torch.histc: range of [{_fmt(lo)}, {_fmt(hi)}] is not finite")
+    inside = a[(a >= lo) & (a <= hi)]
+    pos = ((inside - lo) * a.dtype.type(bins) / (hi - lo)).astype(np.int64)
+    pos[pos == bins] = bins - 1   # max itself: the last bin
+    out = np.bincount(pos, minlength=bins)[:bins].astype(dt)
+    return _new_on(out, x)
+
+
+def _fmt(v):
+    v = float(v)
+    return "-nan" if v != v else ("inf" if v == float("inf") else ("-inf" if v == -float("inf")
+                                                                   else f"{v:g}"))
+
+
 def _attach():
-    for name in ("count_nonzero", "cumsum", "cumprod", "prod", "diff", "nansum", "nanmean"):
+    for name in ("count_nonzero", "cumsum", "cumprod", "prod", "diff", "nansum", "nanmean",
+                 "histc"):
         setattr(Tensor, name, globals()[name])
 
     def norm_method(self, p="fro", dim=None, keepdim=False, dtype=None):

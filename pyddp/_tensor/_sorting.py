@@ -14,7 +14,7 @@ from ._args import _dim, _t
 from ._core import Tensor, _mk, _new_on
 from ._dtypes import _pyint, int64
 
-__all__ = ["topk", "sort", "argsort", "median", "unique"]
+__all__ = ["topk", "sort", "argsort", "median", "unique", "unique_consecutive"]
 
 _TopK = namedtuple("topk", ["values", "indices"])
 _Sort = namedtuple("sort", ["values", "indices"])
@@ -114,8 +114,37 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
+    """The input with each run of equal consecutive elements (or slices along ``dim``) kept once,
+    as torch.unique_consecutive: with ``return_inverse`` the index of each element's (slice's) run,
+    with ``return_counts`` the length of each run (int64)."""
+    x = _t(input)
+    xd = x._data
+    if dim is None:
+        flat = xd.reshape(-1)
+        new = np.ones(flat.shape[0], dtype=np.bool_)
+        new[1:] = flat[1:] != flat[:-1]
+        vals = flat[new]
+        inv_shape = xd.shape
+    else:
+        d = _dim(dim, xd.ndim)
+        moved = np.moveaxis(xd, d, 0)
+        rows = moved.reshape(moved.shape[0], -1)
+        new = np.ones(rows.shape[0], dtype=np.bool_)
+        new[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+        vals = np.moveaxis(moved[new], 0, d)
+        inv_shape = (rows.shape[0],)
+    starts = np.flatnonzero(new)
+    out = [_new_on(np.ascontiguousarray(vals), x)]
+    if return_inverse:
+        out.append(_new_on((np.cumsum(new) - 1).astype(int64).reshape(inv_shape), x))
+    if return_counts:
+        out.append(_new_on(np.diff(np.append(starts, new.shape[0])).astype(int64), x))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
 def _attach():
-    for name in ("topk", "sort", "argsort", "unique", "median"):
+    for name in ("topk", "sort", "argsort", "unique", "median", "unique_consecutive"):
         setattr(Tensor, name, globals()[name])
 
 

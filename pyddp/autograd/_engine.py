@@ -153,6 +153,10 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
 
     callbacks = []
     _callbacks_stack.append(callbacks)
+    # gradients through inf / NaN (an fp16 step that overflowed, which GradScaler then skips) are
+    # computed silently, as torch's backward does: no NumPy "overflow" / "invalid value" warnings
+    quiet = np.errstate(over="ignore", invalid="ignore", divide="ignore")
+    quiet.__enter__()
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -206,4 +210,5 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
             callbacks[i]()
             i += 1
     finally:
+        quiet.__exit__(None, None, None)
         _callbacks_stack.pop()

@@ -18,6 +18,7 @@ import numpy as np
 from .. import _autocast, _tensor
 from .._tensor import Tensor
 from ..autograd.function import Function
+from ._argcheck import quiet_all as _quiet_all
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss",
            "binary_cross_entropy_with_logits"]
@@ -41,10 +42,16 @@ def _check_reduction(reduction):
         raise ValueError(f"{reduction} is not a valid value for reduction")
 
 
-def _t(x):
-    """A Tensor for a Tensor, ndarray or number (ndarrays are wrapped without a copy)."""
+def _t(x, fn=None, name="input", pos=1):
+    """A Tensor for a Tensor, ndarray or number (ndarrays are wrapped without a copy).  A tuple or
+    list (a model's several outputs given as one) raises torch's TypeError, naming the function
+    ``fn`` as torch's message does ("cross_entropy_loss(): argument 'input' (position 1) must be
+    Tensor, not tuple")."""
     if isinstance(x, Tensor):
         return x
+    if fn is not None and isinstance(x, (tuple, list)):
+        raise TypeError(f"{fn}(): argument '{name}' (position {pos}) must be Tensor, not "
+                        f"{type(x).__name__}")
     return Tensor(x if isinstance(x, np.ndarray) else np.asarray(x))
 
 
@@ -246,8 +253,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    input = _autocast.upcast(_t(input))
-    target = _t(target)
+    input = _autocast.upcast(_t(input, "cross_entropy_loss"))
+    target = _t(target, "cross_entropy_loss", "target", 2)
     if target.dtype.kind == "f":
         target = _autocast.upcast(target)
     return _CrossEntropy.apply(input, target, weight, ignore_index, reduction, label_smoothing)
@@ -312,8 +319,9 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     at the integer class ``target``; ``weight``/``ignore_index``/``reduction`` as cross_entropy."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
-    input = _autocast.upcast(_t(input))
-    return _NLL.apply(input, _t(target), weight, ignore_index, reduction)
+    input = _autocast.upcast(_t(input, "nll_loss_nd"))
+    return _NLL.apply(input, _t(target, "nll_loss_nd", "target", 2), weight, ignore_index,
+                      reduction)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +379,8 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     Shapes broadcast, with torch's warning when they differ."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
-    input, target = _autocast.upcast(_t(input)), _autocast.upcast(_t(target))
+    input = _autocast.upcast(_t(input, "mse_loss"))
+    target = _autocast.upcast(_t(target, "mse_loss", "target", 2))
     _broadcast_warn(input, target)
     return _PointwiseLoss.apply(input, target, reduction, "mse")
 
@@ -382,7 +391,8 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     The gradient is sign(input - target), 0 where they are equal (as torch)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
-    input, target = _autocast.upcast(_t(input)), _autocast.upcast(_t(target))
+    input = _autocast.upcast(_t(input, "l1_loss"))
+    target = _autocast.upcast(_t(target, "l1_loss", "target", 2))
     _broadcast_warn(input, target)
     return _PointwiseLoss.apply(input, target, reduction, "l1")
 
@@ -439,8 +449,13 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     """
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
-    input, target = _autocast.upcast(_t(input)), _autocast.upcast(_t(target))
+    input = _autocast.upcast(_t(input, "binary_cross_entropy_with_logits"))
+    target = _autocast.upcast(_t(target, "binary_cross_entropy_with_logits", "target", 2))
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"Target size ({tuple(target.shape)}) must be the same as input size "
                          f"({tuple(input.shape)})")
     return _BCEWithLogits.apply(input, target, weight, pos_weight, reduction)
+
+
+# inf and NaN computed silently, as torch's (pyddp/nn/_argcheck.py)
+_quiet_all(globals(), __all__)

@@ -142,7 +142,9 @@ LAYERS = [
         # the array adapter, the C kernels' Python side, libcudart/libnccl loading, emulation
         "pyddp._C", "pyddp._config", "pyddp._detect", "pyddp._lifecycle", "pyddp._interop",
         "pyddp._kernels", "pyddp.backends", "pyddp.cuda._lib", "pyddp.cuda._emulation",
-        "pyddp.cuda._pinned", "pyddp.cuda.nccl"]),
+        "pyddp.cuda._pinned", "pyddp.cuda.nccl",
+        # torch.version, and torch._dynamo / torch._inductor's switches (recorded, doing nothing)
+        "pyddp.version", "pyddp._dynamo", "pyddp._inductor"]),
     ("devices", [  # torch.device, the CUDA runtime's questions, torch.accelerator
         "pyddp._device", "pyddp.cuda._runtime", "pyddp.cuda._stream", "pyddp.cuda.nvtx",
         "pyddp.accelerator"]),

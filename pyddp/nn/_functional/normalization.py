@@ -1,5 +1,5 @@
-"""Normalisation: layer_norm and batch_norm (running statistics updated in place, as torch), and
-normalize (Lp-normalised along a dimension).
+"""Normalisation: layer_norm, group_norm and batch_norm (running statistics updated in place, as
+torch), and normalize (Lp-normalised along a dimension).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..._tensor._ops import _cast
 from .._argcheck import require_tensors as _require_tensors
 from ._common import _f32, _up
 
-__all__ = ["layer_norm", "batch_norm", "normalize"]
+__all__ = ["layer_norm", "group_norm", "batch_norm", "normalize"]
 
 
 def _norm_backward(g, xhat, rstd, w, axes, n):
@@ -57,6 +57,56 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         gb = g.sum(axis=lead) if bias is not None and bias._requires_grad else None
         return gx, gw, gb
     return _mk(out, "NativeLayerNormBackward0", bw, (input, weight, bias))
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """Normalise (N, C, ...) over each group of C / num_groups channels and the remaining dims
+    (one mean and variance per sample and group), then scale and shift per channel (torch's
+    F.group_norm).  float16/bfloat16 inputs are normalised in float32, returned in their dtype."""
+    shape = tuple(input.shape)
+    if len(shape) < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received "
+                           f"{len(shape)}")
+    N, C = shape[0], shape[1]
+    if C % num_groups:
+        raise RuntimeError("Expected number of channels in input to be divisible by num_groups, "
+                           f"but got input of shape {list(shape)} and num_groups={num_groups}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and (p.ndim != 1 or p.shape[0] != C):
+            raise RuntimeError(f"Expected {name} to be a vector of size equal to the number of "
+                               f"channels in input, but got {name} of shape {list(p.shape)} and "
+                               f"input of shape {list(shape)}")
+    if input.dtype in _HALFS and _st.autocast is None:
+        return _cast(group_norm(_f32(input), num_groups, _f32(weight), _f32(bias), eps),
+                     input.dtype)
+    input, weight, bias = _up(input), (None if weight is None else _up(weight)), \
+        (None if bias is None else _up(bias))
+    xd = input._data
+    xg = xd.reshape(N, num_groups, -1)
+    mu = xg.mean(axis=2, keepdims=True)
+    xc = xg - mu
+    var = (xc * xc).mean(axis=2, keepdims=True)
+    rstd = (1.0 / np.sqrt(var + eps)).astype(xd.dtype, copy=False)
+    xhat = (xc * rstd).reshape(shape)
+    cshape = (1, C) + (1,) * (len(shape) - 2)
+    wd = weight._data.reshape(cshape) if weight is not None else None
+    out = xhat * wd if wd is not None else xhat.copy()
+    if bias is not None:
+        out += bias._data.reshape(cshape)
+    axes = (0,) + tuple(range(2, len(shape)))
+
+    def bw(g):
+        gx = gw = gb = None
+        if input._requires_grad:
+            gh = (g * wd if wd is not None else g).reshape(N, num_groups, -1)
+            xh = xhat.reshape(N, num_groups, -1)
+            gx = _norm_backward(gh, xh, rstd, None, (2,), None).reshape(shape)
+        if weight is not None and weight._requires_grad:
+            gw = (g * xhat).sum(axis=axes)
+        if bias is not None and bias._requires_grad:
+            gb = g.sum(axis=axes)
+        return gx, gw, gb
+    return _mk(out, "NativeGroupNormBackward0", bw, (input, weight, bias))
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,

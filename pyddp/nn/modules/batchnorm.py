@@ -1,14 +1,15 @@
-"""BatchNorm1d and BatchNorm2d (torch.nn.BatchNorm*)."""
+"""BatchNorm1d, BatchNorm2d, BatchNorm3d and SyncBatchNorm (torch.nn.BatchNorm*)."""
 import numpy as np
 
 from ...autograd.function import Function
 from .. import functional as F
+from .._argcheck import quiet
 from .. import init
 from .module import Module
 from ..._tensor import Tensor
 from .utils import _buffer, _empty_parameter, _factory_dtype
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"]
 
 
 class _NormBase(Module):
@@ -129,6 +130,15 @@ class BatchNorm2d(_BatchNorm):
             raise ValueError(f"expected 4D input (got {nd}D input)")
 
 
+class BatchNorm3d(_BatchNorm):
+    """Batch normalisation over (N, C, D, H, W) input, as ``torch.nn.BatchNorm3d``."""
+
+    def _check_input_dim(self, input):
+        nd = len(input.shape)
+        if nd != 5:
+            raise ValueError(f"expected 5D input (got {nd}D input)")
+
+
 class _SyncBatchNormFunction(Function):
     """Batch norm whose statistics (forward) and gradient sums (backward) are all-reduced.
 
@@ -139,6 +149,7 @@ class _SyncBatchNormFunction(Function):
     """
 
     @staticmethod
+    @quiet   # inf / NaN statistics computed silently, as torch's (pyddp/nn/_argcheck.py)
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
         from ... import distributed as dist
         x = input._data

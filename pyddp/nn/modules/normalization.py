@@ -1,4 +1,4 @@
-"""LayerNorm (torch.nn.LayerNorm)."""
+"""LayerNorm and GroupNorm (torch.nn.LayerNorm, torch.nn.GroupNorm)."""
 import numbers
 
 from .. import functional as F
@@ -6,7 +6,7 @@ from .. import init
 from .module import Module
 from .utils import _empty_parameter
 
-__all__ = ["LayerNorm"]
+__all__ = ["LayerNorm", "GroupNorm"]
 
 
 class LayerNorm(Module):
@@ -50,4 +50,51 @@ class LayerNorm(Module):
     def extra_repr(self):
         """The constructor arguments shown in the repr (as torch)."""
         return ("{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, "
+                "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))
+
+
+class GroupNorm(Module):
+    """Group normalisation (torch.nn.GroupNorm): the channels of (N, C, ...) input are split into
+    ``num_groups`` groups, each normalised over its channels and the remaining dims per sample;
+    then a per-channel ``weight`` (ones) and ``bias`` (zeros) when ``affine`` (``bias=False``
+    drops the shift).  ``num_channels`` must be divisible by ``num_groups`` (torch's
+    ValueError)."""
+
+    __constants__ = ["num_groups", "num_channels", "eps", "affine"]
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None,
+                 *, bias=True):
+        super().__init__()
+        if num_channels % num_groups != 0:
+            raise ValueError(f"num_channels ({num_channels}) must be divisible by num_groups "
+                             f"({num_groups})")
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if self.affine:
+            self.weight = _empty_parameter((num_channels,), dtype)
+            if bias:
+                self.bias = _empty_parameter((num_channels,), dtype)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Weight to ones, bias to zeros."""
+        if self.affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def forward(self, input):
+        """Normalise ``input`` by groups of channels."""
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
+        return ("{num_groups}, {num_channels}, eps={eps}, affine={affine}, "
                 "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))
