@@ -151,7 +151,10 @@ def test_module_and_no_python(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "job.py").write_text("import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:], __name__)\n")
+    # one write per line: under `python -u` print's pieces are separate writes, which two ranks
+    # sharing the pipe can interleave mid-line
+    (pkg / "job.py").write_text("import os, sys\nsys.stdout.write(f\"module {os.environ['RANK']} "
+                                "{sys.argv[1:]} {__name__}\\n\")\n")
     rc, out, err = run(["--nproc-per-node", 2, "-m", "pkg.job", "x"], cwd=tmp_path)
     assert rc == 0, err
     assert sorted(out.splitlines()) == ["module 0 ['x'] __main__", "module 1 ['x'] __main__"]
