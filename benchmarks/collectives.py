@@ -578,7 +578,8 @@ def summary_block(args, results, world, memcpy, phase=None):
         blocks.append(_report.block(
             f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
             f"**bold**: behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
-            ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info,
+            ["collective"] + [fmt_size_short(n) for n in sizes], rows,
+            info=dict(info, rules=rules_of(results, mine)) if mine.startswith("pyddp") else info,
             align="l" + "r" * len(sizes)))
     return "\n\n".join(blocks) if blocks else None
 
