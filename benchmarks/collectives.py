@@ -573,7 +573,9 @@ def summary_block(args, results, world, memcpy, phase=None):
             big = memcpy.get(max(memcpy)) if memcpy else None
             if big:
                 info["memcpy_gbs"] = big["gbps"]
-        who = f"{LABEL[mine]} (rules: {rules_of(results, mine)})"
+        # the rules each pyddp column ran with: its Machine line's "pyddp rules:" (below)
+        who = LABEL[mine] + {"pyddp-untuned": " (PYDDP_TUNING=0: the built-in constants)",
+                             "pyddp-oob": " (an empty per-user cache, no PYDDP_TUNING_FILE)"}.get(mine, "")
         over = _over(args, phase)
         blocks.append(_report.block(
             f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
