@@ -501,6 +501,12 @@ def main():
     result = {"impl": impl.name, "world_size": impl.world, "ops": {}, "errors": {}}
     if impl.name == "pyddp":
         result["transport_env"] = os.environ.get("PYDDP_TRANSPORT", "")
+        try:  # the rules this run's groups applied (the parent labels its tables with them)
+            from pyddp.distributed.backends.cpu import tuning
+
+            result["rules"] = tuning.describe()
+        except ImportError:
+            pass
 
     def write():
         if impl.rank == 0:

@@ -6,10 +6,10 @@
     python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096 --no-plot
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
---peers LIST (pyddp,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
+--peers LIST (pyddp,pyddp-oob,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
 floor), --json OUT, --plot FILE (default runs/bench/collectives.png under the working directory, when
 matplotlib imports; runs/ is ignored by git), --no-plot, --timeout S, --quick, --split-ops, --rounds N,
---timing call|loop.
+--timing call|loop, --[no-]out-of-the-box.
 
 For each collective (allreduce, broadcast, allgather = all_gather_into_tensor, reduce_scatter =
 reduce_scatter_tensor, reduce, gather, scatter, alltoall = all_to_all_single; root 0) it prints an nccl-tests-style table of float32 arrays: size, the NumPy copy bandwidth
@@ -19,8 +19,12 @@ fraction of memcpy (pyddp/memcpy, shm-buf/memcpy).
 
 Libraries: "pyddp" (the transport pyddp picks itself: shared memory for ranks on one host, where the build
 has it; the rules of algorithm choice in force, tuned by python -m pyddp.tools.tune where it ran), "pyddp
-untuned" (the same with PYDDP_TUNING=0: the built-in constants; by default only where a rules file is in
-force, so that one run shows what tuning gives), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
+out-of-the-box" (pyddp-oob: the same with XDG_CACHE_HOME an empty directory and no PYDDP_TUNING_FILE,
+what a new user runs with; by default, --out-of-the-box, beside "pyddp" where this host's rules file is in
+force and PYDDP_TUNING_FILE names none, so that one run shows both; its summary comes first), "pyddp
+untuned" (the same with PYDDP_TUNING=0: the built-in constants; named in --peers, or by default where a
+rules file is in force with --no-out-of-the-box; the rules each pyddp column ran with, as its
+workers reported them, head the tables, "# rules:" lines, and title the summaries), "pyddp-tcp" (the same workers with PYDDP_TRANSPORT=tcp), "pyddp shm-buffer" (allreduce only, run
 by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
 note says so when the build has no _shared_array), "torch gloo" and "Open MPI"; "copy floor" (named in --peers only)
 is no library: every rank copies, at the same time, its even share of the bytes the collective must write
@@ -41,6 +45,7 @@ run. A library that is missing or fails prints a note; the others still report. 
 size, one panel per collective, memcpy dashed.
 """
 import argparse
+import atexit
 import json
 import math
 import os
@@ -67,21 +72,21 @@ if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will 
 from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
 import _report  # noqa: E402
 
-PEERS = ("pyddp", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck", "floor")
+PEERS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck", "floor")
 # Run only when --peers names them.
 OPT_IN = ("floor",)
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
-COLUMNS = ("pyddp", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck",
+COLUMNS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck",
            "floor")
-LABEL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp untuned", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
+LABEL = {"pyddp": "pyddp", "pyddp-oob": "pyddp out-of-the-box", "pyddp-untuned": "pyddp untuned", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
          "mpi": "Open MPI", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck", "floor": "copy floor"}
-IMPL = {"pyddp": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
+IMPL = {"pyddp": "pyddp", "pyddp-oob": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
         "pyddp-mpi-nocheck": "pyddp-mpi", "floor": "floor"}
 # pyddp's backend "mpi" against the raw mpi4py calls of the "mpi" peer on the same arrays (the issue:
 # at most 5% slower from 64 KiB, within 1.5 us at 4 B); "nocheck" runs it with PYDDP_MPI_CHECK=0.
 MPI_PEERS = ("mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
 # Ratio columns, numerator / denominator of times (> 1: the denominator is faster), where both ran.
-RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
+RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp-oob"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
           ("pyddp-mpi-nocheck", "mpi"))
 # allreduce only: algbw / memcpy bandwidth, with the short names of the column heads.
 FRACTIONS = (("pyddp", "pyddp/"), ("pyddp-shm", "shm-buf/"))
@@ -122,7 +127,7 @@ def free_port():
 
 def available(peer):
     """(True, '') when the peer can run here, else (False, why)."""
-    if peer in ("pyddp", "pyddp-untuned", "pyddp-tcp", "floor"):
+    if peer in ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp", "floor"):
         return True, ""
     if peer == "gloo":
         try:
@@ -161,20 +166,41 @@ JOB_SECRET = os.environ.get("PYDDP_SECRET") or secrets.token_hex(16)
 
 
 def worker_env(extra=None):
+    """This environment for a worker, with extra's entries (None: removed)."""
     env = dict(os.environ)
     # One thread per rank: the ranks already use every core of a small machine.
     env["OMP_NUM_THREADS"] = "1"
     env["PYDDP_SECRET"] = JOB_SECRET
     # "pyddp" measures the transport pyddp picks itself; only "pyddp-tcp" forces one (below).
     env.pop("PYDDP_TRANSPORT", None)
-    env.update(extra or {})
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
+
+
+_EMPTY_CACHE = []
+
+
+def empty_cache_dir():
+    """An empty directory for XDG_CACHE_HOME (the out-of-the-box peer: a new user's per-user cache,
+    holding no rules file), made once per run and removed at exit."""
+    if not _EMPTY_CACHE:
+        d = tempfile.mkdtemp(prefix="pyddp-bench-empty-cache-")
+        atexit.register(shutil.rmtree, d, True)
+        _EMPTY_CACHE.append(d)
+    return _EMPTY_CACHE[0]
 
 
 def peer_env(peer):
     """Environment entries that make a peer what its name says."""
     if peer == "pyddp-mpi-nocheck":
         return {"PYDDP_MPI_CHECK": "0"}
+    if peer == "pyddp-oob":
+        # what a new user gets: an empty per-user cache (no rules file there), none named
+        return {"XDG_CACHE_HOME": empty_cache_dir(), "PYDDP_TUNING_FILE": None, "PYDDP_TUNING": None}
     if peer == "pyddp-untuned":
         # the built-in constants of csrc/coll/rules.c, whatever rules file this host has
         return {"PYDDP_TUNING": "0"}
@@ -496,6 +522,23 @@ def _over(args, phase=None):
     return over
 
 
+def rules_of(results, peer):
+    """The rules of algorithm choice a pyddp peer's workers ran with, as they reported them
+    (pyddp.distributed.backends.cpu.tuning.describe), with what made them so."""
+    said = (results.get(peer) or {}).get("rules") or "not reported"
+    if peer == "pyddp-oob":
+        return f"{said}; out of the box: an empty per-user cache, no PYDDP_TUNING_FILE"
+    if peer == "pyddp-untuned":
+        return f"{said}; PYDDP_TUNING=0"
+    return said
+
+
+def rules_lines(results):
+    """'# rules: ...' lines, one per pyddp peer that ran: which rules each table's column ran with."""
+    return [f"# rules: {LABEL[c]}: {rules_of(results, c)}"
+            for c in ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp") if results.get(c)]
+
+
 def summary_block(args, results, world, memcpy, phase=None):
     """The README's table of one run: for each peer pyddp is compared with (Open MPI, gloo), a
     collective x size table of peer time / pyddp time (> 1: pyddp ahead) and how many points pyddp
@@ -503,7 +546,8 @@ def summary_block(args, results, world, memcpy, phase=None):
     or no peer ran.  phase: the title says which runs it compares (phase_results)."""
     blocks = []
     info = None
-    for peer, mine in (("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp")):
+    # out of the box first: what a new user measures before tuning anything
+    for peer, mine in (("mpi", "pyddp-oob"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp")):
         if not (results.get(peer) and results.get(mine)):
             continue
         ops = [op for op in args.ops if op in results[peer]["ops"] and op in results[mine]["ops"]]
@@ -529,12 +573,15 @@ def summary_block(args, results, world, memcpy, phase=None):
             big = memcpy.get(max(memcpy)) if memcpy else None
             if big:
                 info["memcpy_gbs"] = big["gbps"]
-        who = LABEL[mine] + (" (PYDDP_TUNING=0: the built-in constants)" if mine != "pyddp" else "")
+        # the rules each pyddp column ran with: its Machine line's "pyddp rules:" (below)
+        who = LABEL[mine] + {"pyddp-untuned": " (PYDDP_TUNING=0: the built-in constants)",
+                             "pyddp-oob": " (an empty per-user cache, no PYDDP_TUNING_FILE)"}.get(mine, "")
         over = _over(args, phase)
         blocks.append(_report.block(
             f"{LABEL[peer]} time / {who} time, {world} ranks, float32, {over} (> 1: pyddp ahead; "
             f"**bold**: behind): {LABEL[mine]} ahead at {ahead} of {total} points on this machine",
-            ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info,
+            ["collective"] + [fmt_size_short(n) for n in sizes], rows,
+            info=dict(info, rules=rules_of(results, mine)) if mine.startswith("pyddp") else info,
             align="l" + "r" * len(sizes)))
     return "\n\n".join(blocks) if blocks else None
 
@@ -544,7 +591,7 @@ def floor_block(args, results, world, phase=None):
     copying its even share of the bytes the collective writes, bench_worker.FloorImpl), per
     collective and size, and the points where pyddp is behind Open MPI with both multiples."""
     floor = results.get("floor")
-    libs = [c for c in ("pyddp", "pyddp-untuned", "mpi") if results.get(c)]
+    libs = [c for c in ("pyddp-oob", "pyddp", "pyddp-untuned", "mpi") if results.get(c)]
     if not floor or not libs:
         return None
     ops = [op for op in args.ops if op in floor["ops"]]
@@ -587,6 +634,10 @@ def print_tables(args, results, notes, world, memcpy):
         print()
         print(f"# {args.rounds} rounds, libraries in alternating order: time(us) is the median of the "
               "rounds' medians")
+    lines = rules_lines(results)
+    if lines:
+        print()
+        print("\n".join(lines))
     for op in args.ops:
         print()
         print("\n".join(table(op, results, world, memcpy)))
@@ -631,7 +682,7 @@ def plot(path, ops, results, world, memcpy):
     nrows = math.ceil(len(ops) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 4.4 * nrows), squeeze=False)
     # One colour and marker per library in every panel.
-    styles = {"pyddp": ("o-", "C0"), "pyddp-untuned": ("o--", "C7"), "pyddp-shm": ("D-", "C1"), "pyddp-tcp": ("s-", "C2"), "gloo": ("^-", "C3"),
+    styles = {"pyddp": ("o-", "C0"), "pyddp-oob": ("o:", "C9"), "pyddp-untuned": ("o--", "C7"), "pyddp-shm": ("D-", "C1"), "pyddp-tcp": ("s-", "C2"), "gloo": ("^-", "C3"),
               "mpi": ("v-", "C4"), "pyddp-mpi": ("^-", "C5"), "pyddp-mpi-nocheck": ("^--", "C6")}
     for ax, op in zip(axes.flat, ops):
         xs_all = set()
@@ -705,12 +756,25 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every library this many times, in alternating order, and report the median "
                          "of its per-round medians (default 1)")
+    ap.add_argument("--out-of-the-box", dest="oob", action=argparse.BooleanOptionalAction, default=None,
+                    help="beside pyddp with this host's rules file, run pyddp out of the box (peer "
+                         "pyddp-oob: XDG_CACHE_HOME an empty directory, no PYDDP_TUNING_FILE), each "
+                         "table labelled with the rules it ran with; default: on unless "
+                         "PYDDP_TUNING_FILE names a rules file (without a rules file pyddp itself runs "
+                         "out of the box)")
     args = ap.parse_args(argv)
 
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if args.oob is None:
+        args.oob = not (os.environ.get("PYDDP_TUNING_FILE") or "").strip()
+    tuned = tuned_here()
     if args.peers is None:
-        args.peers = ",".join(p for p in PEERS if p not in OPT_IN and (p != "pyddp-untuned" or tuned_here()))
+        # with --out-of-the-box the empty-cache run stands where the built-in constants would
+        args.peers = ",".join(p for p in PEERS if p not in OPT_IN and p != "pyddp-oob" and
+                              (p != "pyddp-untuned" or (tuned and not args.oob)))
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if args.oob and tuned and "pyddp" in args.peers and "pyddp-oob" not in args.peers:
+        args.peers.insert(args.peers.index("pyddp") + 1, "pyddp-oob")
     for o in args.ops:
         if o not in OPS:
             ap.error(f"--ops: unknown collective {o!r} (choose from {', '.join(OPS)})")
@@ -738,9 +802,9 @@ def main(argv=None):
     if not sizes:
         ap.error("--min-bytes is larger than --max-bytes")
 
-    print(f"# pyddp collective benchmark: {args.nproc} ranks on one host, {os.cpu_count()} CPUs, "
-          f"python {sys.version.split()[0]}, numpy {np.__version__}")
     args.machine = _report.machine(memcpy=False)  # the summary's Machine line: load before the run
+    print(f"# pyddp collective benchmark: {args.nproc} ranks on one host, {args.machine['cpu']}, "
+          f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, numpy {np.__version__}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5:
         print(f"# WARNING: load average {load:.2f} before the run: other processes compete for the CPUs, "

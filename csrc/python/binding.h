@@ -54,6 +54,11 @@ typedef struct pd_module_state {
     PyTypeObject *FlightRecorderType; /* flight.c */
     PyObject *TensorType;            /* buffers.c: pyddp.Tensor, or NULL */
     PyObject *str_data;              /* interned "_data" */
+    /* buffers.c: numpy.ndarray, read directly by the fast paths once one
+     * array described both ways agreed (np_direct 1; -1: they did not, or
+     * no ndarray type; 0: not yet known) */
+    PyObject *ndarray_type;
+    int np_direct;
 } pd_module_state;
 
 pd_module_state *pd_get_state(PyObject *module);
@@ -76,7 +81,7 @@ struct pd_store *pd_py_store_get(PyObject *obj, pd_module_state *st);
 enum { PD_DEV_CPU = 1, PD_DEV_CUDA = 2, PD_DEV_CUDA_HOST = 3,
        PD_DEV_CUDA_MANAGED = 13 }; /* DLPack's device codes */
 enum { PD_VIEW_NONE = 0, PD_VIEW_BUFFER, PD_VIEW_DLPACK, PD_VIEW_DLPACK_V1,
-       PD_VIEW_CAI };
+       PD_VIEW_CAI, PD_VIEW_NUMPY };
 enum {
     PD_VIEW_WRITABLE = 1u,  /* ask the exporter for a writable buffer */
     PD_VIEW_NO_DLPACK = 2u, /* buffer protocol (and pyddp Tensors) only */
@@ -89,7 +94,7 @@ typedef struct pd_view {
                            called at release */
     void *managed;      /* its DLManagedTensor[Versioned] */
     const void *dlt;    /* PD_VIEW_DLPACK*: its DLTensor (shape, strides) */
-    PyObject *owner;    /* PD_VIEW_CAI: the exporting object */
+    PyObject *owner;    /* PD_VIEW_CAI, PD_VIEW_NUMPY: the exporting object */
     PyObject *cai;      /* PD_VIEW_CAI: its __cuda_array_interface__ dict */
     int how;            /* PD_VIEW_* */
     char *ptr;

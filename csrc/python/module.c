@@ -147,6 +147,7 @@ pd_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->NcclWorkType);
     Py_VISIT(st->FlightRecorderType);
     Py_VISIT(st->TensorType);
+    Py_VISIT(st->ndarray_type);
     return 0;
 }
 
@@ -171,6 +172,8 @@ pd_clear(PyObject *m)
     Py_CLEAR(st->FlightRecorderType);
     Py_CLEAR(st->TensorType);
     Py_CLEAR(st->str_data);
+    Py_CLEAR(st->ndarray_type);
+    st->np_direct = 0;
     return 0;
 }
 

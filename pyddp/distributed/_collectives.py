@@ -364,8 +364,13 @@ def _all_reduce_into(src, dst, op=ReduceOp.SUM, group=None, async_op=False):
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduce ``tensor`` over the ranks of ``group`` with ``op``; the result lands in ``tensor`` on
     rank ``dst`` only (the other ranks' tensors are unchanged)."""
-    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int)
-                and type(op) is ReduceOp, _K_REDUCE, tensor, op, None, dst or 0)
+    if group is None and not async_op and group_dst is None and type(op) is ReduceOp and \
+            (dst is None or type(dst) is int):  # _start written out (see all_reduce)
+        pg = _world.default_pg
+        if pg is not None and (f := pg._fast) is not None and \
+                f(_K_REDUCE, tensor, op, None, dst or 0):
+            return None
+    pg = _resolve(group)
     if pg is None:
         return None
     op = _op_of(op, premul=True)
@@ -380,7 +385,12 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Fill ``tensor_list`` (one array per rank of ``group``, shaped like ``tensor``) with every
     rank's ``tensor``, on every rank."""
-    pg = _start(group, not async_op, _K_ALLGATHER, tensor_list, 0, tensor)
+    if group is None and not async_op:  # _start written out (see all_reduce)
+        pg = _world.default_pg
+        if pg is not None and (f := pg._fast) is not None and \
+                f(_K_ALLGATHER, tensor_list, 0, tensor, 0):
+            return None
+    pg = _resolve(group)
     if pg is None:
         return None
     a, code = as_array(tensor, "tensor", False, pg._on_device)
@@ -417,8 +427,13 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None on the other
     ranks)."""
-    pg = _start(group, not async_op and group_dst is None and (dst is None or type(dst) is int),
-                _K_GATHER, gather_list, dst or 0, tensor)
+    if group is None and not async_op and group_dst is None and \
+            (dst is None or type(dst) is int):  # _start written out (see all_reduce)
+        pg = _world.default_pg
+        if pg is not None and (f := pg._fast) is not None and \
+                f(_K_GATHER, gather_list, dst or 0, tensor, 0):
+            return None
+    pg = _resolve(group)
     if pg is None:
         return None
     root = _root(pg, group_dst, dst, "dst")
@@ -430,8 +445,13 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     """Rank ``src`` sends ``scatter_list[i]`` to rank i; every rank receives into ``tensor``."""
-    pg = _start(group, not async_op and group_src is None and (src is None or type(src) is int),
-                _K_SCATTER, tensor, src or 0, scatter_list)
+    if group is None and not async_op and group_src is None and \
+            (src is None or type(src) is int):  # _start written out (see all_reduce)
+        pg = _world.default_pg
+        if pg is not None and (f := pg._fast) is not None and \
+                f(_K_SCATTER, tensor, src or 0, scatter_list, 0):
+            return None
+    pg = _resolve(group)
     if pg is None:
         return None
     root = _root(pg, group_src, src, "src")
@@ -488,7 +508,12 @@ def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=Fa
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     """Rank i sends ``input_tensor_list[j]`` to rank j, which receives it in
     ``output_tensor_list[i]``."""
-    pg = _start(group, not async_op, _K_ALLTOALL, output_tensor_list, 0, input_tensor_list)
+    if group is None and not async_op:  # _start written out (see all_reduce)
+        pg = _world.default_pg
+        if pg is not None and (f := pg._fast) is not None and \
+                f(_K_ALLTOALL, output_tensor_list, 0, input_tensor_list, 0):
+            return None
+    pg = _resolve(group)
     if pg is None:
         return None
     n = pg.size()
