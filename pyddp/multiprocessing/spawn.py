@@ -236,13 +236,17 @@ class ProcessContext:
         """Among the processes that have failed by now, the one that failed first.
 
         A process that exited without an error file (killed, sys.exit, os._exit) counts as earlier than
-        any that raised: a raise caused by a peer's death comes after that death."""
+        any that raised: a raise caused by a peer's death comes after that death.  A process still
+        exiting that has recorded its exception counts too: it raised, and told its peers at once
+        (pyddp._lifecycle.fail_groups_for), so their errors, which may end them sooner, are its
+        consequences."""
         def key(i):
             err = _read_error(self.error_files[i])
             return (0, 0.0, i) if err is None else (1, err[1], i)
 
         failed = [i for i, p in enumerate(self.processes)
-                  if i == index or (p.exitcode is not None and p.exitcode != 0)]
+                  if i == index or (p.exitcode is not None and p.exitcode != 0)
+                  or (self.error_files[i] and os.path.exists(self.error_files[i]))]
         return min(failed, key=key)
 
     def _cleanup_files(self):

@@ -11,7 +11,7 @@
 - mpirun -H host0:2,host1:2 from the first host, Open MPI reaching the second through its rsh agent
   (a stand-in for ssh that enters the other namespace).
 
-Needs root and iproute2 (``ip netns``); skipped otherwise (the fixture is test_multihost_netns's).
+Needs root and iproute2 (``ip netns``); skipped otherwise (the fixture is tests/_netns.py's).
 """
 import json
 import os
@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from test_multihost_netns import two_hosts  # noqa: F401  (the fixture)
+from _netns import two_hosts  # noqa: F401  (the fixture)
 
 import _paths
 from _tiers import FULL
