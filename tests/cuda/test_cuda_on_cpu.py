@@ -300,3 +300,68 @@ def test_launcher_flag(tmp_path, launcher):
     p = _run(launcher + ["--cuda-on-cpu", "--nproc_per_node=2"] + extra + [str(script)], tmp_path,
              **fakecuda.env(devices=1))
     assert p.returncode != 0 and "refused" in p.stderr and "rank 0" not in p.stdout, p.stderr
+
+
+def test_generator_of_an_emulated_cuda_device(tmp_path):
+    """torch.Generator(device="cuda:N") as on a GPU: its own seed and state, the device it names
+    (the current one for "cuda"), used by randn/rand(generator=...) on that device; torch's error
+    for a generator of another device type; pickles with its device."""
+    p = _py("""
+        import pickle
+        import numpy as np
+        import pyddp as torch
+        g = torch.Generator(device="cuda:1")
+        assert g.device == torch.device("cuda", 1) and g.device.type == "cuda"
+        assert g.initial_seed() == 67280421310721          # torch's default seed
+        torch.cuda.set_device(1)
+        assert torch.Generator(device="cuda").device == torch.device("cuda", 1)
+        assert torch.Generator().device == torch.device("cpu")
+        assert g.manual_seed(7) is g and g.initial_seed() == 7
+        a = torch.randn(5, device="cuda:1", generator=g)
+        assert a.device == torch.device("cuda", 1)
+        g.manual_seed(7)
+        b = torch.randn(5, device="cuda:1", generator=g)
+        assert np.array_equal(a.cpu().numpy(), b.cpu().numpy())
+        # its own state: the default generator and another CUDA generator are untouched
+        torch.manual_seed(7)
+        h = torch.Generator(device="cuda:0").manual_seed(8)
+        c = torch.rand(3, device="cuda:0", generator=h)
+        g.manual_seed(7)
+        d = torch.rand(3, device="cuda:1", generator=g)
+        assert not np.array_equal(c.cpu().numpy(), d.cpu().numpy())
+        st = g.get_state()
+        e1 = torch.randn(4, device="cuda:1", generator=g)
+        g.set_state(st)
+        e2 = torch.randn(4, device="cuda:1", generator=g)
+        assert np.array_equal(e1.cpu().numpy(), e2.cpu().numpy())
+        g2 = pickle.loads(pickle.dumps(g))
+        assert g2.device == torch.device("cuda", 1)
+        for call, want, found in (
+                (lambda: torch.randn(2, generator=g), "cpu", "cuda"),
+                (lambda: torch.rand(2, device="cuda", generator=torch.Generator()), "cuda", "cpu")):
+            try:
+                call()
+            except RuntimeError as e:   # torch's words
+                assert str(e) == (f"Expected a '{want}' device type for generator but found "
+                                  f"'{found}'"), e
+            else:
+                raise AssertionError("no error")
+        try:
+            torch.Generator(device="cuda:5")
+        except RuntimeError as e:
+            assert "invalid device ordinal" in str(e)
+        else:
+            raise AssertionError("no error")
+        print("ok")
+    """, tmp_path, PYDDP_CUDA_ON_CPU="1")
+    assert "ok" in p.stdout
+    # without the emulation a CUDA generator is refused, naming the variable
+    p = _py("""
+        import pyddp
+        try:
+            pyddp.Generator(device="cuda:0")
+        except RuntimeError as e:
+            assert "PYDDP_CUDA_ON_CPU=1" in str(e), e
+            print("refused")
+    """, tmp_path)
+    assert "refused" in p.stdout
