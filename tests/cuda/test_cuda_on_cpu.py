@@ -365,3 +365,43 @@ def test_generator_of_an_emulated_cuda_device(tmp_path):
             print("refused")
     """, tmp_path)
     assert "refused" in p.stdout
+
+
+def test_join_with_a_cuda_join_device(tmp_path):
+    """torch's generic_join tutorial: a Joinable whose join_device is cuda:<rank> (a pyddp.device,
+    backend "nccl") under pyddp's Join; it printed torch's own output (10/11 inputs before
+    joining, 11 across all ranks) where it used to fail in torch.full with a pyddp.device."""
+    script = os.path.join(ROOT, "tests", "porting", "gpu001_join_counter.py")
+    p = _run([script], tmp_path, timeout=120, PYDDP_CUDA_ON_CPU="1", MASTER_PORT=str(_free_port()))
+    assert p.returncode == 0, p.stdout + p.stderr
+    # the two ranks' prints may interleave within a line
+    lines = sorted(re.findall(r"\d+ inputs processed [a-z ]+(?:\d+ joined|all ranks)!", p.stdout))
+    assert lines == sorted([
+        "10 inputs processed before rank 0 joined!", "11 inputs processed across all ranks!",
+        "11 inputs processed before rank 1 joined!", "11 inputs processed across all ranks!"]), \
+        p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_join_flag_devices():
+    """The join context's flag for each kind of join_device: host memory for the CPU (a string,
+    pyddp's and torch's device), a torch tensor built from a non-torch device's string for a GPU."""
+    from pyddp.distributed.algorithms import join
+    for dev in (None, "cpu", pyddp.device("cpu")):
+        f = join._flag(1, dev)
+        assert f.dtype.name == "float32" and f.tolist() == [1.0]
+    torch = pytest.importorskip("torch")
+    assert join._flag(0, torch.device("cpu")).tolist() == [0.0]
+    seen = []
+    real_full = torch.full
+    try:
+        torch.full = lambda *a, **k: seen.append(k["device"]) or real_full(
+            *a, **dict(k, device="cpu"))
+        join._flag(1, pyddp.device("cuda", 1))
+        join._flag(1, "cuda:1")
+        join._flag(1, 1)
+    finally:
+        torch.full = real_full
+    assert seen[:2] == [torch.device("cuda", 1)] * 2
+    assert all(isinstance(d, torch.device) for d in seen[:2])
+    assert seen[2] == 1
