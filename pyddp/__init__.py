@@ -37,6 +37,7 @@ _LAZY_SUBMODULES = frozenset({
     "autograd",     # backward, grad, Function (torch.autograd)
     "fp16_utils",   # apex.fp16_utils (to_python_float, network_to_half, FP16_Optimizer)
     "amp_C", "multi_tensor_apply",   # apex's multi_tensor_applier and the ops it applies
+    "hub",          # torch.hub: the checkpoint cache, load_state_dict_from_url, local hubconfs
     "parallel",     # apex.parallel's names (`import pyddp as apex`: apex.parallel.SyncBatchNorm)
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
@@ -70,7 +71,7 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._tensor import Tensor  # noqa: F401
     from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
     from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
-    from . import amp_C, multi_tensor_apply, serialization, utils  # noqa: F401
+    from . import amp_C, hub, multi_tensor_apply, serialization, utils  # noqa: F401
     from . import parallel  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401

@@ -159,7 +159,7 @@ LAYERS = [
         # init, optimizers, schedulers, checkpoints
         "pyddp.nn", "pyddp.optim", "pyddp.optimizers", "pyddp.serialization"]),
     ("data", [  # Dataset, samplers (DistributedSampler), DataLoader, TensorBoard's writer
-        "pyddp.utils"]),
+        "pyddp.utils", "pyddp.hub"]),  # (hub: torch.hub's checkpoint cache, beside model_zoo)
     ("parallel", [  # DataParallel, DistributedDataParallel (and apex's), ZeRO; pyddp.nn's
         # package, which serves nn.parallel as torch.nn does
         "pyddp.nn.parallel", "pyddp.distributed.optim", "pyddp.nn!", "pyddp.parallel"]),
