@@ -50,15 +50,18 @@ _hub_dir = None
 
 
 def _get_torch_home():
-    return os.path.expanduser(
-        os.getenv(ENV_TORCH_HOME,
-                  os.path.join(os.getenv(ENV_XDG_CACHE_HOME, DEFAULT_CACHE_DIR), "torch")))
+    from . import _config
+    home = _config.get(ENV_TORCH_HOME)
+    if home is None:
+        home = os.path.join(os.getenv(ENV_XDG_CACHE_HOME, DEFAULT_CACHE_DIR), "torch")
+    return os.path.expanduser(home)
 
 
 def get_dir():
     """The hub directory: set_dir's, else ``$TORCH_HOME/hub``, else
     ``$XDG_CACHE_HOME/torch/hub``, else ``~/.cache/torch/hub`` (torch's)."""
-    if os.getenv("TORCH_HUB"):
+    from . import _config
+    if _config.get("TORCH_HUB"):
         warnings.warn("TORCH_HUB is deprecated, please use env TORCH_HOME instead")
     if _hub_dir is not None:
         return _hub_dir
@@ -181,7 +184,8 @@ def load_state_dict_from_url(url, model_dir=None, map_location=None, progress=Tr
     ``model_dir`` (default ``get_dir()/checkpoints``) and read with pyddp.load."""
     from .serialization import load
 
-    if os.getenv("TORCH_MODEL_ZOO"):
+    from . import _config
+    if _config.get("TORCH_MODEL_ZOO"):
         warnings.warn("TORCH_MODEL_ZOO is deprecated, please use env TORCH_HOME instead")
     if model_dir is None:
         model_dir = os.path.join(get_dir(), "checkpoints")
