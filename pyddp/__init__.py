@@ -36,6 +36,9 @@ from ._random import Generator, default_generator, initial_seed  # noqa: F401,E4
 _LAZY_SUBMODULES = frozenset({
     "autograd",     # backward, grad, Function (torch.autograd)
     "fp16_utils",   # apex.fp16_utils (to_python_float, network_to_half, FP16_Optimizer)
+    "amp_C", "multi_tensor_apply",   # apex's multi_tensor_applier and the ops it applies
+    "hub",          # torch.hub: the checkpoint cache, load_state_dict_from_url, local hubconfs
+    "parallel",     # apex.parallel's names (`import pyddp as apex`: apex.parallel.SyncBatchNorm)
     "amp",          # apex.amp's API, torch.amp.GradScaler
     "optim",        # pyddp.optim.SGD as torch.optim
     "optimizers",   # pyddp.optimizers.FusedAdam as apex.optimizers
@@ -54,8 +57,6 @@ _LAZY_ATTRIBUTES = {   # name -> (submodule, attribute)
     "DataLoader": ("utils.data", "DataLoader"),
     "DistributedSampler": ("utils.data", "DistributedSampler"),
     "DistributedDataParallel": ("nn.parallel", "DistributedDataParallel"),
-    # apex.parallel's names (`import pyddp as apex`: apex.parallel.convert_syncbn_model, ...)
-    "parallel": ("nn", "parallel"),
     "notebook_launcher": ("notebook", "notebook_launcher"),
     "autocast": ("_autocast", "autocast"),
     "is_autocast_enabled": ("_autocast", "is_autocast_enabled"),
@@ -75,10 +76,10 @@ if _TYPE_CHECKING:   # what type checkers and IDEs see: the names as if imported
     from ._tensor import Tensor  # noqa: F401
     from . import _kernels, accelerator, amp, backends, cuda, distributed  # noqa: F401
     from . import multiprocessing, nn, notebook, optim, optimizers  # noqa: F401
-    from . import serialization, utils, version  # noqa: F401
+    from . import amp_C, hub, multi_tensor_apply, serialization, utils, version  # noqa: F401
     from . import _dynamo, _inductor  # noqa: F401
     from ._dynamo import compile  # noqa: F401
-    from .nn import parallel  # noqa: F401
+    from . import parallel  # noqa: F401
     from .nn.parallel import DistributedDataParallel  # noqa: F401
     from .notebook import notebook_launcher  # noqa: F401
     from .serialization import load, save  # noqa: F401

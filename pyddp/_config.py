@@ -138,6 +138,10 @@ _V = [
     Var("PYDDP_ELASTIC_LAST_CALL", "a number of seconds >= 0", _seconds(False), 2.0),
     Var("PYDDP_EXIT_TIMEOUT", "a number of seconds >= 0", _seconds(False)),
     Var("PYDDP_RUN_GRACE", "a number of seconds >= 0", _seconds(False), 30.0),
+    # torch.hub's cache (pyddp.hub): torch's variables, read as torch reads them
+    Var("TORCH_HOME", "a directory (torch's cache: hub/ and hub/checkpoints/ under it)", _text),
+    Var("TORCH_HUB", "deprecated by torch (a warning names TORCH_HOME)", _text),
+    Var("TORCH_MODEL_ZOO", "deprecated by torch (a warning names TORCH_HOME)", _text),
     # device backends
     Var("PYDDP_NCCL_CHECK", "0 or 1 (also false/true, no/yes, off/on)", _bool, True),
     Var("PYDDP_NCCL_BLOCKING_WAIT", "0 or 1 (also false/true, no/yes, off/on)", _bool, False),

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import _C
+from . import _C, _device
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "randperm"]
@@ -40,7 +40,7 @@ def _state_seed(state):
 
 
 class Generator:
-    """A CPU random number generator equal to ``torch.Generator()``.
+    """A random number generator equal to ``torch.Generator()`` on the CPU.
 
     ``Generator(device="cpu")`` starts from torch's default seed
     67280421310721, as torch's does.  Seeds are Python ints in
@@ -49,15 +49,20 @@ class Generator:
     ``initial_seed()`` returns the full 64-bit value.  Methods return ``self``
     where torch's do, so ``Generator().manual_seed(42)`` works.  A generator
     can be pickled (its state travels) and is safe to share between threads.
+
+    Under the CUDA emulation (``PYDDP_CUDA_ON_CPU=1``) ``Generator(device="cuda:N")`` (or
+    ``"cuda"``: the current device) is a generator of that emulated device, as torch's on a GPU:
+    its own seed and state, ``device`` is ``device(type='cuda', index=N)``, and it draws the
+    samples of ``randn``/``rand(..., device="cuda:N", generator=g)``; a generator given for a
+    tensor of another device type raises as torch does.  Its state is the same mt19937 layout
+    as a CPU generator's (torch's CUDA generators keep a 16-byte Philox seed and offset), and the
+    values are pyddp's, not torch's.  Without the emulation a CUDA device raises RuntimeError.
     """
 
     def __init__(self, device="cpu"):
-        if str(device) != "cpu":
-            raise RuntimeError(
-                f"pyddp.Generator supports only the CPU, got device={device!r}")
+        self.device = _generator_device(device)
         self._g = _C.Generator()
         self._reseed_np(self._g.initial_seed())
-        self.device = "cpu"
 
     def _reseed_np(self, seed):
         # the NumPy engine restarts from seed (an int) on its first use
@@ -142,7 +147,8 @@ class Generator:
 
     def __getstate__(self):
         return {"state": self._g.get_state(), "np_seed": self._np_seed,
-                "np_state": None if self._np is None else self._np.bit_generator.state}
+                "np_state": None if self._np is None else self._np.bit_generator.state,
+                "device": str(self.device)}
 
     def __setstate__(self, d):
         self._g = _C.Generator()
@@ -150,10 +156,38 @@ class Generator:
         self._reseed_np(d.get("np_seed", self._g.initial_seed()))
         if d.get("np_state") is not None:
             self._gen.bit_generator.state = d["np_state"]
-        self.device = "cpu"
+        self.device = _device.device(d.get("device", "cpu"))
 
     def __repr__(self):
-        return f"<pyddp.Generator initial_seed={self.initial_seed()}>"
+        where = "" if self.device.type == "cpu" else f" device={self.device}"
+        return f"<pyddp.Generator{where} initial_seed={self.initial_seed()}>"
+
+
+def _generator_device(dev):
+    """The device of ``Generator(device=dev)``: the CPU, or an emulated CUDA device (its index:
+    the current device when none is given)."""
+    d = _device.device(dev) if not isinstance(dev, _device.device) else dev
+    if d.type == "cpu":
+        return _device.device("cpu")
+    from .cuda import _emulation
+    if d.type == "cuda" and _emulation.enabled():
+        from .cuda import _runtime
+        return _device.device("cuda", _runtime._index_or_current(d.index))
+    raise RuntimeError(
+        f"pyddp.Generator supports the CPU (and 'cuda' devices under the CUDA emulation, "
+        f"PYDDP_CUDA_ON_CPU=1), got device={str(dev)!r}")
+
+
+def _check_generator_device(generator, dev):
+    """torch's check that a generator belongs to the device type of the tensor it fills
+    (``dev``: the tensor's device, None for the CPU)."""
+    gdev = getattr(generator, "device", None)
+    if not isinstance(generator, Generator) or gdev is None:
+        return
+    want = "cpu" if dev is None else _device._check_device(dev).type
+    if gdev.type != want:
+        raise RuntimeError(
+            f"Expected a '{want}' device type for generator but found '{gdev.type}'")
 
 
 # Like torch's default CPU generator: seeded non-deterministically at start.

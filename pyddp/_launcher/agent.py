@@ -146,6 +146,10 @@ class Agent:
                     from .elastic_agent import ElasticNode
 
                     return ElasticNode(self, port, secret, omp, logs).run()
+                if cfg.dynamic:
+                    from .rdzv_agent import RendezvousNode
+
+                    return RendezvousNode(self, secret, omp, logs).run()
                 restart = 0
                 while True:
                     failures = self._attempt(restart, port, secret, omp, logs)
@@ -192,8 +196,10 @@ class Agent:
         if s:
             return s
         if max(self.cfg.nnodes, self.cfg.max_nodes) > 1:
+            nodes = str(self.cfg.nnodes) if self.cfg.max_nodes <= self.cfg.nnodes else \
+                f"{self.cfg.nnodes}:{self.cfg.max_nodes}"
             raise LaunchError(
-                f"--nnodes {self.cfg.nnodes}: every node of the job must use the same PYDDP_SECRET (pyddp's "
+                f"--nnodes {nodes}: every node of the job must use the same PYDDP_SECRET (pyddp's "
                 "ranks and rendezvous store authenticate with it), and none is set. Create one once, e.g.\n"
                 "    export PYDDP_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')\n"
                 "and start the launcher of every node with that same value in its environment.", exit_code=2)

@@ -49,6 +49,8 @@ class LaunchConfig:
     min_nproc: int = 1             # --elastic: fewest workers the job goes on with
     max_nodes: int = 0             # --nnodes MIN:MAX: MAX (0: as nnodes)
     rdzv_conf: Dict[str, float] = field(default_factory=dict)  # --rdzv-conf, checked
+    dynamic: bool = False          # c10d rendezvous numbering the nodes (torchrun's elasticity:
+    #                                every membership change restarts every worker; rdzv_agent.py)
 
     @property
     def world_size(self) -> int:
@@ -83,7 +85,8 @@ def _opt(parser, name, *short, **kw):
 def add_launcher_arguments(parser):
     """torchrun's options (those that mean something without elastic rendezvous backends)."""
     _opt(parser, "--nnodes", default="1",
-         help="number of nodes, N or N:N (elastic MIN:MAX ranges are not supported); default 1")
+         help="number of nodes, N or MIN:MAX (a range: with --rdzv-backend c10d, torchrun's "
+              "elasticity, or --elastic); default 1")
     _opt(parser, "--nproc-per-node", default="1",
          help="workers per node: an integer, or 'auto'/'cpu' for this node's CPU count; default 1")
     _opt(parser, "--node-rank", default=None,
@@ -99,7 +102,9 @@ def add_launcher_arguments(parser):
               "emulated CUDA device per local rank, 'nccl' on the cpu backend); refused where a "
               "GPU is visible")
     _opt(parser, "--rdzv-backend", default="static",
-         help="'static' (default) or 'c10d': both mean rank 0 hosts the store at the endpoint")
+         help="'static' (default: rank 0 hosts the store at the endpoint, every node gives "
+              "--node-rank) or 'c10d' (the agents' store at the endpoint numbers the nodes; with "
+              "--nnodes MIN:MAX membership changes restart every worker, as torchrun)")
     _opt(parser, "--rdzv-endpoint", default="",
          help=f"host[:port] of the rendezvous (port default {DEFAULT_RDZV_PORT}); sets MASTER_ADDR/PORT")
     _opt(parser, "--rdzv-id", default="none", help="job id, exported as TORCHELASTIC_RUN_ID")
@@ -175,7 +180,7 @@ def cpu_count() -> int:
 
 
 def _nnodes(parser, value, elastic=False):
-    """(MIN, MAX) nodes: 'N' or 'MIN:MAX' (a range needs --elastic)."""
+    """(MIN, MAX) nodes: 'N' or 'MIN:MAX' (a range needs --elastic or --rdzv-backend c10d)."""
     s = str(value).strip()
     if ":" in s:
         lo, _, hi = s.partition(":")
@@ -184,9 +189,11 @@ def _nnodes(parser, value, elastic=False):
         if hi < lo:
             parser.error(f"argument --nnodes: {s}: MAX is below MIN")
         if lo != hi and not elastic:
-            parser.error(f"argument --nnodes: a range ({s}) needs --elastic: nodes then join and leave "
-                         "a running job, whose workers use pyddp.elastic (see docs/elastic.md); "
-                         f"without it give a fixed number of nodes, e.g. --nnodes {hi}")
+            parser.error(f"argument --nnodes: a range ({s}) needs --rdzv-backend c10d (torchrun's "
+                         "elasticity: every membership change restarts every worker with the new "
+                         "world size; the script resumes from its snapshot) or --elastic (workers "
+                         "recover in process with pyddp.elastic), see docs/launching.md; or give a "
+                         f"fixed number of nodes, e.g. --nnodes {hi}")
         return lo, hi
     n = _int(parser, "--nnodes", s, 1)
     return n, n
@@ -298,19 +305,25 @@ def _endpoint(parser, value):
 
 def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
     """Check every option and turn the namespace into a LaunchConfig (parser.error on bad input)."""
-    nnodes, max_nodes = _nnodes(parser, args.nnodes, args.elastic)
-    nproc = _nproc(parser, args.nproc_per_node)
     backend = str(args.rdzv_backend).strip().lower()
     if backend not in ("static", "c10d"):
         parser.error(f"argument --rdzv-backend: {args.rdzv_backend!r} is not supported; pyddp's rendezvous "
-                     "is static (rank 0 hosts the store at the master address): use 'static' or 'c10d'")
+                     "is static (rank 0 hosts the store at the master address) or c10d (the agents' "
+                     "store numbers the nodes): use 'static' or 'c10d'")
+    nnodes, max_nodes = _nnodes(parser, args.nnodes, args.elastic or backend == "c10d")
+    nproc = _nproc(parser, args.nproc_per_node)
+    # torchrun's c10d rendezvous: the nodes are numbered as they arrive, a range of nodes, every
+    # membership change restarts every worker (a fixed --node-rank keeps the static rendezvous)
+    dynamic = (not args.elastic and backend == "c10d" and not args.standalone
+               and (max_nodes != nnodes or (max_nodes > 1 and args.node_rank is None)))
     if args.elastic and max_nodes > 1:
         node_rank = 0  # numbered by the job's store as the nodes arrive
+    elif dynamic:
+        if args.node_rank is not None:
+            print(f"{prog}: note: the c10d rendezvous numbers the nodes; ignoring --node-rank",
+                  file=sys.stderr)
+        node_rank = 0
     elif args.node_rank is None:
-        if nnodes > 1 and backend == "c10d":
-            parser.error("argument --node-rank: torchrun's c10d rendezvous numbers the nodes itself, pyddp's "
-                         "static rendezvous does not: give every node its --node-rank (0.."
-                         f"{nnodes - 1})")
         node_rank = 0
     else:
         node_rank = _int(parser, "--node-rank", args.node_rank, 0)
@@ -413,4 +426,5 @@ def config_from_args(parser, args, prog, local_rank_arg=None) -> LaunchConfig:
         max_nodes=max_nodes,
         rdzv_conf=rdzv_conf,
         min_nproc=min_nproc,
+        dynamic=dynamic,
     )

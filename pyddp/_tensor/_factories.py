@@ -5,7 +5,7 @@ import builtins
 
 import numpy as np
 
-from .._random import _np_gen
+from .._random import _check_generator_device, _np_gen
 from .. import _random
 from .._device import _check_device
 from ._core import Tensor, _new, _place, _to_array
@@ -144,12 +144,14 @@ def _rand_arr(kind, shape, dt, generator):
 
 def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
     """Standard normal samples (pyddp's generator; not bit-identical to torch)."""
+    _check_generator_device(generator, device)
     return _factory(lambda s, d: _rand_arr("n", s, d, generator), size, dtype, requires_grad,
                     device)
 
 
 def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
     """Uniform [0, 1) samples."""
+    _check_generator_device(generator, device)
     return _factory(lambda s, d: _rand_arr("u", s, d, generator), size, dtype, requires_grad,
                     device)
 

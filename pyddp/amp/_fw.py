@@ -28,10 +28,12 @@ def is_module(m) -> bool:
 
 
 def is_optimizer(o) -> bool:
-    """A pyddp.optim.Optimizer or a torch.optim.Optimizer."""
+    """A pyddp.optim.Optimizer, a torch.optim.Optimizer, or apex's LARC wrapping one (which apex's
+    amp.initialize accepts too)."""
+    from ..nn.parallel.LARC import LARC
     from ..optim.optimizer import Optimizer
 
-    if isinstance(o, Optimizer):
+    if isinstance(o, (Optimizer, LARC)):
         return True
     torch = _torch()
     return torch is not None and isinstance(o, torch.optim.Optimizer)

@@ -110,6 +110,8 @@ def _accumulate(node, g, capture):
     else:
         cd = cur._data
         np.add(cd, g, out=cd)
+    # the hooks (DDP's) may count the references to the claimed array: hold none of our own
+    adopt = g = None
     ph = var._post_hooks
     if ph:
         for fn in list(ph.values()):
@@ -197,6 +199,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
                         buffers[nx] = gi
                     else:
                         buffers[nx] = prev + gi
+                    prev = None
                 d = deps[nx] - 1
                 deps[nx] = d
                 if d == 0:
@@ -204,6 +207,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
                         buffers[nx] = None
                     heapq.heappush(ready, (-nx.seq, id(nx), nx))
             del grads_in
+            gi = None   # no gradient outlives its step here (DDP counts references to its slots)
         # callbacks queued during this backward (they may queue more)
         i = 0
         while i < len(callbacks):

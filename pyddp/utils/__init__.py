@@ -1,12 +1,14 @@
 """pyddp.utils: mirrors torch.utils (data loading in pyddp.utils.data; pyddp.utils.tensorboard's
-SummaryWriter, imported on first use)."""
+SummaryWriter and pyddp.utils.model_zoo.load_url, imported on first use)."""
 from . import data  # noqa: F401
 
 
 def __getattr__(name):
-    if name == "tensorboard":   # ``torch.utils.tensorboard.SummaryWriter`` after ``import pyddp as torch``
+    # ``torch.utils.tensorboard.SummaryWriter``, ``torch.utils.model_zoo.load_url`` after
+    # ``import pyddp as torch``
+    if name in ("tensorboard", "model_zoo"):
         import importlib
-        mod = importlib.import_module(f"{__name__}.tensorboard")
+        mod = importlib.import_module(f"{__name__}.{name}")
         globals()[name] = mod
         return mod
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

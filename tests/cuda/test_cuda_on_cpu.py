@@ -300,3 +300,108 @@ def test_launcher_flag(tmp_path, launcher):
     p = _run(launcher + ["--cuda-on-cpu", "--nproc_per_node=2"] + extra + [str(script)], tmp_path,
              **fakecuda.env(devices=1))
     assert p.returncode != 0 and "refused" in p.stderr and "rank 0" not in p.stdout, p.stderr
+
+
+def test_generator_of_an_emulated_cuda_device(tmp_path):
+    """torch.Generator(device="cuda:N") as on a GPU: its own seed and state, the device it names
+    (the current one for "cuda"), used by randn/rand(generator=...) on that device; torch's error
+    for a generator of another device type; pickles with its device."""
+    p = _py("""
+        import pickle
+        import numpy as np
+        import pyddp as torch
+        g = torch.Generator(device="cuda:1")
+        assert g.device == torch.device("cuda", 1) and g.device.type == "cuda"
+        assert g.initial_seed() == 67280421310721          # torch's default seed
+        torch.cuda.set_device(1)
+        assert torch.Generator(device="cuda").device == torch.device("cuda", 1)
+        assert torch.Generator().device == torch.device("cpu")
+        assert g.manual_seed(7) is g and g.initial_seed() == 7
+        a = torch.randn(5, device="cuda:1", generator=g)
+        assert a.device == torch.device("cuda", 1)
+        g.manual_seed(7)
+        b = torch.randn(5, device="cuda:1", generator=g)
+        assert np.array_equal(a.cpu().numpy(), b.cpu().numpy())
+        # its own state: the default generator and another CUDA generator are untouched
+        torch.manual_seed(7)
+        h = torch.Generator(device="cuda:0").manual_seed(8)
+        c = torch.rand(3, device="cuda:0", generator=h)
+        g.manual_seed(7)
+        d = torch.rand(3, device="cuda:1", generator=g)
+        assert not np.array_equal(c.cpu().numpy(), d.cpu().numpy())
+        st = g.get_state()
+        e1 = torch.randn(4, device="cuda:1", generator=g)
+        g.set_state(st)
+        e2 = torch.randn(4, device="cuda:1", generator=g)
+        assert np.array_equal(e1.cpu().numpy(), e2.cpu().numpy())
+        g2 = pickle.loads(pickle.dumps(g))
+        assert g2.device == torch.device("cuda", 1)
+        for call, want, found in (
+                (lambda: torch.randn(2, generator=g), "cpu", "cuda"),
+                (lambda: torch.rand(2, device="cuda", generator=torch.Generator()), "cuda", "cpu")):
+            try:
+                call()
+            except RuntimeError as e:   # torch's words
+                assert str(e) == (f"Expected a '{want}' device type for generator but found "
+                                  f"'{found}'"), e
+            else:
+                raise AssertionError("no error")
+        try:
+            torch.Generator(device="cuda:5")
+        except RuntimeError as e:
+            assert "invalid device ordinal" in str(e)
+        else:
+            raise AssertionError("no error")
+        print("ok")
+    """, tmp_path, PYDDP_CUDA_ON_CPU="1")
+    assert "ok" in p.stdout
+    # without the emulation a CUDA generator is refused, naming the variable
+    p = _py("""
+        import pyddp
+        try:
+            pyddp.Generator(device="cuda:0")
+        except RuntimeError as e:
+            assert "PYDDP_CUDA_ON_CPU=1" in str(e), e
+            print("refused")
+    """, tmp_path)
+    assert "refused" in p.stdout
+
+
+def test_join_with_a_cuda_join_device(tmp_path):
+    """torch's generic_join tutorial: a Joinable whose join_device is cuda:<rank> (a pyddp.device,
+    backend "nccl") under pyddp's Join; it printed torch's own output (10/11 inputs before
+    joining, 11 across all ranks) where it used to fail in torch.full with a pyddp.device."""
+    script = os.path.join(ROOT, "tests", "porting", "gpu001_join_counter.py")
+    p = _run([script], tmp_path, timeout=120, PYDDP_CUDA_ON_CPU="1", MASTER_PORT=str(_free_port()))
+    assert p.returncode == 0, p.stdout + p.stderr
+    # the two ranks' prints may interleave within a line
+    lines = sorted(re.findall(r"\d+ inputs processed [a-z ]+(?:\d+ joined|all ranks)!", p.stdout))
+    assert lines == sorted([
+        "10 inputs processed before rank 0 joined!", "11 inputs processed across all ranks!",
+        "11 inputs processed before rank 1 joined!", "11 inputs processed across all ranks!"]), \
+        p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_join_flag_devices():
+    """The join context's flag for each kind of join_device: host memory for the CPU (a string,
+    pyddp's and torch's device), a torch tensor built from a non-torch device's string for a GPU."""
+    from pyddp.distributed.algorithms import join
+    for dev in (None, "cpu", pyddp.device("cpu")):
+        f = join._flag(1, dev)
+        assert f.dtype.name == "float32" and f.tolist() == [1.0]
+    torch = pytest.importorskip("torch")
+    assert join._flag(0, torch.device("cpu")).tolist() == [0.0]
+    seen = []
+    real_full = torch.full
+    try:
+        torch.full = lambda *a, **k: seen.append(k["device"]) or real_full(
+            *a, **dict(k, device="cpu"))
+        join._flag(1, pyddp.device("cuda", 1))
+        join._flag(1, "cuda:1")
+        join._flag(1, 1)
+    finally:
+        torch.full = real_full
+    assert seen[:2] == [torch.device("cuda", 1)] * 2
+    assert all(isinstance(d, torch.device) for d in seen[:2])
+    assert seen[2] == 1

@@ -169,7 +169,8 @@ def test_options_refuse_what_elastic_does_not_cover(capsys):
 
     with pytest.raises(SystemExit):
         config(["--nnodes", "1:2", "--master-addr", "127.0.0.1", SCRIPT])
-    assert "a range (1:2) needs --elastic" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "a range (1:2) needs --rdzv-backend c10d" in err and "--elastic" in err
     with pytest.raises(SystemExit):
         config(["--elastic", "--nnodes", "3:2", "--master-addr", "127.0.0.1", SCRIPT])
     assert "MAX is below MIN" in capsys.readouterr().err

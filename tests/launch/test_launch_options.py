@@ -57,6 +57,22 @@ def test_dash_and_underscore_spellings_mean_the_same(script):
     assert dash.local_ranks_filter == {0, 2} and dash.run_id == "job"
 
 
+def test_c10d_rendezvous_numbers_the_nodes(script, capsys):
+    """torchrun's c10d: a range of nodes, or a fixed count without --node-rank, is the dynamic
+    rendezvous (every membership change restarts every worker); a --node-rank keeps the static one;
+    --elastic keeps its own."""
+    c = _config(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:5", script])
+    assert c.dynamic and (c.nnodes, c.max_nodes, c.master_addr, c.master_port) == (1, 2, "h", 5)
+    c = _config(["--nnodes", "2", "--rdzv-backend", "c10d", script])
+    assert c.dynamic and c.node_rank == 0
+    c = _config(["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", script])
+    assert not c.dynamic and c.node_rank == 1
+    c = _config(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--node-rank", "1", script])
+    assert c.dynamic and c.node_rank == 0 and "ignoring --node-rank" in capsys.readouterr().err
+    assert not _config(["--nnodes", "1:2", "--elastic", script]).dynamic
+    assert not _config(["--rdzv-backend", "c10d", script]).dynamic
+
+
 def test_values_from_torchrun_forms(script, monkeypatch):
     assert _config(["--nproc-per-node", "auto", script]).nproc_per_node == cpu_count()
     assert _config(["--nnodes", "2:2", "--node-rank", "1", script]).nnodes == 2
@@ -87,7 +103,6 @@ def test_values_from_torchrun_forms(script, monkeypatch):
     (["--nproc-per-node", "2", "--tee", "2:1"], ["--tee"]),
     (["--nproc-per-node", "2", "--local-ranks-filter", "3"], ["--local-ranks-filter", "[3]"]),
     (["--rdzv-backend", "etcd"], ["--rdzv-backend", "static"]),
-    (["--nnodes", "2", "--rdzv-backend", "c10d"], ["--node-rank"]),
     (["-m", "--no-python"], ["--no-python", "--module"]),
 ])
 def test_bad_values_name_the_option(capsys, script, argv, names):

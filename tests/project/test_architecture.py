@@ -161,12 +161,13 @@ LAYERS = [
         # init, optimizers, schedulers, checkpoints
         "pyddp.nn", "pyddp.optim", "pyddp.optimizers", "pyddp.serialization"]),
     ("data", [  # Dataset, samplers (DistributedSampler), DataLoader, TensorBoard's writer
-        "pyddp.utils"]),
+        "pyddp.utils", "pyddp.hub"]),  # (hub: torch.hub's checkpoint cache, beside model_zoo)
     ("parallel", [  # DataParallel, DistributedDataParallel (and apex's), ZeRO; pyddp.nn's
         # package, which serves nn.parallel as torch.nn does
-        "pyddp.nn.parallel", "pyddp.distributed.optim", "pyddp.nn!"]),
+        "pyddp.nn.parallel", "pyddp.distributed.optim", "pyddp.nn!", "pyddp.parallel"]),
     ("amp", [  # apex amp (which refuses models already wrapped in DDP), GradScaler, fp16_utils
-        "pyddp.amp", "pyddp.cuda.amp", "pyddp.fp16_utils"]),
+        "pyddp.amp", "pyddp.cuda.amp", "pyddp.fp16_utils", "pyddp.amp_C",
+        "pyddp.multi_tensor_apply"]),  # (amp_C, multi_tensor_apply: apex's multi-tensor ops)
     ("launchers", [  # processes: spawn, torchrun, elastic, notebooks; tools; the root package
         "pyddp._launcher", "pyddp.run", "pyddp.launch", "pyddp.multiprocessing",
         "pyddp.notebook", "pyddp.elastic", "pyddp.torch_backend", "pyddp.tools", "pyddp!"]),

@@ -80,11 +80,27 @@ class Joinable(abc.ABC):
 
 def _flag(value, device=None):
     """The join context's one-element flag: host memory, or a torch tensor on the joinables'
-    GPU (``join_device``), where the nccl backend needs it."""
-    if device is None or getattr(device, "type", device) in ("cpu", None) or str(device) == "cpu":
+    GPU (``join_device``), where the nccl backend needs it.
+
+    ``join_device`` may be a torch.device, a pyddp.device, a string or an index.  Host memory
+    serves the CPU and the emulated CUDA devices (``PYDDP_CUDA_ON_CPU=1``: "nccl" runs on the cpu
+    backend there); a real GPU gets a torch tensor on ``torch.device(str(device))`` (torch.full
+    refuses a pyddp.device itself)."""
+    if device is None:
+        return np.full(1, value, dtype=np.float32)
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        kind = "cuda"
+    else:
+        kind = str(getattr(device, "type", None) or str(device).partition(":")[0])
+    if kind == "cpu":
+        return np.full(1, value, dtype=np.float32)
+    from ...cuda import _emulation
+    if _emulation.enabled():
         return np.full(1, value, dtype=np.float32)
     import torch
 
+    if not isinstance(device, (torch.device, int, np.integer)):
+        device = torch.device(str(device))
     return torch.full((1,), float(value), dtype=torch.float32, device=device)
 
 

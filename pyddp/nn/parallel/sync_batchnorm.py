@@ -87,3 +87,31 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
         mod.add_module(name, convert_syncbn_model(child, process_group=process_group,
                                                   channel_last=channel_last))
     return mod
+
+
+def create_syncbn_process_group(group_size):
+    """apex.parallel.create_syncbn_process_group: split the world into consecutive groups of
+    ``group_size`` ranks for SyncBatchNorm and return the one this rank is in.
+
+    Every rank creates every group (new_group is collective), as in apex.  ``group_size`` 0 means
+    the whole world and returns None (SyncBatchNorm's default group); it must divide the world
+    size (AssertionError otherwise, as apex's asserts)."""
+    from ...distributed import distributed_c10d as dist
+
+    if group_size == 0:
+        return None
+    world_size = dist.get_world_size()
+    assert world_size >= group_size, \
+        f"create_syncbn_process_group: group_size {group_size} > world size {world_size}"
+    assert world_size % group_size == 0, \
+        f"create_syncbn_process_group: group_size {group_size} does not divide world size " \
+        f"{world_size}"
+    group = None
+    rank = dist.get_rank()
+    for group_num in range(world_size // group_size):
+        ranks = list(range(group_num * group_size, (group_num + 1) * group_size))
+        cur = dist.new_group(ranks=ranks)
+        if rank // group_size == group_num:
+            group = cur   # every rank still creates every group
+    assert group is not None
+    return group
