@@ -73,7 +73,14 @@ def test_larc_on_torch_tensors():
                                _ref_step(w0, g0, 0.5, 1e-3, tc=0.01), rtol=1e-12)
 
 
-def test_larc_import_paths_and_amp_initialize():
+@pytest.fixture
+def _amp_reset():
+    from pyddp.amp._amp_state import _amp_state
+    yield
+    _amp_state.reset()   # O1 switches pyddp's autocast on process-wide: later tests must not see it
+
+
+def test_larc_import_paths_and_amp_initialize(_amp_reset):
     import pyddp as apex
     from pyddp import amp
     from pyddp.parallel.LARC import LARC
