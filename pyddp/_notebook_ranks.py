@@ -306,7 +306,8 @@ class Ranks:
                 self._atexit = None
 
     def status(self):
-        """One dict per rank: rank, pid, alive, busy, last_error (the last traceback, or None) and
+        """One dict per rank: rank, pid, alive, busy, last_error (the traceback of the last request
+        that failed there, or None) and
         exit (how it ended, when it is not alive)."""
         self._poll_idle()
         out = []
@@ -404,7 +405,7 @@ class Ranks:
             rk = self._ranks[rank]
             if msg[0] == "done" and msg[1] == rk.busy:
                 rk.busy = None
-                rk.last_error = msg[3]
+                rk.last_error = msg[3] or rk.last_error
 
     def _select(self, ranks):
         if not self._ranks:
@@ -459,8 +460,8 @@ class Ranks:
                     if msg[0] != "done" or msg[1] != rid:
                         continue
                     rk.busy = None
-                    rk.last_error = msg[3]
                     if msg[3] is not None:
+                        rk.last_error = msg[3]
                         errors[rank] = msg[3]
                     else:
                         results[rank] = msg[2]

@@ -169,7 +169,8 @@ LAYERS = [
         "pyddp.amp", "pyddp.cuda.amp", "pyddp.fp16_utils"]),
     ("launchers", [  # processes: spawn, torchrun, elastic, notebooks; tools; the root package
         "pyddp._launcher", "pyddp.run", "pyddp.launch", "pyddp.multiprocessing",
-        "pyddp.notebook", "pyddp.elastic", "pyddp.torch_backend", "pyddp.tools", "pyddp!"]),
+        "pyddp.notebook", "pyddp._notebook_ranks", "pyddp.notebook_magics", "pyddp.elastic",
+        "pyddp.torch_backend", "pyddp.tools", "pyddp!"]),
 ]
 
 
