@@ -585,7 +585,7 @@ def _serialise(name, obj):
                                 "sent without cloudpickle (pip install cloudpickle), or define it "
                                 "with def at the top level of a cell")
             try:
-                src = inspect.getsource(obj)
+                src = _class_source(obj) if inspect.isclass(obj) else inspect.getsource(obj)
             except (OSError, TypeError) as e:
                 raise TypeError(f"push: the source of {name!r} cannot be found ({e}); install "
                                 "cloudpickle, or run its definition on the ranks with %%ddp") from e
@@ -596,6 +596,29 @@ def _serialise(name, obj):
     except Exception as e:
         raise TypeError(f"push: {name!r} ({type(obj).__name__}) cannot be pickled: {e}; install "
                         "cloudpickle or create it on the ranks with %%ddp") from e
+
+
+def _class_source(cls):
+    """The source of a class defined in a notebook cell.  inspect.getsource looks for classes in
+    their module's file, which __main__ of a kernel does not have (before Python 3.13); the cell's
+    text is in linecache under the file name of the class's methods."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        pass
+    codes = [f.__code__ for f in vars(cls).values() if inspect.isfunction(f)]
+    if not codes:
+        raise OSError(f"class {cls.__name__} has no methods to find its cell by")
+    filename, line = codes[0].co_filename, codes[0].co_firstlineno
+    lines = linecache.getlines(filename)
+    if not lines:
+        raise OSError(f"the text of {filename} is not available")
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__ and \
+                node.lineno <= line <= node.end_lineno:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "".join(lines[first - 1:node.end_lineno])
+    raise OSError(f"could not find class {cls.__name__} in {filename}")
 
 
 # ------------------------------------------------------------------------------------ the rank's end
