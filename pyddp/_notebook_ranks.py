@@ -136,6 +136,7 @@ class Ranks:
         self._secret = None
         self._port = None
         self._next_id = 0
+        self._next_cell = 0
         self._atexit = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -502,7 +503,7 @@ class Ranks:
         usable.  Interrupting the call (KeyboardInterrupt) interrupts the ranks' code."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
-        self._next_cell = getattr(self, "_next_cell", 0) + 1
+        self._next_cell += 1
         filename = filename or f"<ddp-cell-{self._next_cell}>"
         compile(code, filename, "exec")   # SyntaxError once, here
         chosen = self._select(ranks)
