@@ -3,6 +3,7 @@ in a real notebook executed by nbclient on an ipykernel (skipped when those are 
 
 Every wait has a deadline; every test checks that no rank outlives stop()."""
 import _thread
+import json
 import os
 import re
 import signal
@@ -227,9 +228,29 @@ _CELLS = [
     "%%ddp\nimport os, numpy as np\nimport pyddp.distributed as dist\n"
     "a = np.ones(2) * (dist.get_rank() + 1)\ndist.all_reduce(a)\nprint('sum', a.tolist(), os.getpid())",
     "%%ddp --quiet-others\nprint('again', a.tolist())\nfloat(a.sum())",
+    "%%ddp\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+    "%%ddp\nif dist.get_rank() == 1:\n    raise ValueError('only rank 1')\n'after ' + str(a.sum())",
     "%ddp status",
     "%ddp stop",
 ]
+SLEEP, FAILS, STATUS, STOP = 7, 8, 9, 10
+
+
+def _interrupt_when_sleeping(client, cell, seen):
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        text = _text(cell)
+        if "[rank0]: sleeping" in text and "[rank1]: sleeping" in text:
+            seen["streamed"] = True
+            break
+        time.sleep(0.05)
+    seen["interrupted_at"] = time.monotonic()
+    pid = seen["kernel_pid"]
+    pgid = os.getpgid(pid)
+    if pgid != os.getpgrp():
+        os.killpg(pgid, signal.SIGINT)    # what jupyter_client's interrupt_kernel does
+    else:
+        os.kill(pid, signal.SIGINT)
 
 
 def _text(cell):
@@ -248,11 +269,22 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
                                                               if os.environ.get("PYTHONPATH") else [])))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYDDP_SECRET"):
         env.pop(k, None)
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+    client = nbclient.NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=True,
                                      resources={"metadata": {"path": str(tmp_path)}})
+    seen = {}
     with client.setup_kernel(env=env):
         for i, cell in enumerate(nb.cells):
+            watcher = None
+            if i == SLEEP:
+                watcher = threading.Thread(target=_interrupt_when_sleeping, args=(client, cell, seen),
+                                           daemon=True)
+                watcher.start()
             client.execute_cell(cell, i)
+            if i == 0:
+                seen["kernel_pid"] = json.loads(_text(cell).strip().splitlines()[-1])["pid"]
+            if watcher is not None:
+                watcher.join(WAIT)
+                seen["returned_at"] = time.monotonic()
     cells = nb.cells
     early = _text(cells[2]) + "".join(o.get("evalue", "") for o in cells[2].outputs)
     assert "no ranks are running" in early and "too early" not in early
@@ -264,6 +296,17 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     assert _text(cells[6]) == "[rank0]: again [3.0, 3.0]\n"
     results = [o for o in cells[6].outputs if o.get("output_type") == "execute_result"]
     assert results and results[0]["data"]["text/plain"] == "6.0"
-    assert _text(cells[7]).count("idle") == 2
-    assert "ranks stopped" in _text(cells[8])
+    # interrupting the kernel interrupts the ranks' cell; output was streamed in while it ran
+    assert seen.get("streamed") and seen["returned_at"] - seen["interrupted_at"] < 30
+    errors = [o for o in cells[SLEEP].outputs if o.get("output_type") == "error"]
+    assert errors and errors[0]["ename"] == "RanksError", cells[SLEEP].outputs
+    tb = "\n".join(errors[0]["traceback"])
+    assert tb.startswith("interrupted") and tb.count("KeyboardInterrupt") >= 2
+    # an exception on one rank: its traceback, and the other rank's value was computed too
+    errors = [o for o in cells[FAILS].outputs if o.get("output_type") == "error"]
+    tb = "\n".join(errors[0]["traceback"])
+    assert "--- rank 1 ---" in tb and "ValueError: only rank 1" in tb and "--- rank 0 ---" not in tb
+    status = _text(cells[STATUS])
+    assert status.count("idle") == 2 and "ValueError: only rank 1" in status
+    assert "ranks stopped" in _text(cells[STOP])
     assert_all_gone(pids)
