@@ -108,6 +108,17 @@ def __dir__():
     return sorted(set(globals()) | _LAZY_SUBMODULES | set(_LAZY_ATTRIBUTES) | set(_tensor_names()))
 
 
+def load_ipython_extension(ipython):
+    """``%load_ext pyddp``: the %ddp and %%ddp magics, which run notebook cells on persistent ranks
+    (pyddp.notebook_magics; IPython is imported only then)."""
+    _importlib.import_module(f"{__name__}.notebook_magics").load_ipython_extension(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext pyddp``: stops the ranks %ddp started."""
+    _importlib.import_module(f"{__name__}.notebook_magics").unload_ipython_extension(ipython)
+
+
 def manual_seed(seed):
     """Seed pyddp's generator (``torch.manual_seed``): ``pyddp.default_generator``, which every
     random draw uses (randperm, samplers, data loading, randn/rand/dropout/initialisation).

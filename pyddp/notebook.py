@@ -11,6 +11,9 @@ ProcessExitedException); otherwise it returns rank 0's return value.  However th
 failure, or the cell interrupted (KeyboardInterrupt) - every rank it started has been reaped: each rank
 runs in its own process group, which is SIGTERM'd then SIGKILL'd, and a rank whose launcher dies is
 SIGKILL'd by the kernel (Linux parent-death signal).
+
+Ranks (pyddp._notebook_ranks, and the %ddp / %%ddp magics of ``%load_ext pyddp``) is the other way:
+N persistent ranks, fresh interpreters kept alive across cells, that run the notebook's cells.
 """
 import glob
 import io
@@ -30,7 +33,9 @@ from ._lifecycle import die_with_parent, fail_groups_for, load_prctl, signal_gro
 from .multiprocessing.spawn import (ProcessContext, _check_fn_args, _check_fork_safe, _check_nprocs,
                                     _remove, _write_error)
 
-__all__ = ["notebook_launcher"]
+from ._notebook_ranks import CellResult, Ranks, RanksError  # noqa: E402  (persistent ranks)
+
+__all__ = ["notebook_launcher", "Ranks", "RanksError", "CellResult"]
 
 # Seconds a rank that was told to stop (SIGTERM) gets before SIGKILL.
 _STOP_GRACE = 3.0

@@ -1,0 +1,730 @@
+"""Persistent ranks for a notebook: ``pyddp.notebook.Ranks`` (and the ``%ddp`` / ``%%ddp`` magics of
+pyddp.notebook_magics, which drive it).
+
+notebook_launcher runs one function and its ranks end with it; Ranks keeps N rank processes alive
+across cells, each with an initialised default process group and a namespace of its own, and runs code
+on them cell after cell.
+
+    kernel (Ranks)                              rank r (a fresh interpreter: ``python -c``)
+    ------------------------------------------  --------------------------------------------------
+    listens on 127.0.0.1:<any port>             die_with_parent(SIGKILL); connects, answers the
+    Popen x N, own session each, torchrun's     HMAC challenge with the job secret (and checks the
+    environment + PYDDP_SECRET + the address    kernel's), says hello(r), init_process_group(),
+    accepts authenticated connections only      says ready; then loops: run / push / pull / stop
+
+Messages are pickled and length-prefixed (multiprocessing.connection.Connection) on a TCP socket bound
+to 127.0.0.1; both ends prove they know the job's fresh secret (multiprocessing's HMAC challenge)
+before anything is unpickled, so no other process can send code to the ranks.  A rank's stdout and
+stderr are pipes the kernel reads while it waits, printing each line prefixed ``[rankN]: `` into the
+running cell.  Interrupting the kernel while it waits sends SIGINT to the busy ranks (their cell raises
+KeyboardInterrupt, the ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds
+is reported.  A rank that dies is reported with its exit cause.  When the kernel dies, the kernel
+(Linux parent-death signal) SIGKILLs its ranks.
+
+Standard library only at import; the rank imports pyddp.distributed when it starts.
+"""
+import ast
+import atexit
+import inspect
+import linecache
+import multiprocessing.connection as _mpc
+import os
+import pickle
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+
+from ._lifecycle import describe_exit, die_with_parent, signal_group
+
+__all__ = ["Ranks", "RanksError"]
+
+_POLL = 0.1
+_STOP_GRACE = 3.0
+
+
+class RanksError(RuntimeError):
+    """Code run on the ranks failed on some of them: ``errors`` maps each failing rank to its
+    traceback text (or to why it died).  The ranks that are still alive stay usable."""
+
+    def __init__(self, message, errors=None):
+        super().__init__(message)
+        self.errors = dict(errors or {})
+
+    def _render_traceback_(self):
+        # IPython shows this instead of the kernel-side traceback (which is only Ranks' internals).
+        return str(self).splitlines()
+
+
+class CellResult:
+    """What a cell run on the ranks evaluated to: ``values`` maps each rank to the repr of its last
+    expression (None when the cell does not end with an expression or it is None)."""
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def agreed(self):
+        """The repr every rank produced, or None when they differ or there is none."""
+        vals = set(self.values.values())
+        return vals.pop() if len(vals) == 1 else None
+
+    def __repr__(self):
+        one = self.agreed()
+        if one is not None:
+            return one
+        return "\n".join(f"[rank{r}]: {v}" for r, v in sorted(self.values.items()) if v is not None)
+
+    def __bool__(self):
+        return any(v is not None for v in self.values.values())
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------- the kernel's end
+
+class _Rank:
+    def __init__(self, rank, proc):
+        self.rank = rank
+        self.proc = proc
+        self.conn = None
+        self.busy = None        # the id of the request it is working on, or None
+        self.last_error = None
+        self.exit_cause = None
+        self.out = {}           # fd -> [is_stderr, pending bytes]
+
+    def alive(self):
+        return self.proc.poll() is None and self.exit_cause is None
+
+
+class Ranks:
+    """N persistent ranks that run code sent from a notebook (or any Python process).
+
+    ``Ranks(nprocs=2, backend="cpu").start()`` starts ``nprocs`` fresh Python interpreters on this host
+    with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,
+    a free MASTER_PORT) and a fresh PYDDP_SECRET; each calls
+    ``pyddp.distributed.init_process_group(backend)`` and then waits for code.  ``run(code)`` executes
+    code on every rank (or ``ranks=[...]``) in a namespace per rank that lives until ``stop()``;
+    ``push`` and ``pull`` move objects between this process and the ranks.  Each rank prints into this
+    process's stdout, every line prefixed ``[rankN]: ``.
+
+    Every wait has a deadline (``start_timeout`` for starting; a cell runs as long as it runs, and
+    interrupting it - KeyboardInterrupt here - sends SIGINT to the ranks and waits ``interrupt_grace``
+    seconds for them to stop).  Ranks die with the thread that started them (Linux)."""
+
+    def __init__(self, nprocs=2, backend="cpu", *, start_timeout=120.0, interrupt_grace=5.0,
+                 quiet_others=False):
+        if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+            raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
+        self.nprocs = nprocs
+        self.backend = backend
+        self.start_timeout = float(start_timeout)
+        self.interrupt_grace = float(interrupt_grace)
+        self.quiet_others = quiet_others
+        self._ranks = []
+        self._server = None
+        self._secret = None
+        self._port = None
+        self._next_id = 0
+        self._next_cell = 0
+        self._atexit = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self):
+        """Whether the ranks were started and not stopped (some may have died since)."""
+        return bool(self._ranks)
+
+    def start(self):
+        """Start the ranks and wait until every one has initialised its process group.  Raises
+        RuntimeError when they are running already, RanksError when a rank fails to start (the
+        others are stopped then).  Returns self."""
+        if self._ranks:
+            raise RuntimeError(f"{len(self._ranks)} ranks are running already; stop() or restart() "
+                               "them first")
+        self._secret = secrets.token_hex(32)
+        self._port = _free_port()
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("127.0.0.1", 0))
+        server.listen(self.nprocs + 4)
+        server.settimeout(_POLL)
+        self._server = server
+        addr = server.getsockname()
+        path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        boot = ("import sys, os; sys.path[:] = os.environ.pop('PYDDP_RANKS_PATH').split(os.pathsep); "
+                "from pyddp._notebook_ranks import _rank_main; _rank_main()")
+        env = dict(os.environ)
+        for k in ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"):
+            env.pop(k, None)
+        env.update({
+            "WORLD_SIZE": str(self.nprocs), "LOCAL_WORLD_SIZE": str(self.nprocs), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._port), "PYDDP_SECRET": self._secret,
+            "PYTHONUNBUFFERED": "1", "PYDDP_RANKS_ADDR": f"{addr[0]}:{addr[1]}",
+            "PYDDP_RANKS_PARENT": str(os.getpid()), "PYDDP_RANKS_BACKEND": str(self.backend or ""),
+            "PYDDP_RANKS_PATH": os.pathsep.join(path),
+            "MPLBACKEND": "Agg",   # the kernel's inline backend means nothing in a rank
+        })
+        if self.nprocs > 1 and not os.environ.get("OMP_NUM_THREADS"):
+            env["OMP_NUM_THREADS"] = "1"   # torchrun's policy for ranks sharing a host
+        try:
+            for r in range(self.nprocs):
+                env_r = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+                proc = subprocess.Popen([sys.executable, "-c", boot], env=env_r, cwd=os.getcwd(),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+                rk = _Rank(r, proc)
+                for f, is_err in ((proc.stdout, False), (proc.stderr, True)):
+                    fd = f.fileno()
+                    os.set_blocking(fd, False)
+                    rk.out[fd] = [is_err, b""]
+                self._ranks.append(rk)
+            self._accept_all()
+            self._wait_ready()
+        except BaseException:
+            self._stop_processes()
+            raise
+        if self._atexit is None:
+            ref = weakref.ref(self)
+            self._atexit = lambda: ref() is not None and ref().stop()
+            atexit.register(self._atexit)
+        return self
+
+    def _accept_all(self):
+        deadline = time.monotonic() + self.start_timeout
+        waiting = {rk.rank: rk for rk in self._ranks}
+        while waiting:
+            self._pump()
+            for rk in waiting.values():
+                if rk.proc.poll() is not None:
+                    self._pump(final=True)
+                    raise RanksError(f"rank {rk.rank} exited ({describe_exit(rk.proc.returncode)}) "
+                                     "before it connected; its output is above")
+            if time.monotonic() > deadline:
+                raise RanksError(f"ranks {sorted(waiting)} did not connect within "
+                                 f"{self.start_timeout:g} s")
+            try:
+                sock, _ = self._server.accept()
+            except (socket.timeout, BlockingIOError):
+                continue
+            sock.setblocking(True)
+            conn = _mpc.Connection(sock.detach())
+            try:
+                key = self._secret.encode()
+                _mpc.deliver_challenge(conn, key)
+                _mpc.answer_challenge(conn, key)
+                if not conn.poll(10):
+                    raise EOFError("no hello")
+                kind, rank = conn.recv()
+                if kind != "hello" or rank not in waiting:
+                    raise EOFError("unexpected hello")
+            except (OSError, EOFError, _mpc.AuthenticationError, pickle.UnpicklingError, ValueError,
+                    TypeError):
+                conn.close()   # not one of ours: nothing it sent was unpickled unless it proved the secret
+                continue
+            waiting.pop(rank).conn = conn
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + self.start_timeout
+        todo = {rk.rank for rk in self._ranks}
+        failures = {}
+        while todo:
+            for rank, msg in self._wait_messages(todo, deadline):
+                todo.discard(rank)
+                if msg[0] != "ready" or msg[1] is not None:
+                    failures[rank] = msg[1] if msg[0] == "ready" else repr(msg)
+            if time.monotonic() > deadline and todo:
+                raise RanksError(f"ranks {sorted(todo)} did not initialise their process group within "
+                                 f"{self.start_timeout:g} s")
+            dead = [rk for rk in self._ranks if rk.rank in todo and not rk.alive()]
+            for rk in dead:
+                failures[rk.rank] = f"exited ({describe_exit(rk.proc.returncode)}) while starting"
+                todo.discard(rk.rank)
+        if failures:
+            self._pump(final=True)
+            raise RanksError("ranks failed to start:\n" + "\n".join(
+                f"[rank{r}]: {t}" for r, t in sorted(failures.items())), failures)
+
+    def stop(self):
+        """Stop every rank: ask each to leave (destroying its process group), then SIGTERM and SIGKILL
+        what is left after a few seconds.  Nothing of the ranks is left running when it returns."""
+        if not self._ranks:
+            return
+        for rk in self._ranks:
+            if rk.conn is not None and rk.alive():
+                try:
+                    rk.conn.send(("stop",))
+                except OSError:
+                    pass
+        self._stop_processes()
+
+    def restart(self):
+        """stop() then start(): fresh processes, namespaces and process group.  Returns self."""
+        self.stop()
+        return self.start()
+
+    def _stop_processes(self):
+        ranks, self._ranks = self._ranks, []
+        try:
+            deadline = time.monotonic() + _STOP_GRACE
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                while time.monotonic() < deadline and any(rk.proc.poll() is None for rk in ranks):
+                    self._pump(ranks=ranks)
+                    time.sleep(0.05)
+                for rk in ranks:
+                    if rk.proc.poll() is None:
+                        signal_group(rk.proc.pid, sig)
+                deadline = time.monotonic() + _STOP_GRACE
+            for rk in ranks:
+                try:
+                    rk.proc.wait(timeout=_STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._pump(ranks=ranks, final=True)
+        finally:
+            for rk in ranks:
+                for f in (rk.proc.stdout, rk.proc.stderr):
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+                if rk.conn is not None:
+                    rk.conn.close()
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+            if self._atexit is not None:
+                atexit.unregister(self._atexit)
+                self._atexit = None
+
+    def status(self):
+        """One dict per rank: rank, pid, alive, busy, last_error (the traceback of the last request
+        that failed there, or None) and
+        exit (how it ended, when it is not alive)."""
+        self._poll_idle()
+        out = []
+        for rk in self._ranks:
+            alive = rk.alive()
+            out.append({"rank": rk.rank, "pid": rk.proc.pid, "alive": alive, "busy": rk.busy is not None,
+                        "last_error": rk.last_error,
+                        "exit": None if alive else (rk.exit_cause or describe_exit(rk.proc.returncode))})
+        return out
+
+    # ------------------------------------------------------------------ output and messages
+    def _pump(self, ranks=None, final=False):
+        """Print what the ranks wrote: every complete line (all of it when final)."""
+        touched = set()
+        for rk in self._ranks if ranks is None else ranks:
+            for fd, entry in list(rk.out.items()):
+                closed = False
+                while True:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        break
+                    except (OSError, ValueError):
+                        chunk = b""
+                    if not chunk:
+                        closed = True
+                        break
+                    entry[1] += chunk
+                if b"\n" in entry[1]:
+                    done, _, entry[1] = entry[1].rpartition(b"\n")
+                    self._emit(rk.rank, entry[0], done)
+                    touched.add(entry[0])
+                if (closed or final) and entry[1]:
+                    self._emit(rk.rank, entry[0], entry[1])
+                    entry[1] = b""
+                    touched.add(entry[0])
+                if closed:
+                    rk.out.pop(fd)
+        for is_err in touched:
+            try:
+                (sys.stderr if is_err else sys.stdout).flush()
+            except Exception:
+                pass
+
+    def _emit(self, rank, is_err, data):
+        if self.quiet_others and rank != 0:
+            return
+        text = data.decode("utf-8", errors="replace")
+        (sys.stderr if is_err else sys.stdout).write(
+            "".join(f"[rank{rank}]: {line}\n" for line in text.split("\n")))
+
+    def _mark_dead(self, rk):
+        if rk.exit_cause is None:
+            try:
+                rk.proc.wait(timeout=2.0)
+                rk.exit_cause = describe_exit(rk.proc.returncode)
+            except subprocess.TimeoutExpired:
+                rk.exit_cause = "its connection closed"
+                signal_group(rk.proc.pid, signal.SIGKILL)
+        rk.busy = None
+
+    def _wait_messages(self, ranks, deadline=None):
+        """Wait (up to deadline, at least one poll) for messages of the given ranks, printing output
+        meanwhile; returns [(rank, message)].  A rank that died is marked so (and returned nothing)."""
+        by_conn = {rk.conn: rk for rk in self._ranks if rk.rank in ranks and rk.conn is not None
+                   and rk.alive()}
+        fds = [fd for rk in self._ranks for fd in rk.out]
+        left = _POLL if deadline is None else max(0.0, min(_POLL, deadline - time.monotonic()))
+        ready = _mpc.wait(list(by_conn) + fds, timeout=left)
+        self._pump()
+        got = []
+        for c in ready:
+            rk = by_conn.get(c)
+            if rk is None:
+                continue
+            try:
+                got.append((rk.rank, c.recv()))
+            except (EOFError, OSError):
+                self._mark_dead(rk)
+        for rk in by_conn.values():
+            if rk.proc.poll() is not None and rk.exit_cause is None:
+                try:   # its last message may still be there
+                    while rk.conn.poll(0):
+                        got.append((rk.rank, rk.conn.recv()))
+                except (EOFError, OSError):
+                    pass
+                self._mark_dead(rk)
+        return got
+
+    def _poll_idle(self):
+        """Collect late replies (of a cell a rank finished after it was reported) and deaths."""
+        if not self._ranks:
+            return
+        for rank, msg in self._wait_messages({rk.rank for rk in self._ranks}, time.monotonic()):
+            rk = self._ranks[rank]
+            if msg[0] == "done" and msg[1] == rk.busy:
+                rk.busy = None
+                rk.last_error = msg[3] or rk.last_error
+
+    def _select(self, ranks):
+        if not self._ranks:
+            raise RuntimeError("the ranks are not running: start() them first "
+                               "(in a notebook: %ddp start -n 2)")
+        if ranks is None:
+            chosen = list(self._ranks)
+        else:
+            if isinstance(ranks, int):
+                ranks = [ranks]
+            chosen = []
+            for r in ranks:
+                if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(self._ranks):
+                    raise ValueError(f"no rank {r!r}: the ranks are 0..{len(self._ranks) - 1}")
+                chosen.append(self._ranks[r])
+        self._poll_idle()
+        dead = [rk for rk in chosen if not rk.alive()]
+        if dead:
+            raise RanksError("; ".join(f"rank {rk.rank} is dead ({rk.exit_cause})" for rk in dead)
+                             + ": restart() the ranks (%ddp restart)")
+        busy = [rk.rank for rk in chosen if rk.busy is not None]
+        if busy:
+            raise RanksError(f"ranks {busy} are still busy with an earlier cell that did not stop; "
+                             "wait, interrupt again, or restart() them (%ddp restart)")
+        return chosen
+
+    def _request(self, chosen, make):
+        """Send make(rank) to each chosen rank and wait for their 'done' replies; KeyboardInterrupt
+        here sends SIGINT to those still busy.  Returns ({rank: payload}, {rank: error}, interrupted)."""
+        self._next_id += 1
+        rid = self._next_id
+        for rk in chosen:
+            try:
+                rk.conn.send(make(rk.rank) + (rid,))
+                rk.busy = rid
+            except OSError:
+                self._mark_dead(rk)
+        results, errors = {}, {}
+        interrupted_at = None
+        while True:
+            try:
+                pending = {rk.rank for rk in chosen if rk.busy == rid and rk.alive()}
+                if not pending:
+                    break
+                if interrupted_at is not None and time.monotonic() - interrupted_at > self.interrupt_grace:
+                    for r in sorted(pending):
+                        errors[r] = (f"did not stop within {self.interrupt_grace:g} s of the interrupt; "
+                                     "it is still running (interrupt again, or %ddp restart)")
+                    break
+                for rank, msg in self._wait_messages(pending):
+                    rk = self._ranks[rank]
+                    if msg[0] != "done" or msg[1] != rid:
+                        continue
+                    rk.busy = None
+                    if msg[3] is not None:
+                        rk.last_error = msg[3]
+                        errors[rank] = msg[3]
+                    else:
+                        results[rank] = msg[2]
+            except KeyboardInterrupt:
+                if interrupted_at is not None and time.monotonic() - interrupted_at > 0.5:
+                    interrupted_at = -1e9   # a second interrupt: stop waiting now
+                    continue
+                interrupted_at = time.monotonic()
+                for rk in chosen:
+                    if rk.busy == rid and rk.alive():
+                        signal_group(rk.proc.pid, signal.SIGINT)
+        for rk in chosen:
+            if rk.rank not in results and rk.rank not in errors and not rk.alive():
+                errors[rk.rank] = f"died ({rk.exit_cause}) while running the cell; %ddp restart"
+                rk.last_error = errors[rk.rank]
+        self._pump(final=True)
+        return results, errors, interrupted_at is not None
+
+    @staticmethod
+    def _raise(errors, interrupted, what):
+        head = "interrupted: " if interrupted else ""
+        msg = [f"{head}{what} failed on rank{'s' if len(errors) > 1 else ''} "
+               f"{', '.join(map(str, sorted(errors)))}"]
+        for r, text in sorted(errors.items()):
+            msg.append(f"--- rank {r} ---")
+            msg.append(text.rstrip())
+        err = RanksError("\n".join(msg), errors)
+        if interrupted:
+            raise err from KeyboardInterrupt()
+        raise err
+
+    # ------------------------------------------------------------------ the API
+    def run(self, code, ranks=None, *, filename=None):
+        """Execute ``code`` (a str of Python statements) on every rank, or on ``ranks`` (a rank or a
+        list of them), in each rank's persistent namespace; returns a CellResult with the repr of the
+        last expression per rank.  A syntax error is raised here, before anything runs.  When the code
+        raises on some ranks, raises RanksError with each failing rank's traceback; the ranks stay
+        usable.  Interrupting the call (KeyboardInterrupt) interrupts the ranks' code."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        self._next_cell += 1
+        filename = filename or f"<ddp-cell-{self._next_cell}>"
+        compile(code, filename, "exec")   # SyntaxError once, here
+        chosen = self._select(ranks)
+        results, errors, interrupted = self._request(chosen, lambda r: ("run", code, filename))
+        if errors:
+            self._raise(errors, interrupted, "the cell")
+        if interrupted:
+            raise KeyboardInterrupt("interrupted; every rank stopped the cell and is ready")
+        return CellResult(results)
+
+    def push(self, *objs, ranks=None, namespace=None, **named):
+        """Send objects to the ranks' namespaces: each positional argument is a name (looked up in
+        ``namespace``, by default the caller's globals) or an object with a ``__name__`` (a function,
+        a class); keyword arguments give the names.  Functions and classes defined in a notebook go by
+        value (cloudpickle when installed, else their source, re-run on each rank); other objects are
+        pickled.  Raises TypeError naming what cannot be sent."""
+        if namespace is None:
+            namespace = sys._getframe(1).f_globals
+        items = {}
+        for o in objs:
+            if isinstance(o, str):
+                if o not in namespace:
+                    raise NameError(f"push: no name {o!r} here")
+                items[o] = namespace[o]
+            elif getattr(o, "__name__", None):
+                items[o.__name__] = o
+            else:
+                raise TypeError(f"push: a {type(o).__name__} has no name; pass it as name=value")
+        items.update(named)
+        payload = [(name,) + _serialise(name, obj) for name, obj in items.items()]
+        chosen = self._select(ranks)
+        results, errors, interrupted = self._request(chosen, lambda r: ("push", payload))
+        if errors:
+            self._raise(errors, interrupted, "push")
+        return sorted(items)
+
+    def pull(self, name, rank=None):
+        """The value of ``name`` in the namespace of ``rank``, or, when rank is None, a list of its
+        value on every rank (NumPy arrays come back by value).  Raises RanksError when a rank has no
+        such name or the value cannot be pickled."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        chosen = self._select(None if rank is None else [rank])
+        results, errors, interrupted = self._request(chosen, lambda r: ("pull", name))
+        if errors:
+            self._raise(errors, interrupted, f"pull {name!r}")
+        values = {r: pickle.loads(b) for r, b in results.items()}
+        return values[rank] if rank is not None else [values[r] for r in sorted(values)]
+
+    def __enter__(self):
+        return self if self._ranks else self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def __repr__(self):
+        state = "running" if self._ranks else "stopped"
+        return f"Ranks(nprocs={self.nprocs}, backend={self.backend!r}) [{state}]"
+
+
+def _serialise(name, obj):
+    """('pickle', bytes) or ('source', text, defined_name)."""
+    try:
+        import cloudpickle
+    except ImportError:
+        cloudpickle = None
+    if cloudpickle is not None:
+        try:
+            return ("pickle", cloudpickle.dumps(obj))
+        except Exception as e:
+            raise TypeError(f"push: {name!r} ({type(obj).__name__}) cannot be pickled: {e}") from e
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        mod = sys.modules.get(getattr(obj, "__module__", None) or "")
+        by_ref = mod is not None and getattr(mod, "__file__", None) and \
+            getattr(mod, obj.__qualname__, None) is obj and obj.__module__ != "__main__"
+        if not by_ref:
+            if obj.__name__ == "<lambda>" or "<locals>" in obj.__qualname__:
+                raise TypeError(f"push: {name!r} is a lambda or a nested function, which cannot be "
+                                "sent without cloudpickle (pip install cloudpickle), or define it "
+                                "with def at the top level of a cell")
+            try:
+                src = _class_source(obj) if inspect.isclass(obj) else inspect.getsource(obj)
+            except (OSError, TypeError) as e:
+                raise TypeError(f"push: the source of {name!r} cannot be found ({e}); install "
+                                "cloudpickle, or run its definition on the ranks with %%ddp") from e
+            import textwrap
+            return ("source", textwrap.dedent(src), obj.__name__)
+    try:
+        return ("pickle", pickle.dumps(obj))
+    except Exception as e:
+        raise TypeError(f"push: {name!r} ({type(obj).__name__}) cannot be pickled: {e}; install "
+                        "cloudpickle or create it on the ranks with %%ddp") from e
+
+
+def _class_source(cls):
+    """The source of a class defined in a notebook cell.  inspect.getsource looks for classes in
+    their module's file, which __main__ of a kernel does not have (before Python 3.13); the cell's
+    text is in linecache under the file name of the class's methods."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        pass
+    codes = [f.__code__ for f in vars(cls).values() if inspect.isfunction(f)]
+    if not codes:
+        raise OSError(f"class {cls.__name__} has no methods to find its cell by")
+    filename, line = codes[0].co_filename, codes[0].co_firstlineno
+    lines = linecache.getlines(filename)
+    if not lines:
+        raise OSError(f"the text of {filename} is not available")
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__ and \
+                node.lineno <= line <= node.end_lineno:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "".join(lines[first - 1:node.end_lineno])
+    raise OSError(f"could not find class {cls.__name__} in {filename}")
+
+
+# ------------------------------------------------------------------------------------ the rank's end
+
+class _Interruptible:
+    """SIGINT raises KeyboardInterrupt only while a request runs; idle ranks ignore it."""
+
+    running = False
+
+    def __call__(self, signum, frame):
+        if self.running:
+            raise KeyboardInterrupt
+
+
+def _format_exc(e):
+    tb = e.__traceback__
+    # drop this module's frames: the user's code starts at the first frame of another file
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _run_code(code, filename, ns):
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = ast.parse(code, filename, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), ns)
+    if last is not None:
+        value = eval(compile(last, filename, "eval"), ns)
+        if value is not None:
+            ns["_"] = value
+            return repr(value)
+    return None
+
+
+def _rank_main():
+    """A rank: connect to the kernel, initialise the process group, serve requests until stopped."""
+    parent = int(os.environ.pop("PYDDP_RANKS_PARENT"))
+    if die_with_parent(signal.SIGKILL, parent):
+        os._exit(1)
+    handler = _Interruptible()
+    signal.signal(signal.SIGINT, handler)
+    host, _, port = os.environ.pop("PYDDP_RANKS_ADDR").rpartition(":")
+    backend = os.environ.pop("PYDDP_RANKS_BACKEND") or None
+    rank = int(os.environ["RANK"])
+    conn = _mpc.Client((host, int(port)), authkey=os.environ["PYDDP_SECRET"].encode())
+    conn.send(("hello", rank))
+    # The cells' namespace is this process's __main__, so that what a cell defines pickles by name.
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    ns = main.__dict__
+    try:
+        import pyddp.distributed as dist
+
+        dist.init_process_group(backend)
+    except BaseException as e:
+        conn.send(("ready", _format_exc(e)))
+        sys.exit(1)
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        kind, rid = msg[0], msg[-1]
+        if kind == "stop":
+            break
+        value = error = None
+        handler.running = True
+        try:
+            if kind == "run":
+                value = _run_code(msg[1], msg[2], ns)
+            elif kind == "push":
+                for name, how, *rest in msg[1]:
+                    if how == "pickle":
+                        ns[name] = pickle.loads(rest[0])
+                    else:
+                        exec(compile(rest[0], f"<pushed {name}>", "exec"), ns)
+                        ns[name] = ns[rest[1]]
+            elif kind == "pull":
+                if msg[1] not in ns:
+                    raise NameError(f"name {msg[1]!r} is not defined on rank {rank}")
+                value = pickle.dumps(ns[msg[1]])
+        except BaseException as e:   # KeyboardInterrupt and SystemExit included: the rank goes on
+            handler.running = False
+            error = _format_exc(e)
+        finally:
+            handler.running = False
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        try:
+            conn.send(("done", rid, value, error))
+        except Exception as e:   # an unpicklable payload cannot be: values are bytes or str
+            conn.send(("done", rid, None, _format_exc(e)))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    sys.stdout.flush()
+    os._exit(0)
