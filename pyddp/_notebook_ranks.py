@@ -667,7 +667,9 @@ def _rank_main():
     host, _, port = os.environ.pop("PYDDP_RANKS_ADDR").rpartition(":")
     backend = os.environ.pop("PYDDP_RANKS_BACKEND") or None
     rank = int(os.environ["RANK"])
-    conn = _mpc.Client((host, int(port)), authkey=os.environ["PYDDP_SECRET"].encode())
+    from . import _config
+
+    conn = _mpc.Client((host, int(port)), authkey=_config.get("PYDDP_SECRET").encode())
     conn.send(("hello", rank))
     # The cells' namespace is this process's __main__, so that what a cell defines pickles by name.
     import types

@@ -408,6 +408,7 @@ def _async_error(rank, n):
             x.numpy()
             time.sleep(0.2)
     except dist.DistBackendError as e:
+        time.sleep(1.0)   # the peer meets its own asynchronous error before this rank exits
         return str(e)
     return None
 
