@@ -159,6 +159,11 @@ _V = [
     Var("PYDDP_TEST_SPIN", "1 (tests only)", lambda t: {"1": "1"}[t]),
     Var("PYDDP_TEST_PHASE", "fast or slow (tests only)",
         lambda t: {"fast": "fast", "slow": "slow"}[t]),
+    # what pyddp.notebook.Ranks hands each rank it starts (read and removed at the rank's start)
+    Var("PYDDP_RANKS_ADDR", "host:port of the kernel (set by pyddp.notebook.Ranks)", _text),
+    Var("PYDDP_RANKS_PARENT", "the kernel's pid (set by pyddp.notebook.Ranks)", _text),
+    Var("PYDDP_RANKS_BACKEND", "the ranks' backend (set by pyddp.notebook.Ranks)", _text),
+    Var("PYDDP_RANKS_PATH", "the kernel's sys.path (set by pyddp.notebook.Ranks)", _text),
 ]
 # Read by the build (setup.py) and pyddp's own test harness, never at run time.
 _BUILD_AND_TESTS = {"PYDDP_SANITIZE", "PYDDP_WERROR", "PYDDP_ROOT", "PYDDP_SKIPPED_FILE",
