@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from _tiers import FULL
+
 import _paths
 from _launch import alive, assert_all_gone
 from pyddp.notebook import Ranks, RanksError
@@ -124,6 +126,15 @@ def test_a_syntax_error_fails_once_in_this_process(ranks):
     assert ranks.run("1 + 1").agreed() == "2"
 
 
+# A KeyboardInterrupt raised in the test process (_thread.interrupt_main, as the kernel's interrupt
+# button does) would stop a pytest-xdist worker's whole session: these run in one process, in the
+# full tier (CI runs it with -n 0).
+_NO_XDIST = pytest.mark.skipif(bool(os.environ.get("PYTEST_XDIST_WORKER")),
+                               reason="interrupts the test process: run with -n 0")
+
+
+@FULL
+@_NO_XDIST
 def test_interrupt_a_sleeping_cell(ranks, tmp_path):
     marks = [str(tmp_path / f"{r}.sleeping") for r in range(2)]
     code = (f"import os, time\nopen({str(tmp_path)!r} + '/' + os.environ['RANK'] + '.sleeping', 'w')"
@@ -140,6 +151,8 @@ def test_interrupt_a_sleeping_cell(ranks, tmp_path):
     assert ranks.run("'still here'").agreed() == "'still here'"
 
 
+@FULL
+@_NO_XDIST
 def test_a_rank_that_does_not_stop_is_reported_and_restart_brings_the_job_back(tmp_path):
     r = Ranks(nprocs=2, start_timeout=WAIT, interrupt_grace=1.0).start()
     pids = _pids(r)
