@@ -235,20 +235,20 @@ class Ranks:
 
     def _wait_ready(self):
         deadline = time.monotonic() + self.start_timeout
-        todo = {rk.rank for rk in self._ranks}
+        pending = {rk.rank for rk in self._ranks}
         failures = {}
-        while todo:
-            for rank, msg in self._wait_messages(todo, deadline):
-                todo.discard(rank)
+        while pending:
+            for rank, msg in self._wait_messages(pending, deadline):
+                pending.discard(rank)
                 if msg[0] != "ready" or msg[1] is not None:
                     failures[rank] = msg[1] if msg[0] == "ready" else repr(msg)
-            if time.monotonic() > deadline and todo:
-                raise RanksError(f"ranks {sorted(todo)} did not initialise their process group within "
-                                 f"{self.start_timeout:g} s")
-            dead = [rk for rk in self._ranks if rk.rank in todo and not rk.alive()]
+            if time.monotonic() > deadline and pending:
+                raise RanksError(f"ranks {sorted(pending)} did not initialise their process group "
+                                 f"within {self.start_timeout:g} s")
+            dead = [rk for rk in self._ranks if rk.rank in pending and not rk.alive()]
             for rk in dead:
                 failures[rk.rank] = f"exited ({describe_exit(rk.proc.returncode)}) while starting"
-                todo.discard(rk.rank)
+                pending.discard(rk.rank)
         if failures:
             self._pump(final=True)
             raise RanksError("ranks failed to start:\n" + "\n".join(

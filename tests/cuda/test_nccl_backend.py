@@ -1037,7 +1037,7 @@ def _observed(rank, n, out_dir):
     dist = _init(rank)
     x = _dev(np.ones(4, np.float32), rank)
     dist.all_reduce(x)
-    dist.broadcast(x, 1, async_op=True).wait()
+    dist.broadcast(x, 1, async_op=True).wait(timeout=60)
     o = _dev(np.zeros(8, np.float32), rank)
     dist.all_gather_into_tensor(o, x)
     if rank == 0:

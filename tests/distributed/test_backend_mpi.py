@@ -173,7 +173,7 @@ out = sys.argv[1]
 x = np.ones(4, np.float32)
 dist.all_reduce(x)                                      # the C fast path (or _py_fast)
 dist.broadcast(np.ones(3, np.float64), 1)
-dist.all_reduce(np.ones(5, np.float32), async_op=True).wait()   # an MPI request
+dist.all_reduce(np.ones(5, np.float32), async_op=True).wait(timeout=60)   # an MPI request
 dist.all_gather([np.zeros(2, np.int32), np.zeros(2, np.int32)], np.ones(2, np.int32))
 if rank == 0:
     dist.send(x, 1)

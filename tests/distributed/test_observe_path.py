@@ -108,7 +108,7 @@ dist.init_process_group("cpu")
 dist.all_reduce(np.ones(4, np.float32))
 dist.all_reduce(np.ones(1 << 20, np.float32))
 dist.broadcast(np.ones(1 << 20, np.float32), 0)
-dist.all_reduce(np.ones(3, np.float32), async_op=True).wait()
+dist.all_reduce(np.ones(3, np.float32), async_op=True).wait(timeout=60)
 recs = [(r["name"], r["backend"], r["transport"], r["algorithm"])
         for r in dist.flight_recorder.records()]
 with open(os.path.join(os.environ["JOB_OUT"], f"rec{dist.get_rank()}.json"), "w") as f:
