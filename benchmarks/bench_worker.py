@@ -123,7 +123,17 @@ class PyddpImpl(Impl):
         import pyddp.distributed as dist
 
         self.dist = dist
+        t0 = time.perf_counter()
         dist.init_process_group(self.backend)
+        # what init_process_group took, and of it what measuring a host without rules took (the
+        # first job on it: backends.cpu.crossovers.first_job)
+        self.init_s = time.perf_counter() - t0
+        try:
+            from pyddp.distributed.backends.cpu import crossovers
+
+            self.first_job_s = (crossovers.last_first_job or {}).get("seconds")
+        except ImportError:
+            self.first_job_s = None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
 
@@ -507,6 +517,8 @@ def main():
             result["rules"] = tuning.describe()
         except ImportError:
             pass
+        result["init_s"] = getattr(impl, "init_s", None)
+        result["first_job_s"] = getattr(impl, "first_job_s", None)
 
     def write():
         if impl.rank == 0:

@@ -317,6 +317,7 @@ def merge_rounds(results):
     if shm:
         merged["shm_buffer"] = dict(shm[-1], rows=merge_rows([x["rows"] for x in shm]))
     merged["rounds"] = len(results)
+    merged["inits"] = [(r.get("init_s"), r.get("first_job_s")) for r in results]
     return merged
 
 
@@ -534,9 +535,38 @@ def rules_of(results, peer):
 
 
 def rules_lines(results):
-    """'# rules: ...' lines, one per pyddp peer that ran: which rules each table's column ran with."""
-    return [f"# rules: {LABEL[c]}: {rules_of(results, c)}"
-            for c in ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp") if results.get(c)]
+    """'# rules: ...' lines, one per pyddp peer that ran: which rules each table's column ran with;
+    then what the first job on a new host paid to measure it (first_job_line)."""
+    lines = [f"# rules: {LABEL[c]}: {rules_of(results, c)}"
+             for c in ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp") if results.get(c)]
+    first = first_job_line(results)
+    return lines + ([first] if first else [])
+
+
+def first_job_line(results):
+    """'# first job on a new host: ...': the pyddp run that measured the host (the out-of-the-box
+    peer's first round, its per-user cache empty), its init_process_group time and the part of it
+    the measurement took, against the median init_process_group of the pyddp runs that did not
+    measure (this run's other rounds and peers); '' where no run measured."""
+    import statistics
+
+    first, others = None, []
+    for c in ("pyddp-oob", "pyddp", "pyddp-untuned"):
+        r = results.get(c) or {}
+        for init_s, probe_s in r.get("inits") or [(r.get("init_s"), r.get("first_job_s"))]:
+            if init_s is None:
+                continue
+            if probe_s is not None and first is None:
+                first = (c, init_s, probe_s)
+            else:
+                others.append(init_s)
+    if first is None:
+        return ""
+    c, init_s, probe_s = first
+    rest = (f"; the {len(others)} other pyddp runs' init_process_group: median "
+            f"{statistics.median(others):.2f} s" if others else "")
+    return (f"# first job on a new host ({LABEL[c]}): init_process_group {init_s:.2f} s, of which "
+            f"{probe_s:.2f} s measuring the host (kept in the per-user cache for later jobs){rest}")
 
 
 def summary_block(args, results, world, memcpy, phase=None):

@@ -127,6 +127,7 @@ _V = [
     Var("PYDDP_TUNING_FILE", "the path of a rules file (python -m pyddp.tools.tune writes one)",
         _text),
     Var("PYDDP_TUNING", "0 (the built-in constants) or 1 (the rules file, the default)", _bit, True),
+    Var("PYDDP_TUNING_AUTO", "0 or 1 (also false/true, no/yes, off/on)", _bool, True),
     Var("PYDDP_TUNING_ONLINE", "0 or 1 (also false/true, no/yes, off/on)", _bool, False),
     # CPU stand-in for CUDA (pyddp.cuda._emulation)
     Var("PYDDP_CUDA_ON_CPU", "0 or 1 (also false/true, no/yes, off/on)", _bool, False),

@@ -19,6 +19,9 @@ import pytest  # noqa: E402
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pyddp-test-cache-")
 os.environ.pop("PYDDP_TUNING_FILE", None)
 os.environ.pop("PYDDP_TUNING", None)
+# the first job on a host measures it (PYDDP_TUNING_AUTO): tests run on the built-in constants,
+# the same in every worker; tests/distributed/test_tune_first_job.py turns it on
+os.environ["PYDDP_TUNING_AUTO"] = "0"
 
 # Several tests check what Ctrl-C does (SIGINT to a blocking collective, to a launcher). A test
 # session started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT

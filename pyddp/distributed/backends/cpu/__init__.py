@@ -53,6 +53,11 @@ def advertised_host(store) -> str:
 TRANSPORTS = {"": 0, "auto": 0, "tcp": 1, "shm": 2}
 
 
+def transport_wanted_shm() -> bool:
+    """Whether PYDDP_TRANSPORT (as this rank has it) leaves shared memory possible."""
+    return _config.get("PYDDP_TRANSPORT") != "tcp"
+
+
 def transport_choice(store, prefix, rank) -> int:
     """PYDDP_TRANSPORT as rank 0 has it (every rank must make the same choice)."""
     if rank == 0:
@@ -119,11 +124,13 @@ def _forget_setup(store, watch, once):
         pass  # a user's Store without delete_key (an optional method) keeps them, as torch's
 
 
-def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", once=False):
+def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", once=False,
+                  first_job=False):
     """Create this rank's member of a group and connect it to the others through `store`.
     ``label`` names the group in logs, flight-recorder files and the timeline (default: name).
     ``once``: no other group of this job will use ``name`` in ``store`` (new_group's groups): its
-    round counter goes with the rest of the setup keys.
+    round counter goes with the rest of the setup keys.  ``first_job``: the job's default group,
+    which measures a host that has no rules yet as it starts (tuning.auto_claim).
 
     Returns (C process group, round number)."""
     from . import tuning  # the rules file (read by rank 0 at each group's creation)
@@ -163,9 +170,10 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
                 # every rank applies the same ones
                 # (the phases' rules only where each of this host's ranks has a core)
                 local = nodes.count(nodes[rank])
-                local = local if local <= host_cores else None
-                store.set(f"{prefix}/token",
-                          f"{secrets.randbits(63)} {tuning.encode(size, local)}")
+                own = local <= host_cores
+                probe = (local, own) if first_job and transport_wanted_shm() else None
+                store.set(f"{prefix}/token", f"{secrets.randbits(63)} "
+                          f"{tuning.encode(size, local if own else None, probe)}")
                 store.set(f"{prefix}/transport", _config.get("PYDDP_TRANSPORT"))
             # (rank 0's token and transport before its address: once every address is there,
             # so are they)
@@ -174,7 +182,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
             transport = transport_choice(store, prefix, rank)
             token, _, rules = store.get(f"{prefix}/token").decode().partition(" ")
             token = int(token)
-            rules = tuning.decode(rules)
+            probe = rules == tuning.PROBE
+            rules = None if probe else tuning.decode(rules)
             hosts, ports = [], []
             for r in range(size):
                 h, _, p = store.get(f"{prefix}/addr/{r}").decode().rpartition(":")
@@ -183,6 +192,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
         else:
             cpg = _C.ProcessGroup(rank, size, timeout, secret, "127.0.0.1")
             token, hosts, ports, nodes, transport, rules = 0, ["127.0.0.1"], [0], None, 0, None
+            probe = False
             host_cores = _threads.cores()
         # a rank that dies while the others wait for its connection is named within a second
         stop_watch = watch.watch_connect(cpg) if size > 1 else (lambda: None)
@@ -195,6 +205,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
             if len(rules) == 4:  # the phases' rules: rules[0] fast, rules[2] slow
                 cpg.set_slow_rules(rules[2], rules[1], rules[3])
     except BaseException:
+        if rank == 0:
+            tuning.auto_release()
         if cpg is not None:
             cpg.destroy()
         raise
@@ -214,6 +226,20 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
                                  cpg.shm_fallback)
     else:
         why = "one rank"
+    if probe:
+        # the first job on a host without rules measures it (every rank; rank 0 keeps them)
+        from . import crossovers
+
+        try:
+            if cpg.transport == "shm" and cpg.single_copy:
+                crossovers.first_job(cpg)
+            elif rank == 0:
+                tuning.auto_release()
+        except BaseException:
+            if rank == 0:
+                tuning.auto_release()
+            cpg.destroy()
+            raise
     _observe.attach(cpg, label or name, rank, size, token, backend, why)
     return cpg, gen
 
@@ -224,7 +250,7 @@ def create(opts):
     when PYDDP_TUNING_ONLINE=1 (crossovers.online, a collective)."""
     cpg, opts.round = connect_group(opts.store, opts.group_rank, opts.group_size,
                                     opts.timeout.total_seconds(), "pg", label=opts.group_id,
-                                    once=opts.once)
+                                    once=opts.once, first_job=bool(opts.default))
     if opts.default and opts.group_size > 1 and _config.get("PYDDP_TUNING_ONLINE"):
         from . import crossovers
 

@@ -499,10 +499,6 @@ def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, it
     bytes or None}, "small_bytes": {kind: bytes}} (None: never); {} for a group of one rank or one
     without these choices.
     """
-    import numpy as np
-
-    from .... import _C
-
     kinds = list(_SHM_KINDS) if kinds is None else [str(k) for k in kinds]
     bad = [k for k in kinds if k not in _SHM_KINDS]
     if bad:
@@ -517,10 +513,25 @@ def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, it
     path = cpg.transport
     if cpg.size < 2 or path not in ("shm", "tcp"):
         return {}
-    coll = Calls(cpg)
     res = _measure(cpg, path, kinds, min_bytes, max_bytes, rounds, iters, budget_bytes,
                    probe=False)
     table = _table([res], gaps=False)
+    out = _apply(cpg, table)
+    from ... import _observe
+
+    _observe.info("tuned online (%s, %d ranks): single copies from %s; direct up to %s", path,
+                  cpg.size, out["cma_from"], out["small_bytes"], rank=cpg.rank)
+    return out
+
+
+def _apply(cpg, table):
+    """Apply ``table``'s crossovers (``_table``'s; no gaps) to the group, rank 0's on every rank
+    (a collective).  Returns them as applied."""
+    import numpy as np
+
+    from .... import _C
+
+    coll = Calls(cpg)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
     cma, small = (list(v) for v in cpg.rules)  # (None: never; (from, lo, hi): with a gap)
     for kind, v in table["cma_from"].items():
@@ -541,13 +552,127 @@ def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, it
     coll.barrier()
     cpg.set_rules(cma, small)  # a rules file's slow-phase rules (set_slow_rules) stay
     coll.barrier()
-    from ... import _observe
-
-    _observe.info("tuned online (%s, %d ranks): single copies from %s; direct up to %s", path,
-                  cpg.size, table["cma_from"], table["small_bytes"], rank=cpg.rank)
     return {"cma_from": {kd: (None if cma[codes[kd]] is None else cma[codes[kd]])
                          for kd in table["cma_from"]},
             "small_bytes": {kd: small[codes[kd]] for kd in table["small_bytes"]}}
+
+
+# What the first job on a host measures (tuning.auto_claim): every kind's two candidates at
+# per-rank blocks from FIRST_JOB_MIN to FIRST_JOB_MAX (x4 apart), in pairs of calls (one of each,
+# their order alternating), FIRST_JOB_PAIRS pairs at most, fewer where pairs x bytes x ranks would
+# pass FIRST_JOB_BUDGET (never fewer than 3).
+FIRST_JOB_MIN = 4 << 10
+FIRST_JOB_MAX = 4 << 20
+FIRST_JOB_PAIRS = 12
+FIRST_JOB_BUDGET = 16 << 20
+
+
+def _paired(cpg, kinds, sizes, max_pairs, budget):
+    """Both shared-memory candidates of each kind, size by size, in pairs of calls back to back
+    (the order alternating from pair to pair), each call's time the slowest rank's: a machine
+    whose speed changes from one moment to the next (see SHM_TIE) changes it for both calls of a
+    pair alike, and the median of the pairs' ratios is what one candidate costs against the other
+    there, where separate runs of each would compare two moments.  Returns ``_measure``'s result
+    (its rows: each candidate's median time, the second's as the first's times the median
+    ratio), with "pairs": kind -> [(size, pairs)]."""
+    import numpy as np
+
+    from .... import _C
+
+    coll = Calls(cpg)
+    rank, n = coll.get_rank(), coll.get_world_size()
+    base_cma, base_small = (list(v) for v in cpg.rules)
+    result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
+              "rounds": {}, "probe": None, "how": "pairs", "pairs": {}}
+    try:
+        for kind in kinds:
+            code = _C.KINDS[kind]["code"]
+            cand = []
+            for c in (0, 1):
+                cma = list(base_cma)
+                cma[code] = None if c == 0 else 1
+                cand.append(cma)
+            rows, rounds, used = [], [], []
+            for size in sizes:
+                count = max(1, size // 4)
+                run = _op(coll, kind, rank, n, count)
+                pairs = max(3, min(max_pairs, budget // max(1, size * n)))
+                times = np.zeros(2 * pairs + 2, dtype=np.float64)
+                for i in range(pairs + 1):      # pair 0 warms both up and is not counted
+                    for c in ((0, 1) if i % 2 == 0 else (1, 0)):
+                        coll.barrier()
+                        cpg.set_rules(cand[c], base_small)
+                        t0 = time.perf_counter()
+                        run()
+                        times[2 * i + c] = time.perf_counter() - t0
+                coll.all_reduce_max(times)
+                a, b = times[2::2] * 1e6, times[3::2] * 1e6
+                ratio = float(np.exp(np.median(np.log(b / a))))
+                med = float(np.median(a))
+                rows.append((size, med, med * ratio))
+                rounds.append([size, [[None, med, float(np.median(b))]]])
+                used.append([size, pairs])
+                del run
+            result["kinds"][kind] = rows
+            result["rounds"][kind] = rounds
+            result["pairs"][kind] = used
+    finally:
+        coll.barrier()
+        cpg.set_rules(base_cma, base_small)
+    return result
+
+
+def first_job_table(res, defaults):
+    """The crossovers of a first job's measurement (``_paired``'s): ``_table``'s, except where a
+    kind's second candidate never won up to the largest size measured and the built-in threshold
+    lies above it, which the measurement says nothing against (the kind is left out: the
+    constant stays; ``defaults``: the group's single-copy rules before, as ``cpg.rules[0]``, None
+    for never)."""
+    from .... import _C
+
+    table = _table([res], gaps=False)
+    top = max((r[-1][0] for r in res["kinds"].values() if r), default=0)
+    for kind, v in list(table["cma_from"].items()):
+        was = defaults[_C.KINDS[kind]["code"]]
+        was = was[0] if isinstance(was, (tuple, list)) else was
+        if v is None and was is not None and was > top:
+            del table["cma_from"][kind]
+    return table
+
+
+# what this process's last first_job measurement took: {"seconds", "path"} (benchmarks print it)
+last_first_job = None
+
+
+def first_job(cpg):
+    """The first job on a host without rules measures the host as its default group starts
+    (every rank calls it when rank 0's rules said ``tuning.PROBE``): both candidates of every
+    kind at a few sizes on shared memory (``_paired``), the crossovers worked out as the tuner
+    does (``first_job_table``; rank 0's applied on every rank), and rank 0 writes them to the
+    host's rules file for later jobs.  Returns (the crossovers applied, seconds it took, the
+    file written or None)."""
+    from . import tuning
+
+    t0 = time.perf_counter()
+    try:
+        defaults = list(cpg.rules[0])
+        res = _paired(cpg, list(_SHM_KINDS), _sizes(FIRST_JOB_MIN, FIRST_JOB_MAX), FIRST_JOB_PAIRS,
+                      FIRST_JOB_BUDGET)
+        table = first_job_table(res, defaults)
+        out = _apply(cpg, table)
+    except BaseException:
+        if cpg.rank == 0:
+            tuning.auto_release()
+        raise
+    seconds = time.perf_counter() - t0
+    path = tuning.auto_save(cpg.size, res, table, seconds) if cpg.rank == 0 else None
+    global last_first_job
+    last_first_job = {"seconds": seconds, "path": path}
+    from ... import _observe
+
+    _observe.info("measured this host's crossovers in %.2f s (the first job on it; %s): single "
+                  "copies from %s", seconds, path or "not kept", out["cma_from"], rank=cpg.rank)
+    return out, seconds, path
 
 
 def _tie(res):

@@ -12,6 +12,15 @@ group reads at creation:
   exists;
 - ``PYDDP_TUNING=0``: none (the built-in constants).
 
+A host without a rules file is measured by its first job (``PYDDP_TUNING_AUTO``, on by default):
+the default group of a job whose ranks all share this host, each with a core of its own, times both
+candidates of every kind at a few sizes as it starts (``crossovers.first_job``, well under a second
+for 2 ranks), applies the crossovers rank 0 found on every rank, and rank 0 writes them to the
+per-user cache as this host's rules file, so later jobs start with them; one job measures at a time
+(a lock beside the file), the others run on the built-in constants meanwhile.  A file measured on
+another host (its ``host`` facts differ from this one's: copied, or a home directory shared by
+different machines) is not used.
+
 A file holds one table per number of ranks it was measured with; a group of ``n`` ranks uses the
 table of the largest count ``<= n``.  Rank 0 reads the file and sends its table to the others with
 the group's address exchange (``encode``/``decode``): every rank applies the same rules, as
@@ -26,7 +35,8 @@ import warnings
 from .... import _C, _config
 
 __all__ = ["FORMAT", "host_facts", "host_key", "default_path", "path_in_force", "load", "table_for",
-           "encode", "decode", "describe", "KIND_NAMES"]
+           "encode", "decode", "describe", "KIND_NAMES", "PROBE", "auto_claim", "auto_save",
+           "auto_release"]
 
 FORMAT = 1
 # kind name -> code, for the kinds a rule can change (pyddp._C.KINDS: the C core's table)
@@ -34,6 +44,10 @@ KIND_NAMES = {name: info["code"] for name, info in _C.KINDS.items()
               if info["shm"] and name not in ("barrier",)}
 _NKINDS = _C.NKINDS  # entries of a per-kind table of the C core
 _warned = set()
+# rank 0's rules text that asks every rank to measure the host's crossovers as the group starts
+PROBE = "probe"
+_claim = None   # (lock file, path, facts) while this process's first job measures the host
+_host_facts = None
 
 
 def host_facts() -> dict:
@@ -45,6 +59,9 @@ def host_facts() -> dict:
     keyed by the affinity, those ranks looked for another host's file, found none, and ran with
     the built-in constants (a 4 MiB all_to_all 1.6x slower here).  The C core decides whether
     ranks have cores of their own from the online count too (group/setup.c)."""
+    global _host_facts
+    if _host_facts is not None:
+        return dict(_host_facts)
     import platform  # (here: groups without a rules file never need it)
 
     model = ""
@@ -57,8 +74,9 @@ def host_facts() -> dict:
     except OSError:
         pass
     cores = os.cpu_count() or 1
-    return {"cpu": model or platform.processor() or platform.machine(), "cores": cores,
-            "kernel": platform.release()}
+    _host_facts = {"cpu": model or platform.processor() or platform.machine(), "cores": cores,
+                   "kernel": platform.release()}
+    return dict(_host_facts)
 
 
 def host_key(facts=None) -> str:
@@ -162,22 +180,54 @@ def table_for(doc, size):
     return doc["tables"][str(counts[-1])] if counts else None
 
 
-def encode(size, local=None) -> str:
-    """Rank 0's rules for a group of ``size`` ranks (``local`` of them on its host: the phases'
-    rules need a core for each), compact, for the address exchange: '' for the built-in
-    constants."""
-    path, explicit = path_in_force()
-    if path is None or size < 2:
-        return ""
+def _read(path, explicit, stacklevel=4):
+    """The rules file at ``path`` (path_in_force's), or None where the cache file cannot be used:
+    unreadable, or measured on another host (warned once); PYDDP_TUNING_FILE's is an error when
+    unreadable and used wherever it was measured."""
     try:
         doc = load(path)
     except ValueError as e:
         if explicit:
             raise ValueError(f"PYDDP_TUNING_FILE: {e}") from None
-        if path not in _warned:  # the cache file: warn once, run on the constants
-            _warned.add(path)
-            warnings.warn(f"pyddp: ignoring the rules file of this host ({e}); rerun "
-                          "python -m pyddp.tools.tune", RuntimeWarning, stacklevel=3)
+        _warn_once(path, f"pyddp: ignoring the rules file of this host ({e}); rerun "
+                   "python -m pyddp.tools.tune", stacklevel)
+        return None
+    if not explicit and foreign(doc):
+        _warn_once(path, f"pyddp: ignoring {path}: it was measured on another host "
+                   f"({doc.get('host')}, this one is {host_facts()}); rerun python -m "
+                   "pyddp.tools.tune here, or name it in PYDDP_TUNING_FILE to use it anyway",
+                   stacklevel)
+        return None
+    return doc
+
+
+def foreign(doc) -> bool:
+    """Whether a rules file says it was measured on a host other than this one."""
+    host = doc.get("host")
+    return isinstance(host, dict) and host != host_facts()
+
+
+def _warn_once(path, msg, stacklevel):
+    if path not in _warned:  # the cache file: warn once, run on the constants
+        _warned.add(path)
+        warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+
+
+def encode(size, local=None, probe=None) -> str:
+    """Rank 0's rules for a group of ``size`` ranks (``local`` of them on its host: the phases'
+    rules need a core for each), compact, for the address exchange: '' for the built-in
+    constants.  ``probe``: (ranks of the group on this host, whether each has a core of its own)
+    for a job's default group, which measures a host that has no rules for it yet (``PROBE``:
+    every rank measures as the group starts; ``auto_claim``)."""
+    path, explicit = path_in_force()
+    if size < 2:
+        return ""
+    doc = _read(path, explicit) if path is not None else None
+    # (a file of this host's name that cannot be used, unreadable or another host's, is the
+    # user's to replace: warned, never measured over)
+    if probe is not None and (path is None or doc is not None) and auto_claim(size, doc, *probe):
+        return PROBE
+    if doc is None:
         return ""
     t = table_for(doc, size)
     if t is None:
@@ -191,6 +241,102 @@ def encode(size, local=None) -> str:
     # each phase's own single-copy rules; the group switches between them at run time
     return json.dumps([_cma_list(ph["fast"]), small, _cma_list(ph["slow"]), ph["phase_ns"]],
                       separators=(",", ":"))
+
+
+# --------------------------------------------------------------- the first job on a host measures it
+
+def auto_claim(size, doc, local, own_cores) -> bool:
+    """Whether rank 0 of a job's default group of ``size`` ranks, ``local`` of them on this host
+    (``own_cores``: each with a core of its own), measures this host's crossovers as the group
+    starts, and if so holds the lock beside the host's rules file until ``auto_save`` or
+    ``auto_release``.  Only with PYDDP_TUNING_AUTO (default on), PYDDP_TUNING on, no
+    PYDDP_TUNING_FILE and no PYDDP_CMA_THRESHOLD (which overrides every rule), every rank on this
+    host with a core of its own (measurements of ranks that share cores, or of a network, say
+    little about the next job), and where ``doc`` (the host's file, None: none usable) has no table
+    for ``size`` ranks that a tuner run or an earlier job measured at that count (a hand-run
+    tuner's file is kept as it is).  Never waits: another job measuring now holds the lock and this
+    one runs on what is there."""
+    global _claim
+    if (not _config.get("PYDDP_TUNING_AUTO") or not _config.get("PYDDP_TUNING")
+            or (_config.get("PYDDP_TUNING_FILE") or "").strip()
+            or _config.get("PYDDP_CMA_THRESHOLD") is not None
+            or size < 2 or local != size or not own_cores or _claim is not None):
+        return False
+    if doc is not None and (doc.get("source") != "first job" or str(size) in doc["tables"]):
+        return False
+    import fcntl
+
+    path = default_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False   # a read-only or missing cache directory: the constants
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False   # another job is measuring this host now
+    # (that job may have written the file since this one read it)
+    try:
+        fresh = load(path) if os.path.exists(path) else None
+    except ValueError:
+        fresh = None
+    if fresh is not None and not foreign(fresh) and (
+            fresh.get("source") != "first job" or str(size) in fresh["tables"]):
+        os.close(fd)
+        return False
+    _claim = (fd, path, host_facts())
+    return True
+
+
+def auto_release():
+    """Rank 0 gives up its claim (the measurement failed): the next job measures."""
+    global _claim
+    if _claim is not None:
+        os.close(_claim[0])
+        _claim = None
+
+
+def auto_save(size, res, table, seconds):
+    """Rank 0, after its job's default group measured the host (``res``: crossovers._paired's
+    result for ``size`` ranks, ``table`` the crossovers it applied, ``seconds`` it took): this
+    host's rules file gets the table of that rank count (a file written by an earlier job keeps its other counts' tables), written whole
+    into place, and the claim is released.  Returns the path, or None where it could not be
+    written (the job keeps the rules it measured)."""
+    import datetime
+
+    if _claim is None:
+        return None
+    _, path, facts = _claim
+    try:
+        doc = None
+        if os.path.exists(path):
+            try:
+                doc = load(path)
+            except ValueError:
+                doc = None
+        if doc is None or foreign(doc) or doc.get("source") != "first job":
+            doc = {"format": FORMAT, "host": facts, "source": "first job", "tables": {},
+                   "measured": {}}
+        from .... import __version__
+
+        doc["pyddp"] = __version__
+        doc["created"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        doc["tables"][str(size)] = table
+        doc["measured"][str(size)] = [res]
+        doc.setdefault("seconds", {})[str(size)] = round(seconds, 3)
+        validate(doc, path)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+        return path
+    except OSError:
+        return None
+    finally:
+        auto_release()
 
 
 def _cma_list(t):
@@ -225,11 +371,15 @@ def describe() -> str:
         path, explicit = path_in_force()
         if path is None:
             return "built-in constants" + (" (PYDDP_TUNING=0)" if not _config.get(
-                "PYDDP_TUNING") else "")
+                "PYDDP_TUNING") else (", measured by this host's first job" if _config.get(
+                    "PYDDP_TUNING_AUTO") else ""))
         doc = load(path)
     except ValueError as e:
         return f"built-in constants ({e})"
-    return (f"tuned {doc.get('created', '?')} ({os.path.basename(path)}"
+    if not explicit and foreign(doc):
+        return f"built-in constants ({os.path.basename(path)} was measured on another host)"
+    how = "measured by this host's first job" if doc.get("source") == "first job" else "tuned"
+    return (f"{how} {doc.get('created', '?')} ({os.path.basename(path)}"
             f"{', PYDDP_TUNING_FILE' if explicit else ''}; python -m pyddp.tools.tune --show)")
 
 

@@ -1,0 +1,163 @@
+"""The first job on a host without rules measures it (PYDDP_TUNING_AUTO, the default): every rank
+applies rank 0's crossovers, rank 0 keeps them in the per-user cache, later jobs read them; a
+file of another host is never used; ranks sharing cores, TCP, or another job measuring now leave
+the constants.  Results stay exact (NumPy reference) whatever was chosen."""
+import fcntl
+import json
+import os
+
+import pytest
+
+from _mp import run
+from test_tune import _collectives
+
+from pyddp import _C
+from pyddp.distributed.backends.cpu import crossovers, tuning
+
+MEASURED = {crossovers.FIRST_JOB_MIN << (2 * i) for i in range(6)
+            if crossovers.FIRST_JOB_MIN << (2 * i) <= crossovers.FIRST_JOB_MAX} | {None}
+BUILT_IN = {"all_reduce": 32 << 20, "broadcast": 1 << 20, "gather": 16 << 20, "scatter": 16 << 20}
+
+
+def _path_for(cache):
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        return tuning.default_path()
+    finally:
+        os.environ["XDG_CACHE_HOME"] = old if old is not None else ""
+        if old is None:
+            del os.environ["XDG_CACHE_HOME"]
+
+
+def _env(cache, **more):
+    return dict({"XDG_CACHE_HOME": str(cache), "PYDDP_TUNING_AUTO": "1", "PYDDP_TUNING_FILE": None,
+                 "PYDDP_TUNING": None, "PYDDP_CMA_THRESHOLD": None}, **more)
+
+
+def _job(rank, world_size):
+    import time
+
+    import pyddp.distributed as dist
+
+    t0 = time.perf_counter()
+    dist.init_process_group("cpu")
+    took = time.perf_counter() - t0
+    out = _collectives(rank, world_size)
+    out["init_s"] = took
+    dist.destroy_process_group()
+    return out
+
+
+def _constants(rules):
+    cma = rules[0]
+    return all(cma[_C.KINDS[k]["code"]] == v for k, v in BUILT_IN.items())
+
+
+def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_path):
+    path = _path_for(tmp_path)
+    res = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+    assert [r["bad"] for r in res] == [[], []]
+    if not res[0]["single_copy"]:
+        pytest.skip("single copies (cross-memory attach) are not possible here: nothing to choose")
+    assert res[0]["rules"] == res[1]["rules"]          # every rank applies rank 0's
+    cma = res[0]["rules"][0]
+    for kind, code in tuning.KIND_NAMES.items():
+        assert cma[code] in MEASURED, (kind, cma[code])   # a measured size or never
+    assert not _constants(res[0]["rules"])
+    doc = tuning.load(path)
+    assert doc["source"] == "first job" and doc["host"] == tuning.host_facts()
+    assert set(doc["tables"]) == {"2"} and doc["seconds"]["2"] > 0
+    table = doc["tables"]["2"]["cma_from"]
+    assert {k: cma[tuning.KIND_NAMES[k]] for k in table} == table
+    stamp = os.stat(path).st_mtime_ns
+    # the next job reads the file, measures nothing, and applies the same rules
+    again = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+    assert [r["bad"] for r in again] == [[], []]
+    assert again[0]["rules"] == again[1]["rules"] == res[0]["rules"]
+    assert os.stat(path).st_mtime_ns == stamp
+
+
+def test_a_rules_file_of_another_host_is_not_used(tmp_path):
+    path = _path_for(tmp_path)
+    os.makedirs(os.path.dirname(path))
+    other = dict(tuning.host_facts(), cpu="Some Other CPU @ 9.99GHz")
+    doc = {"format": tuning.FORMAT, "host": other, "created": "test", "source": "first job",
+           "tables": {"2": {"cma_from": {k: 12345 for k in tuning.KIND_NAMES}, "small_bytes": {}}}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    outs = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+    assert [r["bad"] for r in outs] == [[], []]
+    for r in outs:
+        assert 12345 not in r["rules"][0]
+        assert _constants(r["rules"])      # and nothing measured over the user's file
+    assert json.load(open(path, encoding="utf-8")) == doc
+    # PYDDP_TUNING_FILE naming it uses it anyway (the user said so)
+    outs = run(_job, 2, timeout=120, init=False, env=_env(tmp_path, PYDDP_TUNING_FILE=path))
+    assert all(r["rules"][0][_C.K_ALLREDUCE] == 12345 for r in outs)
+
+
+def test_a_hand_run_tuners_file_is_kept_as_it_is(tmp_path):
+    path = _path_for(tmp_path)
+    os.makedirs(os.path.dirname(path))
+    doc = {"format": tuning.FORMAT, "host": tuning.host_facts(), "created": "test",
+           "tables": {"4": {"cma_from": {k: 12345 for k in tuning.KIND_NAMES}, "small_bytes": {}}}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    outs = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+    assert [r["bad"] for r in outs] == [[], []]
+    assert all(_constants(r["rules"]) for r in outs)   # no table for 2 ranks: the constants
+    assert json.load(open(path, encoding="utf-8")) == doc
+
+
+@pytest.mark.parametrize("why", ["tcp", "auto_off", "another_job_measuring"])
+def test_no_measurement_where_it_would_say_little_or_another_job_measures(tmp_path, why):
+    path = _path_for(tmp_path)
+    env = _env(tmp_path)
+    held = None
+    if why == "tcp":
+        env["PYDDP_TRANSPORT"] = "tcp"
+    elif why == "auto_off":
+        env["PYDDP_TUNING_AUTO"] = "0"
+    else:
+        os.makedirs(os.path.dirname(path))
+        held = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        outs = run(_job, 2, timeout=120, init=False, env=env)
+    finally:
+        if held is not None:
+            os.close(held)
+    assert [r["bad"] for r in outs] == [[], []]
+    assert all(_constants(r["rules"]) for r in outs)
+    assert not os.path.exists(path)
+
+
+def test_ranks_sharing_cores_do_not_measure(tmp_path):
+    path = _path_for(tmp_path)
+    n = (os.cpu_count() or 1) + 1
+    if n > 6:
+        pytest.skip("this host has a core for every rank a quick test starts")
+    outs = run(_job, n, timeout=180, init=False, env=_env(tmp_path))
+    assert all(r["bad"] == [] for r in outs)
+    assert all(_constants(r["rules"]) for r in outs)
+    assert not os.path.exists(path)
+
+
+def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PYDDP_TUNING_AUTO", "1")
+    assert tuning.describe() == "built-in constants, measured by this host's first job"
+    monkeypatch.setenv("PYDDP_TUNING_AUTO", "0")
+    assert tuning.describe() == "built-in constants"
+    path = tuning.default_path()
+    os.makedirs(os.path.dirname(path))
+    doc = {"format": tuning.FORMAT, "host": tuning.host_facts(), "created": "2026-12-02T00:00:00Z",
+           "source": "first job", "tables": {"2": {"cma_from": {}, "small_bytes": {}}}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    assert tuning.describe().startswith("measured by this host's first job 2026-12-02T00:00:00Z")
+    doc["host"] = dict(doc["host"], cores=doc["host"]["cores"] + 64)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    assert "was measured on another host" in tuning.describe()
