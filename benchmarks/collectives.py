@@ -544,29 +544,32 @@ def rules_lines(results):
 
 
 def first_job_line(results):
-    """'# first job on a new host: ...': the pyddp run that measured the host (the out-of-the-box
-    peer's first round, its per-user cache empty), its init_process_group time and the part of it
-    the measurement took, against the median init_process_group of the pyddp runs that did not
-    measure (this run's other rounds and peers); '' where no run measured."""
+    """'# first job on a new host: ...': the pyddp run that measured the host first (the
+    out-of-the-box peer's first round, its per-user cache empty), its init_process_group time and
+    the part of it the measurement took; what the next first jobs paid (they measure again, adding
+    to it); against the median init_process_group of the pyddp runs that did not measure; '' where
+    no run measured."""
     import statistics
 
-    first, others = None, []
+    measured, others = [], []
     for c in ("pyddp-oob", "pyddp", "pyddp-untuned"):
         r = results.get(c) or {}
         for init_s, probe_s in r.get("inits") or [(r.get("init_s"), r.get("first_job_s"))]:
             if init_s is None:
                 continue
-            if probe_s is not None and first is None:
-                first = (c, init_s, probe_s)
-            else:
-                others.append(init_s)
-    if first is None:
+            (measured if probe_s is not None else others).append((c, init_s, probe_s))
+    if not measured:
         return ""
-    c, init_s, probe_s = first
-    rest = (f"; the {len(others)} other pyddp runs' init_process_group: median "
-            f"{statistics.median(others):.2f} s" if others else "")
-    return (f"# first job on a new host ({LABEL[c]}): init_process_group {init_s:.2f} s, of which "
-            f"{probe_s:.2f} s measuring the host (kept in the per-user cache for later jobs){rest}")
+    c, init_s, probe_s = measured[0]
+    line = (f"# first job on a new host ({LABEL[c]}): init_process_group {init_s:.2f} s, of which "
+            f"{probe_s:.2f} s measuring the host (kept in the per-user cache for later jobs)")
+    if len(measured) > 1:
+        line += (f"; the next {len(measured) - 1} measured again (up to "
+                 f"{max(m[2] for m in measured[1:]):.2f} s each)")
+    if others:
+        line += (f"; the {len(others)} pyddp runs that did not measure: init_process_group median "
+                 f"{statistics.median(o[1] for o in others):.2f} s")
+    return line
 
 
 def summary_block(args, results, world, memcpy, phase=None):

@@ -547,3 +547,16 @@ def test_phases_quick_table(tmp_path):
             assert re.search(rf"^\| fast \| {op} \| {size} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| "
                              r"[0-9]+ \|$", proc.stdout, re.M), out
     assert "| slow |" not in proc.stdout, out
+
+
+def test_the_first_jobs_measurement_is_printed_with_what_other_runs_paid():
+    mod = _collectives()
+    assert mod.first_job_line({"pyddp": {"inits": [(0.02, None)]}}) == ""
+    runs = {"pyddp-oob": {"inits": [(0.21, 0.15), (0.19, 0.14), (0.03, None)]},
+            "pyddp-untuned": {"inits": [(0.02, None), (0.04, None)]}}
+    line = mod.first_job_line(runs)
+    assert line == ("# first job on a new host (pyddp out-of-the-box): init_process_group 0.21 s, "
+                    "of which 0.15 s measuring the host (kept in the per-user cache for later "
+                    "jobs); the next 1 measured again (up to 0.14 s each); the 3 pyddp runs that "
+                    "did not measure: init_process_group median 0.03 s")
+    assert line in mod.rules_lines(runs)

@@ -4,6 +4,7 @@ file of another host is never used; ranks sharing cores, TCP, or another job mea
 the constants.  Results stay exact (NumPy reference) whatever was chosen."""
 import fcntl
 import json
+import math
 import os
 
 import pytest
@@ -70,12 +71,42 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
     assert set(doc["tables"]) == {"2"} and doc["seconds"]["2"] > 0
     table = doc["tables"]["2"]["cma_from"]
     assert {k: cma[tuning.KIND_NAMES[k]] for k in table} == table
+    assert doc["jobs"] == {"2": 1}
+    pairs = {k: dict((s, len(v)) for s, v in rows) for k, rows in doc["measured"]["2"][0]["ratios"].items()}
+    # the next first jobs measure again, each adding its pairs to the earlier ones'
+    for job in range(2, tuning.FIRST_JOBS + 1):
+        again = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+        assert [r["bad"] for r in again] == [[], []]
+        assert again[0]["rules"] == again[1]["rules"]
+        doc = tuning.load(path)
+        assert doc["jobs"] == {"2": job}
+        cma = again[0]["rules"][0]
+        assert {k: cma[tuning.KIND_NAMES[k]] for k in doc["tables"]["2"]["cma_from"]} == \
+            doc["tables"]["2"]["cma_from"]
+        for k, rows in doc["measured"]["2"][0]["ratios"].items():
+            for size, v in rows:
+                assert len(v) == min(crossovers.MERGED_PAIRS, job * pairs[k][size]), (k, size)
     stamp = os.stat(path).st_mtime_ns
-    # the next job reads the file, measures nothing, and applies the same rules
-    again = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
-    assert [r["bad"] for r in again] == [[], []]
-    assert again[0]["rules"] == again[1]["rules"] == res[0]["rules"]
+    # after them a job reads the file, measures nothing, and applies its rules
+    last = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
+    assert [r["bad"] for r in last] == [[], []]
+    assert last[0]["rules"] == last[1]["rules"] == again[0]["rules"]
     assert os.stat(path).st_mtime_ns == stamp
+
+
+def test_merged_pairs_decide_by_their_median():
+    rows = [(4096, 2.0, 4.0), (65536, 10.0, 5.0)]
+    new = {"kinds": {"all_reduce": rows}, "ratios": {"all_reduce": [[4096, [0.7, 0.7]],
+                                                                    [65536, [-0.7, -0.7]]]}}
+    old = {"jobs": 2, "ratios": {"all_reduce": [[4096, [-1.0, -1.0, -1.0]], [65536, [-0.7]]]}}
+    out = crossovers.merge_paired(new, old)
+    assert out["jobs"] == 3
+    assert out["ratios"]["all_reduce"] == [[4096, [-1.0, -1.0, -1.0, 0.7, 0.7]],
+                                           [65536, [-0.7, -0.7, -0.7]]]
+    (s1, a1, b1), (s2, a2, b2) = out["kinds"]["all_reduce"]
+    assert (s1, a1, s2, a2) == (4096, 2.0, 65536, 10.0)
+    assert abs(b1 - 2.0 * math.exp(-1.0)) < 1e-9 and abs(b2 - 10.0 * math.exp(-0.7)) < 1e-9
+    assert crossovers.merge_paired(new, None) is new
 
 
 def test_a_rules_file_of_another_host_is_not_used(tmp_path):
@@ -147,7 +178,8 @@ def test_ranks_sharing_cores_do_not_measure(tmp_path):
 def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PYDDP_TUNING_AUTO", "1")
-    assert tuning.describe() == "built-in constants, measured by this host's first job"
+    assert tuning.describe() == ("built-in constants (no rules file yet: the first job whose ranks "
+                                 "each have a core measures this host)")
     monkeypatch.setenv("PYDDP_TUNING_AUTO", "0")
     assert tuning.describe() == "built-in constants"
     path = tuning.default_path()

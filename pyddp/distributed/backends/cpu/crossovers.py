@@ -583,7 +583,7 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
     rank, n = coll.get_rank(), coll.get_world_size()
     base_cma, base_small = (list(v) for v in cpg.rules)
     result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
-              "rounds": {}, "probe": None, "how": "pairs", "pairs": {}}
+              "rounds": {}, "probe": None, "how": "pairs", "pairs": {}, "ratios": {}, "jobs": 1}
     try:
         for kind in kinds:
             code = _C.KINDS[kind]["code"]
@@ -592,7 +592,7 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
                 cma = list(base_cma)
                 cma[code] = None if c == 0 else 1
                 cand.append(cma)
-            rows, rounds, used = [], [], []
+            rows, rounds, used, logs = [], [], [], []
             for size in sizes:
                 count = max(1, size // 4)
                 run = _op(coll, kind, rank, n, count)
@@ -607,7 +607,9 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
                         times[2 * i + c] = time.perf_counter() - t0
                 coll.all_reduce_max(times)
                 a, b = times[2::2] * 1e6, times[3::2] * 1e6
-                ratio = float(np.exp(np.median(np.log(b / a))))
+                lr = np.log(b / a)
+                logs.append([size, [round(float(x), 4) for x in lr]])
+                ratio = float(np.exp(np.median(lr)))
                 med = float(np.median(a))
                 rows.append((size, med, med * ratio))
                 rounds.append([size, [[None, med, float(np.median(b))]]])
@@ -616,10 +618,36 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
             result["kinds"][kind] = rows
             result["rounds"][kind] = rounds
             result["pairs"][kind] = used
+            result["ratios"][kind] = logs
     finally:
         coll.barrier()
         cpg.set_rules(base_cma, base_small)
     return result
+
+
+MERGED_PAIRS = 48   # the pairs a size keeps over the first jobs (the latest)
+
+
+def merge_paired(res, old):
+    """``res`` (this job's ``_paired`` result) with the earlier jobs' pairs (``old``, the same
+    kind of result, or None) added: each size's ratio is then the median over all of them.
+    Returns a new result; sizes or kinds only one of them has keep their own."""
+    import math
+    import statistics
+
+    if not isinstance(old, dict) or not isinstance(old.get("ratios"), dict):
+        return res
+    out = dict(res, kinds={}, ratios={}, jobs=int(old.get("jobs", 1)) + 1)
+    for kind, rows in res["kinds"].items():
+        before = {int(s): list(v) for s, v in (old["ratios"].get(kind) or [])}
+        logs, merged = [], []
+        for (size, a, _), (_, lr) in zip(rows, res["ratios"][kind]):
+            allr = (before.get(size, []) + list(lr))[-MERGED_PAIRS:]
+            logs.append([size, allr])
+            merged.append((size, a, a * math.exp(statistics.median(allr))))
+        out["kinds"][kind] = merged
+        out["ratios"][kind] = logs
+    return out
 
 
 def first_job_table(res, defaults):
@@ -645,11 +673,12 @@ last_first_job = None
 
 
 def first_job(cpg):
-    """The first job on a host without rules measures the host as its default group starts
+    """The first jobs on a host without rules measure the host as their default group starts
     (every rank calls it when rank 0's rules said ``tuning.PROBE``): both candidates of every
-    kind at a few sizes on shared memory (``_paired``), the crossovers worked out as the tuner
-    does (``first_job_table``; rank 0's applied on every rank), and rank 0 writes them to the
-    host's rules file for later jobs.  Returns (the crossovers applied, seconds it took, the
+    kind at a few sizes on shared memory (``_paired``), added to what the earlier first jobs
+    measured (``merge_paired``; tuning.FIRST_JOBS jobs in all), the crossovers worked out as the
+    tuner does (``first_job_table``; rank 0's applied on every rank), and rank 0 writes them to
+    the host's rules file for later jobs.  Returns (the crossovers applied, seconds it took, the
     file written or None)."""
     from . import tuning
 
@@ -658,6 +687,8 @@ def first_job(cpg):
         defaults = list(cpg.rules[0])
         res = _paired(cpg, list(_SHM_KINDS), _sizes(FIRST_JOB_MIN, FIRST_JOB_MAX), FIRST_JOB_PAIRS,
                       FIRST_JOB_BUDGET)
+        if cpg.rank == 0:   # (rank 0's crossovers are the ones every rank applies)
+            res = merge_paired(res, tuning.claimed_measurement())
         table = first_job_table(res, defaults)
         out = _apply(cpg, table)
     except BaseException:

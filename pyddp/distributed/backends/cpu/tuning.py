@@ -12,12 +12,13 @@ group reads at creation:
   exists;
 - ``PYDDP_TUNING=0``: none (the built-in constants).
 
-A host without a rules file is measured by its first job (``PYDDP_TUNING_AUTO``, on by default):
+A host without a rules file is measured by its first jobs (``PYDDP_TUNING_AUTO``, on by default):
 the default group of a job whose ranks all share this host, each with a core of its own, times both
 candidates of every kind at a few sizes as it starts (``crossovers.first_job``, well under a second
 for 2 ranks), applies the crossovers rank 0 found on every rank, and rank 0 writes them to the
-per-user cache as this host's rules file, so later jobs start with them; one job measures at a time
-(a lock beside the file), the others run on the built-in constants meanwhile.  A file measured on
+per-user cache as this host's rules file, so later jobs start with them; the first FIRST_JOBS jobs
+at a rank count measure, each adding its pairs to the earlier ones'; one job measures at a time (a
+lock beside the file), the others run on what is there meanwhile.  A file measured on
 another host (its ``host`` facts differ from this one's: copied, or a home directory shared by
 different machines) is not used.
 
@@ -46,7 +47,10 @@ _NKINDS = _C.NKINDS  # entries of a per-kind table of the C core
 _warned = set()
 # rank 0's rules text that asks every rank to measure the host's crossovers as the group starts
 PROBE = "probe"
-_claim = None   # (lock file, path, facts) while this process's first job measures the host
+_claim = None   # (lock file, path, facts, earlier measurement) while this process's job measures
+# the first jobs at a rank count on a host measure it, each adding its pairs to the earlier ones'
+# (a machine whose speed changes for minutes at a time is then measured at several moments)
+FIRST_JOBS = 3
 _host_facts = None
 
 
@@ -252,17 +256,17 @@ def auto_claim(size, doc, local, own_cores) -> bool:
     ``auto_release``.  Only with PYDDP_TUNING_AUTO (default on), PYDDP_TUNING on, no
     PYDDP_TUNING_FILE and no PYDDP_CMA_THRESHOLD (which overrides every rule), every rank on this
     host with a core of its own (measurements of ranks that share cores, or of a network, say
-    little about the next job), and where ``doc`` (the host's file, None: none usable) has no table
-    for ``size`` ranks that a tuner run or an earlier job measured at that count (a hand-run
-    tuner's file is kept as it is).  Never waits: another job measuring now holds the lock and this
-    one runs on what is there."""
+    little about the next job), and where ``doc`` (the host's file, None: none usable) is none or
+    one that fewer than FIRST_JOBS earlier jobs of ``size`` ranks wrote (a hand-run tuner's file is
+    kept as it is).  Never waits: another job measuring now holds the lock and this one runs on
+    what is there."""
     global _claim
     if (not _config.get("PYDDP_TUNING_AUTO") or not _config.get("PYDDP_TUNING")
             or (_config.get("PYDDP_TUNING_FILE") or "").strip()
             or _config.get("PYDDP_CMA_THRESHOLD") is not None
             or size < 2 or local != size or not own_cores or _claim is not None):
         return False
-    if doc is not None and (doc.get("source") != "first job" or str(size) in doc["tables"]):
+    if doc is not None and not _wants(doc, size):
         return False
     import fcntl
 
@@ -282,12 +286,29 @@ def auto_claim(size, doc, local, own_cores) -> bool:
         fresh = load(path) if os.path.exists(path) else None
     except ValueError:
         fresh = None
-    if fresh is not None and not foreign(fresh) and (
-            fresh.get("source") != "first job" or str(size) in fresh["tables"]):
+    if fresh is not None and foreign(fresh):
+        fresh = None
+    if fresh is not None and not _wants(fresh, size):
         os.close(fd)
         return False
-    _claim = (fd, path, host_facts())
+    earlier = ((fresh or {}).get("measured") or {}).get(str(size)) or [None]
+    _claim = (fd, path, host_facts(), earlier[0] if isinstance(earlier[0], dict) else None)
     return True
+
+
+def _wants(doc, size) -> bool:
+    """Whether a job of ``size`` ranks measures the host whose rules file is ``doc``: one the
+    first jobs wrote, fewer than FIRST_JOBS of them at this rank count."""
+    if doc.get("source") != "first job":
+        return False
+    jobs = (doc.get("jobs") or {}).get(str(size), 1 if str(size) in doc["tables"] else 0)
+    return not isinstance(jobs, int) or jobs < FIRST_JOBS
+
+
+def claimed_measurement():
+    """Rank 0 of a job that measures the host: the earlier jobs' measurement at its rank count
+    (crossovers._paired's result, their pairs together), or None."""
+    return _claim[3] if _claim is not None else None
 
 
 def auto_release():
@@ -300,15 +321,15 @@ def auto_release():
 
 def auto_save(size, res, table, seconds):
     """Rank 0, after its job's default group measured the host (``res``: crossovers._paired's
-    result for ``size`` ranks, ``table`` the crossovers it applied, ``seconds`` it took): this
-    host's rules file gets the table of that rank count (a file written by an earlier job keeps its other counts' tables), written whole
+    result for ``size`` ranks, the earlier jobs' pairs merged in, ``table`` the crossovers it
+    applied, ``seconds`` it took): this host's rules file gets the table of that rank count (a file written by an earlier job keeps its other counts' tables), written whole
     into place, and the claim is released.  Returns the path, or None where it could not be
     written (the job keeps the rules it measured)."""
     import datetime
 
     if _claim is None:
         return None
-    _, path, facts = _claim
+    _, path, facts, _ = _claim
     try:
         doc = None
         if os.path.exists(path):
@@ -319,13 +340,12 @@ def auto_save(size, res, table, seconds):
         if doc is None or foreign(doc) or doc.get("source") != "first job":
             doc = {"format": FORMAT, "host": facts, "source": "first job", "tables": {},
                    "measured": {}}
-        from .... import __version__
-
-        doc["pyddp"] = __version__
         doc["created"] = datetime.datetime.now(datetime.timezone.utc).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
         doc["tables"][str(size)] = table
         doc["measured"][str(size)] = [res]
+        jobs = doc.setdefault("jobs", {})
+        jobs[str(size)] = int(res.get("jobs", 1))
         doc.setdefault("seconds", {})[str(size)] = round(seconds, 3)
         validate(doc, path)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -371,8 +391,9 @@ def describe() -> str:
         path, explicit = path_in_force()
         if path is None:
             return "built-in constants" + (" (PYDDP_TUNING=0)" if not _config.get(
-                "PYDDP_TUNING") else (", measured by this host's first job" if _config.get(
-                    "PYDDP_TUNING_AUTO") else ""))
+                "PYDDP_TUNING") else (" (no rules file yet: the first job whose ranks each have "
+                                      "a core measures this host)" if _config.get(
+                                          "PYDDP_TUNING_AUTO") else ""))
         doc = load(path)
     except ValueError as e:
         return f"built-in constants ({e})"
