@@ -74,9 +74,26 @@ def pytest_addoption(parser):
                     help="the same as --tier full")
 
 
+# Files whose full-tier tests assert on elapsed times (chaos, failure detection, soak) or interrupt
+# the test process itself (which would stop a pytest-xdist worker's session): marked `serial`, so
+# that CI runs the rest of the full tier on two workers (-m "not serial") and these in one process
+# (-m serial); .ci/run.
+SERIAL_FILES = frozenset({
+    "tests/distributed/test_chaos.py", "tests/distributed/test_errors_cpu.py",
+    "tests/distributed/test_errors_setup.py", "tests/distributed/test_soak.py",
+    "tests/distributed/test_interrupt.py", "tests/distributed/test_phases.py",
+    "tests/distributed/test_tune.py", "tests/distributed/test_tune_first_job.py",
+    "tests/launch/test_elastic.py", "tests/launch/test_lifecycle.py",
+    "tests/launch/test_notebook_ranks.py", "tests/benchmarks/test_benchmarks_smoke.py",
+})
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "full: exhaustive variants that run with --full (CI), not in the quick tier")
+    config.addinivalue_line(
+        "markers", "serial: asserts on elapsed times or interrupts the test process: CI runs it "
+                   "in one process (tests/conftest.py SERIAL_FILES)")
     tier = os.environ.get("PYDDP_TEST_TIER")
     if tier is not None and tier not in _TIERS:
         raise pytest.UsageError(f"PYDDP_TEST_TIER={tier!r}: expected one of {', '.join(_TIERS)}")
@@ -88,6 +105,16 @@ def pytest_report_header(config):
             "full": " (everything but PYDDP_SLOW_TESTS=1's hour-long repetitions)",
             "rest": " (only what the quick tier leaves out)"}[tier]
     return f"pyddp test tier: {tier}{more}"
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m selects by marker
+def pytest_itemcollected(item):
+    rel = os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/")
+    if rel in SERIAL_FILES:
+        item.add_marker(pytest.mark.serial)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.hookimpl(trylast=True)   # after the folders' conftests have marked their items
