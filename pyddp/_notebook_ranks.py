@@ -402,6 +402,7 @@ class Ranks:
                     rk.out.pop(fd)
             if final:
                 self._out.finish(rk.rank)
+        self._out.tick()
         self._out.flush()
 
     def _mark_dead(self, rk):

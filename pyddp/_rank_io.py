@@ -379,7 +379,7 @@ def _b64(data):
 
 
 class _Stream:
-    __slots__ = ("decoder", "pending", "live", "live_text", "live_at", "is_err", "rank")
+    __slots__ = ("decoder", "pending", "live", "live_text", "live_at", "is_err", "rank", "stale")
 
     def __init__(self, rank, is_err):
         self.rank = rank
@@ -389,6 +389,7 @@ class _Stream:
         self.live = None         # the display id (kernel) or True (terminal) of an updating line
         self.live_text = None
         self.live_at = 0.0
+        self.stale = False       # live_text is newer than what is shown
 
 
 def _visible(line):
@@ -469,9 +470,10 @@ class Presenter:
             return
         now = time.monotonic()
         if s.live is not None and not force and now - s.live_at < _LIVE_EVERY:
-            s.live_text = text   # shown at the next update or when the line ends
+            s.live_text = text   # shown by tick(), at the next update or when the line ends
+            s.stale = True
             return
-        s.live_text, s.live_at = text, now
+        s.live_text, s.live_at, s.stale = text, now, False
         line = f"[rank{s.rank}]: {text}"
         shell = _shell()
         if shell is not None:
@@ -506,6 +508,7 @@ class Presenter:
                 out.write(f"[rank{s.rank}]: {text}\n")
             s.live = None
         s.live_text = None
+        s.stale = False
 
     def _break_terminal_line(self):
         """A terminal shows an updating line: end it (it stays as it was) before other output."""
@@ -515,6 +518,14 @@ class Presenter:
             self._out(s.is_err).flush()
             s.live = None
             self._term_live = None
+
+    def tick(self):
+        """Show the latest redraw of updating lines held back by the rate limit (a bar that stopped
+        moving shows where it stopped)."""
+        now = time.monotonic()
+        for s in self.streams.values():
+            if s.stale and s.live is not None and now - s.live_at >= _LIVE_EVERY:
+                self._update_live(s, s.live_text, force=True)
 
     def finish(self, rank=None):
         """Print what is left of the ranks' lines (all ranks, or one) and end updating lines."""

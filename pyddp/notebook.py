@@ -236,6 +236,7 @@ class _Output:
                 self._feed(entry, chunk)
                 if len(chunk) < 65536:
                     break
+        self.presenter.tick()
         self.presenter.flush()
 
     def drain(self, seconds):
