@@ -633,6 +633,20 @@ def block():
     if dist.get_rank() == 0:
         dist.barrier()       # rank 1 never arrives
     time.sleep(300)
+
+def rich():
+    import logging
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+    from tqdm.auto import tqdm
+    dist.init_process_group()
+    for i in tqdm(range(20), mininterval=0, ascii=True):
+        time.sleep(0.01)
+    display(HTML(f"<b>rank {{dist.get_rank()}}</b>"))
+    logging.getLogger("train").info("logged on rank %d", dist.get_rank())
+    plt.plot([1, 2, 3])
+    plt.show()
+    dist.destroy_process_group()
 """
 
 _LAUNCH = "pyddp.notebook_launcher(train, args=(2.0,), nprocs=2)"
@@ -640,8 +654,10 @@ _FAILS = "pyddp.notebook_launcher(fails, nprocs=2)"
 _SPAWN = "import pyddp.multiprocessing as mp\nmp.spawn(train, args=(1.0,), nprocs=2)"
 _INTERRUPT = "pyddp.notebook_launcher(block, nprocs=2)"
 _AFTER = "print(pyddp.notebook_launcher(train, args=(1.0,), nprocs=3))"
+_RICH = ("import logging\nlogging.basicConfig(level=logging.INFO, format='LOG %(message)s', force=True)\n"
+         "pyddp.notebook_launcher(rich, nprocs=2, quiet_others=True)")
 
-CELLS = ["setup", "define", "launch", "fails", "spawn", "interrupt", "after"]
+CELLS = ["setup", "define", "launch", "fails", "spawn", "interrupt", "after", "rich"]
 
 
 def _stream_text(cell, name=None):
@@ -666,7 +682,8 @@ def notebook(tmp_path_factory):
     piddir = work / "pids"
     piddir.mkdir()
     nb = new_notebook()
-    sources = [_SETUP, _DEFINE.format(piddir=str(piddir)), _LAUNCH, _FAILS, _SPAWN, _INTERRUPT, _AFTER]
+    sources = [_SETUP, _DEFINE.format(piddir=str(piddir)), _LAUNCH, _FAILS, _SPAWN, _INTERRUPT, _AFTER,
+               _RICH]
     nb.cells = [new_code_cell(s) for s in sources]
     nbformat.write(nb, str(work / "launcher.ipynb"))
 
@@ -802,3 +819,21 @@ def test_ranks_run_one_blas_thread_each_unless_the_user_chose(monkeypatch, user)
         assert pools in (None, [], [1]), pools
     else:
         assert env == user
+
+
+def test_notebook_launcher_ranks_show_bars_displays_figures_and_logs(notebook):
+    pytest.importorskip("tqdm")
+    pytest.importorskip("matplotlib")
+    cells, _ = notebook
+    cell = cells["rich"]
+    assert _kernel_error(cell) is None, _kernel_error(cell)
+    outs = cell.outputs
+    bars = [o["data"]["text/plain"] for o in outs if o.get("output_type") == "display_data"
+            and "%|" in o["data"].get("text/plain", "")]
+    assert len(bars) == 1 and bars[0].startswith("[rank0]: 100%|") and "20/20" in bars[0], outs
+    assert "%|" not in _stream_text(cell)
+    assert [o["data"]["text/html"] for o in outs if "text/html" in o.get("data", {})] == \
+        ["<b>rank 0</b>"]                                   # quiet_others: rank 0's only
+    assert len([o for o in outs if "image/png" in o.get("data", {})]) == 1
+    assert "[rank0]: LOG logged on rank 0\n" in _stream_text(cell, "stderr")
+    assert "[rank1]" not in _stream_text(cell) + "".join(bars)

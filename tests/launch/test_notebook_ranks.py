@@ -417,9 +417,15 @@ _CELLS = [
     "%%ddp\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
     "%%ddp\nif dist.get_rank() == 1:\n    raise ValueError('only rank 1')\n'after ' + str(a.sum())",
     "%ddp status",
+    "%%ddp\nfrom tqdm import tqdm\nimport matplotlib.pyplot as plt\nfrom IPython.display import HTML\n"
+    "for i in tqdm(range(20), mininterval=0, ascii=True):\n    time.sleep(0.01)\n"
+    "display(HTML('<b>rank %d</b>' % dist.get_rank()))\nplt.plot([1, 2, 3])\nprint('done')",
+    "%%ddp\nx = np.ones(4)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\nelse:\n"
+    "    dist.broadcast(x, 0)",
+    "%%ddp\nx = np.ones(4)\ndist.all_reduce(x)\nx.tolist()",
     "%ddp stop",
 ]
-SLEEP, FAILS, STATUS, STOP = 7, 8, 9, 10
+SLEEP, FAILS, STATUS, RICH, MISMATCH, AFTER, STOP = 7, 8, 9, 10, 11, 12, 13
 
 
 def _interrupt_when_sleeping(client, cell, seen):
@@ -447,6 +453,8 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
+    pytest.importorskip("tqdm")
+    pytest.importorskip("matplotlib")
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook()
@@ -494,5 +502,23 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     assert "--- rank 1 ---" in tb and "ValueError: only rank 1" in tb and "--- rank 0 ---" not in tb
     status = _text(cells[STATUS])
     assert status.count("idle") == 2 and "ValueError: only rank 1" in status
+    # a tqdm bar per rank: one display output each, updated in place to its end; no redraws in text
+    rich = cells[RICH].outputs
+    bars = [o["data"]["text/plain"] for o in rich if o.get("output_type") == "display_data"
+            and "%|" in o["data"].get("text/plain", "")]
+    assert sorted(b[:12] for b in bars) == ["[rank0]: 100", "[rank1]: 100"], rich
+    assert all("20/20" in b for b in bars) and "%|" not in _text(cells[RICH])
+    assert sorted(o["data"]["text/html"] for o in rich if "text/html" in o.get("data", {})) == \
+        ["<b>rank 0</b>", "<b>rank 1</b>"]
+    assert [o["data"]["image/png"][:8] for o in rich if "image/png" in o.get("data", {})] == \
+        ["iVBORw0K"]       # rank 0's figure, base64 PNG, shown when the cell ended
+    assert "[rank0]: done" in _text(cells[RICH]) and "[rank1]: done" in _text(cells[RICH])
+    # ranks calling different collectives: the mismatch on every rank, then a working group
+    errors = [o for o in cells[MISMATCH].outputs if o.get("output_type") == "error"]
+    tb = "\n".join(errors[0]["traceback"])
+    assert tb.count("collective mismatch between ranks") >= 2 and "--- rank 1 ---" in tb
+    assert "re-initialised its default process group" in tb
+    results = [o for o in cells[AFTER].outputs if o.get("output_type") == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "[2.0, 2.0, 2.0, 2.0]", cells[AFTER].outputs
     assert "ranks stopped" in _text(cells[STOP])
     assert_all_gone(pids)
