@@ -16,7 +16,9 @@ Messages are pickled and length-prefixed (multiprocessing.connection.Connection)
 to 127.0.0.1; both ends prove they know the job's fresh secret (multiprocessing's HMAC challenge)
 before anything is unpickled, so no other process can send code to the ranks.  A rank's stdout and
 stderr are pipes the kernel reads while it waits, printing each line prefixed ``[rankN]: `` into the
-running cell.  Interrupting the kernel while it waits sends SIGINT to the busy ranks (their cell raises
+running cell (pyddp._rank_io: progress bars as one updating line; display() and matplotlib figures
+come as messages on the socket).  A request that leaves a rank's default process group failed (a
+collective mismatch) is followed by a re-initialisation of the group on every rank.  Interrupting the kernel while it waits sends SIGINT to the busy ranks (their cell raises
 KeyboardInterrupt, the ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds
 is reported.  A rank that dies is reported with its exit cause.  When the kernel dies, the kernel
 (Linux parent-death signal) SIGKILLs its ranks.

@@ -5,7 +5,9 @@ The ranks are forked from the kernel, so a function defined in a notebook cell r
 torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free
 MASTER_PORT) and a fresh PYDDP_SECRET, so fn just calls init_process_group().  What a rank writes to its
 stdout and stderr, from Python or from C, comes back through a pipe and is printed in the cell as it
-arrives, one whole line at a time, prefixed "[rankN]: ".  The first rank to fail makes the others
+arrives, one whole line at a time, prefixed "[rankN]: " (a line redrawn with carriage returns, a
+progress bar, as one line updated in place); what a rank displays and its matplotlib figures come back
+through a third pipe (pyddp._rank_io).  The first rank to fail makes the others
 terminate and the call raises ProcessRaisedException with that rank's traceback (or
 ProcessExitedException); otherwise it returns rank 0's return value.  However the call ends - success,
 failure, or the cell interrupted (KeyboardInterrupt) - every rank it started has been reaped: each rank
