@@ -18,9 +18,10 @@ before anything is unpickled, so no other process can send code to the ranks.  A
 stderr are pipes the kernel reads while it waits, printing each line prefixed ``[rankN]: `` into the
 running cell (pyddp._rank_io: progress bars as one updating line; display() and matplotlib figures
 come as messages on the socket).  A request that leaves a rank's default process group failed (a
-collective mismatch) is followed by a re-initialisation of the group on every rank.  Interrupting the kernel while it waits sends SIGINT to the busy ranks (their cell raises
-KeyboardInterrupt, the ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds
-is reported.  A rank that dies is reported with its exit cause.  When the kernel dies, the kernel
+collective mismatch) is followed by a re-initialisation of the group on every rank.  Interrupting
+the kernel while it waits sends SIGINT to the busy ranks (their cell raises KeyboardInterrupt, the
+ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds is reported.  A rank
+that dies is reported with its exit cause.  When the kernel dies, the kernel
 (Linux parent-death signal) SIGKILLs its ranks.
 
 Standard library only at import; the rank imports pyddp.distributed when it starts.
@@ -99,6 +100,7 @@ class CellResult:
 
     @property
     def figures(self):
+        """The PNG bytes of the images the ranks displayed (their matplotlib figures), in order."""
         return [d["image/png"] for _, d in self.displays if isinstance(d.get("image/png"), bytes)]
 
     def agreed(self):
