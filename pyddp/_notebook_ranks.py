@@ -16,9 +16,12 @@ Messages are pickled and length-prefixed (multiprocessing.connection.Connection)
 to 127.0.0.1; both ends prove they know the job's fresh secret (multiprocessing's HMAC challenge)
 before anything is unpickled, so no other process can send code to the ranks.  A rank's stdout and
 stderr are pipes the kernel reads while it waits, printing each line prefixed ``[rankN]: `` into the
-running cell.  Interrupting the kernel while it waits sends SIGINT to the busy ranks (their cell raises
-KeyboardInterrupt, the ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds
-is reported.  A rank that dies is reported with its exit cause.  When the kernel dies, the kernel
+running cell (pyddp._rank_io: progress bars as one updating line; display() and matplotlib figures
+come as messages on the socket).  A request that leaves a rank's default process group failed (a
+collective mismatch) is followed by a re-initialisation of the group on every rank.  Interrupting
+the kernel while it waits sends SIGINT to the busy ranks (their cell raises KeyboardInterrupt, the
+ranks stay usable); a rank that does not stop within ``interrupt_grace`` seconds is reported.  A rank
+that dies is reported with its exit cause.  When the kernel dies, the kernel
 (Linux parent-death signal) SIGKILLs its ranks.
 
 Standard library only at import; the rank imports pyddp.distributed when it starts.
@@ -39,12 +42,36 @@ import time
 import traceback
 import weakref
 
+from . import _rank_io
 from ._lifecycle import describe_exit, die_with_parent, signal_group
 
 __all__ = ["Ranks", "RanksError"]
 
 _POLL = 0.1
 _STOP_GRACE = 3.0
+# Seconds a connection to the kernel's port gets to prove it knows the secret and say hello.
+_HANDSHAKE = 10.0
+
+
+def _check_figures(figures, name="figures"):
+    """A rank, a list of ranks, "all" or None (no rank sends its figures): the set, or "all"."""
+    if figures is None:
+        return frozenset()
+    if figures == "all":
+        return "all"
+    if isinstance(figures, int) and not isinstance(figures, bool):
+        figures = [figures]
+    try:
+        out = frozenset(figures)
+    except TypeError:
+        out = None
+    if out is None or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in out):
+        raise ValueError(f"{name} must be a rank, a list of ranks, 'all' or None, got {figures!r}")
+    return out
+
+
+def _sends_figures(figures, rank):
+    return figures == "all" or rank in figures
 
 
 class RanksError(RuntimeError):
@@ -62,10 +89,19 @@ class RanksError(RuntimeError):
 
 class CellResult:
     """What a cell run on the ranks evaluated to: ``values`` maps each rank to the repr of its last
-    expression (None when the cell does not end with an expression or it is None)."""
+    expression (None when the cell does not end with an expression or it is None); ``displays``:
+    what the ranks displayed during the cell (display() and matplotlib figures), a list of
+    (rank, {mime type: data}) in order, shown in the cell when it runs in a Jupyter kernel;
+    ``figures``: the PNG bytes among them."""
 
-    def __init__(self, values):
+    def __init__(self, values, displays=()):
         self.values = dict(values)
+        self.displays = list(displays)
+
+    @property
+    def figures(self):
+        """The PNG bytes of the images the ranks displayed (their matplotlib figures), in order."""
+        return [d["image/png"] for _, d in self.displays if isinstance(d.get("image/png"), bytes)]
 
     def agreed(self):
         """The repr every rank produced, or None when they differ or there is none."""
@@ -80,6 +116,20 @@ class CellResult:
 
     def __bool__(self):
         return any(v is not None for v in self.values.values())
+
+
+def _timeval(seconds):
+    import struct
+
+    return struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+
+
+def _set_rcvtimeo(fd, seconds):
+    s = socket.socket(fileno=fd)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+    finally:
+        s.detach()
 
 
 def _free_port():
@@ -123,14 +173,21 @@ class Ranks:
     seconds for them to stop).  Ranks die with the thread that started them (Linux)."""
 
     def __init__(self, nprocs=2, backend="cpu", *, start_timeout=120.0, interrupt_grace=5.0,
-                 quiet_others=False):
+                 quiet_others=False, figures=0):
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
+        for name, v in (("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
         self.nprocs = nprocs
         self.backend = backend
         self.start_timeout = float(start_timeout)
         self.interrupt_grace = float(interrupt_grace)
         self.quiet_others = quiet_others
+        self.figures = figures
+        _check_figures(figures)
+        self._out = _rank_io.Presenter(elsewhere="kept in the CellResult's .displays; shown only "
+                                                 "in a Jupyter kernel")
         self._ranks = []
         self._server = None
         self._secret = None
@@ -172,7 +229,9 @@ class Ranks:
             "PYTHONUNBUFFERED": "1", "PYDDP_RANKS_ADDR": f"{addr[0]}:{addr[1]}",
             "PYDDP_RANKS_PARENT": str(os.getpid()), "PYDDP_RANKS_BACKEND": str(self.backend or ""),
             "PYDDP_RANKS_PATH": os.pathsep.join(path),
-            "MPLBACKEND": "Agg",   # the kernel's inline backend means nothing in a rank
+            # Agg, whose show() sends the figures to the kernel (the kernel's inline backend
+            # means nothing in a rank)
+            "MPLBACKEND": _rank_io.MPL_BACKEND,
         })
         if self.nprocs > 1 and not os.environ.get("OMP_NUM_THREADS"):
             env["OMP_NUM_THREADS"] = "1"   # torchrun's policy for ranks sharing a host
@@ -188,8 +247,9 @@ class Ranks:
                     os.set_blocking(fd, False)
                     rk.out[fd] = [is_err, b""]
                 self._ranks.append(rk)
-            self._accept_all()
-            self._wait_ready()
+            deadline = time.monotonic() + self.start_timeout
+            self._accept_all(deadline)
+            self._wait_ready(deadline)
         except BaseException:
             self._stop_processes()
             raise
@@ -199,8 +259,7 @@ class Ranks:
             atexit.register(self._atexit)
         return self
 
-    def _accept_all(self):
-        deadline = time.monotonic() + self.start_timeout
+    def _accept_all(self, deadline):
         waiting = {rk.rank: rk for rk in self._ranks}
         while waiting:
             self._pump()
@@ -211,18 +270,23 @@ class Ranks:
                                      "before it connected; its output is above")
             if time.monotonic() > deadline:
                 raise RanksError(f"ranks {sorted(waiting)} did not connect within "
-                                 f"{self.start_timeout:g} s")
+                                 f"{self.start_timeout:g} s (start_timeout; their output, if any, "
+                                 "is above)")
             try:
                 sock, _ = self._server.accept()
             except (socket.timeout, BlockingIOError):
                 continue
             sock.setblocking(True)
+            # Every read of the handshake is bounded: a connection that says nothing (not one of
+            # ours) must not hold up the start (a blocking read there had no end).
+            limit = max(0.5, min(_HANDSHAKE, deadline - time.monotonic()))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(limit))
             conn = _mpc.Connection(sock.detach())
             try:
                 key = self._secret.encode()
                 _mpc.deliver_challenge(conn, key)
                 _mpc.answer_challenge(conn, key)
-                if not conn.poll(10):
+                if not conn.poll(limit):
                     raise EOFError("no hello")
                 kind, rank = conn.recv()
                 if kind != "hello" or rank not in waiting:
@@ -231,10 +295,10 @@ class Ranks:
                     TypeError):
                 conn.close()   # not one of ours: nothing it sent was unpickled unless it proved the secret
                 continue
+            _set_rcvtimeo(conn.fileno(), 0.0)
             waiting.pop(rank).conn = conn
 
-    def _wait_ready(self):
-        deadline = time.monotonic() + self.start_timeout
+    def _wait_ready(self, deadline):
         pending = {rk.rank for rk in self._ranks}
         failures = {}
         while pending:
@@ -244,7 +308,7 @@ class Ranks:
                     failures[rank] = msg[1] if msg[0] == "ready" else repr(msg)
             if time.monotonic() > deadline and pending:
                 raise RanksError(f"ranks {sorted(pending)} did not initialise their process group "
-                                 f"within {self.start_timeout:g} s")
+                                 f"within {self.start_timeout:g} s (start_timeout)")
             dead = [rk for rk in self._ranks if rk.rank in pending and not rk.alive()]
             for rk in dead:
                 failures[rk.rank] = f"exited ({describe_exit(rk.proc.returncode)}) while starting"
@@ -321,8 +385,8 @@ class Ranks:
 
     # ------------------------------------------------------------------ output and messages
     def _pump(self, ranks=None, final=False):
-        """Print what the ranks wrote: every complete line (all of it when final)."""
-        touched = set()
+        """Show what the ranks wrote (pyddp._rank_io.Presenter): every complete line, lines redrawn
+        with \\r as one updating line; all of it when final."""
         for rk in self._ranks if ranks is None else ranks:
             for fd, entry in list(rk.out.items()):
                 closed = False
@@ -336,29 +400,14 @@ class Ranks:
                     if not chunk:
                         closed = True
                         break
-                    entry[1] += chunk
-                if b"\n" in entry[1]:
-                    done, _, entry[1] = entry[1].rpartition(b"\n")
-                    self._emit(rk.rank, entry[0], done)
-                    touched.add(entry[0])
-                if (closed or final) and entry[1]:
-                    self._emit(rk.rank, entry[0], entry[1])
-                    entry[1] = b""
-                    touched.add(entry[0])
+                    self._out.feed(rk.rank, entry[0], chunk)
                 if closed:
+                    self._out.feed(rk.rank, entry[0], b"", final=True)
                     rk.out.pop(fd)
-        for is_err in touched:
-            try:
-                (sys.stderr if is_err else sys.stdout).flush()
-            except Exception:
-                pass
-
-    def _emit(self, rank, is_err, data):
-        if self.quiet_others and rank != 0:
-            return
-        text = data.decode("utf-8", errors="replace")
-        (sys.stderr if is_err else sys.stdout).write(
-            "".join(f"[rank{rank}]: {line}\n" for line in text.split("\n")))
+            if final:
+                self._out.finish(rk.rank)
+        self._out.tick()
+        self._out.flush()
 
     def _mark_dead(self, rk):
         if rk.exit_cause is None:
@@ -396,7 +445,14 @@ class Ranks:
                 except (EOFError, OSError):
                     pass
                 self._mark_dead(rk)
-        return got
+        out = []
+        for rank, msg in got:
+            if msg[0] == "show":   # display() or a figure, in the middle of a request
+                self._pump()       # the text the rank printed before it
+                self._out.show(rank, msg[2])
+            else:
+                out.append((rank, msg))
+        return out
 
     def _poll_idle(self):
         """Collect late replies (of a cell a rank finished after it was reported) and deaths."""
@@ -444,7 +500,7 @@ class Ranks:
                 rk.busy = rid
             except OSError:
                 self._mark_dead(rk)
-        results, errors = {}, {}
+        results, errors, broken = {}, {}, {}
         interrupted_at = None
         while True:
             try:
@@ -461,6 +517,8 @@ class Ranks:
                     if msg[0] != "done" or msg[1] != rid:
                         continue
                     rk.busy = None
+                    if len(msg) > 4 and msg[4]:
+                        broken[rank] = msg[4]
                     if msg[3] is not None:
                         rk.last_error = msg[3]
                         errors[rank] = msg[3]
@@ -479,7 +537,57 @@ class Ranks:
                 errors[rk.rank] = f"died ({rk.exit_cause}) while running the cell; %ddp restart"
                 rk.last_error = errors[rk.rank]
         self._pump(final=True)
+        for r in sorted(errors):   # what a quiet rank wrote to stderr, now that it failed
+            self._out.reveal(r)
+        if broken:
+            note = self._reinit(broken)
+            for r in errors:
+                errors[r] = errors[r].rstrip() + "\n" + note
+            if not errors:
+                print(note, file=sys.stderr)
         return results, errors, interrupted_at is not None
+
+    def _reinit(self, broken):
+        """The default process group failed on some ranks (a collective mismatch, a peer's error):
+        every rank destroys it and initialises a fresh one on a fresh port, so that the next cell
+        has a working group.  Returns the note that says so (or why it could not be done)."""
+        why = next(iter(broken.values())).strip().splitlines()[0]
+        ready = [rk for rk in self._ranks if rk.alive() and rk.busy is None]
+        if len(ready) < len(self._ranks):
+            return (f"[pyddp] the process group failed ({why}); it could not be re-initialised "
+                    "because some ranks are dead or busy: %ddp restart (Ranks.restart())")
+        port = _free_port()
+        self._next_id += 1
+        rid = self._next_id
+        for rk in ready:
+            try:
+                rk.conn.send(("reinit", port, rid))
+                rk.busy = rid
+            except OSError:
+                self._mark_dead(rk)
+        deadline = time.monotonic() + self.start_timeout
+        failed = {}
+        try:
+            while True:
+                pending = {rk.rank for rk in ready if rk.busy == rid and rk.alive()}
+                if not pending or time.monotonic() > deadline:
+                    break
+                for rank, msg in self._wait_messages(pending, deadline):
+                    if msg[0] == "done" and msg[1] == rid:
+                        self._ranks[rank].busy = None
+                        if msg[3] is not None:
+                            failed[rank] = msg[3].strip().splitlines()[-1]
+        except KeyboardInterrupt:
+            failed[-1] = "interrupted"
+        self._pump(final=True)
+        left = [rk.rank for rk in ready if rk.busy == rid or not rk.alive()]
+        if failed or left:
+            return (f"[pyddp] the process group failed ({why}); re-initialising it failed "
+                    f"({failed or f'ranks {left} did not finish in time'}): %ddp restart")
+        return (f"[pyddp] the process group failed on rank{'s' if len(broken) > 1 else ''} "
+                f"{', '.join(map(str, sorted(broken)))} ({why}); every rank has re-initialised "
+                "its default process group, so the next cell can run collectives (groups made "
+                "with new_group() must be made again)")
 
     @staticmethod
     def _raise(errors, interrupted, what):
@@ -506,13 +614,21 @@ class Ranks:
         self._next_cell += 1
         filename = filename or f"<ddp-cell-{self._next_cell}>"
         compile(code, filename, "exec")   # SyntaxError once, here
+        figures = _check_figures(self.figures)
         chosen = self._select(ranks)
-        results, errors, interrupted = self._request(chosen, lambda r: ("run", code, filename))
+        logging_now = _rank_io.logging_snapshot()
+        self._out.quiet_others = self.quiet_others
+        self._out.held.clear()
+        first = len(self._out.displayed)
+        results, errors, interrupted = self._request(
+            chosen, lambda r: ("run", code, filename, _sends_figures(figures, r), logging_now))
+        displays = [(r, d) for r, d, _ in self._out.displayed[first:]]
+        del self._out.displayed[:]
         if errors:
             self._raise(errors, interrupted, "the cell")
         if interrupted:
             raise KeyboardInterrupt("interrupted; every rank stopped the cell and is ready")
-        return CellResult(results)
+        return CellResult(results, displays)
 
     def push(self, *objs, ranks=None, namespace=None, **named):
         """Send objects to the ranks' namespaces: each positional argument is a name (looked up in
@@ -657,6 +773,22 @@ def _run_code(code, filename, ns):
     return None
 
 
+def _group_error():
+    """Why this rank's default process group cannot run collectives any more (its backend's error,
+    or it was destroyed), or None when it is fine (or pyddp.distributed was never imported)."""
+    c10d = sys.modules.get("pyddp.distributed.distributed_c10d")
+    if c10d is None:
+        return None
+    pg = c10d._world.default_pg
+    if pg is None:
+        return "the default process group was destroyed"
+    for b in list((getattr(pg, "_backends", None) or {}).values()):
+        err = getattr(b, "error", None)
+        if isinstance(err, str) and err:
+            return err
+    return None
+
+
 def _rank_main():
     """A rank: connect to the kernel, initialise the process group, serve requests until stopped."""
     parent = int(os.environ.pop("PYDDP_RANKS_PARENT"))
@@ -678,6 +810,10 @@ def _rank_main():
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     ns = main.__dict__
+    # display() and matplotlib figures go to the kernel, tagged with the request they belong to
+    current = [0]
+    _rank_io.install(lambda m: conn.send(("show", current[0], m)), rank, figures=rank == 0)
+    ns["display"] = _rank_io.display   # as in IPython, display() needs no import
     try:
         import pyddp.distributed as dist
 
@@ -694,11 +830,29 @@ def _rank_main():
         kind, rid = msg[0], msg[-1]
         if kind == "stop":
             break
+        current[0] = rid
         value = error = None
         handler.running = True
         try:
             if kind == "run":
-                value = _run_code(msg[1], msg[2], ns)
+                _rank_io.set_figures(msg[3])
+                _rank_io.apply_logging(msg[4])
+                try:
+                    value = _run_code(msg[1], msg[2], ns)
+                finally:
+                    # as IPython's inline backend: the figures still open are shown (and closed)
+                    handler.running = False
+                    try:
+                        _rank_io.flush_figures()
+                    except Exception as e:
+                        print(f"[pyddp] could not send the cell's figures: {e!r}", file=sys.stderr)
+            elif kind == "reinit":
+                os.environ["MASTER_PORT"] = str(msg[1])
+                try:
+                    dist.destroy_process_group()
+                except Exception:
+                    pass
+                dist.init_process_group(backend)
             elif kind == "push":
                 for name, how, *rest in msg[1]:
                     if how == "pickle":
@@ -720,10 +874,11 @@ def _rank_main():
                 f.flush()
             except Exception:
                 pass
+        broken = _group_error() if kind != "reinit" else None
         try:
-            conn.send(("done", rid, value, error))
+            conn.send(("done", rid, value, error, broken))
         except Exception as e:   # an unpicklable payload cannot be: values are bytes or str
-            conn.send(("done", rid, None, _format_exc(e)))
+            conn.send(("done", rid, None, _format_exc(e), broken))
     try:
         dist.destroy_process_group()
     except Exception:

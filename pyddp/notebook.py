@@ -5,7 +5,9 @@ The ranks are forked from the kernel, so a function defined in a notebook cell r
 torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free
 MASTER_PORT) and a fresh PYDDP_SECRET, so fn just calls init_process_group().  What a rank writes to its
 stdout and stderr, from Python or from C, comes back through a pipe and is printed in the cell as it
-arrives, one whole line at a time, prefixed "[rankN]: ".  The first rank to fail makes the others
+arrives, one whole line at a time, prefixed "[rankN]: " (a line redrawn with carriage returns, a
+progress bar, as one line updated in place); what a rank displays and its matplotlib figures come back
+through a third pipe (pyddp._rank_io).  The first rank to fail makes the others
 terminate and the call raises ProcessRaisedException with that rank's traceback (or
 ProcessExitedException); otherwise it returns rank 0's return value.  However the call ends - success,
 failure, or the cell interrupted (KeyboardInterrupt) - every rank it started has been reaped: each rank
@@ -24,14 +26,17 @@ import pickle
 import secrets
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
 import warnings
 
+from . import _rank_io
 from ._lifecycle import die_with_parent, fail_groups_for, load_prctl, signal_group
-from .multiprocessing.spawn import (ProcessContext, _check_fn_args, _check_fork_safe, _check_nprocs,
-                                    _remove, _write_error)
+from .multiprocessing.spawn import (ProcessContext, ProcessExitedException, ProcessRaisedException,
+                                    _check_fn_args, _check_fork_safe, _check_nprocs, _remove,
+                                    _write_error)
 
 from ._notebook_ranks import CellResult, Ranks, RanksError  # noqa: E402  (persistent ranks)
 
@@ -84,7 +89,33 @@ def _one_thread_per_rank():
             pass
 
 
-def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, parent_pid):
+class _MessagePipe:
+    """A rank's messages to the launcher (display(), figures): length-prefixed pickles on a pipe."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __call__(self, message):
+        data = pickle.dumps(message)
+        view = memoryview(struct.pack("!I", len(data)) + data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+
+def _kernel_shell():
+    """The kernel's InteractiveShell this rank was forked with, or None."""
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+
+        return InteractiveShell.instance() if InteractiveShell.initialized() else None
+    except Exception:
+        return None
+
+
+def _rank_main(fn, args, rank, env, out_w, err_w, msg_w, error_file, result_file, parent_pid,
+               figures):
     """A rank: runs in the forked child."""
     # Die with the launcher (the thread that forked us), whatever we are doing.
     if die_with_parent(signal.SIGKILL, parent_pid):   # it died already
@@ -99,11 +130,17 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
     os.dup2(err_w, 2)
     os.close(out_w)
     os.close(err_w)
+    old = [(sys.stdout, "stdout"), (sys.stderr, "stderr"), (sys.__stdout__, "stdout"),
+           (sys.__stderr__, "stderr")]
     sys.stdout = sys.__stdout__ = _text_stream(1)
     sys.stderr = sys.__stderr__ = _text_stream(2)
+    # the kernel's logging handlers wrote to its streams: now to this rank's, prefixed in the cell
+    _rank_io.redirect_logging(old, sys.stdout, sys.stderr)
+    # display() (the kernel's display publisher) and matplotlib figures: to the launcher
+    _rank_io.install(_MessagePipe(msg_w), rank, figures=figures, shell=_kernel_shell())
     user_threads = os.environ.get("OMP_NUM_THREADS")
     os.environ.update(env)
-    if not user_threads and int(env["WORLD_SIZE"]) > 1:
+    if not user_threads and int(env["LOCAL_WORLD_SIZE"]) > 1:
         _one_thread_per_rank()
     # The kernel's asyncio loop is running in the thread that forked us; fn may start its own.
     aio = sys.modules.get("asyncio")
@@ -113,7 +150,13 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
         except Exception:
             pass
     try:
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        finally:
+            try:   # the figures still open, as at the end of a cell
+                _rank_io.flush_figures()
+            except Exception as e:
+                print(f"[pyddp] could not send the figures: {e!r}", file=sys.stderr)
         if rank == 0:
             try:
                 data = pickle.dumps(result)
@@ -137,32 +180,47 @@ def _rank_main(fn, args, rank, env, out_w, err_w, error_file, result_file, paren
 
 
 class _Output:
-    """The ranks' pipes, read without blocking and printed line by line with a rank prefix."""
+    """The ranks' pipes, read without blocking: text goes to a pyddp._rank_io.Presenter (each line
+    with its rank's prefix, lines redrawn with \\r as one updating line), messages (display(),
+    figures) too."""
 
-    def __init__(self):
-        self.fds = {}   # fd -> (rank, is_stderr, pending bytes)
+    def __init__(self, presenter):
+        self.fds = {}   # fd -> [rank, kind ('out', 'err', 'msg'), pending message bytes]
+        self.presenter = presenter
 
-    def add(self, fd, rank, is_stderr):
+    def add(self, fd, rank, kind):
         os.set_blocking(fd, False)
-        self.fds[fd] = [rank, is_stderr, b""]
+        self.fds[fd] = [rank, kind, b""]
 
-    def _emit(self, rank, is_stderr, data):
-        text = data.decode("utf-8", errors="replace")
-        stream = sys.stderr if is_stderr else sys.stdout
-        stream.write("".join(f"[rank{rank}]: {line}\n" for line in text.split("\n")))
+    def _feed(self, entry, chunk, final=False):
+        rank, kind = entry[0], entry[1]
+        if kind != "msg":
+            self.presenter.feed(rank, kind == "err", chunk, final=final)
+            return
+        entry[2] += chunk
+        while len(entry[2]) >= 4:
+            n = struct.unpack("!I", entry[2][:4])[0]
+            if len(entry[2]) < 4 + n:
+                break
+            data, entry[2] = entry[2][4:4 + n], entry[2][4 + n:]
+            try:
+                message = pickle.loads(data)
+            except Exception:
+                continue
+            # the text printed before it first (it was flushed before the message was sent)
+            self.pump([fd for fd, e in self.fds.items() if e[0] == rank and e[1] != "msg"])
+            self.presenter.show(rank, message)
 
     def _close(self, fd):
-        rank, is_stderr, pending = self.fds.pop(fd)
-        if pending:
-            self._emit(rank, is_stderr, pending)
+        entry = self.fds.pop(fd)
+        self._feed(entry, b"", final=True)
         try:
             os.close(fd)
         except OSError:
             pass
 
     def pump(self, fds=None):
-        """Read what is there; print every complete line (and what is left of a closed pipe)."""
-        touched = set()
+        """Read what is there and show it."""
         for fd in list(self.fds if fds is None else fds):
             if fd not in self.fds:
                 continue
@@ -175,25 +233,13 @@ class _Output:
                 except OSError:
                     chunk = b""
                 if not chunk:
-                    touched.add(entry[1])
                     self._close(fd)
                     break
-                entry[2] += chunk
+                self._feed(entry, chunk)
                 if len(chunk) < 65536:
                     break
-            if fd in self.fds and b"\n" in entry[2]:
-                complete, _, entry[2] = entry[2].rpartition(b"\n")
-                self._emit(entry[0], entry[1], complete)
-                touched.add(entry[1])
-            if fd in self.fds and len(entry[2]) > _LONGEST_LINE:  # e.g. a progress bar redrawn with \r
-                self._emit(entry[0], entry[1], entry[2])
-                entry[2] = b""
-                touched.add(entry[1])
-        for is_stderr in touched:
-            try:
-                (sys.stderr if is_stderr else sys.stdout).flush()
-            except Exception:
-                pass
+        self.presenter.tick()
+        self.presenter.flush()
 
     def drain(self, seconds):
         """Read until every pipe is closed or `seconds` pass, then close them all."""
@@ -206,11 +252,7 @@ class _Output:
             self.pump(ready)
         for fd in list(self.fds):
             self._close(fd)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        self.presenter.finish()
 
 
 def _unreaped(process) -> bool:
@@ -309,8 +351,32 @@ class _NoLostInterrupt:
         return False
 
 
+def _is_local_address(addr):
+    """Whether ``addr`` is one of this host's addresses (a socket can be bound to it)."""
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind((sockaddr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _int_arg(name, value, lowest):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < lowest:
+        raise ValueError(f"{name} must be >= {lowest}, got {value}")
+    return value
+
+
 def _accelerate_names(fn, function, nprocs, num_processes, master_port, use_port, master_addr,
-                      mixed_precision):
+                      mixed_precision, num_nodes=1, node_rank=0):
     """Merge accelerate's keyword names into ours; the same thing given twice is a TypeError."""
     def one(ours, theirs, a, b, default=None):
         if ours is not None and theirs is not None:
@@ -326,83 +392,106 @@ def _accelerate_names(fn, function, nprocs, num_processes, master_port, use_port
             raise ValueError(f"use_port must be a port number, got {use_port!r}")
         use_port = int(use_port)
     master_port = one(master_port, use_port, "master_port", "use_port")
-    if master_addr is not None:
-        import ipaddress
-        import socket as _socket
-        if not isinstance(master_addr, str):
-            raise TypeError(f"master_addr must be a str, got {type(master_addr).__name__}")
-        try:
-            local = master_addr == "localhost" or ipaddress.ip_address(
-                _socket.gethostbyname(master_addr)).is_loopback or \
-                _socket.gethostbyname(master_addr) == _socket.gethostbyname(_socket.gethostname())
-        except (OSError, ValueError):
-            local = False
-        if not local:
-            raise ValueError(f"master_addr={master_addr!r}: notebook_launcher forks every rank on "
-                             "this machine, so the rendezvous address must be local "
-                             "(127.0.0.1, the default)")
+    num_nodes = _int_arg("num_nodes", num_nodes, 1)
+    node_rank = _int_arg("node_rank", node_rank, 0)
+    if node_rank >= num_nodes:
+        raise ValueError(f"node_rank must be in [0, num_nodes={num_nodes}), got {node_rank}")
+    if master_addr is not None and not isinstance(master_addr, str):
+        raise TypeError(f"master_addr must be a str, got {type(master_addr).__name__}")
+    if num_nodes > 1:
+        if master_addr is None or master_port is None:
+            raise ValueError(f"num_nodes={num_nodes}: every node's launcher needs the same "
+                             "master_addr (node 0's address) and master_port (or use_port)")
+        if not _config_secret():
+            raise ValueError(f"num_nodes={num_nodes}: set PYDDP_SECRET to the same value in every "
+                             "node's kernel (os.environ['PYDDP_SECRET'] = '...'), so that the "
+                             "nodes' ranks authenticate each other")
+    if master_addr is not None and node_rank == 0 and not _is_local_address(master_addr):
+        raise ValueError(f"master_addr={master_addr!r}: the ranks forked here include rank 0, which "
+                         "serves the rendezvous, so the address must be local, one of this "
+                         "machine's (127.0.0.1, the default, for one node)")
     if mixed_precision not in ("no", None):
         raise ValueError(f"mixed_precision={mixed_precision!r}: pyddp's notebook_launcher does not "
                          "change precision; use pyddp.autocast or pyddp.amp inside the function")
-    return fn, nprocs, master_port, master_addr
+    return fn, nprocs, master_port, master_addr, num_nodes, node_rank
+
+
+def _config_secret():
+    from . import _config
+
+    return _config.get("PYDDP_SECRET") or None
 
 
 def _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
-                 processes, context, output, addr=None):
+                 processes, context, output, addr=None, num_nodes=1, node_rank=0, figures=frozenset()):
     """Fork the ranks; each is recorded (to be stopped on any exit) before the next is forked."""
-    for rank in range(nprocs):
+    for local in range(nprocs):
+        rank = node_rank * nprocs + local
         env = {
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+            "RANK": str(rank), "LOCAL_RANK": str(local), "GROUP_RANK": str(node_rank),
+            "WORLD_SIZE": str(nprocs * num_nodes), "LOCAL_WORLD_SIZE": str(nprocs),
             "MASTER_ADDR": addr or "127.0.0.1", "MASTER_PORT": str(port),
             "PYDDP_SECRET": secret, "PYTHONUNBUFFERED": "1",
         }
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        msg_r, msg_w = os.pipe()
         p = None
         try:
             p = ctx.Process(target=_rank_main, name=f"rank{rank}",
-                            args=(fn, tuple(args), rank, env, out_w, err_w, error_files[rank],
-                                  result_file, parent_pid))
+                            args=(fn, tuple(args), local, env, out_w, err_w, msg_w,
+                                  error_files[local], result_file, parent_pid,
+                                  figures == "all" or rank in figures))
             with warnings.catch_warnings():
                 # Python 3.12+ warns about fork() in a process with threads (the kernel has
                 # some); the child only uses what it sets up itself.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 p.start()
         except BaseException:
-            for fd in (out_r, err_r):
+            for fd in (out_r, err_r, msg_r):
                 os.close(fd)
             if p is not None and p.pid is not None:   # forked before the interrupt: stopped with the rest
                 processes.append(p)
-                context.sentinels[p.sentinel] = rank
+                context.sentinels[p.sentinel] = local
             raise
         finally:
             os.close(out_w)
             os.close(err_w)
+            os.close(msg_w)
         processes.append(p)
-        context.sentinels[p.sentinel] = rank
+        context.sentinels[p.sentinel] = local
         try:
             os.setpgid(p.pid, p.pid)  # also here, so that it holds before the child runs
         except OSError:
             pass
-        output.add(out_r, rank, False)
-        output.add(err_r, rank, True)
+        output.add(out_r, rank, "out")
+        output.add(err_r, rank, "err")
+        output.add(msg_r, rank, "msg")
         guard.check()   # a Ctrl-C swallowed by the fork, now that this rank is recorded
 
 
 def notebook_launcher(fn=None, args=(), nprocs=None, master_port=None, *, function=None,
-                      num_processes=None, use_port=None, master_addr=None, mixed_precision="no"):
+                      num_processes=None, use_port=None, master_addr=None, mixed_precision="no",
+                      num_nodes=1, node_rank=0, max_restarts=0, quiet_others=False, figures=0):
     """Run ``fn(*args)`` as a pyddp job of ``nprocs`` ranks and return rank 0's return value.
 
     Made for Jupyter notebooks: ``fn`` may be defined in the notebook itself.  Each rank is forked from
     the calling process with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1),
     MASTER_PORT (``master_port``, or a free port) and a fresh PYDDP_SECRET in its environment, so ``fn``
     calls ``pyddp.distributed.init_process_group()`` with no arguments.  Every line a rank prints (to
-    stdout or stderr, from Python or C) appears in the cell as it is printed, prefixed ``[rankN]: ``.
+    stdout or stderr, from Python or C) appears in the cell as it is printed, prefixed ``[rankN]: ``; a
+    line redrawn with carriage returns (a tqdm progress bar) is shown as one line updated in place.
+    What a rank displays (``IPython.display.display``) is shown in the cell, and so are rank 0's
+    matplotlib figures, on ``plt.show()`` and when fn returns (``figures``: a rank, a list of ranks,
+    "all" or None).  Logging handlers configured in the kernel write to the rank's own output, so
+    their lines are prefixed too.  ``quiet_others=True`` shows only rank 0's output; the others' errors
+    still show (the exception raised here, and the last stderr lines of the rank that failed).
 
     Raises ProcessRaisedException carrying the traceback of the first rank that raised (the other ranks
     are terminated), or ProcessExitedException when a rank exited with a non-zero code or a signal.
-    Interrupting the cell terminates every rank before KeyboardInterrupt propagates.
+    ``max_restarts=N``: after such a failure all the ranks are started again, up to N times (as
+    torchrun's --max-restarts), before the failure is raised.  Interrupting the cell terminates every
+    rank before KeyboardInterrupt propagates.
 
     Like torchrun, each rank runs with one OpenMP/BLAS thread when ``nprocs > 1`` and OMP_NUM_THREADS is
     unset (so the ranks do not oversubscribe the host); set OMP_NUM_THREADS to choose otherwise.
@@ -413,23 +502,54 @@ def notebook_launcher(fn=None, args=(), nprocs=None, master_port=None, *, functi
     (as HF accelerate's notebook_launcher refuses).
 
     Accelerate's keyword names are accepted too, as notebooks written for it call this:
-    ``function`` (= fn), ``num_processes`` (= nprocs), ``use_port`` (= master_port, a str or int),
-    ``master_addr`` (a local address: the ranks are forked here) and ``mixed_precision="no"``
-    (pyddp leaves precision to the script: use pyddp.autocast / amp in fn).
+    ``function`` (= fn), ``num_processes`` (= nprocs, the ranks of this node), ``use_port``
+    (= master_port, a str or int), ``master_addr``, ``mixed_precision="no"`` (pyddp leaves precision to
+    the script: use pyddp.autocast / amp in fn), ``max_restarts``, and ``num_nodes`` / ``node_rank``:
+    with ``num_nodes > 1`` each node's kernel calls notebook_launcher with the same ``master_addr``
+    (node 0's address), ``master_port`` and PYDDP_SECRET (set it in each kernel's environment), its
+    own ``node_rank``, and forks its ``nprocs`` ranks: global ranks ``node_rank * nprocs ...``; each
+    call returns the return value of its node's first rank.
     """
-    fn, nprocs, master_port, addr = _accelerate_names(fn, function, nprocs, num_processes,
-                                                      master_port, use_port, master_addr,
-                                                      mixed_precision)
+    fn, nprocs, master_port, addr, num_nodes, node_rank = _accelerate_names(
+        fn, function, nprocs, num_processes, master_port, use_port, master_addr, mixed_precision,
+        num_nodes, node_rank)
     _check_fn_args(fn, args)
     _check_nprocs(nprocs)
     _check_port(master_port)
+    max_restarts = _int_arg("max_restarts", max_restarts, 0)
+    if max_restarts and num_nodes > 1:
+        raise ValueError("max_restarts with num_nodes > 1: restarting ranks on several nodes needs "
+                         "a rendezvous that waits for every node again; use pyddp-run's elastic "
+                         "mode (--nnodes, --max-restarts) for that")
+    if not isinstance(quiet_others, bool):
+        raise TypeError(f"quiet_others must be a bool, got {type(quiet_others).__name__}")
+    from ._notebook_ranks import _check_figures
+
+    figures = _check_figures(figures)
     if "fork" not in multiprocessing.get_all_start_methods():
         raise RuntimeError("notebook_launcher needs the 'fork' start method, which this platform lacks; "
                            "put fn in a module and use pyddp.multiprocessing.spawn instead")
     _check_fork_safe("fork", "notebook_launcher")
 
-    port = master_port if master_port is not None else _free_port()
-    secret = secrets.token_hex(32)
+    for attempt in range(max_restarts + 1):
+        port = master_port if master_port is not None else _free_port()
+        # one node: a fresh secret per job; several: the one every node's kernel was given
+        secret = _config_secret() if num_nodes > 1 else secrets.token_hex(32)
+        try:
+            return _launch(fn, args, nprocs, port, secret, addr, num_nodes, node_rank, quiet_others,
+                           figures)
+        except (ProcessRaisedException, ProcessExitedException) as e:
+            if attempt == max_restarts:
+                raise e.with_traceback(None) from None
+            first = next((line for line in reversed(str(e).strip().splitlines()) if line.strip()),
+                         type(e).__name__)
+            print(f"[pyddp] rank {node_rank * nprocs + e.error_index} failed ({first}); starting "
+                  f"the {nprocs} ranks again (restart {attempt + 1} of {max_restarts})",
+                  file=sys.stderr, flush=True)
+
+
+def _launch(fn, args, nprocs, port, secret, addr, num_nodes, node_rank, quiet_others, figures):
+    """One run of the job's ranks on this node: rank 0's result, or the first failure raised."""
     # Files a rank creates only when it has something to report (an error, rank 0's result), under
     # unguessable names: a launcher killed before it cleans up leaves nothing behind otherwise.
     stem = os.path.join(tempfile.gettempdir(), f"pyddp-notebook-{secrets.token_hex(12)}")
@@ -438,14 +558,14 @@ def notebook_launcher(fn=None, args=(), nprocs=None, master_port=None, *, functi
     ctx = multiprocessing.get_context("fork")
     processes = []
     context = _GroupContext(processes, error_files)
-    output = _Output()
+    output = _Output(_rank_io.Presenter(quiet_others=quiet_others, longest_line=_LONGEST_LINE))
     parent_pid = os.getpid()
     load_prctl()   # here: a forked rank must only call it
     guard = _NoLostInterrupt()
     try:
         with guard:
             _start_ranks(guard, ctx, nprocs, port, secret, fn, args, error_files, result_file, parent_pid,
-                         processes, context, output, addr)
+                         processes, context, output, addr, num_nodes, node_rank, figures)
 
         failure = None
         while True:
@@ -460,6 +580,7 @@ def notebook_launcher(fn=None, args=(), nprocs=None, master_port=None, *, functi
                 break
         output.drain(_DRAIN)
         if failure is not None:
+            output.presenter.reveal(node_rank * nprocs + getattr(failure, "error_index", 0))
             # Its traceback would show the launcher's internals; the rank's traceback is in its message.
             raise failure.with_traceback(None)
         if not os.path.exists(result_file):

@@ -1,8 +1,11 @@
 """IPython magics for persistent ranks: ``%load_ext pyddp``, then
 
-    %ddp start -n 2 [--backend cpu]     start the ranks (pyddp.notebook.Ranks)
-    %%ddp [--ranks 0,1] [--quiet-others]
-    <code>                              run the cell on every rank (or the listed ones)
+    %ddp start -n 2 [--backend cpu] [--timeout 120]
+                                        start the ranks (pyddp.notebook.Ranks); fails when they
+                                        are not all up within the timeout (seconds)
+    %%ddp [--ranks 0,1] [--quiet-others] [--figures 0|0,1|all|none]
+    <code>                              run the cell on every rank (or the listed ones); the
+                                        figures of rank 0 (or those listed) show in the cell
     %ddp push NAME [NAME ...]           send kernel objects to the ranks
     %ddp pull NAME [--rank R|all]       bring a value back into the kernel (rank 0 by default)
     %ddp status | stop | restart
@@ -31,6 +34,7 @@ def _line_parser():
     start = sub.add_parser("start", add_help=False)
     start.add_argument("-n", "--nprocs", type=int, default=2)
     start.add_argument("--backend", default="cpu")
+    start.add_argument("--timeout", type=float, default=120.0)
     for name in ("stop", "restart", "status"):
         sub.add_parser(name, add_help=False)
     push = sub.add_parser("push", add_help=False)
@@ -45,7 +49,18 @@ def _cell_parser():
     p = _Parser(prog="%%ddp", add_help=False)
     p.add_argument("--ranks", default=None)
     p.add_argument("--quiet-others", action="store_true")
+    p.add_argument("--figures", default=None)
     return p
+
+
+def _figures(text):
+    if text in ("all", "none"):
+        return "all" if text == "all" else None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--figures takes rank numbers separated by commas, 'all' or 'none', "
+                         f"not {text!r}") from None
 
 
 @magics_class
@@ -71,7 +86,10 @@ class DDPMagics(Magics):
                 print(f"{self.ranks.nprocs} ranks are running already (backend "
                       f"{self.ranks.backend!r}): %ddp restart or %ddp stop first")
                 return None
-            self.ranks = Ranks(nprocs=args.nprocs, backend=args.backend).start()
+            if not args.timeout > 0:
+                raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+            self.ranks = Ranks(nprocs=args.nprocs, backend=args.backend,
+                               start_timeout=args.timeout).start()
             print(f"{args.nprocs} ranks started (backend {args.backend!r})")
         elif args.cmd == "stop":
             if self.ranks is None or not self.ranks.running:
@@ -111,7 +129,8 @@ class DDPMagics(Magics):
 
     @cell_magic("ddp")
     def ddp_cell(self, line, cell):
-        """%%ddp [--ranks 0,1] [--quiet-others]: run the cell on the ranks."""
+        """%%ddp [--ranks 0,1] [--quiet-others] [--figures 0|0,1|all|none]: run the cell on the
+        ranks."""
         args = _cell_parser().parse_args(shlex.split(line))
         ranks = self._running()
         which = None
@@ -121,13 +140,19 @@ class DDPMagics(Magics):
             except ValueError:
                 raise UsageError(f"--ranks takes numbers separated by commas, not {args.ranks!r}") \
                     from None
+        figures = ranks.figures if args.figures is None else _figures(args.figures)
+        saved = ranks.figures
         ranks.quiet_others = args.quiet_others
+        ranks.figures = figures
         try:
             result = ranks.run(cell, ranks=which)
         except SyntaxError as e:   # shown once, without the frames of Ranks
             raise e.with_traceback(None) from None
+        except ValueError as e:    # a rank or a figures value out of range
+            raise UsageError(str(e)) from None
         finally:
             ranks.quiet_others = False
+            ranks.figures = saved
         return result if result else None
 
 

@@ -121,3 +121,29 @@ def read_json_files(directory, pattern="rank{}.json", n=None):
     if n is not None:
         assert sorted(out) == list(range(n)), f"expected files of ranks 0..{n - 1}, got {sorted(out)}"
     return out
+
+
+class Watched:
+    """A stand-in for sys.stderr that records what is written and creates ``flag`` once ``needle``
+    appears in a write that is not a finished line: the ranks wait for that file, which proves a
+    progress bar's update reached this process while the bar was still running."""
+
+    def __init__(self, real, needle, flag):
+        self.real, self.needle, self.flag, self.parts = real, needle, flag, []
+
+    def write(self, text):
+        self.parts.append(text)
+        if self.needle in text and not text.endswith("\n") and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def terminal_lines(text):
+    """What a terminal shows: each line is its last carriage-return redraw."""
+    return [([p for p in line.split("\r") if p] or [""])[-1] for line in text.split("\n")]

@@ -18,7 +18,7 @@ import pytest
 import pyddp
 from pyddp.multiprocessing import ProcessExitedException, ProcessRaisedException
 import _paths
-from _launch import alive, assert_all_gone
+from _launch import Watched, alive, assert_all_gone, terminal_lines
 from _mp import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -389,6 +389,213 @@ def test_refused_when_this_process_has_a_process_group():
     assert "REFUSED start_method='fork' with a pyddp process group initialized" in r.stdout
 
 
+def _bar(flag):
+    import time
+
+    from tqdm import tqdm
+
+    for i in tqdm(range(30), mininterval=0, ascii=True):
+        if i == 10 and os.environ["RANK"] == "0":
+            deadline = time.monotonic() + 30
+            while not os.path.exists(flag):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the bar's update was not shown while it ran")
+                time.sleep(0.01)
+    return "done"
+
+
+def test_a_progress_bar_is_one_updating_line_shown_while_it_runs(tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+    flag = str(tmp_path / "seen")
+    err = Watched(sys.stderr, "10/30", flag)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert pyddp.notebook_launcher(_bar, args=(flag,), nprocs=2, quiet_others=True) == "done"
+    monkeypatch.undo()
+    text = err.text()
+    assert os.path.exists(flag) and "\r[rank0]: " in text
+    bars = [line for line in terminal_lines(text) if "%|" in line]
+    assert len(bars) == 1 and bars[0].startswith("[rank0]: 100%|") and "30/30" in bars[0], text
+    assert "[rank1]" not in text
+
+
+def _shows(piddir):
+    import logging
+
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+
+    import pyddp.distributed as dist
+
+    _write_pid(piddir)
+    dist.init_process_group()
+    print("before", flush=True)
+    display(HTML(f"<b>rank {dist.get_rank()}</b>"))
+    plt.plot([1, 2, 3])
+    plt.show()
+    plt.figure()          # left open: sent when fn returns
+    logging.getLogger("train").info("step %d", 3)
+    dist.destroy_process_group()
+    return "ok"
+
+
+def test_figures_displays_and_kernel_logging_come_back(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("IPython")
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)   # (capsys's stderr) as logging.basicConfig does
+    handler.setFormatter(logging.Formatter("LOG %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        assert pyddp.notebook_launcher(_shows, args=(str(tmp_path),), nprocs=2) == "ok"
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    for r in range(2):
+        assert f"[rank{r}]: <IPython.core.display.HTML object> (text/html shown only in a " \
+               "Jupyter kernel)" in out
+        assert f"[rank{r}]: LOG INFO train: step 3\n" in err
+    assert out.index("[rank0]: before") < out.index("[rank0]: <IPython")
+    figures = re.findall(r"^\[rank(\d)\]: <Figure size \d+x\d+ with (\d) Axes> \(image/png", out, re.M)
+    assert figures == [("0", "1"), ("0", "0")], out      # rank 0's, on show() and at the end
+    assert_all_gone(_read_pids(str(tmp_path), 2, timeout=0))
+
+
+def _quiet_fails(piddir):
+    import pyddp.distributed as dist
+
+    _write_pid(piddir)
+    dist.init_process_group()
+    r = dist.get_rank()
+    print(f"out {r}", flush=True)
+    print(f"warned {r}", file=sys.stderr, flush=True)
+    if r == 1:
+        raise ValueError("rank 1 failed")
+    dist.barrier()
+
+
+def test_quiet_others_shows_only_rank0_but_still_the_errors(capsys, tmp_path):
+    with pytest.raises(ProcessRaisedException, match="ValueError: rank 1 failed"):
+        pyddp.notebook_launcher(_quiet_fails, args=(str(tmp_path),), nprocs=2, quiet_others=True)
+    out, err = capsys.readouterr()
+    assert "[rank0]: out 0" in out and "[rank1]: out" not in out
+    assert "[rank1]: warned 1" in err and "held back by quiet_others" in err
+    assert_all_gone(_read_pids(str(tmp_path), 2, timeout=0))
+
+
+def _flaky(counter, fail_times):
+    import pyddp.distributed as dist
+
+    dist.init_process_group()
+    r = dist.get_rank()
+    runs = len(os.listdir(counter)) // 2     # every rank of every run leaves a file
+    open(os.path.join(counter, f"{runs}-{r}"), "w").close()
+    dist.barrier()
+    if r == 1 and runs < fail_times:
+        raise RuntimeError(f"failing run {runs}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return runs
+
+
+def test_max_restarts_starts_the_ranks_again_after_a_failure(capsys, tmp_path):
+    (tmp_path / "a").mkdir()
+    assert pyddp.notebook_launcher(_flaky, args=(str(tmp_path / "a"), 2), nprocs=2,
+                                   max_restarts=2) == 2
+    err = capsys.readouterr().err
+    assert "rank 1 failed (RuntimeError: failing run 0); starting the 2 ranks again " \
+           "(restart 1 of 2)" in err
+    assert "(restart 2 of 2)" in err
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ProcessRaisedException, match="failing run 1"):
+        pyddp.notebook_launcher(_flaky, args=(str(tmp_path / "b"), 5), nprocs=2, max_restarts=1)
+    assert len(os.listdir(tmp_path / "b")) == 4      # two runs of two ranks, no third
+
+
+_NODE = """\
+import json, os, sys
+import numpy as np
+import pyddp
+
+def train():
+    import pyddp.distributed as dist
+    dist.init_process_group()
+    a = np.full(2, float(dist.get_rank()))
+    dist.all_reduce(a)
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+    info = dict({k: os.environ[k] for k in keys}, sum=a.tolist())
+    print(json.dumps(info), flush=True)
+    dist.destroy_process_group()
+    return info
+
+res = pyddp.notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=int(sys.argv[1]),
+                              master_addr="127.0.0.1", use_port=sys.argv[2])
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+def test_two_nodes_by_two_launchers(tmp_path):
+    """num_nodes=2: two kernels (here two processes on one host), node_rank 0 and 1, make one job."""
+    script = tmp_path / "node.py"
+    script.write_text(_NODE)
+    port = str(free_port())
+    env = dict(_subprocess_env(), PYDDP_SECRET="a-secret-both-nodes-share")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    procs = [subprocess.Popen([sys.executable, str(script), str(n), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=WAIT)
+            assert p.returncode == 0, err
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(WAIT)
+    results = [json.loads(re.search(r"^RESULT (.*)$", o, re.M).group(1)) for o in outs]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"]) for r in results] == \
+        [("0", "0", "0"), ("2", "0", "1")]      # each node's first rank's value
+    lines = [json.loads(line.split(": ", 1)[1]) for o in outs for line in o.splitlines()
+             if line.startswith("[rank")]
+    assert sorted(int(i["RANK"]) for i in lines) == [0, 1, 2, 3]
+    assert all(i["WORLD_SIZE"] == "4" and i["LOCAL_WORLD_SIZE"] == "2" and i["sum"] == [6.0, 6.0]
+               for i in lines)
+    assert re.search(r"^\[rank3\]: ", outs[1], re.M)    # the prefix is the global rank
+
+
+@pytest.mark.parametrize("kwargs, exc, word", [
+    (dict(num_nodes=0), ValueError, "num_nodes"),
+    (dict(num_nodes="2"), TypeError, "num_nodes"),
+    (dict(num_nodes=2, node_rank=2, master_addr="127.0.0.1", master_port=29500), ValueError,
+     "node_rank"),
+    (dict(num_nodes=2, node_rank=1), ValueError, "master_addr"),
+    (dict(max_restarts=-1), ValueError, "max_restarts"),
+    (dict(max_restarts=1, num_nodes=2, node_rank=1, master_addr="127.0.0.1", master_port=29500),
+     ValueError, "max_restarts"),
+    (dict(quiet_others="yes"), TypeError, "quiet_others"),
+    (dict(figures="rank 0"), ValueError, "figures"),
+])
+def test_new_keywords_check_their_values(kwargs, exc, word, monkeypatch):
+    monkeypatch.setenv("PYDDP_SECRET", "x")
+    with pytest.raises(exc, match=word):
+        pyddp.notebook_launcher(print, **kwargs)
+
+
+def test_two_nodes_need_a_shared_secret(monkeypatch):
+    monkeypatch.delenv("PYDDP_SECRET", raising=False)
+    with pytest.raises(ValueError, match="PYDDP_SECRET"):
+        pyddp.notebook_launcher(print, num_nodes=2, node_rank=1, master_addr="127.0.0.1",
+                                master_port=29500)
+
+
 # ----------------------------------------------------------------------- from a real notebook
 
 _SETUP = """\
@@ -426,6 +633,20 @@ def block():
     if dist.get_rank() == 0:
         dist.barrier()       # rank 1 never arrives
     time.sleep(300)
+
+def rich():
+    import logging
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+    from tqdm.auto import tqdm
+    dist.init_process_group()
+    for i in tqdm(range(20), mininterval=0, ascii=True):
+        time.sleep(0.01)
+    display(HTML(f"<b>rank {{dist.get_rank()}}</b>"))
+    logging.getLogger("train").info("logged on rank %d", dist.get_rank())
+    plt.plot([1, 2, 3])
+    plt.show()
+    dist.destroy_process_group()
 """
 
 _LAUNCH = "pyddp.notebook_launcher(train, args=(2.0,), nprocs=2)"
@@ -433,8 +654,10 @@ _FAILS = "pyddp.notebook_launcher(fails, nprocs=2)"
 _SPAWN = "import pyddp.multiprocessing as mp\nmp.spawn(train, args=(1.0,), nprocs=2)"
 _INTERRUPT = "pyddp.notebook_launcher(block, nprocs=2)"
 _AFTER = "print(pyddp.notebook_launcher(train, args=(1.0,), nprocs=3))"
+_RICH = ("import logging\nlogging.basicConfig(level=logging.INFO, format='LOG %(message)s', force=True)\n"
+         "pyddp.notebook_launcher(rich, nprocs=2, quiet_others=True)")
 
-CELLS = ["setup", "define", "launch", "fails", "spawn", "interrupt", "after"]
+CELLS = ["setup", "define", "launch", "fails", "spawn", "interrupt", "after", "rich"]
 
 
 def _stream_text(cell, name=None):
@@ -459,7 +682,8 @@ def notebook(tmp_path_factory):
     piddir = work / "pids"
     piddir.mkdir()
     nb = new_notebook()
-    sources = [_SETUP, _DEFINE.format(piddir=str(piddir)), _LAUNCH, _FAILS, _SPAWN, _INTERRUPT, _AFTER]
+    sources = [_SETUP, _DEFINE.format(piddir=str(piddir)), _LAUNCH, _FAILS, _SPAWN, _INTERRUPT, _AFTER,
+               _RICH]
     nb.cells = [new_code_cell(s) for s in sources]
     nbformat.write(nb, str(work / "launcher.ipynb"))
 
@@ -595,3 +819,21 @@ def test_ranks_run_one_blas_thread_each_unless_the_user_chose(monkeypatch, user)
         assert pools in (None, [], [1]), pools
     else:
         assert env == user
+
+
+def test_notebook_launcher_ranks_show_bars_displays_figures_and_logs(notebook):
+    pytest.importorskip("tqdm")
+    pytest.importorskip("matplotlib")
+    cells, _ = notebook
+    cell = cells["rich"]
+    assert _kernel_error(cell) is None, _kernel_error(cell)
+    outs = cell.outputs
+    bars = [o["data"]["text/plain"] for o in outs if o.get("output_type") == "display_data"
+            and "%|" in o["data"].get("text/plain", "")]
+    assert len(bars) == 1 and bars[0].startswith("[rank0]: 100%|") and "20/20" in bars[0], outs
+    assert "%|" not in _stream_text(cell)
+    assert [o["data"]["text/html"] for o in outs if "text/html" in o.get("data", {})] == \
+        ["<b>rank 0</b>"]                                   # quiet_others: rank 0's only
+    assert len([o for o in outs if "image/png" in o.get("data", {})]) == 1
+    assert "[rank0]: LOG logged on rank 0\n" in _stream_text(cell, "stderr")
+    assert "[rank1]" not in _stream_text(cell) + "".join(bars)

@@ -19,7 +19,7 @@ import pytest
 from _tiers import FULL
 
 import _paths
-from _launch import alive, assert_all_gone
+from _launch import Watched as _Watched, alive, assert_all_gone, terminal_lines as _terminal_lines
 from pyddp.notebook import Ranks, RanksError
 
 pytestmark = pytest.mark.timeout(240)
@@ -230,6 +230,179 @@ def test_ranks_die_with_their_kernel(tmp_path):
             p.wait(WAIT)
 
 
+_BAR = """\
+import os, time
+from tqdm import tqdm
+for i in tqdm(range(30), mininterval=0, ascii=True):
+    if i == 10 and os.environ["RANK"] == "0":
+        deadline = time.monotonic() + 30
+        while not os.path.exists({flag!r}):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bar's update was not shown while it ran")
+            time.sleep(0.01)
+"""
+
+
+def test_a_progress_bar_is_one_updating_line_shown_while_it_runs(ranks, tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+    flag = str(tmp_path / "seen")
+    err = _Watched(sys.stderr, "10/30", flag)
+    monkeypatch.setattr(sys, "stderr", err)
+    ranks.run(_BAR.format(flag=flag), ranks=[0])
+    monkeypatch.undo()
+    text = err.text()
+    assert os.path.exists(flag)
+    assert "\r[rank0]: " in text           # redrawn in place, not one line per update
+    bars = [line for line in _terminal_lines(text) if "%|" in line]
+    assert len(bars) == 1 and bars[0].startswith("[rank0]: 100%|") and "30/30" in bars[0], text
+    # never two redraws concatenated into one line
+    assert all(line.count("it/s]") + line.count("?it/s") <= 1 for line in _terminal_lines(text))
+
+
+class _Rich:
+    """An object with an HTML representation, defined on the ranks by a cell."""
+
+
+def test_figures_displays_and_kernel_logging_come_back(ranks, capsys):
+    pytest.importorskip("matplotlib")
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)   # (capsys's stderr) as logging.basicConfig does
+    handler.setFormatter(logging.Formatter("LOG %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        res = ranks.run(textwrap.dedent("""\
+            import logging, os
+            import matplotlib.pyplot as plt
+            from IPython.display import display
+            class Rich:
+                def _repr_html_(self):
+                    return "<b>rank " + os.environ["RANK"] + "</b>"
+            print("before")
+            display(Rich())
+            plt.plot([1, 2, 3])
+            plt.show()
+            plt.figure()                 # left open: sent when the cell ends
+            plt.plot([3, 1])
+            logging.getLogger("train").info("step %d", 3)
+            """))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    html = sorted((r, d["text/html"]) for r, d in res.displays if "text/html" in d)
+    assert html == [(0, "<b>rank 0</b>"), (1, "<b>rank 1</b>")]
+    assert len(res.figures) == 2 and all(f.startswith(b"\x89PNG") for f in res.figures)
+    assert [r for r, d in res.displays if "image/png" in d] == [0, 0]   # rank 0's by default
+    assert out.index("[rank0]: before") < out.index("[rank0]: <")      # printed before displayed
+    assert "[rank0]: <Figure size 640x480 with 1 Axes> (image/png kept in the CellResult" in out
+    for r in range(2):
+        assert f"[rank{r}]: LOG INFO train: step 3\n" in err
+    # every rank's figures, then none; the figures of a cell are closed once sent
+    ranks.figures = "all"
+    res = ranks.run("plt.plot([1]); plt.show(); len(plt.get_fignums())")
+    assert sorted(r for r, d in res.displays if "image/png" in d) == [0, 1]
+    assert res.agreed() == "0"
+    ranks.figures = None
+    res = ranks.run("plt.plot([1]); plt.show()\nplt.figure()\nlen(plt.get_fignums())")
+    assert res.figures == [] and res.agreed() == "1"   # show() closed the first, unseen
+    assert ranks.run("len(plt.get_fignums())").agreed() == "0"
+    with pytest.raises(ValueError, match="figures must be"):
+        ranks.figures = "rank 0"
+        ranks.run("1")
+    ranks.figures = 0
+
+
+def test_quiet_others_shows_a_failing_rank_s_stderr(ranks, capsys):
+    ranks.quiet_others = True
+    try:
+        with pytest.raises(RanksError) as info:
+            ranks.run("import os, sys\nprint('out', os.environ['RANK'])\n"
+                      "print('warned', os.environ['RANK'], file=sys.stderr)\n"
+                      "if os.environ['RANK'] == '1':\n    raise ValueError('rank 1 failed')\n")
+    finally:
+        ranks.quiet_others = False
+    out, err = capsys.readouterr()
+    assert "[rank0]: out 0" in out and "[rank1]: out" not in out
+    assert "ValueError: rank 1 failed" in str(info.value)
+    assert "[rank1]: warned 1" in err and "held back by quiet_others" in err
+
+
+def test_mismatched_collectives_fail_on_every_rank_and_the_group_is_reinitialised(ranks, capsys):
+    code = ("import numpy as np, pyddp.distributed as dist\nx = np.ones(4)\n"
+            "if dist.get_rank() == 0:\n    dist.all_reduce(x)\nelse:\n    dist.broadcast(x, 0)\n")
+    start = time.monotonic()
+    with pytest.raises(RanksError) as info:
+        ranks.run(code)
+    assert time.monotonic() - start < 60
+    assert set(info.value.errors) == {0, 1}
+    assert all("collective mismatch between ranks" in e for e in info.value.errors.values())
+    assert "every rank has re-initialised its default process group" in str(info.value)
+    # the next cell runs collectives on a working group
+    assert ranks.run("y = np.arange(3.0) * (dist.get_rank() + 1)\ndist.all_reduce(y)\ny.tolist()") \
+        .agreed() == "[0.0, 3.0, 6.0]"
+    # a cell that destroys the group gets a fresh one too
+    ranks.run("dist.destroy_process_group()")
+    assert "re-initialised" in capsys.readouterr().err
+    assert ranks.run("dist.is_initialized() and dist.get_world_size()").agreed() == "2"
+
+
+def _sitecustomize(tmp_path, monkeypatch, body):
+    """Code every rank runs as it starts, before it connects (a sitecustomize on PYTHONPATH)."""
+    d = tmp_path / "site"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(textwrap.dedent(body))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(d), REPO] + (
+        [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+
+
+def test_start_fails_within_its_timeout_when_a_rank_never_comes_up(tmp_path, monkeypatch):
+    _sitecustomize(tmp_path, monkeypatch, f"""\
+        import os, time
+        if os.environ.get("PYDDP_RANKS_ADDR") and os.environ.get("RANK") == "1":
+            open({str(tmp_path)!r} + "/stuck.pid", "w").write(str(os.getpid()))
+            time.sleep(600)
+        """)
+    r = Ranks(nprocs=2, start_timeout=4)
+    start = time.monotonic()
+    with pytest.raises(RanksError, match=r"ranks \[1\] did not connect within 4 s"):
+        r.start()
+    assert time.monotonic() - start < 40
+    assert not r.running
+    _wait_files([str(tmp_path / "stuck.pid")], timeout=0)
+    assert_all_gone([int((tmp_path / "stuck.pid").read_text())])
+    with pytest.raises(ValueError, match="start_timeout"):
+        Ranks(nprocs=2, start_timeout=0)
+
+
+def test_a_silent_connection_does_not_hold_up_start(tmp_path, monkeypatch):
+    # rank 1 first opens a connection to the kernel's port that never says anything (as any local
+    # process could), then starts as usual: the kernel's handshake with it must time out
+    _sitecustomize(tmp_path, monkeypatch, """\
+        import os, socket, builtins
+        addr = os.environ.get("PYDDP_RANKS_ADDR")
+        if addr and os.environ.get("RANK") == "1":
+            host, _, port = addr.rpartition(":")
+            builtins._pyddp_test_silent = socket.create_connection((host, int(port)))
+        """)
+    import pyddp._notebook_ranks as nr
+
+    monkeypatch.setattr(nr, "_HANDSHAKE", 2.0)
+    r = Ranks(nprocs=2, start_timeout=60)
+    start = time.monotonic()
+    r.start()
+    try:
+        assert time.monotonic() - start < 50
+        assert r.run("import pyddp.distributed as d\nd.get_world_size()").agreed() == "2"
+    finally:
+        pids = _pids(r)
+        r.stop()
+    assert_all_gone(pids)
+
+
 # ----------------------------------------------------------------------------- a real notebook
 
 _CELLS = [
@@ -244,9 +417,15 @@ _CELLS = [
     "%%ddp\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
     "%%ddp\nif dist.get_rank() == 1:\n    raise ValueError('only rank 1')\n'after ' + str(a.sum())",
     "%ddp status",
+    "%%ddp\nfrom tqdm import tqdm\nimport matplotlib.pyplot as plt\nfrom IPython.display import HTML\n"
+    "for i in tqdm(range(20), mininterval=0, ascii=True):\n    time.sleep(0.01)\n"
+    "display(HTML('<b>rank %d</b>' % dist.get_rank()))\nplt.plot([1, 2, 3])\nprint('done')",
+    "%%ddp\nx = np.ones(4)\nif dist.get_rank() == 0:\n    dist.all_reduce(x)\nelse:\n"
+    "    dist.broadcast(x, 0)",
+    "%%ddp\nx = np.ones(4)\ndist.all_reduce(x)\nx.tolist()",
     "%ddp stop",
 ]
-SLEEP, FAILS, STATUS, STOP = 7, 8, 9, 10
+SLEEP, FAILS, STATUS, RICH, MISMATCH, AFTER, STOP = 7, 8, 9, 10, 11, 12, 13
 
 
 def _interrupt_when_sleeping(client, cell, seen):
@@ -274,6 +453,8 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
+    pytest.importorskip("tqdm")
+    pytest.importorskip("matplotlib")
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook()
@@ -321,5 +502,23 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     assert "--- rank 1 ---" in tb and "ValueError: only rank 1" in tb and "--- rank 0 ---" not in tb
     status = _text(cells[STATUS])
     assert status.count("idle") == 2 and "ValueError: only rank 1" in status
+    # a tqdm bar per rank: one display output each, updated in place to its end; no redraws in text
+    rich = cells[RICH].outputs
+    bars = [o["data"]["text/plain"] for o in rich if o.get("output_type") == "display_data"
+            and "%|" in o["data"].get("text/plain", "")]
+    assert sorted(b[:12] for b in bars) == ["[rank0]: 100", "[rank1]: 100"], rich
+    assert all("20/20" in b for b in bars) and "%|" not in _text(cells[RICH])
+    assert sorted(o["data"]["text/html"] for o in rich if "text/html" in o.get("data", {})) == \
+        ["<b>rank 0</b>", "<b>rank 1</b>"]
+    assert [o["data"]["image/png"][:8] for o in rich if "image/png" in o.get("data", {})] == \
+        ["iVBORw0K"]       # rank 0's figure, base64 PNG, shown when the cell ended
+    assert "[rank0]: done" in _text(cells[RICH]) and "[rank1]: done" in _text(cells[RICH])
+    # ranks calling different collectives: the mismatch on every rank, then a working group
+    errors = [o for o in cells[MISMATCH].outputs if o.get("output_type") == "error"]
+    tb = "\n".join(errors[0]["traceback"])
+    assert tb.count("collective mismatch between ranks") >= 2 and "--- rank 1 ---" in tb
+    assert "re-initialised its default process group" in tb
+    results = [o for o in cells[AFTER].outputs if o.get("output_type") == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "[2.0, 2.0, 2.0, 2.0]", cells[AFTER].outputs
     assert "ranks stopped" in _text(cells[STOP])
     assert_all_gone(pids)

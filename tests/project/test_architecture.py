@@ -170,7 +170,8 @@ LAYERS = [
         "pyddp.multi_tensor_apply"]),  # (amp_C, multi_tensor_apply: apex's multi-tensor ops)
     ("launchers", [  # processes: spawn, torchrun, elastic, notebooks; tools; the root package
         "pyddp._launcher", "pyddp.run", "pyddp.launch", "pyddp.multiprocessing",
-        "pyddp.notebook", "pyddp._notebook_ranks", "pyddp.notebook_magics", "pyddp.elastic",
+        "pyddp.notebook", "pyddp._notebook_ranks", "pyddp.notebook_magics", "pyddp._rank_io",
+        "pyddp._rank_mpl", "pyddp.elastic",
         "pyddp.torch_backend", "pyddp.tools", "pyddp!"]),
 ]
 
