@@ -116,6 +116,14 @@ DIFFERS = {
     ("torch", "rand"): "as randn",
     ("torch", "manual_seed"): "seeds pyddp's generator (randperm/samplers match torch's; "
                               "randn/rand do not)",
+    ("torch", "normal"): "as randn",
+    ("torch", "randint_like"): "pyddp's generator: same distribution, not the same draws as torch",
+    ("torch", "set_num_threads"): "limits NumPy's BLAS/OpenMP pools through threadpoolctl "
+                                  "(without it the count is recorded, with a warning)",
+    ("torch", "set_num_interop_threads"): "recorded with torch's checks (pyddp runs no inter-op "
+                                          "pool)",
+    ("torch", "use_deterministic_algorithms"): "recorded: pyddp's NumPy ops are deterministic, so "
+                                               "none raises or warns",
     ("torch", "device"): "'cuda' places tensors only under PYDDP_CUDA_ON_CPU=1 (host memory); "
                          "otherwise raises as torch's CPU build",
     ("torch.Tensor", "cuda"): "raises as torch's CPU build, except under PYDDP_CUDA_ON_CPU=1 "

@@ -23,7 +23,14 @@ The package is split by concern; this module re-exports the public names (``__al
   atan2, fmod, lerp, logit, ...), ``_sampling`` (multinomial, bernoulli); ``_args`` holds the
   argument checks they share;
 * ``_precision``: set/get_float32_matmul_precision (recorded, changing nothing);
-* ``_aliases``: method aliases, small predicates and the in-place ``_`` variants, attached last.
+* ``_aliases``: method aliases, small predicates and the in-place ``_`` variants, attached last;
+* then issue 55's next rows, attaching their own methods: ``_combine`` (hstack, meshgrid, kron,
+  tensordot, cross, ...), ``_special`` (lgamma, digamma, xlogy, hypot, ...), ``_stats`` (cummax,
+  kthvalue, quantile, var_mean, ...), ``_lookup`` (searchsorted, bincount, isin, index_add with
+  gradients, scatter_reduce), ``_matrix`` (inverse, det, cholesky, pinverse, ...), ``_runtime``
+  (set_num_threads, get/set_rng_state, use_deterministic_algorithms, normal, windows),
+  ``_nnfuncs`` (torch.layer_norm, torch.embedding, ... over pyddp.nn.functional) and
+  ``_inplace`` (torch.relu_, torch.clamp_, ... and Tensor.nan_to_num_);
 
 Random numbers come from pyddp's one generator (pyddp/_random.py); manual_seed, seed,
 initial_seed and default_generator here are its.
@@ -61,6 +68,17 @@ from ._sampling import *  # noqa: F401,F403,E402
 from ._shape import *  # noqa: F401,F403,E402
 from ._sorting import *  # noqa: F401,F403,E402
 from . import _aliases  # noqa: E402,F401  (last: aliases and in-place variants of all the above)
+# issue 55's next rows, each module attaching its methods (and in-place variants) itself
+from . import (_combine, _inplace, _lookup, _matrix, _nnfuncs, _runtime, _special,  # noqa: E402
+               _stats)
+from ._combine import *  # noqa: F401,F403,E402
+from ._inplace import *  # noqa: F401,F403,E402
+from ._lookup import *  # noqa: F401,F403,E402
+from ._matrix import *  # noqa: F401,F403,E402
+from ._nnfuncs import *  # noqa: F401,F403,E402
+from ._runtime import *  # noqa: F401,F403,E402
+from ._special import *  # noqa: F401,F403,E402
+from ._stats import *  # noqa: F401,F403,E402
 
 # the internal API, importable from here too (as before the split)
 from ..autograd._graph import Node, _edge  # noqa: F401
@@ -87,7 +105,9 @@ __all__ = [
     "int16", "short", "int32", "int", "int64", "long", "bool", "complex64", "complex128",
     "memory_format", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
 ] + (_compare.__all__ + _sorting.__all__ + _indexing.__all__ + _reductions.__all__ + _linalg.__all__
-     + _shape.__all__ + _pointwise.__all__ + _sampling.__all__)
+     + _shape.__all__ + _pointwise.__all__ + _sampling.__all__ + _combine.__all__
+     + _inplace.__all__ + _lookup.__all__ + _matrix.__all__ + _nnfuncs.__all__ + _runtime.__all__
+     + _special.__all__ + _stats.__all__)
 
 # Pickles and reprs name these pyddp._tensor.X, as they did before the split (a pickled Tensor
 # is rebuilt by pyddp._tensor._rebuild; a pickled device by its class).

@@ -1,7 +1,7 @@
-"""Flatten (torch.nn.Flatten)."""
+"""Flatten and Unflatten (torch.nn.Flatten, torch.nn.Unflatten)."""
 from .module import Module
 
-__all__ = ["Flatten"]
+__all__ = ["Flatten", "Unflatten"]
 
 
 class Flatten(Module):
@@ -36,3 +36,33 @@ class Flatten(Module):
     def extra_repr(self):
         """The constructor arguments shown in the repr (as torch)."""
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """Split dimension ``dim`` into ``unflattened_size`` (Tensor.unflatten)."""
+
+    __constants__ = ["dim", "unflattened_size"]
+
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        if isinstance(dim, str):
+            raise TypeError("pyddp tensors have no named dimensions: dim must be an int")
+        if not isinstance(dim, int):
+            raise TypeError("invalid argument type for dim parameter")
+        if not isinstance(unflattened_size, (tuple, list)):
+            raise TypeError("unflattened_size must be tuple of ints, but found type "
+                            f"{type(unflattened_size).__name__}")
+        for idx, elem in enumerate(unflattened_size):
+            if not isinstance(elem, int):
+                raise TypeError("unflattened_size must be tuple of ints, but found element of "
+                                f"type {type(elem).__name__} at pos {idx}")
+        self.dim = dim
+        self.unflattened_size = unflattened_size
+
+    def forward(self, input):
+        """``input.unflatten(dim, unflattened_size)``."""
+        return input.unflatten(self.dim, self.unflattened_size)
+
+    def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"

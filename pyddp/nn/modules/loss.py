@@ -1,4 +1,5 @@
-"""Loss modules: CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, BCEWithLogitsLoss (as torch.nn)."""
+"""Loss modules: CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, BCEWithLogitsLoss, BCELoss, KLDivLoss,
+SmoothL1Loss, HuberLoss (as torch.nn)."""
 import warnings
 
 import numpy as np
@@ -7,7 +8,8 @@ from ..._tensor import Tensor
 from .. import _loss_functional as LF
 from .module import Module
 
-__all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss"]
+__all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss", "BCELoss",
+           "KLDivLoss", "SmoothL1Loss", "HuberLoss"]
 
 
 def _legacy_get_string(size_average, reduce, emit_warning=True):
@@ -129,3 +131,64 @@ class BCEWithLogitsLoss(_Loss):
         return LF.binary_cross_entropy_with_logits(input, target, self.weight,
                                                    pos_weight=self.pos_weight,
                                                    reduction=self.reduction)
+
+
+class BCELoss(_WeightedLoss):
+    """Binary cross entropy of probabilities ``input`` against ``target``
+    (F.binary_cross_entropy)."""
+
+    __constants__ = ["reduction"]
+
+    def forward(self, input, target):
+        """The loss of ``input`` against ``target``."""
+        from .. import _loss_extra
+        return _loss_extra.binary_cross_entropy(input, target, weight=self.weight,
+                                                reduction=self.reduction)
+
+
+class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence (F.kl_div); ``reduction='batchmean'`` is the mathematical
+    definition."""
+
+    __constants__ = ["reduction"]
+
+    def __init__(self, size_average=None, reduce=None, reduction="mean", log_target=False):
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input, target):
+        """The divergence of ``target`` from ``input`` (log-probabilities)."""
+        from .. import _loss_extra
+        return _loss_extra.kl_div(input, target, reduction=self.reduction,
+                                  log_target=self.log_target)
+
+
+class SmoothL1Loss(_Loss):
+    """Squared error below ``beta``, absolute error above it (F.smooth_l1_loss)."""
+
+    __constants__ = ["reduction"]
+
+    def __init__(self, size_average=None, reduce=None, reduction="mean", beta=1.0):
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input, target):
+        """The loss of ``input`` against ``target``."""
+        from .. import _loss_extra
+        return _loss_extra.smooth_l1_loss(input, target, reduction=self.reduction,
+                                          beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """Squared error below ``delta``, delta-scaled absolute error above it (F.huber_loss)."""
+
+    __constants__ = ["reduction", "delta"]
+
+    def __init__(self, reduction="mean", delta=1.0):
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input, target):
+        """The loss of ``input`` against ``target``."""
+        from .. import _loss_extra
+        return _loss_extra.huber_loss(input, target, reduction=self.reduction, delta=self.delta)

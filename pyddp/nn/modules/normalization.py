@@ -1,4 +1,4 @@
-"""LayerNorm and GroupNorm (torch.nn.LayerNorm, torch.nn.GroupNorm)."""
+"""LayerNorm, GroupNorm and RMSNorm (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)."""
 import numbers
 
 from .. import functional as F
@@ -6,7 +6,7 @@ from .. import init
 from .module import Module
 from .utils import _empty_parameter
 
-__all__ = ["LayerNorm", "GroupNorm"]
+__all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
 
 class LayerNorm(Module):
@@ -98,3 +98,39 @@ class GroupNorm(Module):
         """The constructor arguments shown in the repr (as torch)."""
         return ("{num_groups}, {num_channels}, eps={eps}, affine={affine}, "
                 "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the trailing ``normalized_shape`` dimensions
+    (torch.nn.RMSNorm; eps None: the input dtype's machine epsilon).  Weight initialised to
+    ones."""
+
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
+                 dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if self.elementwise_affine:
+            self.weight = _empty_parameter(self.normalized_shape, dtype)
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Weight to ones."""
+        if self.elementwise_affine:
+            init.ones_(self.weight)
+
+    def forward(self, x):
+        """F.rms_norm over the normalized dimensions."""
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        """The constructor arguments shown in the repr (as torch)."""
+        return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(
+            **self.__dict__)
