@@ -9,6 +9,7 @@
 #include "binding.h"
 
 #include "../kernels/amp.h"
+#include "../kernels/gelu.h"
 
 /* The float kernels' dtypes: float16, float32, float64 by format, and
  * bfloat16 as a uint16 view ('H'), because NumPy cannot export
@@ -356,6 +357,96 @@ done:
     return ret;
 }
 
+/* A C-contiguous float32 buffer of obj ('f' format), or -1 with TypeError. */
+static int
+f32_buffer(PyObject *obj, const char *fn, const char *name, int writable,
+           Py_buffer *b)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+    if (writable) {
+        flags |= PyBUF_WRITABLE;
+    }
+    if (PyObject_GetBuffer(obj, b, flags) < 0) {
+        return -1;
+    }
+    const char *f = b->format != NULL ? b->format : "B";
+    if (*f == '<' || *f == '=') {
+        f++;
+    }
+    if (b->itemsize != 4 || strcmp(f, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a float32 array", fn,
+                     name);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+gelu_f32(PyObject *module, PyObject *args)
+{
+    PyObject *out_o, *x_o;
+    if (!PyArg_ParseTuple(args, "OO:gelu", &out_o, &x_o)) {
+        return NULL;
+    }
+    Py_buffer out, x;
+    if (f32_buffer(out_o, "gelu", "out", 1, &out) < 0) {
+        return NULL;
+    }
+    if (f32_buffer(x_o, "gelu", "x", 0, &x) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (out.len != x.len) {
+        PyErr_SetString(PyExc_ValueError, "gelu: out and x differ in size");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        pd_gelu_f32(out.buf, x.buf, (size_t)x.len / 4);
+        Py_END_ALLOW_THREADS
+        ret = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&x);
+    return ret;
+}
+
+static PyObject *
+gelu_backward_f32(PyObject *module, PyObject *args)
+{
+    PyObject *gx_o, *g_o, *x_o;
+    if (!PyArg_ParseTuple(args, "OOO:gelu_backward", &gx_o, &g_o, &x_o)) {
+        return NULL;
+    }
+    Py_buffer gx, g, x;
+    if (f32_buffer(gx_o, "gelu_backward", "gx", 1, &gx) < 0) {
+        return NULL;
+    }
+    if (f32_buffer(g_o, "gelu_backward", "g", 0, &g) < 0) {
+        PyBuffer_Release(&gx);
+        return NULL;
+    }
+    if (f32_buffer(x_o, "gelu_backward", "x", 0, &x) < 0) {
+        PyBuffer_Release(&gx);
+        PyBuffer_Release(&g);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (gx.len != x.len || g.len != x.len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gelu_backward: gx, g and x differ in size");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        pd_gelu_backward_f32(gx.buf, g.buf, x.buf, (size_t)x.len / 4);
+        Py_END_ALLOW_THREADS
+        ret = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&gx);
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&x);
+    return ret;
+}
+
 static PyMethodDef amp_methods[] = {
     {"amp_unscale_", (PyCFunction)(void (*)(void))amp_unscale,
      METH_VARARGS | METH_KEYWORDS,
@@ -373,6 +464,14 @@ static PyMethodDef amp_methods[] = {
      "dsts[i][...] = srcs[i] converted, for every pair in one call "
      "(float16, bfloat16 as uint16 view, float32, float64; round to nearest "
      "even, inf and NaN preserved).  Element counts must match."},
+    {"gelu", gelu_f32, METH_VARARGS,
+     "gelu(out, x) -> None\n\n"
+     "out = x / 2 * (1 + erf(x / sqrt 2)) (exact GELU) on C-contiguous "
+     "float32 arrays of one size; out must not overlap x."},
+    {"gelu_backward", gelu_backward_f32, METH_VARARGS,
+     "gelu_backward(gx, g, x) -> None\n\n"
+     "gx = g * (Phi(x) + x * phi(x)), exact GELU's gradient, on C-contiguous "
+     "float32 arrays of one size; gx must not overlap g or x."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,9 +5,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._core import (Tensor, _as_t, _binop_arrays, _check_inplace, _check_overlap, _dims, _mk,
-                    _mm, _new, _new_on, _promote, _red)
-from ._dtypes import _F32, _HALFS, _dtype, _is_float_dtype, _pybool, _pyint, int64
+from ._core import (_CAST_MIN, Tensor, _as_t, _binop_arrays, _check_inplace, _check_overlap,
+                    _dims, _mk, _mm, _new, _new_on, _promote, _red, _to)
+from ._dtypes import _F32, _HALFS, _dtype, _is_float_dtype, _pybool, _pyfloat, _pyint, int64
 from ._grad_mode import _st
 
 __all__ = [
@@ -73,8 +73,19 @@ def _half_op(f, ad, bd):
     warning: in float16/bfloat16 (as on half hardware), and for a one-element tensor (a loss that
     GradScaler's scale overflows, in any float type; the step is then skipped silently as torch's).
     Larger float32/float64 operations keep NumPy's default (the errstate costs microseconds)."""
-    if ad.dtype in _HALFS or ad.size == 1:
+    dt = ad.dtype
+    if dt in _HALFS or ad.size == 1:
         with np.errstate(over="ignore", invalid="ignore"):
+            if dt in _HALFS and ad.size >= _CAST_MIN:
+                # NumPy's float16 and ml_dtypes' bfloat16 arithmetic are scalar loops: widen
+                # (exact), compute in float32 and round once, which gives the same bits for
+                # + - * / (float32 holds more than twice the half's precision), with a scalar
+                # first rounded to the half type as NumPy does
+                if type(bd) is np.ndarray:
+                    if bd.dtype == dt:
+                        return _to(f(_to(ad, _F32), _to(bd, _F32)), dt)
+                elif type(bd) is _pyfloat or type(bd) is _pyint:
+                    return _to(f(_to(ad, _F32), np.float32(dt.type(bd))), dt)
             return f(ad, bd)
     return f(ad, bd)
 
@@ -92,8 +103,8 @@ def mul(a, b):
     sa, dta = a.shape, a.dtype
 
     def bw(g):
-        ga = _red(g * bd, sa, dta) if ra else None
-        gb = _red(g * ad, bt.shape, bt.dtype) if rb else None
+        ga = _red(_half_op(np.multiply, g, bd), sa, dta) if ra else None
+        gb = _red(_half_op(np.multiply, g, ad), bt.shape, bt.dtype) if rb else None
         return ga, gb
     return _mk(out, "MulBackward0", bw, (a, bt))
 
@@ -311,22 +322,16 @@ def where(cond, a=None, b=None):
 
 def _cast(x, dt):
     src = x._data.dtype
-    if dt in _HALFS:
-        # values beyond float16's range become inf, as torch's casts do, without a NumPy warning
-        # (amp's loss scaler expects and handles them)
-        with np.errstate(over="ignore"):
-            out = x._data.astype(dt)
-    else:
-        out = x._data.astype(dt)
+    # values beyond float16's range become inf, as torch's casts do, without a NumPy warning
+    # (amp's loss scaler expects and handles them); float32 <-> half in one C pass (_to)
+    out = _to(x._data, dt)
+    if out is x._data:
+        out = out.copy()
     if not _is_float_dtype(dt):
         return _new_on(out, x)
-    if src in _HALFS:
-        def back(g):
-            with np.errstate(over="ignore"):
-                return (g.astype(src),)
-    else:
-        def back(g):
-            return (g.astype(src),)
+
+    def back(g):
+        return (_to(g, src),)
     return _mk(out, "ToCopyBackward0", back, (x,), saves=False)
 
 

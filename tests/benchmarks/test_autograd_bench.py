@@ -1,5 +1,6 @@
-"""benchmarks/nn.py --quick runs, prints its table, and pyddp's first-step loss equals torch's
-(a smoke test, not a measurement)."""
+"""benchmarks/nn.py --quick runs, prints its tables (MLP/CNN, and small GPT/ViT models in float32
+and under autocast), and pyddp's first-step losses equal torch's (a smoke test, not a
+measurement)."""
 import os
 import subprocess
 import sys
@@ -19,3 +20,12 @@ def test_nn_benchmark_quick_against_torch():  # "torch" in the name: skipped by 
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[1]) > 0
+    # the small transformer models: GPT in float32 / autocast bf16 / fp16, ViT float32 / bf16,
+    # the autocast rows with each library's autocast/float32 ratio
+    tf = [ln for ln in r.stdout.splitlines() if ln.startswith("| GPT") or ln.startswith("| ViT")]
+    assert len(tf) == 5, r.stdout
+    for row in tf:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) > 0
+        if "autocast" in cells[0]:
+            assert float(cells[4]) > 0 and float(cells[5]) > 0

@@ -10,7 +10,9 @@ import numpy as np
 
 from ... import _tensor as _t
 from ..._tensor import Tensor, sigmoid, softmax, tanh
-from ..._tensor._core import _mk
+from ... import _C
+from ..._tensor._core import _mk, _to
+from ..._tensor._dtypes import _F32, _HALFS
 from ..._tensor._grad_mode import _st
 from ..._tensor._ops import _sigmoid_f
 from .._argcheck import require_tensors as _require_tensors
@@ -120,6 +122,8 @@ def gelu(input, approximate="none"):
         def bw(g):
             dinner = _K_TANH * (1 + 3 * 0.044715 * xd * xd)
             return (g * (0.5 * (1 + t) + 0.5 * xd * (1 - t * t) * dinner),)
+    elif approximate == "none" and (xd.dtype == _F32 or xd.dtype in _HALFS):
+        return _gelu_c(input)
     elif approximate == "none":
         cdf = 0.5 * (1 + _erf(xd * _SQRT1_2)).astype(xd.dtype, copy=False)
         out = xd * cdf
@@ -130,6 +134,27 @@ def gelu(input, approximate="none"):
     else:
         raise RuntimeError(f"approximate argument must be either none or tanh, got "
                            f"{approximate!r}")
+    return _mk(out, "GeluBackward0", bw, (input,))
+
+
+def _gelu_c(input):
+    """Exact GELU on float32 through pyddp._C's vectorised kernel (erf and exp there; NumPy has
+    neither fast erf nor float16/bfloat16 arithmetic).  A float16/bfloat16 input is widened to
+    float32, computed there and rounded once, as torch's CPU kernel does; so is its gradient."""
+    xd = input._data
+    dt = xd.dtype
+    x32 = np.ascontiguousarray(_to(xd, _F32))
+    o32 = np.empty(x32.shape, _F32)
+    _C.gelu(o32, x32)
+    out = _to(o32, dt)
+
+    def bw(g):
+        g32 = np.ascontiguousarray(_to(g, _F32), dtype=_F32)
+        if g32.shape != x32.shape:
+            g32 = np.ascontiguousarray(np.broadcast_to(g32, x32.shape))
+        gx = np.empty(x32.shape, _F32)
+        _C.gelu_backward(gx, g32, x32)
+        return (_to(gx, dt),)
     return _mk(out, "GeluBackward0", bw, (input,))
 
 

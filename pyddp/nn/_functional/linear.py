@@ -7,8 +7,8 @@ import numpy as np
 
 from ..._tensor import Tensor
 from ..._tensor import _core
-from ..._tensor._core import _mk, _mm
-from ..._tensor._dtypes import _HALFS
+from ..._tensor._core import _mk, _mm, _to
+from ..._tensor._dtypes import _F32, _HALFS
 from ..._tensor._grad_mode import _st
 from .._argcheck import require_tensors as _require_tensors
 from ._common import _low
@@ -24,6 +24,8 @@ def linear(input, weight, bias=None):
     if xd.dtype != wd.dtype:
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {xd.dtype} and "
                            f"{wd.dtype}")
+    if xd.dtype in _HALFS:
+        return _linear_half(input, weight, bias)
     out = _mm(xd, wd.T)
     bd = None
     if bias is not None:
@@ -54,6 +56,39 @@ def linear(input, weight, bias=None):
                 else:
                     gb = g2.sum(0, dtype=np.float32 if g2.dtype in _HALFS else None) \
                         .astype(bd.dtype, copy=False)
+        return gx, gw, gb
+    return _mk(out, "AddmmBackward0", bw, (input, weight, bias))
+
+
+def _linear_half(input, weight, bias):
+    """linear on float16/bfloat16: the operands widened (exactly) to float32 once, one float32
+    BLAS product with the bias added in float32, rounded once to the half type (torch's CPU addmm
+    accumulates in float32 and rounds once too).  Backward reuses the widened operands and widens
+    the incoming gradient once."""
+    dt = input._data.dtype
+    x32, w32 = _to(input._data, _F32), _to(weight._data, _F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        o32 = np.matmul(x32, w32.T)
+        if bias is not None:
+            o32 += _to(bias._data, _F32)
+    out = _to(o32, dt)
+    rx, rw = input._requires_grad, weight._requires_grad
+    rb = bias is not None and bias._requires_grad
+    if not (_st.grad and (rx or rw or rb)):
+        return Tensor._wrap(out)
+    O = w32.shape[0]
+
+    def bw(g):
+        gx = gw = gb = None
+        g32 = _to(g, _F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if rx:
+                gx = _to(np.matmul(g32, w32), dt)
+            g2 = g32.reshape(-1, O)
+            if rw:
+                gw = _to(np.matmul(g2.T, x32.reshape(-1, x32.shape[-1])), dt)
+            if rb:
+                gb = _to(g2.sum(0), bias._data.dtype)
         return gx, gw, gb
     return _mk(out, "AddmmBackward0", bw, (input, weight, bias))
 
