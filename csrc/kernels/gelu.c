@@ -96,7 +96,7 @@ exp_neg_f32(float x)
 /* The loops, inlined into a portable build and, on x86-64, AVX2+FMA and
  * AVX-512 builds chosen at run time (as kernels/cast.c does). */
 static inline void
-gelu_loop(float *restrict out, const float *restrict x, size_t count)
+gelu_loop(float *out, const float *x, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         float v = x[i];
@@ -105,8 +105,8 @@ gelu_loop(float *restrict out, const float *restrict x, size_t count)
 }
 
 static inline void
-gelu_backward_loop(float *restrict gx, const float *restrict g,
-                   const float *restrict x, size_t count)
+gelu_backward_loop(float *gx, const float *g,
+                   const float *x, size_t count)
 {
     for (size_t i = 0; i < count; i++) {
         float v = x[i];
@@ -120,34 +120,34 @@ gelu_backward_loop(float *restrict gx, const float *restrict g,
 #define HAVE_X86_DISPATCH 1
 
 __attribute__((target("avx2,fma"))) static void
-gelu_avx2(float *restrict out, const float *restrict x, size_t count)
+gelu_avx2(float *out, const float *x, size_t count)
 {
     gelu_loop(out, x, count);
 }
 
 __attribute__((target("avx512f,avx2,fma"))) static void
-gelu_avx512(float *restrict out, const float *restrict x, size_t count)
+gelu_avx512(float *out, const float *x, size_t count)
 {
     gelu_loop(out, x, count);
 }
 
 __attribute__((target("avx2,fma"))) static void
-gelu_backward_avx2(float *restrict gx, const float *restrict g,
-                   const float *restrict x, size_t count)
+gelu_backward_avx2(float *gx, const float *g,
+                   const float *x, size_t count)
 {
     gelu_backward_loop(gx, g, x, count);
 }
 
 __attribute__((target("avx512f,avx2,fma"))) static void
-gelu_backward_avx512(float *restrict gx, const float *restrict g,
-                     const float *restrict x, size_t count)
+gelu_backward_avx512(float *gx, const float *g,
+                     const float *x, size_t count)
 {
     gelu_backward_loop(gx, g, x, count);
 }
 #endif
 
 void
-pd_gelu_f32(float *restrict out, const float *restrict x, size_t count)
+pd_gelu_f32(float *out, const float *x, size_t count)
 {
 #ifdef HAVE_X86_DISPATCH
     if (__builtin_cpu_supports("avx512f")) {
@@ -163,8 +163,8 @@ pd_gelu_f32(float *restrict out, const float *restrict x, size_t count)
 }
 
 void
-pd_gelu_backward_f32(float *restrict gx, const float *restrict g,
-                     const float *restrict x, size_t count)
+pd_gelu_backward_f32(float *gx, const float *g,
+                     const float *x, size_t count)
 {
 #ifdef HAVE_X86_DISPATCH
     if (__builtin_cpu_supports("avx512f")) {

@@ -484,3 +484,32 @@ def test_cast_lengths_and_offsets(lib, name):
             ref = dst.view(dtype).astype(np.float32)
             good = np.isnan(ref) | (wide.view(np.uint32) == ref.view(np.uint32))
             assert good.all(), (name, off, n)
+
+
+def test_gelu_kernels_match_erf_in_place_and_check_their_arguments():
+    """pyddp._C.gelu / gelu_backward (the exact GELU's vectorised kernels) against math.erf in
+    float64, for every length up to a few vectors (the loops' tails) and in place."""
+    import math
+
+    from pyddp import _C
+
+    for n in (0, 1, 7, 8, 15, 16, 17, 33, 1001):
+        x = np.linspace(-9.0, 9.0, n).astype(np.float32)
+        xd = x.astype(np.float64)
+        want = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in xd])
+        out = np.empty_like(x)
+        _C.gelu(out, x)
+        np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6)
+        g = np.linspace(-1.0, 1.0, n).astype(np.float32)
+        dwant = g * np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) +
+                              v * math.exp(-v * v / 2.0) / math.sqrt(2.0 * math.pi) for v in xd])
+        gx = np.empty_like(x)
+        _C.gelu_backward(gx, g, x)
+        np.testing.assert_allclose(gx, dwant, rtol=2e-6, atol=2e-6)
+        y = x.copy()
+        _C.gelu(y, y)                      # in place
+        np.testing.assert_array_equal(y, out)
+    with pytest.raises(ValueError, match="differ in size"):
+        _C.gelu(np.empty(3, np.float32), np.empty(4, np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        _C.gelu(np.empty(3, np.float64), np.empty(3, np.float64))
