@@ -217,6 +217,10 @@ def sgd_step(params: Sequence[_Array], grads: Sequence[_Array],
 def amp_unscale_(arrays: Sequence[_Array], found_inf: Optional[_Array],
                  inv_scale: Union[float, _Array]) -> bool: ...
 def cast_(dsts: Sequence[_Array], srcs: Sequence[_Array]) -> None: ...
+def gelu(out: _Array, x: _Array) -> None:
+    """Exact GELU of contiguous float32 ``x`` into ``out`` (may be ``x``)."""
+def gelu_backward(gx: _Array, g: _Array, x: _Array) -> None:
+    """GELU's gradient: ``gx = g * (Phi(x) + x * phi(x))``, contiguous float32 arrays."""
 
 # ---------------------------------------------------------------- CUDA runtime and NCCL (cuda.c)
 # Loaded at run time, once per process (pyddp/cuda/_lib.py builds the candidate paths); every other
