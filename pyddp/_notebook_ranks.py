@@ -173,7 +173,7 @@ class Ranks:
     seconds for them to stop).  Ranks die with the thread that started them (Linux)."""
 
     def __init__(self, nprocs=2, backend="cpu", *, start_timeout=120.0, interrupt_grace=5.0,
-                 quiet_others=False, figures=0):
+                 quiet_others=False, figures=0, cuda_on_cpu=False):
         if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
             raise ValueError(f"nprocs must be a positive int, got {nprocs!r}")
         for name, v in (("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
@@ -186,6 +186,9 @@ class Ranks:
         self.quiet_others = quiet_others
         self.figures = figures
         _check_figures(figures)
+        if not isinstance(cuda_on_cpu, bool):
+            raise ValueError(f"cuda_on_cpu must be True or False, got {cuda_on_cpu!r}")
+        self.cuda_on_cpu = cuda_on_cpu
         self._out = _rank_io.Presenter(elsewhere="kept in the CellResult's .displays; shown only "
                                                  "in a Jupyter kernel")
         self._ranks = []
@@ -235,6 +238,24 @@ class Ranks:
         })
         if self.nprocs > 1 and not os.environ.get("OMP_NUM_THREADS"):
             env["OMP_NUM_THREADS"] = "1"   # torchrun's policy for ranks sharing a host
+        if self.cuda_on_cpu:
+            # pyddp-run --cuda-on-cpu's: a GPU script's lines on this CPU, one emulated device
+            # per rank, 'nccl' on the cpu backend; refused (here, once) where a GPU is visible
+            from .cuda import _emulation
+
+            saved = os.environ.get("PYDDP_CUDA_ON_CPU")
+            os.environ["PYDDP_CUDA_ON_CPU"] = "1"
+            _emulation._on = None
+            try:
+                _emulation.announce()
+            finally:
+                if saved is None:
+                    del os.environ["PYDDP_CUDA_ON_CPU"]
+                else:
+                    os.environ["PYDDP_CUDA_ON_CPU"] = saved
+                _emulation._on = None
+            env["PYDDP_CUDA_ON_CPU"] = "1"
+            env[_emulation._SAID_ENV] = "1"   # said here; the ranks stay quiet
         try:
             for r in range(self.nprocs):
                 env_r = dict(env, RANK=str(r), LOCAL_RANK=str(r))
@@ -678,7 +699,8 @@ class Ranks:
 
     def __repr__(self):
         state = "running" if self._ranks else "stopped"
-        return f"Ranks(nprocs={self.nprocs}, backend={self.backend!r}) [{state}]"
+        return (f"Ranks(nprocs={self.nprocs}, backend={self.backend!r}"
+                f"{', cuda_on_cpu=True' if self.cuda_on_cpu else ''}) [{state}]")
 
 
 def _serialise(name, obj):
@@ -817,6 +839,13 @@ def _rank_main():
     try:
         import pyddp.distributed as dist
 
+        if backend and "nccl" in backend:
+            # a device per rank before the group's communicators are made (what a torchrun
+            # script does first: torch.cuda.set_device(local_rank))
+            import pyddp.cuda as cuda
+
+            if cuda.is_available():
+                cuda.set_device(int(os.environ["LOCAL_RANK"]) % cuda.device_count())
         dist.init_process_group(backend)
     except BaseException as e:
         conn.send(("ready", _format_exc(e)))

@@ -1,6 +1,6 @@
 """IPython magics for persistent ranks: ``%load_ext pyddp``, then
 
-    %ddp start -n 2 [--backend cpu] [--timeout 120]
+    %ddp start -n 2 [--backend cpu] [--timeout 120] [--cuda-on-cpu]
                                         start the ranks (pyddp.notebook.Ranks); fails when they
                                         are not all up within the timeout (seconds)
     %%ddp [--ranks 0,1] [--quiet-others] [--figures 0|0,1|all|none]
@@ -35,6 +35,7 @@ def _line_parser():
     start.add_argument("-n", "--nprocs", type=int, default=2)
     start.add_argument("--backend", default="cpu")
     start.add_argument("--timeout", type=float, default=120.0)
+    start.add_argument("--cuda-on-cpu", action="store_true")
     for name in ("stop", "restart", "status"):
         sub.add_parser(name, add_help=False)
     push = sub.add_parser("push", add_help=False)
@@ -89,8 +90,9 @@ class DDPMagics(Magics):
             if not args.timeout > 0:
                 raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout}")
             self.ranks = Ranks(nprocs=args.nprocs, backend=args.backend,
-                               start_timeout=args.timeout).start()
-            print(f"{args.nprocs} ranks started (backend {args.backend!r})")
+                               start_timeout=args.timeout, cuda_on_cpu=args.cuda_on_cpu).start()
+            print(f"{args.nprocs} ranks started (backend {args.backend!r}"
+                  f"{', CUDA on the CPU' if args.cuda_on_cpu else ''})")
         elif args.cmd == "stop":
             if self.ranks is None or not self.ranks.running:
                 print("no ranks are running")

@@ -522,3 +522,36 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     assert results and results[0]["data"]["text/plain"] == "[2.0, 2.0, 2.0, 2.0]", cells[AFTER].outputs
     assert "ranks stopped" in _text(cells[STOP])
     assert_all_gone(pids)
+
+
+def test_nccl_ranks_with_cuda_on_the_cpu_run_a_gpu_cell(monkeypatch, capsys):
+    """`%ddp start --backend nccl --cuda-on-cpu` (Ranks(..., cuda_on_cpu=True)): each rank has its
+    own emulated device set before the group is made, and a GPU cell's all_reduce on 'cuda'
+    tensors sums over the ranks (said once, in this process, that CUDA is emulated)."""
+    from pyddp.cuda import _emulation
+
+    monkeypatch.delenv("PYDDP_CUDA_ON_CPU", raising=False)
+    monkeypatch.delenv(_emulation._SAID_ENV, raising=False)
+    try:
+        with pytest.raises(ValueError, match="cuda_on_cpu must be True or False"):
+            Ranks(nprocs=2, backend="nccl", cuda_on_cpu="yes")
+        r = Ranks(nprocs=2, backend="nccl", cuda_on_cpu=True, start_timeout=WAIT).start()
+        pids = _pids(r)
+        try:
+            res = r.run(textwrap.dedent("""\
+                import pyddp, pyddp.distributed as dist, pyddp.cuda as cuda
+                x = pyddp.ones(4, device="cuda") * (dist.get_rank() + 1)
+                dist.all_reduce(x)
+                (str(x.device), cuda.current_device(), x.cpu().numpy().tolist(), dist.get_backend())
+                """))
+            assert "cuda_on_cpu=True" in repr(r)
+        finally:
+            r.stop()
+        assert_all_gone(pids)
+        assert res.values == {0: "('cuda:0', 0, [3.0, 3.0, 3.0, 3.0], 'nccl')",
+                              1: "('cuda:1', 1, [3.0, 3.0, 3.0, 3.0], 'nccl')"}
+        err = capsys.readouterr().err
+        assert err.count("CUDA is emulated on the CPU") == 1, err
+    finally:
+        _emulation._on = None
+        os.environ.pop(_emulation._SAID_ENV, None)
