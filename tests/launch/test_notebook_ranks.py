@@ -424,8 +424,21 @@ _CELLS = [
     "    dist.broadcast(x, 0)",
     "%%ddp\nx = np.ones(4)\ndist.all_reduce(x)\nx.tolist()",
     "%ddp stop",
+    # a function defined in the kernel, pushed to the ranks; a value pulled back
+    "%ddp start -n 2",
+    "def tenfold(v):\n    return v * 10",
+    "%ddp push tenfold",
+    "%%ddp\nimport numpy as np, pyddp.distributed as dist\nw = np.arange(3) * (dist.get_rank() + 1)\n"
+    "tenfold(dist.get_rank())",
+    "%ddp pull w --rank 1",
+    # a rank that dies is reported in the running cell; restart brings the job back
+    "%%ddp --ranks 1\nimport os\nos._exit(3)",
+    "%ddp restart",
+    "%%ddp\nimport os, pyddp.distributed as dist\nprint('pid', os.getpid())\ndist.get_world_size()",
+    # (no %ddp stop: the kernel's shutdown takes the ranks with it)
 ]
 SLEEP, FAILS, STATUS, RICH, MISMATCH, AFTER, STOP = 7, 8, 9, 10, 11, 12, 13
+PUSHED, PULL, DIES, RESTART, LAST = 17, 18, 19, 20, 21
 
 
 def _interrupt_when_sleeping(client, cell, seen):
@@ -522,6 +535,22 @@ def test_a_notebook_runs_cells_on_persistent_ranks(tmp_path):
     assert results and results[0]["data"]["text/plain"] == "[2.0, 2.0, 2.0, 2.0]", cells[AFTER].outputs
     assert "ranks stopped" in _text(cells[STOP])
     assert_all_gone(pids)
+    results = [o for o in cells[PUSHED].outputs if o.get("output_type") == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "[rank0]: 0\n[rank1]: 10", \
+        cells[PUSHED].outputs
+    pulled = [o for o in cells[PULL].outputs if o.get("output_type") in ("execute_result",
+                                                                          "display_data")]
+    assert pulled and pulled[0]["data"]["text/plain"] == "array([0, 2, 4])", cells[PULL].outputs
+    errors = [o for o in cells[DIES].outputs if o.get("output_type") == "error"]
+    tb = "\n".join(errors[0]["traceback"]) if errors else ""
+    assert "rank 1" in tb and "exit code 3" in tb, cells[DIES].outputs
+    assert "restart" in (_text(cells[RESTART]) + tb).lower()
+    results = [o for o in cells[LAST].outputs if o.get("output_type") == "execute_result"]
+    assert results and results[0]["data"]["text/plain"] == "2", cells[LAST].outputs
+    # the kernel shut down (the client's context ended): its ranks went with it
+    last = [int(p) for p in re.findall(r"^\[rank\d\]: pid (\d+)$", _text(cells[LAST]), re.M)]
+    assert len(last) == 2, _text(cells[LAST])
+    assert_all_gone(last)
 
 
 def test_nccl_ranks_with_cuda_on_the_cpu_run_a_gpu_cell(monkeypatch, capsys):
