@@ -113,6 +113,11 @@ class BuildExt(build_ext):
             print(f"pyddp: all {len(ext.sources)} C files up to date in {obj_root}; linking")
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        # Always linked (a second or two), to a new file put in place whole: distutils skips a
+        # link whose output is newer than the objects, which kept an extension built with other
+        # flags (PYDDP_SANITIZE's) in place after a plain build; and a process loading the old
+        # file meanwhile sees it whole.
+        final, out = out, f"{out}.{os.getpid()}.tmp"
         cc.link_shared_object(objects, out, libraries=self.get_libraries(ext),
                               library_dirs=ext.library_dirs,
                               runtime_library_dirs=ext.runtime_library_dirs,
@@ -120,6 +125,7 @@ class BuildExt(build_ext):
                               export_symbols=self.get_export_symbols(ext),
                               debug=self.debug, build_temp=self.build_temp,
                               target_lang=self.compiler.detect_language(ext.sources))
+        os.replace(out, final)
 
 
 setup(
