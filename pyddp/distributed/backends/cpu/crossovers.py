@@ -699,10 +699,12 @@ def first_job(cpg):
     path = tuning.auto_save(cpg.size, res, table, seconds) if cpg.rank == 0 else None
     global last_first_job
     last_first_job = {"seconds": seconds, "path": path}
-    from ... import _observe
+    if cpg.rank == 0:   # (the others applied the same)
+        from ... import _observe
 
-    _observe.info("measured this host's crossovers in %.2f s (the first job on it; %s): single "
-                  "copies from %s", seconds, path or "not kept", out["cma_from"], rank=cpg.rank)
+        _observe.info("measured this host's crossovers in %.2f s (one of its first jobs; %s): "
+                      "single copies from %s", seconds, path or "not kept: the cache directory "
+                      "cannot be written", out["cma_from"], rank=cpg.rank)
     return out, seconds, path
 
 
