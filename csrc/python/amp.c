@@ -10,6 +10,7 @@
 
 #include "../kernels/amp.h"
 #include "../kernels/gelu.h"
+#include "../kernels/gemm_bf16.h"
 
 /* The float kernels' dtypes: float16, float32, float64 by format, and
  * bfloat16 as a uint16 view ('H'), because NumPy cannot export
@@ -447,6 +448,133 @@ gelu_backward_f32(PyObject *module, PyObject *args)
     return ret;
 }
 
+/* A strided 2-D or 3-D array of itemsize 2 ('H': bfloat16 as uint16) or 4
+ * ('f': float32) for gemm_bf16; out is writable, float32, unit last stride.
+ * 2-D arrays read as a batch of one. */
+static int
+gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
+             Py_ssize_t shape[3], ptrdiff_t strides[3])
+{
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT;
+    if (is_out) {
+        flags |= PyBUF_WRITABLE;
+    }
+    if (PyObject_GetBuffer(obj, b, flags) < 0) {
+        return -1;
+    }
+    const char *f = b->format != NULL ? b->format : "B";
+    if (*f == '<' || *f == '=') {
+        f++;
+    }
+    Py_ssize_t item = is_out ? 4 : 2;
+    if (b->itemsize != item || strcmp(f, is_out ? "f" : "H") != 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "gemm_bf16: %s must be a %s array", name,
+                     is_out ? "float32" : "uint16 (bfloat16 bits)");
+        goto fail;
+    }
+    if (b->ndim != 2 && b->ndim != 3) {
+        PyErr_Format(PyExc_ValueError,
+                     "gemm_bf16: %s must have 2 or 3 dimensions, not %d",
+                     name, b->ndim);
+        goto fail;
+    }
+    int lead = 3 - b->ndim;
+    shape[0] = 1;
+    strides[0] = 0;
+    for (int d = 0; d < b->ndim; d++) {
+        if (b->strides[d] % item != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "gemm_bf16: %s's strides are not whole elements",
+                         name);
+            goto fail;
+        }
+        shape[lead + d] = b->shape[d];
+        strides[lead + d] = (ptrdiff_t)(b->strides[d] / item);
+    }
+    if (is_out && shape[2] > 1 && strides[2] != 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: out's last dimension must be contiguous");
+        goto fail;
+    }
+    return 0;
+fail:
+    PyBuffer_Release(b);
+    return -1;
+}
+
+static PyObject *
+gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"out", "a", "b", "bias", "portable", NULL};
+    PyObject *out_o, *a_o, *b_o, *bias_o = Py_None;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Op:gemm_bf16", kwlist,
+                                     &out_o, &a_o, &b_o, &bias_o,
+                                     &portable)) {
+        return NULL;
+    }
+    Py_buffer ob, ab, bb, biasb;
+    Py_ssize_t os[3], as[3], bs[3];
+    ptrdiff_t ost[3], ast[3], bst[3];
+    if (gemm_operand(out_o, "out", 1, &ob, os, ost) < 0) {
+        return NULL;
+    }
+    if (gemm_operand(a_o, "a", 0, &ab, as, ast) < 0) {
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    if (gemm_operand(b_o, "b", 0, &bb, bs, bst) < 0) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&ab);
+        return NULL;
+    }
+    int have_bias = bias_o != Py_None;
+    PyObject *ret = NULL;
+    if (have_bias && f32_buffer(bias_o, "gemm_bf16", "bias", 0, &biasb) < 0) {
+        goto done;
+    }
+    if (ab.ndim != bb.ndim || ob.ndim != ab.ndim || as[0] != bs[0] ||
+        os[0] != as[0] || as[2] != bs[1] || os[1] != as[1] ||
+        os[2] != bs[2]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: shapes do not match: out (B, M, N), "
+                        "a (B, M, K), b (B, K, N) (or all 2-D)");
+        goto done;
+    }
+    if (have_bias && biasb.len / 4 != os[2]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: bias must have N elements");
+        goto done;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pd_gemm_bf16((size_t)as[0], (size_t)as[1], (size_t)bs[2],
+                      (size_t)as[2], ab.buf, ast[0], ast[1], ast[2], bb.buf,
+                      bst[0], bst[1], bst[2], ob.buf, ost[0], ost[1],
+                      have_bias ? (const float *)biasb.buf : NULL, portable);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+    } else {
+        ret = Py_NewRef(Py_None);
+    }
+done:
+    if (have_bias && biasb.obj != NULL) {
+        PyBuffer_Release(&biasb);
+    }
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&bb);
+    return ret;
+}
+
+static PyObject *
+gemm_bf16_native(PyObject *module, PyObject *unused)
+{
+    return PyBool_FromLong(pd_gemm_bf16_native() == PD_GEMM_BF16_NATIVE);
+}
+
 static PyMethodDef amp_methods[] = {
     {"amp_unscale_", (PyCFunction)(void (*)(void))amp_unscale,
      METH_VARARGS | METH_KEYWORDS,
@@ -472,6 +600,19 @@ static PyMethodDef amp_methods[] = {
      "gelu_backward(gx, g, x) -> None\n\n"
      "gx = g * (Phi(x) + x * phi(x)), exact GELU's gradient, on C-contiguous "
      "float32 arrays of one size; gx must not overlap g or x."},
+    {"gemm_bf16", (PyCFunction)(void (*)(void))gemm_bf16,
+     METH_VARARGS | METH_KEYWORDS,
+     "gemm_bf16(out, a, b, bias=None, portable=False) -> None\n\n"
+     "out[t] = a[t] @ b[t] (+ bias) with bfloat16 operands and float32 "
+     "sums: a (B, M, K) and b (B, K, N) uint16 views of bfloat16 arrays, "
+     "any strides (transposes, stride-0 broadcasts); out (B, M, N) float32 "
+     "with a contiguous last dimension, not overlapping a or b; all three "
+     "2-D or all 3-D; bias: N contiguous float32 or None.  AVX512-BF16 "
+     "(vdpbf16ps) where the CPU has it, else plain C; portable=True forces "
+     "the plain C."},
+    {"gemm_bf16_native", gemm_bf16_native, METH_NOARGS,
+     "gemm_bf16_native() -> bool\n\n"
+     "Whether gemm_bf16 runs the AVX512-BF16 kernel on this CPU."},
     {NULL, NULL, 0, NULL},
 };
 
