@@ -18,8 +18,8 @@
  * backward's g @ W and g^T @ x) need no copy first.  An odd K and ragged
  * M / N edges are zero-padded in the packs; the kernel stores only the
  * valid rows and (masked) columns.  The K blocks after the first add into
- * C, so sums are float32 throughout; the bias, when given, is added in the
- * first K block.
+ * C, so sums are float32 throughout; the bias, when given, is added to the
+ * finished sum in the last K block (as a product followed by a float32 add).
  *
  * vdpbf16ps treats bfloat16 denormal inputs as zero and flushes denormal
  * results (as torch's oneDNN bfloat16 kernels on the same instruction do);
@@ -147,7 +147,8 @@ pack_b(uint32_t *dst, const uint16_t *b, ptrdiff_t rs, ptrdiff_t cs,
 /* ----------------------------------------------------------- micro-kernels */
 
 /* C[i][j] (+)= sum_p A-panel x B-panel for i < rows, j < cols; first: C is
- * overwritten (plus bias[j] when bias is not NULL), else added to. */
+ * overwritten, else added to; then bias[j] is added when bias is not NULL
+ * (the driver passes it with the last K block only). */
 typedef void (*ukernel_fn)(size_t kp, const uint32_t *ap, const uint32_t *bp,
                            float *c, ptrdiff_t ldc, size_t rows, size_t cols,
                            int first, const float *bias);
@@ -196,11 +197,8 @@ ukernel_portable(size_t kp, const uint32_t *ap, const uint32_t *bp, float *c,
     for (size_t i = 0; i < rows; i++) {
         float *ci = c + (ptrdiff_t)i * ldc;
         for (size_t j = 0; j < cols; j++) {
-            if (first) {
-                ci[j] = bias != NULL ? acc[i][j] + bias[j] : acc[i][j];
-            } else {
-                ci[j] += acc[i][j];
-            }
+            float v = first ? acc[i][j] : ci[j] + acc[i][j];
+            ci[j] = bias != NULL ? v + bias[j] : v;
         }
     }
 }
@@ -234,7 +232,7 @@ ukernel_avx512bf16(size_t kp, const uint32_t *ap, const uint32_t *bp,
                    : cols <= 16 ? (__mmask16)0
                                 : (__mmask16)((1u << (cols - 16)) - 1u);
     __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (first && bias != NULL) {
+    if (bias != NULL) {
         bias0 = _mm512_maskz_loadu_ps(m0, bias);
         bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
     }
@@ -245,11 +243,15 @@ ukernel_avx512bf16(size_t kp, const uint32_t *ap, const uint32_t *bp,
         float *ci = c + (ptrdiff_t)i * ldc;
         __m512 v0, v1;
         if (first) {
-            v0 = _mm512_add_ps(c0[i], bias0);
-            v1 = _mm512_add_ps(c1[i], bias1);
+            v0 = c0[i];
+            v1 = c1[i];
         } else {
-            v0 = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ci));
-            v1 = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ci + 16));
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), c0[i]);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), c1[i]);
+        }
+        if (bias != NULL) {
+            v0 = _mm512_add_ps(v0, bias0);
+            v1 = _mm512_add_ps(v1, bias1);
         }
         _mm512_mask_storeu_ps(ci, m0, v0);
         _mm512_mask_storeu_ps(ci + 16, m1, v1);
@@ -304,7 +306,7 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
         for (size_t pc = 0; pc < K; pc += KC) {
             size_t kc = min_sz(KC, K - pc);
             size_t kp = (kc + 1) / 2;
-            int first = pc == 0;
+            int first = pc == 0, last = pc + kc == K;
             const uint16_t *bblk =
                 b + (ptrdiff_t)pc * b_rs + (ptrdiff_t)jc * b_cs;
             for (size_t jr = 0; jr < nc; jr += NR) {
@@ -324,7 +326,7 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     const uint32_t *bp = bpack + (jr / NR) * kp * NR;
                     const float *bj =
-                        (first && bias != NULL) ? bias + jc + jr : NULL;
+                        (last && bias != NULL) ? bias + jc + jr : NULL;
                     for (size_t ir = 0; ir < mc; ir += MR) {
                         ukr(kp, apack + (ir / MR) * kp * MR, bp,
                             c + (ptrdiff_t)(ic + ir) * c_rs +

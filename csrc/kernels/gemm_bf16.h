@@ -22,7 +22,7 @@ int pd_gemm_bf16_native(void);
  * Strides are in elements and may be zero or negative (any transpose or
  * broadcast); C must not overlap A or B.  Products are exact in float32 and
  * summed in float32 (K-order blocked, not a correctly rounded dot product);
- * bias (N floats, or NULL) is added to every row.  K == 0 gives C = bias
+ * bias (N floats, or NULL) is then added to every row in float32.  K == 0 gives C = bias
  * (or zeros).  force_portable selects the plain-C code even where the
  * native kernel exists (tests).  Returns 0, or -1 when the packing buffers
  * cannot be allocated (C then unspecified). */
