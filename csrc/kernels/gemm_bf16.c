@@ -20,6 +20,9 @@
  * valid rows and (masked) columns.  The K blocks after the first add into
  * C, so sums are float32 throughout; the bias, when given, is added to the
  * finished sum in the last K block (as a product followed by a float32 add).
+ * A bfloat16 output is rounded from those float32 values in the last block
+ * (partial sums of earlier K blocks wait in a float32 scratch), so the
+ * float32 result never makes a separate pass through memory.
  *
  * vdpbf16ps treats bfloat16 denormal inputs as zero and flushes denormal
  * results (as torch's oneDNN bfloat16 kernels on the same instruction do);
@@ -33,6 +36,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "half.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) &&                              \
     !defined(PD_KERNELS_PORTABLE) &&                                         \
@@ -146,12 +151,24 @@ pack_b(uint32_t *dst, const uint16_t *b, ptrdiff_t rs, ptrdiff_t cs,
 
 /* ----------------------------------------------------------- micro-kernels */
 
-/* C[i][j] (+)= sum_p A-panel x B-panel for i < rows, j < cols; first: C is
- * overwritten, else added to; then bias[j] is added when bias is not NULL
- * (the driver passes it with the last K block only). */
+/* One MR x NR tile: v[i][j] = sum_p A-panel x B-panel (+ cin[i][j] when cin
+ * is not NULL) (+ bias[j] when bias is not NULL), for i < rows, j < cols,
+ * stored as float32 to cout, or, when o16 is not NULL, rounded to bfloat16
+ * (nearest even, NaN kept quiet: pd_f32_to_bf16) into o16.  The driver
+ * passes cin after the first K block and bias and o16 with the last. */
+typedef struct {
+    const float *cin;
+    ptrdiff_t ldcin;
+    float *cout;
+    ptrdiff_t ldcout;
+    uint16_t *o16;
+    ptrdiff_t ldo16;
+    const float *bias;
+    size_t rows, cols;
+} tile_out;
+
 typedef void (*ukernel_fn)(size_t kp, const uint32_t *ap, const uint32_t *bp,
-                           float *c, ptrdiff_t ldc, size_t rows, size_t cols,
-                           int first, const float *bias);
+                           const tile_out *t);
 
 static inline float
 bf16_lo(uint32_t pair)
@@ -172,9 +189,8 @@ bf16_hi(uint32_t pair)
 }
 
 static void
-ukernel_portable(size_t kp, const uint32_t *ap, const uint32_t *bp, float *c,
-                 ptrdiff_t ldc, size_t rows, size_t cols, int first,
-                 const float *bias)
+ukernel_portable(size_t kp, const uint32_t *ap, const uint32_t *bp,
+                 const tile_out *t)
 {
     float acc[MR][NR];
     memset(acc, 0, sizeof(acc));
@@ -194,74 +210,124 @@ ukernel_portable(size_t kp, const uint32_t *ap, const uint32_t *bp, float *c,
         ap += MR;
         bp += NR;
     }
-    for (size_t i = 0; i < rows; i++) {
-        float *ci = c + (ptrdiff_t)i * ldc;
-        for (size_t j = 0; j < cols; j++) {
-            float v = first ? acc[i][j] : ci[j] + acc[i][j];
-            ci[j] = bias != NULL ? v + bias[j] : v;
+    for (size_t i = 0; i < t->rows; i++) {
+        for (size_t j = 0; j < t->cols; j++) {
+            float v = acc[i][j];
+            if (t->cin != NULL) {
+                v = t->cin[(ptrdiff_t)i * t->ldcin + (ptrdiff_t)j] + v;
+            }
+            if (t->bias != NULL) {
+                v = v + t->bias[j];
+            }
+            if (t->o16 != NULL) {
+                t->o16[(ptrdiff_t)i * t->ldo16 + (ptrdiff_t)j] =
+                    pd_f32_to_bf16(v);
+            } else {
+                t->cout[(ptrdiff_t)i * t->ldcout + (ptrdiff_t)j] = v;
+            }
         }
     }
 }
 
 #ifdef HAVE_BF16_DISPATCH
 
-__attribute__((target("avx512f,avx512bf16"))) static void
-ukernel_avx512bf16(size_t kp, const uint32_t *ap, const uint32_t *bp,
-                   float *c, ptrdiff_t ldc, size_t rows, size_t cols,
-                   int first, const float *bias)
+/* 16 float32 -> bfloat16 as pd_f32_to_bf16 does (the bias trick, NaN
+ * quieted); vcvtneps2bf16 would flush denormals. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m256i
+round_bf16_avx512(__m512 v)
 {
-    __m512 c0[MR], c1[MR];
-    for (int i = 0; i < MR; i++) {
-        c0[i] = _mm512_setzero_ps();
-        c1[i] = _mm512_setzero_ps();
+    __m512i x = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16),
+                                   _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb),
+        16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+        _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(x, 16),
+                             _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void
+store_row_avx512(const tile_out *t, size_t i, __m512 v0, __m512 v1,
+                 __mmask16 m0, __mmask16 m1, __m512 bias0, __m512 bias1)
+{
+    if (t->cin != NULL) {
+        const float *ci = t->cin + (ptrdiff_t)i * t->ldcin;
+        v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), v0);
+        v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), v1);
     }
+    if (t->bias != NULL) {
+        v0 = _mm512_add_ps(v0, bias0);
+        v1 = _mm512_add_ps(v1, bias1);
+    }
+    if (t->o16 != NULL) {
+        uint16_t *oi = t->o16 + (ptrdiff_t)i * t->ldo16;
+        _mm256_mask_storeu_epi16(oi, m0, round_bf16_avx512(v0));
+        _mm256_mask_storeu_epi16(oi + 16, m1, round_bf16_avx512(v1));
+    } else {
+        float *ci = t->cout + (ptrdiff_t)i * t->ldcout;
+        _mm512_mask_storeu_ps(ci, m0, v0);
+        _mm512_mask_storeu_ps(ci + 16, m1, v1);
+    }
+}
+
+#define ROW_STEP(i)                                                          \
+    do {                                                                     \
+        __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[i]);               \
+        c0_##i = _mm512_dpbf16_ps(c0_##i, av, b0);                           \
+        c1_##i = _mm512_dpbf16_ps(c1_##i, av, b1);                           \
+    } while (0)
+#define ROW_DECL(i)                                                          \
+    __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps()
+#define ROW_STORE(i)                                                         \
+    do {                                                                     \
+        if (t->rows > (i)) {                                                 \
+            store_row_avx512(t, (i), c0_##i, c1_##i, m0, m1, bias0, bias1);  \
+        }                                                                    \
+    } while (0)
+#define ROWS_14(X)                                                           \
+    X(0); X(1); X(2); X(3); X(4); X(5); X(6); X(7); X(8); X(9); X(10);       \
+    X(11); X(12); X(13)
+
+#if MR != 14
+#error "ukernel_avx512bf16 is written out for MR == 14"
+#endif
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+ukernel_avx512bf16(size_t kp, const uint32_t *ap, const uint32_t *bp,
+                   const tile_out *t)
+{
+    ROWS_14(ROW_DECL);
     for (size_t p = 0; p < kp; p++) {
         __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)bp);
         __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(bp + 16));
-        for (int i = 0; i < MR; i++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[i]);
-            c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
-            c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
-        }
+        ROWS_14(ROW_STEP);
         ap += MR;
         bp += NR;
     }
+    size_t cols = t->cols;
     __mmask16 m0 = cols >= 16 ? (__mmask16)0xffff
                               : (__mmask16)((1u << cols) - 1u);
     __mmask16 m1 = cols >= 32   ? (__mmask16)0xffff
                    : cols <= 16 ? (__mmask16)0
                                 : (__mmask16)((1u << (cols - 16)) - 1u);
     __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (bias != NULL) {
-        bias0 = _mm512_maskz_loadu_ps(m0, bias);
-        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+    if (t->bias != NULL) {
+        bias0 = _mm512_maskz_loadu_ps(m0, t->bias);
+        bias1 = _mm512_maskz_loadu_ps(m1, t->bias + 16);
     }
-    for (int i = 0; i < MR; i++) {
-        if ((size_t)i >= rows) {
-            break;
-        }
-        float *ci = c + (ptrdiff_t)i * ldc;
-        __m512 v0, v1;
-        if (first) {
-            v0 = c0[i];
-            v1 = c1[i];
-        } else {
-            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, ci), c0[i]);
-            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, ci + 16), c1[i]);
-        }
-        if (bias != NULL) {
-            v0 = _mm512_add_ps(v0, bias0);
-            v1 = _mm512_add_ps(v1, bias1);
-        }
-        _mm512_mask_storeu_ps(ci, m0, v0);
-        _mm512_mask_storeu_ps(ci + 16, m1, v1);
-    }
+    ROWS_14(ROW_STORE);
 }
 
 static int
 have_avx512bf16(void)
 {
     return __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bf16");
 }
 
@@ -286,17 +352,24 @@ min_sz(size_t a, size_t b)
     return a < b ? a : b;
 }
 
+/* One product.  Output: c (float32, row stride c_rs) or, when o16 is not
+ * NULL, o16 (bfloat16, row stride c_rs) with float32 partial sums over K
+ * blocks kept in scratch (M x min(N, NC), needed only when K > KC). */
 static void
 gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
          ptrdiff_t a_cs, const uint16_t *b, ptrdiff_t b_rs, ptrdiff_t b_cs,
-         float *c, ptrdiff_t c_rs, const float *bias, uint32_t *apack,
-         uint32_t *bpack, ukernel_fn ukr)
+         float *c, uint16_t *o16, ptrdiff_t c_rs, const float *bias,
+         uint32_t *apack, uint32_t *bpack, float *scratch, ukernel_fn ukr)
 {
     if (K == 0) {
         for (size_t i = 0; i < M; i++) {
-            float *ci = c + (ptrdiff_t)i * c_rs;
             for (size_t j = 0; j < N; j++) {
-                ci[j] = bias != NULL ? bias[j] : 0.0f;
+                float v = bias != NULL ? bias[j] : 0.0f;
+                if (o16 != NULL) {
+                    o16[(ptrdiff_t)i * c_rs + (ptrdiff_t)j] = pd_f32_to_bf16(v);
+                } else {
+                    c[(ptrdiff_t)i * c_rs + (ptrdiff_t)j] = v;
+                }
             }
         }
         return;
@@ -325,14 +398,35 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
                 }
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     const uint32_t *bp = bpack + (jr / NR) * kp * NR;
-                    const float *bj =
-                        (last && bias != NULL) ? bias + jc + jr : NULL;
                     for (size_t ir = 0; ir < mc; ir += MR) {
-                        ukr(kp, apack + (ir / MR) * kp * MR, bp,
-                            c + (ptrdiff_t)(ic + ir) * c_rs +
-                                (ptrdiff_t)(jc + jr),
-                            c_rs, min_sz(MR, mc - ir), min_sz(NR, nc - jr),
-                            first, bj);
+                        size_t i0 = ic + ir, j0 = jc + jr;
+                        tile_out t;
+                        /* float32 sums: in c, or for bfloat16 output in
+                         * scratch (row stride nc, columns from jc) */
+                        float *acc32;
+                        ptrdiff_t ld32;
+                        if (o16 != NULL) {
+                            acc32 = scratch != NULL
+                                        ? scratch + (ptrdiff_t)i0 * (ptrdiff_t)nc +
+                                              (ptrdiff_t)jr
+                                        : NULL;
+                            ld32 = (ptrdiff_t)nc;
+                        } else {
+                            acc32 = c + (ptrdiff_t)i0 * c_rs + (ptrdiff_t)j0;
+                            ld32 = c_rs;
+                        }
+                        t.cin = first ? NULL : acc32;
+                        t.ldcin = ld32;
+                        t.cout = acc32;
+                        t.ldcout = ld32;
+                        t.o16 = (last && o16 != NULL)
+                                    ? o16 + (ptrdiff_t)i0 * c_rs + (ptrdiff_t)j0
+                                    : NULL;
+                        t.ldo16 = c_rs;
+                        t.bias = (last && bias != NULL) ? bias + j0 : NULL;
+                        t.rows = min_sz(MR, mc - ir);
+                        t.cols = min_sz(NR, nc - jr);
+                        ukr(kp, apack + (ir / MR) * kp * MR, bp, &t);
                     }
                 }
             }
@@ -344,8 +438,8 @@ int
 pd_gemm_bf16(size_t batch, size_t M, size_t N, size_t K, const uint16_t *a,
              ptrdiff_t a_bs, ptrdiff_t a_rs, ptrdiff_t a_cs,
              const uint16_t *b, ptrdiff_t b_bs, ptrdiff_t b_rs,
-             ptrdiff_t b_cs, float *c, ptrdiff_t c_bs, ptrdiff_t c_rs,
-             const float *bias, int force_portable)
+             ptrdiff_t b_cs, void *c, int c_bf16, ptrdiff_t c_bs,
+             ptrdiff_t c_rs, const float *bias, int force_portable)
 {
     if (batch == 0 || M == 0 || N == 0) {
         return 0;
@@ -362,22 +456,31 @@ pd_gemm_bf16(size_t batch, size_t M, size_t N, size_t K, const uint16_t *a,
     size_t ncols = (min_sz(NC, N) + NR - 1) / NR * NR;
     size_t abytes = (kp * mrows * sizeof(uint32_t) + 63) / 64 * 64;
     size_t bbytes = (kp * ncols * sizeof(uint32_t) + 63) / 64 * 64;
+    size_t sbytes = (c_bf16 && K > KC)
+                        ? (M * min_sz(NC, N) * sizeof(float) + 63) / 64 * 64
+                        : 0;
     uint32_t *apack = NULL, *bpack = NULL;
+    float *scratch = NULL;
     if (K > 0) {
         apack = aligned_alloc(64, abytes);
         bpack = aligned_alloc(64, bbytes);
-        if (apack == NULL || bpack == NULL) {
+        scratch = sbytes ? aligned_alloc(64, sbytes) : NULL;
+        if (apack == NULL || bpack == NULL || (sbytes && scratch == NULL)) {
             free(apack);
             free(bpack);
+            free(scratch);
             return -1;
         }
     }
     for (size_t t = 0; t < batch; t++) {
+        float *c32 = c_bf16 ? NULL : (float *)c + (ptrdiff_t)t * c_bs;
+        uint16_t *c16 = c_bf16 ? (uint16_t *)c + (ptrdiff_t)t * c_bs : NULL;
         gemm_one(M, N, K, a + (ptrdiff_t)t * a_bs, a_rs, a_cs,
-                 b + (ptrdiff_t)t * b_bs, b_rs, b_cs,
-                 c + (ptrdiff_t)t * c_bs, c_rs, bias, apack, bpack, ukr);
+                 b + (ptrdiff_t)t * b_bs, b_rs, b_cs, c32, c16, c_rs, bias,
+                 apack, bpack, scratch, ukr);
     }
     free(apack);
     free(bpack);
+    free(scratch);
     return 0;
 }

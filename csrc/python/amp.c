@@ -448,12 +448,12 @@ gelu_backward_f32(PyObject *module, PyObject *args)
     return ret;
 }
 
-/* A strided 2-D or 3-D array of itemsize 2 ('H': bfloat16 as uint16) or 4
- * ('f': float32) for gemm_bf16; out is writable, float32, unit last stride.
- * 2-D arrays read as a batch of one. */
+/* A strided 2-D or 3-D array for gemm_bf16: the operands 'H' (bfloat16 as
+ * uint16); out writable, 'f' (float32) or 'H' (*out_bf16 set), unit last
+ * stride.  2-D arrays read as a batch of one. */
 static int
 gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
-             Py_ssize_t shape[3], ptrdiff_t strides[3])
+             Py_ssize_t shape[3], ptrdiff_t strides[3], int *out_bf16)
 {
     int flags = PyBUF_STRIDES | PyBUF_FORMAT;
     if (is_out) {
@@ -466,13 +466,19 @@ gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
     if (*f == '<' || *f == '=') {
         f++;
     }
-    Py_ssize_t item = is_out ? 4 : 2;
-    if (b->itemsize != item || strcmp(f, is_out ? "f" : "H") != 0) {
+    int is_f32 = b->itemsize == 4 && strcmp(f, "f") == 0;
+    int is_u16 = b->itemsize == 2 && strcmp(f, "H") == 0;
+    if (!(is_u16 || (is_out && is_f32))) {
         PyErr_Format(PyExc_TypeError,
                      "gemm_bf16: %s must be a %s array", name,
-                     is_out ? "float32" : "uint16 (bfloat16 bits)");
+                     is_out ? "float32 or uint16 (bfloat16 bits)"
+                            : "uint16 (bfloat16 bits)");
         goto fail;
     }
+    if (out_bf16 != NULL) {
+        *out_bf16 = is_u16;
+    }
+    Py_ssize_t item = b->itemsize;
     if (b->ndim != 2 && b->ndim != 3) {
         PyErr_Format(PyExc_ValueError,
                      "gemm_bf16: %s must have 2 or 3 dimensions, not %d",
@@ -517,14 +523,15 @@ gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_buffer ob, ab, bb, biasb;
     Py_ssize_t os[3], as[3], bs[3];
     ptrdiff_t ost[3], ast[3], bst[3];
-    if (gemm_operand(out_o, "out", 1, &ob, os, ost) < 0) {
+    int out_bf16 = 0;
+    if (gemm_operand(out_o, "out", 1, &ob, os, ost, &out_bf16) < 0) {
         return NULL;
     }
-    if (gemm_operand(a_o, "a", 0, &ab, as, ast) < 0) {
+    if (gemm_operand(a_o, "a", 0, &ab, as, ast, NULL) < 0) {
         PyBuffer_Release(&ob);
         return NULL;
     }
-    if (gemm_operand(b_o, "b", 0, &bb, bs, bst) < 0) {
+    if (gemm_operand(b_o, "b", 0, &bb, bs, bst, NULL) < 0) {
         PyBuffer_Release(&ob);
         PyBuffer_Release(&ab);
         return NULL;
@@ -551,7 +558,7 @@ gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_BEGIN_ALLOW_THREADS
     rc = pd_gemm_bf16((size_t)as[0], (size_t)as[1], (size_t)bs[2],
                       (size_t)as[2], ab.buf, ast[0], ast[1], ast[2], bb.buf,
-                      bst[0], bst[1], bst[2], ob.buf, ost[0], ost[1],
+                      bst[0], bst[1], bst[2], ob.buf, out_bf16, ost[0], ost[1],
                       have_bias ? (const float *)biasb.buf : NULL, portable);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
@@ -605,7 +612,8 @@ static PyMethodDef amp_methods[] = {
      "gemm_bf16(out, a, b, bias=None, portable=False) -> None\n\n"
      "out[t] = a[t] @ b[t] (+ bias) with bfloat16 operands and float32 "
      "sums: a (B, M, K) and b (B, K, N) uint16 views of bfloat16 arrays, "
-     "any strides (transposes, stride-0 broadcasts); out (B, M, N) float32 "
+     "any strides (transposes, stride-0 broadcasts); out (B, M, N) float32, "
+     "or uint16 (bfloat16 bits: the float32 result rounded to nearest even), "
      "with a contiguous last dimension, not overlapping a or b; all three "
      "2-D or all 3-D; bias: N contiguous float32 or None.  AVX512-BF16 "
      "(vdpbf16ps) where the CPU has it, else plain C; portable=True forces "

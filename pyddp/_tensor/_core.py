@@ -240,10 +240,11 @@ _GEMM_BF16 = bfloat16 is not None and _C.gemm_bf16_native()
 _GEMM_BF16_MIN = 1 << 15
 
 
-def _mm_bf16(x, y, bias=None):
-    """x @ y as float32 for bfloat16 arrays x (..., M, K) and y (..., K, N) (NumPy's batch
-    broadcasting; any strides) by pyddp._C.gemm_bf16, plus float32 bias (N,) when given; None
-    where the native kernel is missing or the product is small or not matrix-by-matrix."""
+def _mm_bf16(x, y, bias=None, dtype=bfloat16):
+    """x @ y for bfloat16 arrays x (..., M, K) and y (..., K, N) (NumPy's batch broadcasting; any
+    strides) by pyddp._C.gemm_bf16: float32 sums, plus float32 bias (N,) when given, returned as
+    dtype (bfloat16: rounded once to nearest even, in the kernel; or float32).  None where the
+    native kernel is missing or the product is small or not matrix-by-matrix."""
     if not _GEMM_BF16 or x.ndim < 2 or y.ndim < 2:
         return None
     M, K = x.shape[-2:]
@@ -251,29 +252,29 @@ def _mm_bf16(x, y, bias=None):
     if y.shape[-2] != K or M * N * K < _GEMM_BF16_MIN:
         return None
     if y.ndim == 2:
-        lead = x.shape[:-1]
+        out = np.empty(x.shape[:-1] + (N,), dtype)
         a = x.reshape(-1, K) if x.ndim > 2 else x
-        out = np.empty(lead + (N,), np.float32)
-        _C.gemm_bf16(out.reshape(-1, N), a.view(np.uint16), y.view(np.uint16), bias)
+        _C.gemm_bf16(_c16(out).reshape(-1, N), a.view(np.uint16), y.view(np.uint16), bias)
         return out
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     a = np.broadcast_to(x, batch + (M, K)).reshape(-1, M, K)
     b = np.broadcast_to(y, batch + (K, N)).reshape(-1, K, N)
-    out = np.empty(batch + (M, N), np.float32)
-    _C.gemm_bf16(out.reshape(-1, M, N), a.view(np.uint16), b.view(np.uint16), bias)
+    out = np.empty(batch + (M, N), dtype)
+    _C.gemm_bf16(_c16(out).reshape(-1, M, N), a.view(np.uint16), b.view(np.uint16), bias)
     return out
 
 
 def _mm(x, y):
-    """matmul; half types are computed on float32 BLAS (bfloat16: natively, _mm_bf16, where the
-    CPU can) and rounded back once."""
+    """matmul; half types are computed on float32 BLAS and rounded back once (bfloat16: by
+    _mm_bf16's native kernel where the CPU has AVX512-BF16, the same numerics)."""
     dt = x.dtype
     if dt in _HALFS:
-        o32 = _mm_bf16(x, y) if dt == bfloat16 and y.dtype == dt else None
-        if o32 is None:
-            o32 = _mm32(x, y)
+        if dt == bfloat16 and y.dtype == dt:
+            out = _mm_bf16(x, y)
+            if out is not None:
+                return out
         # overflow to inf is the float16 result (as on float16 hardware), not a warning
-        return _to(o32, dt)
+        return _to(_mm32(x, y), dt)
     return np.matmul(x, y)
 
 

@@ -107,11 +107,11 @@ def _linear_bf16(input, weight, bias):
         return None
     x2 = xd.reshape(-1, xd.shape[-1])
     b32 = None if bias is None else np.ascontiguousarray(_to(bias._data, _F32))
-    o32 = _mm_bf16(x2, wd.T, b32)
-    if o32 is None:
+    out = _mm_bf16(x2, wd.T, b32)
+    if out is None:
         return None
     O = wd.shape[0]
-    out = _to(o32, bfloat16).reshape(xd.shape[:-1] + (O,))
+    out = out.reshape(xd.shape[:-1] + (O,))
     rx, rw = input._requires_grad, weight._requires_grad
     rb = bias is not None and bias._requires_grad
     if not (_st.grad and (rx or rw or rb)):
