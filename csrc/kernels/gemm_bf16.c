@@ -55,6 +55,12 @@
 
 /* ------------------------------------------------------------------ packs */
 
+static size_t
+min_sz(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
 static inline uint32_t
 load_pair(const uint16_t *p)
 {
@@ -63,17 +69,33 @@ load_pair(const uint16_t *p)
     return v;
 }
 
+#ifdef HAVE_BF16_DISPATCH
+static size_t pack_a_rows_avx512(uint32_t *dst, const uint16_t *a,
+                                 ptrdiff_t rs, size_t rows, size_t kfull);
+static size_t pack_b_cols_avx512(uint32_t *dst, const uint16_t *b,
+                                 ptrdiff_t cs, size_t cols, size_t kfull);
+static void pack_pairs_avx512(uint32_t *dst, const uint16_t *r0,
+                              const uint16_t *r1, size_t n);
+#endif
+
 /* dst[p * MR + i] = A[i][2p] | A[i][2p+1] << 16 for i < rows (A[i][k] at
- * a[i * rs + k * cs]), zero for rows <= i < MR and for k >= kc. */
+ * a[i * rs + k * cs]), zero for rows <= i < MR and for k >= kc.  simd: the
+ * AVX-512 transposes may be used (row-major A). */
 static void
 pack_a(uint32_t *dst, const uint16_t *a, ptrdiff_t rs, ptrdiff_t cs,
-       size_t rows, size_t kc)
+       size_t rows, size_t kc, int simd)
 {
     size_t kp = (kc + 1) / 2, kfull = kc / 2;
     if (cs == 1) {
+        size_t p0 = 0;
+#ifdef HAVE_BF16_DISPATCH
+        if (simd) {
+            p0 = pack_a_rows_avx512(dst, a, rs, rows, kfull);
+        }
+#endif
         for (size_t i = 0; i < rows; i++) {
             const uint16_t *row = a + (ptrdiff_t)i * rs;
-            for (size_t p = 0; p < kfull; p++) {
+            for (size_t p = p0; p < kfull; p++) {
                 dst[p * MR + i] = load_pair(row + 2 * p);
             }
             if (kc & 1) {
@@ -85,6 +107,12 @@ pack_a(uint32_t *dst, const uint16_t *a, ptrdiff_t rs, ptrdiff_t cs,
             const uint16_t *r0 = a + (ptrdiff_t)(2 * p) * cs;
             const uint16_t *r1 = r0 + cs;
             uint32_t *d = dst + p * MR;
+#ifdef HAVE_BF16_DISPATCH
+            if (simd && rs == 1) {
+                pack_pairs_avx512(d, r0, 2 * p + 1 < kc ? r1 : NULL, rows);
+                continue;
+            }
+#endif
             if (2 * p + 1 < kc) {
                 for (size_t i = 0; i < rows; i++) {
                     d[i] = (uint32_t)r0[(ptrdiff_t)i * rs] |
@@ -107,16 +135,23 @@ pack_a(uint32_t *dst, const uint16_t *a, ptrdiff_t rs, ptrdiff_t cs,
 }
 
 /* dst[p * NR + j] = B[2p][j] | B[2p+1][j] << 16 for j < cols (B[k][j] at
- * b[k * rs + j * cs]), zero for cols <= j < NR and for k >= kc. */
+ * b[k * rs + j * cs]), zero for cols <= j < NR and for k >= kc.  simd: the
+ * AVX-512 transposes may be used (column-major B). */
 static void
 pack_b(uint32_t *dst, const uint16_t *b, ptrdiff_t rs, ptrdiff_t cs,
-       size_t cols, size_t kc)
+       size_t cols, size_t kc, int simd)
 {
     size_t kp = (kc + 1) / 2, kfull = kc / 2;
     if (rs == 1 && cs != 1) {
+        size_t p0 = 0;
+#ifdef HAVE_BF16_DISPATCH
+        if (simd) {
+            p0 = pack_b_cols_avx512(dst, b, cs, cols, kfull);
+        }
+#endif
         for (size_t j = 0; j < cols; j++) {
             const uint16_t *col = b + (ptrdiff_t)j * cs;
-            for (size_t p = 0; p < kfull; p++) {
+            for (size_t p = p0; p < kfull; p++) {
                 dst[p * NR + j] = load_pair(col + 2 * p);
             }
             if (kc & 1) {
@@ -128,6 +163,12 @@ pack_b(uint32_t *dst, const uint16_t *b, ptrdiff_t rs, ptrdiff_t cs,
             const uint16_t *r0 = b + (ptrdiff_t)(2 * p) * rs;
             const uint16_t *r1 = r0 + rs;
             uint32_t *d = dst + p * NR;
+#ifdef HAVE_BF16_DISPATCH
+            if (simd && cs == 1) {
+                pack_pairs_avx512(d, r0, 2 * p + 1 < kc ? r1 : NULL, cols);
+                continue;
+            }
+#endif
             if (2 * p + 1 < kc) {
                 for (size_t j = 0; j < cols; j++) {
                     d[j] = (uint32_t)r0[(ptrdiff_t)j * cs] |
@@ -322,6 +363,104 @@ ukernel_avx512bf16(size_t kp, const uint32_t *ap, const uint32_t *bp,
     ROWS_14(ROW_STORE);
 }
 
+/* r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit lanes. */
+__attribute__((target("avx512f"))) static inline void
+transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; k++) {
+        r[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    /* r[4k + c], 128-bit lane l: column 4l + c of rows 4k .. 4k + 3 */
+    for (int c = 0; c < 4; c++) {
+        __m512i x = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+        __m512i y = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        __m512i z = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        __m512i w = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(x, z, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(x, z, 0xdd);
+        t[4 + c] = _mm512_shuffle_i32x4(y, w, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(y, w, 0xdd);
+    }
+    for (int k = 0; k < 16; k++) {
+        r[k] = t[k];
+    }
+}
+
+/* pack_a's row-major case, 16 pairs at a time through a transpose (rows
+ * <= MR < 16, the missing rows zero); returns the pairs done. */
+__attribute__((target("avx512f"))) static size_t
+pack_a_rows_avx512(uint32_t *dst, const uint16_t *a, ptrdiff_t rs,
+                   size_t rows, size_t kfull)
+{
+    size_t p = 0;
+    for (; p + 16 <= kfull; p += 16) {
+        __m512i r[16];
+        for (size_t i = 0; i < 16; i++) {
+            r[i] = i < rows ? _mm512_loadu_si512(
+                                  (const void *)(a + (ptrdiff_t)i * rs + 2 * p))
+                            : _mm512_setzero_si512();
+        }
+        transpose16_epi32(r);
+        for (size_t q = 0; q < 16; q++) {
+            _mm512_mask_storeu_epi32(dst + (p + q) * MR,
+                                     (__mmask16)((1u << MR) - 1u), r[q]);
+        }
+    }
+    return p;
+}
+
+/* pack_b's column-major case (pairs contiguous in each column), 16 pairs of
+ * 16 columns per transpose (cols <= NR, the missing columns zero); returns
+ * the pairs done. */
+__attribute__((target("avx512f"))) static size_t
+pack_b_cols_avx512(uint32_t *dst, const uint16_t *b, ptrdiff_t cs,
+                   size_t cols, size_t kfull)
+{
+    size_t p = 0;
+    for (; p + 16 <= kfull; p += 16) {
+        for (size_t j0 = 0; j0 < NR; j0 += 16) {
+            __m512i r[16];
+            for (size_t jj = 0; jj < 16; jj++) {
+                r[jj] = j0 + jj < cols
+                            ? _mm512_loadu_si512((const void *)(
+                                  b + (ptrdiff_t)(j0 + jj) * cs + 2 * p))
+                            : _mm512_setzero_si512();
+            }
+            transpose16_epi32(r);
+            for (size_t q = 0; q < 16; q++) {
+                _mm512_storeu_si512((void *)(dst + (p + q) * NR + j0), r[q]);
+            }
+        }
+    }
+    return p;
+}
+
+/* d[j] = r0[j] | r1[j] << 16 for j < n (r1 NULL: zero), n <= 32. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+pack_pairs_avx512(uint32_t *d, const uint16_t *r0, const uint16_t *r1,
+                  size_t n)
+{
+    for (size_t j = 0; j < n; j += 16) {
+        size_t m = min_sz(16, n - j);
+        __mmask16 k = (__mmask16)(m == 16 ? 0xffffu : (1u << m) - 1u);
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r0 + j));
+        if (r1 != NULL) {
+            __m512i hi =
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r1 + j));
+            lo = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        }
+        _mm512_mask_storeu_epi32(d + j, k, lo);
+    }
+}
+
 static int
 have_avx512bf16(void)
 {
@@ -346,10 +485,14 @@ pd_gemm_bf16_native(void)
 
 /* ------------------------------------------------------------------ driver */
 
+/* The K block: K split into equal even parts of at most KC (a short last
+ * block would pay the C tile's load and store for little work). */
 static size_t
-min_sz(size_t a, size_t b)
+k_block(size_t K)
 {
-    return a < b ? a : b;
+    size_t nblocks = (K + KC - 1) / KC;
+    size_t kc = nblocks ? (K + nblocks - 1) / nblocks : 0;
+    return (kc + 1) / 2 * 2;
 }
 
 /* One product.  Output: c (float32, row stride c_rs) or, when o16 is not
@@ -359,7 +502,8 @@ static void
 gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
          ptrdiff_t a_cs, const uint16_t *b, ptrdiff_t b_rs, ptrdiff_t b_cs,
          float *c, uint16_t *o16, ptrdiff_t c_rs, const float *bias,
-         uint32_t *apack, uint32_t *bpack, float *scratch, ukernel_fn ukr)
+         uint32_t *apack, uint32_t *bpack, float *scratch, ukernel_fn ukr,
+         int simd)
 {
     if (K == 0) {
         for (size_t i = 0; i < M; i++) {
@@ -374,10 +518,11 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
         }
         return;
     }
+    size_t kcb = k_block(K);
     for (size_t jc = 0; jc < N; jc += NC) {
         size_t nc = min_sz(NC, N - jc);
-        for (size_t pc = 0; pc < K; pc += KC) {
-            size_t kc = min_sz(KC, K - pc);
+        for (size_t pc = 0; pc < K; pc += kcb) {
+            size_t kc = min_sz(kcb, K - pc);
             size_t kp = (kc + 1) / 2;
             int first = pc == 0, last = pc + kc == K;
             const uint16_t *bblk =
@@ -385,7 +530,7 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
             for (size_t jr = 0; jr < nc; jr += NR) {
                 pack_b(bpack + (jr / NR) * kp * NR,
                        bblk + (ptrdiff_t)jr * b_cs, b_rs, b_cs,
-                       min_sz(NR, nc - jr), kc);
+                       min_sz(NR, nc - jr), kc, simd);
             }
             for (size_t ic = 0; ic < M; ic += MC) {
                 size_t mc = min_sz(MC, M - ic);
@@ -394,7 +539,7 @@ gemm_one(size_t M, size_t N, size_t K, const uint16_t *a, ptrdiff_t a_rs,
                 for (size_t ir = 0; ir < mc; ir += MR) {
                     pack_a(apack + (ir / MR) * kp * MR,
                            ablk + (ptrdiff_t)ir * a_rs, a_rs, a_cs,
-                           min_sz(MR, mc - ir), kc);
+                           min_sz(MR, mc - ir), kc, simd);
                 }
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     const uint32_t *bp = bpack + (jr / NR) * kp * NR;
@@ -451,12 +596,12 @@ pd_gemm_bf16(size_t batch, size_t M, size_t N, size_t K, const uint16_t *a,
     }
 #endif
     /* packs sized for the blocks this product uses, 64-byte aligned */
-    size_t kp = (min_sz(KC, K) + 1) / 2;
+    size_t kp = (min_sz(k_block(K), K) + 1) / 2;
     size_t mrows = (min_sz(MC, M) + MR - 1) / MR * MR;
     size_t ncols = (min_sz(NC, N) + NR - 1) / NR * NR;
     size_t abytes = (kp * mrows * sizeof(uint32_t) + 63) / 64 * 64;
     size_t bbytes = (kp * ncols * sizeof(uint32_t) + 63) / 64 * 64;
-    size_t sbytes = (c_bf16 && K > KC)
+    size_t sbytes = (c_bf16 && K > k_block(K))
                         ? (M * min_sz(NC, N) * sizeof(float) + 63) / 64 * 64
                         : 0;
     uint32_t *apack = NULL, *bpack = NULL;
@@ -477,7 +622,7 @@ pd_gemm_bf16(size_t batch, size_t M, size_t N, size_t K, const uint16_t *a,
         uint16_t *c16 = c_bf16 ? (uint16_t *)c + (ptrdiff_t)t * c_bs : NULL;
         gemm_one(M, N, K, a + (ptrdiff_t)t * a_bs, a_rs, a_cs,
                  b + (ptrdiff_t)t * b_bs, b_rs, b_cs, c32, c16, c_rs, bias,
-                 apack, bpack, scratch, ukr);
+                 apack, bpack, scratch, ukr, ukr != ukernel_portable);
     }
     free(apack);
     free(bpack);
