@@ -448,12 +448,16 @@ gelu_backward_f32(PyObject *module, PyObject *args)
     return ret;
 }
 
-/* A strided 2-D or 3-D array for gemm_bf16: the operands 'H' (bfloat16 as
- * uint16); out writable, 'f' (float32) or 'H' (*out_bf16 set), unit last
- * stride.  2-D arrays read as a batch of one. */
+#define GEMM_MAXD 8
+
+/* A strided array of 2 to GEMM_MAXD dimensions for gemm_bf16 (the leading
+ * ones batch dimensions): the operands 'H' (bfloat16 as uint16); out
+ * writable, 'f' (float32) or 'H' (*out_bf16 set), unit last stride.  Shape
+ * and strides (in elements) are copied out. */
 static int
 gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
-             Py_ssize_t shape[3], ptrdiff_t strides[3], int *out_bf16)
+             Py_ssize_t shape[GEMM_MAXD], ptrdiff_t strides[GEMM_MAXD],
+             int *out_bf16)
 {
     int flags = PyBUF_STRIDES | PyBUF_FORMAT;
     if (is_out) {
@@ -479,15 +483,12 @@ gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
         *out_bf16 = is_u16;
     }
     Py_ssize_t item = b->itemsize;
-    if (b->ndim != 2 && b->ndim != 3) {
+    if (b->ndim < 2 || b->ndim > GEMM_MAXD) {
         PyErr_Format(PyExc_ValueError,
-                     "gemm_bf16: %s must have 2 or 3 dimensions, not %d",
-                     name, b->ndim);
+                     "gemm_bf16: %s must have 2 to %d dimensions, not %d",
+                     name, GEMM_MAXD, b->ndim);
         goto fail;
     }
-    int lead = 3 - b->ndim;
-    shape[0] = 1;
-    strides[0] = 0;
     for (int d = 0; d < b->ndim; d++) {
         if (b->strides[d] % item != 0) {
             PyErr_Format(PyExc_ValueError,
@@ -495,10 +496,11 @@ gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
                          name);
             goto fail;
         }
-        shape[lead + d] = b->shape[d];
-        strides[lead + d] = (ptrdiff_t)(b->strides[d] / item);
+        shape[d] = b->shape[d];
+        strides[d] = (ptrdiff_t)(b->strides[d] / item);
     }
-    if (is_out && shape[2] > 1 && strides[2] != 1) {
+    int nd = b->ndim;
+    if (is_out && shape[nd - 1] > 1 && strides[nd - 1] != 1) {
         PyErr_SetString(PyExc_ValueError,
                         "gemm_bf16: out's last dimension must be contiguous");
         goto fail;
@@ -521,8 +523,8 @@ gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     Py_buffer ob, ab, bb, biasb;
-    Py_ssize_t os[3], as[3], bs[3];
-    ptrdiff_t ost[3], ast[3], bst[3];
+    Py_ssize_t os[GEMM_MAXD], as[GEMM_MAXD], bs[GEMM_MAXD];
+    ptrdiff_t ost[GEMM_MAXD], ast[GEMM_MAXD], bst[GEMM_MAXD];
     int out_bf16 = 0;
     if (gemm_operand(out_o, "out", 1, &ob, os, ost, &out_bf16) < 0) {
         return NULL;
@@ -541,25 +543,60 @@ gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
     if (have_bias && f32_buffer(bias_o, "gemm_bf16", "bias", 0, &biasb) < 0) {
         goto done;
     }
-    if (ab.ndim != bb.ndim || ob.ndim != ab.ndim || as[0] != bs[0] ||
-        os[0] != as[0] || as[2] != bs[1] || os[1] != as[1] ||
-        os[2] != bs[2]) {
+    int nd = ab.ndim;
+    int match = bb.ndim == nd && ob.ndim == nd;
+    for (int d = 0; match && d < nd - 2; d++) {
+        match = as[d] == bs[d] && os[d] == as[d];
+    }
+    if (!match || as[nd - 1] != bs[nd - 2] || os[nd - 2] != as[nd - 2] ||
+        os[nd - 1] != bs[nd - 1]) {
         PyErr_SetString(PyExc_ValueError,
-                        "gemm_bf16: shapes do not match: out (B, M, N), "
-                        "a (B, M, K), b (B, K, N) (or all 2-D)");
+                        "gemm_bf16: shapes do not match: out (..., M, N), "
+                        "a (..., M, K), b (..., K, N), one batch shape");
         goto done;
     }
-    if (have_bias && biasb.len / 4 != os[2]) {
+    if (have_bias && biasb.len / 4 != os[nd - 1]) {
         PyErr_SetString(PyExc_ValueError,
                         "gemm_bf16: bias must have N elements");
         goto done;
     }
-    int rc;
+    size_t M = (size_t)as[nd - 2], K = (size_t)as[nd - 1];
+    size_t N = (size_t)bs[nd - 1];
+    /* the innermost batch dimension goes to the kernel; the others (an
+     * odometer over them) are separate calls */
+    size_t batch = nd >= 3 ? (size_t)as[nd - 3] : 1;
+    ptrdiff_t abs_ = nd >= 3 ? ast[nd - 3] : 0, bbs = nd >= 3 ? bst[nd - 3] : 0;
+    ptrdiff_t obs = nd >= 3 ? ost[nd - 3] : 0;
+    int outer_nd = nd > 3 ? nd - 3 : 0;
+    size_t outer = 1;
+    for (int d = 0; d < outer_nd; d++) {
+        outer *= (size_t)as[d];
+    }
+    const float *bias = have_bias ? (const float *)biasb.buf : NULL;
+    int rc = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = pd_gemm_bf16((size_t)as[0], (size_t)as[1], (size_t)bs[2],
-                      (size_t)as[2], ab.buf, ast[0], ast[1], ast[2], bb.buf,
-                      bst[0], bst[1], bst[2], ob.buf, out_bf16, ost[0], ost[1],
-                      have_bias ? (const float *)biasb.buf : NULL, portable);
+    Py_ssize_t idx[GEMM_MAXD] = {0};
+    for (size_t o = 0; o < outer && rc == 0; o++) {
+        ptrdiff_t aoff = 0, boff = 0, ooff = 0;
+        for (int d = 0; d < outer_nd; d++) {
+            aoff += idx[d] * ast[d];
+            boff += idx[d] * bst[d];
+            ooff += idx[d] * ost[d];
+        }
+        void *c = out_bf16 ? (void *)((uint16_t *)ob.buf + ooff)
+                           : (void *)((float *)ob.buf + ooff);
+        rc = pd_gemm_bf16(batch, M, N, K, (const uint16_t *)ab.buf + aoff,
+                          abs_, ast[nd - 2], ast[nd - 1],
+                          (const uint16_t *)bb.buf + boff, bbs, bst[nd - 2],
+                          bst[nd - 1], c, out_bf16, obs, ost[nd - 2], bias,
+                          portable);
+        for (int d = outer_nd - 1; d >= 0; d--) {
+            if (++idx[d] < as[d]) {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyErr_NoMemory();
@@ -611,11 +648,12 @@ static PyMethodDef amp_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "gemm_bf16(out, a, b, bias=None, portable=False) -> None\n\n"
      "out[t] = a[t] @ b[t] (+ bias) with bfloat16 operands and float32 "
-     "sums: a (B, M, K) and b (B, K, N) uint16 views of bfloat16 arrays, "
-     "any strides (transposes, stride-0 broadcasts); out (B, M, N) float32, "
-     "or uint16 (bfloat16 bits: the float32 result rounded to nearest even), "
-     "with a contiguous last dimension, not overlapping a or b; all three "
-     "2-D or all 3-D; bias: N contiguous float32 or None.  AVX512-BF16 "
+     "sums: a (..., M, K) and b (..., K, N) uint16 views of bfloat16 "
+     "arrays, any strides (transposes, stride-0 broadcasts), one batch shape "
+     "(up to 6 dimensions); out (..., M, N) float32, or uint16 (bfloat16 "
+     "bits: the float32 result rounded to nearest even), with a contiguous "
+     "last dimension, not overlapping a or b; bias: N contiguous float32 or "
+     "None.  AVX512-BF16 "
      "(vdpbf16ps) where the CPU has it, else plain C; portable=True forces "
      "the plain C."},
     {"gemm_bf16_native", gemm_bf16_native, METH_NOARGS,

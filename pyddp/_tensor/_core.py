@@ -257,10 +257,13 @@ def _mm_bf16(x, y, bias=None, dtype=bfloat16):
         _C.gemm_bf16(_c16(out).reshape(-1, N), a.view(np.uint16), y.view(np.uint16), bias)
         return out
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    a = np.broadcast_to(x, batch + (M, K)).reshape(-1, M, K)
-    b = np.broadcast_to(y, batch + (K, N)).reshape(-1, K, N)
+    if len(batch) > 6:
+        return None
+    # strided views, no copies (attention's q, k, v are views of one projection)
+    a = np.broadcast_to(x, batch + (M, K))
+    b = np.broadcast_to(y, batch + (K, N))
     out = np.empty(batch + (M, N), dtype)
-    _C.gemm_bf16(_c16(out).reshape(-1, M, N), a.view(np.uint16), b.view(np.uint16), bias)
+    _C.gemm_bf16(_c16(out), a.view(np.uint16), b.view(np.uint16), bias)
     return out
 
 

@@ -583,6 +583,23 @@ def test_gemm_bf16_matches_float64_reference_shapes_layouts_and_bias():
             _C.gemm_bf16(out, a.view(np.uint16), bb.view(np.uint16), portable=portable)
             ref, tol = _gemm_ref(a, bb)
             assert (np.abs(out - ref) <= tol).all()
+        # 4-D and 5-D batches of strided views (attention's heads split out of one projection)
+        qkv = rng.standard_normal((3, 70, 3, 4, 16)).astype(bf)
+        q = qkv[:, :, 0].transpose(0, 2, 1, 3)                # (3, 4, 70, 16)
+        kT = qkv[:, :, 1].transpose(0, 2, 3, 1)               # (3, 4, 16, 70)
+        out = np.empty((3, 4, 70, 70), bf)
+        _C.gemm_bf16(out.view(np.uint16), q.view(np.uint16), kT.view(np.uint16),
+                     portable=portable)
+        ref, tol = _gemm_ref(q, kT)
+        assert (np.abs(out.astype(np.float64) - ref) <= tol + 2 ** -8 * np.abs(ref)).all()
+        a5 = rng.standard_normal((2, 3, 2, 20, 30)).astype(bf)
+        b5 = np.broadcast_to(rng.standard_normal((2, 1, 1, 30, 9)).astype(bf), (2, 3, 2, 30, 9))
+        out = np.empty((2, 3, 2, 20, 9), np.float32)
+        _C.gemm_bf16(out, a5.view(np.uint16), b5.view(np.uint16), portable=portable)
+        ref, tol = _gemm_ref(a5, b5)
+        assert (np.abs(out - ref) <= tol).all()
+        out = np.empty((2, 0, 2, 20, 9), np.float32)
+        _C.gemm_bf16(out, a5[:, :0].view(np.uint16), b5[:, :0].view(np.uint16))
 
 
 @pytest.mark.skipif(ml_dtypes is None, reason="needs ml_dtypes")
@@ -616,7 +633,10 @@ def test_gemm_bf16_native_and_portable_agree_and_arguments_are_checked():
         _C.gemm_bf16(np.empty((4, 7), np.float32), u, v)
     with pytest.raises(ValueError, match="shapes"):
         _C.gemm_bf16(np.empty((1, 4, 6), np.float32), u, v)
-    with pytest.raises(ValueError, match="2 or 3"):
+    with pytest.raises(ValueError, match="shapes"):
+        _C.gemm_bf16(np.empty((2, 3, 4, 6), np.float32), np.zeros((2, 3, 4, 5), np.uint16),
+                     np.zeros((2, 1, 5, 6), np.uint16))
+    with pytest.raises(ValueError, match="2 to 8"):
         _C.gemm_bf16(np.empty(6, np.float32), u[0], v)
     with pytest.raises(ValueError, match="bias"):
         _C.gemm_bf16(np.empty((4, 6), np.float32), u, v, np.zeros(5, np.float32))
