@@ -1051,7 +1051,22 @@ class Tensor:
 
 
 
-_set_tensor_class(Tensor)  # the engine wraps gradients for hooks and .grad as Tensors
+def _grad_add(a, b):
+    """a + b for two gradients of one node (the engine's accumulation): float16/bfloat16 arrays
+    widened to float32 (exact), added and rounded once (the same bits as the half types' own
+    addition, at memory speed instead of a scalar loop; overflow to inf without a warning, as
+    _half_op)."""
+    dt = a.dtype
+    if dt in _HALFS and b.dtype == dt and a.shape == b.shape and a.size >= _CAST_MIN:
+        a32 = _to(a, _F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.add(a32, _to(b, _F32), out=a32)
+        return _to(a32, dt)
+    return a + b
+
+
+# the engine wraps gradients for hooks and .grad as Tensors, and sums gradients with _grad_add
+_set_tensor_class(Tensor, _grad_add)
 # The C array adapter views Tensors through their `_data` array where the interpreter has no PEP 688
 # buffers (Python < 3.12), so they reach the collectives' C fast path on every supported Python.
 _C._register_tensor_type(Tensor)
