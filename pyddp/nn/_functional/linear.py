@@ -128,7 +128,9 @@ def _linear_bf16(input, weight, bias):
             if rw:
                 gw = mm(g2.T, x2)
             if rb:
-                gb = _to(g2.sum(0, dtype=np.float32), bias._data.dtype)
+                # widened in one C pass, summed in float32 (a reduction with dtype=float32
+                # over bfloat16 casts through ml_dtypes' scalar loop)
+                gb = _to(_to(g2, _F32).sum(0), bias._data.dtype)
         return gx, gw, gb
     return _mk(out, "AddmmBackward0", bw, (input, weight, bias))
 
