@@ -221,6 +221,15 @@ def gelu(out: _Array, x: _Array) -> None:
     """Exact GELU of contiguous float32 ``x`` into ``out`` (may be ``x``)."""
 def gelu_backward(gx: _Array, g: _Array, x: _Array) -> None:
     """GELU's gradient: ``gx = g * (Phi(x) + x * phi(x))``, contiguous float32 arrays."""
+def gemm_bf16(out: _Array, a: _Array, b: _Array, bias: Optional[_Array] = ...,
+              portable: bool = ...) -> None:
+    """``out[...] = a[...] @ b[...] (+ bias)``: ``a`` (..., M, K) and ``b`` (..., K, N) uint16
+    views of bfloat16 arrays (any strides, stride-0 broadcasts; one batch shape, up to 6
+    dimensions), float32 sums into ``out`` (..., M, N): float32, or uint16 (the bfloat16 bits of
+    the float32 result rounded to nearest even); last dimension contiguous.  AVX512-BF16 where the CPU has it; ``portable=True`` forces
+    the plain-C kernel."""
+def gemm_bf16_native() -> bool:
+    """Whether gemm_bf16 runs the AVX512-BF16 (vdpbf16ps) kernel on this CPU."""
 
 # ---------------------------------------------------------------- CUDA runtime and NCCL (cuda.c)
 # Loaded at run time, once per process (pyddp/cuda/_lib.py builds the candidate paths); every other

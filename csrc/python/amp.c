@@ -10,6 +10,7 @@
 
 #include "../kernels/amp.h"
 #include "../kernels/gelu.h"
+#include "../kernels/gemm_bf16.h"
 
 /* The float kernels' dtypes: float16, float32, float64 by format, and
  * bfloat16 as a uint16 view ('H'), because NumPy cannot export
@@ -447,6 +448,177 @@ gelu_backward_f32(PyObject *module, PyObject *args)
     return ret;
 }
 
+#define GEMM_MAXD 8
+
+/* A strided array of 2 to GEMM_MAXD dimensions for gemm_bf16 (the leading
+ * ones batch dimensions): the operands 'H' (bfloat16 as uint16); out
+ * writable, 'f' (float32) or 'H' (*out_bf16 set), unit last stride.  Shape
+ * and strides (in elements) are copied out. */
+static int
+gemm_operand(PyObject *obj, const char *name, int is_out, Py_buffer *b,
+             Py_ssize_t shape[GEMM_MAXD], ptrdiff_t strides[GEMM_MAXD],
+             int *out_bf16)
+{
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT;
+    if (is_out) {
+        flags |= PyBUF_WRITABLE;
+    }
+    if (PyObject_GetBuffer(obj, b, flags) < 0) {
+        return -1;
+    }
+    const char *f = b->format != NULL ? b->format : "B";
+    if (*f == '<' || *f == '=') {
+        f++;
+    }
+    int is_f32 = b->itemsize == 4 && strcmp(f, "f") == 0;
+    int is_u16 = b->itemsize == 2 && strcmp(f, "H") == 0;
+    if (!(is_u16 || (is_out && is_f32))) {
+        PyErr_Format(PyExc_TypeError,
+                     "gemm_bf16: %s must be a %s array", name,
+                     is_out ? "float32 or uint16 (bfloat16 bits)"
+                            : "uint16 (bfloat16 bits)");
+        goto fail;
+    }
+    if (out_bf16 != NULL) {
+        *out_bf16 = is_u16;
+    }
+    Py_ssize_t item = b->itemsize;
+    if (b->ndim < 2 || b->ndim > GEMM_MAXD) {
+        PyErr_Format(PyExc_ValueError,
+                     "gemm_bf16: %s must have 2 to %d dimensions, not %d",
+                     name, GEMM_MAXD, b->ndim);
+        goto fail;
+    }
+    for (int d = 0; d < b->ndim; d++) {
+        if (b->strides[d] % item != 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "gemm_bf16: %s's strides are not whole elements",
+                         name);
+            goto fail;
+        }
+        shape[d] = b->shape[d];
+        strides[d] = (ptrdiff_t)(b->strides[d] / item);
+    }
+    int nd = b->ndim;
+    if (is_out && shape[nd - 1] > 1 && strides[nd - 1] != 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: out's last dimension must be contiguous");
+        goto fail;
+    }
+    return 0;
+fail:
+    PyBuffer_Release(b);
+    return -1;
+}
+
+static PyObject *
+gemm_bf16(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"out", "a", "b", "bias", "portable", NULL};
+    PyObject *out_o, *a_o, *b_o, *bias_o = Py_None;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Op:gemm_bf16", kwlist,
+                                     &out_o, &a_o, &b_o, &bias_o,
+                                     &portable)) {
+        return NULL;
+    }
+    Py_buffer ob, ab, bb, biasb;
+    Py_ssize_t os[GEMM_MAXD], as[GEMM_MAXD], bs[GEMM_MAXD];
+    ptrdiff_t ost[GEMM_MAXD], ast[GEMM_MAXD], bst[GEMM_MAXD];
+    int out_bf16 = 0;
+    if (gemm_operand(out_o, "out", 1, &ob, os, ost, &out_bf16) < 0) {
+        return NULL;
+    }
+    if (gemm_operand(a_o, "a", 0, &ab, as, ast, NULL) < 0) {
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    if (gemm_operand(b_o, "b", 0, &bb, bs, bst, NULL) < 0) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&ab);
+        return NULL;
+    }
+    int have_bias = bias_o != Py_None;
+    PyObject *ret = NULL;
+    if (have_bias && f32_buffer(bias_o, "gemm_bf16", "bias", 0, &biasb) < 0) {
+        goto done;
+    }
+    int nd = ab.ndim;
+    int match = bb.ndim == nd && ob.ndim == nd;
+    for (int d = 0; match && d < nd - 2; d++) {
+        match = as[d] == bs[d] && os[d] == as[d];
+    }
+    if (!match || as[nd - 1] != bs[nd - 2] || os[nd - 2] != as[nd - 2] ||
+        os[nd - 1] != bs[nd - 1]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: shapes do not match: out (..., M, N), "
+                        "a (..., M, K), b (..., K, N), one batch shape");
+        goto done;
+    }
+    if (have_bias && biasb.len / 4 != os[nd - 1]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gemm_bf16: bias must have N elements");
+        goto done;
+    }
+    size_t M = (size_t)as[nd - 2], K = (size_t)as[nd - 1];
+    size_t N = (size_t)bs[nd - 1];
+    /* the innermost batch dimension goes to the kernel; the others (an
+     * odometer over them) are separate calls */
+    size_t batch = nd >= 3 ? (size_t)as[nd - 3] : 1;
+    ptrdiff_t abs_ = nd >= 3 ? ast[nd - 3] : 0, bbs = nd >= 3 ? bst[nd - 3] : 0;
+    ptrdiff_t obs = nd >= 3 ? ost[nd - 3] : 0;
+    int outer_nd = nd > 3 ? nd - 3 : 0;
+    size_t outer = 1;
+    for (int d = 0; d < outer_nd; d++) {
+        outer *= (size_t)as[d];
+    }
+    const float *bias = have_bias ? (const float *)biasb.buf : NULL;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t idx[GEMM_MAXD] = {0};
+    for (size_t o = 0; o < outer && rc == 0; o++) {
+        ptrdiff_t aoff = 0, boff = 0, ooff = 0;
+        for (int d = 0; d < outer_nd; d++) {
+            aoff += idx[d] * ast[d];
+            boff += idx[d] * bst[d];
+            ooff += idx[d] * ost[d];
+        }
+        void *c = out_bf16 ? (void *)((uint16_t *)ob.buf + ooff)
+                           : (void *)((float *)ob.buf + ooff);
+        rc = pd_gemm_bf16(batch, M, N, K, (const uint16_t *)ab.buf + aoff,
+                          abs_, ast[nd - 2], ast[nd - 1],
+                          (const uint16_t *)bb.buf + boff, bbs, bst[nd - 2],
+                          bst[nd - 1], c, out_bf16, obs, ost[nd - 2], bias,
+                          portable);
+        for (int d = outer_nd - 1; d >= 0; d--) {
+            if (++idx[d] < as[d]) {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+    } else {
+        ret = Py_NewRef(Py_None);
+    }
+done:
+    if (have_bias && biasb.obj != NULL) {
+        PyBuffer_Release(&biasb);
+    }
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&ab);
+    PyBuffer_Release(&bb);
+    return ret;
+}
+
+static PyObject *
+gemm_bf16_native(PyObject *module, PyObject *unused)
+{
+    return PyBool_FromLong(pd_gemm_bf16_native() == PD_GEMM_BF16_NATIVE);
+}
+
 static PyMethodDef amp_methods[] = {
     {"amp_unscale_", (PyCFunction)(void (*)(void))amp_unscale,
      METH_VARARGS | METH_KEYWORDS,
@@ -472,6 +644,21 @@ static PyMethodDef amp_methods[] = {
      "gelu_backward(gx, g, x) -> None\n\n"
      "gx = g * (Phi(x) + x * phi(x)), exact GELU's gradient, on C-contiguous "
      "float32 arrays of one size; gx must not overlap g or x."},
+    {"gemm_bf16", (PyCFunction)(void (*)(void))gemm_bf16,
+     METH_VARARGS | METH_KEYWORDS,
+     "gemm_bf16(out, a, b, bias=None, portable=False) -> None\n\n"
+     "out[t] = a[t] @ b[t] (+ bias) with bfloat16 operands and float32 "
+     "sums: a (..., M, K) and b (..., K, N) uint16 views of bfloat16 "
+     "arrays, any strides (transposes, stride-0 broadcasts), one batch shape "
+     "(up to 6 dimensions); out (..., M, N) float32, or uint16 (bfloat16 "
+     "bits: the float32 result rounded to nearest even), with a contiguous "
+     "last dimension, not overlapping a or b; bias: N contiguous float32 or "
+     "None.  AVX512-BF16 "
+     "(vdpbf16ps) where the CPU has it, else plain C; portable=True forces "
+     "the plain C."},
+    {"gemm_bf16_native", gemm_bf16_native, METH_NOARGS,
+     "gemm_bf16_native() -> bool\n\n"
+     "Whether gemm_bf16 runs the AVX512-BF16 kernel on this CPU."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -233,10 +233,49 @@ def _mm32(x, y):
         return np.matmul(_to(x, _F32), _to(y, _F32))
 
 
+# pyddp._C.gemm_bf16 multiplies bfloat16 natively (vdpbf16ps, float32 sums) where the CPU has
+# AVX512-BF16, at about twice float32 BLAS's rate; elsewhere bfloat16 goes through float32 BLAS.
+_GEMM_BF16 = bfloat16 is not None and _C.gemm_bf16_native()
+# below this many multiply-adds the product is too small for the kernel's packing to pay
+_GEMM_BF16_MIN = 1 << 15
+
+
+def _mm_bf16(x, y, bias=None, dtype=bfloat16):
+    """x @ y for bfloat16 arrays x (..., M, K) and y (..., K, N) (NumPy's batch broadcasting; any
+    strides) by pyddp._C.gemm_bf16: float32 sums, plus float32 bias (N,) when given, returned as
+    dtype (bfloat16: rounded once to nearest even, in the kernel; or float32).  None where the
+    native kernel is missing or the product is small or not matrix-by-matrix."""
+    if not _GEMM_BF16 or x.ndim < 2 or y.ndim < 2:
+        return None
+    M, K = x.shape[-2:]
+    N = y.shape[-1]
+    if y.shape[-2] != K or M * N * K < _GEMM_BF16_MIN:
+        return None
+    if y.ndim == 2:
+        out = np.empty(x.shape[:-1] + (N,), dtype)
+        a = x.reshape(-1, K) if x.ndim > 2 else x
+        _C.gemm_bf16(_c16(out).reshape(-1, N), a.view(np.uint16), y.view(np.uint16), bias)
+        return out
+    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    if len(batch) > 6:
+        return None
+    # strided views, no copies (attention's q, k, v are views of one projection)
+    a = np.broadcast_to(x, batch + (M, K))
+    b = np.broadcast_to(y, batch + (K, N))
+    out = np.empty(batch + (M, N), dtype)
+    _C.gemm_bf16(_c16(out), a.view(np.uint16), b.view(np.uint16), bias)
+    return out
+
+
 def _mm(x, y):
-    """matmul; half types are computed on float32 BLAS and rounded back once."""
+    """matmul; half types are computed on float32 BLAS and rounded back once (bfloat16: by
+    _mm_bf16's native kernel where the CPU has AVX512-BF16, the same numerics)."""
     dt = x.dtype
     if dt in _HALFS:
+        if dt == bfloat16 and y.dtype == dt:
+            out = _mm_bf16(x, y)
+            if out is not None:
+                return out
         # overflow to inf is the float16 result (as on float16 hardware), not a warning
         return _to(_mm32(x, y), dt)
     return np.matmul(x, y)
@@ -1012,7 +1051,22 @@ class Tensor:
 
 
 
-_set_tensor_class(Tensor)  # the engine wraps gradients for hooks and .grad as Tensors
+def _grad_add(a, b):
+    """a + b for two gradients of one node (the engine's accumulation): float16/bfloat16 arrays
+    widened to float32 (exact), added and rounded once (the same bits as the half types' own
+    addition, at memory speed instead of a scalar loop; overflow to inf without a warning, as
+    _half_op)."""
+    dt = a.dtype
+    if dt in _HALFS and b.dtype == dt and a.shape == b.shape and a.size >= _CAST_MIN:
+        a32 = _to(a, _F32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.add(a32, _to(b, _F32), out=a32)
+        return _to(a32, dt)
+    return a + b
+
+
+# the engine wraps gradients for hooks and .grad as Tensors, and sums gradients with _grad_add
+_set_tensor_class(Tensor, _grad_add)
 # The C array adapter views Tensors through their `_data` array where the interpreter has no PEP 688
 # buffers (Python < 3.12), so they reach the collectives' C fast path on every supported Python.
 _C._register_tensor_type(Tensor)

@@ -28,10 +28,18 @@ _callbacks_stack = []   # one list of queued callbacks per running backward (nes
 _Tensor = None         # pyddp.Tensor, set by pyddp._tensor when it is defined
 
 
-def _set_tensor_class(cls):
-    """Called once by pyddp._tensor with the Tensor class (this module does not import it)."""
-    global _Tensor
+def _set_tensor_class(cls, grad_add=None):
+    """Called once by pyddp._tensor with the Tensor class (this module does not import it) and
+    the function that sums two gradients of one node (float16/bfloat16 through float32: NumPy's
+    and ml_dtypes' half additions are scalar loops)."""
+    global _Tensor, _grad_add
     _Tensor = cls
+    if grad_add is not None:
+        _grad_add = grad_add
+
+
+def _grad_add(a, b):
+    return a + b
 
 
 def queue_callback(fn):
@@ -198,7 +206,7 @@ def run_backward(roots, grads, retain_graph=False, capture=None):
                     if prev is None:
                         buffers[nx] = gi
                     else:
-                        buffers[nx] = prev + gi
+                        buffers[nx] = _grad_add(prev, gi)
                     prev = None
                 d = deps[nx] - 1
                 deps[nx] = d

@@ -189,3 +189,89 @@ def test_transformer_block_under_autocast_matches_torch(dt, tol):
         a, b = _np(p.grad), _np(tp[name].grad)
         scale = max(np.abs(b).max(), 1e-6)
         assert np.abs(a - b).max() <= 4 * tol * scale, name
+
+
+def _gemm_calls(monkeypatch):
+    """Count pyddp._C.gemm_bf16 calls (the native bfloat16 product); skip where the CPU has no
+    AVX512-BF16 (pyddp then multiplies bfloat16 on float32 BLAS, tested above)."""
+    from pyddp._tensor import _core
+
+    if not _core._GEMM_BF16:
+        pytest.skip("no AVX512-BF16: bfloat16 products go through float32 BLAS")
+    calls = []
+    real = _C.gemm_bf16
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(_C, "gemm_bf16", counted)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_bfloat16_native_product_matches_torch(monkeypatch, bias):
+    """linear under autocast(bfloat16) on the native bfloat16 kernel (forward, g @ W and g^T @ x):
+    values and gradients against torch's CPU bfloat16 addmm, at a size with ragged tiles."""
+    calls = _gemm_calls(monkeypatch)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 50, 200)).astype(np.float32)
+    w = (rng.standard_normal((130, 200)) / 14).astype(np.float32)
+    b = rng.standard_normal(130).astype(np.float32)
+    g = rng.standard_normal((3, 50, 130)).astype(np.float32)
+    px, tx = _pair(x)
+    pw, tw = _pair(w)
+    pb, tb = _pair(b) if bias else (None, None)
+    with pyddp.autocast(device_type="cpu", dtype=pyddp.bfloat16):
+        py = PF.linear(px, pw, pb)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        ty = TF.linear(tx, tw, tb)
+    assert py.dtype == pyddp.bfloat16
+    np.testing.assert_allclose(_np(py), _np(ty), rtol=1e-2, atol=1e-2)
+    py.float().backward(pyddp.tensor(g))
+    ty.float().backward(torch.tensor(g))
+    assert len(calls) == 3, calls
+    for p, t in ((px, tx), (pw, tw)) + (((pb, tb),) if bias else ()):
+        np.testing.assert_allclose(_np(p.grad), _np(t.grad), rtol=4e-2, atol=4e-2)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 40, 72), (3, 72, 56)), ((5, 40, 72), (72, 56)),
+                                    ((96, 72), (72, 56)), ((6, 64, 64), "kT")])
+def test_matmul_bfloat16_native_product_matches_torch(monkeypatch, shapes):
+    """matmul under autocast(bfloat16) on the native kernel: broadcast batches, a 2-D right operand
+    against a batch, plain 2-D, and q @ k^T (a transposed view); values and both gradients."""
+    calls = _gemm_calls(monkeypatch)
+    rng = np.random.default_rng(12)
+    sa, sb = shapes
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sa if sb == "kT" else sb).astype(np.float32)
+    pa, ta = _pair(a)
+    pb, tb = _pair(b)
+    with pyddp.autocast(device_type="cpu", dtype=pyddp.bfloat16):
+        py = pa @ (pb.transpose(-2, -1) if sb == "kT" else pb)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        ty = ta @ (tb.transpose(-2, -1) if sb == "kT" else tb)
+    assert py.dtype == pyddp.bfloat16 and tuple(py.shape) == tuple(ty.shape)
+    np.testing.assert_allclose(_np(py), _np(ty), rtol=1e-2, atol=4e-2)
+    g = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+    py.float().backward(pyddp.tensor(g))
+    ty.float().backward(torch.tensor(g))
+    assert len(calls) == 3, calls
+    np.testing.assert_allclose(_np(pa.grad), _np(ta.grad), rtol=4e-2, atol=1e-1)
+    np.testing.assert_allclose(_np(pb.grad), _np(tb.grad), rtol=4e-2, atol=1e-1)
+
+
+def test_bfloat16_native_and_blas_paths_agree(monkeypatch):
+    """The native kernel and the float32-BLAS path round the same float32 sums (up to summation
+    order) once: outputs within one bfloat16 ulp."""
+    from pyddp._tensor import _core
+
+    _gemm_calls(monkeypatch)
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((64, 300)).astype(np.float32)
+    w = (rng.standard_normal((100, 300)) / 17).astype(np.float32)
+    outs = []
+    for native in (True, False):
+        monkeypatch.setattr(_core, "_GEMM_BF16", native)
+        with pyddp.autocast(device_type="cpu", dtype=pyddp.bfloat16):
+            outs.append(_np(PF.linear(pyddp.tensor(x), pyddp.tensor(w))))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=2 ** -7, atol=1e-6)

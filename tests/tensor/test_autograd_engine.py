@@ -351,3 +351,31 @@ def test_device_and_conversions():
     c.numpy()[0, 0] = 5
     assert t.numpy()[0, 0] == 1
     assert t.requires_grad_() is t and t.requires_grad
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_half_gradients_of_one_node_sum_with_the_half_types_own_bits(dt):
+    """Two gradients reaching one float16/bfloat16 node (q and k sliced out of one projection, as
+    attention does) are summed through float32 and rounded once: the same bits as the half type's
+    own addition (NumPy's float16, ml_dtypes' bfloat16), overflow to inf without a warning."""
+    if dt == "bfloat16" and pyddp.bfloat16 is None:
+        pytest.skip("needs ml_dtypes")
+    half = np.dtype(getattr(pyddp, dt))
+    rng = np.random.default_rng(5)
+    x = pyddp.tensor(rng.standard_normal((64, 96)).astype(np.float32), requires_grad=True)
+    y = x.to(getattr(pyddp, dt)) * 1.0
+    a, b = y[:, :48], y[:, 24:72]
+    ga = rng.standard_normal((64, 48)).astype(half)
+    gb = rng.standard_normal((64, 48)).astype(half)
+    ga[0, 30] = gb[0, 6] = np.finfo(half).max          # the overlap: max + max overflows to inf
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyddp.autograd.backward([a, b], [pyddp.tensor(ga), pyddp.tensor(gb)])
+    want = np.zeros((64, 96), half)
+    want[:, :48] = ga
+    with np.errstate(over="ignore"):
+        want[:, 24:72] = want[:, 24:72] + gb
+    got = x.grad.numpy()
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    assert np.isinf(got[0, 30])

@@ -513,3 +513,168 @@ def test_gelu_kernels_match_erf_in_place_and_check_their_arguments():
         _C.gelu(np.empty(3, np.float32), np.empty(4, np.float32))
     with pytest.raises(TypeError, match="float32"):
         _C.gelu(np.empty(3, np.float64), np.empty(3, np.float64))
+
+
+def _gemm_ref(a, b, bias=None):
+    """float64 product of bfloat16 operands (exact products, one rounding per sum) and the bound
+    on a float32 sum's error: K * 2^-24 * (|a| @ |b|), with slack."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.matmul(a64, b64)
+    bound = np.matmul(np.abs(a64), np.abs(b64))
+    if bias is not None:
+        ref = ref + bias.astype(np.float64)
+        bound = bound + np.abs(bias.astype(np.float64))
+    k = a.shape[-1]
+    return ref, 2.0 * (k + 2) * 2.0 ** -24 * bound + 1e-30
+
+
+def _gemm_impls():
+    from pyddp import _C
+
+    return [True] + ([False] if _C.gemm_bf16_native() else [])
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="needs ml_dtypes")
+def test_gemm_bf16_matches_float64_reference_shapes_layouts_and_bias():
+    """pyddp._C.gemm_bf16 (native AVX512-BF16 where present, and the portable C) against a float64
+    product of the same bfloat16 values: ragged M/N/K around the register tile (14 x 32) and the
+    K block (384, pairs: odd K), transposed and negative-stride operands, 3-D batches with a
+    stride-0 broadcast operand, the bias, and K = 0."""
+    from pyddp import _C
+
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(7)
+    shapes = [(1, 1, 1), (1, 5, 3), (13, 31, 2), (14, 32, 1), (15, 33, 3), (29, 65, 383),
+              (28, 64, 384), (30, 17, 385), (7, 97, 769), (113, 40, 20), (120, 1537, 2)]
+    for portable in _gemm_impls():
+        for (M, N, K) in shapes:
+            for at in (False, True):
+                for bt in (False, True):
+                    a = rng.standard_normal((K, M) if at else (M, K)).astype(bf)
+                    b = rng.standard_normal((N, K) if bt else (K, N)).astype(bf)
+                    a = a.T if at else a
+                    b = b.T if bt else b
+                    bias = rng.standard_normal(N).astype(np.float32) if (M + K) % 2 else None
+                    out = np.full((M, N), np.nan, np.float32)
+                    _C.gemm_bf16(out, a.view(np.uint16), b.view(np.uint16), bias,
+                                 portable=portable)
+                    ref, tol = _gemm_ref(a, b, bias)
+                    assert (np.abs(out - ref) <= tol).all(), (portable, M, N, K, at, bt)
+        # negative strides, a row-strided out, and K = 0 (out = bias)
+        a = rng.standard_normal((40, 50)).astype(bf)[::-1, ::-2]
+        b = rng.standard_normal((25, 70)).astype(bf)[::-1]
+        big = np.full((40, 90), 7.0, np.float32)
+        out = big[:, 5:75]
+        _C.gemm_bf16(out, a.view(np.uint16), b.view(np.uint16), portable=portable)
+        ref, tol = _gemm_ref(a, b)
+        assert (np.abs(out - ref) <= tol).all()
+        assert (big[:, :5] == 7.0).all() and (big[:, 75:] == 7.0).all()
+        out = np.full((3, 4), np.nan, np.float32)
+        bias = np.arange(4, dtype=np.float32)
+        empty = np.zeros((3, 0), np.uint16)
+        _C.gemm_bf16(out, empty, np.zeros((0, 4), np.uint16), bias, portable=portable)
+        assert (out == bias).all()
+        # batches: a per-batch A against one B broadcast with stride 0, and transposed B
+        a = rng.standard_normal((5, 37, 70)).astype(bf)
+        b = np.broadcast_to(rng.standard_normal((70, 45)).astype(bf), (5, 70, 45))
+        bt = np.swapaxes(rng.standard_normal((5, 45, 70)).astype(bf), 1, 2)
+        for bb in (b, bt):
+            out = np.empty((5, 37, 45), np.float32)
+            _C.gemm_bf16(out, a.view(np.uint16), bb.view(np.uint16), portable=portable)
+            ref, tol = _gemm_ref(a, bb)
+            assert (np.abs(out - ref) <= tol).all()
+        # 4-D and 5-D batches of strided views (attention's heads split out of one projection)
+        qkv = rng.standard_normal((3, 70, 3, 4, 16)).astype(bf)
+        q = qkv[:, :, 0].transpose(0, 2, 1, 3)                # (3, 4, 70, 16)
+        kT = qkv[:, :, 1].transpose(0, 2, 3, 1)               # (3, 4, 16, 70)
+        out = np.empty((3, 4, 70, 70), bf)
+        _C.gemm_bf16(out.view(np.uint16), q.view(np.uint16), kT.view(np.uint16),
+                     portable=portable)
+        ref, tol = _gemm_ref(q, kT)
+        assert (np.abs(out.astype(np.float64) - ref) <= tol + 2 ** -8 * np.abs(ref)).all()
+        a5 = rng.standard_normal((2, 3, 2, 20, 30)).astype(bf)
+        b5 = np.broadcast_to(rng.standard_normal((2, 1, 1, 30, 9)).astype(bf), (2, 3, 2, 30, 9))
+        out = np.empty((2, 3, 2, 20, 9), np.float32)
+        _C.gemm_bf16(out, a5.view(np.uint16), b5.view(np.uint16), portable=portable)
+        ref, tol = _gemm_ref(a5, b5)
+        assert (np.abs(out - ref) <= tol).all()
+        out = np.empty((2, 0, 2, 20, 9), np.float32)
+        _C.gemm_bf16(out, a5[:, :0].view(np.uint16), b5[:, :0].view(np.uint16))
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="needs ml_dtypes")
+def test_gemm_bf16_native_and_portable_agree_and_arguments_are_checked():
+    """Both implementations sum in float32 in the same blocked order, so they agree to float32
+    rounding; inf propagates; bad arguments raise before anything is computed."""
+    from pyddp import _C
+
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((77, 500)).astype(bf)
+    b = rng.standard_normal((500, 70)).astype(bf)
+    outs = []
+    for portable in _gemm_impls():
+        out = np.empty((77, 70), np.float32)
+        _C.gemm_bf16(out, a.view(np.uint16), b.view(np.uint16), portable=portable)
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], outs[-1], rtol=1e-5, atol=1e-4)
+    a2 = a.copy()
+    a2[3, 10] = np.inf
+    out = np.empty((77, 70), np.float32)
+    _C.gemm_bf16(out, a2.view(np.uint16), np.abs(b.astype(np.float32)).astype(bf).view(np.uint16))
+    assert np.isinf(out[3]).all() and np.isfinite(np.delete(out, 3, 0)).all()
+    u = np.zeros((4, 5), np.uint16)
+    v = np.zeros((5, 6), np.uint16)
+    with pytest.raises(TypeError, match="float32"):
+        _C.gemm_bf16(np.empty((4, 6), np.float64), u, v)
+    with pytest.raises(TypeError, match="uint16"):
+        _C.gemm_bf16(np.empty((4, 6), np.float32), u.astype(np.float32), v)
+    with pytest.raises(ValueError, match="shapes"):
+        _C.gemm_bf16(np.empty((4, 7), np.float32), u, v)
+    with pytest.raises(ValueError, match="shapes"):
+        _C.gemm_bf16(np.empty((1, 4, 6), np.float32), u, v)
+    with pytest.raises(ValueError, match="shapes"):
+        _C.gemm_bf16(np.empty((2, 3, 4, 6), np.float32), np.zeros((2, 3, 4, 5), np.uint16),
+                     np.zeros((2, 1, 5, 6), np.uint16))
+    with pytest.raises(ValueError, match="2 to 8"):
+        _C.gemm_bf16(np.empty(6, np.float32), u[0], v)
+    with pytest.raises(ValueError, match="bias"):
+        _C.gemm_bf16(np.empty((4, 6), np.float32), u, v, np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        _C.gemm_bf16(np.empty((4, 12), np.float32)[:, ::2], u, v)
+    with pytest.raises(ValueError, match="bias"):
+        _C.gemm_bf16(np.empty((4, 6), np.float32), u, v, np.zeros((1, 5), np.float32))
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="needs ml_dtypes")
+def test_gemm_bf16_bfloat16_output_is_the_float32_result_rounded():
+    """out as uint16 (bfloat16 bits): the kernel rounds its float32 result once, to nearest even
+    (ml_dtypes' rounding), in its last K block, partial sums of earlier K blocks (K > 384) held in
+    float32; NaN stays NaN, overflow gives inf; bias included; K = 0 gives the rounded bias."""
+    from pyddp import _C
+
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(9)
+    for portable in _gemm_impls():
+        for (M, N, K) in [(15, 33, 3), (29, 65, 384), (30, 70, 385), (9, 1600, 800),
+                          (3, 4, 0)]:
+            a = rng.standard_normal((M, K)).astype(bf)
+            b = rng.standard_normal((N, K)).astype(bf).T
+            if K:
+                a[0, 0] = np.nan
+                a[1, :] = 3e38
+                b[:, 1] = np.abs(b[:, 1])
+            bias = rng.standard_normal(N).astype(np.float32)
+            o32 = np.empty((M, N), np.float32)
+            o16 = np.empty((M, N), bf)
+            _C.gemm_bf16(o32, a.view(np.uint16), b.view(np.uint16), bias, portable=portable)
+            _C.gemm_bf16(o16.view(np.uint16), a.view(np.uint16), b.view(np.uint16), bias,
+                         portable=portable)
+            with np.errstate(over="ignore"):
+                want = o32.astype(bf)
+            same = (o16.view(np.uint16) == want.view(np.uint16)) | \
+                (np.isnan(o16.astype(np.float32)) & np.isnan(o32))
+            assert same.all(), (portable, M, N, K)
+            if K:
+                assert np.isnan(o16[0].astype(np.float32)).all()
+                assert np.isinf(o16[1, 1].astype(np.float32))
