@@ -247,19 +247,7 @@ class Ranks:
             # per rank, 'nccl' on the cpu backend; refused (here, once) where a GPU is visible
             from .cuda import _emulation
 
-            saved = os.environ.get("PYDDP_CUDA_ON_CPU")
-            os.environ["PYDDP_CUDA_ON_CPU"] = "1"
-            _emulation._on = None
-            try:
-                _emulation.announce()
-            finally:
-                if saved is None:
-                    del os.environ["PYDDP_CUDA_ON_CPU"]
-                else:
-                    os.environ["PYDDP_CUDA_ON_CPU"] = saved
-                _emulation._on = None
-            env["PYDDP_CUDA_ON_CPU"] = "1"
-            env[_emulation._SAID_ENV] = "1"   # said here; the ranks stay quiet
+            _emulation.enable_for_children(env)
         try:
             for r in range(self.nprocs):
                 env_r = dict(env, RANK=str(r), LOCAL_RANK=str(r))

@@ -101,16 +101,35 @@ def check_index(idx: int) -> int:
     return idx
 
 
+def enable_for_children(env) -> None:
+    """Turn the emulation on in ``env``, the environment of processes this one starts (notebook
+    ranks), without turning it on here: refused as ``enabled`` refuses it where a real GPU is
+    visible, said once in this process (the children stay quiet)."""
+    n = _real_gpus()
+    if n > 0:
+        raise RuntimeError(
+            f"{ENV}=1 is refused: the CUDA runtime sees {n} real GPU(s) here. The CPU "
+            f"stand-in is for machines without a GPU; unset {ENV} to use the GPU.")
+    if not os.environ.get(_SAID_ENV):
+        os.environ[_SAID_ENV] = "1"
+        print(f"pyddp: {ENV}=1 for the ranks: " + _ANNOUNCEMENT, file=sys.stderr, flush=True)
+    env[ENV] = "1"
+    env[_SAID_ENV] = "1"
+
+
+_ANNOUNCEMENT = ("CUDA is emulated on the CPU, no GPU is used: pyddp.cuda reports one device per "
+                 f"local rank (LOCAL_WORLD_SIZE, else {DEVICES_ENV}, default {DEFAULT_DEVICES}), "
+                 "'cuda' tensors live in host memory, streams and events are no-ops, backend "
+                 "'nccl' runs on the cpu backend")
+
+
 def announce() -> None:
     """At import of pyddp: check the variable (a visible GPU raises) and say once that CUDA is
     emulated."""
     if not enabled() or os.environ.get(_SAID_ENV):
         return
     os.environ[_SAID_ENV] = "1"   # children (spawn, launchers) inherit it and stay quiet
-    print(f"pyddp: {ENV}=1: CUDA is emulated on the CPU, no GPU is used: pyddp.cuda reports "
-          f"one device per local rank (LOCAL_WORLD_SIZE, else {DEVICES_ENV}, default "
-          f"{DEFAULT_DEVICES}), 'cuda' tensors live in host memory, streams and events are "
-          "no-ops, backend 'nccl' runs on the cpu backend", file=sys.stderr, flush=True)
+    print(f"pyddp: {ENV}=1: " + _ANNOUNCEMENT, file=sys.stderr, flush=True)
 
 
 def _reset_for_tests():
