@@ -16,23 +16,8 @@
 #include "gelu.h"
 
 #include <stdint.h>
-#include <string.h>
 
-static inline uint32_t
-f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-static inline float
-f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
+#include "half.h" /* pd_f32_bits, pd_f32_from_bits */
 
 static inline float
 erf_f32(float x)
@@ -40,10 +25,10 @@ erf_f32(float x)
     /* clamp |x| to 4 on the bits, an integer min (float compares do not
      * if-convert under -ftrapping-math, so would stop the vectoriser); NaN
      * becomes +-4, and the callers multiply by x, so NaN comes out NaN */
-    uint32_t u = f32_bits(x);
+    uint32_t u = pd_f32_bits(x);
     uint32_t mag = u & 0x7fffffffu;
     mag = mag < 0x40800000u ? mag : 0x40800000u;
-    float c = f32_from_bits((u & 0x80000000u) | mag);
+    float c = pd_f32_from_bits((u & 0x80000000u) | mag);
     float x2 = c * c;
     float p = -2.72614225801306e-10f;
     p = p * x2 + 2.77068142495902e-08f;
@@ -68,14 +53,14 @@ exp_neg_f32(float x)
 {
     /* x is -v*v/2 <= 0 or NaN: -|x| clamped to -87 (NaN too); integer
      * min, as in erf_f32 */
-    uint32_t mag = f32_bits(x) & 0x7fffffffu;
+    uint32_t mag = pd_f32_bits(x) & 0x7fffffffu;
     mag = mag < 0x42ae0000u ? mag : 0x42ae0000u;
-    x = f32_from_bits(0x80000000u | mag);
+    x = pd_f32_from_bits(0x80000000u | mag);
     /* n = round(x / ln 2) by the 1.5 * 2^23 trick, which leaves n in the
      * low mantissa bits too (float -> int conversions stop the vectoriser
      * under -ftrapping-math) */
     float t = x * 1.44269504088896341f + 12582912.0f;
-    int32_t ni = (int32_t)(f32_bits(t) - 0x4b400000u);
+    int32_t ni = (int32_t)(pd_f32_bits(t) - 0x4b400000u);
     float n = t - 12582912.0f;
     float r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -87,7 +72,7 @@ exp_neg_f32(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r2 + r + 1.0f;
-    return p * f32_from_bits((uint32_t)(ni + 127) << 23);
+    return p * pd_f32_from_bits((uint32_t)(ni + 127) << 23);
 }
 
 #define SQRT1_2 0.70710678118654752440f
