@@ -85,6 +85,7 @@ static void
 pack_a(uint32_t *dst, const uint16_t *a, ptrdiff_t rs, ptrdiff_t cs,
        size_t rows, size_t kc, int simd)
 {
+    (void)simd; /* (a portable build has no AVX-512 packing) */
     size_t kp = (kc + 1) / 2, kfull = kc / 2;
     if (cs == 1) {
         size_t p0 = 0;
@@ -141,6 +142,7 @@ static void
 pack_b(uint32_t *dst, const uint16_t *b, ptrdiff_t rs, ptrdiff_t cs,
        size_t cols, size_t kc, int simd)
 {
+    (void)simd; /* (a portable build has no AVX-512 packing) */
     size_t kp = (kc + 1) / 2, kfull = kc / 2;
     if (rs == 1 && cs != 1) {
         size_t p0 = 0;
@@ -586,6 +588,7 @@ pd_gemm_bf16(size_t batch, size_t M, size_t N, size_t K, const uint16_t *a,
              ptrdiff_t b_cs, void *c, int c_bf16, ptrdiff_t c_bs,
              ptrdiff_t c_rs, const float *bias, int force_portable)
 {
+    (void)force_portable; /* (a portable build has only the portable kernel) */
     if (batch == 0 || M == 0 || N == 0) {
         return 0;
     }
