@@ -165,6 +165,10 @@ _V = [
     Var("PYDDP_RANKS_PARENT", "the kernel's pid (set by pyddp.notebook.Ranks)", _text),
     Var("PYDDP_RANKS_BACKEND", "the ranks' backend (set by pyddp.notebook.Ranks)", _text),
     Var("PYDDP_RANKS_PATH", "the kernel's sys.path (set by pyddp.notebook.Ranks)", _text),
+    Var("PYDDP_RANKS_FIFOS", "the directory of the ranks' output FIFOs (set by pyddp.notebook.Ranks "
+        "for backend 'mpi')", _text),
+    Var("PYDDP_MPIRUN", "the MPI launcher notebook ranks of backend 'mpi' are started with (a "
+        "program name or path; default mpirun, else mpiexec)", _text),
 ]
 # Read by the build (setup.py) and pyddp's own test harness, never at run time.
 _BUILD_AND_TESTS = {"PYDDP_SANITIZE", "PYDDP_WERROR", "PYDDP_ROOT", "PYDDP_SKIPPED_FILE",

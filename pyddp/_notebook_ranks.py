@@ -33,6 +33,7 @@ import linecache
 import multiprocessing.connection as _mpc
 import os
 import pickle
+import re
 import secrets
 import signal
 import socket
@@ -141,6 +142,273 @@ def _free_port():
         s.close()
 
 
+# ---------------------------------------------------------------------------------- backend 'mpi'
+
+def _signal_proc(proc, sig):
+    """Send sig to a rank's process group (each rank leads one: Popen's own session, or mpirun's
+    setpgid), or to the process alone where it leads none; False when it is gone."""
+    pid = proc.pid
+    if pid is None:
+        return False
+    if signal_group(pid, sig):
+        return True
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _exit_text(proc):
+    """How a rank's process ended, in words."""
+    describe = getattr(proc, "describe", None)
+    return describe() if describe is not None else describe_exit(proc.returncode)
+
+
+def find_mpirun():
+    """The MPI launcher backend 'mpi' starts notebook ranks with: PYDDP_MPIRUN (a path), else
+    mpirun or mpiexec on the PATH; RuntimeError naming what to install when there is none."""
+    import shutil
+
+    from . import _config
+
+    named = _config.get("PYDDP_MPIRUN")
+    if named:
+        found = shutil.which(named)
+        if found is None:
+            raise RuntimeError(f"PYDDP_MPIRUN={named!r}: no such program (expected the path of "
+                               "mpirun or mpiexec)")
+        return found
+    for name in ("mpirun", "mpiexec"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError("backend 'mpi' starts its ranks with mpirun, which is not on the PATH: "
+                       "install an MPI (Debian/Ubuntu: apt-get install libopenmpi-dev openmpi-bin) "
+                       "and mpi4py (pip install 'pyddp[mpi]'), or set PYDDP_MPIRUN")
+
+
+# mpirun's words for how a rank ended: Open MPI's "process rank 1 with PID 0 on node vm exited on
+# signal 9 (Killed)" and "Process name: [[28693,1],1] / Exit code: 3"; MPICH (Hydra) names the pid:
+# "PID 1234 RUNNING AT host / EXIT CODE: 9" (a signal's number when a signal ended it)
+_OMPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_OMPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)")
+_HYDRA = re.compile(r"PID (\d+) RUNNING AT \S+\s*=*\s*EXIT CODE: (\d+)")
+
+
+class _MpiLauncher:
+    """One ``mpirun -n N python -c BOOT`` for backend 'mpi': the ranks are MPI_COMM_WORLD's (their
+    rank comes from mpirun's environment), each writes its stdout / stderr into a FIFO of its own
+    (in a private directory), so that the kernel reads them apart, as the other backends' pipes;
+    what mpirun itself prints is shown with ``[mpirun]: `` and kept to tell how a rank ended."""
+
+    def __init__(self, nprocs, env, boot):
+        import tempfile
+
+        mpirun = find_mpirun()
+        self.nprocs = nprocs
+        self.dir = tempfile.mkdtemp(prefix="pyddp-ranks-")   # 0700: nobody else opens the FIFOs
+        self.readers, self.holders = {}, {}
+        self.tail = ""
+        self._pending = {}
+        self._files = []
+        env = dict(env)
+        for k in ("RANK", "LOCAL_RANK", "PYDDP_RANKS_PARENT"):
+            env.pop(k, None)
+        env["PYDDP_RANKS_FIFOS"] = self.dir
+        # Open MPI: more ranks than cores is what a notebook on a laptop asks for; ranks that wait
+        # yield their core; a kernel running as root (containers) may start them
+        env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        if os.geteuid() == 0:
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        try:
+            for r in range(nprocs):
+                for what in ("out", "err"):
+                    path = os.path.join(self.dir, f"{r}.{what}")
+                    os.mkfifo(path, 0o600)
+                    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                    f = os.fdopen(fd, "rb", buffering=0)
+                    self._files.append(f)
+                    self.readers.setdefault(r, {})[fd] = [what == "err", b""]
+                    # a writer of ours until the rank opens its own: no end of file before then
+                    self.holders.setdefault(r, []).append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            parent = os.getpid()
+            self.proc = subprocess.Popen(
+                [mpirun, "-n", str(nprocs), sys.executable, "-c", boot], env=env, cwd=os.getcwd(),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,
+                # mpirun ends its ranks when it is told to end: when the kernel dies too
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent) and os._exit(1))
+        except BaseException:
+            self.close()
+            raise
+        self._own = {}
+        for f, is_err in ((self.proc.stdout, False), (self.proc.stderr, True)):
+            os.set_blocking(f.fileno(), False)
+            self._own[f.fileno()] = is_err
+
+    def outputs(self, rank):
+        return self.readers[rank]
+
+    def connected(self, rank):
+        """Rank ``rank`` said hello: it holds its FIFOs open (it opened them first), so ours go,
+        and once every rank has, the FIFOs' names do too (nothing is left of them on disk when
+        the kernel dies later)."""
+        for fd in self.holders.pop(rank, ()):
+            os.close(fd)
+        if not self.holders:
+            import shutil
+
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def fds(self):
+        return list(self._own)
+
+    def pump(self, final=False):
+        """Show what mpirun printed (its own messages: a rank that failed, the job aborted)."""
+        for fd in list(self._own):
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except (OSError, ValueError):
+                    chunk = b""
+                if not chunk:
+                    self._own.pop(fd)
+                    break
+                text = self._pending.get(fd, "") + chunk.decode("utf-8", "replace")
+                lines = text.split("\n")
+                self._pending[fd] = lines.pop()
+                self._show(lines)
+        if final:
+            self._show([t for t in self._pending.values() if t])
+            self._pending.clear()
+
+    def _show(self, lines):
+        lines = [ln for ln in lines if ln.strip() and set(ln.strip()) != {"-"}]
+        if lines:
+            sys.stderr.write("".join(f"[mpirun]: {ln}\n" for ln in lines))
+            sys.stderr.flush()
+            self.tail = (self.tail + "\n" + "\n".join(lines))[-16384:]
+
+    def settle(self, pump, seconds):
+        """Wait (up to ``seconds``) for mpirun to end after a rank died, showing what it says."""
+        deadline = time.monotonic() + seconds
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            pump()
+            time.sleep(0.05)
+        pump()
+
+    def cause(self, rank, pid):
+        """What mpirun said of how ``rank`` (process ``pid``) ended, or None."""
+        text = " ".join(self.tail.split())
+        for m in _OMPI_SIGNAL.finditer(text):
+            if int(m.group(1)) == rank:
+                return describe_exit(-int(m.group(2)))
+        for m in _OMPI_EXIT.finditer(text):
+            if int(m.group(1)) == rank:
+                return describe_exit(int(m.group(2)))
+        for m in _HYDRA.finditer(text):
+            if pid is not None and int(m.group(1)) == pid:
+                return (f"exit code {m.group(2)} (as mpiexec reports it: a signal's number when "
+                        "a signal ended it)")
+        return None
+
+    def first_death(self):
+        text = " ".join(self.tail.split())
+        m = _OMPI_SIGNAL.search(text) or _OMPI_EXIT.search(text)
+        return int(m.group(1)) if m else None
+
+    def close(self):
+        for fds in self.holders.values():
+            for fd in fds:
+                os.close(fd)
+        self.holders.clear()
+        for f in self._files:
+            f.close()
+        self._files = []
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            for f in (proc.stdout, proc.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _MpiRankProc:
+    """A rank started by mpirun, as the kernel sees it (the part of Popen's interface Ranks uses):
+    its pid comes in its hello; until then it lives while mpirun does.  Not the kernel's child, so
+    its end is watched through a pidfd (Linux 5.3+; elsewhere the pid is probed) and its exit
+    status is what mpirun reports."""
+
+    def __init__(self, rank, launcher):
+        self.rank = rank
+        self.launcher = launcher
+        self.pid = None
+        self._pidfd = None
+        self.returncode = None
+        self.stdout = self.stderr = None   # its output: the launcher's FIFOs
+
+    def connected(self, pid):
+        self.pid = pid
+        self.launcher.connected(self.rank)
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def poll(self):
+        if self.returncode is not None:
+            return self.returncode
+        if self.pid is None:
+            gone = self.launcher.proc.poll() is not None
+        elif self._pidfd is not None:
+            import select
+
+            gone = bool(select.select([self._pidfd], [], [], 0)[0])
+        else:
+            try:
+                os.kill(self.pid, 0)
+                gone = False
+            except ProcessLookupError:
+                gone = True
+            except OSError:
+                gone = False
+        if gone:
+            self.returncode = -1   # (not ours to reap: how it ended is describe()'s)
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("mpirun rank", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def describe(self):
+        said = self.launcher.cause(self.rank, self.pid)
+        if said is not None:
+            return said
+        first = self.launcher.first_death()
+        if first is not None and first != self.rank:
+            return f"ended by mpirun after rank {first} died: an MPI job ends with any of its ranks"
+        rc = self.launcher.proc.poll()
+        if rc is not None:
+            return f"ended with mpirun ({describe_exit(rc)})"
+        return "ended (mpirun has not said how)"
+
+
 # ---------------------------------------------------------------------------------- the kernel's end
 
 class _Rank:
@@ -179,10 +447,6 @@ class Ranks:
         for name, v in (("start_timeout", start_timeout), ("interrupt_grace", interrupt_grace)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        if isinstance(backend, str) and "mpi" in backend:
-            raise ValueError(f"backend {backend!r}: backend 'mpi' takes its ranks from mpirun, "
-                             "which notebook ranks are not started by; use 'cpu' (or 'gloo') or "
-                             "'nccl'")
         self.nprocs = nprocs
         self.backend = backend
         self.start_timeout = float(start_timeout)
@@ -202,6 +466,7 @@ class Ranks:
         self._next_id = 0
         self._next_cell = 0
         self._atexit = None
+        self._launcher = None   # backend 'mpi': the mpirun that started the ranks (_MpiLauncher)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -249,7 +514,14 @@ class Ranks:
 
             _emulation.enable_for_children(env)
         try:
-            for r in range(self.nprocs):
+            if isinstance(self.backend, str) and "mpi" in self.backend:
+                # MPI's ranks are MPI_COMM_WORLD's: one mpirun starts them all (its ranks' own
+                # environment says who they are), and their output comes through FIFOs
+                self._launcher = _MpiLauncher(self.nprocs, env, boot)
+                self._ranks = [_Rank(r, _MpiRankProc(r, self._launcher)) for r in range(self.nprocs)]
+                for rk in self._ranks:
+                    rk.out.update(self._launcher.outputs(rk.rank))
+            for r in range(0 if self._launcher else self.nprocs):
                 env_r = dict(env, RANK=str(r), LOCAL_RANK=str(r))
                 proc = subprocess.Popen([sys.executable, "-c", boot], env=env_r, cwd=os.getcwd(),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -279,7 +551,7 @@ class Ranks:
             for rk in waiting.values():
                 if rk.proc.poll() is not None:
                     self._pump(final=True)
-                    raise RanksError(f"rank {rk.rank} exited ({describe_exit(rk.proc.returncode)}) "
+                    raise RanksError(f"rank {rk.rank} exited ({_exit_text(rk.proc)}) "
                                      "before it connected; its output is above")
             if time.monotonic() > deadline:
                 raise RanksError(f"ranks {sorted(waiting)} did not connect within "
@@ -301,15 +573,18 @@ class Ranks:
                 _mpc.answer_challenge(conn, key)
                 if not conn.poll(limit):
                     raise EOFError("no hello")
-                kind, rank = conn.recv()
-                if kind != "hello" or rank not in waiting:
+                kind, rank, pid = conn.recv()
+                if kind != "hello" or rank not in waiting or not isinstance(pid, int):
                     raise EOFError("unexpected hello")
             except (OSError, EOFError, _mpc.AuthenticationError, pickle.UnpicklingError, ValueError,
                     TypeError):
                 conn.close()   # not one of ours: nothing it sent was unpickled unless it proved the secret
                 continue
             _set_rcvtimeo(conn.fileno(), 0.0)
-            waiting.pop(rank).conn = conn
+            rk = waiting.pop(rank)
+            rk.conn = conn
+            if isinstance(rk.proc, _MpiRankProc):
+                rk.proc.connected(pid)
 
     def _wait_ready(self, deadline):
         pending = {rk.rank for rk in self._ranks}
@@ -324,7 +599,7 @@ class Ranks:
                                  f"within {self.start_timeout:g} s (start_timeout)")
             dead = [rk for rk in self._ranks if rk.rank in pending and not rk.alive()]
             for rk in dead:
-                failures[rk.rank] = f"exited ({describe_exit(rk.proc.returncode)}) while starting"
+                failures[rk.rank] = f"exited ({_exit_text(rk.proc)}) while starting"
                 pending.discard(rk.rank)
         if failures:
             self._pump(final=True)
@@ -353,25 +628,31 @@ class Ranks:
         ranks, self._ranks = self._ranks, []
         try:
             deadline = time.monotonic() + _STOP_GRACE
+            launcher = self._launcher
+            procs = [rk.proc for rk in ranks] + ([launcher.proc] if launcher else [])
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                while time.monotonic() < deadline and any(rk.proc.poll() is None for rk in ranks):
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     self._pump(ranks=ranks)
                     time.sleep(0.05)
-                for rk in ranks:
-                    if rk.proc.poll() is None:
-                        signal_group(rk.proc.pid, sig)
+                for p in procs:
+                    if p.poll() is None:
+                        _signal_proc(p, sig)
                 deadline = time.monotonic() + _STOP_GRACE
-            for rk in ranks:
+            for p in procs:
                 try:
-                    rk.proc.wait(timeout=_STOP_GRACE)
+                    p.wait(timeout=_STOP_GRACE)
                 except subprocess.TimeoutExpired:
                     pass
             self._pump(ranks=ranks, final=True)
         finally:
+            if self._launcher is not None:
+                self._launcher.close()
+                self._launcher = None
             for rk in ranks:
                 for f in (rk.proc.stdout, rk.proc.stderr):
                     try:
-                        f.close()
+                        if f is not None:   # (mpirun's ranks: the launcher's FIFOs, closed there)
+                            f.close()
                     except OSError:
                         pass
                 if rk.conn is not None:
@@ -393,7 +674,7 @@ class Ranks:
             alive = rk.alive()
             out.append({"rank": rk.rank, "pid": rk.proc.pid, "alive": alive, "busy": rk.busy is not None,
                         "last_error": rk.last_error,
-                        "exit": None if alive else (rk.exit_cause or describe_exit(rk.proc.returncode))})
+                        "exit": None if alive else (rk.exit_cause or _exit_text(rk.proc))})
         return out
 
     # ------------------------------------------------------------------ output and messages
@@ -419,6 +700,9 @@ class Ranks:
                     rk.out.pop(fd)
             if final:
                 self._out.finish(rk.rank)
+        if self._launcher is not None:
+            self._out.flush()
+            self._launcher.pump(final)
         self._out.tick()
         self._out.flush()
 
@@ -426,10 +710,12 @@ class Ranks:
         if rk.exit_cause is None:
             try:
                 rk.proc.wait(timeout=2.0)
-                rk.exit_cause = describe_exit(rk.proc.returncode)
+                if self._launcher is not None:   # what mpirun says of it comes as mpirun ends
+                    self._launcher.settle(self._pump, 2.0)
+                rk.exit_cause = _exit_text(rk.proc)
             except subprocess.TimeoutExpired:
                 rk.exit_cause = "its connection closed"
-                signal_group(rk.proc.pid, signal.SIGKILL)
+                _signal_proc(rk.proc, signal.SIGKILL)
         rk.busy = None
 
     def _wait_messages(self, ranks, deadline=None):
@@ -438,6 +724,8 @@ class Ranks:
         by_conn = {rk.conn: rk for rk in self._ranks if rk.rank in ranks and rk.conn is not None
                    and rk.alive()}
         fds = [fd for rk in self._ranks for fd in rk.out]
+        if self._launcher is not None:
+            fds += self._launcher.fds()
         left = _POLL if deadline is None else max(0.0, min(_POLL, deadline - time.monotonic()))
         ready = _mpc.wait(list(by_conn) + fds, timeout=left)
         self._pump()
@@ -493,6 +781,9 @@ class Ranks:
                 chosen.append(self._ranks[r])
         self._poll_idle()
         dead = [rk for rk in chosen if not rk.alive()]
+        for rk in dead:
+            if rk.exit_cause is None:
+                self._mark_dead(rk)
         if dead:
             raise RanksError("; ".join(f"rank {rk.rank} is dead ({rk.exit_cause})" for rk in dead)
                              + ": restart() the ranks (%ddp restart)")
@@ -544,9 +835,11 @@ class Ranks:
                 interrupted_at = time.monotonic()
                 for rk in chosen:
                     if rk.busy == rid and rk.alive():
-                        signal_group(rk.proc.pid, signal.SIGINT)
+                        _signal_proc(rk.proc, signal.SIGINT)
         for rk in chosen:
             if rk.rank not in results and rk.rank not in errors and not rk.alive():
+                if rk.exit_cause is None:   # its end seen before its connection's
+                    self._mark_dead(rk)
                 errors[rk.rank] = f"died ({rk.exit_cause}) while running the cell; %ddp restart"
                 rk.last_error = errors[rk.rank]
         self._pump(final=True)
@@ -805,18 +1098,33 @@ def _group_error():
 
 def _rank_main():
     """A rank: connect to the kernel, initialise the process group, serve requests until stopped."""
-    parent = int(os.environ.pop("PYDDP_RANKS_PARENT"))
+    fifos = os.environ.pop("PYDDP_RANKS_FIFOS", None)
+    if fifos is not None:
+        # backend 'mpi': started by mpirun (the parent to die with), the rank is MPI_COMM_WORLD's
+        # (mpirun's environment), the output goes into the FIFOs the kernel reads
+        parent = os.getppid()
+        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["PMI_RANK"])
+        for fd, what in ((1, "out"), (2, "err")):
+            w = os.open(os.path.join(fifos, f"{rank}.{what}"), os.O_WRONLY)
+            os.dup2(w, fd)
+            os.close(w)
+        try:
+            os.setpgid(0, 0)   # a process group of its own, as the others' ranks (interrupts)
+        except OSError:
+            pass
+    else:
+        parent = int(os.environ.pop("PYDDP_RANKS_PARENT"))
+        rank = int(os.environ["RANK"])
     if die_with_parent(signal.SIGKILL, parent):
         os._exit(1)
     handler = _Interruptible()
     signal.signal(signal.SIGINT, handler)
     host, _, port = os.environ.pop("PYDDP_RANKS_ADDR").rpartition(":")
     backend = os.environ.pop("PYDDP_RANKS_BACKEND") or None
-    rank = int(os.environ["RANK"])
     from . import _config
 
     conn = _mpc.Client((host, int(port)), authkey=_config.get("PYDDP_SECRET").encode())
-    conn.send(("hello", rank))
+    conn.send(("hello", rank, os.getpid()))
     # The cells' namespace is this process's __main__, so that what a cell defines pickles by name.
     import types
 
@@ -904,5 +1212,12 @@ def _rank_main():
         dist.destroy_process_group()
     except Exception:
         pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:   # backend 'mpi': mpirun counts a rank that leaves without it as failed
+        try:
+            if mpi.Is_initialized() and not mpi.Is_finalized():
+                mpi.Finalize()
+        except Exception:
+            pass
     sys.stdout.flush()
     os._exit(0)

@@ -1,8 +1,9 @@
 """IPython magics for persistent ranks: ``%load_ext pyddp``, then
 
-    %ddp start -n 2 [--backend cpu] [--timeout 120] [--cuda-on-cpu]
-                                        start the ranks (pyddp.notebook.Ranks); fails when they
-                                        are not all up within the timeout (seconds)
+    %ddp start -n 2 [--backend cpu|nccl|mpi] [--timeout 120] [--cuda-on-cpu]
+                                        start the ranks (pyddp.notebook.Ranks; backend mpi: under
+                                        one mpirun); fails when they are not all up within the
+                                        timeout (seconds)
     %%ddp [--ranks 0,1] [--quiet-others] [--figures 0|0,1|all|none]
     <code>                              run the cell on every rank (or the listed ones); the
                                         figures of rank 0 (or those listed) show in the cell

@@ -84,7 +84,8 @@ SERIAL_FILES = frozenset({
     "tests/distributed/test_interrupt.py", "tests/distributed/test_phases.py",
     "tests/distributed/test_tune.py", "tests/distributed/test_tune_first_job.py",
     "tests/launch/test_elastic.py", "tests/launch/test_lifecycle.py",
-    "tests/launch/test_notebook_ranks.py", "tests/benchmarks/test_benchmarks_smoke.py",
+    "tests/launch/test_notebook_ranks.py", "tests/launch/test_notebook_ranks_mpi.py",
+    "tests/benchmarks/test_benchmarks_smoke.py",
 })
 
 
