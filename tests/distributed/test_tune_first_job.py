@@ -1,7 +1,7 @@
 """The first job on a host without rules measures it (PYDDP_TUNING_AUTO, the default): every rank
 applies rank 0's crossovers, rank 0 keeps them in the per-user cache, later jobs read them; a
-file of another host is never used; ranks sharing cores, TCP, or another job measuring now leave
-the constants.  Results stay exact (NumPy reference) whatever was chosen."""
+file of another host is never used; ranks sharing cores measure for their rank count; TCP, or
+another job measuring now, leave the constants.  Results stay exact (NumPy reference) whatever was chosen."""
 import fcntl
 import json
 import math
@@ -168,22 +168,30 @@ def test_no_measurement_where_it_would_say_little_or_another_job_measures(tmp_pa
     assert not os.path.exists(path)
 
 
-def test_ranks_sharing_cores_do_not_measure(tmp_path):
+def test_ranks_sharing_cores_measure_for_their_rank_count(tmp_path):
+    """More ranks than cores (4 on 2 here): the first job measures too, and its table is for
+    that rank count; every rank applies rank 0's rules and the results stay exact."""
     path = _path_for(tmp_path)
     n = (os.cpu_count() or 1) + 1
     if n > 6:
         pytest.skip("this host has a core for every rank a quick test starts")
     outs = run(_job, n, timeout=180, init=False, env=_env(tmp_path))
     assert all(r["bad"] == [] for r in outs)
-    assert all(_constants(r["rules"]) for r in outs)
-    assert not os.path.exists(path)
+    assert all(r["rules"] == outs[0]["rules"] for r in outs)
+    doc = tuning.load(path)
+    assert doc["source"] == "first job" and set(doc["tables"]) == {str(n)}
+    assert doc["jobs"] == {str(n): 1}
+    table = doc["tables"][str(n)]["cma_from"]
+    if outs[0]["single_copy"]:
+        cma = outs[0]["rules"][0]
+        assert {k: cma[tuning.KIND_NAMES[k]] for k in table} == table
 
 
 def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PYDDP_TUNING_AUTO", "1")
-    assert tuning.describe() == ("built-in constants (no rules file yet: the first job whose ranks "
-                                 "each have a core measures this host)")
+    assert tuning.describe() == ("built-in constants (no rules file yet: the first jobs on this "
+                                 "host measure it)")
     monkeypatch.setenv("PYDDP_TUNING_AUTO", "0")
     assert tuning.describe() == "built-in constants"
     path = tuning.default_path()

@@ -229,7 +229,7 @@ def encode(size, local=None, probe=None) -> str:
     doc = _read(path, explicit) if path is not None else None
     # (a file of this host's name that cannot be used, unreadable or another host's, is the
     # user's to replace: warned, never measured over)
-    if probe is not None and (path is None or doc is not None) and auto_claim(size, doc, *probe):
+    if probe is not None and (path is None or doc is not None) and auto_claim(size, doc, probe[0]):
         return PROBE
     if doc is None:
         return ""
@@ -249,22 +249,25 @@ def encode(size, local=None, probe=None) -> str:
 
 # --------------------------------------------------------------- the first job on a host measures it
 
-def auto_claim(size, doc, local, own_cores) -> bool:
-    """Whether rank 0 of a job's default group of ``size`` ranks, ``local`` of them on this host
-    (``own_cores``: each with a core of its own), measures this host's crossovers as the group
+def auto_claim(size, doc, local) -> bool:
+    """Whether rank 0 of a job's default group of ``size`` ranks, ``local`` of them on this host,
+    measures this host's crossovers as the group
     starts, and if so holds the lock beside the host's rules file until ``auto_save`` or
     ``auto_release``.  Only with PYDDP_TUNING_AUTO (default on), PYDDP_TUNING on, no
     PYDDP_TUNING_FILE and no PYDDP_CMA_THRESHOLD (which overrides every rule), every rank on this
-    host with a core of its own (measurements of ranks that share cores, or of a network, say
-    little about the next job), and where ``doc`` (the host's file, None: none usable) is none or
-    one that fewer than FIRST_JOBS earlier jobs of ``size`` ranks wrote (a hand-run tuner's file is
-    kept as it is).  Never waits: another job measuring now holds the lock and this one runs on
-    what is there."""
+    host (a measurement of a network says little about the next job's), and where ``doc`` (the
+    host's file, None: none usable) is none or one that fewer than FIRST_JOBS earlier jobs of
+    ``size`` ranks wrote (a hand-run tuner's file is kept as it is).  Ranks that share cores
+    measure too: their table is for jobs of that many ranks on this host, which share them the
+    same way (4 ranks on 2 cores: out of the box ahead of Open MPI at 57 of 64 points measured,
+    54 on the constants, whose scatter kept the banks where single copies halve the bytes copied;
+    docs/benchmarks.md).  Never waits: another job measuring now holds the lock and this one runs
+    on what is there."""
     global _claim
     if (not _config.get("PYDDP_TUNING_AUTO") or not _config.get("PYDDP_TUNING")
             or (_config.get("PYDDP_TUNING_FILE") or "").strip()
             or _config.get("PYDDP_CMA_THRESHOLD") is not None
-            or size < 2 or local != size or not own_cores or _claim is not None):
+            or size < 2 or local != size or _claim is not None):
         return False
     if doc is not None and not _wants(doc, size):
         return False
@@ -391,8 +394,8 @@ def describe() -> str:
         path, explicit = path_in_force()
         if path is None:
             return "built-in constants" + (" (PYDDP_TUNING=0)" if not _config.get(
-                "PYDDP_TUNING") else (" (no rules file yet: the first job whose ranks each have "
-                                      "a core measures this host)" if _config.get(
+                "PYDDP_TUNING") else (" (no rules file yet: the first jobs on this host measure "
+                                      "it)" if _config.get(
                                           "PYDDP_TUNING_AUTO") else ""))
         doc = load(path)
     except ValueError as e:
