@@ -187,6 +187,19 @@ def test_ranks_sharing_cores_measure_for_their_rank_count(tmp_path):
         assert {k: cma[tuning.KIND_NAMES[k]] for k in table} == table
 
 
+def test_ranks_more_than_twice_the_cores_do_not_measure(tmp_path):
+    """A measurement of 8 ranks on 2 cores took 1.85 s of the first init: past SHARED_MEASURE
+    ranks per core the constants stay (and nothing is written)."""
+    path = _path_for(tmp_path)
+    n = tuning.SHARED_MEASURE * (os.cpu_count() or 1) + 1
+    if n > 6:
+        pytest.skip("too many ranks for a quick test on this host")
+    outs = run(_job, n, timeout=180, init=False, env=_env(tmp_path))
+    assert all(r["bad"] == [] for r in outs)
+    assert all(_constants(r["rules"]) for r in outs)
+    assert not os.path.exists(path)
+
+
 def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("PYDDP_TUNING_AUTO", "1")

@@ -171,7 +171,7 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
                 # (the phases' rules only where each of this host's ranks has a core)
                 local = nodes.count(nodes[rank])
                 own = local <= host_cores
-                probe = (local, own) if first_job and transport_wanted_shm() else None
+                probe = (local, host_cores) if first_job and transport_wanted_shm() else None
                 store.set(f"{prefix}/token", f"{secrets.randbits(63)} "
                           f"{tuning.encode(size, local if own else None, probe)}")
                 store.set(f"{prefix}/transport", _config.get("PYDDP_TRANSPORT"))

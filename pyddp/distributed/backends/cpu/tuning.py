@@ -220,7 +220,7 @@ def _warn_once(path, msg, stacklevel):
 def encode(size, local=None, probe=None) -> str:
     """Rank 0's rules for a group of ``size`` ranks (``local`` of them on its host: the phases'
     rules need a core for each), compact, for the address exchange: '' for the built-in
-    constants.  ``probe``: (ranks of the group on this host, whether each has a core of its own)
+    constants.  ``probe``: (ranks of the group on this host, the cores they can keep busy)
     for a job's default group, which measures a host that has no rules for it yet (``PROBE``:
     every rank measures as the group starts; ``auto_claim``)."""
     path, explicit = path_in_force()
@@ -229,7 +229,7 @@ def encode(size, local=None, probe=None) -> str:
     doc = _read(path, explicit) if path is not None else None
     # (a file of this host's name that cannot be used, unreadable or another host's, is the
     # user's to replace: warned, never measured over)
-    if probe is not None and (path is None or doc is not None) and auto_claim(size, doc, probe[0]):
+    if probe is not None and (path is None or doc is not None) and auto_claim(size, doc, *probe):
         return PROBE
     if doc is None:
         return ""
@@ -249,16 +249,21 @@ def encode(size, local=None, probe=None) -> str:
 
 # --------------------------------------------------------------- the first job on a host measures it
 
-def auto_claim(size, doc, local) -> bool:
-    """Whether rank 0 of a job's default group of ``size`` ranks, ``local`` of them on this host,
-    measures this host's crossovers as the group
+# ranks that share cores measure up to this many per core (4 ranks on 2 cores took 0.46-0.82 s; 8
+# on 2 took 1.85 s, past what a first job may pay)
+SHARED_MEASURE = 2
+
+
+def auto_claim(size, doc, local, cores) -> bool:
+    """Whether rank 0 of a job's default group of ``size`` ranks, ``local`` of them on this host
+    (whose ranks can keep ``cores`` cores busy), measures this host's crossovers as the group
     starts, and if so holds the lock beside the host's rules file until ``auto_save`` or
     ``auto_release``.  Only with PYDDP_TUNING_AUTO (default on), PYDDP_TUNING on, no
     PYDDP_TUNING_FILE and no PYDDP_CMA_THRESHOLD (which overrides every rule), every rank on this
     host (a measurement of a network says little about the next job's), and where ``doc`` (the
     host's file, None: none usable) is none or one that fewer than FIRST_JOBS earlier jobs of
     ``size`` ranks wrote (a hand-run tuner's file is kept as it is).  Ranks that share cores
-    measure too: their table is for jobs of that many ranks on this host, which share them the
+    (up to SHARED_MEASURE per core) measure too: their table is for jobs of that many ranks on this host, which share them the
     same way (4 ranks on 2 cores: out of the box ahead of Open MPI at 57 of 64 points measured,
     54 on the constants, whose scatter kept the banks where single copies halve the bytes copied;
     docs/benchmarks.md).  Never waits: another job measuring now holds the lock and this one runs
@@ -267,7 +272,8 @@ def auto_claim(size, doc, local) -> bool:
     if (not _config.get("PYDDP_TUNING_AUTO") or not _config.get("PYDDP_TUNING")
             or (_config.get("PYDDP_TUNING_FILE") or "").strip()
             or _config.get("PYDDP_CMA_THRESHOLD") is not None
-            or size < 2 or local != size or _claim is not None):
+            or size < 2 or local != size or local > SHARED_MEASURE * max(1, cores)
+            or _claim is not None):
         return False
     if doc is not None and not _wants(doc, size):
         return False
