@@ -159,6 +159,24 @@ def _signal_proc(proc, sig):
         return False
 
 
+def _read_available(fd, most=64):
+    """What the non-blocking ``fd`` holds now (at most ``most`` reads of 64 KiB: a rank that
+    writes without a pause does not hold the kernel here), as (chunks, whether it reached its
+    end)."""
+    chunks = []
+    while len(chunks) < most:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return chunks, False
+        except (OSError, ValueError):
+            return chunks, True
+        if not chunk:
+            return chunks, True
+        chunks.append(chunk)
+    return chunks, False
+
+
 def _exit_text(proc):
     """How a rank's process ended, in words."""
     describe = getattr(proc, "describe", None)
@@ -269,20 +287,14 @@ class _MpiLauncher:
     def pump(self, final=False):
         """Show what mpirun printed (its own messages: a rank that failed, the job aborted)."""
         for fd in list(self._own):
-            while True:
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                except (OSError, ValueError):
-                    chunk = b""
-                if not chunk:
-                    self._own.pop(fd)
-                    break
-                text = self._pending.get(fd, "") + chunk.decode("utf-8", "replace")
+            chunks, closed = _read_available(fd)
+            if chunks:
+                text = self._pending.get(fd, "") + b"".join(chunks).decode("utf-8", "replace")
                 lines = text.split("\n")
                 self._pending[fd] = lines.pop()
                 self._show(lines)
+            if closed:
+                self._own.pop(fd)
         if final:
             self._show([t for t in self._pending.values() if t])
             self._pending.clear()
@@ -683,17 +695,8 @@ class Ranks:
         with \\r as one updating line; all of it when final."""
         for rk in self._ranks if ranks is None else ranks:
             for fd, entry in list(rk.out.items()):
-                closed = False
-                while True:
-                    try:
-                        chunk = os.read(fd, 65536)
-                    except BlockingIOError:
-                        break
-                    except (OSError, ValueError):
-                        chunk = b""
-                    if not chunk:
-                        closed = True
-                        break
+                chunks, closed = _read_available(fd)
+                for chunk in chunks:
                     self._out.feed(rk.rank, entry[0], chunk)
                 if closed:
                     self._out.feed(rk.rank, entry[0], b"", final=True)
