@@ -159,24 +159,6 @@ def _signal_proc(proc, sig):
         return False
 
 
-def _read_available(fd, most=64):
-    """What the non-blocking ``fd`` holds now (at most ``most`` reads of 64 KiB: a rank that
-    writes without a pause does not hold the kernel here), as (chunks, whether it reached its
-    end)."""
-    chunks = []
-    while len(chunks) < most:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            return chunks, False
-        except (OSError, ValueError):
-            return chunks, True
-        if not chunk:
-            return chunks, True
-        chunks.append(chunk)
-    return chunks, False
-
-
 def _exit_text(proc):
     """How a rank's process ended, in words."""
     describe = getattr(proc, "describe", None)
@@ -229,7 +211,7 @@ class _MpiLauncher:
         self.readers, self.holders = {}, {}
         self.tail = ""
         self._pending = {}
-        self._files = []
+        self._fds = []   # the FIFOs' read ends
         env = dict(env)
         for k in ("RANK", "LOCAL_RANK", "PYDDP_RANKS_PARENT"):
             env.pop(k, None)
@@ -247,8 +229,7 @@ class _MpiLauncher:
                     path = os.path.join(self.dir, f"{r}.{what}")
                     os.mkfifo(path, 0o600)
                     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                    f = os.fdopen(fd, "rb", buffering=0)
-                    self._files.append(f)
+                    self._fds.append(fd)
                     self.readers.setdefault(r, {})[fd] = [what == "err", b""]
                     # a writer of ours until the rank opens its own: no end of file before then
                     self.holders.setdefault(r, []).append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
@@ -287,7 +268,7 @@ class _MpiLauncher:
     def pump(self, final=False):
         """Show what mpirun printed (its own messages: a rank that failed, the job aborted)."""
         for fd in list(self._own):
-            chunks, closed = _read_available(fd)
+            chunks, closed = _rank_io.read_available(fd)
             if chunks:
                 text = self._pending.get(fd, "") + b"".join(chunks).decode("utf-8", "replace")
                 lines = text.split("\n")
@@ -339,9 +320,9 @@ class _MpiLauncher:
             for fd in fds:
                 os.close(fd)
         self.holders.clear()
-        for f in self._files:
-            f.close()
-        self._files = []
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
         proc = getattr(self, "proc", None)
         if proc is not None:
             for f in (proc.stdout, proc.stderr):
@@ -695,7 +676,7 @@ class Ranks:
         with \\r as one updating line; all of it when final."""
         for rk in self._ranks if ranks is None else ranks:
             for fd, entry in list(rk.out.items()):
-                chunks, closed = _read_available(fd)
+                chunks, closed = _rank_io.read_available(fd)
                 for chunk in chunks:
                     self._out.feed(rk.rank, entry[0], chunk)
                 if closed:

@@ -398,6 +398,24 @@ def _visible(line):
     return parts[-1] if parts else ""
 
 
+def read_available(fd, most=64):
+    """What the non-blocking ``fd`` holds now (at most ``most`` reads of 64 KiB: a rank that
+    writes without a pause does not hold the kernel here), as (chunks, whether it reached its
+    end)."""
+    chunks = []
+    while len(chunks) < most:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return chunks, False
+        except (OSError, ValueError):
+            return chunks, True
+        if not chunk:
+            return chunks, True
+        chunks.append(chunk)
+    return chunks, False
+
+
 class Presenter:
     """The kernel's end: prints the ranks' text with their prefix, renders lines redrawn with \\r
     (progress bars) as one updating line, and shows what the ranks displayed.

@@ -225,19 +225,11 @@ class _Output:
             if fd not in self.fds:
                 continue
             entry = self.fds[fd]
-            while True:
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    self._close(fd)
-                    break
+            chunks, closed = _rank_io.read_available(fd)
+            for chunk in chunks:
                 self._feed(entry, chunk)
-                if len(chunk) < 65536:
-                    break
+            if closed:
+                self._close(fd)
         self.presenter.tick()
         self.presenter.flush()
 
