@@ -49,6 +49,8 @@ from ._lifecycle import describe_exit, die_with_parent, signal_group
 __all__ = ["Ranks", "RanksError"]
 
 _POLL = 0.1
+# Seconds between the SIGINTs an interrupted cell's busy ranks are sent until they answer.
+_RESIGNAL = 0.3
 _STOP_GRACE = 3.0
 # Seconds a connection to the kernel's port gets to prove it knows the secret and say hello.
 _HANDSHAKE = 10.0
@@ -782,16 +784,22 @@ class Ranks:
         here sends SIGINT to those still busy.  Returns ({rank: payload}, {rank: error}, interrupted)."""
         self._next_id += 1
         rid = self._next_id
-        for rk in chosen:
-            try:
-                rk.conn.send(make(rk.rank) + (rid,))
-                rk.busy = rid
-            except OSError:
-                self._mark_dead(rk)
         results, errors, broken = {}, {}, {}
         interrupted_at = None
+        signalled = 0.0   # when the busy ranks were last sent SIGINT
+        to_send = list(chosen)
         while True:
             try:
+                # (sent inside the try: an interrupt while sending, with some ranks already
+                # running the cell, is an interrupt of the cell; the rest are not sent it)
+                while to_send:
+                    rk = to_send[0]
+                    try:
+                        rk.busy = rid   # (before the send: a rank sent the cell is one to interrupt)
+                        rk.conn.send(make(rk.rank) + (rid,))
+                    except OSError:
+                        self._mark_dead(rk)
+                    to_send.pop(0)
                 pending = {rk.rank for rk in chosen if rk.busy == rid and rk.alive()}
                 if not pending:
                     break
@@ -800,6 +808,13 @@ class Ranks:
                         errors[r] = (f"did not stop within {self.interrupt_grace:g} s of the interrupt; "
                                      "it is still running (interrupt again, or %ddp restart)")
                     break
+                if interrupted_at is not None and time.monotonic() - signalled > _RESIGNAL:
+                    # again, until they answer: a rank that was still receiving the cell when
+                    # the first came had not started it, and ignored it
+                    signalled = time.monotonic()
+                    for rk in chosen:
+                        if rk.busy == rid and rk.alive():
+                            _signal_proc(rk.proc, signal.SIGINT)
                 for rank, msg in self._wait_messages(pending):
                     rk = self._ranks[rank]
                     if msg[0] != "done" or msg[1] != rid:
@@ -816,7 +831,8 @@ class Ranks:
                 if interrupted_at is not None and time.monotonic() - interrupted_at > 0.5:
                     interrupted_at = -1e9   # a second interrupt: stop waiting now
                     continue
-                interrupted_at = time.monotonic()
+                interrupted_at = signalled = time.monotonic()
+                to_send.clear()
                 for rk in chosen:
                     if rk.busy == rid and rk.alive():
                         _signal_proc(rk.proc, signal.SIGINT)
@@ -1032,12 +1048,20 @@ def _class_source(cls):
 # ------------------------------------------------------------------------------------ the rank's end
 
 class _Interruptible:
-    """SIGINT raises KeyboardInterrupt only while a request runs; idle ranks ignore it."""
+    """SIGINT raises KeyboardInterrupt only while a request runs, once per request (the kernel
+    repeats its SIGINT until the rank answers: one that came before the request started, while
+    the rank was receiving it, was ignored); idle ranks ignore it."""
 
     running = False
+    raised = False
+
+    def start(self):
+        self.raised = False
+        self.running = True
 
     def __call__(self, signum, frame):
-        if self.running:
+        if self.running and not self.raised:
+            self.raised = True
             raise KeyboardInterrupt
 
 
@@ -1145,7 +1169,7 @@ def _rank_main():
             break
         current[0] = rid
         value = error = None
-        handler.running = True
+        handler.start()
         try:
             if kind == "run":
                 _rank_io.set_figures(msg[3])

@@ -130,7 +130,10 @@ def test_a_process_started_by_another_launcher_is_refused_not_run_alone():
     runs."""
     code = ("import pyddp.distributed as d\n"
             "try:\n    d.init_process_group('mpi')\nexcept ValueError as e:\n    print('ERR', e)\n"
-            "else:\n    print('RAN', d.get_rank(), d.get_world_size())\n")
+            # (one write per line: print's pieces, written apart, interleaved between the ranks
+            # in mpirun's output: 'RANRAN 0 2')
+            "else:\n    import sys\n    sys.stdout.write(f'RAN {d.get_rank()} {d.get_world_size()}\\n')\n"
+            "    sys.stdout.flush()\n")
     out = _run_py(code, {"WORLD_SIZE": "2", "RANK": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ERR backend 'mpi': WORLD_SIZE=2 in the environment but "

@@ -182,6 +182,43 @@ def test_a_rank_that_does_not_stop_is_reported_and_restart_brings_the_job_back(t
     assert_all_gone(pids)
 
 
+class _InterruptAfterSend:
+    """A rank's connection whose send is interrupted (KeyboardInterrupt) right after it went out:
+    the kernel's interrupt landing while a cell is being sent to the ranks."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.armed = True
+
+    def send(self, obj):
+        self.conn.send(obj)
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_an_interrupt_while_the_cell_is_being_sent_interrupts_it(ranks):
+    """Before, an interrupt between sending the cell to rank 0 and to rank 1 escaped run() (a
+    KeyboardInterrupt out of the call, rank 0 left running the cell, and under pytest-xdist the
+    worker crashed); now it is the cell's interrupt: rank 0 stops, rank 1 is not sent it."""
+    rk0 = ranks._ranks[0]
+    real = rk0.conn
+    rk0.conn = _InterruptAfterSend(real)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RanksError) as info:
+            ranks.run("import time\ntime.sleep(60)\n")
+        assert time.monotonic() - start < 30
+    finally:
+        rk0.conn = real
+    assert str(info.value).startswith("interrupted") and set(info.value.errors) == {0}
+    assert "KeyboardInterrupt" in info.value.errors[0]
+    assert ranks.run("'both'").agreed() == "'both'"
+
+
 def test_a_rank_that_dies_is_reported_with_its_exit_cause(ranks):
     with pytest.raises(RanksError, match=r"rank 1[\s\S]*died \(exit code 3\)"):
         ranks.run("import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\n")
