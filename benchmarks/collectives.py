@@ -285,12 +285,14 @@ def run_peer(peer, args, sizes, tmpdir):
     return result, note
 
 
-def merge_rows(row_lists):
-    """One row per size from several rounds: the median of the rounds' medians, the least minimum."""
+def merge_rows(row_lists, rounds=None):
+    """One row per size from several rounds: the median of the rounds' medians, the least minimum.
+    rounds: the round number of each list (default 0, 1, ...)."""
     by = {}
-    for rows in row_lists:
+    rounds = list(range(len(row_lists))) if rounds is None else rounds
+    for rnd, rows in zip(rounds, row_lists):
         for r in rows:
-            by.setdefault(r["bytes"], []).append(r)
+            by.setdefault(r["bytes"], []).append(dict(r, round=rnd))
     out = []
     for nbytes, rs in by.items():
         m = dict(rs[0])
@@ -299,6 +301,9 @@ def merge_rows(row_lists):
         m["correct"] = all(r["correct"] for r in rs)
         m["iters"] = sum(r["iters"] for r in rs)
         m["rounds"] = len(rs)
+        # each round's median, in round order (rounds run the libraries next to each other, so
+        # round i of two libraries compares them at one moment: summary_block's rounds behind)
+        m["round_medians"] = [[r["round"], r["median_us"]] for r in rs]
         out.append(m)
     return out
 
@@ -309,10 +314,11 @@ def merge_rounds(results):
         return results[0]
     merged = dict(results[-1])
     ops = {}
-    for r in results:
+    for i, r in enumerate(results):
         for op, rows in (r.get("ops") or {}).items():
-            ops.setdefault(op, []).append(rows)
-    merged["ops"] = {op: merge_rows(lists) for op, lists in ops.items()}
+            ops.setdefault(op, []).append((r.get("round", i), rows))
+    merged["ops"] = {op: merge_rows([x[1] for x in lists], [x[0] for x in lists])
+                     for op, lists in ops.items()}
     shm = [r.get("shm_buffer") for r in results if (r.get("shm_buffer") or {}).get("rows")]
     if shm:
         merged["shm_buffer"] = dict(shm[-1], rows=merge_rows([x["rows"] for x in shm]))
@@ -587,7 +593,7 @@ def summary_block(args, results, world, memcpy, phase=None):
         sizes = sorted({r["bytes"] for op in ops for r in results[mine]["ops"][op]})
         if len(sizes) < 2:
             continue
-        rows, ahead, total = [], 0, 0
+        rows, ahead, total, behind = [], 0, 0, []
         for op in ops:
             a = {r["bytes"]: r for r in results[peer]["ops"][op]}
             b = {r["bytes"]: r for r in results[mine]["ops"][op]}
@@ -600,6 +606,8 @@ def summary_block(args, results, world, memcpy, phase=None):
                 total += 1
                 ahead += v >= 1
                 cells.append(f"{v:.2f}" if v >= 1 else f"**{v:.2f}**")
+                if v < 1:
+                    behind.append((op, n, v, rounds_behind(a[n], b[n])))
             rows.append(cells)
         if info is None:
             info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
@@ -616,7 +624,26 @@ def summary_block(args, results, world, memcpy, phase=None):
             ["collective"] + [fmt_size_short(n) for n in sizes], rows,
             info=dict(info, rules=rules_of(results, mine)) if mine.startswith("pyddp") else info,
             align="l" + "r" * len(sizes)))
+        counted = [x for x in behind if x[3] is not None]
+        if counted:
+            blocks[-1] += (
+                f"\n\nRound by round (each round runs {LABEL[mine]} and {LABEL[peer]} one after the "
+                "other), the points behind: "
+                + "; ".join(f"{op} {fmt_size_short(n)} {v:.2f}, behind in {k} of {r} rounds"
+                            for op, n, v, (k, r) in counted)
+                + f"; behind in more than half of the rounds at {sum(2 * k > r for *_, (k, r) in counted)}"
+                f" of {total} points")
     return "\n\n".join(blocks) if blocks else None
+
+
+def rounds_behind(a, b):
+    """(rounds in which row b was slower than row a, rounds) from two rows' per-round medians
+    (merge_rows), or None when they do not have the same rounds."""
+    ra, rb = dict(a.get("round_medians") or ()), dict(b.get("round_medians") or ())
+    both = sorted(set(ra) & set(rb))
+    if len(both) < 2:
+        return None
+    return sum(rb[i] > ra[i] for i in both), len(both)
 
 
 def floor_block(args, results, world, phase=None):
@@ -881,6 +908,7 @@ def main(argv=None):
             if after:
                 probes.append(after)
             if result:
+                result["round"] = rnd
                 runs.setdefault(peer, []).append(result)
                 phased.append((peer, result, probe, after))
             if note:

@@ -241,6 +241,43 @@ def test_rounds_are_merged_by_the_median_of_their_medians():
     assert mod.merge_rounds(rounds[:1]) is rounds[0]
 
 
+def test_points_behind_say_in_how_many_rounds_they_were_behind():
+    """Rounds run the libraries next to each other: a point behind on the median of the rounds'
+    medians says in how many of the rounds both libraries ran it was behind, round against round
+    (a round that one library missed is left out)."""
+    import types
+
+    mod = _collectives()
+    row = {"bytes": 4096, "count": 1024, "iters": 10, "correct": True}
+
+    def runs(times, skip=()):
+        # a second size (8 KiB) at 20 us for both: level, never behind
+        return [{"ops": {"allgather": [dict(row, median_us=t, min_us=t),
+                                       dict(row, bytes=8192, count=2048, median_us=20.0, min_us=20.0)]},
+                 "errors": {}, "round": i}
+                for i, t in enumerate(times) if i not in skip]
+
+    # pyddp: 10, 10, 10, 10; Open MPI: 12, 9, 9, 8 (rounds 1-3 behind; median 9 < 10)
+    results = {"pyddp": mod.merge_rounds(runs([10.0, 10.0, 10.0, 10.0])),
+               "mpi": mod.merge_rounds(runs([12.0, 9.0, 9.0, 8.0]))}
+    assert results["mpi"]["ops"]["allgather"][0]["round_medians"] == [[0, 12.0], [1, 9.0], [2, 9.0],
+                                                                       [3, 8.0]]
+    args = types.SimpleNamespace(ops=["allgather"], rounds=4)
+    memcpy = {4096: {"gbps": 10.0}}
+    text = mod.summary_block(args, results, 2, memcpy)
+    assert "**0.90**" in text and "pyddp ahead at 1 of 2 points" in text, text
+    assert "allgather 4K 0.90, behind in 3 of 4 rounds" in text, text
+    assert "behind in more than half of the rounds at 1 of 2 points" in text, text
+    # Open MPI missed round 0: the other three pair up (all behind)
+    results["mpi"] = mod.merge_rounds(runs([12.0, 9.0, 9.0, 8.0], skip=(0,)))
+    assert "behind in 3 of 3 rounds" in mod.summary_block(args, results, 2, memcpy)
+    # one round each (or none in common): no round count
+    results = {"pyddp": mod.merge_rounds(runs([10.0])), "mpi": mod.merge_rounds(runs([9.0]))}
+    assert "Round by round" not in mod.summary_block(args, results, 2, memcpy)
+    assert mod.rounds_behind({"round_medians": [[0, 1.0], [1, 1.0]]},
+                             {"round_medians": [[2, 2.0], [3, 2.0]]}) is None
+
+
 @FULL
 @pytest.mark.timeout(180)
 def test_torch_backend_quick_table():
