@@ -160,6 +160,7 @@ _V = [
     Var("PYDDP_TEST_SPIN", "1 (tests only)", lambda t: {"1": "1"}[t]),
     Var("PYDDP_TEST_PHASE", "fast or slow (tests only)",
         lambda t: {"fast": "fast", "slow": "slow"}[t]),
+    Var("PYDDP_TEST_PHASE_NS", "a number of ns > 0 (tests only)", _seconds(True)),
     # what pyddp.notebook.Ranks hands each rank it starts (read and removed at the rank's start)
     Var("PYDDP_RANKS_ADDR", "host:port of the kernel (set by pyddp.notebook.Ranks)", _text),
     Var("PYDDP_RANKS_PARENT", "the kernel's pid (set by pyddp.notebook.Ranks)", _text),

@@ -582,8 +582,13 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
     coll = Calls(cpg)
     rank, n = coll.get_rank(), coll.get_world_size()
     base_cma, base_small = (list(v) for v in cpg.rules)
+    # the run-time probe of the machine's phase before each size (None where the ranks share
+    # cores): the pairs of the first jobs, which may run in different phases, are split by it
+    # (first_job_phases)
+    pingpong = hasattr(cpg, "probe_phase")
     result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
-              "rounds": {}, "probe": None, "how": "pairs", "pairs": {}, "ratios": {}, "jobs": 1}
+              "rounds": {}, "probe": "pingpong" if pingpong else None, "how": "pairs",
+              "pairs": {}, "ratios": {}, "pair_probes": {}, "jobs": 1}
     try:
         for kind in kinds:
             code = _C.KINDS[kind]["code"]
@@ -592,11 +597,17 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
                 cma = list(base_cma)
                 cma[code] = None if c == 0 else 1
                 cand.append(cma)
-            rows, rounds, used, logs = [], [], [], []
+            rows, rounds, used, logs, probes = [], [], [], [], []
             for size in sizes:
                 count = max(1, size // 4)
                 run = _op(coll, kind, rank, n, count)
                 pairs = max(3, min(max_pairs, budget // max(1, size * n)))
+                ns = _round_probe(coll, rank, _C, cpg) if pingpong else None
+                from .... import _config
+
+                forced = _config.get("PYDDP_TEST_PHASE_NS")
+                if ns is not None and forced is not None:
+                    ns = float(forced)   # (tests: the phase they say, whatever the machine's)
                 times = np.zeros(2 * pairs + 2, dtype=np.float64)
                 for i in range(pairs + 1):      # pair 0 warms both up and is not counted
                     for c in ((0, 1) if i % 2 == 0 else (1, 0)):
@@ -609,16 +620,18 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
                 a, b = times[2::2] * 1e6, times[3::2] * 1e6
                 lr = np.log(b / a)
                 logs.append([size, [round(float(x), 4) for x in lr]])
+                probes.append([size, [None if ns is None else round(float(ns), 1)] * len(lr)])
                 ratio = float(np.exp(np.median(lr)))
                 med = float(np.median(a))
                 rows.append((size, med, med * ratio))
-                rounds.append([size, [[None, med, float(np.median(b))]]])
+                rounds.append([size, [[ns, med, float(np.median(b))]]])
                 used.append([size, pairs])
                 del run
             result["kinds"][kind] = rows
             result["rounds"][kind] = rounds
             result["pairs"][kind] = used
             result["ratios"][kind] = logs
+            result["pair_probes"][kind] = probes
     finally:
         coll.barrier()
         cpg.set_rules(base_cma, base_small)
@@ -637,17 +650,65 @@ def merge_paired(res, old):
 
     if not isinstance(old, dict) or not isinstance(old.get("ratios"), dict):
         return res
-    out = dict(res, kinds={}, ratios={}, jobs=int(old.get("jobs", 1)) + 1)
+    out = dict(res, kinds={}, ratios={}, pair_probes={}, jobs=int(old.get("jobs", 1)) + 1)
     for kind, rows in res["kinds"].items():
         before = {int(s): list(v) for s, v in (old["ratios"].get(kind) or [])}
-        logs, merged = [], []
+        # each earlier pair's probe (None: not probed, as in files of older versions)
+        probed = {int(s): list(v) for s, v in ((old.get("pair_probes") or {}).get(kind) or [])}
+        mine = dict((int(s), list(v)) for s, v in (res.get("pair_probes") or {}).get(kind) or [])
+        logs, merged, probes = [], [], []
         for (size, a, _), (_, lr) in zip(rows, res["ratios"][kind]):
-            allr = (before.get(size, []) + list(lr))[-MERGED_PAIRS:]
+            earlier = before.get(size, [])
+            ns = probed.get(size, [])
+            ns = ([None] * (len(earlier) - len(ns)) + ns)[-len(earlier):] if earlier else []
+            allr = (earlier + list(lr))[-MERGED_PAIRS:]
+            alln = (ns + mine.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
             logs.append([size, allr])
+            probes.append([size, alln])
             merged.append((size, a, a * math.exp(statistics.median(allr))))
         out["kinds"][kind] = merged
         out["ratios"][kind] = logs
+        out["pair_probes"][kind] = probes
     return out
+
+
+# The first jobs give each phase of the machine rules of its own where their pairs hold at least
+# this many of every size in each phase (a job's pairs are all in one phase, mostly: a phase lasts
+# seconds, a first job's measurement a fraction of one).
+FIRST_JOB_PHASE_PAIRS = 3
+
+
+def first_job_phases(res):
+    """The first jobs' pairs (``merge_paired``'s) split by the machine's phase, classified as the
+    tuner's rounds are (a pair is slow when the probe before its size exceeds SLOW_FACTOR times the
+    10th percentile of all the pairs' probes): ({kind: [(size, fast ratio, slow ratio)]}, the
+    probe's threshold in ns), each ratio the median of that phase's pairs (second candidate's time
+    over the first's), or None where the pairs do not hold FIRST_JOB_PHASE_PAIRS of every size in
+    each phase (one phase seen, or pairs without probes)."""
+    import math
+    import statistics
+
+    probes = sorted(ns for v in (res.get("pair_probes") or {}).values() for _, p in v for ns in p
+                    if ns is not None)
+    if len(probes) < 4:
+        return None
+    limit = probes[len(probes) // 10] * SLOW_FACTOR
+    out = {}
+    for kind, logs in (res.get("ratios") or {}).items():
+        pp = {int(s): v for s, v in (res.get("pair_probes") or {}).get(kind) or []}
+        rows = []
+        for size, lr in logs:
+            ns = pp.get(int(size)) or []
+            if len(ns) != len(lr):
+                return None
+            fast = [x for x, p in zip(lr, ns) if p is not None and p <= limit]
+            slow = [x for x, p in zip(lr, ns) if p is not None and p > limit]
+            if min(len(fast), len(slow)) < FIRST_JOB_PHASE_PAIRS:
+                return None
+            rows.append((int(size), math.exp(statistics.median(fast)),
+                         math.exp(statistics.median(slow))))
+        out[kind] = rows
+    return (out, round(limit, 1)) if out else None
 
 
 def first_job_table(res, defaults):
@@ -659,12 +720,28 @@ def first_job_table(res, defaults):
     from .... import _C
 
     table = _table([res], gaps=False)
+    split = first_job_phases(res)
+    phases = []
+    if split is not None:
+        # pairs in both phases: the worse phase decides each size (as the tuner's measurements
+        # that saw both: a tie in one phase is a clear win in the other), and each phase gets
+        # rules of its own, which later jobs switch between at run time (tuning.phased_for)
+        by_kind, limit = split
+        both = {k: [(s, (1.0, 1.0), (f, sl)) for s, f, sl in rows] for k, rows in by_kind.items()}
+        table["cma_from"] = {k: crossover(rows) for k, rows in both.items()}
+        phases = [{"cma_from": {k: crossover([(s, 1.0, r[ph]) for s, *r in rows])
+                                for k, rows in by_kind.items()}, "cma_gap": {}} for ph in (0, 1)]
     top = max((r[-1][0] for r in res["kinds"].values() if r), default=0)
     for kind, v in list(table["cma_from"].items()):
         was = defaults[_C.KINDS[kind]["code"]]
         was = was[0] if isinstance(was, (tuple, list)) else was
         if v is None and was is not None and was > top:
             del table["cma_from"][kind]
+            for t in phases:
+                if t["cma_from"].get(kind, 0) is None:
+                    del t["cma_from"][kind]
+    if phases:
+        table["phased"] = {"fast": phases[0], "slow": phases[1], "phase_ns": split[1]}
     return table
 
 

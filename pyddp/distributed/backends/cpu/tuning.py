@@ -351,7 +351,13 @@ def auto_save(size, res, table, seconds):
                    "measured": {}}
         doc["created"] = datetime.datetime.now(datetime.timezone.utc).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
+        table = dict(table)
+        phases = table.pop("phased", None)   # (first_job_table: pairs seen in both phases)
         doc["tables"][str(size)] = table
+        if phases is not None:
+            doc.setdefault("phased", {})[str(size)] = phases
+        elif str(size) in (doc.get("phased") or {}):
+            del doc["phased"][str(size)]
         doc["measured"][str(size)] = [res]
         jobs = doc.setdefault("jobs", {})
         jobs[str(size)] = int(res.get("jobs", 1))
