@@ -606,7 +606,7 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
                 from .... import _config
 
                 forced = _config.get("PYDDP_TEST_PHASE_NS")
-                if ns is not None and forced is not None:
+                if pingpong and forced is not None:
                     ns = float(forced)   # (tests: the phase they say, whatever the machine's)
                 times = np.zeros(2 * pairs + 2, dtype=np.float64)
                 for i in range(pairs + 1):      # pair 0 warms both up and is not counted

@@ -415,6 +415,9 @@ def describe() -> str:
     if not explicit and foreign(doc):
         return f"built-in constants ({os.path.basename(path)} was measured on another host)"
     how = "measured by this host's first job" if doc.get("source") == "first job" else "tuned"
+    phased = sorted(doc.get("phased") or {}, key=int)
+    if phased:   # (rules of their own for the machine's slow phase, switched to at run time)
+        how += f" with each phase's rules for {', '.join(phased)} ranks"
     return (f"{how} {doc.get('created', '?')} ({os.path.basename(path)}"
             f"{', PYDDP_TUNING_FILE' if explicit else ''}; python -m pyddp.tools.tune --show)")
 
