@@ -181,6 +181,9 @@ def test_ranks_sharing_cores_measure_for_their_rank_count(tmp_path):
     doc = tuning.load(path)
     assert doc["source"] == "first job" and set(doc["tables"]) == {str(n)}
     assert doc["jobs"] == {str(n): 1}
+    # no phase probe where ranks share cores (it would time the scheduler)
+    probes = doc["measured"][str(n)][0]["pair_probes"]
+    assert probes and all(x is None for rows in probes.values() for _, v in rows for x in v)
     table = doc["tables"][str(n)]["cma_from"]
     if outs[0]["single_copy"]:
         cma = outs[0]["rules"][0]

@@ -232,7 +232,8 @@ def connect_group(store, rank, size, timeout, name, label=None, backend="cpu", o
 
         try:
             if cpg.transport == "shm" and cpg.single_copy:
-                crossovers.first_job(cpg)
+                # (every rank is on this host; the phase probe only where each has a core)
+                crossovers.first_job(cpg, phases=size <= host_cores)
             elif rank == 0:
                 tuning.auto_release()
         except BaseException:

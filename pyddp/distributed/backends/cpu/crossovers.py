@@ -567,7 +567,7 @@ FIRST_JOB_PAIRS = 12
 FIRST_JOB_BUDGET = 16 << 20
 
 
-def _paired(cpg, kinds, sizes, max_pairs, budget):
+def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
     """Both shared-memory candidates of each kind, size by size, in pairs of calls back to back
     (the order alternating from pair to pair), each call's time the slowest rank's: a machine
     whose speed changes from one moment to the next (see SHM_TIE) changes it for both calls of a
@@ -582,10 +582,10 @@ def _paired(cpg, kinds, sizes, max_pairs, budget):
     coll = Calls(cpg)
     rank, n = coll.get_rank(), coll.get_world_size()
     base_cma, base_small = (list(v) for v in cpg.rules)
-    # the run-time probe of the machine's phase before each size (None where the ranks share
-    # cores): the pairs of the first jobs, which may run in different phases, are split by it
-    # (first_job_phases)
-    pingpong = hasattr(cpg, "probe_phase")
+    # the run-time probe of the machine's phase before each size (``phases``: where every rank
+    # has a core; ranks sharing cores would probe the scheduler): the pairs of the first jobs,
+    # which may run in different phases, are split by it (first_job_phases)
+    pingpong = phases and hasattr(cpg, "probe_phase")
     result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
               "rounds": {}, "probe": "pingpong" if pingpong else None, "how": "pairs",
               "pairs": {}, "ratios": {}, "pair_probes": {}, "jobs": 1}
@@ -749,21 +749,22 @@ def first_job_table(res, defaults):
 last_first_job = None
 
 
-def first_job(cpg):
+def first_job(cpg, phases=True):
     """The first jobs on a host without rules measure the host as their default group starts
     (every rank calls it when rank 0's rules said ``tuning.PROBE``): both candidates of every
     kind at a few sizes on shared memory (``_paired``), added to what the earlier first jobs
     measured (``merge_paired``; tuning.FIRST_JOBS jobs in all), the crossovers worked out as the
     tuner does (``first_job_table``; rank 0's applied on every rank), and rank 0 writes them to
-    the host's rules file for later jobs.  Returns (the crossovers applied, seconds it took, the
-    file written or None)."""
+    the host's rules file for later jobs; ``phases``: each rank has a core, so the phase probe
+    before each size measures the machine (``_paired``).  Returns (the crossovers applied,
+    seconds it took, the file written or None)."""
     from . import tuning
 
     t0 = time.perf_counter()
     try:
         defaults = list(cpg.rules[0])
         res = _paired(cpg, list(_SHM_KINDS), _sizes(FIRST_JOB_MIN, FIRST_JOB_MAX), FIRST_JOB_PAIRS,
-                      FIRST_JOB_BUDGET)
+                      FIRST_JOB_BUDGET, phases)
         if cpg.rank == 0:   # (rank 0's crossovers are the ones every rank applies)
             res = merge_paired(res, tuning.claimed_measurement())
         table = first_job_table(res, defaults)
