@@ -220,8 +220,8 @@ def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
     doc["phased"] = {"2": {"fast": {"cma_from": {}}, "slow": {"cma_from": {}}, "phase_ns": 90.0}}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)
-    assert tuning.describe().startswith("measured by this host's first job with each phase's rules "
-                                        "for 2 ranks 2026-12-02T00:00:00Z")
+    assert tuning.describe().startswith("measured by this host's first job 2026-12-02T00:00:00Z")
+    assert "; each phase's rules for 2 ranks; python -m pyddp.tools.tune --show)" in tuning.describe()
     doc["host"] = dict(doc["host"], cores=doc["host"]["cores"] + 64)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f)

@@ -416,10 +416,10 @@ def describe() -> str:
         return f"built-in constants ({os.path.basename(path)} was measured on another host)"
     how = "measured by this host's first job" if doc.get("source") == "first job" else "tuned"
     phased = sorted(doc.get("phased") or {}, key=int)
-    if phased:   # (rules of their own for the machine's slow phase, switched to at run time)
-        how += f" with each phase's rules for {', '.join(phased)} ranks"
+    # (rules of their own for the machine's slow phase, switched to at run time)
+    phases = f"; each phase's rules for {', '.join(phased)} ranks" if phased else ""
     return (f"{how} {doc.get('created', '?')} ({os.path.basename(path)}"
-            f"{', PYDDP_TUNING_FILE' if explicit else ''}; python -m pyddp.tools.tune --show)")
+            f"{', PYDDP_TUNING_FILE' if explicit else ''}{phases}; python -m pyddp.tools.tune --show)")
 
 
 def decode(text):
