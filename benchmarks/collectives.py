@@ -296,6 +296,7 @@ def merge_rows(row_lists, rounds=None):
     out = []
     for nbytes, rs in by.items():
         m = dict(rs[0])
+        del m["round"]   # (a row of several rounds: round_medians below)
         m["median_us"] = float(np.median([r["median_us"] for r in rs]))
         m["min_us"] = min(r["min_us"] for r in rs)
         m["correct"] = all(r["correct"] for r in rs)

@@ -3,6 +3,7 @@ in a real notebook executed by nbclient on an ipykernel (skipped when those are 
 
 Every wait has a deadline; every test checks that no rank outlives stop()."""
 import _thread
+import contextlib
 import json
 import os
 import re
@@ -39,6 +40,31 @@ def ranks():
     yield r
     r.stop()
     assert_all_gone(pids)
+
+
+@contextlib.contextmanager
+def _bounded(ranks, seconds):
+    """A deadline on a blocking Ranks call: past ``seconds`` the ranks' processes are killed, so
+    the call returns (a dead-rank error) instead of waiting on; the test then fails saying so."""
+    pids = _pids(ranks)
+    fired = threading.Event()
+
+    def kill():
+        fired.set()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    timer = threading.Timer(seconds, kill)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        assert not fired.is_set(), f"the call did not return within {seconds} s: ranks killed"
 
 
 def _wait_files(paths, timeout=WAIT):
@@ -142,7 +168,7 @@ def test_interrupt_a_sleeping_cell(ranks, tmp_path):
     t = threading.Thread(target=lambda: (_wait_files(marks), _thread.interrupt_main()), daemon=True)
     start = time.monotonic()
     t.start()
-    with pytest.raises(RanksError) as info:
+    with _bounded(ranks, WAIT), pytest.raises(RanksError) as info:
         ranks.run(code)
     t.join(WAIT)
     assert time.monotonic() - start < 60
@@ -209,7 +235,7 @@ def test_an_interrupt_while_the_cell_is_being_sent_interrupts_it(ranks):
     rk0.conn = _InterruptAfterSend(real)
     try:
         start = time.monotonic()
-        with pytest.raises(RanksError) as info:
+        with _bounded(ranks, 30), pytest.raises(RanksError) as info:
             ranks.run("import time\ntime.sleep(60)\n")
         assert time.monotonic() - start < 30
     finally:
