@@ -4,11 +4,13 @@ Every wait has a deadline; a launcher still running at the end of a test is kill
 group.  Workers write what they saw into files under the test's tmp_path; processes are checked through
 /proc (a zombie counts as gone: nothing here reaps orphans, and PID 1 of a container may not either).
 """
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,3 +149,29 @@ class Watched:
 def terminal_lines(text):
     """What a terminal shows: each line is its last carriage-return redraw."""
     return [([p for p in line.split("\r") if p] or [""])[-1] for line in text.split("\n")]
+
+
+@contextlib.contextmanager
+def bounded(ranks, seconds):
+    """A deadline on a blocking call of pyddp.notebook.Ranks (``ranks``): past ``seconds`` the
+    ranks' processes are killed, so the call returns (a dead-rank error) instead of waiting on;
+    the test then fails saying so."""
+    pids = [s["pid"] for s in ranks.status()]
+    fired = threading.Event()
+
+    def kill():
+        fired.set()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    timer = threading.Timer(seconds, kill)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        assert not fired.is_set(), f"the call did not return within {seconds} s: ranks killed"

@@ -3,7 +3,6 @@ in a real notebook executed by nbclient on an ipykernel (skipped when those are 
 
 Every wait has a deadline; every test checks that no rank outlives stop()."""
 import _thread
-import contextlib
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 from _tiers import FULL
 
 import _paths
-from _launch import Watched as _Watched, alive, assert_all_gone, terminal_lines as _terminal_lines
+from _launch import Watched as _Watched, alive, assert_all_gone, bounded as _bounded, terminal_lines as _terminal_lines
 from pyddp.notebook import Ranks, RanksError
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,31 +39,6 @@ def ranks():
     yield r
     r.stop()
     assert_all_gone(pids)
-
-
-@contextlib.contextmanager
-def _bounded(ranks, seconds):
-    """A deadline on a blocking Ranks call: past ``seconds`` the ranks' processes are killed, so
-    the call returns (a dead-rank error) instead of waiting on; the test then fails saying so."""
-    pids = _pids(ranks)
-    fired = threading.Event()
-
-    def kill():
-        fired.set()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    timer = threading.Timer(seconds, kill)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        assert not fired.is_set(), f"the call did not return within {seconds} s: ranks killed"
 
 
 def _wait_files(paths, timeout=WAIT):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import _paths
-from _launch import alive, assert_all_gone
+from _launch import alive, assert_all_gone, bounded
 from pyddp.notebook import Ranks, RanksError
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,7 +93,7 @@ def test_interrupting_an_mpi_cell_leaves_the_ranks_usable(mpi_ranks, tmp_path):
     t = threading.Thread(target=interrupt, daemon=True)
     start = time.monotonic()
     t.start()
-    with pytest.raises(RanksError) as info:
+    with bounded(mpi_ranks, WAIT), pytest.raises(RanksError) as info:
         mpi_ranks.run(code)
     t.join(WAIT)
     assert time.monotonic() - start < 60
@@ -124,7 +124,7 @@ def test_a_dead_mpi_rank_is_reported_with_mpirun_s_cause_and_restart_brings_the_
         mpi_ranks, how, cause):
     """A rank that dies ends the MPI job (mpirun stops the others): the cell names the dead rank's
     cause as mpirun reported it and says why the other rank ended; restart() starts a new job."""
-    with pytest.raises(RanksError) as info:
+    with bounded(mpi_ranks, WAIT), pytest.raises(RanksError) as info:
         mpi_ranks.run(f"import os, signal, time, pyddp.distributed as dist\n"
                       f"if dist.get_rank() == 1:\n    {how}\ntime.sleep(30)\n")
     assert set(info.value.errors) == {0, 1}
