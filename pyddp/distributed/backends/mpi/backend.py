@@ -102,6 +102,7 @@ class MpiBackend(Kinds, Backend):
         self.error = None
         self.seq = 0
         self.lock = threading.RLock()
+        self._failed = threading.Event()  # the first _fail has written the records
         world = mpi.COMM_WORLD
         wr, wn = world.Get_rank(), world.Get_size()
         me = self.ranks[self.rank]
@@ -204,10 +205,18 @@ class MpiBackend(Kinds, Backend):
             mc = getattr(self, "_mc", None)
             if mc is not None:
                 mc.set_failed()
-        rec = getattr(self, "recorder", None)
-        if first and rec is not None:
-            rec.fail(_C.ST_BACKEND if status is None else status,
-                     f"group failed: {msg}")
+        if not first:
+            # another thread is failing the group: return once its records are written, so
+            # that the error raised from here never lets the process exit before the ring is
+            # on disk (bounded: a hang would be worse than a missing file)
+            self._failed.wait(max(10.0, 2 * self.timeout))
+            return
+        try:
+            rec = getattr(self, "recorder", None)
+            if rec is not None:
+                rec.fail(_C.ST_BACKEND if status is None else status, f"group failed: {msg}")
+        finally:
+            self._failed.set()
 
     # ---------------------------------------------------------------- signature check
     def _check(self, kind, dtype, op, root, count, name, timeout):

@@ -187,6 +187,7 @@ class NcclBackend(Backend):
         self.pending = {}      # NcclComm -> deque of NcclWork, oldest first
         self.lock = threading.RLock()
         self._err_lock = threading.Lock()  # self.error only: _fail never waits for self.lock
+        self._failed = threading.Event()  # the first _fail has recorded and propagated the error
         self.error = None      # the first fatal error: later calls raise it
         self.seq = 0           # signature-checked operations
         self.ncomm = 0
@@ -366,16 +367,27 @@ class NcclBackend(Backend):
                 self.error = msg
         for c in list(self.comms.values()):
             c.abort(msg)
-        host = self.host
-        if first and host is not None:
-            if status is not None:
-                self._fail_records(status)
-            # the peers learn it at once through the host group (whatever the signature check
-            # does, torch's TORCH_NCCL_PROPAGATE_ERROR): a peer waiting in NCCL for this rank
-            # is aborted by its watchdog instead of waiting out its own timeout.  The host
-            # group's failure also fails this backend's open records and writes its ring
-            # (PYDDP_FLIGHT_RECORDER_DIR).
-            host.fail(msg)
+        if not first:
+            # another thread (the watchdog, or a caller's blocking wait timing out at the same
+            # moment) is failing the group: return once it has written the records and told
+            # the peers, so that an exception raised from here never lets the process exit
+            # before its ring is on disk.  Bounded: that thread never waits for this one, but
+            # a hang here would be worse than a missing file.
+            self._failed.wait(max(10.0, 2 * self.timeout))
+            return
+        try:
+            host = self.host
+            if host is not None:
+                if status is not None:
+                    self._fail_records(status)
+                # the peers learn it at once through the host group (whatever the signature
+                # check does, torch's TORCH_NCCL_PROPAGATE_ERROR): a peer waiting in NCCL for
+                # this rank is aborted by its watchdog instead of waiting out its own timeout.
+                # The host group's failure also fails this backend's open records and writes
+                # its ring (PYDDP_FLIGHT_RECORDER_DIR).
+                host.fail(msg)
+        finally:
+            self._failed.set()
 
     def _fail_records(self, status):
         """Fail the flight records of the calls still pending (before the host group's failure
