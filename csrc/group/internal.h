@@ -67,7 +67,8 @@ struct pd_group {
     /* progress thread only */
     pd_work *active;
     int propagated;
-    /* sticky error: claimed once, message written before err is stored */
+    /* sticky error: claimed once (err_claim 1), message written before err
+     * is stored; err_claim 2 once the winner has written its flight records */
     atomic_int err_claim;
     _Atomic int err;
     char errmsg[PD_ERRMSG_MAX];

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 pd_status
 pd_group_error(pd_group *g, char *buf, size_t cap)
@@ -38,7 +39,8 @@ pd_group_error(pd_group *g, char *buf, size_t cap)
  * must not turn into the group's error read before the winner wrote it,
  * PD_OK: a collective that failed returning as if it had worked (seen
  * once: the progress thread claimed the error a peer's abort brought while
- * the caller's thread was reporting the mismatch itself). */
+ * the caller's thread was reporting the mismatch itself), and then for the
+ * winner's flight-record dump (a caller raising the error may exit). */
 void
 pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
 {
@@ -47,6 +49,16 @@ pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
         /* the winner is a message copy away from its store */
         while (atomic_load_explicit(&g->err, memory_order_acquire) == PD_OK) {
             sched_yield();
+        }
+        /* and a file write away from its flight records (err_claim 2): a
+         * caller that raises the error may end the process next, and the
+         * ring must be on disk first.  Bounded: the winner takes no lock a
+         * caller here holds, but a stuck disk must not hang the group. */
+        double until = pd_now() + 10.0;
+        while (atomic_load_explicit(&g->err_claim, memory_order_acquire) != 2 &&
+               pd_now() < until) {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
         }
         return;
     }
@@ -69,6 +81,7 @@ pd_grp_record_fatal(pd_group *g, pd_status st, const char *msg)
     if (pd_fr_dump(&g->fr, NULL, reason, 1) != PD_OK) {
         PD_LOG(PD_LOG_WARN, "group", "rank %d: %s", g->rank, pd_errmsg());
     }
+    atomic_store_explicit(&g->err_claim, 2, memory_order_release);
 }
 
 void
