@@ -28,7 +28,9 @@ workers reported them, head the tables, "# rules:" lines, and title the summarie
 by the pyddp workers: arrays from pyddp.distributed._shared_array, allocated once per size on every rank; a
 note says so when the build has no _shared_array), "torch gloo" and "Open MPI"; "copy floor" (named in --peers only)
 is no library: every rank copies, at the same time, its even share of the bytes the collective must write
-into output memory (bench_worker.FloorImpl), and a last table gives each library's time as a multiple of it.
+into output memory, a peer's bytes the faster of two ways (plain copies out of the peer's shared-memory
+segment, or one kernel copy out of its array: process_vm_readv), timed both and the faster kept per size
+(bench_worker.FloorImpl), and a last table gives each library's time as a multiple of it.
 
 Method (as nccl-tests): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
@@ -668,25 +670,43 @@ def floor_block(args, results, world, phase=None):
                 cells.append("-" if v is None else f"{v:.2f}")
             rows.append(cells)
     info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False))
+    # the rules each pyddp row ran with (not those of this process, which ran none of them)
+    mine = [c for c in libs if c.startswith("pyddp")]
+    info["rules"] = "; ".join(f"{LABEL[c]}: {rules_of(results, c)}" for c in mine) or None
     over = _over(args, phase)
     text = _report.block(
         f"time / copy floor time, {world} ranks, float32, {over} (1.00: the library writes its output "
-        "as fast as plain copies of the same bytes, every rank copying its share at the same time)",
+        "as fast as copies of the same bytes, every rank copying its share at the same time, a "
+        "peer's bytes the faster of plain copies and one kernel copy)",
         ["collective", "library"] + [fmt_size_short(n) for n in sizes], rows, info=info,
         align="ll" + "r" * len(sizes))
-    if results.get("mpi") and results.get("pyddp"):
+    ways = []
+    for op in ops:
+        by = {}
+        for r in floor["ops"][op]:
+            if r.get("way"):
+                by.setdefault(r["way"], []).append(r["bytes"])
+        if by:
+            ways.append(f"{op} " + ", ".join(
+                f"{w} at {' '.join(fmt_size_short(n) for n in sorted(v))}"
+                for w, v in sorted(by.items())))
+    if ways:
+        text += ("\n\nThe floor copies a peer's bytes the faster way at each size, as the ranks timed "
+                 "both first (shm: plain copies out of the peer's shared-memory segment; cma: one "
+                 "copy by the kernel out of the peer's array, process_vm_readv): " + "; ".join(ways))
+    for c in (x for x in ("pyddp-oob", "pyddp") if results.get(x) and results.get("mpi")):
         behind = []
         for op in ops:
             f = {r["bytes"]: r for r in floor["ops"][op]}
             a = {r["bytes"]: r for r in results["mpi"]["ops"].get(op, [])}
-            b = {r["bytes"]: r for r in results["pyddp"]["ops"].get(op, [])}
+            b = {r["bytes"]: r for r in results[c]["ops"].get(op, [])}
             for n in sizes:
                 v = ratio_value(a.get(n), b.get(n))
                 if v is not None and v < 1 and f.get(n):
-                    behind.append(f"{op} {fmt_size_short(n)} (Open MPI/pyddp {v:.2f}; pyddp "
-                                  f"{ratio_value(b[n], f[n]):.2f}x the floor, Open MPI "
+                    behind.append(f"{op} {fmt_size_short(n)} (Open MPI/{LABEL[c]} {v:.2f}; "
+                                  f"{LABEL[c]} {ratio_value(b[n], f[n]):.2f}x the floor, Open MPI "
                                   f"{ratio_value(a[n], f[n]):.2f}x)")
-        text += "\n\npyddp behind Open MPI at: " + ("; ".join(behind) if behind else "no point")
+        text += f"\n\n{LABEL[c]} behind Open MPI at: " + ("; ".join(behind) if behind else "no point")
     return text
 
 

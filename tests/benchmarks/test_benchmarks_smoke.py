@@ -428,11 +428,45 @@ def test_collectives_split_ops_runs_every_collective_on_its_own(tmp_path):
         assert "WRONG RESULT" not in m.group(0), out
 
 
+def test_floor_block_names_the_rules_of_its_rows_and_the_floors_way():
+    """The copy-floor table: each library's time over the floor's; its Machine line names the
+    rules of the pyddp rows in it (not this process's), it says which way the floor copied a
+    peer's bytes at each size, and where pyddp out of the box is behind Open MPI, both multiples."""
+    import types
+
+    mod = _collectives()
+
+    def rows(times, **kw):
+        return [dict({"bytes": n, "median_us": t, "min_us": t, "correct": True, "iters": 5}, **kw)
+                for n, t in times]
+
+    results = {
+        "pyddp-oob": {"ops": {"alltoall": rows([(1 << 20, 50.0), (64 << 20, 7500.0)])},
+                      "rules": "measured by this host's first job"},
+        "mpi": {"ops": {"alltoall": rows([(1 << 20, 60.0), (64 << 20, 7400.0)])}},
+        "floor": {"ops": {"alltoall": [dict(r, way=w) for r, w in zip(
+            rows([(1 << 20, 25.0), (64 << 20, 7000.0)]), ("shm", "cma"))]}},
+    }
+    args = types.SimpleNamespace(ops=["alltoall"], rounds=3,
+                                 machine={"date": "d", "cpu": "c", "cores": 2, "python": "3",
+                                          "numpy": "2", "rules": "tuned (this process's file)"})
+    text = mod.floor_block(args, results, 2)
+    assert "| alltoall | pyddp out-of-the-box | 2.00 | 1.07 |" in text, text
+    assert "| alltoall | Open MPI | 2.40 | 1.06 |" in text, text
+    assert "this process's file" not in text, text
+    assert "pyddp rules: pyddp out-of-the-box: measured by this host's first job; out of the box" \
+        in text, text
+    assert "alltoall cma at 64M, shm at 1M" in text, text
+    assert ("pyddp out-of-the-box behind Open MPI at: alltoall 64M (Open MPI/pyddp out-of-the-box "
+            "0.99; pyddp out-of-the-box 1.07x the floor, Open MPI 1.06x)") in text, text
+
+
 @FULL
 @pytest.mark.timeout(180)
 def test_collectives_copy_floor_peer():
     """--peers ...,floor: every rank copies its share of the collective's output bytes from memory
-    the next rank just wrote; a last table gives each library's time as a multiple of it."""
+    the next rank just wrote (the faster of two ways, which it says); a last table gives each
+    library's time as a multiple of it."""
     _need_process_groups()
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--peers", "pyddp,floor", "--ops", "allreduce,broadcast,scatter",
@@ -448,6 +482,8 @@ def test_collectives_copy_floor_peer():
         vals = [float(c) for c in cells.split("|")]
         assert len(vals) == 3 and all(v > 0 for v in vals), out   # 4K, 64K, 1M (--quick: step 16)
     assert "leaked shared_memory" not in out, out
+    way = re.search(r"^The floor copies a peer's bytes the faster way .*: (.*)$", proc.stdout, re.M)
+    assert way and all(op in way.group(1) for op in ("allreduce", "broadcast", "scatter")), out
     # the default peers leave the floor out
     mod = _collectives()
     assert "floor" in mod.PEERS and "floor" in mod.OPT_IN
