@@ -39,6 +39,10 @@ fast phase and 4x behind in the slow one loses, whatever share of the rounds eac
 share follows the hour more than the machine: on the docs' VM a quarter of the rounds one morning,
 nearly all of them the next).  With each phase in at least a tenth of the rounds the phases decide
 alone (no tie).  The tuner prints each phase's times, or where one phase was seen, the medians.
+Where the slow phase had enough rounds, each phase also gets rules of its own, which a group
+switches between at run time on the same probe; the slow phase's take over from 1.25x the fast
+rounds' highest probe (``crossovers.switch_ns``): the banks' time follows the probe all the way,
+so the fast rules hold only near the probes they were measured at.
 Phases can last minutes, longer than one run: ``--merge`` adds a run's rounds to those the file
 already holds, so runs at different times add up.
 Every rank of a group applies rank 0's rules (backends.cpu.tuning), so the choice is the same everywhere.
@@ -317,7 +321,7 @@ def _add_phased(doc, n, results):
     fast, slow = (_table(shm, phase=k) for k in (0, 1))
     ph = {"fast": {"cma_from": fast["cma_from"], "cma_gap": fast["cma_gap"]},
           "slow": {"cma_from": slow["cma_from"], "cma_gap": slow["cma_gap"]},
-          "phase_ns": shm[0]["phases"]["slow_above_ns"]}
+          "phase_ns": shm[0]["phases"].get("switch_ns") or shm[0]["phases"]["slow_above_ns"]}
     doc.setdefault("phased", {})[str(n)] = ph
     print(f"  {n} ranks: rules of their own for each phase (slow: the probe over "
           f"{ph['phase_ns']:.0f} ns): single copies from " + ", ".join(

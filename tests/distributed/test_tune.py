@@ -482,6 +482,36 @@ def test_the_worse_phase_decides_each_size_whatever_share_of_rounds_it_had():
     assert crossover([(1, (1.0, 2.0), (3.0, 2.1))]) is None
 
 
+def test_the_slow_rules_take_over_just_above_the_fast_rounds_probes():
+    """The run-time threshold of the slow phase's rules (phase_ns) is 1.25x the highest probe of
+    the rounds classified fast (at least 10 ns above it, never above the classification's 2x the
+    10th percentile): the banks' time follows the probe (2 ranks, 64 KiB all_reduce: 6.3 us at
+    40-45 ns, 13 at 60-75, 43 at 245; single copies 12-16 throughout), so the fast rules hold
+    near the probes they were measured at only."""
+    from pyddp.distributed.backends.cpu.crossovers import phase_times, switch_ns
+    from pyddp.tools.tune import _add_phased
+
+    assert switch_ns([40.0, 45.0], 80.0) == 56.2
+    assert switch_ns([20.0, 22.0], 80.0) == 32.0      # at least 10 ns above
+    assert switch_ns([60.0, 75.0], 80.0) == 80.0      # never above the classification's
+    assert switch_ns([], 80.0) == 80.0
+    # a measurement of 2 ranks: 9 rounds at 40-45 ns, 7 at 245 (as the tuner's run of 16:59 UTC)
+    fast = [(40.0 + i % 2 * 5, 6.3, 13.5) for i in range(9)]
+    slow = [(245.0, 42.9, 16.1)] * 7
+    res = {"path": "shm", "ranks": 2, "single_copy": True, "probe": "pingpong",
+           "rounds": {"all_reduce": [(65536, fast + slow)]},
+           "kinds": {"all_reduce": [(65536, 6.3, 13.5)]}}
+    _, info = phase_times(res)
+    assert info["slow_above_ns"] == 80.0 and info["switch_ns"] == 56.2
+    res["phases"] = info
+    doc = {}
+    _add_phased(doc, 2, [res])
+    ph = doc["phased"]["2"]
+    assert ph["phase_ns"] == 56.2
+    assert ph["fast"]["cma_from"]["all_reduce"] is None      # the banks near 40 ns
+    assert ph["slow"]["cma_from"]["all_reduce"] == 65536     # single copies above
+
+
 def test_one_sizes_stray_slow_rounds_do_not_outweigh_its_neighbours():
     """Split by phase, a size has few rounds per phase: the rule reads each size's per-phase ratio
     as the median of its own and its neighbours' (smooth_phases), so one size whose slow rounds

@@ -94,7 +94,14 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
     # after them a job reads the file, measures nothing, and applies its rules
     last = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
     assert [r["bad"] for r in last] == [[], []]
-    assert last[0]["rules"] == last[1]["rules"] == again[0]["rules"]
+    assert last[0]["rules"] == last[1]["rules"]
+    ph = (doc.get("phased") or {}).get("2")
+    if ph is None:
+        assert last[0]["rules"] == again[0]["rules"]
+    else:   # this machine changed phase between the first jobs: the fast phase's rules first
+        fast = last[0]["rules"][0]
+        for kind, v in ph["fast"]["cma_from"].items():
+            assert fast[tuning.KIND_NAMES[kind]] == v, (kind, fast)
     assert os.stat(path).st_mtime_ns == stamp
 
 
@@ -247,13 +254,13 @@ def test_first_jobs_in_both_phases_give_each_phase_its_rules():
     of its own with the probe's threshold (2x the fast pairs' probe)."""
     res = _merged(fast=[1.5, 1.5, 1.5], slow=[0.3, 0.3, 0.3])
     split, limit = crossovers.first_job_phases(res)
-    assert limit == 100.0
+    assert limit == 62.5
     assert [(s, round(f, 3), round(sl, 3)) for s, f, sl in split["all_to_all"]] == \
         [(4 << 10, 1.5, 0.3), (64 << 10, 1.5, 0.3), (1 << 20, 1.5, 0.3)]
     defaults = [None] * (max(k["code"] for k in _C.KINDS.values()) + 1)
     table = crossovers.first_job_table(res, defaults)
     ph = table["phased"]
-    assert ph["phase_ns"] == 100.0
+    assert ph["phase_ns"] == 62.5
     assert ph["fast"]["cma_from"] == {"all_to_all": None}     # the banks at every size
     assert ph["slow"]["cma_from"] == {"all_to_all": 4 << 10}  # single copies from the smallest
     # both phases: a loss of log(1.5) in the fast phase against log(1/0.3) in the slow one
@@ -311,13 +318,13 @@ def test_first_jobs_that_ran_in_different_phases_leave_rules_for_each(tmp_path):
     doc = tuning.load(path)
     assert doc["jobs"] == {"2": 3}
     ph = doc["phased"]["2"]
-    assert ph["phase_ns"] == 100.0 and set(ph) == {"fast", "slow", "phase_ns"}
+    assert ph["phase_ns"] == 62.5 and set(ph) == {"fast", "slow", "phase_ns"}
     probes = doc["measured"]["2"][0]["pair_probes"]
     assert all(sorted(set(v)) == [50.0, 400.0] for rows in probes.values() for _, v in rows)
     outs = run(_job_phases, 2, timeout=120, init=False, env=_env(tmp_path))
     assert [r["bad"] for r in outs] == [[], []]
     for r in outs:
-        assert r["phase_ns"] == 100.0
+        assert r["phase_ns"] == 62.5
         slow, fast = r["slow"][0], r["rules"][0]
         for kind, code in tuning.KIND_NAMES.items():
             if kind in ph["slow"]["cma_from"]:

@@ -115,6 +115,24 @@ def gap(rows, start, tie=0.0):
 # A round is slow when rank 0's probe before it took over this many times the measurement's
 # fastest probes (their 10th percentile).
 SLOW_FACTOR = 2.0
+# Where a group switches to the slow phase's rules at run time: once rank 0's probe passes the
+# fastest rounds' highest probe by this factor (and by SWITCH_MIN_NS), not only where the rounds
+# were classified slow (SLOW_FACTOR).  The banks' speed follows the probe all the way, not in two
+# steps: 2 ranks, 64 KiB all_reduce through the banks took 6.3 us at probes of 40-45 ns, 13 us at
+# 60-75 ns (single copies 12-13.5 us at both) and 43 us at 245 ns; so rules measured at 40-45 ns
+# hold only near there, and from about 60 ns the slow phase's rules (single copies, whose speed
+# does not follow the probe) were the better ones.  The slow rules' cost in a state between the
+# two is at most what single copies cost there, the fast rules' grows with the probe.
+SWITCH_FACTOR = 1.25
+SWITCH_MIN_NS = 10.0
+
+
+def switch_ns(fast_probes, limit):
+    """The run-time threshold of the slow phase's rules (see SWITCH_FACTOR) from the probes of
+    the rounds classified fast (at most ``limit``, the classification's threshold): the highest
+    of them times SWITCH_FACTOR, at least SWITCH_MIN_NS above it, never above ``limit``."""
+    top = max(fast_probes) if fast_probes else limit
+    return round(min(limit, max(top * SWITCH_FACTOR, top + SWITCH_MIN_NS)), 1)
 # Per-phase times decide a measurement's rules only where each phase holds at least this share of
 # its rounds (fewer rounds make a phase's medians one or two samples).
 PHASE_SHARE = 0.1
@@ -134,7 +152,7 @@ def phase_times(res, slow_factor=SLOW_FACTOR):
     kind's median slow/fast ratio of that candidate (over the sizes seen in both).  Returns
     (rows by kind: [(size, (a fast, a slow), (b fast, b slow))] ascending, info); rows is None when
     the measurement stayed in one phase (or has no probes).  info: {"phases": 1 or 2,
-    "slow_fraction", "fast_probe_ns", "slow_above_ns"}."""
+    "slow_fraction", "fast_probe_ns", "slow_above_ns", "switch_ns" (``switch_ns``)}."""
     from statistics import median as med
 
     rounds = res.get("rounds") or {}
@@ -146,7 +164,8 @@ def phase_times(res, slow_factor=SLOW_FACTOR):
     nslow = sum(1 for x in probes if x > limit)
     p = nslow / len(probes)
     info = {"phases": 2 if 0 < nslow < len(probes) else 1, "slow_fraction": p,
-            "fast_probe_ns": round(ref, 1), "slow_above_ns": round(limit, 1)}
+            "fast_probe_ns": round(ref, 1), "slow_above_ns": round(limit, 1),
+            "switch_ns": switch_ns([x for x in probes if x <= limit], limit)}
     if info["phases"] == 1:
         return None, info
     out = {}
@@ -682,7 +701,7 @@ def first_job_phases(res):
     """The first jobs' pairs (``merge_paired``'s) split by the machine's phase, classified as the
     tuner's rounds are (a pair is slow when the probe before its size exceeds SLOW_FACTOR times the
     10th percentile of all the pairs' probes): ({kind: [(size, fast ratio, slow ratio)]}, the
-    probe's threshold in ns), each ratio the median of that phase's pairs (second candidate's time
+    run-time threshold of the slow rules in ns, ``switch_ns``), each ratio the median of that phase's pairs (second candidate's time
     over the first's), or None where the pairs do not hold FIRST_JOB_PHASE_PAIRS of every size in
     each phase (one phase seen, or pairs without probes)."""
     import math
@@ -693,6 +712,7 @@ def first_job_phases(res):
     if len(probes) < 4:
         return None
     limit = probes[len(probes) // 10] * SLOW_FACTOR
+    switch = switch_ns([x for x in probes if x <= limit], limit)
     out = {}
     for kind, logs in (res.get("ratios") or {}).items():
         pp = {int(s): v for s, v in (res.get("pair_probes") or {}).get(kind) or []}
@@ -708,7 +728,7 @@ def first_job_phases(res):
             rows.append((int(size), math.exp(statistics.median(fast)),
                          math.exp(statistics.median(slow))))
         out[kind] = rows
-    return (out, round(limit, 1)) if out else None
+    return (out, switch) if out else None
 
 
 def first_job_table(res, defaults):
