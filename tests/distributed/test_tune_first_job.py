@@ -251,7 +251,7 @@ def test_first_jobs_in_both_phases_give_each_phase_its_rules():
     """The banks win at every size in the fast phase (single copies 1.5x their time) and lose 3x
     in the slow one (as the 2-core VM's all_to_all of 64 KiB: 5 us against 24): the table made
     for both phases takes single copies where the worse phase says so, and each phase gets rules
-    of its own with the probe's threshold (2x the fast pairs' probe)."""
+    of its own with the run-time threshold (1.25x the fast pairs' highest probe, 50 ns: 62.5)."""
     res = _merged(fast=[1.5, 1.5, 1.5], slow=[0.3, 0.3, 0.3])
     split, limit = crossovers.first_job_phases(res)
     assert limit == 62.5
