@@ -361,7 +361,7 @@ class FloorImpl(PyddpImpl):
         self._at = None                  # (pid, address) of the next rank's private source
         self._dst = np.zeros(0, dtype=np.float32)
         self._cap = 0
-        self._count = self._local = 0    # the next copy: floats, of them from this rank's memory
+        self._count = 0                  # floats the last copy wrote (the next barrier rewrites them)
         self.way = "shm"
         self._read = _cma_reader()
         # single copies where every rank can read its peer (ptrace rules may forbid it)
@@ -443,7 +443,7 @@ class FloorImpl(PyddpImpl):
         if local:
             np.copyto(dst[:local], self._priv[:local])
         if count > local:
-            if how == "cma" and self._read is not None:
+            if how == "cma":   # (offered only where every rank can read its peer: __init__)
                 self._read(self._at[0], self._at[1] + 4 * local, dst[local:count])
             else:
                 np.copyto(dst[local:count], self._src[local:count])
@@ -454,7 +454,7 @@ class FloorImpl(PyddpImpl):
             return
         if self._cap < count:
             self._map(count)
-        self._count, self._local = count, local
+        self._count = count
         self._run(self.way, count, local)
 
     def allreduce(self, a, out):

@@ -133,6 +133,8 @@ def switch_ns(fast_probes, limit):
     of them times SWITCH_FACTOR, at least SWITCH_MIN_NS above it, never above ``limit``."""
     top = max(fast_probes) if fast_probes else limit
     return round(min(limit, max(top * SWITCH_FACTOR, top + SWITCH_MIN_NS)), 1)
+
+
 # Per-phase times decide a measurement's rules only where each phase holds at least this share of
 # its rounds (fewer rounds make a phase's medians one or two samples).
 PHASE_SHARE = 0.1
@@ -605,6 +607,9 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
     # has a core; ranks sharing cores would probe the scheduler): the pairs of the first jobs,
     # which may run in different phases, are split by it (first_job_phases)
     pingpong = phases and hasattr(cpg, "probe_phase")
+    from .... import _config
+
+    forced = _config.get("PYDDP_TEST_PHASE_NS") if pingpong else None  # (tests: the phase they say)
     result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
               "rounds": {}, "probe": "pingpong" if pingpong else None, "how": "pairs",
               "pairs": {}, "ratios": {}, "pair_probes": {}, "jobs": 1}
@@ -622,11 +627,8 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
                 run = _op(coll, kind, rank, n, count)
                 pairs = max(3, min(max_pairs, budget // max(1, size * n)))
                 ns = _round_probe(coll, rank, _C, cpg) if pingpong else None
-                from .... import _config
-
-                forced = _config.get("PYDDP_TEST_PHASE_NS")
-                if pingpong and forced is not None:
-                    ns = float(forced)   # (tests: the phase they say, whatever the machine's)
+                if forced is not None:
+                    ns = float(forced)
                 times = np.zeros(2 * pairs + 2, dtype=np.float64)
                 for i in range(pairs + 1):      # pair 0 warms both up and is not counted
                     for c in ((0, 1) if i % 2 == 0 else (1, 0)):
@@ -701,9 +703,9 @@ def first_job_phases(res):
     """The first jobs' pairs (``merge_paired``'s) split by the machine's phase, classified as the
     tuner's rounds are (a pair is slow when the probe before its size exceeds SLOW_FACTOR times the
     10th percentile of all the pairs' probes): ({kind: [(size, fast ratio, slow ratio)]}, the
-    run-time threshold of the slow rules in ns, ``switch_ns``), each ratio the median of that phase's pairs (second candidate's time
-    over the first's), or None where the pairs do not hold FIRST_JOB_PHASE_PAIRS of every size in
-    each phase (one phase seen, or pairs without probes)."""
+    run-time threshold of the slow rules in ns, ``switch_ns``), each ratio the median of that
+    phase's pairs (second candidate's time over the first's), or None where the pairs do not hold
+    FIRST_JOB_PHASE_PAIRS of every size in each phase (one phase seen, or pairs without probes)."""
     import math
     import statistics
 
