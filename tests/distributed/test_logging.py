@@ -1,5 +1,6 @@
 """PYDDP_DEBUG / PYDDP_DEBUG_SUBSYS: logging by subsystem to stderr, off by default."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -34,7 +35,10 @@ def _run(**env):
 
 @pytest.mark.timeout(120)
 def test_logging_is_off_by_default():
-    assert "pyddp " not in _run()
+    # (warnings still print: under a parallel run a stranger's client, of a test that had this
+    # port a moment before, can reach this job's store and be refused, which is worth a WARN line)
+    out = _run()
+    assert not re.search(r"^pyddp \d+ (INFO|DETAIL|TRACE) ", out, re.M), out
 
 
 @pytest.mark.timeout(120)
