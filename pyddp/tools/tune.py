@@ -382,6 +382,10 @@ def show(out=sys.stdout, size=None):
             print(f"  the machine's phases: from the collective after rank 0's probe of the "
                   f"handoff between ranks 0 and 1 exceeds {rules[3]:.0f} ns, the slow phase's "
                   "rules (ranks sharing cores: the table for both phases)", file=out)
+            ph = tuning.phased_for(doc, n, n) if doc else None
+            if ph and ph.get("slow_modelled"):
+                print("  (the first jobs saw one phase: the slow phase's rules are modelled, the "
+                      "banks taken to slow down with the probe, single copies not)", file=out)
             head = "single copies (fast phase / slow phase) from"
         print(f"  {'collective':<16}{head:>{max(20, len(head) + 2)}}{'direct over TCP up to':>24}",
               file=out)

@@ -733,17 +733,63 @@ def first_job_phases(res):
     return (out, switch) if out else None
 
 
+# Where the first jobs' pairs saw one phase of the machine only, the slow phase's rules are
+# modelled: the banks' time taken to grow with rank 0's probe from the pairs' (their median) to the
+# run-time threshold (the classification's, SLOW_FACTOR times their 10th percentile) and on, single
+# copies' to stay.  Measured so on the 2-core VM of the docs (the tuner's rounds of 2 ranks, fast
+# phase at 40 ns, slow at 60-75 ns): the banks of all_to_all 16-64 KiB took 1.6-1.7x longer in the
+# slow phase (3 -> 5 us, 10 -> 17), all_gather and reduce_scatter the same or more (all_reduce 64
+# KiB 6 -> 14), broadcast at 145-160 ns 5-9x (3 -> 28 us at 64 KiB), while single copies held
+# (5 -> 6, 13 -> 13, 6 -> 7): the modelled slowdown is the least the banks showed.  Without it, a
+# first job measured in the fast state kept the banks in the slow one (all_to_all of 64 KiB: 24 us
+# in 3 of 7 rounds of a benchmark against 7-10 in the others; single copies 7-9).
+def modelled_phases(res):
+    """The first jobs' pairs (``merge_paired``'s) where they saw one phase (``first_job_phases``
+    None): ({kind: [(size, ratio, modelled slow-phase ratio)]}, the run-time threshold in ns),
+    each ratio the second candidate's (single copies') time over the first's (the banks'), the
+    median of the pairs at or under the threshold, the slow phase's that divided by the modelled
+    slowdown of the banks (threshold / the median probe of those pairs; a pair whose probe went
+    unanswered counts with them); a kind with a size measured in slower states only is left out;
+    None without probes."""
+    import math
+    import statistics
+
+    probes = sorted(ns for v in (res.get("pair_probes") or {}).values() for _, p in v for ns in p
+                    if ns is not None)
+    if len(probes) < 4 or probes[len(probes) // 10] <= 0:
+        return None
+    limit = probes[len(probes) // 10] * SLOW_FACTOR
+    slowdown = limit / statistics.median([x for x in probes if x <= limit])
+    out = {}
+    for kind, logs in (res.get("ratios") or {}).items():
+        pp = {int(s): v for s, v in (res.get("pair_probes") or {}).get(kind) or []}
+        rows = []
+        for size, lr in logs:
+            ns = pp.get(int(size)) or []
+            # (a pair whose probe went unanswered counts with the phase seen)
+            fast = [x for x, p in zip(lr, ns) if p is None or p <= limit]
+            if len(ns) != len(lr) or not fast:
+                break   # a size measured only in the slow state: no model for the kind
+            r = math.exp(statistics.median(fast))
+            rows.append((int(size), r, r / slowdown))
+        else:
+            out[kind] = rows
+    return (out, round(limit, 1)) if out else None
+
+
 def first_job_table(res, defaults):
     """The crossovers of a first job's measurement (``_paired``'s): ``_table``'s, except where a
     kind's second candidate never won up to the largest size measured and the built-in threshold
     lies above it, which the measurement says nothing against (the kind is left out: the
     constant stays; ``defaults``: the group's single-copy rules before, as ``cpg.rules[0]``, None
-    for never)."""
+    for never).  Where the pairs saw both of the machine's phases, each phase gets rules of its own
+    (``first_job_phases``); where they saw one, the slow phase's are modelled (``modelled_phases``;
+    the table's "phased" then says "slow_modelled")."""
     from .... import _C
 
     table = _table([res], gaps=False)
     split = first_job_phases(res)
-    phases = []
+    phases, model = [], None
     if split is not None:
         # pairs in both phases: the worse phase decides each size (as the tuner's measurements
         # that saw both: a tie in one phase is a clear win in the other), and each phase gets
@@ -753,6 +799,17 @@ def first_job_table(res, defaults):
         table["cma_from"] = {k: crossover(rows) for k, rows in both.items()}
         phases = [{"cma_from": {k: crossover([(s, 1.0, r[ph]) for s, *r in rows])
                                 for k, rows in by_kind.items()}, "cma_gap": {}} for ph in (0, 1)]
+    else:
+        model = modelled_phases(res)
+        if model is not None:
+            # one phase seen: its rules as measured (with the tie), the slow phase's modelled
+            by_kind, limit = model
+            split = (by_kind, limit)
+            slow = dict(table["cma_from"])   # (a kind the model leaves out: as measured)
+            slow.update({k: crossover([(s, 1.0, sl) for s, _, sl in rows], SHM_TIE)
+                         for k, rows in by_kind.items()})
+            phases = [{"cma_from": dict(table["cma_from"]), "cma_gap": {}},
+                      {"cma_from": slow, "cma_gap": {}}]
     top = max((r[-1][0] for r in res["kinds"].values() if r), default=0)
     for kind, v in list(table["cma_from"].items()):
         was = defaults[_C.KINDS[kind]["code"]]
@@ -764,6 +821,8 @@ def first_job_table(res, defaults):
                     del t["cma_from"][kind]
     if phases:
         table["phased"] = {"fast": phases[0], "slow": phases[1], "phase_ns": split[1]}
+        if model is not None:
+            table["phased"]["slow_modelled"] = True
     return table
 
 
