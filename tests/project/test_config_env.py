@@ -92,8 +92,8 @@ def test_good_values_parse_as_documented(var, value, want):
 
 
 def test_unset_or_empty_gives_the_default():
-    assert _config.get("PYDDP_SHM_CHUNK", {}) == 1 << 20
-    assert _config.get("PYDDP_SHM_CHUNK", {"PYDDP_SHM_CHUNK": ""}) == 1 << 20
+    assert _config.get("PYDDP_SHM_CHUNK", {}) == 256 << 10
+    assert _config.get("PYDDP_SHM_CHUNK", {"PYDDP_SHM_CHUNK": ""}) == 256 << 10
     assert _config.get("PYDDP_FLIGHT_RECORDER_SIZE", {}) == 2000
 
 

@@ -91,26 +91,11 @@ pd_shm_env_forget(void)
     pd_cma_env_forget();
 }
 
-/* The banks' default, 1 MiB: a collective of up to a bank per rank runs in
- * one round, two syncs, where 256 KiB banks took four rounds of two at
- * 1 MiB.  Measured on the 2-core EPYC VM, 2 ranks, float32, every kind
- * through the banks (single copies off), 256 KiB banks against 1 MiB in
- * alternating jobs, median us: all_reduce 1 MiB 109-115 -> 72-73, 4 MiB
- * 402-427 -> 295-340; reduce 1 MiB 96-100 -> 52-59, 4 MiB 386-431 ->
- * 215-227; broadcast 4 MiB 424-491 -> 118-153; gather 4 MiB 229-324 ->
- * 139-146; scatter 4 MiB 261-321 -> 109-142; 256 KiB and 16 MiB the same
- * within the noise.  4 ranks on the 2 cores: scatter 1 MiB 123-133 ->
- * 52-74, all_reduce 1 MiB 306-333 -> 209-271, the others the same within
- * the noise.  2 MiB banks were no better than 1 MiB.  A rank's segment
- * grows by 1.5 MiB (its rings, 256 KiB per local rank, stay the larger
- * part from 6 local ranks on). */
-#define PD_SHM_BANK_DEFAULT ((size_t)1 << 20)
-
 size_t
 pd_shm_bank_bytes(void)
 {
     if (bank_cached == 0) {
-        bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", PD_SHM_BANK_DEFAULT,
+        bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10,
                                        4096, (size_t)64 << 20) &
                       ~(size_t)4095;
     }

@@ -101,7 +101,7 @@ typedef struct pd_shm_waiter {
     int nospin;
 } pd_shm_waiter;
 
-/* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 1 MiB). */
+/* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
 size_t pd_shm_bank_bytes(void);
 /* A byte size from the environment variable name ("4096", "256K", "8M"),
  * or dflt when unset or outside [lo, hi]. */
