@@ -699,6 +699,17 @@ def merge_paired(res, old):
 FIRST_JOB_PHASE_PAIRS = 3
 
 
+def _pair_probes(res):
+    """The probes before the first jobs' pairs (``merge_paired``'s), ascending, and the slow
+    phase's classification threshold over them (SLOW_FACTOR times their 10th percentile), as the
+    tuner's rounds are classified; None with fewer than 4 probes (or a 10th percentile of 0)."""
+    probes = sorted(ns for v in (res.get("pair_probes") or {}).values() for _, p in v for ns in p
+                    if ns is not None)
+    if len(probes) < 4 or probes[len(probes) // 10] <= 0:
+        return None
+    return probes, probes[len(probes) // 10] * SLOW_FACTOR
+
+
 def first_job_phases(res):
     """The first jobs' pairs (``merge_paired``'s) split by the machine's phase, classified as the
     tuner's rounds are (a pair is slow when the probe before its size exceeds SLOW_FACTOR times the
@@ -709,11 +720,10 @@ def first_job_phases(res):
     import math
     import statistics
 
-    probes = sorted(ns for v in (res.get("pair_probes") or {}).values() for _, p in v for ns in p
-                    if ns is not None)
-    if len(probes) < 4:
+    seen = _pair_probes(res)
+    if seen is None:
         return None
-    limit = probes[len(probes) // 10] * SLOW_FACTOR
+    probes, limit = seen
     switch = switch_ns([x for x in probes if x <= limit], limit)
     out = {}
     for kind, logs in (res.get("ratios") or {}).items():
@@ -754,11 +764,10 @@ def modelled_phases(res):
     import math
     import statistics
 
-    probes = sorted(ns for v in (res.get("pair_probes") or {}).values() for _, p in v for ns in p
-                    if ns is not None)
-    if len(probes) < 4 or probes[len(probes) // 10] <= 0:
+    seen = _pair_probes(res)
+    if seen is None:
         return None
-    limit = probes[len(probes) // 10] * SLOW_FACTOR
+    probes, limit = seen
     slowdown = limit / statistics.median([x for x in probes if x <= limit])
     out = {}
     for kind, logs in (res.get("ratios") or {}).items():
