@@ -117,7 +117,7 @@ _V = [
     Var("PYDDP_TIMELINE", "a file or directory (ending in '/') to write the timeline to", _text),
     # tuning of the C core (csrc/transport/shm, csrc/group)
     Var("PYDDP_SHM_CHUNK", "a byte count from 4K to 64M (e.g. 262144, 256K, 1M)",
-        _bytes(4096, 64 << 20), 256 << 10),
+        _bytes(4096, 64 << 20)),  # unset: 1M where each local rank has a core, else 256K (segment.c)
     Var("PYDDP_SHM_STREAM", "a byte count of at least 1 (e.g. 8M)", _bytes(1), 8 << 20),
     Var("PYDDP_CMA", "0 (off) or 1 (on)", _bit, True),
     Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M, 1G)", _bytes(0)),

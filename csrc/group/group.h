@@ -74,6 +74,10 @@ pd_status pd_group_explain(pd_group *g, int kind, int dtype, size_t count,
  * (cross-memory attach, transport/shm/cma.h); 0: through the banks. */
 int pd_group_single_copy(const pd_group *g);
 
+/* Bytes of one shared-memory bank (PYDDP_SHM_CHUNK, or the default for
+ * the host's cores: transport/shm/segment.c); 0 without shared memory. */
+size_t pd_group_bank_bytes(const pd_group *g);
+
 /* The rules of algorithm choice (coll/rules.h) of this group: n entries
  * each (n <= the number of kinds), indexed by kind; 0 keeps the default,
  * PD_RULE_NEVER turns single copies off for the kind.  Every rank sets the

@@ -366,6 +366,12 @@ pd_group_single_copy(const pd_group *g)
     return g->shm != NULL && pd_shm_cma(g->shm);
 }
 
+size_t
+pd_group_bank_bytes(const pd_group *g)
+{
+    return g->shm != NULL ? pd_shm_bank_size(g->shm) : 0;
+}
+
 /* Fill one table of rules (dst: the group's rules or its slow-phase
  * rules) while the group is idle: the next collective takes mu to start,
  * so it sees them.  The progress thread clears `running` just after it

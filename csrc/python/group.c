@@ -244,6 +244,13 @@ PG_get_single_copy(PGObject *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+PG_get_bank_bytes(PGObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(self->g != NULL ? pd_group_bank_bytes(self->g)
+                                             : 0);
+}
+
+static PyObject *
 PG_get_shm_fallback(PGObject *self, void *Py_UNUSED(closure))
 {
     const char *why = self->g != NULL ? pd_group_shm_fallback(self->g) : NULL;
@@ -273,6 +280,10 @@ static PyGetSetDef PG_getset[] = {
     {"single_copy", (getter)PG_get_single_copy, NULL,
      "True when large messages move with one copy between the ranks "
      "(cross-memory attach; PYDDP_CMA, PYDDP_CMA_THRESHOLD)", NULL},
+    {"bank_bytes", (getter)PG_get_bank_bytes, NULL,
+     "bytes of one shared-memory bank, the pipelining unit of large "
+     "collectives (PYDDP_SHM_CHUNK; unset, 1 MiB where each of the host's "
+     "ranks has a core, else 256 KiB); 0 without shared memory", NULL},
     {"rules", (getter)pd_pg_get_rules, NULL,
      "(cma_from, small_bytes): per kind (pyddp._C.KINDS), the bytes from "
      "which single copies run (None: never; (from, gap_lo, gap_hi): the "

@@ -559,3 +559,28 @@ def test_a_peer_that_left_fails_the_collective_at_once(transport, count):
     elapsed, name, msg = outs[0].value
     assert elapsed < 5 and name == "DistNetworkError", outs[0].value
     assert "rank 1" in msg and "destroyed its process group" in msg, msg
+
+
+def _bank_child(rank, ws):
+    return dist.distributed_c10d._default_pg()._cpg.bank_bytes
+
+
+def test_bank_size_follows_the_cores_unless_set():
+    # 1 MiB banks where every rank of the host has a core of its own, 256 KiB where ranks
+    # share cores (smaller rounds let one rank copy while another waits for the scheduler);
+    # PYDDP_SHM_CHUNK overrides both
+    from pyddp import _threads
+
+    cores = _threads.cores()
+    for ws in (2, 4):
+        want = (1 << 20) if ws <= cores else (256 << 10)
+        assert run(_bank_child, ws, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": None}) == [want] * ws
+    assert run(_bank_child, 3, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": "64K"}) == [64 << 10] * 3
+
+
+def test_ranks_with_different_bank_sizes_fail_naming_the_variable():
+    outs = run_outcomes(_bank_child, 2, env={"PYDDP_TRANSPORT": "shm"},
+                        rank_env={0: {"PYDDP_SHM_CHUNK": "64K"}, 1: {"PYDDP_SHM_CHUNK": "128K"}},
+                        timeout=60)
+    assert not all(o.ok for o in outs), outs
+    assert any("PYDDP_SHM_CHUNK" in o.message for o in outs), [o.message for o in outs]

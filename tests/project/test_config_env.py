@@ -92,8 +92,10 @@ def test_good_values_parse_as_documented(var, value, want):
 
 
 def test_unset_or_empty_gives_the_default():
-    assert _config.get("PYDDP_SHM_CHUNK", {}) == 256 << 10
-    assert _config.get("PYDDP_SHM_CHUNK", {"PYDDP_SHM_CHUNK": ""}) == 256 << 10
+    # (unset, the C core picks the banks' size from the cores: 1M or 256K)
+    assert _config.get("PYDDP_SHM_CHUNK", {}) is None
+    assert _config.get("PYDDP_SHM_CHUNK", {"PYDDP_SHM_CHUNK": ""}) is None
+    assert _config.get("PYDDP_SHM_STREAM", {}) == 8 << 20
     assert _config.get("PYDDP_FLIGHT_RECORDER_SIZE", {}) == 2000
 
 

@@ -91,15 +91,40 @@ pd_shm_env_forget(void)
     pd_cma_env_forget();
 }
 
+/* The banks' default: 1 MiB where every local rank has a core of its own,
+ * 256 KiB where they share cores.  With a core each, a collective of up to
+ * a bank per rank runs in one round, two syncs, where 256 KiB banks took
+ * four rounds of two at 1 MiB.  Measured on the 2-core EPYC VM, 2 ranks,
+ * float32, every kind through the banks (single copies off), 256 KiB banks
+ * against 1 MiB in alternating jobs, median us: all_reduce 1 MiB 109-115 ->
+ * 72-73, 4 MiB 402-427 -> 295-340; reduce 1 MiB 96-100 -> 52-59, 4 MiB
+ * 386-431 -> 215-227; broadcast 4 MiB 424-491 -> 118-153; gather 4 MiB
+ * 229-324 -> 139-146; scatter 4 MiB 261-321 -> 109-142; 256 KiB and 16 MiB
+ * the same within the noise; 2 MiB banks no better than 1 MiB.  4 ranks on
+ * the 2 cores, out of the box (rules measured by the first job), 9 rounds
+ * of each: all_gather 4 MiB 534-910 -> 711-1368, gather 1 MiB 43-69 ->
+ * 47-113, broadcast 4 MiB 333-433 -> 372-531, but all_to_all 1 MiB 153-257
+ * -> 111-716 and reduce 1 MiB 229-273 -> 209-272: where ranks wait for the
+ * scheduler, smaller rounds overlap one rank's copy with another's turn.
+ * With 1 MiB banks a rank's segment grows by 1.5 MiB (its rings, 256 KiB
+ * per local rank, stay the larger part from 6 local ranks on).  The choice
+ * follows the spin flag, which every local rank derives from the same
+ * facts (the local ranks' CPU sets together); PYDDP_SHM_CHUNK sets it. */
+#define PD_SHM_BANK_OWN_CORES ((size_t)1 << 20)
+#define PD_SHM_BANK_SHARED_CORES ((size_t)256 << 10)
+#define PD_SHM_BANK_UNSET ((size_t)1) /* below the smallest bank: unset */
+
 size_t
-pd_shm_bank_bytes(void)
+pd_shm_bank_bytes(int spin)
 {
     if (bank_cached == 0) {
-        bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", (size_t)256 << 10,
-                                       4096, (size_t)64 << 20) &
-                      ~(size_t)4095;
+        bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", PD_SHM_BANK_UNSET,
+                                       4096, (size_t)64 << 20);
     }
-    return bank_cached;
+    if (bank_cached == PD_SHM_BANK_UNSET) {
+        return spin ? PD_SHM_BANK_OWN_CORES : PD_SHM_BANK_SHARED_CORES;
+    }
+    return bank_cached & ~(size_t)4095;
 }
 
 size_t
@@ -259,7 +284,7 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     s->token = token;
     s->node = node;
     s->waited_for = -1;
-    s->bank_bytes = pd_shm_bank_bytes();
+    s->bank_bytes = pd_shm_bank_bytes(spin);
     s->ring_off = CTRL_BYTES + 2 * s->bank_bytes;
     s->seg_bytes = s->ring_off + (size_t)size * sizeof(ring_ctl) +
                    (size_t)size * PD_SHM_RING_BYTES;
@@ -338,7 +363,9 @@ pd_shm_attach(pd_shm *s)
             return pd_error(PD_EINVAL,
                             "shared memory segment %s of local rank %d has "
                             "another size than this rank's (%zu bytes): "
-                            "every rank must use the same PYDDP_SHM_CHUNK",
+                            "every rank must use the same PYDDP_SHM_CHUNK "
+                            "(unset, the bank size follows whether each "
+                            "local rank has a core of its own)",
                             name, q, s->seg_bytes);
         }
         void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,

@@ -101,8 +101,9 @@ typedef struct pd_shm_waiter {
     int nospin;
 } pd_shm_waiter;
 
-/* Bytes of one data bank, from PYDDP_SHM_CHUNK (default 256 KiB). */
-size_t pd_shm_bank_bytes(void);
+/* Bytes of one data bank, from PYDDP_SHM_CHUNK; unset, 1 MiB where every
+ * local rank has a core of its own (spin), else 256 KiB. */
+size_t pd_shm_bank_bytes(int spin);
 /* A byte size from the environment variable name ("4096", "256K", "8M"),
  * or dflt when unset or outside [lo, hi]. */
 size_t pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi);
