@@ -576,6 +576,13 @@ def test_bank_size_follows_the_cores_unless_set():
         want = (1 << 20) if ws <= cores else (256 << 10)
         assert run(_bank_child, ws, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": None}) == [want] * ws
     assert run(_bank_child, 3, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": "64K"}) == [64 << 10] * 3
+    # agreed at attach, never a rank's own count: one rank told it has a core of its own, the
+    # others counting the cores as they are, all take the others' size
+    # (more ranks than cores: on a machine of up to 8)
+    ws = cores + 1
+    if ws <= 9:
+        assert run(_bank_child, ws, env={"PYDDP_TRANSPORT": "shm", "PYDDP_SHM_CHUNK": None},
+                   rank_env={0: {"PYDDP_TEST_SPIN": "1"}}) == [256 << 10] * ws
 
 
 def test_ranks_with_different_bank_sizes_fail_naming_the_variable():

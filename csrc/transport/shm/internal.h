@@ -27,7 +27,8 @@ struct pd_shm {
     int cores_all;     /* every rank's spin was 1 (pd_shm_spins) */
     uint64_t token;
     uint32_t node;
-    size_t bank_bytes;
+    size_t bank_bytes; /* in use: agreed at attach (pd_shm_bank_bytes) */
+    size_t bank_cap;   /* room for one bank in every segment */
     size_t ring_off;   /* ring_ctl[size] then rings[size] */
     size_t seg_bytes;
     char **base;       /* base[p]: rank p's segment (own included) */

@@ -108,21 +108,23 @@ pd_shm_env_forget(void)
  * scheduler, smaller rounds overlap one rank's copy with another's turn.
  * With 1 MiB banks a rank's segment grows by 1.5 MiB (its rings, 256 KiB
  * per local rank, stay the larger part from 6 local ranks on).  The choice
- * follows the spin flag, which every local rank derives from the same
- * facts (the local ranks' CPU sets together); PYDDP_SHM_CHUNK sets it. */
+ * is made at attach from every local rank's flag ANDed (pd_shm_spins), so
+ * ranks that count cores differently still agree; the segments hold banks
+ * of the larger size either way, laid out before that is known.
+ * PYDDP_SHM_CHUNK sets both. */
 #define PD_SHM_BANK_OWN_CORES ((size_t)1 << 20)
 #define PD_SHM_BANK_SHARED_CORES ((size_t)256 << 10)
 #define PD_SHM_BANK_UNSET ((size_t)1) /* below the smallest bank: unset */
 
 size_t
-pd_shm_bank_bytes(int spin)
+pd_shm_bank_bytes(int cores_all)
 {
     if (bank_cached == 0) {
         bank_cached = pd_shm_env_bytes("PYDDP_SHM_CHUNK", PD_SHM_BANK_UNSET,
                                        4096, (size_t)64 << 20);
     }
     if (bank_cached == PD_SHM_BANK_UNSET) {
-        return spin ? PD_SHM_BANK_OWN_CORES : PD_SHM_BANK_SHARED_CORES;
+        return cores_all ? PD_SHM_BANK_OWN_CORES : PD_SHM_BANK_SHARED_CORES;
     }
     return bank_cached & ~(size_t)4095;
 }
@@ -284,8 +286,10 @@ pd_shm_create(int rank, int size, uint64_t token, uint32_t node, int spin,
     s->token = token;
     s->node = node;
     s->waited_for = -1;
-    s->bank_bytes = pd_shm_bank_bytes(spin);
-    s->ring_off = CTRL_BYTES + 2 * s->bank_bytes;
+    /* room for the larger banks; the size in use is agreed at attach */
+    s->bank_cap = pd_shm_bank_bytes(1);
+    s->bank_bytes = pd_shm_bank_bytes(0);
+    s->ring_off = CTRL_BYTES + 2 * s->bank_cap;
     s->seg_bytes = s->ring_off + (size_t)size * sizeof(ring_ctl) +
                    (size_t)size * PD_SHM_RING_BYTES;
     s->base = calloc((size_t)size, sizeof(char *));
@@ -363,9 +367,7 @@ pd_shm_attach(pd_shm *s)
             return pd_error(PD_EINVAL,
                             "shared memory segment %s of local rank %d has "
                             "another size than this rank's (%zu bytes): "
-                            "every rank must use the same PYDDP_SHM_CHUNK "
-                            "(unset, the bank size follows whether each "
-                            "local rank has a core of its own)",
+                            "every rank must use the same PYDDP_SHM_CHUNK",
                             name, q, s->seg_bytes);
         }
         void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -383,6 +385,7 @@ pd_shm_attach(pd_shm *s)
             s->cores_all = 0;
         }
     }
+    s->bank_bytes = pd_shm_bank_bytes(s->cores_all);
     return PD_OK;
 }
 
@@ -481,7 +484,7 @@ pd_shm_scratch(pd_shm *s, size_t bytes)
 char *
 pd_shm_bank(pd_shm *s, int p, int b)
 {
-    return s->base[p] + CTRL_BYTES + (size_t)b * s->bank_bytes;
+    return s->base[p] + CTRL_BYTES + (size_t)b * s->bank_cap;
 }
 
 size_t

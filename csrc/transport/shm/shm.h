@@ -102,8 +102,9 @@ typedef struct pd_shm_waiter {
 } pd_shm_waiter;
 
 /* Bytes of one data bank, from PYDDP_SHM_CHUNK; unset, 1 MiB where every
- * local rank has a core of its own (spin), else 256 KiB. */
-size_t pd_shm_bank_bytes(int spin);
+ * local rank has a core of its own (cores_all, as pd_shm_spins), else
+ * 256 KiB. */
+size_t pd_shm_bank_bytes(int cores_all);
 /* A byte size from the environment variable name ("4096", "256K", "8M"),
  * or dflt when unset or outside [lo, hi]. */
 size_t pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi);
