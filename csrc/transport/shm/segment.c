@@ -106,8 +106,9 @@ pd_shm_env_forget(void)
  * 47-113, broadcast 4 MiB 333-433 -> 372-531, but all_to_all 1 MiB 153-257
  * -> 111-716 and reduce 1 MiB 229-273 -> 209-272: where ranks wait for the
  * scheduler, smaller rounds overlap one rank's copy with another's turn.
- * With 1 MiB banks a rank's segment grows by 1.5 MiB (its rings, 256 KiB
- * per local rank, stay the larger part from 6 local ranks on).  The choice
+ * Every segment has room for 1 MiB banks, 1.5 MiB more than 256 KiB ones
+ * took (its rings, 256 KiB per local rank, stay the larger part from 6
+ * local ranks on).  The choice
  * is made at attach from every local rank's flag ANDed (pd_shm_spins), so
  * ranks that count cores differently still agree; the segments hold banks
  * of the larger size either way, laid out before that is known.
