@@ -15,8 +15,7 @@ from test_tune import _collectives
 from pyddp import _C
 from pyddp.distributed.backends.cpu import crossovers, tuning
 
-MEASURED = {crossovers.FIRST_JOB_MIN << (2 * i) for i in range(6)
-            if crossovers.FIRST_JOB_MIN << (2 * i) <= crossovers.FIRST_JOB_MAX} | {None}
+MEASURED = set(crossovers.first_job_sizes()) | {None}
 BUILT_IN = {"all_reduce": 32 << 20, "broadcast": 1 << 20, "gather": 16 << 20, "scatter": 16 << 20}
 
 
@@ -50,6 +49,17 @@ def _job(rank, world_size):
     return out
 
 
+def _kept(t, kind):
+    """A table's rule for ``kind`` as a group applies it: the threshold, with its gap [lo, hi)
+    where the table has one (a list, as the rules come back from the ranks)."""
+    v, band = t["cma_from"][kind], (t.get("cma_gap") or {}).get(kind)
+    return [v, *band] if band else v
+
+
+def _norm(v):
+    return list(v) if isinstance(v, (tuple, list)) else v
+
+
 def _constants(rules):
     cma = rules[0]
     return all(cma[_C.KINDS[k]["code"]] == v for k, v in BUILT_IN.items())
@@ -68,9 +78,14 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
     assert set(doc["tables"]) == {"2"} and doc["seconds"]["2"] > 0
     table = doc["tables"]["2"]["cma_from"]
     assert table, "the first job chose nothing"
+    for kind, (lo, hi) in (doc["tables"]["2"].get("cma_gap") or {}).items():
+        # a band of measured sizes above the threshold where the banks won again
+        assert table[kind] is not None and table[kind] < lo < hi, (kind, table[kind], lo, hi)
+        assert lo in MEASURED and hi in MEASURED, (kind, lo, hi)
     for kind, code in tuning.KIND_NAMES.items():
         if kind in table:   # a measured size or never, applied as kept
-            assert table[kind] in MEASURED and cma[code] == table[kind], (kind, cma[code])
+            assert table[kind] in MEASURED, (kind, table[kind])
+            assert _norm(cma[code]) == _kept(doc["tables"]["2"], kind), (kind, cma[code])
         else:               # single copies never won up to the largest size measured, and the
             # built-in threshold lies above it: the constant stays (first_job_table)
             assert BUILT_IN.get(kind, math.inf) > crossovers.FIRST_JOB_MAX, kind
@@ -85,8 +100,8 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
         doc = tuning.load(path)
         assert doc["jobs"] == {"2": job}
         cma = again[0]["rules"][0]
-        assert {k: cma[tuning.KIND_NAMES[k]] for k in doc["tables"]["2"]["cma_from"]} == \
-            doc["tables"]["2"]["cma_from"]
+        assert {k: _norm(cma[tuning.KIND_NAMES[k]]) for k in doc["tables"]["2"]["cma_from"]} == \
+            {k: _kept(doc["tables"]["2"], k) for k in doc["tables"]["2"]["cma_from"]}
         for k, rows in doc["measured"]["2"][0]["ratios"].items():
             for size, v in rows:
                 assert len(v) == min(crossovers.MERGED_PAIRS, job * pairs[k][size]), (k, size)
@@ -100,8 +115,8 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
         assert last[0]["rules"] == again[0]["rules"]
     else:   # this machine changed phase between the first jobs: the fast phase's rules first
         fast = last[0]["rules"][0]
-        for kind, v in ph["fast"]["cma_from"].items():
-            assert fast[tuning.KIND_NAMES[kind]] == v, (kind, fast)
+        for kind in ph["fast"]["cma_from"]:
+            assert _norm(fast[tuning.KIND_NAMES[kind]]) == _kept(ph["fast"], kind), (kind, fast)
     assert os.stat(path).st_mtime_ns == stamp
 
 
@@ -194,7 +209,8 @@ def test_ranks_sharing_cores_measure_for_their_rank_count(tmp_path):
     table = doc["tables"][str(n)]["cma_from"]
     if outs[0]["single_copy"]:
         cma = outs[0]["rules"][0]
-        assert {k: cma[tuning.KIND_NAMES[k]] for k in table} == table
+        assert {k: _norm(cma[tuning.KIND_NAMES[k]]) for k in table} == \
+            {k: _kept(doc["tables"][str(n)], k) for k in table}
 
 
 def test_ranks_more_than_twice_the_cores_do_not_measure(tmp_path):
@@ -235,10 +251,10 @@ def test_describe_says_which_rules_a_job_starts_with(tmp_path, monkeypatch):
     assert "was measured on another host" in tuning.describe()
 
 
-def _merged(fast, slow, probes_fast=50.0, probes_slow=400.0, pairs=6):
+def _merged(fast, slow, probes_fast=50.0, probes_slow=400.0, pairs=6, sizes=None):
     """A first jobs' measurement of all_to_all (second candidate over first: ``fast`` and ``slow``
     ratios per size, ``pairs`` pairs in each phase), as merge_paired leaves it."""
-    sizes = [4 << 10, 64 << 10, 1 << 20]
+    sizes = sizes or [4 << 10, 64 << 10, 1 << 20]
     lr = {s: [math.log(fast[i])] * pairs + [math.log(slow[i])] * pairs for i, s in enumerate(sizes)}
     ns = [probes_fast] * pairs + [probes_slow] * pairs
     return {"path": "shm", "single_copy": True, "jobs": 3,
@@ -306,6 +322,85 @@ def test_first_jobs_in_one_phase_model_the_slow_phases_rules():
     assert limit == 100.0 and [round(sl, 6) for _, _, sl in split["all_to_all"]] == [0.75] * 3
 
 
+def test_first_jobs_keep_a_band_where_the_banks_win_again():
+    """Single copies win from 4 KiB, lose 1.6x at 256 KiB-1 MiB (arrays on small pages) and win
+    again from 2 MiB (huge pages), as all_gather on 2 ranks of the 2-core VM: the rules take them
+    from 4 KiB with the banks again in [256 KiB, 2 MiB), in the table and the measured phase's;
+    the modelled slow phase, whose banks are twice as slow, has no band.  A band needs
+    FIRST_JOB_GAP_PAIRS pairs at each of its sizes; groups apply it as kept."""
+    sizes = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20]
+    assert set(sizes) <= set(crossovers.first_job_sizes())
+    ratios = [0.5, 0.5, 1.6, 1.6, 0.7, 0.7]
+    defaults = [None] * (max(k["code"] for k in _C.KINDS.values()) + 1)
+    res = _merged(ratios, ratios, probes_slow=50.0, sizes=sizes)
+    table = crossovers.first_job_table(res, defaults)
+    assert table["cma_from"] == {"all_to_all": 4 << 10}
+    assert table["cma_gap"] == {"all_to_all": [256 << 10, 2 << 20]}
+    ph = table["phased"]
+    assert ph["slow_modelled"] is True
+    assert ph["fast"] == {"cma_from": {"all_to_all": 4 << 10},
+                          "cma_gap": {"all_to_all": [256 << 10, 2 << 20]}}
+    assert ph["slow"] == {"cma_from": {"all_to_all": 4 << 10}, "cma_gap": {}}
+    # too few pairs for a band (2 a phase, one phase: 4 at each size)
+    few = crossovers.first_job_table(_merged(ratios, ratios, probes_slow=50.0, pairs=2,
+                                             sizes=sizes), defaults)
+    assert few["cma_from"] == {"all_to_all": 4 << 10} and few["cma_gap"] == {}
+    # both phases measured: each phase's own band (the slow phase's banks lose everywhere)
+    both = crossovers.first_job_table(_merged(ratios, [0.3] * 6, sizes=sizes), defaults)
+    assert both["phased"]["fast"]["cma_gap"] == {"all_to_all": [256 << 10, 2 << 20]}
+    assert both["phased"]["slow"]["cma_gap"] == {}
+
+
+def test_pairs_in_two_placements_weigh_the_worse_for_each_candidate():
+    """Gather of 64 KiB blocks on the 2-core VM: single copies at 0.55x the banks' time with rank 0
+    on the first core, 1.5x with it on the second.  A candidate's loss is taken in the placement
+    where it does worst (as the phases'), so the size's log ratio is log 1.5 - log(1 / 0.55):
+    single copies, which lose less; where both placements agree, the one further from a tie."""
+    lr = [math.log(0.55)] * 6 + [math.log(1.5)] * 6
+    places = [0] * 6 + [1] * 6
+    assert abs(crossovers._placed_log(lr, places) - (math.log(1.5) + math.log(0.55))) < 1e-12
+    # the crossover on the scalar agrees with the one on both placements' times
+    rows = [(64 << 10, (1.0, 1.0), (0.55, 1.5))]
+    scalar = [(64 << 10, 1.0, math.exp(crossovers._placed_log(lr, places)))]
+    assert crossovers.crossover(rows) == crossovers.crossover(scalar) == 64 << 10
+    assert crossovers._placed_log([math.log(1.2)] * 3 + [math.log(1.9)] * 3, [0] * 3 + [1] * 3) \
+        == math.log(1.9)
+    assert crossovers._placed_log([-0.1, -0.5, -0.3], [None] * 3) == -0.3   # one placement: median
+    # merged over jobs, the placements travel with the pairs (an older file's pairs: None)
+    new = {"kinds": {"gather": [(65536, 10.0, 10.0)]}, "ratios": {"gather": [[65536, lr]]},
+           "pair_places": {"gather": [[65536, places]]}}
+    old = {"jobs": 1, "ratios": {"gather": [[65536, [0.0, 0.0]]]}}
+    out = crossovers.merge_paired(new, old)
+    assert out["pair_places"]["gather"] == [[65536, [None, None] + places]]
+    (_, a, b), = out["kinds"]["gather"]
+    assert abs(b / a - math.exp(crossovers._placed_log([0.0, 0.0] + lr, [None, None] + places))) \
+        < 1e-12
+
+
+def _job_places(rank, world_size):
+    import pyddp.distributed as dist
+    from pyddp.distributed.backends.cpu import crossovers
+
+    before = os.sched_getaffinity(0)
+    dist.init_process_group("cpu")
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    res = crossovers._paired(cpg, ["gather"], [4 << 10], 6, 16 << 20, True)
+    out = {"places": res["pair_places"]["gather"], "same": os.sched_getaffinity(0) == before,
+           "threads": all(os.sched_getaffinity(int(t)) == before
+                          for t in os.listdir("/proc/self/task"))}
+    dist.destroy_process_group()
+    return out
+
+
+def test_first_jobs_measure_both_placements_and_restore_the_affinity():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two placements need a core for each of 2 ranks")
+    outs = run(_job_places, 2, timeout=120, init=False, env={"PYDDP_TUNING": "0"})
+    for r in outs:
+        assert r["places"] == [[4096, [0] * 3 + [1] * 3]]
+        assert r["same"] and r["threads"]
+
+
 def test_merged_pairs_keep_their_probes():
     rows = [(4096, 2.0, 4.0)]
     new = {"kinds": {"all_reduce": rows}, "ratios": {"all_reduce": [[4096, [0.7, 0.7]]]},
@@ -359,6 +454,6 @@ def test_first_jobs_that_ran_in_different_phases_leave_rules_for_each(tmp_path):
         slow, fast = r["slow"][0], r["rules"][0]
         for kind, code in tuning.KIND_NAMES.items():
             if kind in ph["slow"]["cma_from"]:
-                assert slow[code] == ph["slow"]["cma_from"][kind], (kind, slow[code])
+                assert _norm(slow[code]) == _kept(ph["slow"], kind), (kind, slow[code])
             if kind in ph["fast"]["cma_from"]:
-                assert fast[code] == ph["fast"]["cma_from"][kind], (kind, fast[code])
+                assert _norm(fast[code]) == _kept(ph["fast"], kind), (kind, fast[code])

@@ -546,8 +546,8 @@ def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, it
 
 
 def _apply(cpg, table):
-    """Apply ``table``'s crossovers (``_table``'s; no gaps) to the group, rank 0's on every rank
-    (a collective).  Returns them as applied."""
+    """Apply ``table``'s crossovers (``_table``'s, with its "cma_gap" where it has one) to the
+    group, rank 0's on every rank (a collective).  Returns them as applied."""
     import numpy as np
 
     from .... import _C
@@ -555,8 +555,10 @@ def _apply(cpg, table):
     coll = Calls(cpg)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
     cma, small = (list(v) for v in cpg.rules)  # (None: never; (from, lo, hi): with a gap)
+    gaps = table.get("cma_gap") or {}
     for kind, v in table["cma_from"].items():
-        cma[codes[kind]] = v   # no gap online; a rules file's gaps (tuples) for other kinds stay
+        # (online tuning finds no gaps; a rules file's gaps (tuples) for other kinds stay)
+        cma[codes[kind]] = (v, *gaps[kind]) if v is not None and kind in gaps else v
     for kind, v in table["small_bytes"].items():
         small[codes[kind]] = v
     never = -1
@@ -579,13 +581,96 @@ def _apply(cpg, table):
 
 
 # What the first job on a host measures (tuning.auto_claim): every kind's two candidates at
-# per-rank blocks from FIRST_JOB_MIN to FIRST_JOB_MAX (x4 apart), in pairs of calls (one of each,
-# their order alternating), FIRST_JOB_PAIRS pairs at most, fewer where pairs x bytes x ranks would
-# pass FIRST_JOB_BUDGET (never fewer than 3).
+# per-rank blocks from FIRST_JOB_MIN to FIRST_JOB_MAX (x4 apart, and HUGE_PAGE: first_job_sizes),
+# in pairs of calls (one of each, their order alternating), FIRST_JOB_PAIRS pairs at most, fewer
+# where pairs x bytes x ranks would pass FIRST_JOB_BUDGET (never fewer than 3).
 FIRST_JOB_MIN = 4 << 10
 FIRST_JOB_MAX = 4 << 20
 FIRST_JOB_PAIRS = 12
 FIRST_JOB_BUDGET = 16 << 20
+
+
+def first_job_sizes():
+    """The per-rank blocks a first job measures: x4 apart from FIRST_JOB_MIN to FIRST_JOB_MAX, and
+    HUGE_PAGE, where arrays start to sit on huge pages (``user_array``) and single copies, which
+    pin the peer's pages one at a time, get faster.  Without it the crossover of a kind whose
+    single copies lose at 1 MiB (small pages) and win at 4 MiB fell at 4 MiB, and 2 MiB blocks
+    kept the banks: on 2 ranks of the 2-core VM of the docs, all_gather of 2 MiB blocks through
+    the banks ran at 0.82x Open MPI in the same processes, single copies at 1.00-1.04x."""
+    return sorted(set(_sizes(FIRST_JOB_MIN, FIRST_JOB_MAX))
+                  | ({HUGE_PAGE} if FIRST_JOB_MIN <= HUGE_PAGE <= FIRST_JOB_MAX else set()))
+
+
+# Where each rank has a core of its own and no launcher bound it to one, which core a rank runs on
+# is the scheduler's choice, job by job, and on a virtual machine the cores need not be alike: on
+# the 2-core VM of the docs, first jobs with rank 0 on the first core and rank 1 on the second
+# measured single copies of gather 64 KiB blocks at 0.55x the banks' time, scatter at 1.9x, while
+# jobs placed the other way round measured 1.5x and 0.7x, every pair of a job alike (the ranks
+# pinned each way, two jobs each: the same numbers).  A later job placed otherwise than the first
+# lost: scatter of 128 KiB blocks 23 us through the banks the first jobs chose, 10 by single copies.
+# So the first jobs measure half of each size's pairs with the ranks placed each way (every thread
+# of rank r on core r, then on core r + 1, wrapping; the affinity restored after), and each size's
+# ratio weighs both placements (``_placed_log``).
+def _placements(coll, rank, n):
+    """[[core of each placement]] for this rank: two placements (rank r on the r-th allowed core,
+    then the (r + 1)-th mod n) where every rank may run on the same n or more cores (none bound by
+    a launcher), every rank agreeing; [] otherwise (a single placement: measured as it is)."""
+    import numpy as np
+
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = []
+    ok = len(allowed) >= n >= 2
+    key = hash(tuple(allowed[:n])) & 0x7FFFFFFF if ok else -1
+    v = np.array([key, -key], dtype=np.float64)
+    coll.all_reduce_max(v)   # every rank's key alike: max(key) == -max(-key)
+    if not ok or v[0] != -v[1]:
+        return []
+    return [allowed[rank], allowed[(rank + 1) % n]]
+
+
+def _threads_affinity():
+    """{thread id: its CPU set} of this process's threads (pinning the calling thread alone would
+    leave the progress thread where it was)."""
+    out = {}
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for t in tids:
+        try:
+            out[t] = os.sched_getaffinity(t)
+        except OSError:
+            pass   # (a thread that ended)
+    return out
+
+
+def _pin(tids, cpus):
+    for t in tids:
+        try:
+            os.sched_setaffinity(t, cpus[t] if isinstance(cpus, dict) else cpus)
+        except OSError:
+            pass
+
+
+def _placed_log(lr, places):
+    """One log ratio (second candidate's time over the first's) for pairs measured in one or
+    more placements (``places``: each pair's, None where not known): each placement's median,
+    combined so that ``crossover`` weighs a size by the placement where each candidate loses most
+    (as the phases: log(time / best) of the first candidate in the placement where the second
+    does best, of the second where it does worst; the first candidate's loss there counts
+    against it).  One placement: the plain median."""
+    import statistics
+
+    groups = {}
+    for x, p in zip(lr, list(places or []) + [None] * (len(lr) - len(places or []))):
+        groups.setdefault(p, []).append(x)
+    meds = [statistics.median(v) for v in groups.values()]
+    if len(meds) == 1:
+        return meds[0]
+    hi, lo = max(meds), min(meds)
+    return max(0.0, hi) - max(0.0, -lo)
 
 
 def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
@@ -595,7 +680,12 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
     pair alike, and the median of the pairs' ratios is what one candidate costs against the other
     there, where separate runs of each would compare two moments.  Returns ``_measure``'s result
     (its rows: each candidate's median time, the second's as the first's times the median
-    ratio), with "pairs": kind -> [(size, pairs)]."""
+    ratio), with "pairs": kind -> [(size, pairs)].  Where each rank has a core (``phases``) and
+    none is bound to one, half of each size's pairs run with the ranks placed each way on the cores
+    (``_placements``; "pair_places": kind -> [(size, each pair's placement)]), and the rows' ratio
+    weighs both (``_placed_log``)."""
+    import math
+
     import numpy as np
 
     from .... import _C
@@ -612,7 +702,10 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
     forced = _config.get("PYDDP_TEST_PHASE_NS") if pingpong else None  # (tests: the phase they say)
     result = {"path": "shm", "ranks": n, "single_copy": bool(cpg.single_copy), "kinds": {},
               "rounds": {}, "probe": "pingpong" if pingpong else None, "how": "pairs",
-              "pairs": {}, "ratios": {}, "pair_probes": {}, "jobs": 1}
+              "pairs": {}, "ratios": {}, "pair_probes": {}, "pair_places": {}, "jobs": 1}
+    # both placements of the ranks on the cores where each has one (``phases``) and none is bound
+    cores = _placements(coll, rank, n) if phases else []
+    saved = _threads_affinity() if cores else {}
     try:
         for kind in kinds:
             code = _C.KINDS[kind]["code"]
@@ -621,39 +714,55 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
                 cma = list(base_cma)
                 cma[code] = None if c == 0 else 1
                 cand.append(cma)
-            rows, rounds, used, logs, probes = [], [], [], [], []
+            rows, rounds, used, logs, probes, places = [], [], [], [], [], []
             for size in sizes:
                 count = max(1, size // 4)
                 run = _op(coll, kind, rank, n, count)
                 pairs = max(3, min(max_pairs, budget // max(1, size * n)))
-                ns = _round_probe(coll, rank, _C, cpg) if pingpong else None
-                if forced is not None:
-                    ns = float(forced)
-                times = np.zeros(2 * pairs + 2, dtype=np.float64)
-                for i in range(pairs + 1):      # pair 0 warms both up and is not counted
-                    for c in ((0, 1) if i % 2 == 0 else (1, 0)):
-                        coll.barrier()
-                        cpg.set_rules(cand[c], base_small)
-                        t0 = time.perf_counter()
-                        run()
-                        times[2 * i + c] = time.perf_counter() - t0
-                coll.all_reduce_max(times)
-                a, b = times[2::2] * 1e6, times[3::2] * 1e6
-                lr = np.log(b / a)
-                logs.append([size, [round(float(x), 4) for x in lr]])
-                probes.append([size, [None if ns is None else round(float(ns), 1)] * len(lr)])
-                ratio = float(np.exp(np.median(lr)))
-                med = float(np.median(a))
+                # each placement's share of the pairs, after a pair that warms both up (on the
+                # placement's cores) and is not counted
+                blocks = ([(j, max(2, (pairs + 1) // 2)) for j in range(len(cores))]
+                          if cores else [(None, pairs)])
+                lr, ns_of, place_of, a_all, b_all = [], [], [], [], []
+                for j, k in blocks:
+                    if j is not None:
+                        _pin(saved, {cores[j]})
+                    ns = _round_probe(coll, rank, _C, cpg) if pingpong else None
+                    if forced is not None:
+                        ns = float(forced)
+                    times = np.zeros(2 * k + 2, dtype=np.float64)
+                    for i in range(k + 1):
+                        for c in ((0, 1) if i % 2 == 0 else (1, 0)):
+                            coll.barrier()
+                            cpg.set_rules(cand[c], base_small)
+                            t0 = time.perf_counter()
+                            run()
+                            times[2 * i + c] = time.perf_counter() - t0
+                    coll.all_reduce_max(times)
+                    a_j, b_j = times[2::2] * 1e6, times[3::2] * 1e6
+                    a_all += list(a_j)
+                    b_all += list(b_j)
+                    lr += [float(x) for x in np.log(b_j / a_j)]
+                    ns_of += [None if ns is None else round(float(ns), 1)] * k
+                    place_of += [j] * k
+                logs.append([size, [round(x, 4) for x in lr]])
+                probes.append([size, ns_of])
+                places.append([size, place_of])
+                ratio = math.exp(_placed_log(lr, place_of))
+                med = float(np.median(a_all))
                 rows.append((size, med, med * ratio))
-                rounds.append([size, [[ns, med, float(np.median(b))]]])
-                used.append([size, pairs])
+                rounds.append([size, [[ns, med, float(np.median(b_all))]]])
+                used.append([size, len(lr)])
                 del run
             result["kinds"][kind] = rows
             result["rounds"][kind] = rounds
             result["pairs"][kind] = used
             result["ratios"][kind] = logs
             result["pair_probes"][kind] = probes
+            result["pair_places"][kind] = places
     finally:
+        if cores:
+            _pin(saved, saved)   # every thread where it was
         coll.barrier()
         cpg.set_rules(base_cma, base_small)
     return result
@@ -665,31 +774,41 @@ MERGED_PAIRS = 48   # the pairs a size keeps over the first jobs (the latest)
 def merge_paired(res, old):
     """``res`` (this job's ``_paired`` result) with the earlier jobs' pairs (``old``, the same
     kind of result, or None) added: each size's ratio is then the median over all of them.
-    Returns a new result; sizes or kinds only one of them has keep their own."""
+    Returns a new result; sizes or kinds only one of them has keep their own; with each pair's
+    placement ("pair_places"), the ratio weighs the placements (``_placed_log``)."""
     import math
-    import statistics
 
     if not isinstance(old, dict) or not isinstance(old.get("ratios"), dict):
         return res
-    out = dict(res, kinds={}, ratios={}, pair_probes={}, jobs=int(old.get("jobs", 1)) + 1)
+    out = dict(res, kinds={}, ratios={}, pair_probes={}, pair_places={},
+               jobs=int(old.get("jobs", 1)) + 1)
+
+    def per_pair(doc, field, kind):
+        return {int(s): list(v) for s, v in ((doc.get(field) or {}).get(kind) or [])}
+
     for kind, rows in res["kinds"].items():
         before = {int(s): list(v) for s, v in (old["ratios"].get(kind) or [])}
-        # each earlier pair's probe (None: not probed, as in files of older versions)
-        probed = {int(s): list(v) for s, v in ((old.get("pair_probes") or {}).get(kind) or [])}
-        mine = dict((int(s), list(v)) for s, v in (res.get("pair_probes") or {}).get(kind) or [])
-        logs, merged, probes = [], [], []
+        # each earlier pair's probe and placement (None: not known, as in files of older versions)
+        probed, placed = per_pair(old, "pair_probes", kind), per_pair(old, "pair_places", kind)
+        mine, mine_at = per_pair(res, "pair_probes", kind), per_pair(res, "pair_places", kind)
+        logs, merged, probes, places = [], [], [], []
         for (size, a, _), (_, lr) in zip(rows, res["ratios"][kind]):
             earlier = before.get(size, [])
-            ns = probed.get(size, [])
-            ns = ([None] * (len(earlier) - len(ns)) + ns)[-len(earlier):] if earlier else []
+
+            def fill(v):   # (aligned with the earlier pairs, None where a file had none)
+                return ([None] * (len(earlier) - len(v)) + v)[-len(earlier):] if earlier else []
+
             allr = (earlier + list(lr))[-MERGED_PAIRS:]
-            alln = (ns + mine.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
+            alln = (fill(probed.get(size, [])) + mine.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
+            allp = (fill(placed.get(size, [])) + mine_at.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
             logs.append([size, allr])
             probes.append([size, alln])
-            merged.append((size, a, a * math.exp(statistics.median(allr))))
+            places.append([size, allp])
+            merged.append((size, a, a * math.exp(_placed_log(allr, allp))))
         out["kinds"][kind] = merged
         out["ratios"][kind] = logs
         out["pair_probes"][kind] = probes
+        out["pair_places"][kind] = places
     return out
 
 
@@ -718,7 +837,6 @@ def first_job_phases(res):
     phase's pairs (second candidate's time over the first's), or None where the pairs do not hold
     FIRST_JOB_PHASE_PAIRS of every size in each phase (one phase seen, or pairs without probes)."""
     import math
-    import statistics
 
     seen = _pair_probes(res)
     if seen is None:
@@ -728,19 +846,27 @@ def first_job_phases(res):
     out = {}
     for kind, logs in (res.get("ratios") or {}).items():
         pp = {int(s): v for s, v in (res.get("pair_probes") or {}).get(kind) or []}
+        at = {int(s): v for s, v in (res.get("pair_places") or {}).get(kind) or []}
         rows = []
         for size, lr in logs:
             ns = pp.get(int(size)) or []
             if len(ns) != len(lr):
                 return None
-            fast = [x for x, p in zip(lr, ns) if p is not None and p <= limit]
-            slow = [x for x, p in zip(lr, ns) if p is not None and p > limit]
+            where = _places_of(at, size, lr)
+            fast = [(x, w) for x, p, w in zip(lr, ns, where) if p is not None and p <= limit]
+            slow = [(x, w) for x, p, w in zip(lr, ns, where) if p is not None and p > limit]
             if min(len(fast), len(slow)) < FIRST_JOB_PHASE_PAIRS:
                 return None
-            rows.append((int(size), math.exp(statistics.median(fast)),
-                         math.exp(statistics.median(slow))))
+            rows.append((int(size), math.exp(_placed_log(*zip(*fast))),
+                         math.exp(_placed_log(*zip(*slow)))))
         out[kind] = rows
     return (out, switch) if out else None
+
+
+def _places_of(at, size, lr):
+    """Each pair's placement at ``size`` (``at``: size -> the placements), None where not known."""
+    v = list(at.get(int(size)) or [])
+    return ([None] * (len(lr) - len(v)) + v)[-len(lr):] if lr else []
 
 
 # Where the first jobs' pairs saw one phase of the machine only, the slow phase's rules are
@@ -772,18 +898,45 @@ def modelled_phases(res):
     out = {}
     for kind, logs in (res.get("ratios") or {}).items():
         pp = {int(s): v for s, v in (res.get("pair_probes") or {}).get(kind) or []}
+        at = {int(s): v for s, v in (res.get("pair_places") or {}).get(kind) or []}
         rows = []
         for size, lr in logs:
             ns = pp.get(int(size)) or []
             # (a pair whose probe went unanswered counts with the phase seen)
-            fast = [x for x, p in zip(lr, ns) if p is None or p <= limit]
+            fast = [(x, w) for x, p, w in zip(lr, ns, _places_of(at, size, lr))
+                    if p is None or p <= limit]
             if len(ns) != len(lr) or not fast:
                 break   # a size measured only in the slow state: no model for the kind
-            r = math.exp(statistics.median(fast))
+            r = math.exp(_placed_log(*zip(*fast)))
             rows.append((int(size), r, r / slowdown))
         else:
             out[kind] = rows
     return (out, round(limit, 1)) if out else None
+
+
+# A first job keeps a gap (``gap``: the banks again in a band above the threshold) only where each
+# size of the band holds at least this many pairs (over the first jobs so far).
+FIRST_JOB_GAP_PAIRS = 6
+
+
+def _first_job_gaps(res, rows_by_kind, starts, tie):
+    """{kind: [lo, hi)} of the first jobs' pairs: ``gap`` on each kind's rows (``rows_by_kind``,
+    as ``crossover`` takes them; ``starts``: each kind's threshold), kept where every size of the
+    band holds FIRST_JOB_GAP_PAIRS pairs.  Measured so on the 2-core VM of the docs (2 ranks):
+    single copies won at 64 KiB and from 2 MiB blocks, the banks at 256 KiB-1 MiB, whose arrays sit
+    on 4 KiB pages that single copies pin one at a time (all_gather of 1 MiB blocks 95 us through
+    the banks, 139 by single copies)."""
+    pairs = {k: {int(s): len(lr) for s, lr in v} for k, v in (res.get("ratios") or {}).items()}
+    out = {}
+    for kind, rows in rows_by_kind.items():
+        band = gap(rows, starts.get(kind), tie)
+        if band is None:
+            continue
+        lo, hi = band
+        held = [pairs.get(kind, {}).get(int(s), 0) for s, *_ in rows if lo <= s < hi]
+        if held and min(held) >= FIRST_JOB_GAP_PAIRS:
+            out[kind] = band
+    return out
 
 
 def first_job_table(res, defaults):
@@ -791,12 +944,14 @@ def first_job_table(res, defaults):
     kind's second candidate never won up to the largest size measured and the built-in threshold
     lies above it, which the measurement says nothing against (the kind is left out: the
     constant stays; ``defaults``: the group's single-copy rules before, as ``cpg.rules[0]``, None
-    for never).  Where the pairs saw both of the machine's phases, each phase gets rules of its own
-    (``first_job_phases``); where they saw one, the slow phase's are modelled (``modelled_phases``;
-    the table's "phased" then says "slow_modelled")."""
+    for never), with the gaps the pairs hold (``_first_job_gaps``).  Where the pairs saw both of
+    the machine's phases, each phase gets rules of its own (``first_job_phases``); where they saw
+    one, the slow phase's are modelled (``modelled_phases``, without gaps: the banks modelled
+    slower; the table's "phased" then says "slow_modelled")."""
     from .... import _C
 
     table = _table([res], gaps=False)
+    table["cma_gap"] = _first_job_gaps(res, res["kinds"], table["cma_from"], _tie(res))
     split = first_job_phases(res)
     phases, model = [], None
     if split is not None:
@@ -806,8 +961,12 @@ def first_job_table(res, defaults):
         by_kind, limit = split
         both = {k: [(s, (1.0, 1.0), (f, sl)) for s, f, sl in rows] for k, rows in by_kind.items()}
         table["cma_from"] = {k: crossover(rows) for k, rows in both.items()}
-        phases = [{"cma_from": {k: crossover([(s, 1.0, r[ph]) for s, *r in rows])
-                                for k, rows in by_kind.items()}, "cma_gap": {}} for ph in (0, 1)]
+        table["cma_gap"] = _first_job_gaps(res, both, table["cma_from"], 0.0)
+        for ph in (0, 1):
+            rows = {k: [(s, 1.0, r[ph]) for s, *r in v] for k, v in by_kind.items()}
+            starts = {k: crossover(v) for k, v in rows.items()}
+            phases.append({"cma_from": starts,
+                           "cma_gap": _first_job_gaps(res, rows, starts, 0.0)})
     else:
         model = modelled_phases(res)
         if model is not None:
@@ -817,8 +976,9 @@ def first_job_table(res, defaults):
             slow = dict(table["cma_from"])   # (a kind the model leaves out: as measured)
             slow.update({k: crossover([(s, 1.0, sl) for s, _, sl in rows], SHM_TIE)
                          for k, rows in by_kind.items()})
-            phases = [{"cma_from": dict(table["cma_from"]), "cma_gap": {}},
-                      {"cma_from": slow, "cma_gap": {}}]
+            phases = [{"cma_from": dict(table["cma_from"]), "cma_gap": dict(table["cma_gap"])},
+                      {"cma_from": slow, "cma_gap": {k: v for k, v in table["cma_gap"].items()
+                                                     if k not in by_kind}}]
     top = max((r[-1][0] for r in res["kinds"].values() if r), default=0)
     for kind, v in list(table["cma_from"].items()):
         was = defaults[_C.KINDS[kind]["code"]]
@@ -853,7 +1013,7 @@ def first_job(cpg, phases=True):
     t0 = time.perf_counter()
     try:
         defaults = list(cpg.rules[0])
-        res = _paired(cpg, list(_SHM_KINDS), _sizes(FIRST_JOB_MIN, FIRST_JOB_MAX), FIRST_JOB_PAIRS,
+        res = _paired(cpg, list(_SHM_KINDS), first_job_sizes(), FIRST_JOB_PAIRS,
                       FIRST_JOB_BUDGET, phases)
         if cpg.rank == 0:   # (rank 0's crossovers are the ones every rank applies)
             res = merge_paired(res, tuning.claimed_measurement())
