@@ -637,7 +637,8 @@ def _threads_affinity():
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        tids = [0]
+        tids = []
+    out[0] = os.sched_getaffinity(0)   # (the calling thread)
     for t in tids:
         try:
             out[t] = os.sched_getaffinity(t)
@@ -652,6 +653,15 @@ def _pin(tids, cpus):
             os.sched_setaffinity(t, cpus[t] if isinstance(cpus, dict) else cpus)
         except OSError:
             pass
+
+
+def _unpin(saved):
+    """Every thread back on the CPUs it had (``saved``: ``_threads_affinity``'s); a thread started
+    while the ranks were pinned gets the calling thread's."""
+    _pin(saved, saved)
+    mine = saved.get(0) or next(iter(saved.values()), None)
+    if mine is not None:
+        _pin([t for t in _threads_affinity() if t not in saved], mine)
 
 
 def _placed_log(lr, places):
@@ -762,7 +772,7 @@ def _paired(cpg, kinds, sizes, max_pairs, budget, phases=True):
             result["pair_places"][kind] = places
     finally:
         if cores:
-            _pin(saved, saved)   # every thread where it was
+            _unpin(saved)   # every thread where it was
         coll.barrier()
         cpg.set_rules(base_cma, base_small)
     return result
