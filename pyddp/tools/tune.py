@@ -193,8 +193,16 @@ def _worker(args):
     dist.init_process_group("cpu", init_method="env://")
     cpg = dist.distributed_c10d._world.default_pg._cpg
     path = "tcp" if _config.get("PYDDP_TRANSPORT") == "tcp" else "shm"
-    result = _measure(cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
-                      args.iters, args.budget_bytes, step=args.step)
+    if args.pairs and path == "shm":
+        # as the first jobs measure (pairs of calls, both placements where each rank has a core)
+        n = dist.get_world_size()
+        result = _crossovers._paired(
+            cpg, list(args.kinds), _crossovers._sizes(args.min_bytes, args.max_bytes, args.step),
+            args.pairs, args.budget_bytes, phases=n <= len(os.sched_getaffinity(0)))
+        result["defaults"] = [list(v) if isinstance(v, tuple) else v for v in cpg.rules[0]]
+    else:
+        result = _measure(cpg, path, args.kinds, args.min_bytes, args.max_bytes, args.rounds,
+                          args.iters, args.budget_bytes, step=args.step)
     dist.barrier()
     if dist.get_rank() == 0:
         with open(args.worker_out, "w", encoding="utf-8") as f:
@@ -225,7 +233,7 @@ def _launch(n, path, args, tmp):
     cmd = [sys.executable, "-m", "pyddp.tools.tune", "--worker-out", out,
            "--kinds", ",".join(args.kinds), "--min-bytes", str(args.min_bytes),
            "--max-bytes", str(args.max_bytes), "--step", str(args.step),
-           "--rounds", str(args.rounds),
+           "--rounds", str(args.rounds), "--pairs", str(args.pairs),
            "--iters", str(args.iters), "--budget-bytes", str(args.budget_bytes)]
     procs = []
     for r in range(n):
@@ -309,6 +317,22 @@ def _print_rows(n, res, out):
         for size, a, b in rows:
             mark = "  <-" if b < a else "  <= (a tie: single copies)" if b < a * (1 + tie) else ""
             print(f"    {_fmt(size):>6}  {a:10.1f}  {b:10.1f}  x{a / b:5.2f}{mark}", file=out)
+
+
+def _add_paired(doc, n, results):
+    """A shared-memory measurement in pairs (``--pairs``) decides the single-copy rules of ``n``
+    ranks as the first jobs' do (``crossovers.first_job_table``: gaps, each phase's rules, measured
+    or modelled), into ``doc``; True where there was one."""
+    shm = [r for r in results if isinstance(r, dict) and r.get("how") == "pairs"]
+    if not shm:
+        return False
+    defaults = [tuple(v) if isinstance(v, list) else v for v in shm[0].get("defaults") or []]
+    t = _crossovers.first_job_table(shm[0], defaults)
+    doc["tables"][str(n)]["cma_from"] = t["cma_from"]
+    doc["tables"][str(n)]["cma_gap"] = t.get("cma_gap") or {}
+    if t.get("phased"):
+        doc.setdefault("phased", {})[str(n)] = t["phased"]
+    return True
 
 
 def _add_phased(doc, n, results):
@@ -418,6 +442,11 @@ def main(argv=None):
                     help="alternations of the candidates: passes over every collective and size, "
                          "so that a size's rounds are spread over the whole measurement")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per round (at most)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="shared memory: measure as the first jobs of a host do, in this many "
+                         "pairs of calls per size at most (the two ways back to back, both "
+                         "placements of the ranks on the cores where each has one), the rules "
+                         "with gaps and each phase's (default 0: rounds, as described above)")
     ap.add_argument("--budget-bytes", type=_parse_bytes, default=_parse_bytes("1G"),
                     help="cap on calls x bytes per size, which keeps large sizes short")
     ap.add_argument("--no-tcp", action="store_true", help="skip the TCP crossovers")
@@ -439,6 +468,9 @@ def main(argv=None):
                  f"{', '.join(_SHM_KINDS)})")
     if args.quick:
         args.max_bytes, args.rounds, args.iters = min(args.max_bytes, 1 << 20), 1, 5
+        args.pairs = min(args.pairs, 3)
+    if args.pairs < 0:
+        ap.error("--pairs: expected a count of at least 0")
     if args.worker_out:
         return _worker(args)
     if args.show:
@@ -482,6 +514,17 @@ def main(argv=None):
                       (f" (between cores: {probe[0]:.0f} ns, {probe[1]:.1f} GB/s)" if probe else ""),
                       flush=True)
                 res = _launch(n, path, args, tmp)
+                if res.get("how") == "pairs":
+                    old = [m for m in (merged or {}).get("measured", {}).get(str(n), [])
+                           if isinstance(m, dict) and m.get("how") == "pairs"]
+                    if old:
+                        res = _crossovers.merge_paired(res, old[0])
+                        print(f"  merged the pairs of the file's earlier measurement "
+                              f"({merged.get('created', '?')})", flush=True)
+                    _print_rows(n, res, sys.stdout)
+                    print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
+                    results.append(res)
+                    continue
                 if merged is not None:
                     old = [m for m in merged.get("measured", {}).get(str(n), [])
                            if isinstance(m, dict) and m.get("path") == path]
@@ -512,7 +555,7 @@ def main(argv=None):
                             and isinstance(m.get("kinds"), dict)]
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
-            _add_phased(doc, n, results)
+            _add_paired(doc, n, results) or _add_phased(doc, n, results)
     if merged is not None:
         # rank counts not measured this time keep the file's measurements, their tables worked
         # out again by the rule in force now

@@ -346,6 +346,41 @@ def test_the_tuner_writes_a_file_show_prints_it_and_groups_read_it(tmp_path):
         assert res[0][0][_C.K_ALLREDUCE] == cma
 
 
+def test_the_tuner_in_pairs_decides_as_the_first_jobs_and_merges_its_pairs(tmp_path):
+    """--pairs: the shared-memory measurement is the first jobs' (pairs of calls, both placements
+    where each rank has a core), its rules first_job_table's; --merge adds a second run's pairs."""
+    from pyddp.distributed.backends.cpu import crossovers
+
+    out = tmp_path / "rules.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "pyddp.tools.tune", "--pairs", "4", "--kinds", "all_reduce,gather",
+           "--max-bytes", "16K", "--no-tcp", "--out", str(out), "--timeout", "120"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = tuning.load(str(out))
+    (res,) = doc["measured"]["2"]
+    assert res["how"] == "pairs" and set(res["kinds"]) == {"all_reduce", "gather"}
+    assert [r[0] for r in res["kinds"]["gather"]] == [4096, 8192, 16384]
+    if not res["single_copy"]:
+        pytest.skip("single copies (cross-memory attach) are not possible here: nothing to choose")
+    pairs = {k: dict((s, len(v)) for s, v in rows) for k, rows in res["ratios"].items()}
+    assert all(n >= 3 for v in pairs.values() for n in v.values())
+    defaults = [tuple(v) if isinstance(v, list) else v for v in res["defaults"]]
+    want = crossovers.first_job_table(res, defaults)
+    assert doc["tables"]["2"]["cma_from"] == want["cma_from"]
+    assert doc["tables"]["2"].get("cma_gap", {}) == want["cma_gap"]
+    assert doc.get("phased", {}).get("2") == want.get("phased")
+    outs = run(_rules_only, 2, timeout=60, env={"PYDDP_TUNING_FILE": str(out)})
+    assert outs[0] == outs[1]
+    p = subprocess.run(cmd + ["--merge"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "merged the pairs of the file's earlier measurement" in p.stdout
+    (again,) = tuning.load(str(out))["measured"]["2"]
+    for k, rows in again["ratios"].items():
+        assert all(len(v) == 2 * pairs[k][s] for s, v in rows), k
+
+
 @FULL
 def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     """--merge: the second run's rounds are the first run's plus its own at every size, the TCP
