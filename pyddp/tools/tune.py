@@ -562,11 +562,11 @@ def main(argv=None):
         for n, t in (merged.get("tables") or {}).items():
             if n not in doc["tables"]:
                 kept = merged.get("measured", {}).get(n)
+                doc["tables"][n] = t
                 if isinstance(kept, list) and kept:
                     doc["measured"][n] = kept
-                    t = _table(kept)
-                    _add_phased(doc, int(n), kept)
-                doc["tables"][n] = t
+                    doc["tables"][n] = _table(kept)
+                    _add_paired(doc, int(n), kept) or _add_phased(doc, int(n), kept)
         doc["merged"] = list(merged.get("merged") or []) + [merged.get("created")]
     phase = _phase_note(probes)
     if phase:

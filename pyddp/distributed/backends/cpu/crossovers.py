@@ -603,12 +603,11 @@ def first_job_sizes():
 
 # Where each rank has a core of its own and no launcher bound it to one, which core a rank runs on
 # is the scheduler's choice, job by job, and on a virtual machine the cores need not be alike: on
-# the 2-core VM of the docs, first jobs with rank 0 on the first core and rank 1 on the second
-# measured single copies of gather 64 KiB blocks at 0.55x the banks' time, scatter at 1.9x, while
-# jobs placed the other way round measured 1.5x and 0.7x, every pair of a job alike (the ranks
-# pinned each way, two jobs each: the same numbers).  A later job placed otherwise than the first
-# lost: scatter of 128 KiB blocks 23 us through the banks the first jobs chose, 10 by single copies.
-# So the first jobs measure half of each size's pairs with the ranks placed each way (every thread
+# the 2-core VM of the docs, one job pinned each way in turn, six times, took 12.2-12.7 us for a
+# scatter of 64 KiB blocks through the banks with rank 0 on the first core and 9.5-10.4 with it on
+# the second, a gather 10.6-11.1 and 13.4-14.2, single copies 7-10 either way; jobs pinned each way
+# throughout measured single copies of gather 64 KiB at 0.55x the banks' time and at 1.5x.  So the
+# first jobs measure half of each size's pairs with the ranks placed each way (every thread
 # of rank r on core r, then on core r + 1, wrapping; the affinity restored after), and each size's
 # ratio weighs both placements (``_placed_log``).
 def _placements(coll, rank, n):
@@ -664,6 +663,13 @@ def _unpin(saved):
         _pin([t for t in _threads_affinity() if t not in saved], mine)
 
 
+def _aligned(v, n):
+    """The last ``n`` of ``v``, None in front where it holds fewer (per-pair facts that files of
+    older versions, or earlier jobs, did not keep)."""
+    v = list(v or [])
+    return ([None] * (n - len(v)) + v)[-n:] if n else []
+
+
 def _placed_log(lr, places):
     """One log ratio (second candidate's time over the first's) for pairs measured in one or
     more placements (``places``: each pair's, None where not known): each placement's median,
@@ -674,7 +680,7 @@ def _placed_log(lr, places):
     import statistics
 
     groups = {}
-    for x, p in zip(lr, list(places or []) + [None] * (len(lr) - len(places or []))):
+    for x, p in zip(lr, _aligned(places, len(lr))):
         groups.setdefault(p, []).append(x)
     meds = [statistics.median(v) for v in groups.values()]
     if len(meds) == 1:
@@ -804,13 +810,11 @@ def merge_paired(res, old):
         logs, merged, probes, places = [], [], [], []
         for (size, a, _), (_, lr) in zip(rows, res["ratios"][kind]):
             earlier = before.get(size, [])
-
-            def fill(v):   # (aligned with the earlier pairs, None where a file had none)
-                return ([None] * (len(earlier) - len(v)) + v)[-len(earlier):] if earlier else []
-
             allr = (earlier + list(lr))[-MERGED_PAIRS:]
-            alln = (fill(probed.get(size, [])) + mine.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
-            allp = (fill(placed.get(size, [])) + mine_at.get(size, [None] * len(lr)))[-MERGED_PAIRS:]
+            alln = (_aligned(probed.get(size), len(earlier)) +
+                    _aligned(mine.get(size), len(lr)))[-MERGED_PAIRS:]
+            allp = (_aligned(placed.get(size), len(earlier)) +
+                    _aligned(mine_at.get(size), len(lr)))[-MERGED_PAIRS:]
             logs.append([size, allr])
             probes.append([size, alln])
             places.append([size, allp])
@@ -875,8 +879,7 @@ def first_job_phases(res):
 
 def _places_of(at, size, lr):
     """Each pair's placement at ``size`` (``at``: size -> the placements), None where not known."""
-    v = list(at.get(int(size)) or [])
-    return ([None] * (len(lr) - len(v)) + v)[-len(lr):] if lr else []
+    return _aligned(at.get(int(size)), len(lr))
 
 
 # Where the first jobs' pairs saw one phase of the machine only, the slow phase's rules are
