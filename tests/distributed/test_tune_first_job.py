@@ -45,6 +45,9 @@ def _job(rank, world_size):
     took = time.perf_counter() - t0
     out = _collectives(rank, world_size)
     out["init_s"] = took
+    cpg = dist.distributed_c10d._world.default_pg._cpg
+    out["phase_ns"] = cpg.phase.get("phase_ns")
+    out["slow"] = [list(x) for x in cpg.slow_rules]
     dist.destroy_process_group()
     return out
 
@@ -58,6 +61,25 @@ def _kept(t, kind):
 
 def _norm(v):
     return list(v) if isinstance(v, (tuple, list)) else v
+
+
+def _applied_as_kept(out, doc, n=2):
+    """A job's group (``_job``'s ``out`` of one rank) applies the rules of ``doc`` for ``n``
+    ranks: where it has each phase's and each rank has a core for the probe, the fast phase's
+    rules, the slow phase's and the threshold between them (as tuning.phased_for); else its
+    table's, without phases."""
+    ph = tuning.phased_for(doc, n, n)
+    fast, slow = out["rules"][0], out["slow"][0]
+    if ph is None:
+        t = doc["tables"][str(n)]
+        assert out["phase_ns"] == 0.0
+        assert {k: _norm(fast[tuning.KIND_NAMES[k]]) for k in t["cma_from"]} == \
+            {k: _kept(t, k) for k in t["cma_from"]}
+        return
+    assert out["phase_ns"] == ph["phase_ns"]
+    for got, t in ((fast, ph["fast"]), (slow, ph["slow"])):
+        assert {k: _norm(got[tuning.KIND_NAMES[k]]) for k in t["cma_from"]} == \
+            {k: _kept(t, k) for k in t["cma_from"]}
 
 
 def _constants(rules):
@@ -83,13 +105,14 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
         assert table[kind] is not None and table[kind] < lo < hi, (kind, table[kind], lo, hi)
         assert lo in MEASURED and hi in MEASURED, (kind, lo, hi)
     for kind, code in tuning.KIND_NAMES.items():
-        if kind in table:   # a measured size or never, applied as kept
+        if kind in table:   # a measured size or never
             assert table[kind] in MEASURED, (kind, table[kind])
-            assert _norm(cma[code]) == _kept(doc["tables"]["2"], kind), (kind, cma[code])
         else:               # single copies never won up to the largest size measured, and the
             # built-in threshold lies above it: the constant stays (first_job_table)
             assert BUILT_IN.get(kind, math.inf) > crossovers.FIRST_JOB_MAX, kind
             assert cma[code] == BUILT_IN[kind], (kind, cma[code])
+    for r in res:   # applied as kept: the phases' rules where the file has them, as later jobs
+        _applied_as_kept(r, doc)
     assert doc["jobs"] == {"2": 1}
     pairs = {k: dict((s, len(v)) for s, v in rows) for k, rows in doc["measured"]["2"][0]["ratios"].items()}
     # the next first jobs measure again, each adding its pairs to the earlier ones'
@@ -99,9 +122,8 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
         assert again[0]["rules"] == again[1]["rules"]
         doc = tuning.load(path)
         assert doc["jobs"] == {"2": job}
-        cma = again[0]["rules"][0]
-        assert {k: _norm(cma[tuning.KIND_NAMES[k]]) for k in doc["tables"]["2"]["cma_from"]} == \
-            {k: _kept(doc["tables"]["2"], k) for k in doc["tables"]["2"]["cma_from"]}
+        for r in again:
+            _applied_as_kept(r, doc)
         for k, rows in doc["measured"]["2"][0]["ratios"].items():
             for size, v in rows:
                 assert len(v) == min(crossovers.MERGED_PAIRS, job * pairs[k][size]), (k, size)
@@ -110,13 +132,11 @@ def test_the_first_job_measures_the_host_and_later_jobs_read_what_it_kept(tmp_pa
     last = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
     assert [r["bad"] for r in last] == [[], []]
     assert last[0]["rules"] == last[1]["rules"]
-    ph = (doc.get("phased") or {}).get("2")
-    if ph is None:
-        assert last[0]["rules"] == again[0]["rules"]
-    else:   # this machine changed phase between the first jobs: the fast phase's rules first
-        fast = last[0]["rules"][0]
-        for kind in ph["fast"]["cma_from"]:
-            assert _norm(fast[tuning.KIND_NAMES[kind]]) == _kept(ph["fast"], kind), (kind, fast)
+    # the same rules (and phases) as the last first job applied
+    assert [(r["rules"], r["slow"], r["phase_ns"]) for r in last] == \
+        [(r["rules"], r["slow"], r["phase_ns"]) for r in again]
+    for r in last:
+        _applied_as_kept(r, doc)
     assert os.stat(path).st_mtime_ns == stamp
 
 
@@ -416,18 +436,6 @@ def test_merged_pairs_keep_their_probes():
     assert out["pair_probes"]["all_reduce"] == [[4096, [None, 300.0, 300.0]]]
 
 
-def _job_phases(rank, world_size):
-    import pyddp.distributed as dist
-
-    dist.init_process_group("cpu")
-    out = _collectives(rank, world_size)
-    cpg = dist.distributed_c10d._world.default_pg._cpg
-    out["phase_ns"] = cpg.phase.get("phase_ns")
-    out["slow"] = [list(x) for x in cpg.slow_rules]
-    dist.destroy_process_group()
-    return out
-
-
 def test_first_jobs_that_ran_in_different_phases_leave_rules_for_each(tmp_path):
     """Three first jobs, the second in the slow phase (its probe held at 400 ns, the others' at 50):
     the file gets each phase's rules with the threshold between them, and the next job's group
@@ -447,7 +455,7 @@ def test_first_jobs_that_ran_in_different_phases_leave_rules_for_each(tmp_path):
     assert ph["phase_ns"] == 62.5 and set(ph) == {"fast", "slow", "phase_ns"}
     probes = doc["measured"]["2"][0]["pair_probes"]
     assert all(sorted(set(v)) == [50.0, 400.0] for rows in probes.values() for _, v in rows)
-    outs = run(_job_phases, 2, timeout=120, init=False, env=_env(tmp_path))
+    outs = run(_job, 2, timeout=120, init=False, env=_env(tmp_path))
     assert [r["bad"] for r in outs] == [[], []]
     for r in outs:
         assert r["phase_ns"] == 62.5

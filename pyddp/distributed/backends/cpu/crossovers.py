@@ -545,35 +545,54 @@ def online(cpg, kinds=None, min_bytes=16 << 10, max_bytes=16 << 20, rounds=2, it
     return out
 
 
-def _apply(cpg, table):
+def _cma_with(base, codes, t):
+    """``base`` (a group's single-copy rules, as ``cpg.rules[0]``) with ``t``'s "cma_from" and
+    "cma_gap" in place of the kinds ``t`` names."""
+    cma = list(base)  # (None: never; (from, lo, hi): with a gap)
+    gaps = t.get("cma_gap") or {}
+    for kind, v in t["cma_from"].items():
+        # (online tuning finds no gaps; a rules file's gaps (tuples) for other kinds stay)
+        cma[codes[kind]] = (v, *gaps[kind]) if v is not None and kind in gaps else v
+    return cma
+
+
+def _apply(cpg, table, phased=None):
     """Apply ``table``'s crossovers (``_table``'s, with its "cma_gap" where it has one) to the
-    group, rank 0's on every rank (a collective).  Returns them as applied."""
+    group, rank 0's on every rank (a collective).  ``phased`` (a first job's ``table["phased"]``,
+    where each rank has a core to run the phase probe on; None on every rank otherwise): the
+    group switches between each phase's rules at run time, as later jobs reading the file do (the
+    fast phase's rules in place of the table's, the slow phase's and the probe's threshold by
+    ``set_slow_rules``).  Returns the table's crossovers as applied."""
     import numpy as np
 
     from .... import _C
 
     coll = Calls(cpg)
     codes = {k: _C.KINDS[k]["code"] for k in _SHM_KINDS}
-    cma, small = (list(v) for v in cpg.rules)  # (None: never; (from, lo, hi): with a gap)
-    gaps = table.get("cma_gap") or {}
-    for kind, v in table["cma_from"].items():
-        # (online tuning finds no gaps; a rules file's gaps (tuples) for other kinds stay)
-        cma[codes[kind]] = (v, *gaps[kind]) if v is not None and kind in gaps else v
+    base_cma, small = (list(v) for v in cpg.rules)
+    cma = _cma_with(base_cma, codes, phased["fast"] if phased else table)
+    slow = _cma_with(base_cma, codes, phased["slow"]) if phased else list(cma)
     for kind, v in table["small_bytes"].items():
         small[codes[kind]] = v
     never = -1
     # every rank computed the same rules from the same numbers; rank 0's are the ones applied
-    # everywhere all the same, so no rank ever acts on a choice of its own
+    # everywhere all the same, so no rank ever acts on a choice of its own (its phase threshold
+    # too, in hundredths of a ns; 0: no phases)
     flat = [(never, 0, 0) if v is None else tuple(v) if isinstance(v, tuple) else (v, 0, 0)
-            for v in cma]
-    agreed = np.array([x for f in flat for x in f] + small, dtype=np.int64)
+            for v in cma + slow]
+    phase_ns = int(round(float(phased["phase_ns"]) * 100)) if phased else 0
+    agreed = np.array([x for f in flat for x in f] + small + [phase_ns], dtype=np.int64)
     coll.broadcast(agreed, src=0)
     k = len(cma)
-    trip = agreed[:3 * k].reshape(k, 3).tolist()
-    cma = [None if f == never else (f, lo, hi) if lo < hi else f for f, lo, hi in trip]
-    small = [int(v) for v in agreed[3 * k:].tolist()]
+    trip = agreed[:6 * k].reshape(2 * k, 3).tolist()
+    both = [None if f == never else (f, lo, hi) if lo < hi else f for f, lo, hi in trip]
+    cma, slow = both[:k], both[k:]
+    small = [int(v) for v in agreed[6 * k:-1].tolist()]
+    phase_ns = int(agreed[-1]) / 100.0
     coll.barrier()
-    cpg.set_rules(cma, small)  # a rules file's slow-phase rules (set_slow_rules) stay
+    cpg.set_rules(cma, small)  # without phases, a rules file's slow-phase rules stay
+    if phase_ns > 0:
+        cpg.set_slow_rules(slow, small, phase_ns)
     coll.barrier()
     return {"cma_from": {kd: (None if cma[codes[kd]] is None else cma[codes[kd]])
                          for kd in table["cma_from"]},
@@ -1031,7 +1050,9 @@ def first_job(cpg, phases=True):
         if cpg.rank == 0:   # (rank 0's crossovers are the ones every rank applies)
             res = merge_paired(res, tuning.claimed_measurement())
         table = first_job_table(res, defaults)
-        out = _apply(cpg, table)
+        # the phases' rules as a later job applies them (tuning.phased_for: where each rank has a
+        # core to spin the probe on), so the first jobs switch phases too
+        out = _apply(cpg, table, table.get("phased") if phases else None)
     except BaseException:
         if cpg.rank == 0:
             tuning.auto_release()
