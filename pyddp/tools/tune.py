@@ -20,6 +20,14 @@ ranks reading at once.  Over TCP, the direct algorithms send every rank's whole 
 peer in one round (latency-optimal: one round trip), the rings send 1/n of it n-1 times
 (bandwidth-optimal); the crossover is where the extra bytes cost more than the extra round trips.
 
+Shared memory is measured as the first jobs of a host measure it (``--pairs``, 24 by default): the
+two candidates of each size back to back in pairs of calls, the order alternating, in both
+placements of the ranks on the cores where each rank has one, the probe of the machine's phase
+before each size; the rules are the first jobs' (``crossovers.first_job_table``: the pairs' median
+ratio per size, gaps, each phase's rules, measured where the pairs saw both phases, modelled where
+they saw one).  A machine whose speed moves from one moment to the next moves it for both calls of
+a pair alike.  ``--pairs 0`` measures shared memory in rounds, as TCP always is:
+
 Timing: every rank runs each candidate in turn (alternating, round by round, so that drift hits
 both), a barrier before every timed call; a call's time is the slowest rank's (an all_reduce MAX of
 the ranks' times) and a candidate's time at a size is the median over calls and rounds.  A round is
@@ -439,22 +447,24 @@ def main(argv=None):
                     help="size multiplier between measured sizes (default 2: a crossover found "
                          "within a factor of 2)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="alternations of the candidates: passes over every collective and size, "
-                         "so that a size's rounds are spread over the whole measurement")
+                    help="alternations of the candidates over TCP (and shared memory with "
+                         "--pairs 0): passes over every collective and size, so that a size's "
+                         "rounds are spread over the whole measurement")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per round (at most)")
-    ap.add_argument("--pairs", type=int, default=0,
+    ap.add_argument("--pairs", type=int, default=24,
                     help="shared memory: measure as the first jobs of a host do, in this many "
                          "pairs of calls per size at most (the two ways back to back, both "
                          "placements of the ranks on the cores where each has one), the rules "
-                         "with gaps and each phase's (default 0: rounds, as described above)")
+                         "with gaps and each phase's (default 24; 0: rounds, as TCP)")
     ap.add_argument("--budget-bytes", type=_parse_bytes, default=_parse_bytes("1G"),
                     help="cap on calls x bytes per size, which keeps large sizes short")
     ap.add_argument("--no-tcp", action="store_true", help="skip the TCP crossovers")
     ap.add_argument("--quick", action="store_true",
-                    help="4K to 1M, one round of 5 calls: a check that it works, not a tuning")
+                    help="4K to 1M, one round of 5 calls (3 pairs on shared memory): a check that "
+                         "it works, not a tuning")
     ap.add_argument("--out", help="where to write (default: this host's file, --show says where)")
     ap.add_argument("--merge", action="store_true",
-                    help="add this run's rounds to those the file (--out, or this host's) already "
+                    help="add this run's rounds (or pairs) to those the file (--out, or this host's) already "
                          "holds, for the same rank counts and collectives, before choosing: runs at "
                          "different times add up, so a machine that changes phase is measured in "
                          "both phases")

@@ -315,21 +315,22 @@ def test_first_jobs_in_both_phases_give_each_phase_its_rules():
 def test_first_jobs_in_one_phase_model_the_slow_phases_rules():
     """Pairs in one phase only (every probe 50 ns): that phase's rules as measured, with the tie
     (single copies 1.5x the banks' time: the banks everywhere), and the slow phase's modelled: the
-    banks taken to slow down with the probe up to the run-time threshold, 2x the pairs' 10th
+    banks taken to slow down with the probe up to the classification's limit, 2x the pairs' 10th
     percentile (100 ns), so single copies at 1.5 / 2 = 0.75 of the banks' time win there (as the
     2-core VM's all_to_all of 64 KiB, 24 us through the banks in the slow state against 9 by single
     copies, measured at 10 and 13 in the fast one).  Sizes the model cannot turn (single copies 4x)
     stay with the banks; the pairs of a few slow rounds (too few for rules of their own) are left
-    out of the measured phase's ratio."""
+    out of the measured phase's ratio.  The group switches to them where it would to measured
+    slow rules: 1.25x the pairs' highest probe (62.5 ns), not at the limit."""
     defaults = [None] * (max(k["code"] for k in _C.KINDS.values()) + 1)
     one = _merged([1.5, 4.0, 4.0], [1.5, 4.0, 4.0], probes_slow=50.0)
-    split, limit = crossovers.modelled_phases(one)
-    assert limit == 100.0
+    split, switch = crossovers.modelled_phases(one)
+    assert switch == 62.5
     assert [(s, round(f, 6), round(sl, 6)) for s, f, sl in split["all_to_all"]] == \
         [(4 << 10, 1.5, 0.75), (64 << 10, 4.0, 2.0), (1 << 20, 4.0, 2.0)]
     table = crossovers.first_job_table(one, defaults)
     ph = table["phased"]
-    assert ph["phase_ns"] == 100.0 and ph["slow_modelled"] is True
+    assert ph["phase_ns"] == 62.5 and ph["slow_modelled"] is True
     assert table["cma_from"] == {"all_to_all": None} == ph["fast"]["cma_from"]
     # single copies win at 4 KiB only and lose 2x above: the banks (the threshold losing least)
     assert ph["slow"]["cma_from"] == {"all_to_all": None}
@@ -338,8 +339,8 @@ def test_first_jobs_in_one_phase_model_the_slow_phases_rules():
         {"all_to_all": 4 << 10}
     # two slow pairs among six fast ones: too few for measured rules; the model from the fast six
     few = _merged([1.5] * 3, [0.3] * 3, pairs=2)
-    split, limit = crossovers.modelled_phases(few)
-    assert limit == 100.0 and [round(sl, 6) for _, _, sl in split["all_to_all"]] == [0.75] * 3
+    split, switch = crossovers.modelled_phases(few)
+    assert switch == 62.5 and [round(sl, 6) for _, _, sl in split["all_to_all"]] == [0.75] * 3
 
 
 def test_first_jobs_keep_a_band_where_the_banks_win_again():

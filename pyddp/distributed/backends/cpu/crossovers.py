@@ -913,7 +913,8 @@ def _places_of(at, size, lr):
 # in 3 of 7 rounds of a benchmark against 7-10 in the others; single copies 7-9).
 def modelled_phases(res):
     """The first jobs' pairs (``merge_paired``'s) where they saw one phase (``first_job_phases``
-    None): ({kind: [(size, ratio, modelled slow-phase ratio)]}, the run-time threshold in ns),
+    None): ({kind: [(size, ratio, modelled slow-phase ratio)]}, the run-time threshold in ns,
+    ``switch_ns`` of the pairs' probes),
     each ratio the second candidate's (single copies') time over the first's (the banks'), the
     median of the pairs at or under the threshold, the slow phase's that divided by the modelled
     slowdown of the banks (threshold / the median probe of those pairs; a pair whose probe went
@@ -943,7 +944,10 @@ def modelled_phases(res):
             rows.append((int(size), r, r / slowdown))
         else:
             out[kind] = rows
-    return (out, round(limit, 1)) if out else None
+    # the rules switch where a measured slow phase's would (``switch_ns``: 1.25x the highest probe
+    # of the pairs, not at the classification's limit of twice their 10th percentile): measured at
+    # 40-50 ns, a limit of 80-100 ns kept the banks at 60-75 ns, where they run 2x slower
+    return (out, switch_ns([x for x in probes if x <= limit], limit)) if out else None
 
 
 # A first job keeps a gap (``gap``: the banks again in a band above the threshold) only where each
