@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -346,7 +347,21 @@ def test_mismatched_kind_and_group_failed_after():
 def _timeout(rank, n, check):
     from datetime import timedelta
 
-    dist = _init(rank, timeout=timedelta(seconds=2))
+    # the 2 s timeout also bounds init_process_group's store handshake: rank 1 starts it once rank
+    # 0 is about to serve the store, so a slow start of rank 0's process (8 test workers on 2
+    # cores) is not taken for the timeout under test
+    ready = os.path.join(tempfile.gettempdir(), f"pyddp-test-timeout-{os.environ['MASTER_PORT']}")
+    if rank == 0:
+        open(ready, "w").close()
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    try:
+        dist = _init(rank, timeout=timedelta(seconds=2))
+    finally:
+        if rank == 0:
+            os.unlink(ready)
     x = _dev(np.ones(4, np.float32), rank)
     dist.all_reduce(x)  # one that works
     if rank == 1:
