@@ -479,8 +479,7 @@ test_flight_device_calls(void)
     T_CHECK(pd_fr_via(&fr, "nccl", "nccl", "auto") == v);
     uint64_t a = pd_fr_note(&fr, v, PD_K_ALLREDUCE, PD_FLOAT32, PD_SUM, 0, 4, 16,
                             "all_reduce", 1);
-    uint64_t s = pd_fr_note(&fr, p, PD_K_SEND, PD_FLOAT32, 0, 1, 4, 16, "send",
-                            0);
+    (void)pd_fr_note(&fr, p, PD_K_SEND, PD_FLOAT32, 0, 1, 4, 16, "send", 0); /* s */
     uint64_t b = pd_fr_note(&fr, v, PD_K_BROADCAST, PD_FLOAT32, 0, 1, 4, 16,
                             "broadcast", 1);
     pd_fr_update(&fr, a, PD_FR_STARTED, PD_OK);
