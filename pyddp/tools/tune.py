@@ -464,8 +464,9 @@ def main(argv=None):
                          "it works, not a tuning")
     ap.add_argument("--out", help="where to write (default: this host's file, --show says where)")
     ap.add_argument("--merge", action="store_true",
-                    help="add this run's rounds (or pairs) to those the file (--out, or this host's) already "
-                         "holds, for the same rank counts and collectives, before choosing: runs at "
+                    help="add this run's pairs (or rounds) to those the file (--out, or this "
+                         "host's) already holds, for the same rank counts and collectives, before "
+                         "choosing: runs at "
                          "different times add up, so a machine that changes phase is measured in "
                          "both phases")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")

@@ -903,8 +903,8 @@ def _places_of(at, size, lr):
 
 # Where the first jobs' pairs saw one phase of the machine only, the slow phase's rules are
 # modelled: the banks' time taken to grow with rank 0's probe from the pairs' (their median) to the
-# run-time threshold (the classification's, SLOW_FACTOR times their 10th percentile) and on, single
-# copies' to stay.  Measured so on the 2-core VM of the docs (the tuner's rounds of 2 ranks, fast
+# classification's limit (SLOW_FACTOR times their 10th percentile) and on, single copies' to stay;
+# a group switches to them earlier, at ``switch_ns`` (below).  Measured so on the 2-core VM of the docs (the tuner's rounds of 2 ranks, fast
 # phase at 40 ns, slow at 60-75 ns): the banks of all_to_all 16-64 KiB took 1.6-1.7x longer in the
 # slow phase (3 -> 5 us, 10 -> 17), all_gather and reduce_scatter the same or more (all_reduce 64
 # KiB 6 -> 14), broadcast at 145-160 ns 5-9x (3 -> 28 us at 64 KiB), while single copies held
@@ -916,8 +916,8 @@ def modelled_phases(res):
     None): ({kind: [(size, ratio, modelled slow-phase ratio)]}, the run-time threshold in ns,
     ``switch_ns`` of the pairs' probes),
     each ratio the second candidate's (single copies') time over the first's (the banks'), the
-    median of the pairs at or under the threshold, the slow phase's that divided by the modelled
-    slowdown of the banks (threshold / the median probe of those pairs; a pair whose probe went
+    median of the pairs at or under the classification's limit, the slow phase's that divided by
+    the modelled slowdown of the banks (the limit / the median probe of those pairs; a pair whose probe went
     unanswered counts with them); a kind with a size measured in slower states only is left out;
     None without probes."""
     import math
