@@ -710,14 +710,15 @@ sleep_seconds(double s)
  * kernel accepted for a program that never answers must not wait out the
  * whole store timeout in silence. */
 static pd_status
-wait_for_hello(tcp_store *t, double deadline)
+wait_for_hello(tcp_store *t, double deadline, double timeout)
 {
     double start = pd_now();
     double limit = start + HELLO_LIMIT;
-    int said = 0;
+    int said = 0, cut = 0; /* cut: the store's timeout ends the wait first */
 
     if (deadline > 0 && deadline < limit) {
         limit = deadline;
+        cut = 1;
     }
     for (;;) {
         double now = pd_now();
@@ -733,6 +734,19 @@ wait_for_hello(tcp_store *t, double deadline)
             return pd_syserror(PD_ENETWORK, "poll");
         }
         now = pd_now();
+        if (now >= limit && cut) {
+            /* Most of the timeout went before the connection (a store
+             * host slow to start, many processes on few cores): blaming
+             * another program after a fraction of a second misleads. */
+            return pd_error(PD_ENETWORK, "connected to %s:%d, but the "
+                            "store's timeout (%.3g s) ran out %.3g s later, "
+                            "before the store's first message arrived: its "
+                            "host (rank 0) is slow to start or overloaded "
+                            "(raise the timeout), or another program listens "
+                            "on that port (check MASTER_ADDR and "
+                            "MASTER_PORT)", t->host, t->port, timeout,
+                            now - start);
+        }
         if (now >= limit) {
             return pd_error(PD_ENETWORK, "connected to %s:%d, but nothing "
                             "answered as a pyddp store within %.0f s: another "
@@ -870,7 +884,8 @@ pd_tcp_store_new(const pd_tcp_store_opts *o, pd_store **out)
     deadline = deadline_of(o->timeout);
     PD_CHECK_GOTO(pd_net_connect(t->host, t->port, deadline, &t->fd), st,
                   fail_conn);
-    PD_CHECK_GOTO(wait_for_hello(t, deadline), st, fail_conn);
+    PD_CHECK_GOTO(wait_for_hello(t, deadline, o->timeout), st,
+                  fail_conn);
     PD_CHECK_GOTO(pd_auth_client(t->fd, o->secret, deadline), st, fail_conn);
     if (o->wait_for_workers && o->world_size > 0) {
         PD_CHECK_GOTO(wait_for_workers(t, o), st, fail);

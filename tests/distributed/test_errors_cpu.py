@@ -632,6 +632,9 @@ def test_master_port_in_use_raises_dist_network_error_with_address_and_port(ws):
         # the squatter accepts but never speaks: the client names it and gives up at the timeout
         assert f"127.0.0.1:{port}" in r["msg"] and "another program" in r["msg"], \
             f"rank {rank}: message does not name the port and the likely cause: {r['msg']!r}"
+        # the 4 s timeout ended the wait before the store's own limit (10 s): the message says the
+        # timeout ran out, which a store host slow to start causes too, not only a squatter
+        assert "timeout (4 s) ran out" in r["msg"], r["msg"]
         assert r["elapsed"] < 12, f"rank {rank} took {r['elapsed']:.1f} s with timeout=4 s"
 
 
