@@ -6,8 +6,8 @@
     python benchmarks/collectives.py --quick --peers pyddp --max-bytes 4096 --no-plot
 
 Options: --nproc N, --ops LIST, --min-bytes/--max-bytes SIZE, --step K, --iters N, --budget-bytes SIZE,
---peers LIST (pyddp,pyddp-oob,pyddp-untuned,pyddp-tcp,gloo,mpi,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all found but
-floor), --json OUT, --plot FILE (default runs/bench/collectives.png under the working directory, when
+--peers LIST (pyddp,pyddp-oob,pyddp-untuned,pyddp-tcp,gloo,mpi,mpi-again,pyddp-mpi,pyddp-mpi-nocheck,floor; default: all
+found but floor and mpi-again), --json OUT, --plot FILE (default runs/bench/collectives.png under the working directory, when
 matplotlib imports; runs/ is ignored by git), --no-plot, --timeout S, --quick, --split-ops, --rounds N,
 --timing call|loop, --[no-]out-of-the-box.
 
@@ -30,7 +30,10 @@ note says so when the build has no _shared_array), "torch gloo" and "Open MPI"; 
 is no library: every rank copies, at the same time, its even share of the bytes the collective must write
 into output memory, a peer's bytes the faster of two ways (plain copies out of the peer's shared-memory
 segment, or one kernel copy out of its array: process_vm_readv), timed both and the faster kept per size
-(bench_worker.FloorImpl), and a last table gives each library's time as a multiple of it.
+(bench_worker.FloorImpl), and a last table gives each library's time as a multiple of it.  "Open MPI again"
+(mpi-again, named in --peers only) is Open MPI run a second time in every round, as a peer of its own: the
+same code against itself, so its ratios to "Open MPI" are what the run's noise alone makes of a comparison
+(the A/A control); a table gives them, and where pyddp is behind Open MPI, whether by more than that.
 
 Method (as nccl-tests): each library runs in its own set of worker
 processes (pyddp and torch: one process per rank started here with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT on
@@ -74,21 +77,22 @@ if HERE not in sys.path:  # bench_worker.counts_for: the sizes the workers will 
 from bench_worker import OPS, counts_for, whole_bytes  # noqa: E402
 import _report  # noqa: E402
 
-PEERS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck", "floor")
+PEERS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-tcp", "gloo", "mpi", "mpi-again", "pyddp-mpi", "pyddp-mpi-nocheck",
+         "floor")
 # Run only when --peers names them.
-OPT_IN = ("floor",)
+OPT_IN = ("floor", "mpi-again")
 # Table columns, in this order when present; "pyddp-shm" is not a peer of its own: the pyddp workers run it.
-COLUMNS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "pyddp-mpi", "pyddp-mpi-nocheck",
-           "floor")
+COLUMNS = ("pyddp", "pyddp-oob", "pyddp-untuned", "pyddp-shm", "pyddp-tcp", "gloo", "mpi", "mpi-again", "pyddp-mpi",
+           "pyddp-mpi-nocheck", "floor")
 LABEL = {"pyddp": "pyddp", "pyddp-oob": "pyddp out-of-the-box", "pyddp-untuned": "pyddp untuned", "pyddp-shm": "pyddp shm-buffer", "pyddp-tcp": "pyddp-tcp", "gloo": "torch gloo",
-         "mpi": "Open MPI", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck", "floor": "copy floor"}
-IMPL = {"pyddp": "pyddp", "pyddp-oob": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "pyddp-mpi": "pyddp-mpi",
+         "mpi": "Open MPI", "mpi-again": "Open MPI again", "pyddp-mpi": "pyddp mpi", "pyddp-mpi-nocheck": "pyddp mpi nocheck", "floor": "copy floor"}
+IMPL = {"pyddp": "pyddp", "pyddp-oob": "pyddp", "pyddp-untuned": "pyddp", "pyddp-tcp": "pyddp", "gloo": "gloo", "mpi": "mpi", "mpi-again": "mpi", "pyddp-mpi": "pyddp-mpi",
         "pyddp-mpi-nocheck": "pyddp-mpi", "floor": "floor"}
 # pyddp's backend "mpi" against the raw mpi4py calls of the "mpi" peer on the same arrays (the issue:
 # at most 5% slower from 64 KiB, within 1.5 us at 4 B); "nocheck" runs it with PYDDP_MPI_CHECK=0.
-MPI_PEERS = ("mpi", "pyddp-mpi", "pyddp-mpi-nocheck")
+MPI_PEERS = ("mpi", "mpi-again", "pyddp-mpi", "pyddp-mpi-nocheck")
 # Ratio columns, numerator / denominator of times (> 1: the denominator is faster), where both ran.
-RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp-oob"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
+RATIOS = (("gloo", "pyddp"), ("mpi", "pyddp-oob"), ("mpi-again", "mpi"), ("mpi", "pyddp"), ("mpi", "pyddp-untuned"), ("gloo", "pyddp-tcp"), ("pyddp-mpi", "mpi"),
           ("pyddp-mpi-nocheck", "mpi"))
 # allreduce only: algbw / memcpy bandwidth, with the short names of the column heads.
 FRACTIONS = (("pyddp", "pyddp/"), ("pyddp-shm", "shm-buf/"))
@@ -639,6 +643,61 @@ def summary_block(args, results, world, memcpy, phase=None):
     return "\n\n".join(blocks) if blocks else None
 
 
+def noise_spread(args, results):
+    """The A/A control: {(op, bytes): Open MPI time / Open MPI again time} where both ran (the same
+    code in two launches of every round), and the spread it shows: the lowest of min(r, 1/r) over
+    the points (identical code came out that far behind itself there).  ({}, None) without it."""
+    a, b = results.get("mpi"), results.get("mpi-again")
+    if not (a and b):
+        return {}, None
+    aa = {}
+    for op in args.ops:
+        x = {r["bytes"]: r for r in a["ops"].get(op, [])}
+        y = {r["bytes"]: r for r in b["ops"].get(op, [])}
+        for n in sorted(set(x) & set(y)):
+            v = ratio_value(x[n], y[n])
+            if v:
+                aa[(op, n)] = v
+    return aa, (min(min(v, 1 / v) for v in aa.values()) if aa else None)
+
+
+def noise_block(args, results, world, phase=None):
+    """With the "mpi-again" peer: the A/A table (Open MPI against itself, collective x size) and, for
+    each pyddp column behind Open MPI somewhere, its points behind by more than the A/A spread (the
+    lowest ratio identical code got in this run: a point above it is a tie as far as this run can
+    tell), each with the A/A ratio at that point."""
+    aa, spread = noise_spread(args, results)
+    if spread is None:
+        return None
+    ops = [op for op in args.ops if any(k[0] == op for k in aa)]
+    sizes = sorted({n for _, n in aa})
+    rows = [[op] + [f"{aa[(op, n)]:.2f}" if (op, n) in aa else "-" for n in sizes] for op in ops]
+    # Open MPI ran with no pyddp rules: the Machine line names none
+    info = dict(getattr(args, "machine", None) or _report.machine(memcpy=False), rules=None)
+    vals = sorted(aa.values())
+    text = _report.block(
+        f"Open MPI time / Open MPI again time, {world} ranks, float32, {_over(args, phase)} (the A/A "
+        f"control: the same code in two launches of every round; 1.00 where the run's noise is nil): "
+        f"{min(vals):.2f}-{max(vals):.2f}, median {float(np.median(vals)):.2f}; identical code came out "
+        f"as far behind itself as {spread:.2f}",
+        ["collective"] + [fmt_size_short(n) for n in sizes], rows, info=info, align="l" + "r" * len(sizes))
+    for c in (x for x in ("pyddp-oob", "pyddp", "pyddp-untuned") if results.get(x)):
+        behind, beyond = 0, []
+        for op in ops:
+            a = {r["bytes"]: r for r in results["mpi"]["ops"].get(op, [])}
+            b = {r["bytes"]: r for r in results[c]["ops"].get(op, [])}
+            for n in sizes:
+                v = ratio_value(a.get(n), b.get(n))
+                if v is None or v >= 1:
+                    continue
+                behind += 1
+                if v < spread:
+                    beyond.append(f"{op} {fmt_size_short(n)} {v:.2f} (A/A {aa.get((op, n), float('nan')):.2f})")
+        text += (f"\n\n{LABEL[c]} behind Open MPI at {behind} point{'s' * (behind != 1)}; by more than the A/A spread (below "
+                 f"{spread:.2f}) at " + (f"{len(beyond)}: " + "; ".join(beyond) if beyond else "none"))
+    return text
+
+
 def rounds_behind(a, b):
     """(rounds in which row b was slower than row a, rounds) from two rows' per-round medians
     (merge_rows), or None when they do not have the same rounds."""
@@ -737,6 +796,10 @@ def print_tables(args, results, notes, world, memcpy):
     if floors:
         print()
         print(floors)
+    noise = noise_block(args, results, world)
+    if noise:
+        print()
+        print(noise)
 
 
 def fmt_size_short(n):
@@ -976,6 +1039,10 @@ def main(argv=None):
         if floors:
             print()
             print(floors)
+        noise = noise_block(args, sub, args.nproc, phase=label)
+        if noise:
+            print()
+            print(noise)
     if not args.no_plot:
         path = args.plot or DEFAULT_PLOT
         if os.path.dirname(path):

@@ -461,6 +461,42 @@ def test_floor_block_names_the_rules_of_its_rows_and_the_floors_way():
             "0.99; pyddp out-of-the-box 1.07x the floor, Open MPI 1.06x)") in text, text
 
 
+def test_noise_block_measures_the_spread_of_identical_code_and_what_lies_beyond_it():
+    """The A/A control (peer mpi-again): Open MPI against itself per point, the spread (the lowest of
+    r and 1/r), and pyddp's points behind Open MPI split into those within it and those beyond; its
+    Machine line names no pyddp rules (none ran in it)."""
+    import types
+
+    mod = _collectives()
+
+    def rows(times):
+        return [{"bytes": n, "median_us": t, "min_us": t, "correct": True, "iters": 5} for n, t in times]
+
+    k, m = 4 << 10, 1 << 20
+    results = {
+        "mpi": {"ops": {"allgather": rows([(k, 10.0), (m, 100.0)]), "reduce": rows([(k, 8.0), (m, 90.0)])}},
+        "mpi-again": {"ops": {"allgather": rows([(k, 9.0), (m, 100.0)]),      # 10/9: 1.11 -> 0.90
+                              "reduce": rows([(k, 8.4), (m, 90.0)])}},         # 8/8.4: 0.95
+        # allgather 4K 0.95 (a tie within 0.90), reduce 1M 0.60 (beyond it), reduce 4K ahead
+        "pyddp-oob": {"ops": {"allgather": rows([(k, 10.5), (m, 90.0)]), "reduce": rows([(k, 7.0), (m, 150.0)])}},
+    }
+    aa, spread = mod.noise_spread(types.SimpleNamespace(ops=["allgather", "reduce"]), results)
+    assert aa[("allgather", k)] == pytest.approx(10 / 9) and aa[("reduce", k)] == pytest.approx(8 / 8.4)
+    assert spread == pytest.approx(0.9)
+    args = types.SimpleNamespace(ops=["allgather", "reduce"], rounds=3,
+                                 machine={"date": "d", "cpu": "c", "cores": 2, "python": "3",
+                                          "numpy": "2", "rules": "tuned (this process's file)"})
+    text = mod.noise_block(args, results, 2)
+    assert "| allgather | 1.11 | 1.00 |" in text and "| reduce | 0.95 | 1.00 |" in text, text
+    assert "as far behind itself as 0.90" in text, text
+    assert "this process's file" not in text, text
+    assert ("pyddp out-of-the-box behind Open MPI at 2 points; by more than the A/A spread (below 0.90) "
+            "at 1: reduce 1M 0.60 (A/A 1.00)") in text, text
+    # without the control, no block and no spread
+    assert mod.noise_block(args, {k2: v for k2, v in results.items() if k2 != "mpi-again"}, 2) is None
+    assert "mpi-again" in mod.PEERS and "mpi-again" in mod.OPT_IN
+
+
 @FULL
 @pytest.mark.timeout(180)
 def test_collectives_copy_floor_peer():
