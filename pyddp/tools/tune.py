@@ -52,7 +52,9 @@ switches between at run time on the same probe; the slow phase's take over from 
 rounds' highest probe (``crossovers.switch_ns``): the banks' time follows the probe all the way,
 so the fast rules hold only near the probes they were measured at.
 Phases can last minutes, longer than one run: ``--merge`` adds a run's rounds to those the file
-already holds, so runs at different times add up.
+already holds, so runs at different times add up.  With or without it, the rank counts a run does
+not measure keep the rules this host's file (or ``--out``'s) has for them: ``--nproc 4`` after
+``--nproc 2`` leaves the file with both.
 Every rank of a group applies rank 0's rules (backends.cpu.tuning), so the choice is the same everywhere.
 
 Online: ``online()`` (or ``PYDDP_TUNING_ONLINE=1`` at ``init_process_group``) measures the same
@@ -504,17 +506,23 @@ def main(argv=None):
            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "pyddp": pyddp.__version__, "tables": {}, "measured": {}}
     probes = doc["measured"]["handoff"] = []
-    merged = None
-    if args.merge:
-        where = args.out or tuning.default_path(facts)
-        if os.path.exists(where):
-            merged = tuning.load(where)
-            if merged.get("host") != facts:
-                print(f"--merge: {where} was measured on another host ({merged.get('host')}); "
-                      "not merged", flush=True)
-                merged = None
-        else:
-            print(f"--merge: no file at {where} yet; this run starts it", flush=True)
+    # The file this run replaces: with --merge its measurements add up with this run's; either
+    # way the rank counts this run does not measure keep their rules (a run for 4 ranks must not
+    # throw away the tuning of 2).  Another host's file, or one that does not load, keeps nothing.
+    earlier = None
+    where = args.out or tuning.default_path(facts)
+    if os.path.exists(where):
+        try:
+            earlier = tuning.load(where)
+        except ValueError as e:
+            print(f"{e}: replaced, nothing of it kept", flush=True)
+        if earlier is not None and earlier.get("host") != facts:
+            print(f"{where} was measured on another host ({earlier.get('host')}): "
+                  + ("not merged" if args.merge else "replaced, nothing of it kept"), flush=True)
+            earlier = None
+    elif args.merge:
+        print(f"--merge: no file at {where} yet; this run starts it", flush=True)
+    merged = earlier if args.merge else None
     with tempfile.TemporaryDirectory(prefix="pyddp-tune-") as tmp:
         for n in counts:
             results = []
@@ -567,17 +575,24 @@ def main(argv=None):
             doc["tables"][str(n)] = _table(results)
             doc["measured"][str(n)] = results
             _add_paired(doc, n, results) or _add_phased(doc, n, results)
-    if merged is not None:
+    if earlier is not None:
         # rank counts not measured this time keep the file's measurements, their tables worked
         # out again by the rule in force now
-        for n, t in (merged.get("tables") or {}).items():
+        for n, t in (earlier.get("tables") or {}).items():
             if n not in doc["tables"]:
-                kept = merged.get("measured", {}).get(n)
-                doc["tables"][n] = t
+                kept = earlier.get("measured", {}).get(n)
                 if isinstance(kept, list) and kept:
                     doc["measured"][n] = kept
                     doc["tables"][n] = _table(kept)
                     _add_paired(doc, int(n), kept) or _add_phased(doc, int(n), kept)
+                else:  # a table without its measurement: kept as it is, its phases too
+                    doc["tables"][n] = t
+                    phases = (earlier.get("phased") or {}).get(n)
+                    if phases is not None:
+                        doc.setdefault("phased", {})[n] = phases
+                print(f"kept the rules of {n} ranks from {where} ({earlier.get('created', '?')})",
+                      flush=True)
+    if merged is not None:
         doc["merged"] = list(merged.get("merged") or []) + [merged.get("created")]
     phase = _phase_note(probes)
     if phase:

@@ -433,6 +433,47 @@ def test_merge_adds_runs_up_and_keeps_what_this_run_did_not_measure(tmp_path):
     assert "merged" not in tuning.load(str(out))
 
 
+def test_a_run_keeps_the_rules_of_the_rank_counts_it_does_not_measure(tmp_path):
+    """Without --merge a run replaces the rules of the rank counts it measures and keeps the
+    others' (a run for 4 ranks used to throw away the file's 2-rank rules); another host's file
+    keeps nothing."""
+    out = tmp_path / "rules.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "pyddp.tools.tune", "--quick", "--kinds", "gather", "--max-bytes",
+           "8K", "--no-tcp", "--out", str(out), "--timeout", "120"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    first = doc["measured"]["2"][0]
+    # a 4-rank table (as a run with --nproc 4 leaves it; no measurement: kept as it is) and its phases
+    doc["tables"]["4"] = {"cma_from": {"gather": 65536}, "small_bytes": {}}
+    doc.setdefault("phased", {})["4"] = {"fast": {"cma_from": {"gather": 65536}, "cma_gap": {}},
+                                         "slow": {"cma_from": {"gather": 4096}, "cma_gap": {}},
+                                         "phase_ns": 80.0}
+    out.write_text(json.dumps(doc))
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"kept the rules of 4 ranks from {out}" in p.stdout, p.stdout
+    again = tuning.load(str(out))
+    assert again["tables"]["4"] == doc["tables"]["4"] and again["phased"]["4"] == doc["phased"]["4"]
+    assert "merged" not in again                 # the 2-rank measurement is this run's alone
+    if first.get("how") == "pairs":
+        pairs = lambda m: [len(v) for _, v in m["ratios"]["gather"]]  # noqa: E731
+        assert pairs(again["measured"]["2"][0]) == pairs(first)
+    # groups of 2 ranks apply the 2-rank table, of 4 the 4-rank one
+    assert tuning.table_for(again, 2) == again["tables"]["2"]
+    assert tuning.table_for(again, 4)["cma_from"] == {"gather": 65536}
+    # another host's file keeps nothing
+    doc = json.loads(out.read_text())
+    doc["host"] = dict(doc["host"], cpu="another cpu")
+    out.write_text(json.dumps(doc))
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "measured on another host" in p.stdout and "kept the rules" not in p.stdout, p.stdout
+    assert set(tuning.load(str(out))["tables"]) == {"2"}
+
+
 def test_merge_rounds_takes_the_median_over_both_runs():
     from pyddp.tools.tune import merge_rounds
 
