@@ -468,9 +468,9 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="add this run's pairs (or rounds) to those the file (--out, or this "
                          "host's) already holds, for the same rank counts and collectives, before "
-                         "choosing: runs at "
-                         "different times add up, so a machine that changes phase is measured in "
-                         "both phases")
+                         "choosing: runs at different times add up, so a machine that changes "
+                         "phase is measured in both phases (rank counts a run does not measure "
+                         "keep their rules with or without it)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
