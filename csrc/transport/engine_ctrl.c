@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -192,30 +193,30 @@ pd_eng_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
             pd_eng_ctrl_send(t, p, CTRL_QUERY, 0, 0, NULL);
         }
     }
+    /* every live peer's control socket, not only the ones still to reply:
+     * a peer that answered may time out next and ask this rank, which must
+     * answer now, not after its own wait (two ranks timing out together
+     * would each call the other silent) */
+    struct pollfd *pf = malloc((size_t)base->size * sizeof(*pf));
+    int *map = malloc((size_t)base->size * sizeof(*map));
     double until = pd_now() + timeout_s;
-    for (;;) {
+    while (pf != NULL && map != NULL) {
         int all = 1;
+        int n = 0;
         for (int p = 0; p < base->size; p++) {
-            if (p != base->rank && !t->peers[p].gone &&
-                !t->peers[p].replied) {
+            peer *pe = &t->peers[p];
+            if (p == base->rank || pe->cfd < 0 || pe->ctrl_eof) {
+                continue; /* a lost control socket answers nothing */
+            }
+            if (!pe->gone && !pe->replied) {
                 all = 0;
             }
+            pf[n] = (struct pollfd){pe->cfd, POLLIN, 0};
+            map[n++] = p;
         }
         double left = until - pd_now();
-        if (all || left <= 0) {
-            break;
-        }
-        struct pollfd pf[256];
-        int map[256];
-        int n = 0;
-        for (int p = 0; p < base->size && n < 256; p++) {
-            peer *pe = &t->peers[p];
-            if (p != base->rank && !pe->replied && !pe->ctrl_eof) {
-                pf[n] = (struct pollfd){pe->cfd, POLLIN, 0};
-                map[n++] = p;
-            }
-        }
-        if (n == 0 || poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) {
+        if (all || left <= 0 || n == 0 ||
+            poll(pf, (nfds_t)n, (int)(left * 1000) + 1) <= 0) {
             break;
         }
         for (int i = 0; i < n; i++) {
@@ -224,6 +225,8 @@ pd_eng_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
             }
         }
     }
+    free(pf);
+    free(map);
     for (int p = 0; p < base->size; p++) {
         if (t->peers[p].replied) {
             seqs[p] = t->peers[p].reply_seq;

@@ -4,6 +4,7 @@
 #define PD_TEST_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/status.h"
@@ -44,14 +45,49 @@ static int pd_test_failures;
         }                                                                    \
     } while (0)
 
+/* Runs fn and prints ok or FAILED.  PD_TEST_ONLY=name[,name...] runs only
+ * those tests, PD_TEST_REPEAT=n runs each n times (a flaky one, under load
+ * or a sanitizer, until it fails). */
 #define T_RUN(fn)                                                            \
     do {                                                                     \
-        int t_before_ = pd_test_failures;                                    \
-        fn();                                                                \
-        printf("  %-40s %s\n", #fn,                                          \
-               pd_test_failures == t_before_ ? "ok" : "FAILED");             \
-        fflush(stdout);                                                      \
+        if (!pd_test_selected(#fn)) {                                        \
+            break;                                                           \
+        }                                                                    \
+        for (int t_i_ = 0; t_i_ < pd_test_repeat(); t_i_++) {                \
+            int t_before_ = pd_test_failures;                                \
+            fn();                                                            \
+            printf("  %-40s %s\n", #fn,                                      \
+                   pd_test_failures == t_before_ ? "ok" : "FAILED");         \
+            fflush(stdout);                                                  \
+        }                                                                    \
     } while (0)
+
+static inline int
+pd_test_selected(const char *name)
+{
+    const char *only = getenv("PD_TEST_ONLY");
+    if (only == NULL || *only == '\0') {
+        return 1;
+    }
+    size_t len = strlen(name);
+    for (const char *p = only; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, len) == 0) {
+            return 1;
+        }
+        p += n + (end != NULL);
+    }
+    return 0;
+}
+
+static inline int
+pd_test_repeat(void)
+{
+    const char *s = getenv("PD_TEST_REPEAT");
+    int n = s != NULL ? atoi(s) : 1;
+    return n > 0 ? n : 1;
+}
 
 static inline int
 pd_test_result(void)

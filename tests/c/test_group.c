@@ -501,7 +501,7 @@ test_flight_device_calls(void)
     T_CHECK(rec[1].state == PD_FR_FAILED && rec[1].status == PD_ETIMEOUT);
     T_CHECK(rec[2].state == PD_FR_FAILED && rec[2].status == PD_ETIMEOUT);
     for (int k = 3; k < PD_FR_VIAS; k++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof(name), "a%d", k);
         T_CHECK(pd_fr_via(&fr, "x", "y", name) == k);
     }
