@@ -118,7 +118,8 @@ _V = [
     # tuning of the C core (csrc/transport/shm, csrc/group)
     Var("PYDDP_SHM_CHUNK", "a byte count from 4K to 64M (e.g. 262144, 256K, 1M)",
         _bytes(4096, 64 << 20)),  # unset: 1M where each local rank has a core, else 256K (segment.c)
-    Var("PYDDP_SHM_STREAM", "a byte count of at least 1 (e.g. 8M)", _bytes(1), 8 << 20),
+    Var("PYDDP_SHM_STREAM", "a byte count of at least 1 (e.g. 8M)",
+        _bytes(1)),  # unset: a quarter of the shared last-level cache, 8M when unknown (segment.c)
     Var("PYDDP_CMA", "0 (off) or 1 (on)", _bit, True),
     Var("PYDDP_CMA_THRESHOLD", "a byte count of at least 0 (e.g. 65536, 256K, 1M, 1G)", _bytes(0)),
     Var("PYDDP_PROGRESS_SPIN", "0 (sleep) or 1 (spin)", _bit),

@@ -18,6 +18,6 @@ pd_allgather_cma(pd_coll *c, const char *in, char **out, size_t len)
                              pd_cma_table(c, p, b)[PD_CMA_IN(n, 0)], len,
                              c->op->name));
     }
-    pd_move_out(out[r], in, len, len * (size_t)n >= pd_shm_stream_bytes());
+    pd_move_out(out[r], in, len, pd_shm_stream_set(c, len, len * (size_t)n));
     return pd_cma_end(c);
 }

@@ -31,7 +31,7 @@ pd_allgather_shm(pd_coll *c, const char *in, char **out, size_t len)
 {
     int r = c->rank;
     allgather x = {(char *)in, out,
-                   len * (size_t)c->size >= pd_shm_stream_bytes()};
+                   pd_shm_stream_set(c, len, len * (size_t)c->size)};
     PD_CHECK(pd_shm_rounds(c, &ops, &x, len, pd_shm_bank_size(c->shm), -1,
                            0));
     pd_move_out(out[r], in, len, x.stream);

@@ -137,12 +137,13 @@ pd_alltoall_shm(pd_coll *c, char **in, const size_t *in_len, char **out,
     for (int p = 0; p < c->size; p++) {
         mine = in_len[p] > mine ? in_len[p] : mine;
     }
-    size_t whole = 0;
+    size_t whole = 0, sent = 0;
     for (int p = 0; p < c->size; p++) {
         whole += out_len[p];
+        sent += in_len[p];
     }
     alltoall x = {in, in_len, out, out_len, pe, 0, pd_cma_use(c, mine),
-                  whole >= pd_shm_stream_bytes()};
+                  pd_shm_stream_set(c, sent, whole)};
     /* the length is the longest block, known after the first sync */
     PD_CHECK(pd_shm_rounds(c, &ops, &x, 0, pe, -1, 0));
     if (in_len[r] != out_len[r]) {

@@ -107,3 +107,14 @@ pd_shm_fill_bytes(pd_coll *c, void *ctx, int b, size_t done, size_t m)
     char *const *src = ctx;
     pd_copy(pd_shm_bank(c->shm, c->rank, b), *src + done, m);
 }
+
+int
+pd_shm_stream_set(const pd_coll *c, size_t in, size_t out)
+{
+    size_t one = pd_shm_stream_bytes();
+    size_t two = one > SIZE_MAX / 2 ? SIZE_MAX : 2 * one;
+    size_t n = c->size > 0 ? (size_t)c->size : 1;
+    /* n * (in + out) >= two, without overflow */
+    size_t need = two / n + (two % n != 0);
+    return in >= need || out >= need - in;
+}

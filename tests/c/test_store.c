@@ -1020,6 +1020,7 @@ test_tcp_wire(void)
             }
         }
         free(body);
+        body = NULL;
     }
     T_CHECK(order[2] == 16 && order[0] + order[1] == 29);
 

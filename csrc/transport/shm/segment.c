@@ -130,11 +130,48 @@ pd_shm_bank_bytes(int cores_all)
     return bank_cached & ~(size_t)4095;
 }
 
+/* The host's last-level cache as sysfs gives it for CPU 0 (the cache a
+ * core shares with its neighbours: a CCX's 32 MiB on an EPYC, where
+ * sysconf's _SC_LEVEL3_CACHE_SIZE says the whole chip's 256 MiB), 0 when
+ * it says nothing. */
+static size_t
+shared_cache_bytes(void)
+{
+    size_t best = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96], buf[32];
+        snprintf(path, sizeof(path),
+                 "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            break;
+        }
+        size_t got = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        char *end;
+        unsigned long long v = strtoull(buf, &end, 10);
+        size_t unit = *end == 'K' ? 1024 : *end == 'M' ? (size_t)1 << 20 : 1;
+        if (v > 0 && v < ((unsigned long long)1 << 40) / unit &&
+            (size_t)v * unit > best) {
+            best = (size_t)v * unit;
+        }
+    }
+    return best;
+}
+
 size_t
 pd_shm_stream_bytes(void)
 {
     if (stream_cached == 0) {
-        stream_cached = pd_shm_env_bytes("PYDDP_SHM_STREAM", (size_t)8 << 20, 1,
+        /* a quarter of the shared cache (8 MiB of an EPYC CCX's 32), within
+         * [2, 64] MiB; 8 MiB when sysfs does not say */
+        size_t llc = shared_cache_bytes() / 4;
+        size_t dflt = llc == 0 ? (size_t)8 << 20
+                      : llc < ((size_t)2 << 20) ? (size_t)2 << 20
+                      : llc > ((size_t)64 << 20) ? (size_t)64 << 20
+                                                  : llc;
+        stream_cached = pd_shm_env_bytes("PYDDP_SHM_STREAM", dflt, 1,
                                          SIZE_MAX);
     }
     return stream_cached;

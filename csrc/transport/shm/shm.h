@@ -109,8 +109,11 @@ size_t pd_shm_bank_bytes(int cores_all);
  * or dflt when unset or outside [lo, hi]. */
 size_t pd_shm_env_bytes(const char *name, size_t dflt, size_t lo, size_t hi);
 /* Collective outputs from this size up are written with non-temporal
- * stores (PYDDP_SHM_STREAM, default 8 MiB, by measurement; allreduce from
- * 4x that: below, its output still gains from staying in cache). */
+ * stores (PYDDP_SHM_STREAM; default a quarter of the last-level cache the
+ * cores share, 8 MiB on an EPYC's 32 MiB CCX, by measurement; allreduce
+ * from 4x that: below, its output still gains from staying in cache;
+ * all_gather and all_to_all by the group's whole traffic,
+ * pd_shm_stream_set). */
 size_t pd_shm_stream_bytes(void);
 
 /* Forget the environment read once per process (PYDDP_SHM_CHUNK,
