@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -196,11 +195,12 @@ pd_eng_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
     /* every live peer's control socket, not only the ones still to reply:
      * a peer that answered may time out next and ask this rank, which must
      * answer now, not after its own wait (two ranks timing out together
-     * would each call the other silent) */
-    struct pollfd *pf = malloc((size_t)base->size * sizeof(*pf));
-    int *map = malloc((size_t)base->size * sizeof(*map));
+     * would each call the other silent).  The engine's poll set: this runs
+     * on the progress thread, its only other user. */
+    struct pollfd *pf = t->pfds;
+    int *map = t->pfd_peer;
     double until = pd_now() + timeout_s;
-    while (pf != NULL && map != NULL) {
+    for (;;) {
         int all = 1;
         int n = 0;
         for (int p = 0; p < base->size; p++) {
@@ -225,8 +225,6 @@ pd_eng_query_seqs(pd_transport *base, uint64_t *seqs, double timeout_s)
             }
         }
     }
-    free(pf);
-    free(map);
     for (int p = 0; p < base->size; p++) {
         if (t->peers[p].replied) {
             seqs[p] = t->peers[p].reply_seq;
